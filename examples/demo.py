@@ -1,0 +1,1 @@
+"""Placeholder demo (replaced by the checkpoint and recovery demos)."""

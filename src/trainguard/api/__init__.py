@@ -1,0 +1,1 @@
+"""HTTP API, dashboard and /metrics (see the control-plane issue)."""

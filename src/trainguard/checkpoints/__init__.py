@@ -1,0 +1,1 @@
+"""Checkpoint catalog: find and validate checkpoints of several formats; interval advice."""

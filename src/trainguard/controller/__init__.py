@@ -1,0 +1,1 @@
+"""Controller: persist the Plan (durable intent), apply it, verify, close the incident."""

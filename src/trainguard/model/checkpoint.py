@@ -1,0 +1,110 @@
+"""Checkpoint descriptions and trainguard's own manifest format.
+
+A trainguard checkpoint is a directory ``<root>/step_<NNNNNNNN>/`` holding the
+state files and, written last, ``trainguard-manifest.json``: every file with its
+size and sha256, the step, the world size, the wall time and the trainguard
+version. A directory without a manifest is an incomplete write, never a
+checkpoint. The catalog (:mod:`trainguard.checkpoints`) validates it; the
+training library (:mod:`trainguard.train`) writes it. Both use the records here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+MANIFEST_NAME = "trainguard-manifest.json"
+MANIFEST_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ManifestFile:
+    path: str  # relative to the checkpoint directory, '/'-separated
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    step: int
+    world_size: int
+    created_at: float  # wall time, seconds since the epoch
+    trainguard_version: str
+    files: tuple[ManifestFile, ...]
+    epoch: int | None = None
+    save_seconds: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    format_version: int = MANIFEST_FORMAT_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "format": "trainguard",
+                "format_version": self.format_version,
+                "step": self.step,
+                "epoch": self.epoch,
+                "world_size": self.world_size,
+                "created_at": self.created_at,
+                "save_seconds": self.save_seconds,
+                "trainguard_version": self.trainguard_version,
+                "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in self.files],
+                "extra": self.extra,
+            },
+            indent=1,
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Manifest:
+        """Parse a manifest; raises ``ValueError`` with a readable message when malformed."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"manifest is not valid JSON: {exc}") from exc
+        if not isinstance(data, dict) or data.get("format") != "trainguard":
+            raise ValueError("manifest is not a trainguard manifest")
+        try:
+            files = tuple(
+                ManifestFile(path=str(f["path"]), size=int(f["size"]), sha256=str(f["sha256"]))
+                for f in data["files"]
+            )
+            return cls(
+                step=int(data["step"]),
+                epoch=None if data.get("epoch") is None else int(data["epoch"]),
+                world_size=int(data["world_size"]),
+                created_at=float(data["created_at"]),
+                save_seconds=(
+                    None if data.get("save_seconds") is None else float(data["save_seconds"])
+                ),
+                trainguard_version=str(data["trainguard_version"]),
+                files=files,
+                extra=dict(data.get("extra") or {}),
+                format_version=int(data.get("format_version", 1)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"manifest is missing or has a malformed field: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """One checkpoint found on disk, with the catalog's verdict."""
+
+    path: str
+    format: str  # "trainguard", "dcp", "hf_trainer", "step_dir", "iter_dir", "pt_file"
+    step: int | None
+    size_bytes: int
+    created_at: float | None
+    valid: bool
+    reason: str | None = None  # why it is invalid; None when valid
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "format": self.format,
+            "step": self.step,
+            "size_bytes": self.size_bytes,
+            "created_at": self.created_at,
+            "valid": self.valid,
+            "reason": self.reason,
+        }

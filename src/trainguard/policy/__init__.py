@@ -1,0 +1,5 @@
+"""Policy: ``decide(snapshot) -> Plan``, a pure function.
+
+No I/O and no clock: the snapshot carries the time. Plans are data, so they can
+be logged, shown, dry-run (observe mode) and tested without a cluster.
+"""

@@ -1,0 +1,1 @@
+"""Schedulers: the only code that changes a cluster (local process supervisor, Slurm)."""

@@ -1,0 +1,1 @@
+"""Store: SQLite (default) with an append-only audit log."""

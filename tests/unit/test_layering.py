@@ -1,0 +1,83 @@
+"""The import rules of docs/architecture.md, checked on the source tree."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "trainguard"
+
+ALLOWED: dict[str, set[str]] = {
+    "model": set(),
+    "checkpoints": {"model"},
+    "train": {"model", "checkpoints"},
+    "diagnose": {"model"},
+    "policy": {"model", "diagnose"},
+    "signals": {"model", "diagnose"},
+    "store": {"model"},
+    "schedulers": {"model", "signals", "diagnose"},
+}
+HIGHER = {"api", "cli", "_commands"}
+
+
+def _imported_packages(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "trainguard" and len(parts) > 1:
+                found.add(parts[1])
+    return found
+
+
+def _layers() -> list[str]:
+    return sorted(p.name for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").exists())
+
+
+@pytest.mark.parametrize("layer", sorted(ALLOWED))
+def test_lower_layers_import_only_what_they_may(layer: str) -> None:
+    pkg = SRC / layer
+    if not pkg.exists():
+        pytest.skip(f"{layer} not present")
+    violations = []
+    for path in pkg.rglob("*.py"):
+        for imported in _imported_packages(path) - {layer}:
+            if imported not in ALLOWED[layer] and imported != "__version__":
+                violations.append(f"{path.relative_to(SRC)} imports trainguard.{imported}")
+    assert not violations, "\n".join(violations)
+
+
+def test_controller_does_not_import_the_command_line_or_api() -> None:
+    violations = []
+    for path in (SRC / "controller").rglob("*.py"):
+        bad = _imported_packages(path) & HIGHER
+        if bad:
+            violations.append(f"{path.relative_to(SRC)} imports {sorted(bad)}")
+    assert not violations, "\n".join(violations)
+
+
+def test_every_module_has_a_docstring() -> None:
+    missing = [
+        str(p.relative_to(SRC))
+        for p in SRC.rglob("*.py")
+        if ast.get_docstring(ast.parse(p.read_text())) is None
+    ]
+    assert not missing, f"modules without a docstring: {missing}"
+
+
+def test_diagnose_and_policy_read_no_clock_and_do_no_io() -> None:
+    forbidden = ("time.time(", "time.monotonic(", "datetime.now(", "open(", "subprocess")
+    violations = []
+    for layer in ("diagnose", "policy"):
+        for path in (SRC / layer).rglob("*.py"):
+            text = path.read_text()
+            violations += [f"{path.relative_to(SRC)}: {f}" for f in forbidden if f in text]
+    assert not violations, "\n".join(violations)
