@@ -1,0 +1,140 @@
+"""What the policy sees (a snapshot) and what it returns (a Plan), as plain data.
+
+``trainguard.policy.decide(snapshot) -> Plan`` is a pure function of these
+records. The same records drive ``trainguard run`` (one box), ``trainguard
+serve`` (a cluster) and ``trainguard simulate`` (a fleet on paper), so that the
+decision code exercised everywhere is one and the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from trainguard.model.checkpoint import CheckpointInfo
+from trainguard.model.devices import Device
+from trainguard.model.findings import Attribution
+from trainguard.model.health import HealthState
+
+
+class Mode(StrEnum):
+    OBSERVE = "observe"  # record the Plan, act on nothing
+    ACT = "act"
+
+
+@dataclass(frozen=True)
+class RecoveryPolicy:
+    """Per-job recovery policy. Defaults are what ``trainguard run`` uses."""
+
+    max_restarts: int = 3
+    backoff_base_seconds: float = 1.0
+    backoff_max_seconds: float = 60.0
+    # The same application-error signature this many times in a row stops the job.
+    futile_after: int = 2
+    allow_quarantine: bool = True
+    need: int = 1  # devices the job wants
+    min_need: int | None = None  # fewer devices the job accepts (elastic); None = exactly `need`
+    hang_timeout_seconds: float | None = None  # None = adaptive
+    verify_window_seconds: float = 10.0
+    verify_min_rate_ratio: float = 0.3  # restarted step rate vs pre-failure baseline
+
+
+@dataclass(frozen=True)
+class DeviceStatus:
+    device: Device
+    state: HealthState
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class PriorFailure:
+    """A failure earlier in the same job, newest last; used by the futile-retry rule."""
+
+    attempt: int
+    signature: str | None
+    domain: str
+    kind: str
+
+
+@dataclass(frozen=True)
+class RecoverySnapshot:
+    """Everything ``decide`` may look at. ``now`` is the only clock it has."""
+
+    now: float
+    job_id: str
+    attempt: int  # the attempt that failed
+    restarts_used: int
+    policy: RecoveryPolicy
+    mode: Mode
+    attribution: Attribution
+    devices: tuple[DeviceStatus, ...]  # the inventory with health states
+    assigned: tuple[str, ...]  # device uuids the failed attempt had
+    checkpoints: tuple[CheckpointInfo, ...]  # catalog output, newest first
+    history: tuple[PriorFailure, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)  # the failed attempt's extra env
+
+
+# --- actions -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Quarantine:
+    resource_kind: str  # "device" or "node"
+    resource_id: str  # device uuid or host name
+    reason: str
+
+
+@dataclass(frozen=True)
+class Restart:
+    devices: tuple[str, ...]  # device uuids for the next attempt
+    checkpoint: CheckpointInfo | None  # None: start fresh
+    delay_seconds: float = 0.0
+    env: dict[str, str] = field(default_factory=dict)  # extra env for the next attempt
+
+
+@dataclass(frozen=True)
+class Stop:
+    reason: str
+    advice: str | None = None
+
+
+@dataclass(frozen=True)
+class WaitForCapacity:
+    reason: str
+    needed: int
+    available: int
+
+
+Action = Quarantine | Restart | Stop | WaitForCapacity
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The policy's answer: actions in order, and why (including what it skipped)."""
+
+    actions: tuple[Action, ...]
+    reasons: tuple[str, ...] = ()
+    mode: Mode = Mode.ACT
+    skipped_checkpoints: tuple[CheckpointInfo, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        def action_dict(a: Action) -> dict[str, Any]:
+            d: dict[str, Any] = {"type": type(a).__name__.lower()}
+            if isinstance(a, Restart):
+                d.update(
+                    devices=list(a.devices),
+                    checkpoint=a.checkpoint.to_dict() if a.checkpoint else None,
+                    delay_seconds=a.delay_seconds,
+                    env=dict(a.env),
+                )
+            else:
+                d.update({k: v for k, v in a.__dict__.items()})
+            return d
+
+        return {
+            "mode": self.mode.value,
+            "actions": [action_dict(a) for a in self.actions],
+            "reasons": list(self.reasons),
+            "skipped_checkpoints": [c.to_dict() for c in self.skipped_checkpoints],
+        }
