@@ -1,0 +1,241 @@
+"""Attribution: the findings of one failed attempt -> one root cause with evidence.
+
+Pure (no I/O, no clock). Rules, strongest first (decision 0053):
+
+1. **Evidence beats symptom.** A hardware finding (an XID of hardware origin,
+   an uncorrectable ECC error) on one of the attempt's devices, within the
+   correlation window of the failure, makes the failure ``hardware`` — even
+   when what we saw first was a crash, a hang or a collective error.
+2. **The first failure by time is the root-cause candidate.** The rank that
+   died first is the root rank; error lines from other ranks that come after it
+   (``Connection closed by peer``, collective timeouts) are symptoms.
+3. Among the root rank's own error lines: CUDA out of memory -> ``oom``; other
+   CUDA errors -> ``cuda_error``; a Python traceback -> ``app_error``
+   (``application``, with the traceback's last line as the signature the
+   futile-retry rule compares).
+4. Otherwise the crash itself (``crash``, domain ``unknown``; a process killed
+   by the kernel's OOM killer -> ``node``), then collective errors without any
+   crash (``network``), then a hang.
+
+Torchrun's own ``ChildFailedError`` traceback is the launcher's summary of a
+failure, never the failure itself, and is ignored as evidence of a cause.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from trainguard.model.devices import Device
+from trainguard.model.findings import Attribution, Culprit, Domain, Finding, IncidentKind
+
+DEFAULT_CORRELATION_WINDOW = 60.0
+MAX_EVIDENCE = 40
+
+_LAUNCHER_NOISE = ("ChildFailedError", "torch.distributed.elastic")
+_OOM_KINDS = frozenset({"cuda_oom", "oom"})
+_CUDA_KINDS = frozenset({"cuda_error"})
+_APP_KINDS = frozenset({"app_error", "python_exception", "traceback"})
+_COLLECTIVE = {
+    "collective_timeout": IncidentKind.COLLECTIVE_TIMEOUT,
+    "collective_error": IncidentKind.COLLECTIVE_ERROR,
+}
+
+
+def _is_launcher_noise(f: Finding) -> bool:
+    text = " ".join((f.signature or "", f.message, *f.evidence[:1]))
+    return any(n in text for n in _LAUNCHER_NOISE)
+
+
+def _rank_of(f: Finding) -> int | None:
+    return f.culprit.rank
+
+
+def _evidence(findings: Iterable[Finding]) -> tuple[str, ...]:
+    lines: list[str] = []
+    seen: set[str] = set()
+    for f in findings:
+        for line in (f"[{f.source}] {f.message}", *f.evidence):
+            if line not in seen:
+                seen.add(line)
+                lines.append(line)
+    return tuple(lines[:MAX_EVIDENCE])
+
+
+def _complete_culprit(culprit: Culprit, devices: Sequence[Device]) -> Culprit:
+    """Fill in the device from the rank, or the rank from the device, using the attempt."""
+    uuid, pci, rank, host = culprit.device_uuid, culprit.pci_bus_id, culprit.rank, culprit.host
+    if rank is not None and uuid is None and 0 <= rank < len(devices):
+        dev = devices[rank]
+        uuid, pci, host = dev.uuid, dev.pci_bus_id, host or dev.host
+    elif (uuid or pci) and rank is None:
+        for i, dev in enumerate(devices):
+            if dev.uuid == uuid or dev.pci_bus_id == pci:
+                rank = i
+                uuid, pci, host = dev.uuid, dev.pci_bus_id, host or dev.host
+                break
+    return Culprit(device_uuid=uuid, pci_bus_id=pci, rank=rank, host=host)
+
+
+def _signature_text(f: Finding) -> str:
+    return f.signature or f"{f.kind}:{f.message}"
+
+
+def attribute(
+    findings: Sequence[Finding],
+    devices: Sequence[Device],
+    failed_at: float,
+    window: float = DEFAULT_CORRELATION_WINDOW,
+) -> Attribution:
+    """Attribute one failure of an attempt that ran on ``devices`` (index = local rank).
+
+    ``findings`` are the attempt's findings (any order); ``failed_at`` is when
+    the failure was detected. Hardware findings count when they fall within
+    ``window`` seconds of it, before or after.
+    """
+    ordered = sorted(findings, key=lambda f: f.at)
+    assigned_uuids = {d.uuid for d in devices}
+    assigned_pci = {d.pci_bus_id for d in devices}
+
+    # 1. Hardware evidence on the attempt's devices.
+    hardware = []
+    for f in ordered:
+        if f.domain is not Domain.HARDWARE or abs(f.at - failed_at) > window:
+            continue
+        # An output line names a rank only; the attempt's devices name its card.
+        c = (
+            f.culprit
+            if f.culprit.pci_bus_id or f.culprit.device_uuid
+            else (_complete_culprit(f.culprit, devices))
+        )
+        if c.device_uuid in assigned_uuids or c.pci_bus_id in assigned_pci:
+            hardware.append(f)
+    crashes = [f for f in ordered if f.kind == "crash"]
+    if hardware:
+        first = hardware[0]
+        culprit = _complete_culprit(first.culprit, devices)
+        supporting = [f for f in crashes if f.culprit.rank == culprit.rank] or crashes[:1]
+        kind = IncidentKind.XID if first.xid is not None else IncidentKind.CUDA_ERROR
+        what = f"XID {first.xid}" if first.xid is not None else first.kind.replace("_", " ")
+        summary = f"{what} on device {culprit.device_uuid} (rank {culprit.rank}): {first.message}"
+        if supporting:
+            summary += f"; {supporting[0].message}"
+        return Attribution(
+            kind=kind,
+            domain=Domain.HARDWARE,
+            culprit=culprit,
+            confidence=0.95,
+            summary=summary,
+            evidence=_evidence([*hardware, *supporting]),
+            findings=(*hardware, *supporting),
+            signature=first.signature or (f"xid:{first.xid}" if first.xid is not None else None),
+        )
+
+    # 2. The root rank: the first process to die badly.
+    root_crash = crashes[0] if crashes else None
+    root_rank = _rank_of(root_crash) if root_crash else None
+    errors = [
+        f
+        for f in ordered
+        if f.kind not in ("crash", "hang") and f.domain is not Domain.HARDWARE
+        if not _is_launcher_noise(f)
+    ]
+    if root_rank is not None:
+        own = [f for f in errors if _rank_of(f) in (root_rank, None)]
+        others = [f for f in errors if _rank_of(f) not in (root_rank, None)]
+    else:
+        own, others = errors, []
+
+    # 3. The root rank's own error lines, most specific first.
+    for kinds, incident_kind in (
+        (_OOM_KINDS, IncidentKind.OOM),
+        (_CUDA_KINDS, IncidentKind.CUDA_ERROR),
+        (_APP_KINDS, IncidentKind.APP_ERROR),
+    ):
+        hits = [f for f in own if f.kind in kinds]
+        if not hits:
+            continue
+        first = hits[0]
+        culprit = _complete_culprit(
+            first.culprit if first.culprit.rank is not None else (root_crash or first).culprit,
+            devices,
+        )
+        if incident_kind is IncidentKind.APP_ERROR:
+            # The last traceback line is what the futile-retry rule compares.
+            first = hits[-1] if all(h.culprit.rank == first.culprit.rank for h in hits) else first
+        domain: Domain = first.domain if first.domain is not Domain.UNKNOWN else Domain.APPLICATION
+        support = [*hits, *([root_crash] if root_crash else [])]
+        return Attribution(
+            kind=incident_kind,
+            domain=domain,
+            culprit=culprit,
+            confidence=0.85,
+            summary=f"{incident_kind.value} on rank {culprit.rank}: {first.message}",
+            evidence=_evidence(support),
+            findings=tuple(support),
+            signature=_signature_text(first),
+        )
+
+    # 4a. A crash with no more specific evidence.
+    if root_crash is not None:
+        culprit = _complete_culprit(root_crash.culprit, devices)
+        killed = [f for f in errors if f.kind == "killed"]
+        domain = Domain.NODE if killed else Domain.UNKNOWN
+        symptoms = [f for f in others if f.kind in _COLLECTIVE]
+        summary = root_crash.message
+        if symptoms:
+            summary += f" (peers then failed: {symptoms[0].message})"
+        support = [root_crash, *killed, *symptoms[:3]]
+        return Attribution(
+            kind=IncidentKind.CRASH,
+            domain=domain,
+            culprit=culprit,
+            confidence=0.6 if domain is Domain.UNKNOWN else 0.75,
+            summary=summary,
+            evidence=_evidence(support),
+            findings=tuple(support),
+            signature=root_crash.signature,
+        )
+
+    # 4b. Collective errors without a crash.
+    collective = [f for f in errors if f.kind in _COLLECTIVE]
+    if collective:
+        first = collective[0]
+        return Attribution(
+            kind=_COLLECTIVE[first.kind],
+            domain=Domain.NETWORK,
+            culprit=_complete_culprit(first.culprit, devices),
+            confidence=0.5,
+            summary=f"{first.kind.replace('_', ' ')}: {first.message}",
+            evidence=_evidence(collective),
+            findings=tuple(collective),
+            signature=_signature_text(first),
+        )
+
+    # 4c. A hang (or nothing specific at all).
+    hangs = [f for f in ordered if f.kind == "hang"]
+    if hangs:
+        first = hangs[0]
+        return Attribution(
+            kind=IncidentKind.HANG,
+            domain=Domain.UNKNOWN,
+            culprit=_complete_culprit(first.culprit, devices),
+            confidence=0.5,
+            summary=first.message,
+            evidence=_evidence([first, *errors[:5]]),
+            findings=(first, *errors[:5]),
+            signature="hang",
+        )
+    first_any = ordered[0] if ordered else None
+    return Attribution(
+        kind=IncidentKind.CRASH,
+        domain=Domain.UNKNOWN,
+        culprit=_complete_culprit(first_any.culprit, devices) if first_any else Culprit(),
+        confidence=0.2,
+        summary=first_any.message if first_any else "the job failed without evidence",
+        evidence=_evidence(ordered[:5]),
+        findings=tuple(ordered[:5]),
+        signature=first_any.signature if first_any else None,
+    )
+
+
+__all__ = ["DEFAULT_CORRELATION_WINDOW", "attribute"]

@@ -1,0 +1,498 @@
+"""Detectors: plain signal records in, :class:`~trainguard.model.Finding` out.
+
+Pure code (no I/O, no clock): the observers in :mod:`trainguard.signals` turn
+the world into the records defined here (a process that ended, a line of
+output, a progress step) and the controller feeds them to these detectors,
+passing the time in. Each detector answers one question:
+
+* :func:`crash_finding` — did a process of the job die badly (which rank, which
+  device, exit code or signal, the last lines of its output)?
+* :class:`HangDetector` — has the job gone without progress for longer than the
+  hang timeout? The default timeout is adaptive (decision 0052): a generous
+  multiple of the slowest recent step interval, never below a floor, and a
+  separate, longer start-up allowance until two progress points are known.
+* :class:`ProgressLineParser` — which step does a line of output report
+  (``step=123``, ``step 123``, ``iteration 123``, ``[123/1000]``; configurable)?
+* :class:`TorchrunSummaryParser` — which local rank did torchrun say failed, and
+  how (``failed (exitcode: -9) local_rank: 1 (pid: N)`` and the ``Root Cause``
+  block of ``ChildFailedError``)?
+* :func:`line_finding` — turn a classified output or kernel-log line
+  (``trainguard.diagnose.signatures``) into a finding naming the device/rank.
+"""
+
+from __future__ import annotations
+
+import re
+import signal as _signal
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from trainguard.model.devices import Device, normalize_pci_bus_id
+from trainguard.model.findings import Culprit, Domain, Finding, Severity
+
+# --- records the observers produce ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProcessExit:
+    """A process of the job ended.
+
+    ``exit_code`` is the exit status (>= 0) and ``signal`` the signal number when
+    it was killed; both ``None`` when the observer could not learn the status
+    (a rank reaped by torchrun before we looked). ``local_rank`` is the rank on
+    this host, which indexes the devices the attempt was given.
+    """
+
+    at: float
+    source: str  # "launcher" (the command itself), "rank" (a worker), "torchrun" (its summary)
+    pid: int | None = None
+    rank: int | None = None
+    local_rank: int | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    tail: tuple[str, ...] = ()
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.signal) or bool(self.exit_code)
+
+    @property
+    def known(self) -> bool:
+        return self.exit_code is not None or self.signal is not None
+
+
+class LineMatchLike(Protocol):
+    """What :mod:`trainguard.diagnose.signatures` returns for a recognised line."""
+
+    @property
+    def kind(self) -> str: ...
+
+
+def _signal_name(sig: int) -> str:
+    try:
+        return _signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def device_for_rank(devices: Sequence[Device], local_rank: int | None) -> Device | None:
+    """The device a local rank uses: torchrun convention, local rank i -> i-th visible device."""
+    if local_rank is None or local_rank < 0 or local_rank >= len(devices):
+        return None
+    return devices[local_rank]
+
+
+def rank_for_device(devices: Sequence[Device], pci_bus_id: str | None) -> tuple[Device, int] | None:
+    """The assigned device with this PCI bus id and its local rank, if the job has it."""
+    if not pci_bus_id:
+        return None
+    try:
+        pci = normalize_pci_bus_id(pci_bus_id)
+    except ValueError:
+        return None
+    for i, dev in enumerate(devices):
+        if dev.pci_bus_id == pci:
+            return dev, i
+    return None
+
+
+def crash_finding(exit: ProcessExit, devices: Sequence[Device]) -> Finding | None:
+    """A ``crash`` finding for a process that died badly; ``None`` for a clean exit.
+
+    The domain stays ``unknown``: a crash is a symptom. Evidence (an XID on the
+    rank's device, a traceback, an OOM message) decides the domain in
+    :func:`trainguard.diagnose.attribution.attribute`.
+    """
+    if not exit.failed:
+        return None
+    dev = device_for_rank(devices, exit.local_rank)
+    culprit = Culprit(
+        device_uuid=dev.uuid if dev else None,
+        pci_bus_id=dev.pci_bus_id if dev else None,
+        rank=exit.rank if exit.rank is not None else exit.local_rank,
+        host=dev.host if dev else None,
+    )
+    who = "the job" if exit.rank is None and exit.local_rank is None else f"rank {culprit.rank}"
+    if exit.signal:
+        how = f"killed by {_signal_name(exit.signal)}"
+        signature = f"crash:signal={exit.signal}"
+    else:
+        how = f"exited with code {exit.exit_code}"
+        signature = f"crash:exit={exit.exit_code}"
+    pid = f" (pid {exit.pid})" if exit.pid else ""
+    return Finding(
+        kind="crash",
+        domain=Domain.UNKNOWN,
+        at=exit.at,
+        source=f"process:{exit.source}",
+        message=f"{who}{pid} {how}",
+        severity=Severity.FATAL,
+        evidence=exit.tail,
+        culprit=culprit,
+        exit_code=exit.exit_code,
+        signal=exit.signal,
+        signature=signature,
+        details={"pid": exit.pid, "local_rank": exit.local_rank},
+    )
+
+
+# --- progress from output lines ------------------------------------------------------
+
+DEFAULT_PROGRESS_PATTERN = (
+    r"(?i)(?:\b(?:step|iter(?:ation)?)\b\s*[=:#]?\s*(?P<step>\d+))"
+    r"|(?:\[\s*(?P<frac>\d+)\s*/\s*\d+\s*\])"
+)
+
+
+class ProgressLineParser:
+    """Find the step a line of job output reports.
+
+    The pattern is a regular expression; the step is its named group ``step``,
+    else the first non-empty group (so ``--progress-pattern 'it (\\d+)'`` works).
+    The default recognises ``step=123``, ``step 123``, ``step: 123``,
+    ``iteration 123``, ``iter 123`` and ``[123/1000]``.
+    """
+
+    def __init__(self, pattern: str | None = None) -> None:
+        try:
+            self.regex = re.compile(pattern or DEFAULT_PROGRESS_PATTERN)
+        except re.error as exc:
+            raise ValueError(f"bad progress pattern {pattern!r}: {exc}") from exc
+        if self.regex.groups == 0:
+            raise ValueError(f"progress pattern {pattern!r} needs a group capturing the step")
+
+    def parse(self, line: str) -> int | None:
+        m = self.regex.search(line)
+        if not m:
+            return None
+        groups = m.groupdict()
+        value = groups.get("step")
+        if value is None:
+            value = next((g for g in m.groups() if g is not None), None)
+        if value is None:
+            return None
+        try:
+            return int(value)
+        except ValueError:
+            return None
+
+
+# --- hangs ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HangConfig:
+    """Hang timeout. ``timeout`` set: fixed. ``None``: adaptive (decision 0052).
+
+    Adaptive: ``max(floor, multiple × the slowest of the last ``window`` step
+    intervals)``; until two progress points are known (start-up, restore,
+    compilation) the allowance is ``startup``.
+    """
+
+    timeout: float | None = None
+    floor: float = 60.0
+    multiple: float = 10.0
+    startup: float = 600.0
+    window: int = 20
+
+
+class HangDetector:
+    """No progress for the hang timeout -> one ``hang`` finding (then quiet until progress)."""
+
+    def __init__(self, config: HangConfig, started_at: float) -> None:
+        self.config = config
+        self.started_at = started_at
+        self.last_step: int | None = None
+        self.last_progress_at: float | None = None
+        self.points = 0
+        self.intervals: deque[float] = deque(maxlen=max(config.window, 1))
+        self.rank_last: dict[int, float] = {}
+        self.fired = False
+
+    def observe(self, step: int, at: float, rank: int | None = None) -> None:
+        """Record a progress report (any rank); only a new, higher step counts as progress."""
+        if rank is not None:
+            self.rank_last[rank] = at
+        if self.last_step is not None and step <= self.last_step:
+            return
+        if self.last_progress_at is not None and at > self.last_progress_at:
+            self.intervals.append(at - self.last_progress_at)
+        self.last_step = step
+        self.last_progress_at = at
+        self.points += 1
+        self.fired = False
+
+    def timeout(self) -> float:
+        """The allowance now in force, in seconds."""
+        cfg = self.config
+        if self.points < 2:
+            # Start-up (rendezvous, restore, first compile) is slower than a step.
+            return cfg.startup if cfg.timeout is None else max(cfg.timeout, cfg.startup)
+        if cfg.timeout is not None:
+            return cfg.timeout
+        slowest = max(self.intervals) if self.intervals else 0.0
+        return max(cfg.floor, cfg.multiple * slowest)
+
+    def deadline(self) -> float:
+        since = self.last_progress_at if self.last_progress_at is not None else self.started_at
+        return since + self.timeout()
+
+    def check(self, now: float) -> Finding | None:
+        if self.fired or now < self.deadline():
+            return None
+        self.fired = True
+        timeout = self.timeout()
+        since = self.last_progress_at if self.last_progress_at is not None else self.started_at
+        culprit = Culprit()
+        if len(self.rank_last) > 1:
+            # The rank silent the longest is the best guess; evidence may say otherwise.
+            slowest_rank = min(self.rank_last, key=lambda r: self.rank_last[r])
+            if self.rank_last[slowest_rank] < max(self.rank_last.values()):
+                culprit = Culprit(rank=slowest_rank)
+        if self.last_step is None:
+            message = f"no progress within {timeout:g} s of the start"
+        else:
+            message = (
+                f"no progress for {now - since:.1f} s (timeout {timeout:g} s); "
+                f"last step {self.last_step}"
+            )
+        return Finding(
+            kind="hang",
+            domain=Domain.UNKNOWN,
+            at=since + timeout,
+            source="detector:hang",
+            message=message,
+            severity=Severity.FATAL,
+            culprit=culprit,
+            signature="hang",
+            details={"timeout": timeout, "last_step": self.last_step, "since": since},
+        )
+
+
+# --- torchrun's own failure summary --------------------------------------------------
+
+_FAILED_RE = re.compile(
+    r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<local>\d+) \(pid: (?P<pid>\d+)\)"
+)
+_ROOT_CAUSE_RE = re.compile(r"Root Cause \(first observed failure\)")
+_RANK_RE = re.compile(r"^\s*rank\s*:\s*(?P<rank>\d+) \(local_rank: (?P<local>\d+)\)")
+_EXIT_RE = re.compile(r"^\s*exitcode\s*:\s*(?P<code>-?\d+) \(pid: (?P<pid>\d+)\)")
+
+
+def _code_to_exit(code: int) -> tuple[int | None, int | None]:
+    """torchrun reports a signal as a negative exit code."""
+    return (None, -code) if code < 0 else (code, None)
+
+
+class TorchrunSummaryParser:
+    """Recognise which local rank torchrun reports as failed, from its own output lines.
+
+    ``feed`` returns a :class:`ProcessExit` (source ``torchrun``) for
+    ``failed (exitcode: N) local_rank: R (pid: P)`` and for the ``Root Cause``
+    block of ``ChildFailedError`` (which also names the global rank).
+    """
+
+    def __init__(self) -> None:
+        self._in_root = False
+        self._rank: tuple[int, int] | None = None
+
+    def feed(self, line: str, at: float) -> ProcessExit | None:
+        m = _FAILED_RE.search(line)
+        if m:
+            code, sig = _code_to_exit(int(m.group("code")))
+            local = int(m.group("local"))
+            return ProcessExit(
+                at=at,
+                source="torchrun",
+                pid=int(m.group("pid")),
+                local_rank=local,
+                exit_code=code,
+                signal=sig,
+            )
+        if _ROOT_CAUSE_RE.search(line):
+            self._in_root = True
+            self._rank = None
+            return None
+        if not self._in_root:
+            return None
+        m = _RANK_RE.search(line)
+        if m:
+            self._rank = (int(m.group("rank")), int(m.group("local")))
+            return None
+        m = _EXIT_RE.search(line)
+        if m and self._rank is not None:
+            self._in_root = False
+            code, sig = _code_to_exit(int(m.group("code")))
+            return ProcessExit(
+                at=at,
+                source="torchrun",
+                pid=int(m.group("pid")),
+                rank=self._rank[0],
+                local_rank=self._rank[1],
+                exit_code=code,
+                signal=sig,
+            )
+        if line.startswith("====="):
+            self._in_root = False
+        return None
+
+
+# --- classified lines ----------------------------------------------------------------
+
+_RANK_PREFIX_RE = re.compile(r"^\s*\[(?:rank|default)(?P<rank>\d+)\]:")
+
+
+def rank_prefix(line: str) -> int | None:
+    """The rank of a torchrun-prefixed line (``[rank1]: ...``, ``[default1]:...``)."""
+    m = _RANK_PREFIX_RE.match(line)
+    return int(m.group("rank")) if m else None
+
+
+# Line kinds whose failures name the job itself rather than the hardware.
+_KIND_DOMAINS: dict[str, Domain] = {
+    "cuda_oom": Domain.APPLICATION,
+    "app_error": Domain.APPLICATION,
+    "collective_timeout": Domain.NETWORK,
+    "collective_error": Domain.NETWORK,
+    "ecc_error": Domain.HARDWARE,
+    "segfault": Domain.UNKNOWN,
+    "killed": Domain.NODE,
+}
+
+
+def _attr(match: Any, name: str) -> Any:
+    return getattr(match, name, None)
+
+
+def line_finding(
+    match: LineMatchLike,
+    line: str,
+    at: float,
+    source: str,
+    devices: Sequence[Device],
+    inventory: Sequence[Device] = (),
+) -> Finding:
+    """A finding for one classified line of job output (``source='output'``) or kernel log.
+
+    The device is resolved from the line's PCI bus id (kernel log: against the
+    whole inventory, so an XID on a device the job does not use is still
+    attributed to that device) or from the rank (``[rank1]:`` prefix, or the
+    classifier's rank) through the attempt's devices.
+    """
+    kind = match.kind
+    domain_value = _attr(match, "domain")
+    if isinstance(domain_value, Domain):
+        domain = domain_value
+    elif isinstance(domain_value, str) and domain_value in Domain.__members__.values():
+        domain = Domain(domain_value)
+    else:
+        domain = _KIND_DOMAINS.get(kind, Domain.UNKNOWN)
+    rank = _attr(match, "rank")
+    if rank is None:
+        rank = rank_prefix(line)
+    pci = _attr(match, "pci_bus_id")
+    dev: Device | None = None
+    if pci:
+        hit = rank_for_device(devices, pci)
+        if hit is not None:
+            dev, local = hit
+            rank = local if rank is None else rank
+        else:
+            other = rank_for_device(inventory, pci)
+            dev = other[0] if other else None
+    elif rank is not None:
+        dev = device_for_rank(devices, rank)
+    if pci:
+        try:
+            pci_norm: str | None = normalize_pci_bus_id(pci)
+        except ValueError:
+            pci_norm = None
+    else:
+        pci_norm = dev.pci_bus_id if dev else None
+    culprit = Culprit(
+        device_uuid=dev.uuid if dev else None,
+        pci_bus_id=pci_norm,
+        rank=rank,
+        host=dev.host if dev else None,
+    )
+    xid = _attr(match, "xid")
+    signature = _attr(match, "signature") or kind
+    severity_value = _attr(match, "severity")
+    try:
+        severity = Severity(severity_value) if severity_value else Severity.ERROR
+    except ValueError:
+        severity = Severity.ERROR
+    message = _attr(match, "message") or _attr(match, "summary") or line.strip()[:300]
+    details: dict[str, Any] = {}
+    for name in ("fatal", "description", "action", "name"):
+        value = _attr(match, name)
+        if value is not None:
+            details[name] = value
+    return Finding(
+        kind=kind,
+        domain=domain,
+        at=at,
+        source=source,
+        message=str(message),
+        severity=severity,
+        evidence=(line.rstrip("\n"),),
+        culprit=culprit,
+        xid=int(xid) if xid is not None else None,
+        signature=str(signature),
+        details=details,
+    )
+
+
+@dataclass
+class StepTracker:
+    """Steps seen by one attempt: first and last, with times, for verification and reports."""
+
+    first_step: int | None = None
+    first_at: float | None = None
+    last_step: int | None = None
+    last_at: float | None = None
+    resumed_step: int | None = None
+    resumed_checkpoint: str | None = None
+    ranks: set[int] = field(default_factory=set)
+    history: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=256))
+
+    def observe(self, step: int, at: float, rank: int | None = None) -> bool:
+        """Record a step; True when it is new progress (higher than any seen)."""
+        if rank is not None:
+            self.ranks.add(rank)
+        if self.first_step is None:
+            self.first_step, self.first_at = step, at
+        if self.last_step is not None and step <= self.last_step:
+            return False
+        self.last_step, self.last_at = step, at
+        self.history.append((at, step))
+        return True
+
+    def rate(self, since: float | None = None) -> float | None:
+        """Steps per second over the recorded history (optionally only after ``since``)."""
+        points = [(t, s) for t, s in self.history if since is None or t >= since]
+        if len(points) < 2:
+            return None
+        (t0, s0), (t1, s1) = points[0], points[-1]
+        if t1 <= t0 or s1 <= s0:
+            return None
+        return (s1 - s0) / (t1 - t0)
+
+
+__all__ = [
+    "DEFAULT_PROGRESS_PATTERN",
+    "HangConfig",
+    "HangDetector",
+    "LineMatchLike",
+    "ProcessExit",
+    "ProgressLineParser",
+    "StepTracker",
+    "TorchrunSummaryParser",
+    "crash_finding",
+    "device_for_rank",
+    "line_finding",
+    "rank_for_device",
+    "rank_prefix",
+]

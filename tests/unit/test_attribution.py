@@ -1,0 +1,196 @@
+"""Attribution of an attempt's findings to one root cause: evidence beats symptom."""
+
+from __future__ import annotations
+
+from trainguard.diagnose.attribution import attribute
+from trainguard.diagnose.detectors import ProcessExit, crash_finding
+from trainguard.model import Culprit, Device, Domain, Finding, IncidentKind, Severity
+
+T0 = 1_700_000_000.0
+DEVICES = (
+    Device(index=0, uuid="GPU-0", pci_bus_id="0000:10:00.0"),
+    Device(index=1, uuid="GPU-1", pci_bus_id="0000:11:00.0"),
+)
+
+
+def crash(rank: int, at: float, sig: int | None = None, code: int | None = None) -> Finding:
+    f = crash_finding(
+        ProcessExit(at=at, source="rank", rank=rank, local_rank=rank, signal=sig, exit_code=code),
+        DEVICES,
+    )
+    assert f is not None
+    return f
+
+
+def line(
+    kind: str,
+    at: float,
+    rank: int | None,
+    text: str,
+    domain: Domain,
+    signature: str | None = None,
+    pci: str | None = None,
+    uuid: str | None = None,
+    xid: int | None = None,
+) -> Finding:
+    return Finding(
+        kind=kind,
+        domain=domain,
+        at=at,
+        source="output" if pci is None else "kernel_log",
+        message=text,
+        evidence=(text,),
+        culprit=Culprit(rank=rank, pci_bus_id=pci, device_uuid=uuid),
+        signature=signature or f"{kind}:{text}",
+        xid=xid,
+        severity=Severity.FATAL,
+    )
+
+
+def xid79(at: float, pci: str = "0000:11:00.0", uuid: str | None = "GPU-1") -> Finding:
+    return line(
+        "xid",
+        at,
+        None,
+        f"NVRM: Xid (PCI:{pci[:-2]}): 79, pid=1, GPU has fallen off the bus.",
+        Domain.HARDWARE,
+        signature="xid:79",
+        pci=pci,
+        uuid=uuid,
+        xid=79,
+    )
+
+
+def gloo_reset(rank: int, at: float) -> Finding:
+    return line(
+        "collective_error",
+        at,
+        rank,
+        f"[rank{rank}]: RuntimeError: Connection closed by peer",
+        Domain.NETWORK,
+    )
+
+
+def test_crash_with_an_xid_on_the_ranks_device_is_hardware() -> None:
+    findings = [crash(1, T0 + 0.2, sig=9), gloo_reset(0, T0 + 0.3), xid79(T0)]
+    a = attribute(findings, DEVICES, failed_at=T0 + 0.2)
+    assert a.kind is IncidentKind.XID and a.domain is Domain.HARDWARE
+    assert a.culprit.device_uuid == "GPU-1" and a.culprit.rank == 1
+    assert a.signature == "xid:79"
+    assert any("Xid" in e for e in a.evidence)
+    assert any(f.kind == "crash" for f in a.findings)
+
+
+def test_xid_arriving_after_the_crash_within_the_window_still_wins() -> None:
+    findings = [crash(0, T0, sig=9), xid79(T0 + 5)]
+    a = attribute(findings, DEVICES, failed_at=T0)
+    assert a.domain is Domain.HARDWARE and a.culprit.rank == 1
+
+
+def test_xid_outside_the_correlation_window_is_not_evidence() -> None:
+    findings = [crash(1, T0, sig=9), xid79(T0 - 500)]
+    a = attribute(findings, DEVICES, failed_at=T0, window=60)
+    assert a.kind is IncidentKind.CRASH and a.domain is Domain.UNKNOWN
+
+
+def test_xid_on_a_device_the_job_does_not_use_is_not_its_cause() -> None:
+    findings = [crash(1, T0, sig=9), xid79(T0, pci="0000:99:00.0", uuid="GPU-9")]
+    a = attribute(findings, DEVICES, failed_at=T0)
+    assert a.domain is Domain.UNKNOWN and a.kind is IncidentKind.CRASH
+
+
+def test_killed_rank_with_peers_failing_is_a_crash_of_the_killed_rank() -> None:
+    findings = [gloo_reset(0, T0 + 0.05), crash(1, T0, sig=9), crash(0, T0 + 0.2, code=1)]
+    a = attribute(findings, DEVICES, failed_at=T0)
+    assert a.kind is IncidentKind.CRASH
+    assert a.culprit.rank == 1 and a.culprit.device_uuid == "GPU-1"
+    assert "SIGKILL" in a.summary and "peers then failed" in a.summary
+
+
+def test_python_error_of_the_root_rank_is_an_application_error() -> None:
+    sig = "app_error:ValueError: injected failure at step N"
+    findings = [
+        line("app_error", T0, 1, "[rank1]: ValueError: injected", Domain.APPLICATION, sig),
+        gloo_reset(0, T0 + 0.01),
+        crash(1, T0 + 0.05, code=1),
+        crash(0, T0 + 0.2, sig=15),
+        line(
+            "app_error",
+            T0 + 0.3,
+            None,
+            "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
+            Domain.APPLICATION,
+        ),
+    ]
+    a = attribute(findings, DEVICES, failed_at=T0 + 0.05)
+    assert a.kind is IncidentKind.APP_ERROR and a.domain is Domain.APPLICATION
+    assert a.culprit.rank == 1 and a.signature == sig
+
+
+def test_peer_python_error_after_a_kill_is_a_symptom() -> None:
+    findings = [
+        crash(1, T0, sig=9),
+        line("app_error", T0 + 0.1, 0, "[rank0]: RuntimeError: oops", Domain.APPLICATION),
+    ]
+    a = attribute(findings, DEVICES, failed_at=T0)
+    assert a.kind is IncidentKind.CRASH and a.culprit.rank == 1
+
+
+def test_oom_beats_the_traceback_it_ends_in() -> None:
+    findings = [
+        line("cuda_oom", T0, 0, "[rank0]: torch.OutOfMemoryError: CUDA out of memory.",
+             Domain.APPLICATION, "cuda_oom"),
+        line("app_error", T0 + 0.01, 0, "[rank0]: torch.OutOfMemoryError: CUDA out of memory.",
+             Domain.APPLICATION),
+        crash(0, T0 + 0.1, code=1),
+    ]  # fmt: skip
+    a = attribute(findings, DEVICES, failed_at=T0 + 0.1)
+    assert a.kind is IncidentKind.OOM and a.domain is Domain.APPLICATION
+    assert a.culprit.rank == 0 and a.culprit.device_uuid == "GPU-0"
+
+
+def test_uncorrectable_ecc_in_job_output_is_hardware() -> None:
+    findings = [
+        line("ecc_error", T0, 1, "[rank1]: CUDA error: uncorrectable ECC error encountered",
+             Domain.HARDWARE),
+        crash(1, T0 + 0.1, code=1),
+    ]  # fmt: skip
+    a = attribute(findings, DEVICES, failed_at=T0 + 0.1)
+    assert a.domain is Domain.HARDWARE and a.kind is IncidentKind.CUDA_ERROR
+    assert a.culprit.device_uuid == "GPU-1"
+
+
+def test_collective_timeout_without_a_crash_is_network() -> None:
+    findings = [
+        line("collective_timeout", T0, 0, "[rank0]: Watchdog caught collective operation timeout",
+             Domain.NETWORK),
+    ]  # fmt: skip
+    a = attribute(findings, DEVICES, failed_at=T0)
+    assert a.kind is IncidentKind.COLLECTIVE_TIMEOUT and a.domain is Domain.NETWORK
+
+
+def test_hang_alone_is_a_hang() -> None:
+    hang = Finding(
+        kind="hang",
+        domain=Domain.UNKNOWN,
+        at=T0,
+        source="detector:hang",
+        message="no progress for 5 s",
+        culprit=Culprit(rank=1),
+        signature="hang",
+    )
+    a = attribute([hang], DEVICES, failed_at=T0)
+    assert a.kind is IncidentKind.HANG and a.culprit.device_uuid == "GPU-1"
+
+
+def test_hang_with_an_xid_is_hardware() -> None:
+    hang = Finding(
+        kind="hang", domain=Domain.UNKNOWN, at=T0, source="detector:hang", message="no progress"
+    )
+    a = attribute([hang, xid79(T0 - 3)], DEVICES, failed_at=T0)
+    assert a.domain is Domain.HARDWARE and a.culprit.rank == 1
+
+
+def test_no_findings_at_all_still_gives_an_attribution() -> None:
+    a = attribute([], DEVICES, failed_at=T0)
+    assert a.kind is IncidentKind.CRASH and a.domain is Domain.UNKNOWN and a.confidence < 0.5
