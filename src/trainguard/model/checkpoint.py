@@ -97,6 +97,9 @@ class CheckpointInfo:
     created_at: float | None
     valid: bool
     reason: str | None = None  # why it is invalid; None when valid
+    # Observations that do not change the verdict (e.g. files the manifest does not
+    # list, or "quick mode: contents not hashed"), for people reading the listing.
+    notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -107,4 +110,5 @@ class CheckpointInfo:
             "created_at": self.created_at,
             "valid": self.valid,
             "reason": self.reason,
+            "notes": list(self.notes),
         }

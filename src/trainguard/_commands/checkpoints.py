@@ -1,0 +1,105 @@
+"""``trainguard checkpoints DIR``: list checkpoints with their verdicts, or print the latest valid.
+
+Exit codes: 0 listed (or ``--latest`` found one); 1 ``--latest`` found no valid
+checkpoint; 2 bad usage (DIR missing or unreadable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+from typing import Any
+
+from trainguard._commands._common import error, print_json, print_table
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "checkpoints",
+        help="list checkpoints in a directory and whether each is valid",
+        description=(
+            "List every checkpoint found in DIR, newest first, with its format, step, "
+            "size and verdict. Formats: trainguard (manifest), PyTorch DCP, Hugging Face "
+            "Trainer checkpoint-<step>, step_<n>/iter_<n> directories, single *.pt files."
+        ),
+    )
+    parser.add_argument(
+        "dir", metavar="DIR", help="directory holding checkpoints (or one checkpoint)"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON array")
+    parser.add_argument(
+        "--verify",
+        choices=("full", "quick"),
+        default="full",
+        help="full: hash/CRC every byte where the format allows (default); quick: sizes and "
+        "metadata only",
+    )
+    parser.add_argument(
+        "--latest",
+        action="store_true",
+        help="print only the path of the newest valid checkpoint (exit 1 if there is none); "
+        "with --json, its JSON object",
+    )
+    parser.set_defaults(func=run)
+
+
+def _when(ts: float | None) -> str:
+    if ts is None:
+        return ""
+    return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _size(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainguard.checkpoints import latest_valid, scan
+
+    try:
+        if args.latest:
+            found = latest_valid(args.dir, verify=args.verify)
+            if found is None:
+                return error(f"no valid checkpoint in {args.dir}", 1)
+            if args.json:
+                print_json(found.to_dict())
+            else:
+                print(found.path)
+            return 0
+        infos = scan(args.dir, verify=args.verify)
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        return error(str(exc), 2)
+    except PermissionError as exc:
+        return error(f"{args.dir}: permission denied ({exc.strerror})", 2)
+    except OSError as exc:
+        return error(f"{args.dir}: {exc.strerror or exc}", 2)
+    if args.json:
+        print_json([info.to_dict() for info in infos])
+        return 0
+    if not infos:
+        print(f"no checkpoints found in {args.dir}", file=sys.stderr)
+        return 0
+    rows = [
+        (
+            "yes" if info.valid else "NO",
+            info.step,
+            info.format,
+            _size(info.size_bytes),
+            _when(info.created_at),
+            info.path,
+            info.reason or "; ".join(info.notes),
+        )
+        for info in infos
+    ]
+    print_table(
+        f"checkpoints in {args.dir} (newest first, verify={args.verify})",
+        ("valid", "step", "format", "size", "created", "path", "reason / notes"),
+        rows,
+    )
+    return 0

@@ -1,0 +1,156 @@
+"""Find and validate checkpoints under a directory: ``scan``, ``latest_valid``, ``validate``.
+
+The catalog looks at the immediate children of a directory (or at the path itself
+when it is a checkpoint), recognises each with the formats in
+:mod:`trainguard.checkpoints.formats` in a fixed order, and returns their verdicts
+newest first. It never raises for damaged, unreadable or unrecognised entries:
+those become invalid entries with a reason, or are ignored when they are clearly
+not checkpoints (logs, marker files, symlinks).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from trainguard.checkpoints._fs import VerifyMode, check_verify_mode, describe_os_error
+from trainguard.checkpoints.base import Format, invalid
+from trainguard.checkpoints.formats.dcp import DcpFormat
+from trainguard.checkpoints.formats.hf_trainer import DIR_PATTERN as HF_PATTERN
+from trainguard.checkpoints.formats.hf_trainer import HfTrainerFormat
+from trainguard.checkpoints.formats.named_dir import NamedDirFormat, match_name
+from trainguard.checkpoints.formats.pt_file import PtFileFormat
+from trainguard.checkpoints.formats.trainguard import DIR_PATTERN as TG_PATTERN
+from trainguard.checkpoints.formats.trainguard import TrainguardFormat
+from trainguard.model.checkpoint import CheckpointInfo
+
+# Order matters: a manifest makes a directory trainguard's whatever else it holds;
+# a DCP .metadata outranks names; names come last.
+DIRECTORY_FORMATS: tuple[Format, ...] = (
+    TrainguardFormat(),
+    DcpFormat(),
+    HfTrainerFormat(),
+    NamedDirFormat(),
+)
+FILE_FORMATS: tuple[Format, ...] = (PtFileFormat(),)
+
+# Temporary directories of writers that rename into place when done: trainguard's
+# ``.tmp-step_<N>-<random>`` and the Trainer's ``tmp-checkpoint-<N>``.
+_IN_PROGRESS = re.compile(r"^(?:\.tmp-(?P<tg>.+?)(?:-[^-]*)?|tmp-(?P<hf>checkpoint-\d+))$")
+IN_PROGRESS_REASON = "write in progress or abandoned (temporary directory)"
+
+
+def _in_progress(path: Path) -> CheckpointInfo | None:
+    m = _IN_PROGRESS.match(path.name)
+    if not m or not path.is_dir():
+        return None
+    inner = m.group("tg") or m.group("hf") or ""
+    fmt, step = "unknown", None
+    if (tg := re.match(r"^step_(\d+)", inner)) is not None:
+        fmt, step = "trainguard", int(tg.group(1))
+    elif (hf := HF_PATTERN.match(inner)) is not None:
+        fmt, step = "hf_trainer", int(hf.group(1))
+    elif (named := match_name(inner)) is not None:
+        fmt, step = named
+    try:
+        mtime: float | None = path.stat().st_mtime
+    except OSError:
+        mtime = None
+    return invalid(path, fmt, step, IN_PROGRESS_REASON, 0, mtime)
+
+
+def _looks_like_checkpoint_name(name: str) -> bool:
+    return bool(TG_PATTERN.match(name) or HF_PATTERN.match(name) or match_name(name))
+
+
+def _classify(path: Path, verify: VerifyMode) -> CheckpointInfo | None:
+    """The verdict for one path, or None when it is clearly not a checkpoint."""
+    tmp = _in_progress(path)
+    if tmp is not None:
+        return tmp
+    try:
+        is_dir = path.is_dir()
+        if is_dir:
+            # An unreadable directory would otherwise look like a missing manifest.
+            with os.scandir(path):
+                pass
+    except OSError as exc:
+        if _looks_like_checkpoint_name(path.name):
+            return invalid(path, "unknown", None, f"directory unreadable: {describe_os_error(exc)}")
+        return None
+    formats = DIRECTORY_FORMATS if is_dir else FILE_FORMATS
+    for fmt in formats:
+        try:
+            if not fmt.detect(path):
+                continue
+            return fmt.inspect(path, verify)
+        except Exception as exc:  # last line of defence: a verdict, never a crash
+            return invalid(path, fmt.name, None, f"could not be checked: {type(exc).__name__}")
+    return None
+
+
+def _sort_key(info: CheckpointInfo) -> tuple[bool, int, float, str]:
+    return (info.step is not None, info.step or 0, info.created_at or 0.0, info.path)
+
+
+def scan(root: str | os.PathLike[str], verify: str = "full") -> list[CheckpointInfo]:
+    """Every checkpoint in ``root``, newest first (by step, then created time).
+
+    ``root`` is either a directory of checkpoints (its immediate children are
+    examined; symlinks and hidden entries other than ``.tmp-*`` are skipped) or a
+    checkpoint itself. Raises ``FileNotFoundError`` / ``NotADirectoryError`` /
+    ``PermissionError`` only for ``root`` itself.
+    """
+    mode = check_verify_mode(verify)
+    base = Path(root)
+    if not base.exists():
+        raise FileNotFoundError(f"{base}: no such file or directory")
+    itself = _classify(base, mode)
+    if itself is not None:
+        return [itself]
+    if not base.is_dir():
+        raise NotADirectoryError(f"{base}: not a directory nor a checkpoint file")
+    found: list[CheckpointInfo] = []
+    with os.scandir(base) as entries:
+        children = sorted(entries, key=lambda e: e.name)
+    for entry in children:
+        if entry.is_symlink():
+            continue  # e.g. a `latest -> step_...` link: the target is listed itself
+        if entry.name.startswith(".") and not entry.name.startswith(".tmp-"):
+            continue
+        info = _classify(Path(entry.path), mode)
+        if info is not None:
+            found.append(info)
+    found.sort(key=_sort_key, reverse=True)
+    return found
+
+
+def validate(path: str | os.PathLike[str], verify: str = "full") -> CheckpointInfo:
+    """The verdict for one checkpoint path; never raises for a bad checkpoint."""
+    mode = check_verify_mode(verify)
+    p = Path(path)
+    if not p.exists() and not p.is_symlink():
+        return invalid(p, "unknown", None, "path does not exist")
+    info = _classify(p, mode)
+    if info is None:
+        return invalid(p, "unknown", None, "not a recognised checkpoint format")
+    return info
+
+
+def latest_valid(root: str | os.PathLike[str], verify: str = "full") -> CheckpointInfo | None:
+    """The newest valid checkpoint in ``root``, or None.
+
+    Candidates are ordered by a quick scan; in full mode they are then verified
+    one by one, newest first, so that only the checkpoints that matter are hashed.
+    """
+    mode = check_verify_mode(verify)
+    for info in scan(root, "quick"):
+        if not info.valid:
+            continue
+        if mode == "quick":
+            return info
+        full = validate(info.path, "full")
+        if full.valid:
+            return full
+    return None

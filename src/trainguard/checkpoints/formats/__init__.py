@@ -1,0 +1,1 @@
+"""One module per checkpoint format, each implementing ``checkpoints.base.Format``."""
