@@ -135,6 +135,16 @@ class Store:
             raise
         return store
 
+    @classmethod
+    def open_existing(
+        cls, path: str | os.PathLike[str], *, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S
+    ) -> Store | None:
+        """Open a database that exists; ``None`` when there is no file (read-only
+        commands use this so that looking never creates a state directory)."""
+        if not Path(path).is_file():
+            return None
+        return cls.open(path, busy_timeout_s=busy_timeout_s)
+
     def close(self) -> None:
         with self._lock:
             self._conn.close()

@@ -1,0 +1,51 @@
+"""``trainguard report ID``: the post-incident record of one incident.
+
+Timeline, affected resources, restored checkpoint, lost work, restarts,
+replacement devices, time to detect / act / recover, and the repair action.
+``--json`` is a public interface (see ``docs/store.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from trainguard._commands._common import add_state_option, error, print_json
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "report",
+        help="post-incident report of one incident",
+        description="Print the post-incident record of incident ID.",
+    )
+    parser.add_argument("id", metavar="ID", help="incident id (see `trainguard incidents`)")
+    add_state_option(parser)
+    parser.add_argument("--json", action="store_true", help="print a JSON object")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainguard.store import NotFound, Store, StoreError
+    from trainguard.store.report import build_report, format_report
+
+    try:
+        incident_id = int(str(args.id).strip())
+    except ValueError:
+        return error(f"incident id must be a number, not {args.id!r}")
+    try:
+        store = Store.open_existing(args.state)
+    except StoreError as exc:
+        return error(str(exc))
+    if store is None:
+        return error(f"no incident {incident_id}: no state database at {args.state}")
+    with store:
+        try:
+            report = build_report(store, incident_id)
+        except NotFound:
+            return error(f"no incident {incident_id} in {args.state}")
+    if args.json:
+        print_json(report)
+    else:
+        print(format_report(report))
+    return 0

@@ -1,0 +1,260 @@
+"""The post-incident record (``trainguard report ID``), computed from the store.
+
+Everything here is derived from what the store already holds (the incident,
+the job's attempts, the device health history); nothing is measured again.
+How the figures are computed (also in ``docs/store.md``):
+
+* **lost work, steps**: the incident's ``lost_steps`` (``failed_step`` minus the
+  restored ``checkpoint_step``).
+* **lost work, seconds**: lost steps divided by the pre-failure step rate, the
+  failed attempt's (last step - first step) / (time of last step - time of first
+  step); when that attempt has no measurable rate, the newest earlier attempt
+  that has one. ``null`` when no rate is known.
+* **restart count**: attempts started for this incident (after the failed
+  attempt, up to its recovery attempt, or until it closed); ``job_restarts``
+  counts every restart of the job so far.
+* **replacement devices**: devices of the recovery attempt (``recovery_attempt``,
+  else the attempt after the failed one) that the failed attempt did not have.
+* **times**: detect = ``detected_at - fault_at`` (null without ``fault_at``); act
+  and verified recovery are measured from ``fault_at`` when known, else from
+  ``detected_at`` (``measured_from`` says which).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainguard.model.devices import Device
+from trainguard.model.findings import Domain, IncidentKind
+from trainguard.model.records import AttemptRecord, IncidentRecord, iso_utc
+from trainguard.store.sqlite import NotFound, Store
+
+
+def _seconds(end: float | None, start: float | None) -> float | None:
+    if end is None or start is None:
+        return None
+    return round(end - start, 3)
+
+
+def default_repair(inc: IncidentRecord) -> str:
+    """The repair advice used when the controller recorded none."""
+    c = inc.culprit
+    if inc.domain is Domain.HARDWARE and (c.device_uuid or c.pci_bus_id):
+        dev = c.device_uuid or c.pci_bus_id
+        return (
+            f"Device {dev} is quarantined: run GPU diagnostics (nvidia-smi -q -d ECC, "
+            "DCGM diag level 3, check remapped rows), reset or replace it, then return it with "
+            f"`trainguard devices release {dev} --reason ...` or retire it."
+        )
+    if inc.kind is IncidentKind.OOM:
+        return (
+            "Out of memory: reduce the micro-batch, enable activation checkpointing or shard "
+            "the optimizer state; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True helps "
+            "fragmentation."
+        )
+    if inc.domain in (Domain.APPLICATION, Domain.USER_CONFIG):
+        return "Fix the job: see the evidence lines and the attempt log; no hardware action."
+    if inc.domain is Domain.NETWORK:
+        return "Check the interconnect (NCCL/gloo timeouts): links, switches, NIC counters."
+    if inc.domain is Domain.STORAGE:
+        return "Check the checkpoint/data storage: free space, mount health, permissions."
+    if inc.kind is IncidentKind.HANG:
+        return "Inspect the hang: stack dumps of the ranks (py-spy dump), collective timeouts."
+    return "No repair action identified; see the evidence and the attempt log."
+
+
+def _device_json(d: Device, store: Store | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "index": d.index,
+        "uuid": d.uuid,
+        "pci_bus_id": d.pci_bus_id,
+        "host": d.host,
+        "model": d.model,
+    }
+    if store is not None:
+        try:
+            rec = store.get_device(d.uuid)
+        except NotFound:
+            out["state"] = None
+        else:
+            out["state"] = rec.state.value
+    return out
+
+
+def _step_rate(failed: AttemptRecord | None, attempts: list[AttemptRecord]) -> float | None:
+    if failed is not None and failed.step_rate is not None:
+        return failed.step_rate
+    number = failed.number if failed is not None else None
+    for att in sorted(attempts, key=lambda a: a.number, reverse=True):
+        if number is not None and att.number >= number:
+            continue
+        if att.step_rate is not None:
+            return att.step_rate
+    return None
+
+
+def build_report(store: Store, incident_id: int) -> dict[str, Any]:
+    """The post-incident record as a JSON-able dict (``trainguard report ID --json``).
+
+    Raises :class:`trainguard.store.NotFound` for an unknown incident.
+    """
+    inc = store.get_incident(incident_id)
+    try:
+        job_name: str | None = store.get_job(inc.job_id).name
+    except NotFound:
+        job_name = None
+    attempts = store.list_attempts(inc.job_id)
+    by_number = {a.number: a for a in attempts}
+    failed = by_number.get(inc.attempt)
+    recovery_number = inc.recovery_attempt
+    if recovery_number is None and (inc.attempt + 1) in by_number:
+        recovery_number = inc.attempt + 1
+    recovery = by_number.get(recovery_number) if recovery_number is not None else None
+
+    # Restarts made for this incident: attempts after the failed one, up to the
+    # recovery attempt, or started before the incident closed.
+    if inc.recovery_attempt is not None:
+        restarts = [a for a in attempts if inc.attempt < a.number <= inc.recovery_attempt]
+    else:
+        restarts = [
+            a
+            for a in attempts
+            if a.number > inc.attempt and (inc.closed_at is None or a.started_at <= inc.closed_at)
+        ]
+
+    failed_uuids = set(failed.device_uuids) if failed else set()
+    replacement = (
+        [_device_json(d, store) for d in recovery.devices if d.uuid not in failed_uuids]
+        if recovery is not None
+        else []
+    )
+    quarantined = [
+        {
+            "uuid": h.device_uuid,
+            "state": h.new_state.value,
+            "at": iso_utc(h.at),
+            "reason": h.reason,
+            "actor": h.actor,
+        }
+        for h in store.incident_health_changes(inc.id)
+    ]
+
+    rate = _step_rate(failed, attempts)
+    lost_seconds = round(inc.lost_steps / rate, 3) if inc.lost_steps is not None and rate else None
+    origin = inc.fault_at if inc.fault_at is not None else inc.detected_at
+    culprit = inc.culprit.to_dict()
+    return {
+        "id": inc.id,
+        "job_id": inc.job_id,
+        "job_name": job_name,
+        "attempt": inc.attempt,
+        "kind": inc.kind.value,
+        "domain": inc.domain.value,
+        "state": inc.state.value,
+        "outcome": inc.outcome,
+        "summary": inc.summary,
+        "reason": inc.reason,
+        "culprit": culprit,
+        "evidence": list(inc.evidence),
+        "timeline": [t.to_json() for t in sorted(inc.timeline, key=lambda t: t.at)],
+        "affected": {
+            "devices": [_device_json(d, store) for d in failed.devices] if failed else [],
+            "culprit": culprit,
+            "health_changes": quarantined,
+        },
+        "checkpoint": (
+            None
+            if inc.checkpoint_step is None and inc.checkpoint_path is None
+            else {"path": inc.checkpoint_path, "step": inc.checkpoint_step}
+        ),
+        "failed_step": inc.failed_step,
+        "lost_work": {
+            "steps": inc.lost_steps,
+            "seconds": lost_seconds,
+            "step_rate": None if rate is None else round(rate, 4),
+        },
+        "restart_count": len(restarts),
+        "job_restarts": max(0, len(attempts) - 1),
+        "recovery_attempt": recovery_number,
+        "replacement_devices": replacement,
+        "fault_at": iso_utc(inc.fault_at),
+        "detected_at": iso_utc(inc.detected_at),
+        "acted_at": iso_utc(inc.acted_at),
+        "recovered_at": iso_utc(inc.recovered_at),
+        "closed_at": iso_utc(inc.closed_at),
+        "times": {
+            "measured_from": "fault" if inc.fault_at is not None else "detection",
+            "time_to_detect_s": _seconds(inc.detected_at, inc.fault_at),
+            "time_to_act_s": _seconds(inc.acted_at, origin),
+            "time_to_recovery_s": _seconds(inc.recovered_at, origin),
+        },
+        "actions": [dict(a) for a in inc.actions],
+        "plan": inc.plan,
+        "plan_generation": inc.plan_generation,
+        "repair": inc.repair or default_repair(inc),
+    }
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """A plain-text rendering of :func:`build_report`'s dict, for people."""
+    r = report
+    lines: list[str] = []
+    add = lines.append
+    add(f"Incident {r['id']}  job {r['job_id']}" + (f" ({r['job_name']})" if r["job_name"] else ""))
+    add(f"  {r['kind']} / {r['domain']}: {r['summary']}")
+    add(f"  outcome: {r['outcome']}" + (f" ({r['reason']})" if r.get("reason") else ""))
+    c = r["culprit"]
+    who = [
+        f"{k}={c[k]}" for k in ("device_uuid", "pci_bus_id", "rank", "host") if c.get(k) is not None
+    ]
+    add(f"  culprit: {', '.join(who) if who else 'none named'}")
+    add("")
+    add("Timeline")
+    for t in r["timeline"]:
+        add(f"  {t['at']}  {t['what']}")
+    add("")
+    add("Affected resources")
+    add(f"  failed attempt {r['attempt']} ran on:")
+    for d in r["affected"]["devices"]:
+        add(f"    [{d['index']}] {d['uuid']} {d['pci_bus_id']} (now {d.get('state')})")
+    for h in r["affected"]["health_changes"]:
+        add(f"  {h['uuid']} -> {h['state']} at {h['at']} by {h['actor']}: {h['reason']}")
+    if r["replacement_devices"]:
+        add("  replacement devices:")
+        for d in r["replacement_devices"]:
+            add(f"    [{d['index']}] {d['uuid']} {d['pci_bus_id']}")
+    add("")
+    ck = r["checkpoint"]
+    add(
+        "Checkpoint restored: "
+        + (f"step {ck['step']} ({ck['path']})" if ck else "none (fresh start or not restarted)")
+    )
+    lw = r["lost_work"]
+    lost = "unknown" if lw["steps"] is None else f"{lw['steps']} step(s)"
+    if lw["seconds"] is not None:
+        lost += f", about {lw['seconds']:.1f} s at {lw['step_rate']} steps/s"
+    add(f"Lost work: {lost} (failed at step {r['failed_step']})")
+    add(f"Restarts for this incident: {r['restart_count']} (job total {r['job_restarts']})")
+    t = r["times"]
+
+    def fmt(v: float | None) -> str:
+        return "-" if v is None else f"{v:.2f} s"
+
+    add(
+        f"Time to detect: {fmt(t['time_to_detect_s'])}, to act: {fmt(t['time_to_act_s'])}, "
+        f"to verified recovery: {fmt(t['time_to_recovery_s'])} (from {t['measured_from']})"
+    )
+    if r["evidence"]:
+        add("")
+        add("Evidence")
+        for e in r["evidence"]:
+            add(f"  {e}")
+    if r["actions"]:
+        add("")
+        add("Actions")
+        for a in r["actions"]:
+            rest = ", ".join(f"{k}={v}" for k, v in a.items() if k not in ("type", "at"))
+            add(f"  {a.get('at', '')}  {a.get('type', 'action')}" + (f": {rest}" if rest else ""))
+    add("")
+    add(f"Repair: {r['repair']}")
+    return "\n".join(lines)
