@@ -67,7 +67,7 @@ def register(subparsers: Any) -> None:
 def _duration(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.1f} s"
-    if seconds < 7200:
+    if seconds < 10 * 3600:
         return f"{seconds / 60:.1f} min"
     return f"{seconds / 3600:.2f} h"
 

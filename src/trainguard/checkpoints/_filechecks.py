@@ -140,29 +140,25 @@ def _check_zip(path: Path, label: str, size: int, verify: VerifyMode) -> list[st
         # torch can be told not to compute CRC-32 (a zero CRC); such members are
         # only size-checked, and we say so.
         no_crc = [i for i in infos if i.CRC == 0 and i.file_size > 0]
-        try:
-            for info in infos:
-                if info in no_crc:
-                    continue
+        for info in infos:
+            if info in no_crc:
+                continue
+            try:
                 with zf.open(info) as member:
                     while member.read(8 << 20):
                         pass
-        except zipfile.BadZipFile as exc:
-            raise CheckFailed(f"file {label}: {_crc_reason(exc)}") from exc
-        except (OSError, EOFError) as exc:
-            reason = describe_os_error(exc) if isinstance(exc, OSError) else "truncated"
-            raise CheckFailed(f"file {label}: {reason}") from exc
+            except zipfile.BadZipFile as exc:
+                if "CRC" in str(exc):
+                    reason = f"zip member {info.filename}: CRC mismatch (contents damaged)"
+                else:
+                    reason = f"zip member {info.filename}: corrupt ({exc})"
+                raise CheckFailed(f"file {label}: {reason}") from exc
+            except (OSError, EOFError) as exc:
+                why = describe_os_error(exc) if isinstance(exc, OSError) else "truncated"
+                raise CheckFailed(f"file {label}: zip member {info.filename}: {why}") from exc
         if no_crc:
             notes.append(f"{label}: {len(no_crc)} zip member(s) without CRC-32 not content-checked")
         return notes
-
-
-def _crc_reason(exc: zipfile.BadZipFile) -> str:
-    text = str(exc)
-    if "CRC" in text:
-        member = text.rsplit(" ", 1)[-1]
-        return f"zip member {member}: CRC mismatch (contents damaged)"
-    return f"corrupt zip archive ({text})"
 
 
 def _walk_pickle(fh: BinaryIO, label: str) -> list[tuple[str, Any]]:
