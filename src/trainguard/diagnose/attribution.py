@@ -26,13 +26,20 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from trainguard.model.devices import Device
-from trainguard.model.findings import Attribution, Culprit, Domain, Finding, IncidentKind
+from trainguard.model.findings import (
+    Attribution,
+    Culprit,
+    Domain,
+    Finding,
+    IncidentKind,
+    Severity,
+)
 
 DEFAULT_CORRELATION_WINDOW = 60.0
 MAX_EVIDENCE = 40
 
 _LAUNCHER_NOISE = ("ChildFailedError", "torch.distributed.elastic")
-_OOM_KINDS = frozenset({"cuda_oom", "oom"})
+_OOM_KINDS = frozenset({"cuda_oom", "oom"})  # host_oom is the kernel OOM killer: node
 _CUDA_KINDS = frozenset({"cuda_error"})
 _APP_KINDS = frozenset({"app_error", "python_exception", "traceback"})
 _COLLECTIVE = {
@@ -42,6 +49,9 @@ _COLLECTIVE = {
 
 
 def _is_launcher_noise(f: Finding) -> bool:
+    # The classifier marks torchrun's own summary lines (``wrapper`` / ``elastic_summary``).
+    if f.details.get("wrapper") or f.details.get("elastic_summary"):
+        return True
     text = " ".join((f.signature or "", f.message, *f.evidence[:1]))
     return any(n in text for n in _LAUNCHER_NOISE)
 
@@ -101,6 +111,8 @@ def attribute(
     for f in ordered:
         if f.domain is not Domain.HARDWARE or abs(f.at - failed_at) > window:
             continue
+        if f.severity is Severity.WARNING:
+            continue  # informational (XID 63 row remap, 92 SBE rate): not a cause
         # An output line names a rank only; the attempt's devices name its card.
         c = (
             f.culprit
@@ -178,7 +190,8 @@ def attribute(
     # 4a. A crash with no more specific evidence.
     if root_crash is not None:
         culprit = _complete_culprit(root_crash.culprit, devices)
-        killed = [f for f in errors if f.kind == "killed"]
+        # Host-level evidence (the kernel's OOM killer, a node failure) makes it a node fault.
+        killed = [f for f in errors if f.domain is Domain.NODE]
         domain = Domain.NODE if killed else Domain.UNKNOWN
         symptoms = [f for f in others if f.kind in _COLLECTIVE]
         summary = root_crash.message

@@ -358,7 +358,8 @@ _KIND_DOMAINS: dict[str, Domain] = {
     "collective_error": Domain.NETWORK,
     "ecc_error": Domain.HARDWARE,
     "segfault": Domain.UNKNOWN,
-    "killed": Domain.NODE,
+    "killed": Domain.UNKNOWN,
+    "host_oom": Domain.NODE,
 }
 
 
@@ -424,18 +425,17 @@ def line_finding(
         severity = Severity(severity_value) if severity_value else Severity.ERROR
     except ValueError:
         severity = Severity.ERROR
-    message = _attr(match, "message") or _attr(match, "summary") or line.strip()[:300]
-    details: dict[str, Any] = {}
-    for name in ("fatal", "description", "action", "name"):
-        value = _attr(match, name)
-        if value is not None:
-            details[name] = value
+    message = _attr(match, "text") or line
+    details: dict[str, Any] = dict(_attr(match, "details") or {})
+    action = _attr(match, "action")
+    if action is not None:
+        details["action"] = str(action)
     return Finding(
         kind=kind,
         domain=domain,
         at=at,
         source=source,
-        message=str(message),
+        message=str(message).strip()[:500],
         severity=severity,
         evidence=(line.rstrip("\n"),),
         culprit=culprit,

@@ -1,0 +1,322 @@
+"""The signature rules: which lines carry which failure kind.
+
+Each :class:`Rule` has ``patterns`` written in the subset of regular-expression
+syntax that both Hyperscan and Python's :mod:`re` read the same way: literals,
+``.``, ``\\d \\w \\S \\b``, bracket classes, ``(?:...)``, alternation and
+repetition. No ``\\s`` and no negated class (both would match a newline when a
+whole buffer is scanned), no anchors, no look-around, no named groups. A line
+carries a rule's signature when one of its patterns matches anywhere in the
+line and its ``exclude`` (Python-only) does not. Rules are tried in order and
+the first that matches wins, so the more specific kind comes first
+(``CUDA error: out of memory`` is ``cuda_oom``, not ``cuda_error``).
+
+``anchors`` are lower-case literals of which every matching line contains at
+least one; the portable prefilter looks for them with ``bytes.find`` over the
+lower-cased buffer. A rule without anchors is searched with its own regex.
+``tests/unit/test_diagnose_matcher.py`` checks that both prefilters agree.
+
+``MARKERS`` are patterns the line walker needs to see although they carry no
+signature themselves: a traceback header opens the search for its final line.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from trainguard.model.findings import Domain, Severity
+from trainguard.model.signature import Action
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    kind: str
+    domain: Domain
+    severity: Severity
+    action: Action
+    patterns: tuple[str, ...]
+    anchors: tuple[str, ...] = ()
+    caseless: bool = False
+    exclude: str | None = None
+    regex: re.Pattern[str] = field(init=False, repr=False, compare=False)
+    exclude_regex: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        flags = re.IGNORECASE if self.caseless else 0
+        joined = "|".join(f"(?:{p})" for p in self.patterns)
+        object.__setattr__(self, "regex", re.compile(joined, flags))
+        object.__setattr__(
+            self, "exclude_regex", re.compile(self.exclude) if self.exclude else None
+        )
+
+    def matches(self, line: str) -> bool:
+        if self.regex.search(line) is None:
+            return False
+        return self.exclude_regex is None or self.exclude_regex.search(line) is None
+
+
+H, N, S, ND, APP, CFG, SCH, UNK = (
+    Domain.HARDWARE,
+    Domain.NETWORK,
+    Domain.STORAGE,
+    Domain.NODE,
+    Domain.APPLICATION,
+    Domain.USER_CONFIG,
+    Domain.SCHEDULER,
+    Domain.UNKNOWN,
+)
+FATAL, ERROR, WARN = Severity.FATAL, Severity.ERROR, Severity.WARNING
+
+TRACEBACK_HEADER = "Traceback (most recent call last)"
+ELASTIC_SUMMARY = "ChildFailedError"
+MARKERS: tuple[tuple[str, str], ...] = (
+    (r"Traceback \(most recent call last\)", "traceback (most recent call last)"),
+)
+
+RULES: tuple[Rule, ...] = (
+    # --- GPU driver ---------------------------------------------------------------
+    Rule("xid", "xid", H, ERROR, Action.INVESTIGATE,
+         (r"\bXid \((?:PCI:)?[0-9a-fA-F]{2,8}:[0-9a-fA-F]{2}",),
+         ("xid (",)),
+    Rule("sxid", "sxid", N, WARN, Action.IGNORE,
+         (r"\bSXid \((?:PCI:)?[0-9a-fA-F]{2,8}:[0-9a-fA-F]{2}",),
+         ("sxid (",)),
+    # --- Slurm job end lines (before everything: they quote no other signature) ----
+    Rule("slurm_time_limit", "time_limit", SCH, FATAL, Action.RESUBMIT,
+         (r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT \S+ DUE TO TIME LIMIT",),
+         ("due to time limit",)),
+    Rule("slurm_preempted", "preempted", SCH, FATAL, Action.WAIT_FOR_SCHEDULER,
+         (r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT \S+ DUE TO (?:PREEMPTION|JOB REQUEUE)",),
+         ("due to preemption", "due to job requeue")),
+    Rule("slurm_node_fail", "node_failure", ND, FATAL, Action.DRAIN_NODE,
+         (r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT \S+ DUE TO NODE FAIL",
+          r"\*\*\* (?:JOB|STEP) \S+ STEPD TERMINATED ON \S+ AT \S+ DUE TO JOB NOT ENDING",
+          r"srun: error: Node failure on ",
+          r"\bNODE_FAIL\b",
+          r"\bNodes? \S+ not responding"),
+         ("due to node fail", "stepd terminated", "node failure on", "node_fail",
+          "not responding")),
+    Rule("slurm_cancelled", "cancelled", SCH, FATAL, Action.INVESTIGATE,
+         (r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT ",),
+         ("cancelled at",)),
+    # --- GPU memory and loss of the GPU -------------------------------------------------
+    Rule("ecc", "ecc_error", H, FATAL, Action.DRAIN_AND_RESET,
+         (r"uncorrectable ECC error",
+          r"ECC_UNCORRECTABLE",
+          r"cudaErrorECCUncorrectable",
+          r"(?:SRAM|DRAM) Uncorrectable[A-Za-z /-]* +: +[1-9]",
+          r"Remapping Failure Occurred +: +Yes",
+          r"Pending Page (?:Blacklist|Retirement) +: +Yes",
+          # nvidia-smi table: Bus-Id, Disp.A, then a non-zero "Volatile Uncorr. ECC" column
+          r"[0-9A-Fa-f]{8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7] +(?:On|Off) +\| +[1-9][0-9]* +\|"),
+         (), True),
+    Rule("gpu_lost", "gpu_lost", H, FATAL, Action.DRAIN_AND_RESET,
+         (r"Unable to determine the device handle for GPU",
+          r"\bGPU is lost\b",
+          r"GPU has fallen off the bus",
+          r"RmInitAdapter failed",
+          r"NVML_ERROR_GPU_IS_LOST",
+          r"couldn't communicate with the NVIDIA driver",
+          r"\| +ERR! +\||\|.*ERR! "),
+         ("unable to determine the device handle", "gpu is lost", "fallen off the bus",
+          "rminitadapter failed", "gpu_is_lost", "communicate with the nvidia driver", "err!")),
+    # --- memory -------------------------------------------------------------------
+    Rule("cuda_oom", "cuda_oom", CFG, FATAL, Action.FIX_CONFIG,
+         (r"CUDA out of memory",
+          r"CUDA error: out of memory",
+          r"\bOutOfMemoryError\b",
+          r"cudaErrorMemoryAllocation",
+          r"CUDA_ERROR_OUT_OF_MEMORY",
+          r"CUBLAS_STATUS_ALLOC_FAILED",
+          r"CUDNN_STATUS_ALLOC_FAILED",
+          r"Cuda failure 'out of memory'",
+          r"HIP out of memory",
+          r"RESOURCE_EXHAUSTED: Out of memory"),
+         ("out of memory", "outofmemoryerror", "memoryallocation", "alloc_failed",
+          "out_of_memory")),
+    Rule("host_oom", "host_oom", CFG, FATAL, Action.FIX_CONFIG,
+         (r"Out of memory: Kill",
+          r"Killed process \d+ \(.*\) total-vm",
+          r"oom-kill:constraint=",
+          r"invoked oom-killer",
+          r"Memory cgroup out of memory",
+          r"\d+ oom[-_]kill events?",
+          r"Exceeded (?:job|step) memory limit",
+          r"oom_reaper: reaped process"),
+         ("out of memory: kill", "total-vm", "oom-kill", "oom_kill", "memory limit",
+          "oom_reaper", "memory cgroup out of memory")),
+    # --- CUDA ---------------------------------------------------------------------
+    Rule("cuda_error", "cuda_error", APP, FATAL, Action.RESTART_APP,
+         (r"CUDA error: ",
+          r"CUDA error \d+",
+          r"\bcudaError[A-Z]\w+",
+          r"CUDA_ERROR_[A-Z_]+",
+          r"device-side assert triggered",
+          r"illegal memory access was encountered",
+          r"an illegal instruction was encountered",
+          r"unspecified launch failure",
+          r"misaligned address",
+          r"CUBLAS_STATUS_[A-Z_]+",
+          r"CUDNN_STATUS_[A-Z_]+",
+          r"Cuda failure",
+          r"unhandled cuda error",
+          r"block: \[\d+,\d+,\d+\], thread: \[\d+,\d+,\d+\] Assertion",
+          r"CUDA driver version is insufficient",
+          r"no kernel image is available for execution"),
+         ("cuda error", "cudaerror", "cuda_error_", "device-side assert triggered",
+          "illegal memory access", "illegal instruction", "unspecified launch failure",
+          "misaligned address", "cublas_status_", "cudnn_status_", "cuda failure",
+          "unhandled cuda error", "assertion", "driver version is insufficient",
+          "no kernel image"),
+         exclude=r"CUBLAS_STATUS_SUCCESS|CUDNN_STATUS_SUCCESS"),
+    # --- collectives --------------------------------------------------------------
+    Rule("collective_timeout", "collective_timeout", N, ERROR, Action.INVESTIGATE,
+         (r"[Cc]ollective operation timeout",
+          r"last enqueued NCCL work: \d+",
+          r"Timeout at NCCL work: \d+",
+          r"detected by watchdog at work",
+          r"timed out in blocking wait",
+          r"Timed out waiting \d+ ?ms for (?:recv|send) operation",
+          r"Socket Timeout",
+          r"waiting for clients\. \d+/\d+ clients joined",
+          r"RendezvousTimeoutError",
+          r"wait timeout after \d+ ?ms",
+          r"Heartbeat monitor timed out",
+          r"watchdog (?:thread )?got stuck",
+          r"due to a collective timeout",
+          r"flight recorder dump signal",
+          r"client socket has timed out"),
+         ("collective operation timeout", "nccl work:", "detected by watchdog",
+          "timed out in blocking wait", "timed out waiting", "socket timeout",
+          "waiting for clients", "rendezvoustimeouterror", "wait timeout after",
+          "heartbeat monitor timed out", "got stuck", "collective timeout",
+          "dump signal", "client socket has timed out")),
+    Rule("network", "network_error", N, ERROR, Action.CHECK_NETWORK,
+         (r"NCCL WARN NET/(?:IB|Socket|Plugin|OFI|GDR|AWS)",
+          r"NET/IB ?: Got completion from peer",
+          r"\bibv_\w+ (?:failed|error)",
+          r"IBV_WC_[A-Z_]+_ERR",
+          r"transport retry counte?r? exceeded",
+          r"mlx5_core .*[Ll]ink [Dd]own",
+          r"mlx5_core .*Cable unplugged",
+          r"\bPort \d+ .*[Ll]ink [Dd]own",
+          r"NIC Link is Down",
+          r"NETDEV WATCHDOG",
+          r"UCX +ERROR"),
+         ("net/", "ibv_", "retry count", "link down", "link is down", "cable unplugged",
+          "netdev watchdog", "ucx")),
+    Rule("collective_error", "collective_error", N, ERROR, Action.INVESTIGATE,
+         (r"NCCL error",
+          r"\bnccl(?:SystemError|InternalError|RemoteError|InvalidUsage|InvalidArgument)\b",
+          r"unhandled system error",
+          r"remote process exited or there was a network error",
+          r"NCCL communicator was aborted",
+          r"\bDist(?:Backend|Network)Error\b",
+          r"[Gg]loo.*Connection (?:closed|reset) by peer",
+          r"pair\.cc:\d+\] (?:Read|Write) error",
+          r"NCCL WARN .*(?:fail|rror|bort)",
+          r"Some NCCL operations have failed or timed out",
+          r"client socket has failed to connect"),
+         ("nccl error", "ncclsystemerror", "ncclinternalerror", "ncclremoteerror",
+          "ncclinvalid", "unhandled system error", "remote process exited",
+          "communicator was aborted", "distbackenderror", "distnetworkerror", "by peer",
+          "read error", "write error", "nccl warn", "have failed or timed out",
+          "failed to connect"),
+         exclude=r"NCCL INFO"),
+    # --- host hardware ------------------------------------------------------------------
+    Rule("pcie", "pcie_error", H, ERROR, Action.DRAIN_AND_RESET,
+         (r"AER: (?:Multiple )?(?:Uncorrected|Corrected)",
+          r"PCIe Bus Error: severity=",
+          r"pciehp.*(?:Link Down|Card not present)",
+          r"Surprise Link Down"),
+         ("aer:", "pcie bus error", "pciehp", "surprise link down")),
+    Rule("host_memory", "host_memory_error", H, ERROR, Action.DRAIN_NODE,
+         (r"EDAC .*\b(?:UE|CE)\b",
+          r"EDAC .*(?:MEMORY ERROR|[Uu]ncorrected|[Cc]orrected error)",
+          r"\[Hardware Error\]",
+          r"Machine check events logged",
+          r"UNCORRECTABLE MEMORY ERROR",
+          r"Memory failure: 0x[0-9a-f]+"),
+         ("edac", "hardware error", "machine check", "uncorrectable memory error",
+          "memory failure: 0x")),
+    # --- storage ------------------------------------------------------------------------
+    Rule("storage", "storage_error", S, ERROR, Action.CHECK_STORAGE,
+         (r"No space left on device",
+          r"Read-only file system",
+          r"Input/output error",
+          r"Disk quota exceeded",
+          r"nfs: server \S+ not responding",
+          r"LustreError",
+          r"Stale file handle",
+          r"EXT4-fs error",
+          r"Remounting filesystem read-only",
+          r"XFS \(\S+\): .*(?:I/O error|Corruption|metadata I/O)",
+          r"\bI/O error, dev \w+",
+          r"Buffer I/O error on dev",
+          r"blk_update_request: .*I/O error",
+          r"Transport endpoint is not connected",
+          r"PytorchStreamWriter failed writing file",
+          r"nvme nvme\d+: .*(?:timeout, (?:aborting|reset)|controller is down)"),
+         ("no space left", "read-only file system", "input/output error", "quota exceeded",
+          "not responding", "lustreerror", "stale file handle", "ext4-fs error",
+          "read-only", "i/o error", "transport endpoint", "pytorchstreamwriter",
+          "nvme")),
+    # --- node ---------------------------------------------------------------------------
+    Rule("node", "node_failure", ND, FATAL, Action.DRAIN_NODE,
+         (r"Kernel panic",
+          r"soft lockup",
+          r"hard LOCKUP",
+          r"blocked for more than \d+ seconds",
+          r"detected stalls? on CPU",
+          r"self-detected stall on CPU",
+          r"BUG: unable to handle"),
+         ("kernel panic", "soft lockup", "hard lockup", "blocked for more than",
+          "stall on cpu", "stalls on cpu", "unable to handle")),
+    Rule("thermal", "thermal", H, WARN, Action.CHECK_COOLING,
+         (r"Thermal Slowdown +: Active",
+          r"HW Slowdown +: Active",
+          r"temperature above threshold",
+          r"critical temperature reached",
+          r"GPU temperature .*exceed",
+          r"[Tt]hermal (?:shutdown|violation)"),
+         ("slowdown", "temperature above threshold", "critical temperature",
+          "temperature", "thermal")),
+    # --- process death ------------------------------------------------------------------
+    Rule("segfault", "segfault", APP, FATAL, Action.RESTART_APP,
+         (r"Segmentation fault",
+          r"\bSIGSEGV\b",
+          r"\bsegfault at [0-9a-f]+ ip",
+          r"\bBus error\b",
+          r"\bSIGBUS\b",
+          r"traps: \S+ general protection",
+          r"Aborted \(core dumped\)",
+          r"Fatal Python error: Aborted"),
+         ("segmentation fault", "sigsegv", "segfault at", "bus error", "sigbus",
+          "general protection", "aborted (core dumped)", "fatal python error: aborted")),
+    Rule("signal", "killed", UNK, ERROR, Action.INVESTIGATE,
+         (r"Signal \d+ \(SIG[A-Z]+\) received by PID",
+          r"exitcode *: *-\d+",
+          r"Received \d+ death signal",
+          r"killed by signal: Killed",
+          r"srun: error: \S+: tasks? [0-9,-]+: (?:Killed|Terminated)",
+          r"line \d+: +\d+ Killed "),
+         ("received by pid", "exitcode", "death signal", "killed", "terminated")),
+    Rule("nan_loss", "nan_loss", APP, ERROR, Action.RESTART_APP,
+         (r"(?:loss|grad_?norm|grad norm|gradient norm)['\"]?[ \t]*(?:[:=]|is|was|became)"
+          r"[ \t]*['\"]?[-+]?(?:nan|inf)\b",
+          r"NaN or Inf found in input tensor",
+          r"\bis non-finite\b",
+          r"non-finite (?:loss|grad)",
+          r"returned nan values in its"),
+         (), True),
+    # --- launcher wrappers and uncaught exceptions -----------------------------------
+    Rule("launcher", "app_error", APP, ERROR, Action.INVESTIGATE,
+         (r"\bChildFailedError\b",
+          r"exitcode *: *[1-9]\d*",
+          r"srun: error: \S+: tasks? [0-9,-]+: Exited with exit code [1-9]",
+          r"terminate called after throwing an instance of"),
+         ("childfailederror", "exitcode", "exited with exit code", "terminate called")),
+)  # fmt: skip
+
+RULES_BY_NAME: dict[str, Rule] = {r.name: r for r in RULES}

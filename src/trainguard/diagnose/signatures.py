@@ -1,0 +1,606 @@
+"""Classify log lines: which carry a failure signature, of what kind, naming what.
+
+Two entry points:
+
+* :func:`classify_line` - one line on its own, stateless. Everything except a
+  Python traceback's final exception line (which needs the lines before it).
+* :class:`Classifier` - a stream: ``feed(chunk)`` takes bytes or text in any
+  pieces, keeps a partial last line for the next call, and returns the
+  :class:`~trainguard.model.signature.LineMatch` of every complete line that
+  carries a signature, with 1-based line numbers. It scans whole buffers with
+  a multi-pattern prefilter (:mod:`trainguard.diagnose.matcher`) and decodes
+  only candidate lines, so it keeps up with ``grep`` on large files and with
+  live followers of job output and the kernel log.
+
+Tracebacks: a line containing ``Traceback (most recent call last)`` opens a
+traceback for its *stream* (the host/rank prefixes in front of it, so that
+interleaved ranks stay apart). The first following line of that stream that
+is not indented and looks like ``dotted.Name`` or ``dotted.Name: message`` -
+the name's last part starting with a capital letter or ending in ``Error`` /
+``Exception`` - is the final line and becomes ``app_error`` unless a rule
+gives it a more specific kind (``torch.OutOfMemoryError: CUDA out of memory``
+is ``cuda_oom``). Up to 50 non-indented lines that do not look like that
+(interleaved output) are skipped; a traceback still open after 5000 lines is
+dropped.
+
+torchelastic's error summary (after ``ChildFailedError``) lists each failed
+rank with ``host :`` and ``rank :`` lines; the ``exitcode :`` and
+``traceback :`` lines that follow inherit that host and rank.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from trainguard.diagnose.matcher import Prefilter, get_prefilter
+from trainguard.diagnose.prefix import Prefix, split_prefix
+from trainguard.diagnose.rules import RULES, TRACEBACK_HEADER, Rule
+from trainguard.diagnose.xid import (
+    RECOVERY_ACTIONS,
+    is_nvlink5_nonfatal,
+    parse_recovery_action,
+    xid_info,
+)
+from trainguard.model.devices import normalize_pci_bus_id
+from trainguard.model.findings import Culprit, Domain, Finding, Severity
+from trainguard.model.signature import Action, LineMatch
+
+MAX_LINE_BYTES = 1 << 20  # a "line" longer than this is cut: garbage must not exhaust memory
+TRACEBACK_MAX_LINES = 5000
+TRACEBACK_MAX_STRAY = 50
+
+# --- field extraction ------------------------------------------------------------------
+
+_XID_RE = re.compile(
+    r"\bXid \((?:PCI:)?(?P<pci>[0-9a-fA-F]{2,8}:[0-9a-fA-F]{2}(?::[0-9a-fA-F]{2})?(?:\.[0-7])?)\)"
+    r": (?P<xid>\d+)(?:, pid=(?P<pid>'?<?[\w ]*>?'?))?(?:, name=(?P<name>[^,]*))?,? ?"
+    r"(?P<msg>.*)"
+)
+_SXID_RE = re.compile(r"\bSXid \((?:PCI:)?(?P<pci>[0-9a-fA-F:.]+)\): (?P<sxid>\d+)")
+_PCI_RE = re.compile(
+    r"(?<![0-9a-fA-F:])(?:PCI:)?(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)"
+    r"(?![0-9a-fA-F:])"
+)
+_RANK_RES = (
+    re.compile(r"(?<![\w])(?:global[ _])?[Rr]ank[ \t]*[:=]?[ \t]*(?P<rank>\d+)"),
+    re.compile(r"\btasks? (?P<rank>\d+)\b"),
+)
+_SLURM_RE = re.compile(
+    r"\*\*\* (?:JOB|STEP) (?P<job>\d+)[\w.+]* (?:STEPD TERMINATED )?ON (?P<host>\S+)"
+)
+_JOB_RES = (
+    re.compile(r"\bStepId=(?P<job>\d+)"),
+    re.compile(r"\b[Jj]ob[ _]?[Ii]d[=: ]+(?P<job>\d+)"),
+    re.compile(r"\bin step (?P<job>\d+)\."),
+    re.compile(r"\bSLURM_JOB_ID=(?P<job>\d+)"),
+)
+_SRUN_HOST_RE = re.compile(r"srun: error: (?P<host>[\w.-]+): tasks? ")
+_SLURM_NODE_RE = re.compile(r"(?:Node failure on|Nodes?) (?P<host>[\w.\[\],-]+)")
+_SIGNAL_RE = re.compile(r"Signal (?P<num>\d+) \((?P<name>SIG[A-Z]+)\)")
+_EXITCODE_RE = re.compile(r"exitcode *: *(?P<code>-?\d+)")
+_PID_RE = re.compile(r"\bPID (?P<pid>\d+)|\bpid[:=] ?(?P<pid2>\d+)")
+_NCCL_SEQ_RE = re.compile(r"SeqNum=(?P<seq>\d+)")
+_NCCL_OP_RE = re.compile(r"OpType=(?P<op>\w+)")
+_NCCL_TIMEOUT_RE = re.compile(r"Timeout\(ms\)=(?P<ms>\d+)")
+_NCCL_RAN_RE = re.compile(r"ran for (?P<ms>\d+) milliseconds")
+_NCCL_WORK_RE = re.compile(
+    r"(?:Timeout at NCCL work|at work): (?P<work>\d+), last enqueued NCCL work: (?P<enq>\d+), "
+    r"last completed NCCL work: (?P<done>-?\d+)"
+)
+_NCCL_ENQ_RE = re.compile(
+    r"last enqueued NCCL work: (?P<enq>\d+), last completed NCCL work: (?P<done>-?\d+)"
+)
+_EXCEPTION_RE = re.compile(
+    r"^(?P<name>(?:[A-Za-z_]\w*\.)*(?P<last>[A-Za-z_]\w*))(?::(?: (?P<msg>.*))?)?$"
+)
+_EXC_SUFFIX_RE = re.compile(r"(?:Error|Exception|Exit|Interrupt|Failure|Fault|Warning)$")
+
+_SIGNAL_NAMES = {
+    1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 7: "SIGBUS", 9: "SIGKILL",
+    11: "SIGSEGV", 15: "SIGTERM",
+}  # fmt: skip
+
+# --- signature normalisation -------------------------------------------------------------
+
+_NORM_SUBS = (
+    (re.compile(r"GPU-[0-9a-fA-F-]{8,}"), "<uuid>"),
+    (_PCI_RE, "<pci>"),
+    (re.compile(r"0x[0-9a-fA-F]+"), "<hex>"),
+    (re.compile(r"\b[0-9a-fA-F]{8,}\b"), "<hex>"),
+    (re.compile(r"\d+(?:\.\d+)?"), "<n>"),
+    (re.compile(r"\s+"), " "),
+)
+
+
+def normalize_message(body: str) -> str:
+    """The message with numbers, addresses, ids and pids stripped, for "same failure" tests."""
+    text = body.strip()
+    for rx, repl in _NORM_SUBS:
+        text = rx.sub(repl, text)
+    return text[:240]
+
+
+@dataclass
+class _Fields:
+    kind: str
+    domain: Domain
+    severity: Severity
+    action: str
+    xid: int | None = None
+    pci: str | None = None
+    rank: int | None = None
+    host: str | None = None
+    job: str | None = None
+
+
+def _norm_pci(text: str | None) -> str | None:
+    if not text:
+        return None
+    try:
+        return normalize_pci_bus_id(text)
+    except ValueError:
+        return None
+
+
+def _signal_kind(sig: int) -> tuple[str, Severity, Action]:
+    if sig in (11, 7, 6):
+        return "segfault", Severity.FATAL, Action.RESTART_APP
+    if sig == 9:
+        return "killed", Severity.ERROR, Action.INVESTIGATE
+    return "killed", Severity.WARNING, Action.INVESTIGATE
+
+
+def _refine(rule: Rule, text: str, f: _Fields, details: dict[str, object]) -> None:
+    """Rule-specific fields and kinds that depend on what the line says."""
+    if rule.name == "xid":
+        m = _XID_RE.search(text)
+        if not m:
+            return
+        xid = int(m.group("xid"))
+        info = xid_info(xid)
+        f.xid = xid
+        f.pci = _norm_pci(m.group("pci"))
+        f.domain, f.severity, f.action = info.domain, info.severity, info.action.value
+        details["mnemonic"] = info.mnemonic
+        details["origin"] = info.origin
+        details["quarantine"] = info.quarantine
+        if m.group("pid"):
+            details["pid"] = m.group("pid").strip("'")
+        if m.group("name"):
+            details["process"] = m.group("name").strip()
+        if xid == 154:
+            value = parse_recovery_action(text)
+            if value is not None:
+                name, action, severity, quarantine = RECOVERY_ACTIONS[value]
+                details["recovery_action"] = value
+                details["recovery_action_name"] = name
+                details["quarantine"] = quarantine
+                f.action, f.severity = action.value, severity
+        elif is_nvlink5_nonfatal(xid, text):
+            f.severity, f.action = Severity.WARNING, Action.IGNORE.value
+            details["quarantine"] = "repeat"
+    elif rule.name == "sxid":
+        m = _SXID_RE.search(text)
+        if m:
+            details["sxid"] = int(m.group("sxid"))
+            f.pci = _norm_pci(m.group("pci"))
+        if re.search(r"\bFatal\b", text) and not re.search(r"Non-?fatal", text, re.I):
+            f.severity, f.action = Severity.FATAL, Action.DRAIN_NODE.value
+    elif rule.name == "pcie":
+        if re.search(r"Uncorrected \(Fatal\)|severity=(?:Uncorrected \(Fatal\)|Fatal)", text):
+            f.severity = Severity.FATAL
+        elif re.search(r"Corrected", text) and not re.search(r"Uncorrected", text):
+            f.severity, f.action = Severity.WARNING, Action.IGNORE.value
+    elif rule.name == "host_memory":
+        if re.search(r"\bUE\b|[Uu]ncorrect|UNCORRECTABLE", text):
+            f.severity = Severity.FATAL
+        elif re.search(r"\bCE\b|[Cc]orrected", text):
+            f.severity, f.action = Severity.WARNING, Action.IGNORE.value
+    elif rule.name == "thermal":
+        if re.search(r"critical temperature|[Tt]hermal shutdown", text):
+            f.severity, f.action = Severity.FATAL, Action.DRAIN_NODE.value
+    elif rule.name == "node":
+        if re.search(r"blocked for more than", text):
+            f.severity, f.action = Severity.WARNING, Action.INVESTIGATE.value
+    elif rule.name == "host_oom":
+        if re.search(r"Exceeded (?:job|step) memory limit", text):
+            f.severity = Severity.WARNING
+    elif rule.name == "signal":
+        sig: int | None = None
+        m_sig = _SIGNAL_RE.search(text)
+        m_exit = _EXITCODE_RE.search(text)
+        if m_sig:
+            sig = int(m_sig.group("num"))
+        elif m_exit and int(m_exit.group("code")) < 0:
+            sig = -int(m_exit.group("code"))
+        elif m_death := re.search(r"Received (\d+) death signal", text):
+            sig = int(m_death.group(1))
+        elif re.search(r"Terminated", text):
+            sig = 15
+        else:
+            sig = 9  # "Killed" without a number is SIGKILL
+        if m_exit:
+            details["exit_code"] = int(m_exit.group("code"))
+        details["signal"] = sig
+        details["signal_name"] = _SIGNAL_NAMES.get(sig, f"signal {sig}")
+        kind, sev, action = _signal_kind(sig)
+        f.kind, f.severity, f.action = kind, sev, action.value
+        f.domain = Domain.APPLICATION if kind == "segfault" else Domain.UNKNOWN
+    elif rule.name == "launcher":
+        m_exit = _EXITCODE_RE.search(text)
+        if m_exit:
+            details["exit_code"] = int(m_exit.group("code"))
+        details["wrapper"] = True
+    elif rule.name == "collective_timeout" or rule.name == "collective_error":
+        m = _NCCL_SEQ_RE.search(text)
+        if m:
+            details["seq"] = int(m.group("seq"))
+        m = _NCCL_OP_RE.search(text)
+        if m:
+            details["op"] = m.group("op")
+        m = _NCCL_TIMEOUT_RE.search(text)
+        if m:
+            details["timeout_ms"] = int(m.group("ms"))
+        m = _NCCL_RAN_RE.search(text)
+        if m:
+            details["ran_ms"] = int(m.group("ms"))
+        m_work = _NCCL_WORK_RE.search(text)
+        if m_work:
+            details["seq"] = int(m_work.group("work"))
+        m_enq = _NCCL_ENQ_RE.search(text)
+        if m_enq:
+            details["last_enqueued"] = int(m_enq.group("enq"))
+            details["last_completed"] = int(m_enq.group("done"))
+    elif rule.name == "segfault" and re.search(r"Bus error|SIGBUS", text):
+        details["hint"] = "SIGBUS in data loading is often a too small /dev/shm"
+
+
+def _common_fields(text: str, prefix: Prefix, f: _Fields) -> None:
+    """Host, rank, job and PCI id wherever the line names them."""
+    m = _SLURM_RE.search(text)
+    if m:
+        f.job = f.job or m.group("job")
+        f.host = f.host or m.group("host")
+    if f.job is None:
+        for rx in _JOB_RES:
+            m = rx.search(text)
+            if m:
+                f.job = m.group("job")
+                break
+    if f.host is None:
+        m = _SRUN_HOST_RE.search(text)
+        if m:
+            f.host = m.group("host")
+        elif f.kind == "node_failure":
+            m = _SLURM_NODE_RE.search(text)
+            if m:
+                f.host = m.group("host")
+    if f.rank is None:
+        for rx in _RANK_RES:
+            m = rx.search(prefix.body)
+            if m:
+                f.rank = int(m.group("rank"))
+                break
+    if f.rank is None:
+        f.rank = prefix.rank
+    if f.host is None:
+        f.host = prefix.host
+    if f.pci is None:
+        m = _PCI_RE.search(text)
+        if m:
+            f.pci = _norm_pci(m.group("pci"))
+
+
+def _build(rule: Rule, text: str, prefix: Prefix, lineno: int | None) -> LineMatch:
+    f = _Fields(rule.kind, rule.domain, rule.severity, rule.action.value)
+    details: dict[str, object] = {"rule": rule.name}
+    _refine(rule, text, f, details)
+    _common_fields(text, prefix, f)
+    norm = normalize_message(prefix.body)
+    signature = f"{f.kind}:{f.xid}:{norm}" if f.xid is not None else f"{f.kind}:{norm}"
+    return LineMatch(
+        kind=f.kind,
+        domain=f.domain,
+        severity=f.severity,
+        action=f.action,
+        text=text,
+        signature=signature,
+        xid=f.xid,
+        pci_bus_id=f.pci,
+        rank=f.rank,
+        host=f.host,
+        job_id=f.job,
+        lineno=lineno,
+        timestamp=prefix.timestamp,
+        details=details,
+    )
+
+
+def _match_rules(text: str) -> Rule | None:
+    for rule in RULES:
+        if rule.matches(text):
+            return rule
+    return None
+
+
+def classify_line(line: str, lineno: int | None = None) -> LineMatch | None:
+    """The signature one line carries, or ``None``. Stateless; never raises on garbage."""
+    text = line.rstrip("\r\n")
+    if len(text) > MAX_LINE_BYTES:
+        text = text[:MAX_LINE_BYTES]
+    rule = _match_rules(text)
+    if rule is None:
+        return None
+    return _build(rule, text, split_prefix(text), lineno)
+
+
+def _exception_line(body: str) -> re.Match[str] | None:
+    """Whether a traceback's first unindented line looks like ``pkg.SomeError: message``."""
+    m = _EXCEPTION_RE.match(body.rstrip())
+    if not m:
+        return None
+    last = m.group("last")
+    if last[0].isupper() or _EXC_SUFFIX_RE.search(last):
+        # All-capital words are log levels (``INFO: ...``), not exception classes.
+        if last.isupper() and len(last) > 1 and not _EXC_SUFFIX_RE.search(last):
+            return None
+        return m
+    return None
+
+
+@dataclass
+class _Traceback:
+    opened: int  # line number of the header
+    stray: int = 0
+
+
+@dataclass
+class _Summary:
+    """torchelastic's failure summary: the host/rank of the entry being read."""
+
+    opened: int
+    host: str | None = None
+    rank: int | None = None
+    timestamp: str | None = None
+
+
+_SUMMARY_FIELD_RE = re.compile(r"^\s+(?P<key>time|host|rank)\s*:\s*(?P<value>\S+)")
+_SUMMARY_ENTRY_RE = re.compile(r"^\[\d+\]:\s*$")
+
+
+class Classifier:
+    """Streaming classifier; see the module docstring. Not thread-safe."""
+
+    def __init__(self, engine: str = "auto") -> None:
+        self._prefilter: Prefilter = get_prefilter(engine)
+        self._pending = b""
+        self._lines_done = 0
+        self._tracebacks: dict[str, _Traceback] = {}
+        self._summaries: dict[str, _Summary] = {}
+
+    @property
+    def engine(self) -> str:
+        return self._prefilter.name
+
+    @property
+    def lines(self) -> int:
+        """Complete lines consumed so far."""
+        return self._lines_done
+
+    def feed(self, chunk: bytes | str) -> list[LineMatch]:
+        """Classify the complete lines in ``pending + chunk``; keep the partial last line."""
+        data = chunk.encode("utf-8", "surrogateescape") if isinstance(chunk, str) else chunk
+        if self._pending:
+            data = self._pending + data
+        cut = data.rfind(b"\n")
+        if cut == -1:
+            if len(data) > MAX_LINE_BYTES:
+                # No newline in sight: classify what we have as one line rather than grow.
+                self._pending = b""
+                return self._scan(data + b"\n")
+            self._pending = data
+            return []
+        self._pending = data[cut + 1 :]
+        return self._scan(data[: cut + 1])
+
+    def finish(self) -> list[LineMatch]:
+        """Classify a last line that had no newline."""
+        if not self._pending:
+            return []
+        data, self._pending = self._pending, b""
+        return self._scan(data + b"\n")
+
+    def feed_all(self, chunks: Iterable[bytes | str]) -> list[LineMatch]:
+        out: list[LineMatch] = []
+        for chunk in chunks:
+            out.extend(self.feed(chunk))
+        out.extend(self.finish())
+        return out
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _scan(self, block: bytes) -> list[LineMatch]:
+        """``block`` ends with a newline. Visit candidate lines, and every line while a
+        traceback or elastic summary is open."""
+        out: list[LineMatch] = []
+        base = self._lines_done
+        cands = self._prefilter.candidates(block)
+        cand_set = set(cands)
+        n = len(block)
+        off = 0
+        lineno = base + 1
+        ci = 0
+        while off < n:
+            if not self._tracebacks and not self._summaries:
+                while ci < len(cands) and cands[ci] < off:
+                    ci += 1
+                if ci >= len(cands):
+                    break
+                nxt = cands[ci]
+                lineno += block.count(b"\n", off, nxt)
+                off = nxt
+            end = block.find(b"\n", off)
+            if end == -1:
+                end = n
+            self._line(block[off:end], lineno, off in cand_set, out)
+            off = end + 1
+            lineno += 1
+        self._lines_done = base + block.count(b"\n")
+        return out
+
+    def _line(self, raw: bytes, lineno: int, candidate: bool, out: list[LineMatch]) -> None:
+        if len(raw) > MAX_LINE_BYTES:
+            raw = raw[:MAX_LINE_BYTES]
+        text = raw.decode("utf-8", "replace").rstrip("\r")
+        rule = _match_rules(text) if candidate else None
+        stateful = bool(self._tracebacks or self._summaries)
+        if rule is None and not stateful and TRACEBACK_HEADER not in text:
+            return
+        prefix = split_prefix(text)
+        match = _build(rule, text, prefix, lineno) if rule is not None else None
+        match = self._walk(text, prefix, lineno, match)
+        if match is not None:
+            out.append(match)
+
+    def _walk(
+        self, text: str, prefix: Prefix, lineno: int, match: LineMatch | None
+    ) -> LineMatch | None:
+        """Traceback and elastic-summary state; may turn a line into ``app_error``."""
+        stream = prefix.stream
+        body = prefix.body
+        if TRACEBACK_HEADER in body:
+            self._tracebacks[stream] = _Traceback(opened=lineno)
+            return match
+        summary = self._summaries.get(stream)
+        if summary is not None:
+            match = self._summary_line(summary, stream, body, lineno, match)
+        tb = self._tracebacks.get(stream)
+        if tb is not None:
+            if lineno - tb.opened > TRACEBACK_MAX_LINES:
+                del self._tracebacks[stream]
+            elif not body.strip() or body[:1] in (" ", "\t"):
+                pass  # a frame, a source line, a caret line
+            elif match is not None:
+                del self._tracebacks[stream]  # the final line carries a specific signature
+            else:
+                m = _exception_line(body)
+                if m is not None:
+                    del self._tracebacks[stream]
+                    match = self._app_error(text, prefix, lineno, m)
+                else:
+                    tb.stray += 1
+                    if tb.stray > TRACEBACK_MAX_STRAY:
+                        del self._tracebacks[stream]
+        if (
+            match is not None
+            and match.details.get("rule") == "launcher"
+            and ("ChildFailedError" in text)
+        ):
+            self._summaries[stream] = _Summary(opened=lineno)
+        return match
+
+    def _summary_line(
+        self, summary: _Summary, stream: str, body: str, lineno: int, match: LineMatch | None
+    ) -> LineMatch | None:
+        if lineno - summary.opened > 400:
+            del self._summaries[stream]
+            return match
+        if _SUMMARY_ENTRY_RE.match(body):
+            summary.host = summary.rank = summary.timestamp = None
+            return match
+        fm = _SUMMARY_FIELD_RE.match(body)
+        if fm:
+            key, value = fm.group("key"), fm.group("value")
+            if key == "host":
+                summary.host = value
+            elif key == "rank" and value.isdigit():
+                summary.rank = int(value)
+            elif key == "time":
+                summary.timestamp = value
+            return match
+        if body.startswith("=====") and lineno - summary.opened > 2 and summary.host is not None:
+            del self._summaries[stream]
+            return match
+        if match is not None:
+            details = dict(match.details)
+            details["elastic_summary"] = True
+            return LineMatch(
+                kind=match.kind,
+                domain=match.domain,
+                severity=match.severity,
+                action=match.action,
+                text=match.text,
+                signature=match.signature,
+                xid=match.xid,
+                pci_bus_id=match.pci_bus_id,
+                rank=summary.rank if summary.rank is not None else match.rank,
+                host=summary.host or match.host,
+                job_id=match.job_id,
+                lineno=match.lineno,
+                timestamp=summary.timestamp or match.timestamp,
+                details=details,
+            )
+        return match
+
+    @staticmethod
+    def _app_error(text: str, prefix: Prefix, lineno: int, m: re.Match[str]) -> LineMatch:
+        f = _Fields("app_error", Domain.APPLICATION, Severity.ERROR, Action.RESTART_APP.value)
+        _common_fields(text, prefix, f)
+        name = m.group("name")
+        details: dict[str, object] = {"rule": "traceback", "exception": name}
+        if m.group("msg"):
+            details["exception_message"] = m.group("msg")
+        return LineMatch(
+            kind="app_error",
+            domain=Domain.APPLICATION,
+            severity=Severity.ERROR,
+            action=Action.RESTART_APP.value,
+            text=text,
+            signature=f"app_error:{normalize_message(prefix.body)}",
+            rank=f.rank,
+            host=f.host,
+            job_id=f.job,
+            pci_bus_id=None,
+            lineno=lineno,
+            timestamp=prefix.timestamp,
+            details=details,
+        )
+
+
+def classify_text(text: str | bytes, engine: str = "auto") -> list[LineMatch]:
+    """Classify a whole text (tracebacks included); a convenience over :class:`Classifier`."""
+    c = Classifier(engine)
+    out = c.feed(text)
+    out.extend(c.finish())
+    return out
+
+
+def to_finding(match: LineMatch, at: float, source: str) -> Finding:
+    """The :class:`~trainguard.model.findings.Finding` for a recognised line."""
+    details = dict(match.details)
+    details["action"] = match.action
+    if match.lineno is not None:
+        details["line"] = match.lineno
+    if match.job_id is not None:
+        details["job_id"] = match.job_id
+    if match.timestamp is not None:
+        details["timestamp"] = match.timestamp
+    sig = details.get("signal")
+    code = details.get("exit_code")
+    return Finding(
+        kind=match.kind,
+        domain=match.domain,
+        at=at,
+        source=source,
+        message=match.text.strip()[:500],
+        severity=match.severity,
+        evidence=(match.text,),
+        culprit=Culprit(pci_bus_id=match.pci_bus_id, rank=match.rank, host=match.host),
+        xid=match.xid,
+        exit_code=int(code) if isinstance(code, int) else None,
+        signal=int(sig) if isinstance(sig, int) else None,
+        signature=match.signature,
+        details=details,
+    )
