@@ -437,3 +437,22 @@ def test_decide_does_not_mutate_the_snapshot() -> None:
     before = dataclasses.replace(snap)
     decide(snap)
     assert snap == before and env == {"A": "1"}
+
+
+def test_second_oom_stops_with_advice_not_as_a_futile_retry() -> None:
+    attr = attribution(
+        IncidentKind.OOM, Domain.USER_CONFIG, signature="cuda_oom:CUDA out of memory"
+    )
+    history = (PriorFailure(attempt=0, signature=attr.signature, domain="user_config", kind="oom"),)
+    plan = decide(
+        snapshot(attempt=1, restarts_used=1, attribution=attr, history=history,
+                 env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+    )  # fmt: skip
+    stop = plan.actions[-1]
+    assert isinstance(stop, Stop) and stop.advice == OOM_ADVICE and "futile" not in stop.reason
+
+
+def test_job_without_managed_devices_restarts_with_none() -> None:
+    plan = decide(snapshot(devices=(), assigned=(), policy=RecoveryPolicy(need=0)))
+    restart = plan.actions[-1]
+    assert isinstance(restart, Restart) and restart.devices == ()

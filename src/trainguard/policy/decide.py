@@ -7,13 +7,13 @@ The rules, in the order they are applied (docs/run.md, decision 0050):
    finding that names a device) is quarantined *before* anything restarts; a
    ``node`` attribution naming a host quarantines the host. Application errors,
    out-of-memory, hangs and collective errors never quarantine.
-2. **Futile retry.** The same application-error signature ``futile_after``
-   times in a row (this failure included) stops the job: retrying would fail
-   the same way and only burn the budget.
-3. **Out of memory.** Retry once with
+2. **Out of memory.** Retry once with
    ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (the fragmentation
    case) when the attempt did not already run with it; otherwise stop with
-   advice.
+   advice. (Checked before the futile rule, which would stop at once.)
+3. **Futile retry.** The same application-error signature ``futile_after``
+   times in a row (this failure included) stops the job: retrying would fail
+   the same way and only burn the budget.
 4. **Budget.** At most ``max_restarts`` restarts; exponential backoff between
    them (the first restart is immediate: the cause has just been isolated).
 5. **Capacity.** The next attempt gets ``need`` schedulable devices, keeping the
@@ -190,25 +190,9 @@ def decide(snapshot: RecoverySnapshot) -> Plan:
             skipped_checkpoints=skipped,
         )
 
-    # 2. Futile retry: the job's own error, the same way again.
-    signature = attribution.signature
-    if attribution.domain in _FUTILE_DOMAINS and signature:
-        repeats = _consecutive_same_signature(snapshot, signature)
-        if repeats >= max(policy.futile_after, 1):
-            return finish(
-                Stop(
-                    reason=(
-                        f"futile retry: the same {attribution.domain.value} error "
-                        f"({signature}) {repeats} times in a row; restarting would fail "
-                        "the same way"
-                    ),
-                    advice="fix the error shown in the evidence, then run again",
-                ),
-                "same application-error signature as the previous attempt: stop, no quarantine",
-            )
-
-    # 3. Out of memory: one retry with expandable segments, then advice.
     env = dict(snapshot.env)
+    # 2. Out of memory: one retry with expandable segments, then advice. Checked before
+    # the futile rule, which would otherwise stop the second OOM without the advice.
     if attribution.kind is IncidentKind.OOM:
         if has_expandable_segments(env.get(ALLOC_CONF)):
             return finish(
@@ -226,6 +210,24 @@ def decide(snapshot: RecoverySnapshot) -> Plan:
             f"out of memory: retry once with {ALLOC_CONF}={env[ALLOC_CONF]} "
             "(fragmentation case); no quarantine"
         )
+
+    # 3. Futile retry: the job's own error, the same way again.
+    signature = attribution.signature
+    futile_kind = attribution.kind is not IncidentKind.OOM
+    if futile_kind and attribution.domain in _FUTILE_DOMAINS and signature:
+        repeats = _consecutive_same_signature(snapshot, signature)
+        if repeats >= max(policy.futile_after, 1):
+            return finish(
+                Stop(
+                    reason=(
+                        f"futile retry: the same {attribution.domain.value} error "
+                        f"({signature}) {repeats} times in a row; restarting would fail "
+                        "the same way"
+                    ),
+                    advice="fix the error shown in the evidence, then run again",
+                ),
+                "same application-error signature as the previous attempt: stop, no quarantine",
+            )
 
     # 4. Restart budget.
     if snapshot.restarts_used >= policy.max_restarts:
@@ -267,8 +269,9 @@ def decide(snapshot: RecoverySnapshot) -> Plan:
     spare_healthy.sort(key=lambda s: s.device.index)
     spare_suspect.sort(key=lambda s: s.device.index)
     candidates = keep + spare_healthy + spare_suspect
-    need = max(policy.need, 1)
-    minimum = need if policy.min_need is None else max(1, min(policy.min_need, need))
+    # need 0: a job without managed devices (a CPU machine with no --devices).
+    need = max(policy.need, 0)
+    minimum = need if policy.min_need is None else max(min(1, need), min(policy.min_need, need))
     available = len(candidates)
     if available < minimum:
         message = (
