@@ -55,8 +55,8 @@ def test_valid_checkpoint(tmp_path: Path, mode: str) -> None:
     assert info.created_at == 1_700_000_100.0
 
 
-def test_large_file_is_hashed_through_the_threaded_reader(tmp_path: Path) -> None:
-    # Bigger than one 16 MiB buffer, so the reader thread and both buffers are used.
+def test_large_file_is_hashed_in_several_chunks(tmp_path: Path) -> None:
+    # Several read buffers long, so the read-ahead and buffer reuse paths are exercised.
     data = os.urandom(1 << 20) * 40
     d = write_checkpoint(tmp_path, 1, {"big.bin": data})
     assert validate(d).valid

@@ -129,7 +129,7 @@ class TrainguardFormat:
 
         # Several files hash on several cores (hashlib releases the GIL); order of
         # the reasons stays the manifest's.
-        workers = max(1, min(len(files), os.cpu_count() or 1, 4))
+        workers = max(1, min(len(files), os.cpu_count() or 1, 8))
         if workers == 1:
             results = [one(f) for f in files]
         else:
