@@ -1,0 +1,176 @@
+"""``trainguard run [OPTIONS] -- COMMAND...``: run a training job and keep it making progress."""
+
+from __future__ import annotations
+
+import argparse
+
+from trainguard._commands._common import add_state_option, error
+
+DESCRIPTION = """\
+Run COMMAND (typically `torchrun ... train.py`) under supervision. On a crash, a
+hang or a GPU XID it quarantines the failed device, restarts from the newest valid
+checkpoint on healthy devices (TRAINGUARD_RESUME_FROM), verifies the restart, and
+records everything in the state database. Exit status: 0 when the job completes;
+1 when it was stopped (reason on stderr); 130 when interrupted; in observe mode,
+the job's own exit status.
+"""
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0: {text}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0: {text}")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "run",
+        help="run a training job with detection, isolation, restart and verification",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_state_option(p)
+    p.add_argument("--checkpoint-dir", metavar="DIR", help="where the job writes checkpoints")
+    p.add_argument(
+        "--need",
+        type=_non_negative_int,
+        metavar="N",
+        help="devices the job needs (default: every healthy device)",
+    )
+    p.add_argument(
+        "--min-need",
+        type=_non_negative_int,
+        metavar="M",
+        help="continue with as few as M devices when devices fail (default: exactly --need)",
+    )
+    inv = p.add_mutually_exclusive_group()
+    inv.add_argument(
+        "--devices",
+        type=_non_negative_int,
+        metavar="N",
+        help="simulate N devices (machines without GPUs)",
+    )
+    inv.add_argument(
+        "--inventory",
+        metavar="FILE",
+        help="JSON list of {index, uuid, pci_bus_id, model, memory_mb} describing the devices",
+    )
+    p.add_argument(
+        "--kernel-log",
+        metavar="FILE",
+        help="follow FILE for XID lines (default: journalctl -k -f, else /dev/kmsg)",
+    )
+    p.add_argument(
+        "--hang-timeout",
+        type=_positive_float,
+        metavar="S",
+        help="no progress for S seconds is a hang (default: adaptive, max(60 s, 10 x the "
+        "slowest recent step interval))",
+    )
+    p.add_argument(
+        "--startup-timeout",
+        type=_positive_float,
+        default=600.0,
+        metavar="S",
+        help="allowance before the first two progress reports of an attempt (default 600)",
+    )
+    p.add_argument(
+        "--progress-pattern",
+        metavar="REGEX",
+        help="regex for progress lines; the step is group 'step' or the first group "
+        "(default recognises step=N, step N, iteration N, [N/M])",
+    )
+    p.add_argument(
+        "--max-restarts",
+        type=_non_negative_int,
+        default=3,
+        metavar="K",
+        help="restarts allowed (default 3)",
+    )
+    p.add_argument(
+        "--mode",
+        choices=("act", "observe"),
+        default="act",
+        help="act (default) or observe: record what would be done, do nothing",
+    )
+    p.add_argument(
+        "--log-dir",
+        metavar="DIR",
+        help="per-attempt logs (default: <state dir>/logs/<job id>)",
+    )
+    p.add_argument(
+        "--verify-window",
+        type=_positive_float,
+        default=10.0,
+        metavar="S",
+        help="after a restart, progress must continue this long at a plausible rate (default 10)",
+    )
+    p.add_argument(
+        "--grace",
+        type=_positive_float,
+        default=5.0,
+        metavar="S",
+        help="SIGTERM -> SIGKILL grace when stopping an attempt (default 5)",
+    )
+    p.add_argument(
+        "--backoff",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="base of the exponential backoff between restarts; the first is immediate (default 1)",
+    )
+    p.add_argument("--quiet", action="store_true", help="do not echo the job's output")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+    p.set_defaults(func=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    from trainguard.controller.run import RunController, RunOptions
+    from trainguard.model.plan import Mode
+    from trainguard.store import StoreError
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        return error("no command given: trainguard run [OPTIONS] -- COMMAND [ARGS...]", 2)
+    if args.min_need is not None and args.need is not None and args.min_need > args.need:
+        return error("--min-need cannot be larger than --need", 2)
+    try:
+        options = RunOptions(
+            command=tuple(command),
+            state=args.state,
+            checkpoint_dir=args.checkpoint_dir,
+            need=args.need,
+            min_need=args.min_need,
+            simulate_devices=args.devices,
+            inventory_file=args.inventory,
+            kernel_log=args.kernel_log,
+            hang_timeout=args.hang_timeout,
+            startup_timeout=args.startup_timeout,
+            progress_pattern=args.progress_pattern,
+            max_restarts=args.max_restarts,
+            mode=Mode(args.mode),
+            log_dir=args.log_dir,
+            verify_window=args.verify_window,
+            grace=args.grace,
+            backoff_base=args.backoff,
+            echo=not args.quiet,
+        )
+        controller = RunController(options)
+    except ValueError as exc:
+        return error(str(exc), 2)
+    try:
+        result = controller.run()
+    except StoreError as exc:
+        return error(str(exc), 2)
+    # The controller has already said why on stderr ("trainguard: job stopped: ...").
+    return result.exit_code

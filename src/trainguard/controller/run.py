@@ -1,0 +1,1166 @@
+"""The local recovery loop behind ``trainguard run``: the ten-step sequence on one machine.
+
+One :class:`RunController` supervises one job::
+
+    launch attempt 0
+    loop:
+      wait for events (output lines, progress datagrams, kernel-log lines, process
+      exits) on one queue, with a timeout = the next deadline (hang, evidence
+      settling, verification window): no polling loop of our own
+      1  detect      crash (pidfd on every rank, torchrun's summary, the launcher's
+                     exit), hang (no progress for the hang timeout), fatal XID on
+                     one of the attempt's devices (kernel log)
+      2  identify    every event carries its attempt; XIDs map to devices by PCI id
+         (settle)    collect late evidence for up to ``settle`` seconds
+         attribute   evidence beats symptom (diagnose.attribution)
+         decide      policy.decide(snapshot) -> Plan
+         persist     the Plan in the store before acting (durable intent)
+      3  isolate     quarantine devices (health state machine) before any restart
+      4  checkpoint  the catalog's newest valid checkpoint (damaged ones skipped,
+                     with the reason, in the plan)
+      5-6 restart    stop the old tree, launch on the plan's devices with
+                     TRAINGUARD_RESUME_FROM, after the plan's backoff
+      7-8 (the job)  restores and continues
+      9  verify      the first progress starts from the restored step, and the
+                     step rate over the verification window is plausible against
+                     the pre-failure baseline; otherwise the restart counts as a
+                     failed attempt and the same incident is acted on again
+      10 repair      the quarantined device waits for `trainguard devices release`
+                     or validation; the incident records the repair advice
+
+Every observation, decision and action is written to the store; actions are
+audited as ``intent`` before and ``result`` after. In observe mode the plan is
+recorded (incident outcome ``observed``) and nothing is acted on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import queue
+import shutil
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainguard.checkpoints import scan, validate
+from trainguard.diagnose.attribution import DEFAULT_CORRELATION_WINDOW, attribute
+from trainguard.diagnose.detectors import (
+    HangConfig,
+    HangDetector,
+    ProcessExit,
+    ProgressLineParser,
+    StepTracker,
+    TorchrunSummaryParser,
+    crash_finding,
+    line_finding,
+    rank_prefix,
+)
+from trainguard.diagnose.signatures import Classifier, classify_line
+from trainguard.model.checkpoint import CheckpointInfo
+from trainguard.model.devices import Device
+from trainguard.model.findings import Attribution, Domain, Finding, Severity
+from trainguard.model.health import HealthState
+from trainguard.model.plan import (
+    DeviceStatus,
+    Mode,
+    Plan,
+    PriorFailure,
+    Quarantine,
+    RecoveryPolicy,
+    RecoverySnapshot,
+    Restart,
+    Stop,
+    WaitForCapacity,
+)
+from trainguard.model.records import AttemptState, AuditKind, IncidentState, JobState
+from trainguard.policy import decide
+from trainguard.schedulers.local import LaunchSpec, LocalAttempt, LocalScheduler
+from trainguard.signals.inventory import InventoryError, load
+from trainguard.signals.kernel_log import KernelLine, open_kernel_log
+from trainguard.signals.output import OutputClosed, OutputLine
+from trainguard.signals.process import AttemptProcessExit
+from trainguard.signals.progress import ProgressListener, ProgressReceived, short_socket_dir
+from trainguard.store import Store
+
+ACTOR = "trainguard-run"
+EXIT_STOPPED = 1
+EXIT_INTERRUPTED = 130
+TAIL_LINES = 200
+PROGRESS_WRITE_SECONDS = 1.0
+ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What ``trainguard run`` was asked to do (one field per CLI option)."""
+
+    command: tuple[str, ...]
+    state: str = ".trainguard/state.db"
+    checkpoint_dir: str | None = None
+    need: int | None = None  # None: every healthy device at start
+    min_need: int | None = None
+    simulate_devices: int | None = None
+    inventory_file: str | None = None
+    kernel_log: str | None = None
+    hang_timeout: float | None = None  # None: adaptive
+    hang_floor: float = 60.0
+    hang_multiple: float = 10.0
+    startup_timeout: float = 600.0
+    progress_pattern: str | None = None
+    max_restarts: int = 3
+    backoff_base: float = 1.0
+    backoff_max: float = 60.0
+    mode: Mode = Mode.ACT
+    log_dir: str | None = None  # None: <state dir>/logs/<job id>
+    verify_window: float = 10.0
+    verify_min_rate_ratio: float = 0.3
+    settle: float = 0.3
+    grace: float = 5.0
+    correlation_window: float = DEFAULT_CORRELATION_WINDOW
+    checkpoint_verify: str = "full"
+    echo: bool = True
+    job_name: str | None = None
+
+
+@dataclass(frozen=True)
+class RunResult:
+    job_id: str
+    exit_code: int
+    state: JobState
+    reason: str | None
+    incidents: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class _Interrupt:
+    signum: int
+
+
+@dataclass
+class _Attempt:
+    """Everything the loop knows about the attempt it is supervising."""
+
+    number: int
+    devices: tuple[Device, ...]
+    launch: LocalAttempt
+    started_at: float
+    hang: HangDetector
+    env: dict[str, str]
+    steps: StepTracker = field(default_factory=StepTracker)
+    findings: list[Finding] = field(default_factory=list)
+    tail: deque[tuple[int | None, str]] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    classifiers: dict[str, Classifier] = field(default_factory=dict)
+    torchrun: TorchrunSummaryParser = field(default_factory=TorchrunSummaryParser)
+    launcher_exit: ProcessExit | None = None
+    closed_streams: set[str] = field(default_factory=set)
+    trigger: Finding | None = None
+    settle_until: float | None = None
+    incident_id: int | None = None  # the incident this attempt is the recovery of
+    expected_step: int | None = None  # the restored step to verify (None: not a recovery)
+    checkpoint: CheckpointInfo | None = None
+    first_progress_at: float | None = None
+    verified: bool = False
+    observed: bool = False  # observe mode: this attempt's incident is recorded
+    last_store_write: float = 0.0
+    saved_steps: list[int] = field(default_factory=list)
+
+
+def select_checkpoints(root: str | None, verify: str = "full") -> tuple[CheckpointInfo, ...]:
+    """The catalog's verdicts, newest first, down to (and including) the first valid one.
+
+    A quick scan orders the candidates; each is then verified in full, newest
+    first, so only the checkpoints that matter are hashed. Everything newer than
+    the chosen one is returned with its reason, for the plan to record.
+    """
+    if not root or not os.path.exists(root):
+        return ()
+    out: list[CheckpointInfo] = []
+    try:
+        candidates = scan(root, "quick")
+    except OSError:
+        return ()
+    for info in candidates:
+        if not info.valid:
+            out.append(info)
+            continue
+        full = validate(info.path, verify) if verify != "quick" else info
+        out.append(full)
+        if full.valid:
+            break
+    return tuple(out)
+
+
+def _repair_advice(attribution: Attribution, quarantined: Sequence[str]) -> str | None:
+    if not quarantined:
+        return None
+    action = None
+    for f in attribution.findings:
+        if f.domain is Domain.HARDWARE and f.details.get("action"):
+            action = str(f.details["action"]).replace("_", " ")
+            break
+    what = (
+        f"XID {attribution.findings[0].xid}"
+        if attribution.findings and (attribution.findings[0].xid is not None)
+        else attribution.kind.value
+    )
+    devs = ", ".join(quarantined)
+    return (
+        f"{what}: device(s) {devs} quarantined"
+        + (f"; recommended action: {action}" if action else "")
+        + "; run GPU diagnostics (DCGM diag level 3), reset or replace, then "
+        f"`trainguard devices release {quarantined[0]} --reason ...` once it passes"
+    )
+
+
+class RunController:
+    """Supervise one job end to end; see the module docstring."""
+
+    def __init__(
+        self,
+        options: RunOptions,
+        clock: Callable[[], float] = time.time,
+        out: Any = None,
+    ) -> None:
+        if not options.command:
+            raise ValueError("no command to run (put it after --)")
+        if options.checkpoint_dir:
+            # The job may run elsewhere: TRAINGUARD_RESUME_FROM must not depend on our cwd.
+            options = dataclasses.replace(
+                options, checkpoint_dir=os.path.abspath(options.checkpoint_dir)
+            )
+        self.opt = options
+        self.clock = clock
+        self.err = out if out is not None else sys.stderr
+        self.events: queue.Queue[Any] = queue.Queue()
+        self.store: Store | None = None
+        self.job_id = ""
+        self.inventory: tuple[Device, ...] = ()
+        self.history: list[PriorFailure] = []
+        self.restarts_used = 0
+        self.incidents: list[int] = []
+        self.baseline_rate: float | None = None
+        self.progress_parser = ProgressLineParser(options.progress_pattern)
+        self.scheduler = LocalScheduler(self.events.put, clock)
+        self.user_env_alloc = os.environ.get(ALLOC_CONF)
+        self.need = options.need or 0
+        self.progress_url: str | None = None
+        self.log_dir = options.log_dir or "."
+
+    # --- messages --------------------------------------------------------------------
+
+    def say(self, message: str) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            print(f"trainguard: {message}", file=self.err, flush=True)
+
+    # --- store helpers -----------------------------------------------------------------
+
+    @property
+    def db(self) -> Store:
+        assert self.store is not None
+        return self.store
+
+    def audit(
+        self,
+        kind: AuditKind,
+        subject: str,
+        message: str,
+        data: dict[str, Any] | None = None,
+        incident_id: int | None = None,
+    ) -> int:
+        return self.db.append_audit(
+            self.clock(),
+            ACTOR,
+            kind,
+            subject,
+            message,
+            data or {},
+            job_id=self.job_id or None,
+            incident_id=incident_id,
+        )
+
+    def device_statuses(self) -> tuple[DeviceStatus, ...]:
+        records = {r.uuid: r for r in self.db.list_devices()}
+        out = []
+        for dev in self.inventory:
+            rec = records.get(dev.uuid)
+            state = rec.state if rec else HealthState.HEALTHY
+            out.append(DeviceStatus(dev, state, rec.reason if rec else None))
+        return tuple(out)
+
+    def policy(self) -> RecoveryPolicy:
+        o = self.opt
+        return RecoveryPolicy(
+            max_restarts=o.max_restarts,
+            backoff_base_seconds=o.backoff_base,
+            backoff_max_seconds=o.backoff_max,
+            need=self.need,
+            min_need=o.min_need,
+            hang_timeout_seconds=o.hang_timeout,
+            verify_window_seconds=o.verify_window,
+            verify_min_rate_ratio=o.verify_min_rate_ratio,
+        )
+
+    # --- the run -------------------------------------------------------------------
+
+    def run(self) -> RunResult:
+        o = self.opt
+        now = self.clock()
+        self.store = Store.open(o.state, at=now)
+        sock_dir = short_socket_dir()
+        listener: ProgressListener | None = None
+        kernel = None
+        restore_signals = self._install_signal_handlers()
+        try:
+            try:
+                inv = load(simulate=o.simulate_devices, inventory_file=o.inventory_file)
+            except (InventoryError, OSError) as exc:
+                self.say(f"bad inventory: {exc}")
+                return RunResult("", 2, JobState.STOPPED, str(exc))
+            self.inventory = inv.devices
+            if not inv.found:
+                self.say(f"{inv.message}; running without device management")
+            self.db.register_devices(self.inventory, at=now, actor=ACTOR)
+            statuses = self.device_statuses()
+            healthy = [s for s in statuses if s.state.schedulable]
+            self.need = o.need if o.need is not None else len(healthy)
+            job = self.db.create_job(
+                name=o.job_name or os.path.basename(o.command[0]) + " " + " ".join(o.command[1:3]),
+                command=o.command,
+                need=self.need,
+                at=now,
+                mode=o.mode.value,
+                min_need=o.min_need,
+                checkpoint_dir=o.checkpoint_dir,
+                actor=ACTOR,
+            )
+            self.job_id = job.id
+            self.log_dir = o.log_dir or os.path.join(
+                os.path.dirname(os.path.abspath(o.state)), "logs", job.id
+            )
+            os.makedirs(self.log_dir, exist_ok=True)
+            self.say(f"job {job.id}: {inv.message}; logs in {self.log_dir}")
+
+            devices = self._initial_devices(statuses)
+            if devices is None:
+                return self._stop_job(None, "not enough healthy devices to start", EXIT_STOPPED)
+
+            listener = ProgressListener(os.path.join(sock_dir, "progress.sock"), self.events.put)
+            listener.start()
+            self.progress_url = listener.url
+            kernel, description = open_kernel_log(o.kernel_log, self.events.put, self.clock)
+            self.say(description)
+            self.audit(AuditKind.NOTE, f"job:{job.id}", description)
+            if kernel is not None:
+                kernel.start()
+
+            self.db.update_job_state(job.id, JobState.RUNNING, at=self.clock(), actor=ACTOR)
+            att = self._launch(0, devices, None, {}, incident_id=None)
+            if att is None:
+                return self._stop_job(None, "the command could not be started", EXIT_STOPPED)
+            return self._loop(att)
+        finally:
+            restore_signals()
+            if kernel is not None:
+                kernel.stop()
+            if listener is not None:
+                listener.stop()
+            shutil.rmtree(sock_dir, ignore_errors=True)
+            if self.store is not None:
+                self.store.close()
+
+    def _install_signal_handlers(self) -> Callable[[], None]:
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        old: dict[int, Any] = {}
+
+        def handler(signum: int, _frame: Any) -> None:
+            self.events.put(_Interrupt(signum))
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            old[sig] = signal.signal(sig, handler)
+
+        def restore() -> None:
+            for sig, h in old.items():
+                with contextlib.suppress(ValueError, TypeError):
+                    signal.signal(sig, h)
+
+        return restore
+
+    def _initial_devices(self, statuses: Sequence[DeviceStatus]) -> tuple[Device, ...] | None:
+        healthy = [s for s in statuses if s.state is HealthState.HEALTHY]
+        suspect = [s for s in statuses if s.state is HealthState.SUSPECT]
+        pool = [s.device for s in healthy + suspect]
+        if len(pool) >= self.need:
+            return tuple(pool[: self.need])
+        minimum = self.opt.min_need
+        if minimum is not None and len(pool) >= minimum:
+            self.say(f"starting with {len(pool)} of {self.need} devices (--min-need {minimum})")
+            return tuple(pool)
+        unavailable = [f"{s.device.uuid} ({s.state.value})" for s in statuses if s not in healthy]
+        self.say(
+            f"need {self.need} healthy device(s), {len(pool)} available"
+            + (f"; unavailable: {', '.join(unavailable)}" if unavailable else "")
+            + "; release one with `trainguard devices release ID --reason ...`"
+        )
+        return None
+
+    def _launch(
+        self,
+        number: int,
+        devices: tuple[Device, ...],
+        checkpoint: CheckpointInfo | None,
+        env: dict[str, str],
+        incident_id: int | None,
+    ) -> _Attempt | None:
+        o = self.opt
+        log_path = os.path.join(self.log_dir, f"attempt-{number}.log")
+        spec = LaunchSpec(
+            command=o.command,
+            attempt=number,
+            devices=devices,
+            progress_url=self.progress_url,
+            log_path=log_path,
+            resume_from=checkpoint.path if checkpoint else None,
+            extra_env=env,
+            echo=o.echo,
+        )
+        subject = f"attempt:{self.job_id}/{number}"
+        self.audit(
+            AuditKind.INTENT,
+            subject,
+            f"launch attempt {number} on {len(devices)} device(s)"
+            + (f" from {checkpoint.path}" if checkpoint else ""),
+            {"devices": [d.uuid for d in devices], "env": env},
+            incident_id,
+        )
+        try:
+            launch = self.scheduler.launch(spec)
+        except OSError as exc:
+            self.say(f"cannot start {o.command[0]}: {exc}")
+            self.audit(AuditKind.RESULT, subject, f"launch failed: {exc}", None, incident_id)
+            return None
+        started = launch.started_at
+        self.db.start_attempt(
+            self.job_id,
+            number,
+            devices,
+            at=started,
+            checkpoint_path=checkpoint.path if checkpoint else None,
+            checkpoint_step=checkpoint.step if checkpoint else None,
+            log_path=log_path,
+            actor=ACTOR,
+        )
+        self.audit(
+            AuditKind.RESULT,
+            subject,
+            f"attempt {number} started (pid {launch.pid}), CUDA_VISIBLE_DEVICES="
+            + ",".join(str(d.index) for d in devices),
+            {"pid": launch.pid},
+            incident_id,
+        )
+        hang = HangDetector(
+            HangConfig(
+                timeout=o.hang_timeout,
+                floor=o.hang_floor,
+                multiple=o.hang_multiple,
+                startup=o.startup_timeout,
+            ),
+            started_at=started,
+        )
+        att = _Attempt(
+            number=number,
+            devices=devices,
+            launch=launch,
+            started_at=started,
+            hang=hang,
+            env=dict(env),
+            incident_id=incident_id,
+            checkpoint=checkpoint,
+        )
+        if incident_id is not None:
+            att.expected_step = checkpoint.step if checkpoint and checkpoint.step else 0
+            self.db.transition_attempt(
+                self.job_id, number, AttemptState.VERIFYING, at=started, actor=ACTOR
+            )
+        self.say(
+            f"attempt {number} started on device(s) "
+            + (",".join(str(d.index) for d in devices) or "-")
+            + (f", restoring {checkpoint.path} (step {checkpoint.step})" if checkpoint else "")
+        )
+        return att
+
+    # --- the event loop --------------------------------------------------------------
+
+    def _next_deadline(self, att: _Attempt) -> float:
+        deadlines = [att.hang.deadline()]
+        if att.settle_until is not None:
+            deadlines.append(att.settle_until)
+        if att.incident_id is not None and not att.verified and att.first_progress_at:
+            deadlines.append(att.first_progress_at + self.opt.verify_window)
+        return min(deadlines)
+
+    def _loop(self, att: _Attempt) -> RunResult:
+        while True:
+            timeout = max(0.0, self._next_deadline(att) - self.clock())
+            try:
+                ev = self.events.get(timeout=min(timeout, 3600.0))
+            except queue.Empty:
+                ev = None
+            if isinstance(ev, _Interrupt):
+                return self._interrupted(att, ev.signum)
+            if ev is not None:
+                self._dispatch(att, ev)
+            now = self.clock()
+            if att.trigger is None:
+                hang = att.hang.check(now)
+                if hang is not None and not (att.launcher_exit and not att.launcher_exit.failed):
+                    self._record_finding(att, hang)
+                    self._trigger(att, hang)
+            if att.incident_id is not None and not att.verified and att.trigger is None:
+                self._maybe_verify(att, now)
+            # The job finished cleanly: done (a pending trigger loses to a clean exit).
+            if att.launcher_exit is not None and not att.launcher_exit.failed:
+                if att.closed_streams >= {"stdout", "stderr"} or self._settled(att, now, 2.0):
+                    return self._completed(att)
+                continue
+            if att.trigger is None or not self._settled(att, now):
+                continue
+            if att.observed:
+                # Observe mode: the plan is recorded; wait for the job to end by itself.
+                if att.launcher_exit is not None and (
+                    att.closed_streams >= {"stdout", "stderr"} or self._settled(att, now, 2.0)
+                ):
+                    return self._observed_end(att)
+                continue
+            outcome = self._handle_failure(att)
+            if isinstance(outcome, RunResult):
+                return outcome
+            if outcome is att:
+                continue
+            att = outcome
+
+    def _settled(self, att: _Attempt, now: float, extra: float = 0.0) -> bool:
+        if att.settle_until is None:
+            return att.launcher_exit is not None and (
+                att.closed_streams >= {"stdout", "stderr"} or now >= att.launcher_exit.at + extra
+            )
+        if now >= att.settle_until + extra:
+            return True
+        # The launcher is gone and its output drained: no more evidence will come.
+        return att.launcher_exit is not None and att.closed_streams >= {"stdout", "stderr"}
+
+    def _dispatch(self, att: _Attempt, ev: Any) -> None:
+        if isinstance(ev, OutputLine):
+            if ev.attempt == att.number:
+                self._on_output(att, ev)
+        elif isinstance(ev, ProgressReceived):
+            e = ev.event
+            if e.attempt is None or e.attempt == att.number:
+                self._on_progress_event(att, ev)
+        elif isinstance(ev, AttemptProcessExit):
+            if ev.attempt == att.number:
+                self._on_exit(att, ev.exit)
+        elif isinstance(ev, KernelLine):
+            self._on_kernel(att, ev)
+        elif isinstance(ev, OutputClosed) and ev.attempt == att.number:
+            att.closed_streams.add(ev.stream)
+
+    def _on_output(self, att: _Attempt, ev: OutputLine) -> None:
+        rank = rank_prefix(ev.text)
+        att.tail.append((rank, ev.text))
+        step = self.progress_parser.parse(ev.text)
+        if step is not None:
+            self._on_step(att, step, ev.at, rank)
+        exit = att.torchrun.feed(ev.text, ev.at)
+        if exit is not None:
+            self._on_exit(att, exit)
+        classifier = att.classifiers.setdefault(ev.stream, Classifier())
+        try:
+            matches = classifier.feed(ev.text + "\n")
+        except Exception as exc:  # a classifier bug must not stop supervision
+            self.say(f"output classification failed: {exc}")
+            return
+        for m in matches:
+            f = line_finding(m, m.text, ev.at, f"output:{ev.stream}", att.devices, self.inventory)
+            att.findings.append(f)
+
+    def _on_progress_event(self, att: _Attempt, ev: ProgressReceived) -> None:
+        e = ev.event
+        if e.event == "progress":
+            self._on_step(att, e.step, ev.at, e.rank)
+        elif e.event == "resumed":
+            if att.steps.resumed_step is None:
+                att.steps.resumed_step = e.step
+                att.steps.resumed_checkpoint = e.checkpoint
+            self._check_restored(att, e.step, ev.at, exact=True)
+        elif e.event == "checkpoint_saved":
+            att.saved_steps.append(e.step)
+
+    def _on_step(self, att: _Attempt, step: int, at: float, rank: int | None) -> None:
+        att.hang.observe(step, at, rank)
+        new = att.steps.observe(step, at, rank)
+        if att.first_progress_at is None:
+            att.first_progress_at = at
+            self._first_progress(att, step, at)
+        if new and at - att.last_store_write >= PROGRESS_WRITE_SECONDS:
+            att.last_store_write = at
+            self.db.update_attempt_progress(self.job_id, att.number, step, at=at)
+
+    def _first_progress(self, att: _Attempt, step: int, at: float) -> None:
+        if att.incident_id is None:
+            with contextlib.suppress(Exception):
+                self.db.transition_attempt(
+                    self.job_id, att.number, AttemptState.RUNNING, at=at, actor=ACTOR
+                )
+            return
+        self.db.update_incident(
+            att.incident_id,
+            at=at,
+            note=f"first progress after restart: step {step} (attempt {att.number})",
+            actor=ACTOR,
+        )
+        if att.steps.resumed_step is None:
+            self._check_restored(att, step, at, exact=False)
+
+    def _check_restored(self, att: _Attempt, step: int, at: float, exact: bool) -> None:
+        """Verification, part one: the job restored the selected checkpoint's step."""
+        if att.expected_step is None or att.trigger is not None or att.verified:
+            return
+        expected = att.expected_step
+        # A reported step is the step just completed: after restoring N it is N + 1.
+        ok = step == expected if exact else expected <= step <= expected + 1
+        if ok:
+            return
+        what = "restored" if exact else "first progress at"
+        f = Finding(
+            kind="verify_failed",
+            domain=Domain.APPLICATION,
+            at=at,
+            source="verify",
+            message=f"the restart {what} step {step}, expected step {expected}",
+            severity=Severity.FATAL,
+            signature=f"verify:restored-step {step} != {expected}",
+        )
+        self._record_finding(att, f)
+        self._trigger(att, f)
+
+    def _maybe_verify(self, att: _Attempt, now: float) -> None:
+        """Verification, part two: progress at a plausible rate for the window."""
+        if att.first_progress_at is None or now < att.first_progress_at + self.opt.verify_window:
+            return
+        rate = att.steps.rate(since=att.first_progress_at)
+        if rate is None:
+            return  # not two progress points yet; the hang detector bounds the wait
+        baseline = self.baseline_rate
+        floor = None if baseline is None else baseline * self.opt.verify_min_rate_ratio
+        if floor is not None and rate < floor:
+            f = Finding(
+                kind="verify_failed",
+                domain=Domain.UNKNOWN,
+                at=now,
+                source="verify",
+                message=(
+                    f"the restart progresses at {rate:.2f} steps/s, below "
+                    f"{self.opt.verify_min_rate_ratio:g} x the pre-failure {baseline:.2f} steps/s"
+                ),
+                severity=Severity.FATAL,
+                signature="verify:slow",
+            )
+            self._record_finding(att, f)
+            self._trigger(att, f)
+            return
+        self._verified(att, now, rate)
+
+    def _verified(self, att: _Attempt, now: float, rate: float | None) -> None:
+        att.verified = True
+        assert att.incident_id is not None
+        base = "unknown" if self.baseline_rate is None else f"{self.baseline_rate:.2f}"
+        note = (
+            f"verified: attempt {att.number} restored step {att.expected_step} and progressed to "
+            f"step {att.steps.last_step}"
+            + (f" at {rate:.2f} steps/s (pre-failure {base} steps/s)" if rate else "")
+        )
+        self.db.transition_attempt(
+            self.job_id, att.number, AttemptState.VERIFIED, at=now, reason=note, actor=ACTOR
+        )
+        self.db.update_incident(
+            att.incident_id, at=now, state=IncidentState.RECOVERED, note=note, actor=ACTOR
+        )
+        self.say(f"incident {att.incident_id} recovered: {note}")
+
+    def _on_exit(self, att: _Attempt, exit: ProcessExit) -> None:
+        if exit.source == "launcher":
+            att.launcher_exit = exit
+        if not exit.failed:
+            return
+        if exit.source != "launcher" or not any(
+            f.kind == "crash" and f.culprit.rank is not None for f in att.findings
+        ):
+            tail_rank = exit.local_rank if exit.local_rank is not None else exit.rank
+            tail = tuple(
+                t for r, t in list(att.tail) if tail_rank is None or r in (tail_rank, None)
+            )[-10:]
+            exit = ProcessExit(
+                at=exit.at,
+                source=exit.source,
+                pid=exit.pid,
+                rank=exit.rank,
+                local_rank=exit.local_rank,
+                exit_code=exit.exit_code,
+                signal=exit.signal,
+                tail=tail,
+            )
+            f = crash_finding(exit, att.devices)
+            if f is not None:
+                self._record_finding(att, f)
+                self._trigger(att, f)
+
+    def _on_kernel(self, att: _Attempt, ev: KernelLine) -> None:
+        try:
+            m = classify_line(ev.text)
+        except Exception:
+            return
+        if m is None:
+            return
+        f = line_finding(m, m.text, ev.at, "kernel_log", att.devices, self.inventory)
+        assigned = {d.uuid for d in att.devices}
+        if f.culprit.device_uuid in assigned:
+            self._record_finding(att, f)
+            # A fatal hardware fault on the job's own device: act now, do not wait for
+            # the job to crash or hang on it.
+            if f.domain is Domain.HARDWARE and f.severity is Severity.FATAL:
+                self._trigger(att, f)
+        elif f.domain is Domain.HARDWARE and f.culprit.device_uuid is not None:
+            self._quarantine_unassigned(f)
+        else:
+            self.audit(AuditKind.OBSERVATION, "kernel", f"kernel log: {f.message}", f.to_dict())
+
+    def _quarantine_unassigned(self, f: Finding) -> None:
+        """Hardware evidence on a device the job is not using: keep it out of future plans."""
+        uuid = f.culprit.device_uuid
+        assert uuid is not None
+        self.audit(AuditKind.OBSERVATION, f"device:{uuid}", f"kernel log: {f.message}", f.to_dict())
+        if f.severity is not Severity.FATAL:
+            return
+        try:
+            state = self.db.get_device_state(uuid)
+        except Exception:
+            return
+        if state in (HealthState.HEALTHY, HealthState.SUSPECT):
+            self.db.transition_device(
+                uuid,
+                HealthState.QUARANTINED,
+                f"{f.kind} {f.xid or ''} on an idle device: {f.message}"[:400],
+                ACTOR,
+                self.clock(),
+                job_id=self.job_id,
+            )
+            self.say(f"device {uuid} quarantined (not in use): {f.message}")
+
+    def _record_finding(self, att: _Attempt, f: Finding) -> None:
+        att.findings.append(f)
+        if f.kind in ("crash", "hang", "xid", "verify_failed") or f.domain is Domain.HARDWARE:
+            self.audit(
+                AuditKind.OBSERVATION,
+                f"attempt:{self.job_id}/{att.number}",
+                f"{f.kind}: {f.message}",
+                f.to_dict(),
+            )
+
+    def _trigger(self, att: _Attempt, f: Finding) -> None:
+        if att.trigger is not None or att.observed:
+            return
+        detected = self.clock()
+        # Evidence already conclusive (hardware on our device): no need to wait for more.
+        if f.domain is Domain.HARDWARE:
+            att.settle_until = detected
+        else:
+            att.settle_until = detected + self.opt.settle
+        att.trigger = dataclasses.replace(f, details={**f.details, "detected_at": detected})
+        self.say(f"detected {f.kind}: {f.message}")
+
+    # --- acting on a failure ---------------------------------------------------------
+
+    def _handle_failure(self, att: _Attempt) -> _Attempt | RunResult:
+        o = self.opt
+        trigger = att.trigger
+        assert trigger is not None
+        detected_at = float(trigger.details.get("detected_at", trigger.at))
+        attribution = attribute(att.findings, att.devices, detected_at, o.correlation_window)
+        relevant = [f.at for f in attribution.findings if f.at >= att.started_at]
+        fault_at = min([*relevant, trigger.at])
+        if trigger.kind == "hang" and trigger.details.get("since") is not None:
+            fault_at = float(trigger.details["since"])  # the job stopped moving then
+        failed_step = att.steps.last_step
+        rate = att.steps.rate()
+        if rate is not None and (att.incident_id is None or att.verified):
+            self.baseline_rate = rate  # the pre-failure step rate, for verification
+        if att.incident_id is None or att.verified:
+            inc = self.db.open_incident(
+                self.job_id,
+                att.number,
+                attribution,
+                detected_at=detected_at,
+                fault_at=fault_at,
+                failed_step=failed_step,
+                actor=ACTOR,
+            )
+            incident_id = inc.id
+            self.incidents.append(incident_id)
+        else:
+            # The recovery attempt failed before it verified: the same incident, acted on again.
+            incident_id = att.incident_id
+            self.db.update_incident(
+                incident_id,
+                at=detected_at,
+                note=f"attempt {att.number} failed before it verified: {attribution.summary}",
+                evidence=attribution.evidence[:10],
+                actor=ACTOR,
+            )
+        self.say(
+            f"incident {incident_id}: {attribution.kind.value} ({attribution.domain.value}) "
+            f"- {attribution.summary}"
+        )
+        self.history.append(
+            PriorFailure(
+                attempt=att.number,
+                signature=attribution.signature,
+                domain=attribution.domain.value,
+                kind=attribution.kind.value,
+            )
+        )
+        env = dict(att.env)
+        if ALLOC_CONF not in env and self.user_env_alloc:
+            env[ALLOC_CONF] = self.user_env_alloc
+        snapshot = RecoverySnapshot(
+            now=self.clock(),
+            job_id=self.job_id,
+            attempt=att.number,
+            restarts_used=self.restarts_used,
+            policy=self.policy(),
+            mode=o.mode,
+            attribution=attribution,
+            devices=self.device_statuses(),
+            assigned=tuple(d.uuid for d in att.devices),
+            checkpoints=select_checkpoints(o.checkpoint_dir, o.checkpoint_verify),
+            history=tuple(self.history),
+            env=env,
+        )
+        plan = decide(snapshot)
+        self.db.record_plan(incident_id, plan.to_dict(), at=self.clock(), actor=ACTOR)
+        if o.mode is Mode.OBSERVE:
+            return self._observe(att, incident_id, plan)
+        return self._act(att, incident_id, plan, attribution, failed_step, user_env=env)
+
+    def _observe(self, att: _Attempt, incident_id: int, plan: Plan) -> _Attempt:
+        att.observed = True
+        what = "; ".join(plan.reasons) or "no action"
+        inc = self.db.get_incident(incident_id)
+        if inc.state is IncidentState.OPEN:
+            self.db.update_incident(
+                incident_id,
+                at=self.clock(),
+                state=IncidentState.OBSERVED,
+                note=f"observe mode: nothing done (would: {what})",
+                actor=ACTOR,
+            )
+        self.say(f"observe mode: plan recorded for incident {incident_id}, nothing done: {what}")
+        return att
+
+    def _act(
+        self,
+        att: _Attempt,
+        incident_id: int,
+        plan: Plan,
+        attribution: Attribution,
+        failed_step: int | None,
+        user_env: dict[str, str],
+    ) -> _Attempt | RunResult:
+        now = self.clock()
+        inc = self.db.get_incident(incident_id)
+        if inc.state is not IncidentState.ACTING:
+            self.db.update_incident(incident_id, at=now, state=IncidentState.ACTING, actor=ACTOR)
+        job = self.db.get_job(self.job_id)
+        if job.state is JobState.RUNNING:
+            self.db.update_job_state(self.job_id, JobState.RECOVERING, at=now, actor=ACTOR)
+        quarantined: list[str] = []
+        for action in plan.actions:
+            if isinstance(action, Quarantine):
+                quarantined += self._do_quarantine(incident_id, action)
+            elif isinstance(action, Restart):
+                if quarantined:
+                    self.db.update_incident(
+                        incident_id,
+                        at=self.clock(),
+                        repair=_repair_advice(attribution, quarantined),
+                        actor=ACTOR,
+                    )
+                return self._do_restart(att, incident_id, action, plan, failed_step)
+            elif isinstance(action, Stop | WaitForCapacity):
+                if quarantined:
+                    self.db.update_incident(
+                        incident_id,
+                        at=self.clock(),
+                        repair=_repair_advice(attribution, quarantined),
+                        actor=ACTOR,
+                    )
+                return self._do_stop(att, incident_id, action)
+        return self._do_stop(att, incident_id, Stop(reason="the plan has no restart"))
+
+    def _do_quarantine(self, incident_id: int, action: Quarantine) -> list[str]:
+        targets: list[str] = []
+        if action.resource_kind == "device":
+            targets = [action.resource_id]
+        else:
+            targets = [d.uuid for d in self.inventory if d.host == action.resource_id]
+        done: list[str] = []
+        for uuid in targets:
+            subject = f"device:{uuid}"
+            self.audit(
+                AuditKind.INTENT,
+                subject,
+                f"quarantine {uuid}: {action.reason}",
+                {"reason": action.reason},
+                incident_id,
+            )
+            state = self.db.get_device_state(uuid)
+            if state in (HealthState.HEALTHY, HealthState.SUSPECT):
+                self.db.transition_device(
+                    uuid,
+                    HealthState.QUARANTINED,
+                    action.reason[:400],
+                    ACTOR,
+                    self.clock(),
+                    job_id=self.job_id,
+                    incident_id=incident_id,
+                )
+                result = "quarantined"
+            else:
+                result = f"already {state.value}"
+            self.db.add_incident_action(
+                incident_id,
+                {
+                    "type": "quarantine",
+                    "resource_kind": "device",
+                    "resource_id": uuid,
+                    "reason": action.reason,
+                    "result": result,
+                    "summary": f"device {uuid} {result}",
+                },
+                at=self.clock(),
+                actor=ACTOR,
+                audit_kind=AuditKind.RESULT,
+            )
+            self.say(f"device {uuid} {result}")
+            done.append(uuid)
+        return done
+
+    def _end_attempt(self, att: _Attempt, reason: str, state: AttemptState) -> None:
+        """Stop the attempt's process tree (if still running) and record its end."""
+        subject = f"attempt:{self.job_id}/{att.number}"
+        if att.launch.running():
+            self.audit(AuditKind.INTENT, subject, f"stop attempt {att.number}: {reason}")
+            code = att.launch.stop(self.opt.grace)
+            self.audit(AuditKind.RESULT, subject, f"attempt {att.number} stopped (exit {code})")
+        att.launch.wait_closed(2.0)
+        if att.steps.last_step is not None and att.steps.last_at is not None:
+            self.db.update_attempt_progress(
+                self.job_id, att.number, att.steps.last_step, at=att.steps.last_at
+            )
+        rec = self.db.get_attempt(self.job_id, att.number)
+        if rec.state.terminal:
+            return
+        exit = att.launcher_exit
+        rc = att.launch.proc.returncode
+        code = exit.exit_code if exit else (rc if rc is not None and rc >= 0 else None)
+        sig = exit.signal if exit else (-rc if rc is not None and rc < 0 else None)
+        self.db.finish_attempt(
+            self.job_id,
+            att.number,
+            state,
+            at=self.clock(),
+            reason=reason[:500],
+            exit_code=code,
+            signal=sig,
+            actor=ACTOR,
+        )
+
+    def _do_restart(
+        self,
+        att: _Attempt,
+        incident_id: int,
+        action: Restart,
+        plan: Plan,
+        failed_step: int | None,
+    ) -> _Attempt | RunResult:
+        trigger = att.trigger
+        assert trigger is not None
+        self._end_attempt(att, f"failed: {trigger.message}", AttemptState.FAILED)
+        if action.delay_seconds > 0:
+            self.say(f"backing off {action.delay_seconds:g} s before restarting")
+            deadline = time.monotonic() + action.delay_seconds
+            held: list[Any] = []
+            while time.monotonic() < deadline:
+                try:
+                    ev = self.events.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if isinstance(ev, _Interrupt):
+                    return self._stop_job(incident_id, "interrupted", EXIT_INTERRUPTED)
+                held.append(ev)  # kernel lines etc. still matter to the next attempt
+            for ev in held:
+                self.events.put(ev)
+        by_uuid = {d.uuid: d for d in self.inventory}
+        devices = tuple(by_uuid[u] for u in action.devices if u in by_uuid)
+        ckpt = action.checkpoint
+        self.restarts_used += 1
+        number = att.number + 1
+        ckpt_step = ckpt.step if ckpt and ckpt.step is not None else 0
+        lost = None if failed_step is None else max(0, failed_step - ckpt_step)
+        self.db.update_incident(
+            incident_id,
+            at=self.clock(),
+            checkpoint_path=ckpt.path if ckpt else None,
+            checkpoint_step=ckpt_step,
+            lost_steps=lost,
+            recovery_attempt=number,
+            actor=ACTOR,
+        )
+        new = self._launch(number, devices, ckpt, dict(action.env), incident_id)
+        if new is None:
+            return self._stop_job(incident_id, "the command could not be restarted", EXIT_STOPPED)
+        self.db.add_incident_action(
+            incident_id,
+            {
+                "type": "restart",
+                "attempt": number,
+                "devices": list(action.devices),
+                "checkpoint": ckpt.path if ckpt else None,
+                "checkpoint_step": ckpt.step if ckpt else None,
+                "skipped_checkpoints": [
+                    {"path": c.path, "reason": c.reason} for c in plan.skipped_checkpoints
+                ],
+                "delay_seconds": action.delay_seconds,
+                "env": dict(action.env),
+                "summary": f"attempt {number} on "
+                + (",".join(str(d.index) for d in devices) or "no devices")
+                + (f" from step {ckpt.step}" if ckpt else " from the beginning"),
+            },
+            at=self.clock(),
+            actor=ACTOR,
+            audit_kind=AuditKind.RESULT,
+        )
+        for c in plan.skipped_checkpoints:
+            self.say(f"skipped checkpoint {c.path}: {c.reason}")
+        inc = self.db.get_incident(incident_id)
+        if inc.state is IncidentState.ACTING:
+            self.db.update_incident(
+                incident_id, at=self.clock(), state=IncidentState.VERIFYING, actor=ACTOR
+            )
+        job = self.db.get_job(self.job_id)
+        if job.state is JobState.RECOVERING:
+            self.db.update_job_state(self.job_id, JobState.RUNNING, at=self.clock(), actor=ACTOR)
+        return new
+
+    def _do_stop(
+        self, att: _Attempt, incident_id: int, action: Stop | WaitForCapacity
+    ) -> RunResult:
+        reason = action.reason
+        advice = action.advice if isinstance(action, Stop) else None
+        trigger = att.trigger
+        self._end_attempt(
+            att, f"failed: {trigger.message}" if trigger else reason, AttemptState.FAILED
+        )
+        if isinstance(action, WaitForCapacity):
+            job = self.db.get_job(self.job_id)
+            if job.state is JobState.RECOVERING:
+                self.db.update_job_state(
+                    self.job_id, JobState.WAITING, at=self.clock(), reason=reason, actor=ACTOR
+                )
+            reason = (
+                f"{reason}; trainguard run does not wait for capacity: release a device "
+                "and run again"
+            )
+        self.db.add_incident_action(
+            incident_id,
+            {"type": "stop", "reason": reason, "advice": advice, "summary": reason},
+            at=self.clock(),
+            actor=ACTOR,
+            audit_kind=AuditKind.RESULT,
+        )
+        full = reason + (f" (advice: {advice})" if advice else "")
+        return self._stop_job(incident_id, full, EXIT_STOPPED)
+
+    def _stop_job(self, incident_id: int | None, reason: str, code: int) -> RunResult:
+        now = self.clock()
+        if incident_id is not None:
+            inc = self.db.get_incident(incident_id)
+            if not inc.state.terminal:
+                self.db.update_incident(
+                    incident_id, at=now, state=IncidentState.STOPPED, reason=reason, actor=ACTOR
+                )
+        job = self.db.get_job(self.job_id) if self.job_id else None
+        if job is not None and not job.state.terminal:
+            self.db.update_job_state(
+                self.job_id, JobState.STOPPED, at=now, reason=reason, actor=ACTOR
+            )
+        self.say(f"job stopped: {reason}")
+        return RunResult(self.job_id, code, JobState.STOPPED, reason, tuple(self.incidents))
+
+    def _interrupted(self, att: _Attempt, signum: int) -> RunResult:
+        name = signal.Signals(signum).name
+        self._end_attempt(att, f"interrupted by {name}", AttemptState.STOPPED)
+        open_inc = att.incident_id if att.incident_id and not att.verified else None
+        return self._stop_job(open_inc, f"interrupted by {name}", EXIT_INTERRUPTED)
+
+    def _completed(self, att: _Attempt) -> RunResult:
+        now = self.clock()
+        att.launch.wait_closed(2.0)
+        if att.steps.last_step is not None and att.steps.last_at is not None:
+            self.db.update_attempt_progress(
+                self.job_id, att.number, att.steps.last_step, at=att.steps.last_at
+            )
+        if att.incident_id is not None and not att.verified:
+            # The job finished inside the verification window: that verifies it.
+            self._verified(att, now, att.steps.rate(since=att.first_progress_at))
+        rec = self.db.get_attempt(self.job_id, att.number)
+        if not rec.state.terminal:
+            self.db.finish_attempt(
+                self.job_id, att.number, AttemptState.COMPLETED, at=now, exit_code=0, actor=ACTOR
+            )
+        self.db.update_job_state(
+            self.job_id, JobState.COMPLETED, at=now, reason="the job exited 0", actor=ACTOR
+        )
+        self.say(
+            f"job {self.job_id} completed"
+            + (f" after {self.restarts_used} restart(s)" if self.restarts_used else "")
+        )
+        return RunResult(self.job_id, 0, JobState.COMPLETED, None, tuple(self.incidents))
+
+    def _observed_end(self, att: _Attempt) -> RunResult:
+        exit = att.launcher_exit
+        assert exit is not None
+        att.launch.wait_closed(2.0)
+        code = exit.exit_code if exit.exit_code else (128 + exit.signal if exit.signal else 1)
+        reason = "observe mode: the job failed and nothing was restarted"
+        self._end_attempt(att, reason, AttemptState.FAILED)
+        self.db.update_job_state(
+            self.job_id, JobState.STOPPED, at=self.clock(), reason=reason, actor=ACTOR
+        )
+        self.say(f"job stopped: {reason} (exit {code})")
+        return RunResult(self.job_id, code, JobState.STOPPED, reason, tuple(self.incidents))
+
+
+def run_job(options: RunOptions) -> RunResult:
+    """Run one job under supervision (what ``trainguard run`` calls)."""
+    return RunController(options).run()
+
+
+__all__ = ["RunController", "RunOptions", "RunResult", "run_job", "select_checkpoints"]

@@ -1,0 +1,248 @@
+"""The local scheduler: run a job's command on this machine and stop it cleanly.
+
+``LocalScheduler.launch`` starts one attempt:
+
+* environment (the job contract, docs/run.md): ``CUDA_VISIBLE_DEVICES`` = the
+  indices of the assigned devices, ``TRAINGUARD_ATTEMPT``, ``TRAINGUARD_PROGRESS``,
+  ``TRAINGUARD_DEVICES`` (JSON list of ``{index, uuid, pci_bus_id}``),
+  ``TRAINGUARD_RESUME_FROM`` (only when restoring; removed otherwise so a stale
+  value from the user's shell cannot leak in), the plan's extra variables
+  (``PYTORCH_CUDA_ALLOC_CONF`` after an OOM), and ``PYTHONUNBUFFERED=1`` unless
+  the user set it (progress lines must arrive when they are printed, not when a
+  4 KiB pipe buffer fills);
+* a new session (its own process group), so the user's Ctrl-C reaches
+  trainguard, which then stops the whole tree itself;
+* stdout/stderr through :class:`~trainguard.signals.output.OutputFollower` (echo to
+  the user, per-attempt log file, lines to the controller), the launcher's exit
+  through :class:`~trainguard.signals.process.LauncherWatcher` and every rank's
+  death through :class:`~trainguard.signals.process.RankWatcher`.
+
+``LocalAttempt.stop`` sends SIGTERM to the process group and to every descendant
+(torchrun starts each rank in a session of its own), waits ``grace`` seconds,
+then SIGKILLs whatever is left. Signals go through pidfds taken before the first
+signal, so a recycled pid is never hit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from trainguard.model.devices import Device
+from trainguard.signals.output import LogFile, OutputFollower
+from trainguard.signals.process import LauncherWatcher, RankWatcher, descendants
+
+DEFAULT_GRACE_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    command: tuple[str, ...]
+    attempt: int
+    devices: tuple[Device, ...]
+    progress_url: str | None
+    log_path: str | None
+    resume_from: str | None = None
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    echo: bool = True
+    cwd: str | None = None
+
+
+def attempt_env(spec: LaunchSpec, base: Mapping[str, str]) -> dict[str, str]:
+    """The environment of one attempt: ``base`` plus the trainguard contract."""
+    env = dict(base)
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d.index) for d in spec.devices)
+    env["TRAINGUARD_ATTEMPT"] = str(spec.attempt)
+    env["TRAINGUARD_DEVICES"] = json.dumps(
+        [{"index": d.index, "uuid": d.uuid, "pci_bus_id": d.pci_bus_id} for d in spec.devices],
+        separators=(",", ":"),
+    )
+    if spec.progress_url:
+        env["TRAINGUARD_PROGRESS"] = spec.progress_url
+    else:
+        env.pop("TRAINGUARD_PROGRESS", None)
+    if spec.resume_from:
+        env["TRAINGUARD_RESUME_FROM"] = spec.resume_from
+    else:
+        env.pop("TRAINGUARD_RESUME_FROM", None)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update(spec.extra_env)
+    return env
+
+
+class LocalAttempt:
+    """One running attempt: its process tree and the observers attached to it."""
+
+    def __init__(
+        self,
+        spec: LaunchSpec,
+        proc: subprocess.Popen[bytes],
+        followers: list[OutputFollower],
+        ranks: RankWatcher,
+        log: LogFile | None,
+        started_at: float,
+    ) -> None:
+        self.spec = spec
+        self.proc = proc
+        self.followers = followers
+        self.ranks = ranks
+        self.log = log
+        self.started_at = started_at
+        self._stop_lock = threading.Lock()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, grace: float = DEFAULT_GRACE_SECONDS) -> int | None:
+        """Terminate the whole tree (SIGTERM, then SIGKILL after ``grace``); returns the code."""
+        with self._stop_lock:
+            pidfds: dict[int, int] = {}
+            for pid in [self.proc.pid, *descendants(self.proc.pid)]:
+                with contextlib.suppress(OSError):
+                    pidfds[pid] = os.pidfd_open(pid)
+            try:
+                self._signal_all(pidfds, signal.SIGTERM)
+                deadline = time.monotonic() + grace
+                while time.monotonic() < deadline and self._alive(pidfds):
+                    time.sleep(0.02)
+                if self._alive(pidfds):
+                    # New descendants may have been spawned meanwhile: take them too.
+                    for pid in descendants(self.proc.pid):
+                        if pid not in pidfds:
+                            with contextlib.suppress(OSError):
+                                pidfds[pid] = os.pidfd_open(pid)
+                    self._signal_all(pidfds, signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(max(grace, 5.0))
+            finally:
+                for fd in pidfds.values():
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+            return self.proc.returncode
+
+    def _signal_all(self, pidfds: dict[int, int], sig: int) -> None:
+        with contextlib.suppress(OSError):
+            os.killpg(self.proc.pid, sig)
+        for fd in pidfds.values():
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(fd, sig)
+
+    def _alive(self, pidfds: dict[int, int]) -> bool:
+        import select
+
+        for pid, fd in pidfds.items():
+            if pid == self.proc.pid:
+                if self.proc.poll() is None:
+                    return True
+                continue
+            # A pidfd polls readable once the process has exited.
+            readable, _, _ = select.select([fd], [], [], 0)
+            if not readable:
+                return True
+        return False
+
+    def wait_closed(self, timeout: float = 5.0) -> None:
+        """Wait for the output pipes to drain (after the tree is gone), then close the log."""
+        deadline = time.monotonic() + timeout
+        for f in self.followers:
+            f.join(max(0.0, deadline - time.monotonic()))
+        self.ranks.stop()
+        if self.log is not None:
+            self.log.close()
+
+
+class LocalScheduler:
+    """Launch attempts on this machine."""
+
+    def __init__(
+        self,
+        sink: Callable[[Any], None],
+        clock: Callable[[], float] = time.time,
+        base_env: Mapping[str, str] | None = None,
+        stdout: IO[bytes] | None = None,
+        stderr: IO[bytes] | None = None,
+    ) -> None:
+        self.sink = sink
+        self.clock = clock
+        self.base_env = dict(os.environ if base_env is None else base_env)
+        self.stdout = stdout if stdout is not None else sys.stdout.buffer
+        self.stderr = stderr if stderr is not None else sys.stderr.buffer
+
+    def launch(self, spec: LaunchSpec) -> LocalAttempt:
+        """Start the attempt; raises ``OSError`` when the command cannot be started."""
+        env = attempt_env(spec, self.base_env)
+        log = LogFile(spec.log_path) if spec.log_path else None
+        if log is not None:
+            header = (
+                f"# trainguard attempt {spec.attempt}: {' '.join(spec.command)}\n"
+                f"# CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}"
+                + (f" TRAINGUARD_RESUME_FROM={spec.resume_from}" if spec.resume_from else "")
+                + "\n"
+            )
+            log.write(header.encode())
+        try:
+            proc = subprocess.Popen(
+                list(spec.command),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                cwd=spec.cwd,
+                start_new_session=True,
+            )
+        except OSError:
+            if log is not None:
+                log.close()
+            raise
+        started_at = self.clock()
+        assert proc.stdout is not None and proc.stderr is not None
+        followers = [
+            OutputFollower(
+                proc.stdout,
+                "stdout",
+                spec.attempt,
+                self.sink,
+                self.stdout if spec.echo else None,
+                log,
+                self.clock,
+            ).start(),
+            OutputFollower(
+                proc.stderr,
+                "stderr",
+                spec.attempt,
+                self.sink,
+                self.stderr if spec.echo else None,
+                log,
+                self.clock,
+            ).start(),
+        ]
+        ranks = RankWatcher(proc.pid, spec.attempt, self.sink, self.clock).start()
+        LauncherWatcher(proc, spec.attempt, self.sink, self.clock).start()
+        return LocalAttempt(spec, proc, followers, ranks, log, started_at)
+
+
+def visible_devices(devices: Sequence[Device]) -> str:
+    return ",".join(str(d.index) for d in devices)
+
+
+__all__ = [
+    "DEFAULT_GRACE_SECONDS",
+    "LaunchSpec",
+    "LocalAttempt",
+    "LocalScheduler",
+    "attempt_env",
+    "visible_devices",
+]
