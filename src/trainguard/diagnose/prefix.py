@@ -33,10 +33,12 @@ _PREFIX_RE = re.compile(
     r"(?:"
     # dmesg: [12345.678901]
     r"\[\s*(?P<mono>\d+\.\d+)\]\s*"
+    # dmesg -x (facility and level): "kern  :err   : "
+    r"|(?:kern|user|mail|daemon|auth|syslog|lpr|news)\s*:\s*(?:emerg|alert|crit|err|warn|notice|info|debug)\s*:\s"
     # dmesg -T / ctime: [Sat Nov 29 12:00:01 2025]
     rf"|\[(?P<ctime>(?:{_DAYS}) (?:{_MONTHS}) +\d+ \d\d:\d\d:\d\d \d{{4}})\]\s*"
     # ISO 8601, optionally bracketed: 2025-11-29T12:00:01.123+00:00 / 2025-11-29 12:00:01,123
-    r"|\[?(?P<iso>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)\]?:?\s+"
+    r"|\[?(?P<iso>\d{4}-\d\d-\d\d[T ]\d\d:\d\d(?::\d\d(?:[.,]\d+)?)?(?:Z|[+-]\d\d:?\d\d)?)\]?:?\s+"
     # syslog/journalctl: Nov 29 12:00:01 node7 kernel: / ... node7 slurmstepd[123]:
     rf"|(?P<sys>(?:{_MONTHS}) +\d+ \d\d:\d\d:\d\d)\s+(?P<syshost>[\w.-]+)\s+"
     r"(?P<systag>[\w./@-]+)(?:\[\d+\])?:\s?"
@@ -74,6 +76,10 @@ def split_prefix(line: str, max_prefixes: int = 6) -> Prefix:
     stream_parts: list[str] = []
     for _ in range(max_prefixes):
         m = _PREFIX_RE.match(line, pos)
+        if m is None and pos == 0 and line[:1] in (" ", "\t"):
+            # Leading blanks before a collector prefix; without one they are indentation.
+            start = len(line) - len(line.lstrip(" \t"))
+            m = _PREFIX_RE.match(line, start)
         if not m or m.end() == pos:
             break
         g = m.groupdict()

@@ -68,7 +68,7 @@ _RANK_RES = (
     re.compile(r"\btasks? (?P<rank>\d+)\b"),
 )
 _SLURM_RE = re.compile(
-    r"\*\*\* (?:JOB|STEP) (?P<job>\d+)[\w.+]* (?:STEPD TERMINATED )?ON (?P<host>\S+)"
+    r"\*\*\* (?:JOB|STEP) (?P<job>\d+)[\w.+]*(?: (?:STEPD TERMINATED )?ON (?P<host>\S+))?"
 )
 _JOB_RES = (
     re.compile(r"\bStepId=(?P<job>\d+)"),
@@ -92,6 +92,10 @@ _NCCL_WORK_RE = re.compile(
 _NCCL_ENQ_RE = re.compile(
     r"last enqueued NCCL work: (?P<enq>\d+), last completed NCCL work: (?P<done>-?\d+)"
 )
+_AER_SOURCE_RE = re.compile(
+    r"received(?: from|:) (?:PCI:)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])"
+)
+_NCCL_PG_RE = re.compile(r"\[PG (?:ID )?(?P<pg>\d+)[^\]]*?(?: Rank (?P<pgrank>\d+))?\]")
 _EXCEPTION_RE = re.compile(
     r"^(?P<name>(?:[A-Za-z_]\w*\.)*(?P<last>[A-Za-z_]\w*))(?::(?: (?P<msg>.*))?)?$"
 )
@@ -170,6 +174,9 @@ def _refine(rule: Rule, text: str, f: _Fields, details: dict[str, object]) -> No
             details["pid"] = m.group("pid").strip("'")
         if m.group("name"):
             details["process"] = m.group("name").strip()
+        m_prev = re.search(r"caused by previous Xid (\d+)", text)
+        if m_prev:
+            details["caused_by_xid"] = int(m_prev.group(1))
         if xid == 154:
             value = parse_recovery_action(text)
             if value is not None:
@@ -189,9 +196,13 @@ def _refine(rule: Rule, text: str, f: _Fields, details: dict[str, object]) -> No
         if re.search(r"\bFatal\b", text) and not re.search(r"Non-?fatal", text, re.I):
             f.severity, f.action = Severity.FATAL, Action.DRAIN_NODE.value
     elif rule.name == "pcie":
-        if re.search(r"Uncorrected \(Fatal\)|severity=(?:Uncorrected \(Fatal\)|Fatal)", text):
+        # The port logs the line; the device that sent the error is named after "received".
+        m_src = _AER_SOURCE_RE.search(text)
+        if m_src:
+            f.pci = _norm_pci(m_src.group(1))
+        if re.search(r"Uncorrect(?:ed|able) \(Fatal\)|severity=Fatal", text):
             f.severity = Severity.FATAL
-        elif re.search(r"Corrected", text) and not re.search(r"Uncorrected", text):
+        elif re.search(r"Correct(?:ed|able)", text) and not re.search(r"Uncorrect", text):
             f.severity, f.action = Severity.WARNING, Action.IGNORE.value
     elif rule.name == "host_memory":
         if re.search(r"\bUE\b|[Uu]ncorrect|UNCORRECTABLE", text):
@@ -234,6 +245,11 @@ def _refine(rule: Rule, text: str, f: _Fields, details: dict[str, object]) -> No
             details["exit_code"] = int(m_exit.group("code"))
         details["wrapper"] = True
     elif rule.name == "collective_timeout" or rule.name == "collective_error":
+        m_pg = _NCCL_PG_RE.search(text)
+        if m_pg:
+            details["pg"] = m_pg.group("pg")
+            if m_pg.group("pgrank") is not None:
+                details["pg_rank"] = int(m_pg.group("pgrank"))
         m = _NCCL_SEQ_RE.search(text)
         if m:
             details["seq"] = int(m.group("seq"))
@@ -277,14 +293,16 @@ def _common_fields(text: str, prefix: Prefix, f: _Fields) -> None:
             m = _SLURM_NODE_RE.search(text)
             if m:
                 f.host = m.group("host")
+    # A collector's rank prefix ([rank3]:, srun --label) is the global rank; a rank
+    # inside the message may be the rank within a sub-group ("[PG ID 11 ... Rank 1]").
+    if f.rank is None:
+        f.rank = prefix.rank
     if f.rank is None:
         for rx in _RANK_RES:
             m = rx.search(prefix.body)
             if m:
                 f.rank = int(m.group("rank"))
                 break
-    if f.rank is None:
-        f.rank = prefix.rank
     if f.host is None:
         f.host = prefix.host
     if f.pci is None:
