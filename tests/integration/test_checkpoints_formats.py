@@ -402,3 +402,37 @@ def test_a_mixed_directory_is_sorted_newest_first(tmp_path: Path) -> None:
         ("hf_trainer", 100),
     ]
     assert all(i.valid for i in infos)
+
+
+def test_pt_file_saved_without_crc_is_size_checked_and_says_so(tmp_path: Path) -> None:
+    # trainguard.train saves without zip CRC-32 (its manifest sha256 covers the bytes).
+    from torch.utils.serialization import config
+
+    p = tmp_path / "model_7.pt"
+    saved = config.save.compute_crc32
+    config.save.compute_crc32 = False
+    try:
+        torch.save({"w": torch.randn(64, 64)}, p)
+    finally:
+        config.save.compute_crc32 = saved
+    info = validate(p, verify="full")
+    assert info.valid, info.reason
+    assert any("without CRC-32 not content-checked" in n for n in info.notes)
+
+
+def test_checking_a_hostile_pt_file_never_runs_it(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+
+    class Exploit:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (os.system, (f"touch {marker}",))
+
+    plain = tmp_path / "evil_1.pt"
+    plain.write_bytes(pickle.dumps(Exploit()))
+    legacy = tmp_path / "evil_2.pt"
+    torch.save({"x": torch.ones(3), "e": Exploit()}, legacy, _use_new_zipfile_serialization=False)
+    marker.unlink(missing_ok=True)  # torch.save itself does not run it, but be sure
+    for p in (plain, legacy):
+        info = validate(p, verify="full")
+        assert info.valid, info.reason  # complete files; the catalog judges completeness only
+    assert not marker.exists()
