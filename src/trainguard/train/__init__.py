@@ -1,4 +1,66 @@
-"""In-training library: checkpoint save/restore and progress reports.
+"""In-training library: atomic checkpoint save/restore and progress reports.
 
-Imports only :mod:`trainguard.model`, the standard library and torch.
+Typical use (docs/train.md)::
+
+    from trainguard.train import CheckpointManager, TrainState, report_progress, resume
+
+    state = TrainState(model=model, optimizer=opt, scheduler=sched, scaler=scaler,
+                       data=sampler)
+    with CheckpointManager("ckpts", keep=3, async_save=True) as ckpt:
+        start = resume(ckpt, state).step
+        for step in range(start + 1, total + 1):
+            loss = train_step()
+            report_progress(step, loss=loss)
+            if step % 100 == 0:
+                ckpt.save(step, state)
+
+Imports only :mod:`trainguard.model`, :mod:`trainguard.checkpoints`, the standard
+library and torch. ``report_progress`` and ``should_stop`` work without torch:
+the torch-backed names are imported on first use.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from trainguard.train.progress import report_progress, should_stop
+
+if TYPE_CHECKING:
+    from trainguard.train.manager import CheckpointManager, CheckpointWriteError, SaveResult
+    from trainguard.train.restore import ResumeError, ResumeResult, resume
+    from trainguard.train.state import Stateful, TrainState
+
+__all__ = [
+    "CheckpointManager",
+    "CheckpointWriteError",
+    "ResumeError",
+    "ResumeResult",
+    "SaveResult",
+    "Stateful",
+    "TrainState",
+    "report_progress",
+    "resume",
+    "should_stop",
+]
+
+_LAZY = {
+    "CheckpointManager": "trainguard.train.manager",
+    "CheckpointWriteError": "trainguard.train.manager",
+    "SaveResult": "trainguard.train.manager",
+    "ResumeError": "trainguard.train.restore",
+    "ResumeResult": "trainguard.train.restore",
+    "resume": "trainguard.train.restore",
+    "Stateful": "trainguard.train.state",
+    "TrainState": "trainguard.train.state",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'trainguard.train' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,193 @@
+"""Progress reports from a training job to its supervisor; never blocks, never raises.
+
+Where reports go is ``TRAINGUARD_PROGRESS`` (decision 0003):
+
+- ``unix:/path/sock``: one datagram per event, sent non-blocking; dropped when
+  nobody listens or the socket buffer is full;
+- ``file:/path/progress.jsonl``: one JSON line appended per event;
+- unset: logged only (logger ``trainguard.train``, level INFO);
+- anything else (``http://`` is reserved for the control plane): a warning is
+  logged once and events are only logged.
+
+Every event is a :class:`trainguard.model.progress.ProgressEvent` carrying the
+rank (``RANK``), the attempt (``TRAINGUARD_ATTEMPT``) and the pid.
+
+Dry run (``TRAINGUARD_DRY_RUN=1``, used by preflight checks): the first
+``report_progress()`` sends its event and then raises ``SystemExit(0)``, so an
+unmodified training script stops cleanly after one step (``finally`` blocks and
+context managers still run). :func:`should_stop` tells a loop the same thing
+without the exception.
+
+This module does not import torch: jobs of any framework may use it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+from trainguard.model.progress import ProgressEvent
+
+log = logging.getLogger("trainguard.train")
+
+PROGRESS_ENV = "TRAINGUARD_PROGRESS"
+ATTEMPT_ENV = "TRAINGUARD_ATTEMPT"
+DRY_RUN_ENV = "TRAINGUARD_DRY_RUN"
+
+
+class _Transport:
+    """One destination for events, parsed from the ``TRAINGUARD_PROGRESS`` value."""
+
+    def __init__(self, spec: str) -> None:
+        self.spec = spec
+        self.kind = "log"
+        self.target = ""
+        self.sock: socket.socket | None = None
+        self.dropped = 0
+        self._warned = False
+        if not spec:
+            return
+        scheme, sep, rest = spec.partition(":")
+        if sep and scheme == "unix" and rest:
+            self.kind, self.target = "unix", rest
+        elif sep and scheme == "file" and rest:
+            self.kind, self.target = "file", rest
+        else:
+            log.warning(
+                "trainguard: %s=%r is not a supported progress destination "
+                "(use unix:/path or file:/path); progress is only logged",
+                PROGRESS_ENV,
+                spec,
+            )
+
+    def send(self, line: str) -> None:
+        try:
+            if self.kind == "unix":
+                if self.sock is None:
+                    self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                    self.sock.setblocking(False)
+                self.sock.sendto(line.encode(), self.target)
+            elif self.kind == "file":
+                fd = os.open(self.target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                try:
+                    os.write(fd, (line + "\n").encode())  # one write: one whole line
+                finally:
+                    os.close(fd)
+        except OSError as exc:
+            # Nobody listening, buffer full, disk trouble: drop, training goes on.
+            self.dropped += 1
+            if not self._warned:
+                self._warned = True
+                log.warning(
+                    "trainguard: progress to %s dropped (%s); further drops are silent",
+                    self.spec,
+                    exc,
+                )
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+
+_lock = threading.Lock()
+_transport: _Transport | None = None
+_reported = False
+
+
+def _get_transport() -> _Transport:
+    global _transport
+    spec = os.environ.get(PROGRESS_ENV, "")
+    if _transport is None or _transport.spec != spec:
+        if _transport is not None:
+            _transport.close()
+        _transport = _Transport(spec)
+    return _transport
+
+
+def _int_env(name: str) -> int | None:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        return None
+
+
+def current_rank() -> int:
+    """This process's rank from ``RANK`` (0 when unset)."""
+    return _int_env("RANK") or 0
+
+
+def emit(
+    event: str,
+    step: int,
+    *,
+    loss: float | None = None,
+    checkpoint: str | None = None,
+    metrics: dict[str, Any] | None = None,
+) -> None:
+    """Send one event; swallows every error (used for all three event kinds)."""
+    try:
+        ev = ProgressEvent(
+            event=event,
+            step=int(step),
+            time=time.time(),
+            rank=current_rank(),
+            attempt=_int_env(ATTEMPT_ENV),
+            pid=os.getpid(),
+            loss=loss,
+            checkpoint=checkpoint,
+            metrics=dict(metrics or {}),
+        )
+        line = ev.to_json()
+        with _lock:
+            transport = _get_transport()
+            transport.send(line)
+        log.info("trainguard progress: %s", line)
+    except Exception as exc:  # never raise into training
+        log.debug("trainguard: progress event lost: %s", exc)
+
+
+def _as_float(value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        item = getattr(value, "item", None)  # a 0-d tensor or numpy scalar
+        return float(item() if callable(item) else value)
+    except (TypeError, ValueError):
+        return None
+
+
+def report_progress(step: int, loss: Any = None, **metrics: Any) -> None:
+    """Report that ``step`` completed, with its loss and any metrics.
+
+    Never blocks on a listener and never raises, except ``SystemExit(0)`` after the
+    first report in dry-run mode (see the module docstring).
+    """
+    global _reported
+    clean: dict[str, Any] = {}
+    for k, v in metrics.items():
+        f = _as_float(v)
+        clean[k] = f if f is not None and math.isfinite(f) else (v if f is None else str(f))
+    emit("progress", step, loss=_as_float(loss), metrics=clean)
+    _reported = True
+    if dry_run():
+        log.warning("trainguard: dry run (%s=1): stopping after step %s", DRY_RUN_ENV, step)
+        raise SystemExit(0)
+
+
+def dry_run() -> bool:
+    """True when ``TRAINGUARD_DRY_RUN=1``: the job should stop after its first step."""
+    return os.environ.get(DRY_RUN_ENV, "") == "1"
+
+
+def should_stop() -> bool:
+    """True in dry-run mode once a step has been reported: the loop should end now."""
+    return dry_run() and _reported

@@ -1,0 +1,216 @@
+"""``resume()``: restore a job from the checkpoint the control plane chose, or the newest valid one.
+
+Order of choice:
+
+1. ``TRAINGUARD_RESUME_FROM`` is set: that checkpoint, verified first. When it is
+   not a valid trainguard checkpoint, :class:`ResumeError` is raised: a job told to
+   resume must never silently train from scratch;
+2. else the newest valid trainguard checkpoint in the directory (the catalog's
+   order, newest first; each candidate is verified before it is used);
+3. else a fresh start.
+
+With a process group, rank 0 chooses and broadcasts its choice so that every rank
+restores the same checkpoint. The choice is logged in one line and sent as a
+``resumed`` progress event.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from trainguard.checkpoints import scan, validate
+from trainguard.model.checkpoint import MANIFEST_NAME, CheckpointInfo, Manifest
+from trainguard.train._dist import DistContext
+from trainguard.train.manager import META_KEY, CheckpointManager
+from trainguard.train.progress import emit
+from trainguard.train.state import REPLICATED_FILE, TrainState, rank_file
+
+log = logging.getLogger("trainguard.train")
+
+RESUME_ENV = "TRAINGUARD_RESUME_FROM"
+Source = Literal["env", "latest", "fresh"]
+
+
+class ResumeError(RuntimeError):
+    """The job cannot be resumed as asked (bad checkpoint, mismatched job); nothing was loaded
+    unless the message says otherwise."""
+
+
+@dataclass(frozen=True)
+class ResumeResult:
+    """What :func:`resume` did."""
+
+    source: Source  # "env": TRAINGUARD_RESUME_FROM; "latest": newest valid; "fresh"
+    path: str | None  # the checkpoint restored; None for a fresh start
+    step: int  # the restored step (0 for a fresh start): continue with step + 1
+    epoch: int | None = None
+    saved_world_size: int | None = None
+    values: dict[str, Any] = field(default_factory=dict)  # saved plain (non-stateful) values
+    skipped: tuple[str, ...] = ()  # newer checkpoints passed over, with the reason
+
+    @property
+    def resumed(self) -> bool:
+        return self.source != "fresh"
+
+
+@dataclass(frozen=True)
+class _Choice:
+    source: Source
+    path: str | None
+    error: str | None = None
+    skipped: tuple[str, ...] = ()
+
+
+def _choose(root: Path, verify: str) -> _Choice:
+    env = os.environ.get(RESUME_ENV, "")
+    if env:
+        info = validate(env, verify=verify)
+        if not info.valid:
+            return _Choice(
+                "env", env, f"{RESUME_ENV}={env} is not a valid checkpoint: {info.reason}"
+            )
+        if info.format != "trainguard":
+            return _Choice(
+                "env",
+                env,
+                f"{RESUME_ENV}={env} is a valid {info.format} checkpoint, not a trainguard one; "
+                "restore it with the code that wrote it",
+            )
+        return _Choice("env", str(Path(env).absolute()))
+    if not root.is_dir():
+        return _Choice("fresh", None)
+    skipped: list[str] = []
+    for info in scan(root, verify="quick"):
+        name = Path(info.path).name
+        if not info.valid:
+            skipped.append(f"{name}: {info.reason}")
+            continue
+        if info.format != "trainguard":
+            skipped.append(f"{name}: {info.format} checkpoint, not restorable by trainguard.train")
+            continue
+        checked: CheckpointInfo = validate(info.path, verify=verify) if verify == "full" else info
+        if checked.valid:
+            return _Choice("latest", checked.path, skipped=tuple(skipped))
+        skipped.append(f"{name}: {checked.reason}")
+    return _Choice("fresh", None, skipped=tuple(skipped))
+
+
+def _say(message: str) -> None:
+    """The one line saying what resume did: logged, and on stderr when logging is unset."""
+    log.info(message)
+    if not logging.getLogger().hasHandlers() and not log.handlers:
+        print(message, file=sys.stderr, flush=True)
+
+
+def _load(path: Path, name: str, weights_only: bool, map_location: Any) -> Any:
+    try:
+        return torch.load(path / name, map_location=map_location, weights_only=weights_only)
+    except Exception as exc:
+        hint = (
+            " (the state holds objects torch.load(weights_only=True) refuses; pass "
+            "weights_only=False if you trust this checkpoint)"
+            if weights_only and "weights_only" in str(exc)
+            else ""
+        )
+        raise ResumeError(f"cannot load {path / name}: {type(exc).__name__}: {exc}{hint}") from exc
+
+
+def resume(
+    target: CheckpointManager | str | os.PathLike[str],
+    state: TrainState | dict[str, Any],
+    *,
+    verify: str = "full",
+    weights_only: bool = True,
+    map_location: Any = "cpu",
+    allow_world_size_change: bool = False,
+) -> ResumeResult:
+    """Restore ``state`` from ``TRAINGUARD_RESUME_FROM``, else the newest valid checkpoint
+    of ``target`` (a manager or its directory), else leave it as is (fresh start).
+
+    Every rank must call it. ``verify="full"`` re-hashes the chosen checkpoint first.
+    A checkpoint written by a different number of ranks is refused unless
+    ``allow_world_size_change`` (then replicated state is restored everywhere, and
+    per-rank state only on ranks that existed before).
+    """
+    if isinstance(target, CheckpointManager):
+        root, dist = target.root, target.dist
+    else:
+        root, dist = Path(target).absolute(), DistContext.detect()
+    ts = TrainState.coerce(state)
+    choice: _Choice
+    if dist.rank == 0 or not dist.collectives:
+        try:
+            choice = _choose(root, verify)
+        except Exception as exc:
+            choice = _Choice("fresh", None, f"cannot choose a checkpoint in {root}: {exc}")
+    else:
+        choice = _Choice("fresh", None)
+    choice = dist.broadcast(choice)
+    if choice.error:
+        raise ResumeError(choice.error)
+    for item in choice.skipped if dist.rank == 0 else ():
+        log.warning("trainguard: passed over %s", item)
+    if choice.path is None:
+        _say(f"trainguard: starting fresh (no valid checkpoint in {root})")
+        emit("resumed", 0, metrics={"source": "fresh"})
+        return ResumeResult(source="fresh", path=None, step=0, skipped=choice.skipped)
+
+    path = Path(choice.path)
+    try:
+        manifest = Manifest.from_json((path / MANIFEST_NAME).read_text())
+    except (OSError, ValueError) as exc:
+        raise ResumeError(f"cannot read the manifest of {path}: {exc}") from exc
+    listed = {f.path for f in manifest.files}
+    if REPLICATED_FILE not in listed:
+        raise ResumeError(f"{path} was not written by trainguard.train (no {REPLICATED_FILE})")
+    if manifest.world_size != dist.world_size and not allow_world_size_change:
+        raise ResumeError(
+            f"{path} was saved by {manifest.world_size} rank(s), this job has "
+            f"{dist.world_size}; pass allow_world_size_change=True to restore the "
+            "replicated state anyway"
+        )
+    replicated = _load(path, REPLICATED_FILE, weights_only, map_location)
+    per_rank = None
+    if rank_file(dist.rank) in listed:
+        per_rank = _load(path, rank_file(dist.rank), weights_only, map_location)
+    elif manifest.world_size == dist.world_size:
+        raise ResumeError(f"{path} has no {rank_file(dist.rank)} for rank {dist.rank}")
+    meta = replicated.get(META_KEY, {}) if isinstance(replicated, dict) else {}
+    if meta.get("step") != manifest.step:
+        raise ResumeError(
+            f"{path}: state says step {meta.get('step')}, manifest says {manifest.step}"
+        )
+    try:
+        values = ts.restore(replicated, per_rank)
+    except (KeyError, RuntimeError, ValueError) as exc:
+        raise ResumeError(
+            f"restoring {path} into this job failed (state partly restored; do not "
+            f"train on): {type(exc).__name__}: {exc}"
+        ) from exc
+    source: Source = choice.source
+    _say(
+        f"trainguard: resumed from {path} (step {manifest.step}, "
+        f"source={'TRAINGUARD_RESUME_FROM' if source == 'env' else 'newest valid checkpoint'})"
+    )
+    emit(
+        "resumed",
+        manifest.step,
+        checkpoint=str(path),
+        metrics={"source": source, "epoch": manifest.epoch},
+    )
+    return ResumeResult(
+        source=source,
+        path=str(path),
+        step=manifest.step,
+        epoch=manifest.epoch,
+        saved_world_size=manifest.world_size,
+        values=values,
+        skipped=choice.skipped,
+    )

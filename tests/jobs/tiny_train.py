@@ -1,0 +1,264 @@
+"""A tiny but real training job, used by trainguard's tests. Its command line is stable.
+
+It trains a small MLP with dropout on synthetic data from a seeded generator, with
+AdamW, a StepLR schedule and an AMP GradScaler (enabled, on CPU too), drawing from
+python ``random``, numpy and torch RNGs every step, and a resumable sharded sampler
+(epoch + index). It uses :mod:`trainguard.train` to resume, checkpoint and report
+progress, so two runs, one interrupted and resumed, give bitwise identical losses.
+
+Run alone or under torchrun (gloo, one process group with a short timeout)::
+
+    python tests/jobs/tiny_train.py --steps 20 --ckpt-dir /tmp/ck --save-every 5
+    torchrun --standalone --nproc-per-node 2 tests/jobs/tiny_train.py --steps 20 ...
+
+Options:
+  --steps N            train until step N (counting across resumes), then exit 0
+  --ckpt-dir DIR       checkpoint directory (resume reads it; TRAINGUARD_RESUME_FROM wins);
+                       without it, a private temporary directory removed at the end
+  --save-every K       save after every K-th step (0: never; default 0)
+  --async-save         asynchronous saves
+  --keep K             checkpoints retention keeps (default 3)
+  --step-sleep S       sleep S seconds per step (slow job for fault tests)
+  --fail-at-step N     raise RuntimeError("tiny_train: injected failure at step N")
+  --oom-at-step N      raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate ...")
+  --hang-at-step N     sleep forever at step N (the other ranks then time out in gloo)
+  --fault-rank R       the rank the three faults above hit (default 0)
+  --fault-attempt A    inject faults only when TRAINGUARD_ATTEMPT == A (default: always)
+  --losses-out FILE    append "<step>\\t<loss as float.hex()>" per step (rank r>0: FILE.rank<r>)
+  --extra-state-mb M   add an M MiB buffer to the model, for large checkpoints (default 0)
+  --pg-timeout S       process-group (collective) timeout in seconds (default 30)
+  --seed S             base seed (default 1234)
+  --verify MODE        checkpoint verification on resume: full or quick (default full)
+
+Output: ``step=N loss=X`` per step on stdout (flushed), ``done steps=N`` at the end.
+A fault is announced on stderr before it happens (``tiny_train: injecting ...``).
+Exit status: 0 at --steps; 1 after an injected failure or OOM (Python traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trainguard.train import CheckpointManager, TrainState, report_progress, resume
+
+N_SAMPLES = 40
+N_FEATURES = 8
+
+
+class ShardedSampler:
+    """Reshuffles every epoch (seed + epoch), gives each rank its shard; resumable."""
+
+    def __init__(self, n: int, rank: int, world_size: int, seed: int) -> None:
+        self.n, self.rank, self.world_size, self.seed = n, rank, world_size, seed
+        self.epoch = 0
+        self.index = 0
+
+    def _shard(self) -> list[int]:
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(self.n, generator=g).tolist()
+        return order[self.rank :: self.world_size]
+
+    def next_batch(self, size: int) -> list[int]:
+        shard = self._shard()
+        if self.index + size > len(shard):
+            self.epoch += 1
+            self.index = 0
+            shard = self._shard()
+        batch = shard[self.index : self.index + size]
+        self.index += size
+        return batch
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "index": self.index}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.index = int(state["epoch"]), int(state["index"])
+
+
+class TinyMLP(nn.Module):
+    def __init__(self, extra_state_mb: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(N_FEATURES, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 1)
+        )
+        if extra_state_mb > 0:
+            self.register_buffer("ballast", torch.randn(extra_state_mb * (1 << 18)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+@dataclass
+class Job:
+    """Everything one rank trains with; :func:`build` makes it, :func:`train_step` uses it."""
+
+    model: TinyMLP
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    sampler: ShardedSampler
+    xs: torch.Tensor
+    ys: torch.Tensor
+
+
+def build(seed: int, rank: int = 0, world: int = 1, extra_state_mb: int = 0) -> Job:
+    """Model, optimizer, LR schedule, grad scaler, sampler and data; seeds every RNG."""
+    torch.manual_seed(seed)  # identical model and data on every rank
+    g = torch.Generator().manual_seed(seed)
+    xs = torch.randn(N_SAMPLES, N_FEATURES, generator=g)
+    ys = xs @ torch.randn(N_FEATURES, 1, generator=g) + 0.1 * torch.randn(N_SAMPLES, 1, generator=g)
+    model = TinyMLP(extra_state_mb)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=4, gamma=0.7)
+    # Enabled on CPU too, with a short growth interval, so its state changes and matters.
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3)
+    sampler = ShardedSampler(N_SAMPLES, rank, world, seed)
+    # Per-rank streams (dropout, augmentation) differ between ranks, as in real jobs.
+    torch.manual_seed(seed + rank)
+    np.random.seed(seed + rank)
+    random.seed(seed + rank)
+    return Job(model, optimizer, scheduler, scaler, sampler, xs, ys)
+
+
+def job_state(job: Job, **kwargs: Any) -> TrainState:
+    """The TrainState of a job: everything needed to continue bitwise exactly."""
+    return TrainState(
+        model=job.model,
+        optimizer=job.optimizer,
+        scheduler=job.scheduler,
+        scaler=job.scaler,
+        data=job.sampler,
+        **kwargs,
+    )
+
+
+def train_step(job: Job, net: nn.Module, batch_size: int) -> float:
+    """One optimisation step drawing from the sampler and all three RNGs; returns the loss."""
+    idx = job.sampler.next_batch(batch_size)
+    x, y = job.xs[idx], job.ys[idx]
+    x = x * float(np.random.uniform(0.9, 1.1))  # numpy RNG matters
+    x = x + random.gauss(0.0, 0.01)  # python RNG matters
+    loss = nn.functional.mse_loss(net(x), y)  # dropout: torch RNG matters
+    job.optimizer.zero_grad(set_to_none=True)
+    job.scaler.scale(loss).backward()
+    job.scaler.step(job.optimizer)
+    job.scaler.update()
+    job.scheduler.step()
+    return float(loss.detach())
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="tiny real training job for trainguard tests")
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--ckpt-dir", type=Path, default=None)
+    p.add_argument("--save-every", type=int, default=0)
+    p.add_argument("--async-save", action="store_true")
+    p.add_argument("--keep", type=int, default=3)
+    p.add_argument("--step-sleep", type=float, default=0.0)
+    p.add_argument("--fail-at-step", type=int, default=None)
+    p.add_argument("--oom-at-step", type=int, default=None)
+    p.add_argument("--hang-at-step", type=int, default=None)
+    p.add_argument("--fault-rank", type=int, default=0)
+    p.add_argument("--fault-attempt", type=int, default=None)
+    p.add_argument("--losses-out", type=Path, default=None)
+    p.add_argument("--extra-state-mb", type=int, default=0)
+    p.add_argument("--pg-timeout", type=float, default=30.0)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--verify", choices=("full", "quick"), default="full")
+    p.add_argument("--batch-size", type=int, default=4)
+    return p.parse_args(argv)
+
+
+def _faults_armed(args: argparse.Namespace, rank: int) -> bool:
+    if rank != args.fault_rank:
+        return False
+    if args.fault_attempt is None:
+        return True
+    return int(os.environ.get("TRAINGUARD_ATTEMPT", "0") or 0) == args.fault_attempt
+
+
+def _inject(args: argparse.Namespace, step: int, rank: int) -> None:
+    if not _faults_armed(args, rank):
+        return
+    if args.fail_at_step == step:
+        print(f"tiny_train: injecting failure at step {step} (rank {rank})", file=sys.stderr)
+        raise RuntimeError(f"tiny_train: injected failure at step {step}")
+    if args.oom_at_step == step:
+        print(f"tiny_train: injecting OOM at step {step} (rank {rank})", file=sys.stderr)
+        raise torch.OutOfMemoryError(
+            "CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity "
+            "of 79.10 GiB of which 3.94 MiB is free. Of the allocated memory 77.52 GiB is "
+            "allocated by PyTorch (injected by tiny_train)"
+        )
+    if args.hang_at_step == step:
+        print(f"tiny_train: injecting hang at step {step} (rank {rank})", file=sys.stderr)
+        sys.stderr.flush()
+        while True:
+            time.sleep(3600)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if distributed:
+        dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout))
+        rank, world = dist.get_rank(), dist.get_world_size()
+    else:
+        rank, world = 0, 1
+
+    job = build(args.seed, rank, world, args.extra_state_mb)
+    state = job_state(job)
+    # Without --ckpt-dir: a private directory, removed at the end (nothing to resume from).
+    scratch = None if args.ckpt_dir else Path(tempfile.mkdtemp(prefix="tiny_train-"))
+    ckpt_dir = args.ckpt_dir or scratch
+    assert ckpt_dir is not None
+    losses = None
+    if args.losses_out is not None:
+        name = args.losses_out if rank == 0 else Path(f"{args.losses_out}.rank{rank}")
+        losses = name.open("a", encoding="utf-8")
+
+    with CheckpointManager(ckpt_dir, keep=args.keep, async_save=args.async_save) as ckpt:
+        start = resume(ckpt, state, verify=args.verify).step
+        net: nn.Module = job.model
+        if distributed:
+            net = nn.parallel.DistributedDataParallel(job.model)
+        net.train()
+        for step in range(start + 1, args.steps + 1):
+            _inject(args, step, rank)
+            value = train_step(job, net, args.batch_size)
+            print(f"step={step} loss={value:.6f}", flush=True)
+            if losses is not None:
+                losses.write(f"{step}\t{value.hex()}\n")
+                losses.flush()
+            report_progress(step, loss=value, lr=job.scheduler.get_last_lr()[0])
+            if args.save_every and step % args.save_every == 0:
+                ckpt.save(step, state, epoch=job.sampler.epoch)
+            if args.step_sleep:
+                time.sleep(args.step_sleep)
+    if losses is not None:
+        losses.close()
+    if scratch is not None:
+        shutil.rmtree(scratch, ignore_errors=True)
+    print(f"done steps={args.steps}", flush=True)
+    if distributed:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
