@@ -62,8 +62,8 @@ def train(ckpt_dir: Path, steps: int, every: int) -> list[str]:
             opt.step()
             sched.step()
             if step % every == 0:
-                result = ckpt.save(step, state)
-                ckpt.wait()
+                result = ckpt.save(step, state) or ckpt.wait()
+                assert result is not None and result.valid, f"save of step {step} failed"
                 saved.append(result.path)
                 print(f"step {step:3d}  loss {loss.item():.4f}  checkpoint -> {result.path}")
     return saved
