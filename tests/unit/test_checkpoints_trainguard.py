@@ -194,7 +194,7 @@ def test_in_progress_temporary_directory_is_listed_invalid(tmp_path: Path) -> No
         (200, False, IN_PROGRESS_REASON),
         (100, True, None),
     ]
-    assert infos[0].format == "trainguard"
+    assert (infos[0].format, infos[0].size_bytes) == ("trainguard", len(b"partial"))
 
 
 def test_scan_orders_newest_first_and_latest_falls_back(tmp_path: Path) -> None:

@@ -14,7 +14,13 @@ import os
 import re
 from pathlib import Path
 
-from trainguard.checkpoints._fs import VerifyMode, check_verify_mode, describe_os_error
+from trainguard.checkpoints._fs import (
+    VerifyMode,
+    check_verify_mode,
+    describe_os_error,
+    mtime_or_none,
+    tree_size_and_mtime,
+)
 from trainguard.checkpoints.base import Format, invalid
 from trainguard.checkpoints.formats.dcp import DcpFormat
 from trainguard.checkpoints.formats.hf_trainer import DIR_PATTERN as HF_PATTERN
@@ -53,11 +59,9 @@ def _in_progress(path: Path) -> CheckpointInfo | None:
         fmt, step = "hf_trainer", int(hf.group(1))
     elif (named := match_name(inner)) is not None:
         fmt, step = named
-    try:
-        mtime: float | None = path.stat().st_mtime
-    except OSError:
-        mtime = None
-    return invalid(path, fmt, step, IN_PROGRESS_REASON, 0, mtime)
+    size, newest = tree_size_and_mtime(path)
+    mtime = newest if newest is not None else mtime_or_none(path)
+    return invalid(path, fmt, step, IN_PROGRESS_REASON, size, mtime)
 
 
 def _looks_like_checkpoint_name(name: str) -> bool:
