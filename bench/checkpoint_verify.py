@@ -180,11 +180,16 @@ def main() -> None:
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
+    load = os.getloadavg()[0]
     print(
         f"checkpoint: {args.size_gib:g} GiB in {args.files} files; "
-        f"buffer {READ_BUFFER_BYTES >> 20} MiB; cpus {os.cpu_count()}; "
+        f"buffer {READ_BUFFER_BYTES >> 20} MiB; cpus {os.cpu_count()}; load {load:.1f}; "
         f"sha256 in memory {sha_speed / (1 << 30):.2f} GiB/s (one core)"
     )
+    if load > (os.cpu_count() or 1) / 2:
+        notes.append(
+            "other work is running (load average above half the CPUs): sha256-bound ratios are low"
+        )
     print(f"{'cache':<6} {'case':<34} {'seconds':>8} {'GiB/s':>7} {'vs raw':>7}")
     for r in rows:
         print(
@@ -202,6 +207,7 @@ def main() -> None:
                 "repeat": args.repeat,
                 "buffer_bytes": READ_BUFFER_BYTES,
                 "cpus": os.cpu_count(),
+                "load_average_1min": load,
                 "machine": platform.platform(),
                 "sha256_memory_GiB_per_s": sha_speed / (1 << 30),
                 "rows": rows,
