@@ -170,6 +170,9 @@ class _Attempt:
     observed: bool = False  # observe mode: this attempt's incident is recorded
     last_store_write: float = 0.0
     saved_steps: list[int] = field(default_factory=list)
+    # Once the job reports progress through trainguard.train, its output lines are no
+    # longer parsed for steps ("injecting a fault at step 8" is not progress).
+    structured: bool = False
 
 
 def select_checkpoints(root: str | None, verify: str = "full") -> tuple[CheckpointInfo, ...]:
@@ -499,12 +502,15 @@ class RunController:
     # --- the event loop --------------------------------------------------------------
 
     def _next_deadline(self, att: _Attempt) -> float:
-        deadlines = [att.hang.deadline()]
-        if att.settle_until is not None:
+        """When the loop must wake up without an event (only deadlines still ahead matter)."""
+        deadlines = []
+        if att.trigger is None and not att.hang.fired:
+            deadlines.append(att.hang.deadline())
+        if att.trigger is not None and not att.observed and att.settle_until is not None:
             deadlines.append(att.settle_until)
-        if att.incident_id is not None and not att.verified and att.first_progress_at:
-            deadlines.append(att.first_progress_at + self.opt.verify_window)
-        return min(deadlines)
+        if att.launcher_exit is not None:
+            deadlines.append(att.launcher_exit.at + 2.0)  # output drained or not, decide then
+        return min(deadlines) if deadlines else self.clock() + 3600.0
 
     def _loop(self, att: _Attempt) -> RunResult:
         while True:
@@ -575,7 +581,7 @@ class RunController:
     def _on_output(self, att: _Attempt, ev: OutputLine) -> None:
         rank = rank_prefix(ev.text)
         att.tail.append((rank, ev.text))
-        step = self.progress_parser.parse(ev.text)
+        step = None if att.structured else self.progress_parser.parse(ev.text)
         if step is not None:
             self._on_step(att, step, ev.at, rank)
         exit = att.torchrun.feed(ev.text, ev.at)
@@ -593,6 +599,8 @@ class RunController:
 
     def _on_progress_event(self, att: _Attempt, ev: ProgressReceived) -> None:
         e = ev.event
+        if e.event in ("progress", "resumed"):
+            att.structured = True
         if e.event == "progress":
             self._on_step(att, e.step, ev.at, e.rank)
         elif e.event == "resumed":
@@ -652,8 +660,16 @@ class RunController:
         self._trigger(att, f)
 
     def _maybe_verify(self, att: _Attempt, now: float) -> None:
-        """Verification, part two: progress at a plausible rate for the window."""
-        if att.first_progress_at is None or now < att.first_progress_at + self.opt.verify_window:
+        """Verification, part two: progress kept coming for the window, at a plausible rate.
+
+        Verified at the first progress report that arrives after the window has
+        passed since the first one: a job that made one step and died inside the
+        window has not recovered.
+        """
+        last_at = att.steps.last_at
+        if att.first_progress_at is None or last_at is None:
+            return
+        if last_at < att.first_progress_at + self.opt.verify_window:
             return
         rate = att.steps.rate(since=att.first_progress_at)
         if rate is None:
