@@ -1,0 +1,242 @@
+"""The observers behind ``trainguard run`` on real files, sockets, pipes and processes."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from trainguard.model import Device, ProgressEvent
+from trainguard.schedulers.local import LaunchSpec, LocalScheduler, attempt_env
+from trainguard.signals.kernel_log import FileFollower, KernelLine, open_kernel_log
+from trainguard.signals.output import LogFile, OutputClosed, OutputFollower, OutputLine
+from trainguard.signals.process import AttemptProcessExit, RankWatcher, descendants
+from trainguard.signals.progress import ProgressListener, ProgressReceived, short_socket_dir
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.q: queue.Queue[Any] = queue.Queue()
+
+    def __call__(self, ev: Any) -> None:
+        self.q.put(ev)
+
+    def drain(self) -> list[Any]:
+        out = []
+        while True:
+            try:
+                out.append(self.q.get_nowait())
+            except queue.Empty:
+                return out
+
+    def wait_for(self, kind: type, timeout: float = 10.0) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                ev = self.q.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            if isinstance(ev, kind):
+                return ev
+        raise AssertionError(f"no {kind.__name__} within {timeout} s")
+
+
+def texts(events: list[Any]) -> list[str]:
+    return [e.text for e in events if isinstance(e, KernelLine)]
+
+
+def test_kernel_file_follower_starts_at_the_end_and_survives_truncation_and_rotation(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("old line 1\nold line 2\n")
+    sink = Sink()
+    f = FileFollower(str(log), sink)
+    f.poll_once()
+    assert texts(sink.drain()) == []  # only lines written after start
+    with log.open("ab") as fh:
+        fh.write(b"NVRM: Xid (PCI:0000:11:00): 79, GPU has fallen off the bus.\npart")
+    f.poll_once()
+    assert texts(sink.drain()) == ["NVRM: Xid (PCI:0000:11:00): 79, GPU has fallen off the bus."]
+    with log.open("ab") as fh:
+        fh.write(b"ial line\n\xff\xfe garbage \x00 bytes\n")
+    f.poll_once()
+    assert texts(sink.drain()) == ["partial line", "\ufffd\ufffd garbage \x00 bytes"]
+    log.write_text("after truncation\n")  # truncated in place (smaller than before)
+    f.poll_once()
+    assert texts(sink.drain()) == ["after truncation"]
+    log.rename(tmp_path / "kern.log.1")
+    f.poll_once()  # mid-rotation: the path is missing
+    (tmp_path / "kern.log").write_text("in the new file\n")
+    f.poll_once()
+    assert texts(sink.drain()) == ["in the new file"]
+
+
+def test_kernel_file_follower_waits_for_a_missing_file_and_runs_as_a_thread(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "later.log"
+    sink = Sink()
+    f = FileFollower(str(log), sink).start()
+    try:
+        time.sleep(0.1)
+        log.write_text("first line of a new file\n")
+        ev = sink.wait_for(KernelLine, 5)
+        assert ev.text == "first line of a new file"
+    finally:
+        f.stop()
+
+
+def test_open_kernel_log_with_a_file_says_so(tmp_path: Path) -> None:
+    follower, description = open_kernel_log(str(tmp_path / "k.log"), Sink())
+    assert isinstance(follower, FileFollower) and "k.log" in description
+
+
+def test_progress_listener_receives_events_and_drops_garbage() -> None:
+    sink = Sink()
+    d = short_socket_dir()
+    listener = ProgressListener(os.path.join(d, "p.sock"), sink).start()
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        s.sendto(b"not json at all", listener.path)
+        s.sendto(b'{"event": "nonsense", "step": 1, "time": 0}', listener.path)
+        ev = ProgressEvent(event="progress", step=42, time=time.time(), rank=1, attempt=3)
+        s.sendto(ev.to_json().encode(), listener.path)
+        got = sink.wait_for(ProgressReceived)
+        assert got.event.step == 42 and got.event.rank == 1 and got.event.attempt == 3
+        assert listener.malformed == 2 and listener.received == 1
+        s.close()
+    finally:
+        listener.stop()
+    assert not os.path.exists(listener.path)
+
+
+def test_output_follower_echoes_logs_and_emits_lines(tmp_path: Path) -> None:
+    sink = Sink()
+    data = b"step=1 loss=0.5\n\xff bad utf8\n" + b"x" * 70000 + b"\nno newline at end"
+    echo = io.BytesIO()
+    log = LogFile(str(tmp_path / "attempt-0.log"))
+    follower = OutputFollower(io.BytesIO(data), "stdout", 0, sink, echo, log).start()
+    follower.join(5)
+    log.close()
+    events = sink.drain()
+    lines = [e.text for e in events if isinstance(e, OutputLine)]
+    assert lines[0] == "step=1 loss=0.5" and lines[1] == "\ufffd bad utf8"
+    assert lines[-1] == "no newline at end"
+    assert sum(len(x) for x in lines[2:-1]) == 70000  # long line cut, nothing lost
+    assert isinstance(events[-1], OutputClosed)
+    assert echo.getvalue() == data
+    assert (tmp_path / "attempt-0.log").read_bytes() == data
+
+
+RANK_TREE = r"""
+import os, subprocess, sys, time
+env = dict(os.environ, LOCAL_RANK="1", RANK="1")
+# Like torchrun: the rank in a session of its own; the parent does not reap it quickly.
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env,
+                         start_new_session=True)
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_rank_watcher_sees_a_rank_die_at_once_with_its_signal() -> None:
+    sink = Sink()
+    parent = subprocess.Popen(
+        [sys.executable, "-c", RANK_TREE], stdout=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        assert parent.stdout is not None
+        rank_pid = int(parent.stdout.readline())
+        watcher = RankWatcher(parent.pid, 7, sink, rescan=0.05).start()
+        deadline = time.monotonic() + 10
+        while watcher.rank_pids() != {1: rank_pid}:
+            assert time.monotonic() < deadline, watcher.rank_pids()
+            time.sleep(0.02)
+        killed_at = time.time()
+        os.kill(rank_pid, signal.SIGKILL)
+        ev = sink.wait_for(AttemptProcessExit, 5)
+        assert ev.attempt == 7
+        assert (ev.exit.pid, ev.exit.local_rank, ev.exit.rank) == (rank_pid, 1, 1)
+        assert ev.exit.signal == signal.SIGKILL and ev.exit.failed
+        assert ev.exit.at - killed_at < 0.5
+        watcher.stop()
+    finally:
+        os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait()
+
+
+def test_attempt_env_is_the_job_contract() -> None:
+    devices = (
+        Device(index=2, uuid="GPU-2", pci_bus_id="0000:12:00.0"),
+        Device(index=3, uuid="GPU-3", pci_bus_id="0000:13:00.0"),
+    )
+    spec = LaunchSpec(
+        command=("true",),
+        attempt=2,
+        devices=devices,
+        progress_url="unix:/tmp/x.sock",
+        log_path=None,
+        resume_from="/ck/step_00000010",
+        extra_env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+    )
+    env = attempt_env(spec, {"PATH": "/bin", "TRAINGUARD_RESUME_FROM": "stale"})
+    assert env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert env["TRAINGUARD_ATTEMPT"] == "2"
+    assert env["TRAINGUARD_RESUME_FROM"] == "/ck/step_00000010"
+    assert env["TRAINGUARD_PROGRESS"] == "unix:/tmp/x.sock"
+    assert json.loads(env["TRAINGUARD_DEVICES"]) == [
+        {"index": 2, "uuid": "GPU-2", "pci_bus_id": "0000:12:00.0"},
+        {"index": 3, "uuid": "GPU-3", "pci_bus_id": "0000:13:00.0"},
+    ]
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert env["PYTHONUNBUFFERED"] == "1" and env["PATH"] == "/bin"
+    fresh = attempt_env(
+        LaunchSpec(("true",), 0, devices, None, None), {"TRAINGUARD_RESUME_FROM": "stale"}
+    )
+    assert "TRAINGUARD_RESUME_FROM" not in fresh
+
+
+def test_stopping_an_attempt_kills_ranks_in_their_own_sessions(tmp_path: Path) -> None:
+    sink = Sink()
+    # The rank ignores SIGTERM: only the SIGKILL after the grace period ends it.
+    tree = RANK_TREE.replace(
+        '"import time; time.sleep(60)"',
+        '"import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"',
+    )
+    spec = LaunchSpec(
+        command=(sys.executable, "-c", tree),
+        attempt=0,
+        devices=(),
+        progress_url=None,
+        log_path=str(tmp_path / "a.log"),
+        echo=False,
+    )
+    attempt = LocalScheduler(sink).launch(spec)
+    deadline = time.monotonic() + 10
+    while not descendants(attempt.pid):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    rank = descendants(attempt.pid)[0]
+    attempt.stop(grace=0.5)
+    attempt.wait_closed(5)
+    deadline = time.monotonic() + 5
+    while os.path.exists(f"/proc/{rank}") and time.monotonic() < deadline:
+        with open(f"/proc/{rank}/stat") as fh:
+            if fh.read().split(") ")[1].startswith("Z"):
+                break  # killed, waiting for init to reap it
+        time.sleep(0.02)
+    alive = os.path.exists(f"/proc/{rank}")
+    if alive:
+        with open(f"/proc/{rank}/stat") as fh:
+            alive = not fh.read().split(") ")[1].startswith("Z")
+    assert not alive
+    assert not attempt.running()
