@@ -208,9 +208,11 @@ def test_attempt_env_is_the_job_contract() -> None:
 def test_stopping_an_attempt_kills_ranks_in_their_own_sessions(tmp_path: Path) -> None:
     sink = Sink()
     # The rank ignores SIGTERM: only the SIGKILL after the grace period ends it.
+    ready = tmp_path / "ready"
     tree = RANK_TREE.replace(
         '"import time; time.sleep(60)"',
-        '"import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"',
+        '"import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); '
+        f"open({str(ready)!r}, 'w').close(); time.sleep(60)\"",
     )
     spec = LaunchSpec(
         command=(sys.executable, "-c", tree),
@@ -226,7 +228,12 @@ def test_stopping_an_attempt_kills_ranks_in_their_own_sessions(tmp_path: Path) -
         assert time.monotonic() < deadline
         time.sleep(0.02)
     rank = descendants(attempt.pid)[0]
+    while not ready.exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    started = time.monotonic()
     attempt.stop(grace=0.5)
+    assert time.monotonic() - started >= 0.5  # SIGTERM was ignored: SIGKILL after the grace
     attempt.wait_closed(5)
     deadline = time.monotonic() + 5
     while os.path.exists(f"/proc/{rank}") and time.monotonic() < deadline:
