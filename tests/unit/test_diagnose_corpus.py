@@ -84,3 +84,17 @@ def test_no_false_positives_on_noise(engine: str) -> None:
     noise_text = "\n".join(NOISE) + "\n"
     assert [m.text for m in Classifier(engine).feed(noise_text)] == []
     assert [line for line in NOISE if classify_line(line) is not None] == []
+
+
+def test_every_corpus_line_contains_an_anchor_of_its_rule() -> None:
+    """The portable prefilter is sound only if each rule's anchors are necessary."""
+    from trainguard.diagnose.rules import RULES
+
+    missing = []
+    for e in ENTRIES:
+        for rule in RULES:
+            if rule.matches(e["text"]) and rule.anchors:
+                low = e["text"].lower()
+                if not any(a in low for a in rule.anchors):
+                    missing.append(f"{rule.name}: {e['text']!r}")
+    assert not missing, "\n".join(missing)

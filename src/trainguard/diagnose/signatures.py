@@ -149,7 +149,7 @@ def _norm_pci(text: str | None) -> str | None:
 
 
 def _signal_kind(sig: int) -> tuple[str, Severity, Action]:
-    if sig in (11, 7, 6):
+    if sig in (11, 7):
         return "segfault", Severity.FATAL, Action.RESTART_APP
     if sig == 9:
         return "killed", Severity.ERROR, Action.INVESTIGATE
@@ -269,8 +269,15 @@ def _refine(rule: Rule, text: str, f: _Fields, details: dict[str, object]) -> No
         if m_enq:
             details["last_enqueued"] = int(m_enq.group("enq"))
             details["last_completed"] = int(m_enq.group("done"))
-    elif rule.name == "segfault" and re.search(r"Bus error|SIGBUS", text):
-        details["hint"] = "SIGBUS in data loading is often a too small /dev/shm"
+    elif rule.name == "segfault":
+        if re.search(r"Bus error|SIGBUS", text):
+            details["hint"] = "SIGBUS in data loading is often a too small /dev/shm"
+        elif re.search(r"Abort", text):
+            # abort(): NCCL's watchdog and C++ terminate() take the process down this way,
+            # after the failure they report; a symptom, like a kill.
+            details["signal"], details["signal_name"] = 6, "SIGABRT"
+            f.kind, f.domain, f.severity = "killed", Domain.UNKNOWN, Severity.ERROR
+            f.action = Action.INVESTIGATE.value
 
 
 def _common_fields(text: str, prefix: Prefix, f: _Fields) -> None:

@@ -1,0 +1,299 @@
+"""Classification throughput: ``trainguard classify`` against ``grep -c -E``, same file, same run.
+
+Generates a realistic training/kernel log (default 5 million lines, about one
+failure line per 10,000: real lines from tests/corpus/signatures.yaml and a few
+Python tracebacks among progress bars, NCCL INFO lines, checkpoint messages and
+kernel noise), then times, whole command against whole command:
+
+* ``trainguard classify --json FILE > /dev/null`` with the Hyperscan matcher,
+* the same with ``--engine portable`` (the fallback without Hyperscan),
+* ``grep -c -E`` with the equivalent pattern set (every rule pattern and the
+  traceback marker, translated to POSIX ERE; case-insensitive rules spelled
+  with ``[xX]`` classes so one grep run matches exactly what the rules do),
+* for reference, a line-by-line Python loop over ``classify_line`` on the first
+  500,000 lines (in process).
+
+Each command runs ``--repeat`` times (default 3) and the best wall time counts.
+Run: ``.venv/bin/python bench/classify_throughput.py [--lines N]``. Writes
+bench/results/classify_throughput.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from trainguard.diagnose.rules import MARKERS, RULES  # noqa: E402
+from trainguard.diagnose.signatures import classify_line  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+
+
+# --- the log -----------------------------------------------------------------------------
+
+
+def _noise_line(rng: random.Random, step: int) -> str:
+    r = rng.random()
+    host = f"node{rng.randrange(1, 65):02d}"
+    rank = rng.randrange(0, 64)
+    if r < 0.30:
+        return (
+            f"[rank{rank}]: step={step} loss={rng.uniform(1.5, 3.5):.4f} lr=3.0e-04 "
+            f"grad_norm={rng.uniform(0.2, 2.0):.3f} tokens/s={rng.randrange(150000, 200000)} "
+            f"mem={rng.uniform(30, 70):.1f}GiB"
+        )
+    if r < 0.45:
+        pct = rng.randrange(0, 100)
+        return (
+            f"Epoch {step // 1000}:  {pct}%|{'█' * (pct // 10)}{' ' * (10 - pct // 10)}| "
+            f"{step % 1000}/1000 [02:13<02:43,  3.37it/s, loss={rng.uniform(0.1, 2):.3f}, v_num=12]"
+        )
+    if r < 0.62:
+        return (
+            f"{host}:{rng.randrange(1000, 99999)}:{rng.randrange(1000, 99999)} [{rank % 8}] "
+            f"NCCL INFO Channel {rng.randrange(0, 32):02d}/32 :    0   1   2   3   4   5   6   7"
+        )
+    if r < 0.70:
+        return (
+            f"{host}:{rng.randrange(1000, 99999)}:{rng.randrange(1000, 99999)} [{rank % 8}] "
+            f"NCCL INFO comm 0x{rng.getrandbits(40):x} rank {rank} nranks 64 cudaDev {rank % 8} "
+            f"busId {rng.choice(['18000', '2a000', '3a000', '5d000'])} - Init COMPLETE"
+        )
+    if r < 0.78:
+        ts = f"{rng.uniform(1, 999999):.6f}"
+        return rng.choice(
+            [
+                f"[{ts:>13}] mlx5_core 0000:ab:00.0 mlx5_5: Port: 1 Link ACTIVE",
+                f"[{ts:>13}] EXT4-fs (nvme0n1p2): mounted filesystem with ordered data mode.",
+                f"[{ts:>13}] NVRM: GPU at PCI:0000:c1:00: GPU-8a47641b-dff6-f09f-618c-c3eb58fb430d",
+                f"[{ts:>13}] IPv6: ADDRCONF(NETDEV_CHANGE): ib0: link becomes ready",
+                f"[{ts:>13}] nvidia-uvm: Loaded the UVM driver, major device number 511.",
+            ]
+        )
+    if r < 0.86:
+        return (
+            f"Nov 29 12:{rng.randrange(60):02d}:{rng.randrange(60):02d} {host} "
+            f"systemd[1]: Started Session {rng.randrange(1, 9999)} of User train."
+        )
+    if r < 0.92:
+        return (
+            f"[2025-11-29 12:00:{rng.randrange(60):02d},{rng.randrange(1000):03d}] [INFO] "
+            f"[logging.py:96:log_dist] [Rank 0] step={step}, skipped=0, lr=[0.0001], "
+            "mom=[(0.9, 0.999)]"
+        )
+    if r < 0.96:
+        return (
+            f"Saved checkpoint at step {step} to /ckpt/step_{step:08d} ({rng.uniform(2, 30):.1f} s)"
+        )
+    return (
+        "/usr/lib/python3.10/site-packages/torch/utils/data/dataloader.py:558: UserWarning: "
+        "This DataLoader will create 16 worker processes in total."
+    )
+
+
+def _failure_block(rng: random.Random, corpus: list[str]) -> list[str]:
+    if rng.random() < 0.1:
+        rank = rng.randrange(0, 64)
+        return [
+            f"[rank{rank}]: Traceback (most recent call last):",
+            f'[rank{rank}]:   File "/work/train.py", line {rng.randrange(10, 900)}, in <module>',
+            f"[rank{rank}]:     main()",
+            f"[rank{rank}]: ValueError: batch {rng.randrange(99999)} has no labels",
+        ]
+    return [rng.choice(corpus)]
+
+
+def generate(path: Path, lines: int, every: int, seed: int) -> dict[str, int]:
+    import yaml
+
+    corpus = [
+        e["text"]
+        for e in yaml.safe_load((ROOT / "tests" / "corpus" / "signatures.yaml").read_text())
+    ]
+    rng = random.Random(seed)
+    written = failures = 0
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as fh:
+        buf: list[str] = []
+        while written < lines:
+            if rng.randrange(every) == 0:
+                block = _failure_block(rng, corpus)
+                failures += 1
+            else:
+                block = [_noise_line(rng, written)]
+            buf.extend(block)
+            written += len(block)
+            if len(buf) >= 50000:
+                fh.write("\n".join(buf) + "\n")
+                buf.clear()
+        if buf:
+            fh.write("\n".join(buf) + "\n")
+    return {"lines": written, "failure_blocks": failures, "bytes": path.stat().st_size}
+
+
+# --- the equivalent grep pattern set ----------------------------------------------------
+
+
+def _to_ere(pattern: str, caseless: bool) -> str:
+    """Translate the shared regex subset to GNU ERE (see diagnose/rules.py)."""
+    out: list[str] = []
+    i = 0
+    in_class = False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\" and i + 1 < len(pattern):
+            n = pattern[i + 1]
+            i += 2
+            if n == "d":
+                out.append("0-9" if in_class else "[0-9]")
+            elif n == "w":
+                out.append("[:alnum:]_" if in_class else "[[:alnum:]_]")
+            elif n == "S":
+                out.append("[^[:space:]]")
+            elif n == "t":
+                out.append("\t")
+            elif n == "b":
+                out.append("\\b")
+            elif n in "\"'":
+                out.append(n)
+            elif in_class:
+                out.append(n)  # inside a bracket a backslash is literal in ERE
+            else:
+                out.append("\\" + n)
+            continue
+        if c == "(" and pattern.startswith("(?:", i):
+            out.append("(")
+            i += 3
+            continue
+        if c == "[" and not in_class:
+            in_class = True
+        elif c == "]" and in_class:
+            in_class = False
+        if caseless and c.isalpha() and c.isascii() and not in_class:
+            # Classes in the caseless rules already list both cases (A-Za-z, A-Fa-f).
+            out.append(f"[{c.lower()}{c.upper()}]")
+        else:
+            out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def grep_patterns() -> list[str]:
+    pats = [_to_ere(p, r.caseless) for r in RULES for p in r.patterns]
+    pats += [_to_ere(p, False) for p, _ in MARKERS]
+    return pats
+
+
+# --- timing -------------------------------------------------------------------------------
+
+
+def _best(
+    cmd: list[str], repeat: int, stdout: int | None = subprocess.DEVNULL
+) -> tuple[float, str]:
+    best = float("inf")
+    out = ""
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        proc = subprocess.run(
+            cmd,
+            stdout=stdout if stdout is not None else subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            check=False,
+        )
+        dt = time.perf_counter() - t0
+        if proc.returncode not in (0, 1):
+            raise RuntimeError(
+                f"{cmd[:3]} failed ({proc.returncode}): {proc.stderr.decode()[:500]}"
+            )
+        best = min(best, dt)
+        if stdout is None:
+            out = proc.stdout.decode().strip()
+    return best, out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lines", type=int, default=5_000_000)
+    ap.add_argument("--every", type=int, default=10_000, help="one failure per N lines")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=4)
+    ap.add_argument("--keep", action="store_true", help="keep the generated log")
+    args = ap.parse_args()
+
+    grep = shutil.which("grep")
+    if grep is None:
+        print("grep not found", file=sys.stderr)
+        return 2
+    log = RESULTS / f"classify_log_{args.lines}.txt"
+    t0 = time.perf_counter()
+    info = generate(log, args.lines, args.every, args.seed)
+    gen_s = time.perf_counter() - t0
+    n = info["lines"]
+    print(
+        f"generated {n:,} lines, {info['bytes'] / 1e6:.0f} MB, "
+        f"{info['failure_blocks']} failure blocks in {gen_s:.1f} s"
+    )
+
+    tg = [sys.executable, "-m", "trainguard.cli", "classify", "--json"]
+    pats = grep_patterns()
+    grep_cmd = [grep, "-c", "-E", *[a for p in pats for a in ("-e", p)], str(log)]
+    env_note = {"LC_ALL": os.environ.get("LC_ALL"), "LANG": os.environ.get("LANG")}
+
+    rows = []
+    grep_s, grep_count = _best(grep_cmd, args.repeat, stdout=None)
+    rows.append(("grep -c -E (equivalent patterns)", grep_s, int(grep_count or 0)))
+    results: dict[str, object] = {"lines": n, "bytes": info["bytes"], "grep_patterns": len(pats)}
+    for engine in ("hyperscan", "portable"):
+        s, _ = _best([*tg, "--engine", engine, str(log)], args.repeat)
+        count_out = subprocess.run(
+            [*tg, "--engine", engine, str(log)], capture_output=True, check=False
+        ).stdout.count(b"\n")
+        rows.append((f"trainguard classify --engine {engine}", s, count_out))
+
+    # Reference: what a line-by-line Python regex loop does, on a prefix of the file.
+    sample = 500_000
+    with open(log, encoding="utf-8") as fh:
+        head = [next(fh) for _ in range(min(sample, n))]
+    t0 = time.perf_counter()
+    loop_found = sum(1 for line in head if classify_line(line) is not None)
+    loop_s = time.perf_counter() - t0
+
+    print()
+    print(f"{'command':44} {'seconds':>8} {'lines/s':>14} {'vs grep':>8} {'lines':>7}")
+    for name, s, count in rows:
+        rate = n / s
+        ratio = grep_s / s
+        print(f"{name:44} {s:8.2f} {rate:14,.0f} {ratio:8.2f} {count:7d}")
+        key = name.split(" (")[0].replace(" ", "_").replace("-", "")
+        results[key] = {"seconds": s, "lines_per_s": rate, "ratio_to_grep": ratio, "found": count}
+    loop_rate = len(head) / loop_s
+    print(
+        f"{'python loop classify_line (first 500k lines)':44} {loop_s:8.2f} "
+        f"{loop_rate:14,.0f} {loop_rate / (n / grep_s):8.2f} {loop_found:7d}"
+    )
+    results["python_line_loop"] = {
+        "lines": len(head),
+        "seconds": loop_s,
+        "lines_per_s": loop_rate,
+        "ratio_to_grep": loop_rate / (n / grep_s),
+    }
+    results["env"] = env_note
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "classify_throughput.json").write_text(json.dumps(results, indent=2))
+    if not args.keep:
+        log.unlink()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

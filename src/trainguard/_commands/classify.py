@@ -1,0 +1,129 @@
+"""``trainguard classify``: report every log line that carries a failure signature.
+
+Reads kernel logs (``dmesg``, ``journalctl -k``), job output, Slurm output files
+and ``nvidia-smi`` text, in 16 MiB binary chunks, through the streaming
+classifier (:mod:`trainguard.diagnose.signatures`). Lines without a signature
+print nothing. Exit status like ``grep``: 0 when something was found, 1 when
+nothing was, 2 when a file could not be read (the others are still classified).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, BinaryIO
+
+from trainguard._commands._common import error
+
+CHUNK_BYTES = 16 << 20
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "classify",
+        help="report log lines that carry a failure signature (XID, OOM, NCCL, ...)",
+        description=(
+            "Classify every line of the given logs (kernel log, job output, Slurm output, "
+            "nvidia-smi text; '-' is standard input) and report those that carry a "
+            "failure signature: kind, domain, severity, recommended action, and the XID, "
+            "PCI bus id, rank, host and job id the line names. Kinds: docs/signatures.md."
+        ),
+    )
+    parser.add_argument("files", nargs="*", default=["-"], metavar="FILE", help="'-' = stdin")
+    parser.add_argument("--json", action="store_true", help="one JSON object per line (JSONL)")
+    parser.add_argument(
+        "--engine",
+        choices=("auto", "hyperscan", "portable"),
+        default="auto",
+        help="multi-pattern matcher (default: hyperscan when installed)",
+    )
+    parser.set_defaults(func=run)
+
+
+def _record(name: str, m: Any) -> dict[str, Any]:
+    return {
+        "file": name,
+        "line": m.lineno,
+        "kind": m.kind,
+        "domain": m.domain.value,
+        "severity": m.severity.value,
+        "action": m.action,
+        "xid": m.xid,
+        "pci_bus_id": m.pci_bus_id,
+        "rank": m.rank,
+        "host": m.host,
+        "job_id": m.job_id,
+        "timestamp": m.timestamp,
+        "signature": m.signature,
+        "text": m.text,
+        "details": m.details,
+    }
+
+
+def _emit(out: Any, name: str, matches: list[Any], as_json: bool) -> None:
+    for m in matches:
+        if as_json:
+            out.write(json.dumps(_record(name, m), default=str) + "\n")
+        else:
+            where = f"{name}:{m.lineno}"
+            extra = " ".join(
+                f"{k}={v}"
+                for k, v in (
+                    ("xid", m.xid),
+                    ("pci", m.pci_bus_id),
+                    ("rank", m.rank),
+                    ("host", m.host),
+                    ("job", m.job_id),
+                )
+                if v is not None
+            )
+            out.write(
+                f"{where}\t{m.kind}\t{m.severity.value}\t{m.domain.value}\t{m.action}"
+                f"\t{extra}\t{m.text.strip()}\n"
+            )
+
+
+def classify_stream(stream: BinaryIO, name: str, engine: str, as_json: bool, out: Any) -> int:
+    """Classify one stream; returns the number of lines reported."""
+    from trainguard.diagnose.signatures import Classifier
+
+    classifier = Classifier(engine)
+    found = 0
+    while True:
+        chunk = stream.read(CHUNK_BYTES)
+        if not chunk:
+            break
+        matches = classifier.feed(chunk)
+        found += len(matches)
+        _emit(out, name, matches, as_json)
+    matches = classifier.finish()
+    found += len(matches)
+    _emit(out, name, matches, as_json)
+    return found
+
+
+def run(args: argparse.Namespace) -> int:
+    out = sys.stdout
+    found = 0
+    failed = False
+    for name in args.files:
+        try:
+            if name == "-":
+                found += classify_stream(sys.stdin.buffer, "-", args.engine, args.json, out)
+            else:
+                with open(name, "rb") as fh:
+                    found += classify_stream(fh, name, args.engine, args.json, out)
+        except BrokenPipeError:
+            raise  # the reader went away (| head): cli.main ends quietly
+        except OSError as exc:
+            error(f"{name}: {exc.strerror or exc}")
+            failed = True
+        except ValueError as exc:  # an unknown engine, or hyperscan unavailable
+            return error(str(exc), 2)
+        except ImportError as exc:
+            return error(f"matcher engine unavailable: {exc}", 2)
+    out.flush()
+    if failed:
+        return 2
+    return 0 if found else 1
