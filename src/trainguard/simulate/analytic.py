@@ -1,0 +1,69 @@
+"""Closed-form expectations the simulator is validated against.
+
+Notation (docs/simulate.md, REFERENCE §3): δ blocking checkpoint cost, τ compute
+between checkpoints, M job MTBF, R time from failure to training again
+(detection + restart + restore).
+
+* First-order waste (exponential failures, τ ≪ M):
+  ``W ≈ δ/τ + (τ + δ)/(2M) + R/M`` and ``ETTR ≈ 1 − W``
+  (:func:`trainguard.checkpoints.interval.expected_waste`).
+* Exact renewal expectation for the simulator's single-job model (failures
+  strike only while the job computes or saves; a failure loses the current
+  τ+δ segment; each failure costs R): the expected wall time to complete one
+  segment ``s = τ + δ`` is ``(1/λ + R)(e^{λs} − 1)`` with ``λ = 1/M``, so
+  ``ETTR = λτ / ((e^{λs} − 1)(1 + λR))``.
+
+Young's and Daly's intervals and the first-order waste come from
+:mod:`trainguard.checkpoints.interval` (one copy of the formulas in the project);
+only the exact renewal expression, which is specific to the simulator's model,
+lives here.
+"""
+
+from __future__ import annotations
+
+import math
+
+from trainguard.checkpoints.interval import advise, expected_waste
+from trainguard.simulate.scenario import JobSpec, Scenario
+
+
+def first_order_ettr(tau: float, delta: float, mtbf: float, restart: float) -> float:
+    """``1 − W(τ)`` with W from the project's advisor (:func:`expected_waste`)."""
+    return 1.0 - expected_waste(tau, delta, mtbf, restart).total
+
+
+def exact_ettr(tau: float, delta: float, mtbf: float, restart: float) -> float:
+    """Renewal-reward ETTR of the simulator's single-job model (see module doc)."""
+    lam = 1.0 / mtbf
+    return lam * tau / (math.expm1(lam * (tau + delta)) * (1.0 + lam * restart))
+
+
+def expected_job_mtbf(scenario: Scenario, job: JobSpec) -> float:
+    """The job's MTBF (seconds) implied by the scenario's primary failure rates.
+
+    This is what trainguard's store would estimate from observed failures of a
+    job of this size; lemon repeats are left out (trainguard isolates lemons).
+    """
+    gpn = scenario.cluster.gpus_per_node
+    nodes = -(-job.gpus // gpn)
+    rate = 0.0
+    for comp in scenario.components:
+        if comp.scope == "device":
+            rate += comp.rate_per_second * job.gpus
+        elif comp.scope == "node":
+            rate += comp.rate_per_second * nodes
+        else:
+            rate += comp.rate_per_second
+    return math.inf if rate <= 0 else 1.0 / rate
+
+
+def advised_interval(scenario: Scenario, job: JobSpec) -> float:
+    """The checkpoint interval trainguard's advisor recommends for ``job`` (whole steps)."""
+    mtbf = expected_job_mtbf(scenario, job)
+    if not math.isfinite(mtbf):
+        return job.checkpoint.interval_seconds
+    delta = max(job.checkpoint.blocking_seconds, 1e-3)
+    restart = job.restart_seconds + job.restore_seconds
+    tau = advise(delta, mtbf, restart).recommended_seconds
+    steps = max(1, round(tau / job.step_seconds))
+    return steps * job.step_seconds
