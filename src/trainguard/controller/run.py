@@ -246,7 +246,11 @@ class RunController:
         self.job_id = ""
         self.inventory: tuple[Device, ...] = ()
         self.history: list[PriorFailure] = []
+        # Restarts since the job last got past its previous failure point (decision 0051):
+        # the budget and the backoff bound restart loops, not a long job's lifetime.
         self.restarts_used = 0
+        self.restarts_total = 0
+        self.last_failed_step: int | None = None
         self.incidents: list[int] = []
         self.baseline_rate: float | None = None
         self.progress_parser = ProgressLineParser(options.progress_pattern)
@@ -581,7 +585,9 @@ class RunController:
     def _on_output(self, att: _Attempt, ev: OutputLine) -> None:
         rank = rank_prefix(ev.text)
         att.tail.append((rank, ev.text))
-        step = None if att.structured else self.progress_parser.parse(ev.text)
+        # trainguard.train's own messages ("resumed from ... (step 8 ...)") are not progress.
+        own = ev.text.startswith("trainguard:")
+        step = None if att.structured or own else self.progress_parser.parse(ev.text)
         if step is not None:
             self._on_step(att, step, ev.at, rank)
         exit = att.torchrun.feed(ev.text, ev.at)
@@ -782,6 +788,15 @@ class RunController:
 
     def _record_finding(self, att: _Attempt, f: Finding) -> None:
         att.findings.append(f)
+        if (
+            att.trigger is not None
+            and att.settle_until is not None
+            and f.domain is Domain.HARDWARE
+            and f.severity is Severity.FATAL
+        ):
+            att.settle_until = min(att.settle_until, self.clock())  # conclusive: act now
+        if att.trigger is not None and f.kind == "crash":
+            return  # the rest of the tree going down after the failure: evidence, not news
         if f.kind in ("crash", "hang", "xid", "verify_failed") or f.domain is Domain.HARDWARE:
             self.audit(
                 AuditKind.OBSERVATION,
@@ -815,6 +830,14 @@ class RunController:
         if trigger.kind == "hang" and trigger.details.get("since") is not None:
             fault_at = float(trigger.details["since"])  # the job stopped moving then
         failed_step = att.steps.last_step
+        if (
+            att.incident_id is not None
+            and att.verified
+            and failed_step is not None
+            and (self.last_failed_step is None or failed_step > self.last_failed_step)
+        ):
+            self.restarts_used = 0  # the last recovery held and the job got further
+        self.last_failed_step = failed_step
         rate = att.steps.rate()
         if rate is not None and (att.incident_id is None or att.verified):
             self.baseline_rate = rate  # the pre-failure step rate, for verification
@@ -1037,6 +1060,7 @@ class RunController:
         devices = tuple(by_uuid[u] for u in action.devices if u in by_uuid)
         ckpt = action.checkpoint
         self.restarts_used += 1
+        self.restarts_total += 1
         number = att.number + 1
         ckpt_step = ckpt.step if ckpt and ckpt.step is not None else 0
         lost = None if failed_step is None else max(0, failed_step - ckpt_step)
@@ -1156,7 +1180,7 @@ class RunController:
         )
         self.say(
             f"job {self.job_id} completed"
-            + (f" after {self.restarts_used} restart(s)" if self.restarts_used else "")
+            + (f" after {self.restarts_total} restart(s)" if self.restarts_total else "")
         )
         return RunResult(self.job_id, 0, JobState.COMPLETED, None, tuple(self.incidents))
 

@@ -1,0 +1,368 @@
+"""Recovery latency of `trainguard run`, per fault kind, against plain `torchrun --max-restarts`.
+
+For each fault kind (crash, xid, hang) it runs the demo job (tests/jobs/tiny_train.py,
+2 ranks, gloo, CPU) under ``trainguard run --devices 4 --need 2`` several times,
+injects the fault in attempt 0 at step ``--fault-step``, and measures:
+
+* detection latency: fault injected -> the incident's ``detected_at``;
+* decision latency: ``detected_at`` -> ``acted_at`` (plan persisted, first action);
+* fault -> first progress after restart: the first ``step=`` line printed after the
+  restarted job announced its restore (measured from the output stream, the same way
+  for trainguard and for torchrun);
+* fault -> verified recovery: the incident's ``recovered_at``;
+* lost steps: the incident's ``lost_steps`` against the minimum possible (the steps
+  since the newest checkpoint that was complete when the fault hit).
+
+Faults: ``crash`` SIGKILLs rank 1; ``xid`` only appends an XID 79 line for rank 1's
+device to the kernel log (trainguard must act on the line itself); ``hang`` makes
+rank 1 sleep forever (tiny_train ``--hang-at-step``; the fault time is when the job
+announces it). The same crash is run under plain ``torchrun --max-restarts 3``
+(``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, see FIELD-NOTES), and the ratio of the
+medians of fault -> first progress is reported.
+
+    .venv/bin/python bench/recovery_latency.py [--trials 3] [--kinds crash,xid,hang]
+
+Prints a table; writes bench/results/recovery_latency.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_TRAIN = ROOT / "tests" / "jobs" / "tiny_train.py"
+RESULTS = ROOT / "bench" / "results" / "recovery_latency.json"
+STEP_RE = re.compile(r"^step=(\d+) ")
+SAVE_EVERY = 5
+STEPS = 40
+STEP_SLEEP = 0.1
+HANG_TIMEOUT = 3.0
+
+
+def iso(text: str | None) -> float | None:
+    if text is None:
+        return None
+    from trainguard.model.records import parse_iso_utc
+
+    return parse_iso_utc(text)
+
+
+class Stream:
+    """A child process whose combined output is timestamped line by line as it arrives."""
+
+    def __init__(self, cmd: list[str], cwd: Path, env: dict[str, str]) -> None:
+        self.lines: list[tuple[float, str]] = []
+        self.lock = threading.Lock()
+        self.proc = subprocess.Popen(
+            cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            with self.lock:
+                self.lines.append((time.time(), raw.decode(errors="replace").rstrip("\n")))
+
+    def snapshot(self) -> list[tuple[float, str]]:
+        with self.lock:
+            return list(self.lines)
+
+    def max_step(self) -> int:
+        steps = [int(m.group(1)) for _, t in self.snapshot() if (m := STEP_RE.match(t))]
+        return max(steps, default=0)
+
+    def wait_for(self, pred: Any, timeout: float) -> tuple[float, str]:
+        deadline = time.monotonic() + timeout
+        seen = 0
+        while time.monotonic() < deadline:
+            lines = self.snapshot()
+            for at, text in lines[seen:]:
+                if pred(text):
+                    return at, text
+            seen = len(lines)
+            if self.proc.poll() is not None and seen == len(self.snapshot()):
+                break
+            time.sleep(0.01)
+        raise RuntimeError(f"timed out waiting; last output:\n{self.tail()}")
+
+    def tail(self, n: int = 30) -> str:
+        return "\n".join(t for _, t in self.snapshot()[-n:])
+
+    def finish(self, timeout: float = 120.0) -> int:
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGINT)
+            self.proc.wait(30)
+            raise
+        self.thread.join(5)
+        return rc
+
+
+def rank_of(root_pid: int, attempt: str | None, local_rank: int) -> tuple[int, dict[str, str]]:
+    from trainguard.signals.process import descendants, read_environ
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for pid in descendants(root_pid):
+            env = read_environ(pid)
+            if env.get("LOCAL_RANK") == str(local_rank) and (
+                attempt is None or env.get("TRAINGUARD_ATTEMPT") == attempt
+            ):
+                return pid, env
+        time.sleep(0.02)
+    raise RuntimeError("rank not found")
+
+
+def first_progress_after(stream: Stream, since: float) -> float | None:
+    """The first step line after the restarted job announced its restore (after ``since``)."""
+    restored_at = None
+    for at, text in stream.snapshot():
+        if at < since:
+            continue
+        if restored_at is None:
+            if "resumed from" in text:
+                restored_at = at
+            continue
+        if STEP_RE.match(text):
+            return at
+    return None
+
+
+def job_args(ckpt: Path, extra: list[str]) -> list[str]:
+    return [
+        str(TINY_TRAIN),
+        "--steps", str(STEPS), "--ckpt-dir", str(ckpt), "--save-every", str(SAVE_EVERY),
+        "--step-sleep", str(STEP_SLEEP), "--pg-timeout", "60", *extra,
+    ]  # fmt: skip
+
+
+def trainguard_trial(kind: str, fault_step: int, workdir: Path) -> dict[str, Any]:
+    ckpt = workdir / "ckpt"
+    kernel_log = workdir / "kern.log"
+    kernel_log.write_text("")
+    state = workdir / "state.db"
+    extra = []
+    if kind == "hang":
+        extra = ["--hang-at-step", str(fault_step), "--fault-rank", "1", "--fault-attempt", "0"]
+    cmd = [
+        sys.executable, "-m", "trainguard.cli", "run", "--state", str(state),
+        "--devices", "4", "--need", "2", "--checkpoint-dir", str(ckpt),
+        "--kernel-log", str(kernel_log), "--hang-timeout", str(HANG_TIMEOUT),
+        "--startup-timeout", "120", "--verify-window", "2",
+        "--", sys.executable, "-m", "torch.distributed.run", "--standalone",
+        "--nproc-per-node", "2", *job_args(ckpt, extra),
+    ]  # fmt: skip
+    env = dict(os.environ)
+    s = Stream(cmd, workdir, env)
+    try:
+        if kind == "hang":
+            t_fault, _ = s.wait_for(lambda t: "injecting hang" in t, 120)
+        else:
+            s.wait_for(lambda t: (m := STEP_RE.match(t)) and int(m.group(1)) >= fault_step, 120)
+            pid, renv = rank_of(s.proc.pid, "0", 1)
+            if kind == "crash":
+                t_fault = time.time()
+                os.kill(pid, signal.SIGKILL)
+            else:
+                dev = json.loads(renv["TRAINGUARD_DEVICES"])[1]
+                line = (
+                    f"[{time.monotonic():12.6f}] NVRM: Xid (PCI:{dev['pci_bus_id'][:-2]}): 79, "
+                    f"pid={pid}, name=python, GPU has fallen off the bus.\n"
+                )
+                t_fault = time.time()
+                with kernel_log.open("a") as fh:
+                    fh.write(line)
+        rc = s.finish(180)
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
+    out = subprocess.run(
+        [sys.executable, "-m", "trainguard.cli", "incidents", "--state", str(state), "--json"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    incidents = json.loads(out.stdout)
+    if rc != 0 or len(incidents) != 1:
+        raise RuntimeError(f"{kind}: rc={rc}, {len(incidents)} incidents\n{s.tail()}")
+    inc = incidents[0]
+    detected, acted, recovered = (
+        iso(inc["detected_at"]),
+        iso(inc["acted_at"]),
+        iso(inc["recovered_at"]),
+    )
+    first = first_progress_after(s, t_fault)
+    failed = inc["failed_step"]
+    minimum = failed - (failed // SAVE_EVERY) * SAVE_EVERY if failed is not None else None
+    return {
+        "kind": kind,
+        "detect_s": None if detected is None else detected - t_fault,
+        "decide_s": None if acted is None or detected is None else acted - detected,
+        "first_progress_s": None if first is None else first - t_fault,
+        "verified_s": None if recovered is None else recovered - t_fault,
+        "lost_steps": inc["lost_steps"],
+        "min_lost_steps": minimum,
+        "failed_step": failed,
+        "restored_step": inc["checkpoint_step"],
+        "incident_kind": inc["kind"],
+    }
+
+
+def torchrun_trial(fault_step: int, workdir: Path) -> dict[str, Any]:
+    ckpt = workdir / "ckpt"
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        "--max-restarts", "3", *job_args(ckpt, []),
+    ]  # fmt: skip
+    env = dict(os.environ, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    s = Stream(cmd, workdir, env)
+    try:
+        s.wait_for(lambda t: (m := STEP_RE.match(t)) and int(m.group(1)) >= fault_step, 120)
+        pid, _ = rank_of(s.proc.pid, None, 1)
+        t_fault = time.time()
+        os.kill(pid, signal.SIGKILL)
+        rc = s.finish(180)
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
+    first = first_progress_after(s, t_fault)
+    if rc != 0 or first is None:
+        raise RuntimeError(f"torchrun: rc={rc}, first progress {first}\n{s.tail()}")
+    return {"kind": "torchrun-crash", "first_progress_s": first - t_fault}
+
+
+def summarize(values: list[float | None]) -> dict[str, float | None]:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return {"median": None, "worst": None}
+    return {"median": statistics.median(vals), "worst": max(vals)}
+
+
+def fmt(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--kinds", default="crash,xid,hang")
+    parser.add_argument("--fault-step", type=int, default=13)
+    parser.add_argument("--no-torchrun", action="store_true")
+    args = parser.parse_args()
+    kinds = [k for k in args.kinds.split(",") if k]
+    trials: list[dict[str, Any]] = []
+    base = Path(tempfile.mkdtemp(prefix="tg-bench-"))
+    load_before = os.getloadavg()
+    try:
+        for kind in kinds:
+            for i in range(args.trials):
+                wd = base / f"{kind}-{i}"
+                wd.mkdir()
+                r = trainguard_trial(kind, args.fault_step, wd)
+                trials.append(r)
+                print(
+                    f"  {kind} #{i + 1}: detect {fmt(r['detect_s'])} s, decide "
+                    f"{fmt(r['decide_s'])} s, first progress {fmt(r['first_progress_s'])} s, "
+                    f"verified {fmt(r['verified_s'])} s, lost {r['lost_steps']} "
+                    f"(min {r['min_lost_steps']})",
+                    flush=True,
+                )
+        if not args.no_torchrun:
+            for i in range(args.trials):
+                wd = base / f"torchrun-{i}"
+                wd.mkdir()
+                r = torchrun_trial(args.fault_step, wd)
+                trials.append(r)
+                print(f"  torchrun crash #{i + 1}: first progress {fmt(r['first_progress_s'])} s")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+    table: dict[str, dict[str, Any]] = {}
+    print()
+    header = (
+        f"{'fault':<16}{'detect med/worst':>18}{'decide med/worst':>18}"
+        f"{'1st progress med/worst':>24}{'verified med/worst':>20}{'lost (min)':>12}"
+    )
+    print(header)
+    print("-" * len(header))
+    for kind in [*kinds, *([] if args.no_torchrun else ["torchrun-crash"])]:
+        rows = [t for t in trials if t["kind"] == kind]
+        entry = {
+            name: summarize([t.get(name) for t in rows])
+            for name in ("detect_s", "decide_s", "first_progress_s", "verified_s")
+        }
+        entry["lost_steps"] = [t.get("lost_steps") for t in rows]
+        entry["min_lost_steps"] = [t.get("min_lost_steps") for t in rows]
+        table[kind] = entry
+
+        def mw(name: str, e: dict[str, Any] = entry) -> str:
+            return f"{fmt(e[name]['median'])}/{fmt(e[name]['worst'])}"
+
+        lost = ",".join(
+            f"{a}({b})" for a, b in zip(entry["lost_steps"], entry["min_lost_steps"], strict=True)
+        )
+        label = kind if kind != "torchrun-crash" else "crash, torchrun"
+        print(
+            f"{label:<16}{mw('detect_s'):>18}{mw('decide_s'):>18}"
+            f"{mw('first_progress_s'):>24}{mw('verified_s'):>20}{lost:>12}"
+        )
+    ratio = None
+    if "crash" in table and "torchrun-crash" in table:
+        tg = table["crash"]["first_progress_s"]["median"]
+        tr = table["torchrun-crash"]["first_progress_s"]["median"]
+        if tg and tr:
+            ratio = tr / tg
+            print(
+                f"\nfault -> first progress, crash: torchrun --max-restarts {tr:.2f} s vs "
+                f"trainguard run {tg:.2f} s (torchrun / trainguard = {ratio:.2f}x)"
+            )
+    load_after = os.getloadavg()
+    print(
+        f"load average before/after: {load_before[0]:.2f}/{load_after[0]:.2f} on "
+        f"{os.cpu_count()} CPUs (other work on the machine skews the timings)"
+    )
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(
+        json.dumps(
+            {
+                "trials": trials,
+                "summary": table,
+                "torchrun_over_trainguard_first_progress": ratio,
+                "config": {
+                    "trials": args.trials,
+                    "fault_step": args.fault_step,
+                    "save_every": SAVE_EVERY,
+                    "step_sleep": STEP_SLEEP,
+                    "hang_timeout": HANG_TIMEOUT,
+                },
+                "machine": {
+                    "cpus": os.cpu_count(),
+                    "python": platform.python_version(),
+                    "load_before": load_before,
+                    "load_after": load_after,
+                },
+            },
+            indent=2,
+        )
+    )
+    print(f"wrote {RESULTS.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
