@@ -455,10 +455,11 @@ class TrainguardPolicy(_Base):
     def on_failure(self, sim: Simulation, job: Job, fault: Fault) -> None:
         attribution = self._attribution(sim, job, fault)
         self.attribution[job.index] = attribution
+        failed_attempt = job.attempt  # the Plan's restart starts the next attempt
         self._decide(sim, job, attribution)
         self.history[job.index].append(
             PriorFailure(
-                attempt=job.attempt,
+                attempt=failed_attempt,
                 signature=attribution.signature,
                 domain=attribution.domain.value,
                 kind=attribution.kind.value,
@@ -466,9 +467,26 @@ class TrainguardPolicy(_Base):
         )
 
     def on_capacity(self, sim: Simulation, job: Job) -> None:
+        """Capacity came back while the job waits: ask decide() again.
+
+        The culprit was quarantined when the failure was decided; by now it may
+        be back from repair and validation, healthy. Asked again with the same
+        culprit, decide() would isolate it a second time, so the retry carries
+        the failure without its culprit (decision 0063).
+        """
         attribution = self.attribution.get(job.index)
-        if attribution is not None:
-            self._decide(sim, job, attribution)
+        if attribution is None:
+            return
+        retry = Attribution(
+            kind=attribution.kind,
+            domain=attribution.domain,
+            culprit=Culprit(),
+            confidence=attribution.confidence,
+            summary=f"capacity returned while waiting after: {attribution.summary}",
+            evidence=attribution.evidence,
+            signature=attribution.signature,
+        )
+        self._decide(sim, job, retry)
 
     def on_manual(self, sim: Simulation, job: Job) -> None:
         """A person fixed what stopped the job and runs it again (`trainguard run` anew)."""
