@@ -10,13 +10,50 @@ nothing was, 2 when a file could not be read (the others are still classified).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any, BinaryIO
 
 from trainguard._commands._common import error
 
 CHUNK_BYTES = 16 << 20
+
+
+class FileCache:
+    """Keeps the compiled Hyperscan database under ``$XDG_CACHE_HOME/trainguard`` (or
+    ``~/.cache/trainguard``) so that each run skips the 0.2 s compile. Failures to read or
+    write the cache are ignored: it is only a speed-up. ``TRAINGUARD_NO_CACHE=1`` disables it.
+    """
+
+    def __init__(self, root: Path | None = None) -> None:
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        self.root = root or Path(base) / "trainguard"
+
+    def load(self, key: str) -> bytes | None:
+        try:
+            return (self.root / f"{key}.db").read_bytes()
+        except OSError:
+            return None
+
+    def store(self, key: str, data: bytes) -> None:
+        with contextlib.suppress(OSError):
+            self.root.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".{key}.")
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(data)
+                os.replace(tmp, self.root / f"{key}.db")  # atomic: readers see all or nothing
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+
+
+def prefilter_cache() -> FileCache | None:
+    return None if os.environ.get("TRAINGUARD_NO_CACHE") == "1" else FileCache()
 
 
 def register(subparsers: Any) -> None:
@@ -88,7 +125,7 @@ def classify_stream(stream: BinaryIO, name: str, engine: str, as_json: bool, out
     """Classify one stream; returns the number of lines reported."""
     from trainguard.diagnose.signatures import Classifier
 
-    classifier = Classifier(engine)
+    classifier = Classifier(engine, cache=prefilter_cache())
     found = 0
     while True:
         chunk = stream.read(CHUNK_BYTES)

@@ -77,10 +77,11 @@ def load_rank_map(path: str) -> dict[int, Any]:
 
 
 def _read_findings(name: str, engine: str, year: int | None) -> list[Any]:
+    from trainguard._commands.classify import prefilter_cache
     from trainguard.diagnose.signatures import Classifier
     from trainguard.diagnose.timeline import timeline
 
-    classifier = Classifier(engine)
+    classifier = Classifier(engine, cache=prefilter_cache())
     matches = []
     if name == "-":
         stream = sys.stdin.buffer

@@ -34,7 +34,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from trainguard.diagnose.matcher import Prefilter, get_prefilter
+from trainguard.diagnose.matcher import Prefilter, PrefilterCache, get_prefilter
 from trainguard.diagnose.prefix import Prefix, split_prefix
 from trainguard.diagnose.rules import RULES, TRACEBACK_HEADER, Rule
 from trainguard.diagnose.xid import (
@@ -398,8 +398,8 @@ _SUMMARY_ENTRY_RE = re.compile(r"^\[\d+\]:\s*$")
 class Classifier:
     """Streaming classifier; see the module docstring. Not thread-safe."""
 
-    def __init__(self, engine: str = "auto") -> None:
-        self._prefilter: Prefilter = get_prefilter(engine)
+    def __init__(self, engine: str = "auto", cache: PrefilterCache | None = None) -> None:
+        self._prefilter: Prefilter = get_prefilter(engine, cache)
         self._pending = b""
         self._lines_done = 0
         self._tracebacks: dict[str, _Traceback] = {}
@@ -415,27 +415,44 @@ class Classifier:
         return self._lines_done
 
     def feed(self, chunk: bytes | str) -> list[LineMatch]:
-        """Classify the complete lines in ``pending + chunk``; keep the partial last line."""
+        """Classify the complete lines in ``pending + chunk``; keep the partial last line.
+
+        The chunk is scanned in place (offsets, no copy of the chunk); only the line
+        that straddles the previous chunk's end is assembled separately.
+        """
         data = chunk.encode("utf-8", "surrogateescape") if isinstance(chunk, str) else chunk
+        out: list[LineMatch] = []
+        begin = 0
         if self._pending:
-            data = self._pending + data
+            nl = data.find(b"\n")
+            if nl == -1:
+                self._pending += data
+                if len(self._pending) > MAX_LINE_BYTES:
+                    # No newline in sight: classify what we have as one line rather than grow.
+                    head, self._pending = self._pending + b"\n", b""
+                    return self._scan(head, 0, len(head))
+                return []
+            head = self._pending + data[: nl + 1]
+            self._pending = b""
+            out.extend(self._scan(head, 0, len(head)))
+            begin = nl + 1
         cut = data.rfind(b"\n")
-        if cut == -1:
-            if len(data) > MAX_LINE_BYTES:
-                # No newline in sight: classify what we have as one line rather than grow.
-                self._pending = b""
-                return self._scan(data + b"\n")
-            self._pending = data
-            return []
-        self._pending = data[cut + 1 :]
-        return self._scan(data[: cut + 1])
+        if cut >= begin:
+            out.extend(self._scan(data, begin, cut + 1))
+            self._pending = data[cut + 1 :]
+        else:
+            self._pending = data[begin:]
+        if len(self._pending) > MAX_LINE_BYTES:
+            head, self._pending = self._pending + b"\n", b""
+            out.extend(self._scan(head, 0, len(head)))
+        return out
 
     def finish(self) -> list[LineMatch]:
         """Classify a last line that had no newline."""
         if not self._pending:
             return []
-        data, self._pending = self._pending, b""
-        return self._scan(data + b"\n")
+        data, self._pending = self._pending + b"\n", b""
+        return self._scan(data, 0, len(data))
 
     def feed_all(self, chunks: Iterable[bytes | str]) -> list[LineMatch]:
         out: list[LineMatch] = []
@@ -446,18 +463,16 @@ class Classifier:
 
     # -- internals -----------------------------------------------------------------------
 
-    def _scan(self, block: bytes) -> list[LineMatch]:
-        """``block`` ends with a newline. Visit candidate lines, and every line while a
-        traceback or elastic summary is open."""
+    def _scan(self, block: bytes, begin: int, stop: int) -> list[LineMatch]:
+        """The lines of ``block[begin:stop]`` (which ends with a newline). Visit candidate
+        lines, and every line while a traceback or elastic summary is open."""
         out: list[LineMatch] = []
-        base = self._lines_done
-        cands = self._prefilter.candidates(block)
+        cands = [c for c in self._prefilter.candidates(block) if begin <= c < stop]
         cand_set = set(cands)
-        n = len(block)
-        off = 0
-        lineno = base + 1
+        off = begin
+        lineno = self._lines_done + 1  # the number of the line starting at `off`
         ci = 0
-        while off < n:
+        while off < stop:
             if not self._tracebacks and not self._summaries:
                 while ci < len(cands) and cands[ci] < off:
                     ci += 1
@@ -466,13 +481,15 @@ class Classifier:
                 nxt = cands[ci]
                 lineno += block.count(b"\n", off, nxt)
                 off = nxt
-            end = block.find(b"\n", off)
+            end = block.find(b"\n", off, stop)
             if end == -1:
-                end = n
+                end = stop
             self._line(block[off:end], lineno, off in cand_set, out)
             off = end + 1
             lineno += 1
-        self._lines_done = base + block.count(b"\n")
+        if off < stop:
+            lineno += block.count(b"\n", off, stop)
+        self._lines_done = lineno - 1
         return out
 
     def _line(self, raw: bytes, lineno: int, candidate: bool, out: list[LineMatch]) -> None:
