@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from trainguard.model import Device, ProgressEvent
 from trainguard.schedulers.local import LaunchSpec, LocalScheduler, attempt_env
 from trainguard.signals.kernel_log import FileFollower, KernelLine, open_kernel_log
@@ -247,3 +249,15 @@ def test_stopping_an_attempt_kills_ranks_in_their_own_sessions(tmp_path: Path) -
             alive = not fh.read().split(") ")[1].startswith("Z")
     assert not alive
     assert not attempt.running()
+
+
+def test_without_journal_or_kmsg_the_user_is_told_xids_will_not_be_seen(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from trainguard.signals import kernel_log
+
+    monkeypatch.setattr(kernel_log, "_journal_has_kernel_entries", lambda: False)
+    monkeypatch.setattr(kernel_log, "_kmsg_readable", lambda: False)
+    follower, description = kernel_log.open_kernel_log(None, Sink())
+    assert follower is None
+    assert "XID events will not be seen" in description and "--kernel-log" in description

@@ -228,3 +228,46 @@ def test_step_tracker_rate_and_first_last() -> None:
     assert t.rate() == pytest.approx(2.0)
     assert t.rate(since=T0 + 4.0) == pytest.approx(2.0)
     assert StepTracker().rate() is None
+
+
+def test_line_finding_maps_a_kernel_xid_to_the_ranks_device() -> None:
+    from trainguard.diagnose.detectors import line_finding
+    from trainguard.diagnose.signatures import classify_line
+
+    line = (
+        "[ 1283.9] NVRM: Xid (PCI:0000:13:00): 79, pid=77, name=python, GPU has fallen off the bus."
+    )
+    m = classify_line(line)
+    assert m is not None
+    f = line_finding(m, line, T0, "kernel_log", DEVICES)
+    assert f.kind == "xid" and f.xid == 79 and f.domain is Domain.HARDWARE
+    assert f.severity is Severity.FATAL
+    assert (f.culprit.device_uuid, f.culprit.rank, f.culprit.pci_bus_id) == (
+        "GPU-b",
+        1,
+        "0000:13:00.0",
+    )
+    assert f.evidence == (line,) and f.at == T0
+
+
+def test_line_finding_for_an_idle_device_uses_the_inventory() -> None:
+    from trainguard.diagnose.detectors import line_finding
+    from trainguard.diagnose.signatures import classify_line
+
+    idle = Device(index=7, uuid="GPU-idle", pci_bus_id="0000:c1:00.0")
+    line = "NVRM: Xid (PCI:0000:c1:00): 79, GPU has fallen off the bus."
+    m = classify_line(line)
+    assert m is not None
+    f = line_finding(m, line, T0, "kernel_log", DEVICES, (*DEVICES, idle))
+    assert f.culprit.device_uuid == "GPU-idle" and f.culprit.rank is None
+
+
+def test_line_finding_for_an_oom_traceback_line_names_the_rank_device() -> None:
+    from trainguard.diagnose.detectors import line_finding
+    from trainguard.diagnose.signatures import classify_line
+
+    line = "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    m = classify_line(line)
+    assert m is not None
+    f = line_finding(m, line, T0, "output:stderr", DEVICES)
+    assert f.kind == "cuda_oom" and f.culprit.rank == 1 and f.culprit.device_uuid == "GPU-b"

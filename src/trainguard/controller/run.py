@@ -553,6 +553,9 @@ class RunController:
             if isinstance(outcome, RunResult):
                 return outcome
             if outcome is att:
+                # Observed: the job may already be gone (a launcher exit was the trigger).
+                if att.launcher_exit is not None and att.closed_streams >= {"stdout", "stderr"}:
+                    return self._observed_end(att)
                 continue
             att = outcome
 
