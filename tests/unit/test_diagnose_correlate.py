@@ -188,6 +188,13 @@ def test_sympathetic_and_warning_xids_do_not_escalate() -> None:
     )
     assert nonfatal.severity is Severity.WARNING
     assert escalate([f45, nonfatal], now) == []
+    # Nonfatal NVLink errors are counted: two make the device suspect, four quarantine it.
+    [e] = escalate([nonfatal, nonfatal], now)
+    assert e.state is HealthState.SUSPECT
+    assert escalate([nonfatal] * 4, now)[0].state is HealthState.QUARANTINED
+    # XID 63 (row remap recorded) is a warning, yet the catalog drains the GPU on one.
+    [e63] = escalate([_hw(63, "0000:18:00", now - 1, "j1")], now)
+    assert e63.state is HealthState.QUARANTINED
 
 
 def test_lemons_are_surfaced() -> None:

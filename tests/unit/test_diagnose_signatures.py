@@ -136,3 +136,51 @@ def test_garbage_does_not_crash() -> None:
     assert c.feed(b"\xff\xfe\x00garbage\n" * 3 + b"\x80" * 10) == []
     assert c.finish() == []
     assert c.lines == 4
+
+
+def test_engines_and_chunkings_agree_on_a_generated_log() -> None:
+    """Random noise, corpus lines and interleaved tracebacks, fed in random pieces."""
+    import random
+    from pathlib import Path
+
+    import yaml
+
+    from trainguard.diagnose.matcher import hyperscan_available
+
+    corpus = Path(__file__).resolve().parents[1] / "corpus"
+    failures = [e["text"] for e in yaml.safe_load((corpus / "signatures.yaml").read_text())]
+    noise = [
+        ln
+        for ln in (corpus / "noise.txt").read_text(encoding="utf-8").splitlines()
+        if ln and not ln.startswith("# ")
+    ]
+    rng = random.Random(7)
+    lines: list[str] = []
+    for _ in range(3000):
+        r = rng.random()
+        if r < 0.05:
+            lines.append(rng.choice(failures))
+        elif r < 0.07:
+            k = rng.randrange(4)
+            lines += [f"[rank{k}]: Traceback (most recent call last):", f'[rank{k}]:   File "x"']
+            lines.append(f"[rank{k}]: KeyError: 'k{rng.randrange(9)}'")
+        else:
+            lines.append(rng.choice(noise))
+    data = ("\n".join(lines) + "\n").encode()
+
+    def run(engine: str, sizes: list[int]) -> list[tuple[int | None, str, str]]:
+        c = Classifier(engine)
+        out, pos = [], 0
+        for n in sizes:
+            out += c.feed(data[pos : pos + n])
+            pos += n
+        out += c.feed(data[pos:]) + c.finish()
+        return [(m.lineno, m.kind, m.signature) for m in out]
+
+    whole = run("portable", [])
+    pieces = [rng.randrange(1, 5000) for _ in range(200)]
+    assert run("portable", pieces) == whole
+    if hyperscan_available():
+        assert run("hyperscan", []) == whole
+        assert run("hyperscan", pieces) == whole
+    assert sum(1 for _, kind, _ in whole if kind == "app_error") > 10

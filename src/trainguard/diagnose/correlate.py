@@ -507,10 +507,13 @@ def escalate(
     for (device, _host), items in per_device.items():
         jobs = tuple(sorted({j for j in map(_job, items) if j is not None}))
         for f in items:
-            if is_sympathetic_xid(f) or f.severity is Severity.WARNING:
+            if is_sympathetic_xid(f):
                 continue
+            # The catalog's "first" holds even for warning-level XIDs (63, 92): decision 0033.
             if f.details.get("quarantine") == "first" or (
-                f.kind in ("gpu_lost", "ecc_error") and f.domain is Domain.HARDWARE
+                f.kind in ("gpu_lost", "ecc_error")
+                and f.domain is Domain.HARDWARE
+                and f.severity is not Severity.WARNING
             ):
                 offer(
                     Escalation(
@@ -522,19 +525,25 @@ def escalate(
                         jobs,
                     )
                 )
-        by_xid = Counter(
-            f.xid
+        repeats = [
+            f
             for f in items
             if f.kind == "xid"
             and f.xid is not None
             and not is_sympathetic_xid(f)
             and f.details.get("quarantine") == "repeat"
-            and f.severity is not Severity.WARNING
-        )
+        ]
+        by_xid = Counter(f.xid for f in repeats)
+        warning_only = {
+            x for x in by_xid if all(f.severity is Severity.WARNING for f in repeats if f.xid == x)
+        }
         for xid, n in by_xid.items():
-            if n >= policy.repeat_quarantine:
+            # Warning-level XIDs (nonfatal NVLink, corrected C2C) take twice the repeats,
+            # and one alone changes nothing.
+            scale = 2 if xid in warning_only else 1
+            if n >= policy.repeat_quarantine * scale:
                 state = HealthState.QUARANTINED
-            elif n >= policy.repeat_suspect:
+            elif n >= policy.repeat_suspect * scale and n >= scale:
                 state = HealthState.SUSPECT
             else:
                 continue
