@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,8 +16,13 @@ CORPUS = Path(__file__).resolve().parents[1] / "corpus"
 CMD = [sys.executable, "-m", "trainguard.cli"]
 
 
+CACHE = tempfile.mkdtemp(prefix="trainguard-test-cache-")
+
+
 def _run(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([*CMD, *args], input=stdin, capture_output=True, timeout=120)
+    # The compiled Hyperscan database is cached: keep the tests' copy out of $HOME.
+    env = {**os.environ, "XDG_CACHE_HOME": CACHE}
+    return subprocess.run([*CMD, *args], input=stdin, capture_output=True, timeout=120, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -112,3 +119,16 @@ def test_diagnose_across_kernel_log_and_job_output() -> None:
     assert "action:  reboot_node" in out
     bad_map = _run("diagnose", "--rank-map", str(d / "kernel.log"), str(d / "job.out"))
     assert bad_map.returncode == 2
+
+
+def test_hyperscan_database_cache_is_written_and_reused(tmp_path: Path) -> None:
+    log = tmp_path / "x.log"
+    log.write_text("NVRM: Xid (PCI:0000:c1:00): 79, GPU has fallen off the bus.\n")
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    cmd = [*CMD, "classify", "--engine", "hyperscan", str(log)]
+    first = subprocess.run(cmd, capture_output=True, env=env, timeout=60)
+    [db] = list((tmp_path / "cache" / "trainguard").glob("hyperscan-*.db"))
+    db.write_bytes(b"corrupt")  # a bad cache entry must not break classification
+    second = subprocess.run(cmd, capture_output=True, env=env, timeout=60)
+    assert first.returncode == second.returncode == 0
+    assert first.stdout == second.stdout and b"xid" in first.stdout
