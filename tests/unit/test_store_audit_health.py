@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import pytest
 
+from pg_fixture import raw_execute
 from trainguard.model import Device, HealthState, IllegalTransition
 from trainguard.model.records import AuditKind
 from trainguard.store import NotFound, Store
@@ -16,12 +16,13 @@ DEVICES = [Device(i, f"GPU-{i}", f"0000:1{i}:00.0") for i in range(3)]
 
 
 @pytest.fixture
-def path(tmp_path: Path) -> Path:
-    return tmp_path / "state.db"
+def path(store_target: str) -> str:
+    # store_target (tests/pg_fixture.py): each test runs on SQLite and on PostgreSQL.
+    return store_target
 
 
 @pytest.fixture
-def store(path: Path) -> Store:
+def store(path: str) -> Store:
     s = Store.open(path, at=T0)
     s.register_devices(DEVICES, at=T0)
     return s
@@ -73,19 +74,21 @@ def test_audit_data_that_json_cannot_encode_is_kept_as_text(store: Store) -> Non
     assert ev.data["path"] == "/tmp/a"
 
 
-def test_audit_and_history_are_append_only(store: Store, path: Path) -> None:
+def test_audit_and_history_are_append_only(store: Store, path: str) -> None:
     store.append_audit(T0, "x", "note", "s", "m")
     assert not [n for n in dir(store) if "audit" in n and ("delete" in n or "update" in n)]
-    conn = sqlite3.connect(path)
-    for statement in (
+    statements = [
         "UPDATE audit SET message = 'forged'",
         "DELETE FROM audit",
         "UPDATE device_health SET reason = 'forged'",
         "DELETE FROM device_health",
-    ):
-        with pytest.raises(sqlite3.DatabaseError, match="append-only"):
-            conn.execute(statement)
-    conn.close()
+    ]
+    if store.dialect.name == "postgresql":
+        statements += ["TRUNCATE audit CASCADE", "TRUNCATE device_health"]
+    for statement in statements:
+        # sqlite3.DatabaseError / psycopg.Error: both say why.
+        with pytest.raises(Exception, match="append-only"):
+            raw_execute(path, statement)
     assert [e.message for e in store.list_audit(subject="s")] == ["m"]
     assert len(store.device_history("GPU-0")) == 1
 
@@ -167,7 +170,7 @@ def test_release(store: Store) -> None:
     assert store.get_device_state("GPU-0") is HealthState.REPAIR
 
 
-def test_quarantine_survives_reopening(store: Store, path: Path) -> None:
+def test_quarantine_survives_reopening(store: Store, path: str) -> None:
     store.transition_device("GPU-2", HealthState.QUARANTINED, "XID 48", "trainguard", T0 + 1)
     store.close()
     with Store.open(path) as again:

@@ -25,8 +25,9 @@ DEVICES = [Device(i, f"GPU-{i}", f"0000:1{i}:00.0", model="m", memory_mb=100) fo
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Store:
-    s = Store.open(tmp_path / "state" / "state.db", at=T0)
+def store(store_target: str) -> Store:
+    # store_target (tests/pg_fixture.py): each test runs on SQLite and on PostgreSQL.
+    s = Store.open(store_target, at=T0)
     s.register_devices(DEVICES, at=T0)
     return s
 

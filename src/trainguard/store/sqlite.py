@@ -15,6 +15,9 @@ One :class:`Store` wraps one connection. Design points (see ``docs/store.md``):
   method to change them, and triggers make an UPDATE or DELETE fail.
 * A connection may be used from several threads of one process; a lock
   serialises them.
+* ``Store.open("postgresql://...")`` runs the same class, schema and SQL on
+  PostgreSQL (:mod:`trainguard.store.postgres`, decision 0080); what differs
+  between the two is in one :class:`~trainguard.store.backend.Dialect`.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from trainguard.model.records import (
 )
 from trainguard.model.statemachine import IllegalTransition
 from trainguard.store import sql
+from trainguard.store.backend import SQLITE, Dialect, is_postgres_url
 
 DEFAULT_BUSY_TIMEOUT_S = 30.0
 
@@ -87,9 +91,10 @@ def _subject_like(subject: str | None) -> str | None:
 class Store:
     """Typed access to the state database. Create with :meth:`Store.open`."""
 
-    def __init__(self, conn: sqlite3.Connection, path: str) -> None:
+    def __init__(self, conn: Any, path: str, dialect: Dialect = SQLITE) -> None:
         self._conn = conn
         self.path = path
+        self.dialect = dialect
         self._lock = threading.RLock()
         self._depth = 0
 
@@ -106,8 +111,11 @@ class Store:
         """Open (creating the file and its parent directory) and migrate to the latest schema.
 
         ``at`` only stamps ``schema_migrations.applied_at`` (callers that care pass
-        the current time; the store reads no clock).
+        the current time; the store reads no clock). A ``postgresql://`` URL opens
+        the PostgreSQL backend instead of a file.
         """
+        if is_postgres_url(path):
+            return cls._open_postgres(str(path), busy_timeout_s=busy_timeout_s, at=at)
         p = Path(path)
         if str(path) != ":memory:":
             p.parent.mkdir(parents=True, exist_ok=True)
@@ -136,11 +144,27 @@ class Store:
         return store
 
     @classmethod
+    def _open_postgres(cls, url: str, *, busy_timeout_s: float, at: float) -> Store:
+        from trainguard.store.postgres import connect, redact
+
+        conn, dialect = connect(url, busy_timeout_s)
+        try:
+            store = cls(conn, redact(url), dialect)
+            store._migrate(at)
+        except BaseException:
+            conn.close()
+            raise
+        return store
+
+    @classmethod
     def open_existing(
         cls, path: str | os.PathLike[str], *, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S
     ) -> Store | None:
         """Open a database that exists; ``None`` when there is no file (read-only
-        commands use this so that looking never creates a state directory)."""
+        commands use this so that looking never creates a state directory).
+        A PostgreSQL URL is always opened (the server holds the data)."""
+        if is_postgres_url(path):
+            return cls.open(path, busy_timeout_s=busy_timeout_s)
         if not Path(path).is_file():
             return None
         return cls.open(path, busy_timeout_s=busy_timeout_s)
@@ -157,7 +181,8 @@ class Store:
 
     def _migrate(self, at: float) -> None:
         with self.transaction():
-            self._conn.execute(sql.render(sql.MIGRATIONS_TABLE))
+            types = self.dialect.types
+            self._conn.execute(sql.render(sql.MIGRATIONS_TABLE, types))
             current = int(self._conn.execute(sql.SELECT_SCHEMA_VERSION).fetchone()[0])
             if current > sql.LATEST_VERSION:
                 raise SchemaTooNew(
@@ -167,8 +192,8 @@ class Store:
             for migration in sql.MIGRATIONS:
                 if migration.version <= current:
                     continue
-                for statement in migration.statements + migration.sqlite_only:
-                    self._conn.execute(sql.render(statement))
+                for statement in migration.statements + self.dialect.extra_statements(migration):
+                    self._conn.execute(sql.render(statement, types))
                 self._conn.execute(
                     sql.INSERT_MIGRATION,
                     {
@@ -193,7 +218,17 @@ class Store:
         with self._lock:
             depth = self._depth
             savepoint = f"sp{depth}"
-            self._conn.execute("BEGIN IMMEDIATE" if depth == 0 else f"SAVEPOINT {savepoint}")
+            if depth == 0:
+                self._conn.execute(self.dialect.begin[0])
+                try:
+                    # PostgreSQL: the write lock, taken after BEGIN (it may time out).
+                    for statement in self.dialect.begin[1:]:
+                        self._conn.execute(statement)
+                except BaseException:
+                    self._conn.execute("ROLLBACK")
+                    raise
+            else:
+                self._conn.execute(f"SAVEPOINT {savepoint}")
             self._depth += 1
             try:
                 yield
@@ -278,7 +313,7 @@ class Store:
             "job_id": job_id,
             "incident_id": incident_id,
             "after_id": after_id,
-            "limit": sql.NO_LIMIT if limit is None else max(0, int(limit)),
+            "limit": self.dialect.no_limit if limit is None else max(0, int(limit)),
         }
         with self._lock:
             rows = self._all(sql.SELECT_AUDIT_NEWEST if newest else sql.SELECT_AUDIT_OLDEST, params)
@@ -350,7 +385,7 @@ class Store:
                         "reason": None,
                     },
                 )
-            except sqlite3.IntegrityError as exc:
+            except self.dialect.integrity_errors as exc:
                 raise StoreError(f"job {job.id!r} already exists") from exc
             self.append_audit(
                 at,
@@ -480,7 +515,7 @@ class Store:
                         "log_path": log_path,
                     },
                 )
-            except sqlite3.IntegrityError as exc:
+            except self.dialect.integrity_errors as exc:
                 raise StoreError(f"attempt {number} of job {job_id!r} already exists") from exc
             self.append_audit(
                 at,
