@@ -185,7 +185,8 @@ class Job:
     acct: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0.0))
     attempt: int = 0
     restarts: int = 0
-    restarts_since_commit: int = 0
+    loop_restarts: int = 0  # restarts since the job last got past its previous failure point
+    last_failure_at: float = -1.0  # progress position of the previous failure
     interruptions: int = 0
     failed_starts: int = 0
     repeat_failures: int = 0
@@ -509,7 +510,7 @@ class Simulation:
         job.restore_to = checkpoint
         job.restore_from_scratch = checkpoint is None
         job.restarts += 1
-        job.restarts_since_commit += 1
+        job.loop_restarts += 1
         job.attempt += 1
         job.epoch += 1
         spec = job.spec
@@ -774,7 +775,6 @@ class Simulation:
         if len(job.checkpoints) > keep:
             del job.checkpoints[: len(job.checkpoints) - keep]
         job.committed += 1
-        job.restarts_since_commit = 0
         if self.record_timeline and not ck.corrupt:
             self.progress_log[job.index].append((self.now, ck.position))
         work = job.spec.work_hours
@@ -905,12 +905,25 @@ class Simulation:
         job.pending = None
         job.detections += 1
         job.last_fault = fault
+        self._count_loop(job)
         if fault.deterministic and job.bug is None:
             ops = self.scenario.operations
             response = self.hours(ops.manual_response_hours, fault.u_aux)
             fix = self.hours(ops.software_fix_hours, fault.u_fix)
             job.bug = BugState(position=job.progress, fix_at=self.now + response + fix, fault=fault)
         self.policy.on_failure(self, job, fault)
+
+    @staticmethod
+    def _count_loop(job: Job) -> None:
+        """Restart-budget bookkeeping as trainguard's controller does it (decision 0051).
+
+        The count of restarts starts again from zero when the job got past the point
+        where it failed last time; restarts that fail at the same place (or before
+        training resumes at all) keep adding up.
+        """
+        if job.progress > job.last_failure_at + 1e-9:
+            job.loop_restarts = 0
+        job.last_failure_at = job.progress
 
     def _on_sdc_detect(self, job: Job, token: object) -> None:
         sdc = job.sdc
@@ -933,6 +946,7 @@ class Simulation:
         )
         job.detections += 1
         job.last_fault = fault
+        self._count_loop(job)
         if fault.repeat:
             job.interruptions += 1
             job.repeat_failures += 1

@@ -401,7 +401,7 @@ class TrainguardPolicy(_Base):
             now=sim.now,
             job_id=job.spec.name,
             attempt=job.attempt,
-            restarts_used=job.restarts_since_commit,
+            restarts_used=job.loop_restarts,
             policy=self.policies[job.index],
             mode=Mode.ACT,
             attribution=attribution,
@@ -498,7 +498,7 @@ class TrainguardPolicy(_Base):
             sim.quarantine([d for d in sim.node_devices(node) if d in sim.broken], job.last_fault)
         sim.start_pending_repairs()
         self.history[job.index].clear()
-        job.restarts_since_commit = 0
+        job.loop_restarts = 0
         attribution = Attribution(
             kind=IncidentKind.CRASH,
             domain=Domain.UNKNOWN,
