@@ -472,7 +472,7 @@ class TrainguardPolicy(_Base):
         The culprit was quarantined when the failure was decided; by now it may
         be back from repair and validation, healthy. Asked again with the same
         culprit, decide() would isolate it a second time, so the retry carries
-        the failure without its culprit (decision 0063).
+        the failure without its culprit (decision 0061).
         """
         attribution = self.attribution.get(job.index)
         if attribution is None:
