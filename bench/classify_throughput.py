@@ -5,7 +5,7 @@ failure line per 10,000: real lines from tests/corpus/signatures.yaml and a few
 Python tracebacks among progress bars, NCCL INFO lines, checkpoint messages and
 kernel noise), then times, whole command against whole command:
 
-* ``trainguard classify --json FILE > /dev/null`` with the Hyperscan matcher,
+* ``trainguard classify --json FILE`` (output captured) with the Hyperscan matcher,
 * the same with ``--engine portable`` (the fallback without Hyperscan),
 * ``grep -c -E`` with the equivalent pattern set (every rule pattern and the
   traceback marker, translated to POSIX ERE; case-insensitive rules spelled
