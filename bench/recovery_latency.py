@@ -50,7 +50,8 @@ STEP_RE = re.compile(r"^step=(\d+) ")
 SAVE_EVERY = 5
 STEPS = 40
 STEP_SLEEP = 0.1
-HANG_TIMEOUT = 3.0
+HANG_TIMEOUT = 4.0  # hang trials; the others use a generous one (teardown takes seconds)
+OTHER_HANG_TIMEOUT = 20.0
 
 
 def iso(text: str | None) -> float | None:
@@ -164,7 +165,8 @@ def trainguard_trial(kind: str, fault_step: int, workdir: Path) -> dict[str, Any
     cmd = [
         sys.executable, "-m", "trainguard.cli", "run", "--state", str(state),
         "--devices", "4", "--need", "2", "--checkpoint-dir", str(ckpt),
-        "--kernel-log", str(kernel_log), "--hang-timeout", str(HANG_TIMEOUT),
+        "--kernel-log", str(kernel_log),
+        "--hang-timeout", str(HANG_TIMEOUT if kind == "hang" else OTHER_HANG_TIMEOUT),
         "--startup-timeout", "120", "--verify-window", "2",
         "--", sys.executable, "-m", "torch.distributed.run", "--standalone",
         "--nproc-per-node", "2", *job_args(ckpt, extra),

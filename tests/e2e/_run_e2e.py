@@ -50,7 +50,7 @@ class RunCase:
         self,
         train_args: list[str],
         run_args: list[str] | None = None,
-        hang_timeout: float = 5.0,
+        hang_timeout: float = 15.0,
     ) -> None:
         cmd = [
             sys.executable,

@@ -93,6 +93,7 @@ ACTOR = "trainguard-run"
 EXIT_STOPPED = 1
 EXIT_INTERRUPTED = 130
 TAIL_LINES = 200
+SHUTDOWN_ALLOWANCE_S = 60.0  # after a clean rank exit, how long the rest may take to end
 PROGRESS_WRITE_SECONDS = 1.0
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 
@@ -173,6 +174,9 @@ class _Attempt:
     # Once the job reports progress through trainguard.train, its output lines are no
     # longer parsed for steps ("injecting a fault at step 8" is not progress).
     structured: bool = False
+    # A rank ended without an error: the job is shutting down (teardown of a torch
+    # process takes seconds), so "no progress" no longer means a hang (decision 0052).
+    finishing_since: float | None = None
 
 
 def select_checkpoints(root: str | None, verify: str = "full") -> tuple[CheckpointInfo, ...]:
@@ -508,7 +512,9 @@ class RunController:
     def _next_deadline(self, att: _Attempt) -> float:
         """When the loop must wake up without an event (only deadlines still ahead matter)."""
         deadlines = []
-        if att.trigger is None and not att.hang.fired:
+        if att.trigger is None and att.finishing_since is not None:
+            deadlines.append(att.finishing_since + self._shutdown_allowance())
+        elif att.trigger is None and not att.hang.fired:
             deadlines.append(att.hang.deadline())
         if att.trigger is not None and not att.observed and att.settle_until is not None:
             deadlines.append(att.settle_until)
@@ -529,7 +535,7 @@ class RunController:
                 self._dispatch(att, ev)
             now = self.clock()
             if att.trigger is None:
-                hang = att.hang.check(now)
+                hang = self._check_hang(att, now)
                 if hang is not None and not (att.launcher_exit and not att.launcher_exit.failed):
                     self._record_finding(att, hang)
                     self._trigger(att, hang)
@@ -558,6 +564,30 @@ class RunController:
                     return self._observed_end(att)
                 continue
             att = outcome
+
+    def _shutdown_allowance(self) -> float:
+        return max(SHUTDOWN_ALLOWANCE_S, 10.0 * (self.opt.hang_timeout or 0.0))
+
+    def _check_hang(self, att: _Attempt, now: float) -> Finding | None:
+        if att.finishing_since is None:
+            return att.hang.check(now)
+        allowance = self._shutdown_allowance()
+        if att.hang.fired or now < att.finishing_since + allowance:
+            return None
+        att.hang.fired = True
+        return Finding(
+            kind="hang",
+            domain=Domain.UNKNOWN,
+            at=now,
+            source="detector:hang",
+            message=(
+                f"the job did not finish: a rank exited cleanly {now - att.finishing_since:.0f} s "
+                f"ago but the others are still running (last step {att.steps.last_step})"
+            ),
+            severity=Severity.FATAL,
+            signature="hang:shutdown",
+            details={"since": att.finishing_since, "last_step": att.steps.last_step},
+        )
 
     def _settled(self, att: _Attempt, now: float, extra: float = 0.0) -> bool:
         if att.settle_until is None:
@@ -707,11 +737,14 @@ class RunController:
         att.verified = True
         assert att.incident_id is not None
         base = "unknown" if self.baseline_rate is None else f"{self.baseline_rate:.2f}"
-        note = (
-            f"verified: attempt {att.number} restored step {att.expected_step} and progressed to "
-            f"step {att.steps.last_step}"
-            + (f" at {rate:.2f} steps/s (pre-failure {base} steps/s)" if rate else "")
-        )
+        if att.steps.last_step is None:
+            note = f"verified: attempt {att.number} completed (no further steps to run)"
+        else:
+            note = (
+                f"verified: attempt {att.number} restored step {att.expected_step} and "
+                f"progressed to step {att.steps.last_step}"
+                + (f" at {rate:.2f} steps/s (pre-failure {base} steps/s)" if rate else "")
+            )
         self.db.transition_attempt(
             self.job_id, att.number, AttemptState.VERIFIED, at=now, reason=note, actor=ACTOR
         )
@@ -724,6 +757,8 @@ class RunController:
         if exit.source == "launcher":
             att.launcher_exit = exit
         if not exit.failed:
+            if exit.source == "rank" and att.finishing_since is None:
+                att.finishing_since = exit.at  # clean (or already reaped) rank exit
             return
         if exit.source != "launcher" or not any(
             f.kind == "crash" and f.culprit.rank is not None for f in att.findings
