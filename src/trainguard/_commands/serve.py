@@ -1,0 +1,87 @@
+"""``trainguard serve``: the control plane (API, dashboard, /metrics, controller loop)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+from trainguard._commands._common import DEFAULT_STATE, error
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="run the control plane: HTTP API, dashboard, /metrics, controller",
+        description=(
+            "Run the cluster control plane in one process: the HTTP API under /v1, the "
+            "dashboard at /, Prometheus metrics at /metrics and the controller loop. "
+            "Binds 127.0.0.1 unless --host says otherwise; starts in observe mode."
+        ),
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8470, help="port (default 8470; 0: any free)")
+    parser.add_argument(
+        "--database",
+        "--state",
+        dest="database",
+        default=DEFAULT_STATE,
+        metavar="URL|PATH",
+        help=f"SQLite file or postgresql:// URL (default {DEFAULT_STATE})",
+    )
+    parser.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="YAML/JSON token file: token -> {role, name} (default: tokens.yaml next to the "
+        "database, created with one token per role when missing)",
+    )
+    parser.add_argument(
+        "--mode",
+        choices=("observe", "act"),
+        default="observe",
+        help="default mode where no scope sets one (default observe: record plans, act on nothing)",
+    )
+    parser.add_argument(
+        "--public-read", action="store_true", help="let requests without a token read (viewer)"
+    )
+    parser.add_argument(
+        "--reconcile-interval", type=float, default=1.0, metavar="S", help="seconds between passes"
+    )
+    parser.add_argument(
+        "--no-controller",
+        action="store_true",
+        help="serve the API and ingestion only (a standby that never acts)",
+    )
+    parser.add_argument(
+        "--log-level", default="warning", choices=("debug", "info", "warning", "error")
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainguard.api.auth import TokenFileError
+    from trainguard.api.server import ServeOptions, serve
+    from trainguard.store import StoreError
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
+    if args.port < 0 or args.port > 65535:
+        return error(f"--port {args.port} is not a port number")
+    if args.reconcile_interval <= 0:
+        return error("--reconcile-interval must be positive")
+    options = ServeOptions(
+        host=args.host,
+        port=args.port,
+        database=args.database,
+        token_file=args.token_file,
+        mode=args.mode,
+        public_read=args.public_read,
+        reconcile_interval=args.reconcile_interval,
+        log_level=args.log_level,
+        controller=not args.no_controller,
+    )
+    try:
+        return serve(options, say=lambda m: print(m, flush=True))
+    except (TokenFileError, StoreError) as exc:
+        return error(str(exc))
+    except OSError as exc:
+        return error(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}")

@@ -1,0 +1,160 @@
+"""Everything one API server works with, in one object the routes share.
+
+:class:`ApiContext` holds the store, the token table, the controller (the
+``ControlPlane`` facade, or ``None`` for a read-and-ingest-only server), the
+ingestion pipelines and the metrics. :func:`build_context` wires the pipelines
+to the controller when there is one, and to the store otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainguard.api.auth import TokenTable
+from trainguard.api.ingest import (
+    FindingIngestor,
+    FindingSink,
+    IncomingFinding,
+    NodeTable,
+    ProgressItem,
+    ProgressPipeline,
+    ProgressSink,
+)
+from trainguard.api.metrics import Metrics, StoreCollector
+from trainguard.api.middleware import DEFAULT_MAX_BODY
+from trainguard.store import NotFound, Store
+from trainguard.store.fleet import FleetStore
+
+log = logging.getLogger("trainguard.api")
+
+
+@dataclass
+class ApiContext:
+    store: Store
+    tokens: TokenTable
+    nodes: NodeTable
+    progress: ProgressPipeline
+    findings: FindingIngestor
+    metrics: Metrics
+    fleet: FleetStore
+    clock: Callable[[], float] = time.time
+    control: Any | None = None
+    mode: str = "observe"
+    database: str = ""
+    public_read: bool = False
+    max_body: int = DEFAULT_MAX_BODY
+    progress_dropped: dict[str, int] = field(default_factory=dict)
+
+    def start(self) -> None:
+        self.findings.load_receipts()
+        self.progress.start()
+
+    def stop(self) -> None:
+        self.progress.stop()
+
+
+def _latest_attempt(store: Store, job_id: str, cache: dict[str, int]) -> int | None:
+    if job_id in cache:
+        return cache[job_id]
+    attempts = store.list_attempts(job_id)
+    if not attempts:
+        return None
+    cache[job_id] = attempts[-1].number
+    return cache[job_id]
+
+
+def store_progress_sink(store: Store, dropped: dict[str, int]) -> ProgressSink:
+    """Progress into the store's attempts (the last step and its time) without a controller."""
+    latest: dict[str, int] = {}
+
+    def sink(items: Sequence[ProgressItem]) -> None:
+        latest.clear()  # attempts change between flushes; the cache is per flush
+        with store.transaction():
+            for item in items:
+                ev = item.event
+                number = ev.attempt
+                try:
+                    if number is None:
+                        number = _latest_attempt(store, item.job_id, latest)
+                        if number is None:
+                            raise NotFound(item.job_id)
+                    if ev.event == "resumed":
+                        store.set_attempt_checkpoint(
+                            item.job_id,
+                            number,
+                            checkpoint_path=ev.checkpoint,
+                            checkpoint_step=ev.step if ev.checkpoint else None,
+                        )
+                    store.update_attempt_progress(item.job_id, number, ev.step, at=item.received_at)
+                except NotFound:
+                    dropped["unknown_attempt"] = dropped.get("unknown_attempt", 0) + 1
+
+    return sink
+
+
+def _control_progress_sink(control: Any) -> ProgressSink:
+    def sink(items: Sequence[ProgressItem]) -> None:
+        control.ingest_progress(list(items))
+
+    return sink
+
+
+def _control_finding_sink(control: Any) -> FindingSink:
+    def sink(item: IncomingFinding) -> None:
+        control.ingest_finding(item)
+
+    return sink
+
+
+def build_context(
+    store: Store,
+    tokens: TokenTable,
+    *,
+    control: Any | None = None,
+    clock: Callable[[], float] = time.time,
+    mode: str = "observe",
+    database: str = "",
+    public_read: bool = False,
+    max_body: int = DEFAULT_MAX_BODY,
+    heartbeat_interval: float = 1.0,
+    progress_flush_interval: float = 0.25,
+) -> ApiContext:
+    metrics = Metrics()
+    nodes = NodeTable(interval_s=heartbeat_interval)
+    dropped: dict[str, int] = {}
+    if control is not None and hasattr(control, "ingest_progress"):
+        progress_sink = _control_progress_sink(control)
+    else:
+        progress_sink = store_progress_sink(store, dropped)
+    finding_sink = (
+        _control_finding_sink(control)
+        if control is not None and hasattr(control, "ingest_finding")
+        else None
+    )
+    ctx = ApiContext(
+        store=store,
+        tokens=tokens,
+        nodes=nodes,
+        progress=ProgressPipeline(
+            progress_sink, flush_interval=progress_flush_interval, clock=clock
+        ),
+        findings=FindingIngestor(store, finding_sink, clock=clock),
+        metrics=metrics,
+        fleet=FleetStore(store),
+        clock=clock,
+        control=control,
+        mode=mode,
+        database=database,
+        public_read=public_read,
+        max_body=max_body,
+        progress_dropped=dropped,
+    )
+    metrics.add_store_collector(StoreCollector(store, node_counts=lambda: nodes.counts(clock())))
+    return ctx
+
+
+__all__ = ["ApiContext", "build_context", "store_progress_sink"]

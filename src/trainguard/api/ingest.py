@@ -1,0 +1,409 @@
+"""The ingestion path: heartbeats, progress and findings from a fleet, cheaply and exactly once.
+
+Three kinds of report arrive at very different rates, so each takes its own path
+(decision 0092):
+
+* **Heartbeats** (every agent, every second: 2,048 a second for a 16,384-GPU
+  cluster) only say "this host is alive, here are its GPU figures". They go into
+  an in-memory table (:class:`NodeTable`) in the event loop, with no lock, no
+  thread hop and no database write; liveness (up / stale / lost) is computed
+  from it when someone reads it. A server restart forgets them, and the next
+  heartbeat (a second later) brings each host back.
+* **Progress** (every job, every step) is appended to a buffer
+  (:class:`ProgressPipeline`) and acknowledged at once; a flusher thread hands
+  the buffer to the controller every ``flush_interval`` seconds, coalesced to
+  the first and last step of each (job, attempt, rank) plus every ``resumed``
+  and ``checkpoint_saved`` event. A report acknowledged is in the buffer; a
+  crash loses at most the last interval of progress, which the next report
+  supersedes.
+* **Findings** (rare, and the reason the control plane exists) are persisted
+  before they are acknowledged (:class:`FindingIngestor`), each under the id the
+  agent gave it: the receipt (an audit record with subject ``finding:<id>``) and
+  whatever the controller records are written in one transaction, so a finding
+  is recorded exactly once however often an agent resends it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from trainguard.model.findings import Culprit, Domain, Finding, Severity
+from trainguard.model.progress import ProgressEvent
+from trainguard.model.records import AuditKind
+
+log = logging.getLogger("trainguard.api")
+
+# A host is "up" while heartbeats are at most this many intervals old, "stale" up to
+# LOST_AFTER intervals, then "lost".
+STALE_AFTER = 3.0
+LOST_AFTER = 10.0
+RECEIPT_PREFIX = "finding:"
+RECEIPT_WINDOW_S = 7 * 24 * 3600.0
+MAX_PENDING_PROGRESS = 1_000_000
+
+
+# --- heartbeats ----------------------------------------------------------------------
+
+
+@dataclass
+class NodeLive:
+    """What the latest heartbeat of one host said, and when it arrived (server clock)."""
+
+    host: str
+    received_at: float
+    seq: int
+    agent_at: float
+    buffered: int = 0
+    gpus: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    agent_version: str | None = None
+    beats: int = 0
+
+
+class NodeTable:
+    """Latest heartbeat per host, in memory. Written only from the event loop."""
+
+    def __init__(self, interval_s: float = 1.0) -> None:
+        self.interval_s = interval_s
+        self.nodes: dict[str, NodeLive] = {}
+        self.inventoried: set[str] = set()
+        self.beats = 0
+
+    def beat(
+        self,
+        host: str,
+        *,
+        received_at: float,
+        seq: int,
+        agent_at: float,
+        buffered: int,
+        gpus: dict[str, dict[str, float | None]],
+        agent_version: str | None,
+    ) -> NodeLive:
+        node = self.nodes.get(host)
+        if node is None:
+            node = NodeLive(host, received_at, seq, agent_at)
+            self.nodes[host] = node
+        node.received_at = received_at
+        node.seq = seq
+        node.agent_at = agent_at
+        node.buffered = buffered
+        if gpus:
+            node.gpus = gpus
+        node.agent_version = agent_version
+        node.beats += 1
+        self.beats += 1
+        return node
+
+    def status(self, host: str, now: float) -> tuple[str, float | None]:
+        """``(up|stale|lost|unknown, age in seconds or None)``."""
+        node = self.nodes.get(host)
+        if node is None:
+            return "unknown", None
+        age = max(0.0, now - node.received_at)
+        if age <= STALE_AFTER * self.interval_s:
+            return "up", age
+        if age <= LOST_AFTER * self.interval_s:
+            return "stale", age
+        return "lost", age
+
+    def counts(self, now: float) -> dict[str, int]:
+        out = {"up": 0, "stale": 0, "lost": 0}
+        for host in self.nodes:
+            out[self.status(host, now)[0]] += 1
+        return out
+
+
+# --- progress ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProgressItem:
+    """One progress event of one job, stamped with its arrival (server clock)."""
+
+    job_id: str
+    received_at: float
+    event: ProgressEvent
+
+
+ProgressSink = Callable[[list[ProgressItem]], None]
+
+
+def coalesce(items: Sequence[ProgressItem]) -> list[ProgressItem]:
+    """Keep the first and the last ``progress`` event of each (job, attempt, rank) and every
+    other event, in arrival order. Rates and hang timers need only the ends of a window."""
+    first: dict[tuple[str, int | None, int], int] = {}
+    last: dict[tuple[str, int | None, int], int] = {}
+    keep: set[int] = set()
+    for i, item in enumerate(items):
+        ev = item.event
+        if ev.event != "progress":
+            keep.add(i)
+            continue
+        key = (item.job_id, ev.attempt, ev.rank)
+        first.setdefault(key, i)
+        last[key] = i
+    keep.update(first.values())
+    keep.update(last.values())
+    return [items[i] for i in sorted(keep)]
+
+
+class ProgressPipeline:
+    """Accept progress at once; hand it to ``sink`` in coalesced batches from a thread."""
+
+    def __init__(
+        self,
+        sink: ProgressSink,
+        *,
+        flush_interval: float = 0.25,
+        clock: Callable[[], float] = time.time,
+        max_pending: int = MAX_PENDING_PROGRESS,
+    ) -> None:
+        self.sink = sink
+        self.flush_interval = flush_interval
+        self.clock = clock
+        self.max_pending = max_pending
+        self._lock = threading.Lock()
+        self._pending: list[ProgressItem] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.accepted = 0
+        self.flushed = 0
+        self.failed_flushes = 0
+        self.last_flush_s = 0.0
+
+    def offer(self, job_id: str, events: Iterable[ProgressEvent], received_at: float) -> int:
+        """Buffer events; returns how many were taken (all, unless the buffer is full)."""
+        items = [ProgressItem(job_id, received_at, ev) for ev in events]
+        with self._lock:
+            room = self.max_pending - len(self._pending)
+            if room < len(items):
+                return 0
+            self._pending.extend(items)
+            self.accepted += len(items)
+        return len(items)
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
+    def flush(self) -> int:
+        """Hand everything buffered to the sink now; returns how many events it got."""
+        with self._lock:
+            batch, self._pending = self._pending, []
+        if not batch:
+            return 0
+        items = coalesce(batch)
+        t0 = time.perf_counter()
+        try:
+            self.sink(items)
+        except Exception:
+            # The store is briefly unavailable (locked, restarting): keep the batch for the
+            # next round rather than lose it; bounded by max_pending.
+            self.failed_flushes += 1
+            log.exception("progress flush failed; %d events kept for the next flush", len(items))
+            with self._lock:
+                self._pending[:0] = items
+            return 0
+        self.last_flush_s = time.perf_counter() - t0
+        self.flushed += len(batch)
+        return len(items)
+
+    def start(self) -> ProgressPipeline:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="progress-flush", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5.0)
+            self._thread = None
+        self.flush()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.flush_interval):
+            self.flush()
+
+
+# --- findings ------------------------------------------------------------------------
+
+
+class ReceiptStore(Protocol):
+    """The part of :class:`trainguard.store.Store` the finding ingestor uses."""
+
+    def transaction(self) -> Any: ...
+
+    def append_audit(
+        self,
+        at: float,
+        actor: str,
+        kind: AuditKind | str,
+        subject: str,
+        message: str,
+        data: dict[str, Any] | None = None,
+        *,
+        job_id: str | None = None,
+        incident_id: int | None = None,
+    ) -> int: ...
+
+    def list_audit(
+        self,
+        *,
+        since: float | None = None,
+        kind: AuditKind | str | None = None,
+        subject: str | None = None,
+    ) -> list[Any]: ...
+
+
+@dataclass(frozen=True)
+class IncomingFinding:
+    """A finding as an agent sent it: its id, the host, and the finding itself."""
+
+    id: str
+    host: str
+    finding: Finding
+    received_at: float
+
+
+FindingSink = Callable[[IncomingFinding], None]
+
+
+def finding_from_wire(data: dict[str, Any], host: str) -> Finding:
+    """The :class:`Finding` of a validated request item; the culprit's host defaults to the
+    reporting host (a kernel-log line names a PCI id, never the machine)."""
+    culprit = data.get("culprit") or {}
+    return Finding(
+        kind=str(data["kind"]),
+        domain=Domain(data["domain"]),
+        at=float(data["at"]),
+        source=str(data["source"]),
+        message=str(data["message"]),
+        severity=Severity(data.get("severity") or "error"),
+        evidence=tuple(str(e) for e in data.get("evidence") or ()),
+        culprit=Culprit(
+            device_uuid=culprit.get("device_uuid"),
+            pci_bus_id=culprit.get("pci_bus_id"),
+            rank=culprit.get("rank"),
+            host=culprit.get("host") or host,
+        ),
+        xid=data.get("xid"),
+        exit_code=data.get("exit_code"),
+        signal=data.get("signal"),
+        signature=data.get("signature"),
+        details=dict(data.get("details") or {}),
+    )
+
+
+class FindingIngestor:
+    """Record each finding exactly once, under the id its agent gave it.
+
+    The receipts of the last :data:`RECEIPT_WINDOW_S` seconds are loaded from the
+    audit log at start (an indexed range read) and kept in memory, so the duplicate
+    check costs no query; the receipt itself is written in the same transaction as
+    the sink's records, so a crash between the two cannot happen.
+    """
+
+    def __init__(
+        self,
+        store: ReceiptStore,
+        sink: FindingSink | None,
+        *,
+        clock: Callable[[], float] = time.time,
+        actor: str = "trainguard-api",
+        max_remembered: int = 2_000_000,
+    ) -> None:
+        self.store = store
+        self.sink = sink
+        self.clock = clock
+        self.actor = actor
+        self.max_remembered = max_remembered
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._lock = threading.Lock()
+        self.new = 0
+        self.duplicates = 0
+        self.failed = 0
+
+    def load_receipts(self, now: float | None = None) -> int:
+        now = self.clock() if now is None else now
+        events = self.store.list_audit(
+            since=now - RECEIPT_WINDOW_S, kind=AuditKind.OBSERVATION, subject=f"{RECEIPT_PREFIX}*"
+        )
+        with self._lock:
+            for ev in events:
+                self._remember(ev.subject[len(RECEIPT_PREFIX) :])
+        return len(events)
+
+    def _remember(self, fid: str) -> None:
+        self._seen[fid] = None
+        if len(self._seen) > self.max_remembered:
+            self._seen.popitem(last=False)
+
+    def known(self, fid: str) -> bool:
+        with self._lock:
+            return fid in self._seen
+
+    def ingest(self, items: Sequence[IncomingFinding]) -> tuple[list[str], int, int]:
+        """Record the items in order; returns (ids acknowledged, new, duplicates).
+
+        Stops at the first item that cannot be recorded (the store failed) and raises:
+        the ids before it are recorded, the rest are not, and the agent resends them.
+        """
+        acked: list[str] = []
+        new = dup = 0
+        # One finding at a time under the lock: two requests resending the same id race
+        # otherwise, and findings are rare enough that this costs nothing.
+        with self._lock:
+            for item in items:
+                if item.id in self._seen:
+                    dup += 1
+                    acked.append(item.id)
+                    continue
+                try:
+                    self._record(item)
+                except Exception:
+                    self.failed += 1
+                    raise
+                self._remember(item.id)
+                new += 1
+                acked.append(item.id)
+        self.new += new
+        self.duplicates += dup
+        return acked, new, dup
+
+    def _record(self, item: IncomingFinding) -> None:
+        f = item.finding
+        with self.store.transaction():
+            self.store.append_audit(
+                item.received_at,
+                f"agent:{item.host}",
+                AuditKind.OBSERVATION,
+                f"{RECEIPT_PREFIX}{item.id}",
+                f"{f.kind} on {item.host}: {f.message}"[:500],
+                {"id": item.id, "host": item.host, "finding": f.to_dict()},
+            )
+            if self.sink is not None:
+                self.sink(item)
+
+
+__all__ = [
+    "LOST_AFTER",
+    "RECEIPT_PREFIX",
+    "STALE_AFTER",
+    "FindingIngestor",
+    "FindingSink",
+    "IncomingFinding",
+    "NodeLive",
+    "NodeTable",
+    "ProgressItem",
+    "ProgressPipeline",
+    "ProgressSink",
+    "coalesce",
+    "finding_from_wire",
+]

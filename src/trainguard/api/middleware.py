@@ -1,0 +1,133 @@
+"""Plain ASGI middleware: a request body limit and per-route timing.
+
+Written against ASGI directly rather than Starlette's ``BaseHTTPMiddleware``,
+which costs a task and a stream per request: on the ingestion path (thousands
+of heartbeats a second) that overhead would be most of the work.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from trainguard.api.metrics import Metrics
+
+DEFAULT_MAX_BODY = 1 << 20  # 1 MiB
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _send_json(send: Send, status: int, body: dict[str, Any]) -> None:
+    data = json.dumps(body).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(data)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": data})
+
+
+class BodyLimit:
+    """Refuse request bodies over ``max_bytes`` with 413 before the route sees them.
+
+    A declared ``Content-Length`` over the limit is refused at once; a chunked body
+    is counted as it arrives and refused when it crosses the limit.
+    """
+
+    def __init__(
+        self, app: ASGIApp, max_bytes: int = DEFAULT_MAX_BODY, metrics: Metrics | None = None
+    ):
+        self.app = app
+        self.max_bytes = max_bytes
+        self.metrics = metrics
+
+    def _refuse(self) -> dict[str, Any]:
+        if self.metrics is not None:
+            self.metrics.rejected.labels("too_large").inc()
+        return {"detail": f"request body larger than {self.max_bytes} bytes"}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    await _send_json(send, 400, {"detail": "malformed Content-Length"})
+                    return
+                if declared > self.max_bytes:
+                    await _send_json(send, 413, self._refuse())
+                    return
+                break
+        seen = 0
+        started = False
+
+        async def counting_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _TooLarge
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, counting_receive, tracking_send)
+        except _TooLarge:
+            if not started:
+                await _send_json(send, 413, self._refuse())
+
+
+class RouteTiming:
+    """Observe each request's handling time under its route template (bounded labels)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        status = 500
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        finally:
+            route = scope.get("route")
+            path = getattr(route, "path", None) or ("static" if status < 400 else "unmatched")
+            self.metrics.request_seconds.labels(scope.get("method", "?"), path).observe(
+                time.perf_counter() - t0
+            )
+            if status == 401 or status == 403:
+                self.metrics.rejected.labels("auth").inc()
+            elif status == 422 or status == 400:
+                self.metrics.rejected.labels("invalid").inc()
+
+
+__all__ = ["DEFAULT_MAX_BODY", "BodyLimit", "RouteTiming"]

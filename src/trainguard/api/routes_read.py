@@ -1,0 +1,392 @@
+"""Read endpoints (``viewer`` or ``operator``): jobs, attempts, incidents, plans, actions,
+devices, nodes and the audit log. The JSON forms are those of the CLIs' ``--json``."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, HTTPException, Query
+
+from trainguard import __version__
+from trainguard.api import schemas as S
+from trainguard.api.context import ApiContext
+from trainguard.api.deps import Ctx, Viewer
+from trainguard.model.health import HealthState
+from trainguard.model.records import (
+    AttemptRecord,
+    AuditKind,
+    IncidentState,
+    JobRecord,
+    iso_utc,
+    parse_iso_utc,
+)
+
+router = APIRouter(prefix="/v1")
+
+MAX_PAGE = 1000
+_HEALTH_ORDER = [
+    HealthState.HEALTHY,
+    HealthState.SUSPECT,
+    HealthState.VALIDATING,
+    HealthState.REPAIR,
+    HealthState.QUARANTINED,
+    HealthState.RETIRED,
+]
+
+
+def attempt_progress(att: AttemptRecord) -> dict[str, Any] | None:
+    if att.last_step is None:
+        return None
+    return {
+        "attempt": att.number,
+        "step": att.last_step,
+        "at": iso_utc(att.last_step_at),
+        "first_step": att.first_step,
+        "steps_per_s": None if att.step_rate is None else round(att.step_rate, 4),
+    }
+
+
+def job_detail(ctx: ApiContext, job: JobRecord) -> dict[str, Any]:
+    attempts = ctx.store.list_attempts(job.id)
+    latest = attempts[-1] if attempts else None
+    return {
+        **job.to_json(),
+        "attempts": [a.to_json() for a in attempts],
+        "progress": None if latest is None else attempt_progress(latest),
+    }
+
+
+# --- server ------------------------------------------------------------------------
+
+
+@router.get("/whoami", response_model=S.WhoAmI, tags=["server"])
+def whoami(
+    who: Viewer,
+) -> dict[str, Any]:
+    """The name and role of the token presented."""
+    return {"name": who.name, "role": who.role.value}
+
+
+@router.get("/status", response_model=S.StatusOut, tags=["server"])
+def status(
+    ctx: Ctx,
+    _: Viewer,
+) -> dict[str, Any]:
+    """Server mode, leadership, node liveness and ingestion counters."""
+    details: dict[str, Any] = {}
+    leader: bool | None = None
+    control = ctx.control
+    if control is not None and hasattr(control, "status"):
+        try:
+            details = dict(control.status())
+        except Exception as exc:  # a status page must not fail because the loop did
+            details = {"error": str(exc)}
+        leader = details.get("leader")
+    return {
+        "version": __version__,
+        "mode": ctx.mode,
+        "control_plane": control is not None,
+        "leader": leader,
+        "database": ctx.database,
+        "nodes": ctx.nodes.counts(ctx.clock()),
+        "ingest": {
+            "heartbeats": ctx.nodes.beats,
+            "findings_new": ctx.findings.new,
+            "findings_duplicate": ctx.findings.duplicates,
+            "progress_accepted": ctx.progress.accepted,
+            "progress_pending": ctx.progress.pending(),
+            "progress_dropped": sum(ctx.progress_dropped.values()),
+        },
+        "details": details,
+    }
+
+
+# --- jobs and attempts -------------------------------------------------------------
+
+
+@router.get("/jobs", response_model=list[S.JobDetail], tags=["jobs"])
+def list_jobs(
+    ctx: Ctx,
+    _: Viewer,
+    state: Annotated[str | None, Query(description="only jobs in this state")] = None,
+) -> list[dict[str, Any]]:
+    """Every job with its attempts and latest progress, oldest first."""
+    return [job_detail(ctx, j) for j in ctx.store.list_jobs() if state is None or j.state == state]
+
+
+@router.get("/jobs/{job_id}", response_model=S.JobDetail, tags=["jobs"])
+def get_job(
+    job_id: str,
+    ctx: Ctx,
+    _: Viewer,
+) -> dict[str, Any]:
+    return job_detail(ctx, ctx.store.get_job(job_id))
+
+
+@router.get("/jobs/{job_id}/attempts", response_model=list[S.Attempt], tags=["jobs"])
+def list_attempts(
+    job_id: str,
+    ctx: Ctx,
+    _: Viewer,
+) -> list[dict[str, Any]]:
+    ctx.store.get_job(job_id)  # 404 for an unknown job, not an empty list
+    return [a.to_json() for a in ctx.store.list_attempts(job_id)]
+
+
+@router.get("/jobs/{job_id}/attempts/{number}", response_model=S.Attempt, tags=["jobs"])
+def get_attempt(
+    job_id: str,
+    number: int,
+    ctx: Ctx,
+    _: Viewer,
+) -> dict[str, Any]:
+    return ctx.store.get_attempt(job_id, number).to_json()
+
+
+# --- incidents, plans, actions -----------------------------------------------------
+
+
+@router.get("/incidents", response_model=list[S.Incident], tags=["incidents"])
+def list_incidents(
+    ctx: Ctx,
+    _: Viewer,
+    job_id: str | None = None,
+    state: IncidentState | None = None,
+    open: Annotated[bool, Query(description="only incidents not closed yet")] = False,
+) -> list[dict[str, Any]]:
+    """Incidents, oldest first (the same objects as ``trainguard incidents --json``)."""
+    incs = ctx.store.list_incidents(job_id=job_id, state=state)
+    return [i.to_json() for i in incs if not open or not i.state.terminal]
+
+
+@router.get("/incidents/{incident_id}", response_model=S.Incident, tags=["incidents"])
+def get_incident(
+    incident_id: int,
+    ctx: Ctx,
+    _: Viewer,
+) -> dict[str, Any]:
+    return ctx.store.get_incident(incident_id).to_json()
+
+
+@router.get(
+    "/incidents/{incident_id}/timeline", response_model=list[S.TimelineItem], tags=["incidents"]
+)
+def incident_timeline(
+    incident_id: int,
+    ctx: Ctx,
+    _: Viewer,
+) -> list[dict[str, Any]]:
+    return [t.to_json() for t in ctx.store.get_incident(incident_id).timeline]
+
+
+@router.get("/incidents/{incident_id}/evidence", response_model=S.Evidence, tags=["incidents"])
+def incident_evidence(
+    incident_id: int,
+    ctx: Ctx,
+    _: Viewer,
+) -> dict[str, Any]:
+    inc = ctx.store.get_incident(incident_id)
+    return {"incident_id": inc.id, "evidence": list(inc.evidence), "attribution": inc.attribution}
+
+
+@router.get("/incidents/{incident_id}/report", response_model=dict[str, Any], tags=["incidents"])
+def incident_report(
+    incident_id: int,
+    ctx: Ctx,
+    _: Viewer,
+) -> dict[str, Any]:
+    """The post-incident record (the same object as ``trainguard report ID --json``)."""
+    from trainguard.store.report import build_report
+
+    return build_report(ctx.store, incident_id)
+
+
+@router.get("/plans", response_model=list[S.PlanOut], tags=["incidents"])
+def list_plans(
+    ctx: Ctx,
+    _: Viewer,
+    incident_id: int | None = None,
+) -> list[dict[str, Any]]:
+    """The latest recorded plan of each incident (its generation counts the plans recorded)."""
+    incs = (
+        [ctx.store.get_incident(incident_id)]
+        if incident_id is not None
+        else ctx.store.list_incidents()
+    )
+    return [
+        {
+            "incident_id": i.id,
+            "job_id": i.job_id,
+            "generation": i.plan_generation,
+            "plan": i.plan,
+            "state": i.state.value,
+        }
+        for i in incs
+        if i.plan is not None
+    ]
+
+
+@router.get("/actions", response_model=list[S.ActionOut], tags=["incidents"])
+def list_actions(
+    ctx: Ctx,
+    _: Viewer,
+    incident_id: int | None = None,
+) -> list[dict[str, Any]]:
+    """The action ledger: each action of each plan generation, with its intent and result."""
+    return [a.to_json() for a in ctx.fleet.list_actions(incident_id)]
+
+
+# --- devices and nodes -------------------------------------------------------------
+
+
+@router.get("/devices", response_model=list[S.DeviceOut], tags=["devices"])
+def list_devices(
+    ctx: Ctx,
+    _: Viewer,
+    host: str | None = None,
+    state: HealthState | None = None,
+) -> list[dict[str, Any]]:
+    return [
+        d.to_json() for d in ctx.store.list_devices(host=host) if state is None or d.state is state
+    ]
+
+
+@router.get("/devices/{ident}", response_model=S.DeviceOut, tags=["devices"])
+def get_device(
+    ident: str,
+    ctx: Ctx,
+    _: Viewer,
+    host: str | None = None,
+) -> dict[str, Any]:
+    """A device by UUID, PCI bus id (any spelling) or index (with ``host`` when ambiguous)."""
+    return ctx.store.find_device(ident, host=host).to_json()
+
+
+@router.get("/devices/{ident}/history", response_model=list[S.HealthChangeOut], tags=["devices"])
+def device_history(
+    ident: str,
+    ctx: Ctx,
+    _: Viewer,
+    host: str | None = None,
+) -> list[dict[str, Any]]:
+    dev = ctx.store.find_device(ident, host=host)
+    return [h.to_json() for h in ctx.store.device_history(dev.uuid)]
+
+
+def node_views(ctx: ApiContext, host: str | None = None) -> list[dict[str, Any]]:
+    """Hosts known from the node table, the device inventory or heartbeats, with liveness
+    and the worst health state of the node and its devices."""
+    now = ctx.clock()
+    by_host: dict[str, dict[str, int]] = {}
+    for d in ctx.store.list_devices(host=host):
+        counts = by_host.setdefault(d.device.host, {})
+        counts[d.state.value] = counts.get(d.state.value, 0) + 1
+    fleet_nodes = {n.name: n for n in ctx.fleet.list_nodes() if host is None or n.name == host}
+    if host is not None:
+        hosts = {host} & (set(by_host) | set(fleet_nodes) | set(ctx.nodes.nodes))
+    else:
+        hosts = set(by_host) | set(fleet_nodes) | set(ctx.nodes.nodes)
+    out = []
+    for h in sorted(hosts):
+        live = ctx.nodes.nodes.get(h)
+        node = fleet_nodes.get(h)
+        counts = by_host.get(h, {})
+        states = [HealthState(s) for s in counts]
+        if node is not None:
+            states.append(node.state)
+        worst = max(states, key=_HEALTH_ORDER.index, default=HealthState.HEALTHY)
+        status, age = ctx.nodes.status(h, now)
+        out.append(
+            {
+                "host": h,
+                "partition": None if node is None else node.partition,
+                "state": HealthState.HEALTHY.value if node is None else node.state.value,
+                "status": status,
+                "health": worst.value,
+                "devices": counts,
+                "last_heartbeat": None if live is None else iso_utc(live.received_at),
+                "heartbeat_age_s": None if age is None else round(age, 3),
+                "buffered": None if live is None else live.buffered,
+                "gpus": {} if live is None else live.gpus,
+            }
+        )
+    return out
+
+
+@router.get("/nodes", response_model=list[S.NodeOut], tags=["devices"])
+def list_nodes(
+    ctx: Ctx,
+    _: Viewer,
+) -> list[dict[str, Any]]:
+    """Hosts: agent liveness from heartbeats and the worst health state of their devices."""
+    return node_views(ctx)
+
+
+@router.get("/nodes/{host}", response_model=S.NodeOut, tags=["devices"])
+def get_node(
+    host: str,
+    ctx: Ctx,
+    _: Viewer,
+) -> dict[str, Any]:
+    views = node_views(ctx, host)
+    if not views:
+        raise HTTPException(404, f"no node {host!r}")
+    return views[0]
+
+
+# --- audit -------------------------------------------------------------------------
+
+
+@router.get("/audit", response_model=S.AuditPage, tags=["audit"])
+def list_audit(
+    ctx: Ctx,
+    _: Viewer,
+    since: Annotated[
+        str | None, Query(description="ISO 8601 (naive = UTC) or epoch seconds")
+    ] = None,
+    until: Annotated[str | None, Query(description="ISO 8601 or epoch seconds (exclusive)")] = None,
+    kind: AuditKind | None = None,
+    subject: Annotated[str | None, Query(description="exact, or a prefix ending in `*`")] = None,
+    job_id: str | None = None,
+    incident_id: int | None = None,
+    cursor: Annotated[str | None, Query(description="next_cursor of the previous page")] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+    order: Annotated[
+        Literal["asc", "newest"],
+        Query(
+            description="asc: oldest first, paged with the cursor; newest: the last `limit` matches"
+        ),
+    ] = "asc",
+) -> dict[str, Any]:
+    """Audit records matching every filter, oldest first, ``limit`` per page."""
+    try:
+        since_f = None if since is None else parse_iso_utc(since)
+        until_f = None if until is None else parse_iso_utc(until)
+    except ValueError as exc:
+        raise HTTPException(422, str(exc)) from None
+    after: int | None = None
+    if cursor is not None:
+        if not cursor.isdigit():
+            raise HTTPException(422, f"malformed cursor {cursor!r}")
+        after = int(cursor)
+    newest = order == "newest"
+    events = ctx.store.list_audit(
+        since=since_f,
+        until=until_f,
+        kind=kind,
+        subject=subject,
+        job_id=job_id,
+        incident_id=incident_id,
+        after_id=None if newest else after,
+        limit=limit + (0 if newest else 1),
+        newest=newest,
+    )
+    more = not newest and len(events) > limit
+    events = events[:limit]
+    return {
+        "events": [e.to_json() for e in events],
+        "next_cursor": str(events[-1].id) if more and events else None,
+    }
+
+
+__all__ = ["attempt_progress", "job_detail", "node_views", "router"]

@@ -1,0 +1,487 @@
+"""Request and response bodies of the HTTP API (the OpenAPI contract is built from these).
+
+Responses mirror the public JSON forms of :mod:`trainguard.model.records` (the same
+keys as ``trainguard incidents --json`` and friends), so a client reading through
+the API sees exactly what the CLIs print. Requests forbid unknown fields and bound
+every list and string, so that a malformed or oversized request is refused with a
+4xx that says what is wrong, before anything changes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from trainguard.model.findings import Domain, Severity
+from trainguard.model.health import HealthState
+
+MAX_FINDINGS_PER_BATCH = 500
+MAX_PROGRESS_PER_BATCH = 2000
+MAX_DEVICES_PER_HOST = 4096
+MAX_TEXT = 4000
+HOST_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,252}$"
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class ErrorBody(_Response):
+    detail: Any = Field(description="what was wrong (a message, or validation errors)")
+
+
+# --- shared pieces -------------------------------------------------------------------
+
+
+class CulpritModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    device_uuid: str | None = Field(default=None, max_length=200)
+    pci_bus_id: str | None = Field(default=None, max_length=64)
+    rank: int | None = Field(default=None, ge=0)
+    host: str | None = Field(default=None, max_length=253)
+
+
+class DeviceIn(_Request):
+    index: int = Field(ge=0, le=65535)
+    uuid: str = Field(min_length=1, max_length=200)
+    pci_bus_id: str = Field(min_length=1, max_length=64)
+    model: str = Field(default="unknown", max_length=200)
+    memory_mb: int = Field(default=0, ge=0)
+
+
+# --- agent ingestion -----------------------------------------------------------------
+
+
+class InventoryIn(_Request):
+    devices: list[DeviceIn] = Field(max_length=MAX_DEVICES_PER_HOST)
+    source: str = Field(default="agent", max_length=100)
+    message: str = Field(default="", max_length=MAX_TEXT)
+    agent_version: str | None = Field(default=None, max_length=100)
+
+
+class InventoryOut(_Response):
+    host: str
+    registered: int
+    new: int
+
+
+class GpuSample(_Request):
+    """A few current figures of one GPU (from DCGM), shown on the health map."""
+
+    temp_c: float | None = None
+    power_w: float | None = None
+    util_pct: float | None = None
+    mem_used_mb: float | None = None
+
+
+class HeartbeatIn(_Request):
+    seq: int = Field(ge=0, description="increases by one per heartbeat of this agent run")
+    at: float = Field(description="agent clock, epoch seconds")
+    buffered: int = Field(default=0, ge=0, description="findings waiting in the agent's buffer")
+    gpus: dict[str, GpuSample] = Field(default_factory=dict, max_length=MAX_DEVICES_PER_HOST)
+    agent_version: str | None = Field(default=None, max_length=100)
+
+
+class HeartbeatOut(_Response):
+    ok: bool
+    server_time: float
+    inventory_needed: bool = Field(description="the server has no inventory of this host")
+
+
+class FindingIn(_Request):
+    """One finding as the agent saw it; ``id`` makes ingestion idempotent."""
+
+    id: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:@/+=-]+$")
+    kind: str = Field(min_length=1, max_length=100)
+    domain: Domain
+    at: float
+    source: str = Field(min_length=1, max_length=200)
+    message: str = Field(max_length=MAX_TEXT)
+    severity: Severity = Severity.ERROR
+    evidence: list[str] = Field(default_factory=list, max_length=50)
+    culprit: CulpritModel = Field(default_factory=CulpritModel)
+    xid: int | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    signature: str | None = Field(default=None, max_length=MAX_TEXT)
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class FindingsIn(_Request):
+    findings: list[FindingIn] = Field(min_length=1, max_length=MAX_FINDINGS_PER_BATCH)
+
+
+class FindingsOut(_Response):
+    acked: list[str] = Field(description="ids now recorded (new or already known), in order")
+    new: int
+    duplicates: int
+
+
+class ProgressIn(_Request):
+    """One ``trainguard.model.progress.ProgressEvent`` (its wire form)."""
+
+    model_config = ConfigDict(extra="ignore")  # newer jobs may send more fields
+    v: int = 1
+    event: Literal["progress", "resumed", "checkpoint_saved"] = "progress"
+    step: int = Field(ge=0)
+    time: float
+    rank: int = Field(default=0, ge=0)
+    attempt: int | None = Field(default=None, ge=0)
+    pid: int | None = None
+    loss: float | str | None = None
+    checkpoint: str | None = Field(default=None, max_length=MAX_TEXT)
+    metrics: dict[str, Any] = Field(default_factory=dict)
+
+
+class ProgressBatchIn(_Request):
+    events: list[ProgressIn] = Field(min_length=1, max_length=MAX_PROGRESS_PER_BATCH)
+
+
+class ProgressOut(_Response):
+    accepted: int
+
+
+# --- operator requests ---------------------------------------------------------------
+
+
+class ReasonIn(_Request):
+    reason: str = Field(min_length=1, max_length=MAX_TEXT, description="why (kept in the audit)")
+
+
+class JobIn(_Request):
+    name: str = Field(min_length=1, max_length=200)
+    command: list[str] = Field(min_length=1, max_length=1000)
+    need: int = Field(ge=1, le=1_000_000)
+    min_need: int | None = Field(default=None, ge=1)
+    checkpoint_dir: str | None = Field(default=None, max_length=MAX_TEXT)
+    mode: Literal["observe", "act"] = "observe"
+    policy: str | None = Field(default=None, max_length=200, description="policy name")
+    job_id: str | None = Field(default=None, max_length=100, pattern=r"^[A-Za-z0-9_.:-]+$")
+
+
+class AttemptIn(_Request):
+    number: int = Field(ge=0)
+    devices: list[str] = Field(max_length=100_000, description="device uuids")
+    checkpoint_path: str | None = Field(default=None, max_length=MAX_TEXT)
+    checkpoint_step: int | None = Field(default=None, ge=0)
+
+
+class ModeIn(_Request):
+    scope: str = Field(
+        default="cluster",
+        max_length=300,
+        description="`cluster`, `partition:<name>` or `job:<id>`",
+    )
+    mode: Literal["observe", "act"]
+    reason: str = Field(min_length=1, max_length=MAX_TEXT)
+
+
+class PolicyIn(_Request):
+    policy: dict[str, Any] = Field(description="recovery policy fields (docs/api.md#policies)")
+    reason: str = Field(default="set through the API", max_length=MAX_TEXT)
+
+
+# --- responses -----------------------------------------------------------------------
+
+
+class Job(_Response):
+    id: str
+    name: str
+    command: list[str]
+    need: int
+    min_need: int | None
+    mode: str
+    checkpoint_dir: str | None
+    state: str
+    created_at: str | None
+    updated_at: str | None
+    ended_at: str | None
+    reason: str | None
+
+
+class AttemptDevice(_Response):
+    index: int
+    uuid: str
+    pci_bus_id: str
+    host: str
+
+
+class CheckpointRef(_Response):
+    path: str | None
+    step: int | None
+
+
+class Attempt(_Response):
+    job_id: str
+    number: int
+    state: str
+    devices: list[AttemptDevice]
+    started_at: str | None
+    ended_at: str | None
+    exit_code: int | None
+    signal: int | None
+    checkpoint_restored: CheckpointRef | None
+    first_step: int | None
+    last_step: int | None
+    log_path: str | None
+    reason: str | None
+
+
+class JobDetail(Job):
+    attempts: list[Attempt]
+    progress: dict[str, Any] | None = Field(
+        default=None, description="latest step, its time and the step rate, when known"
+    )
+
+
+class TimelineItem(_Response):
+    at: str | None
+    what: str
+
+
+class Incident(_Response):
+    id: int
+    job_id: str
+    attempt: int
+    kind: str
+    domain: str
+    culprit: CulpritModel
+    state: str
+    outcome: str
+    summary: str
+    fault_at: str | None
+    detected_at: str | None
+    acted_at: str | None
+    recovered_at: str | None
+    closed_at: str | None
+    checkpoint_path: str | None
+    checkpoint_step: int | None
+    failed_step: int | None
+    lost_steps: int | None
+    recovery_attempt: int | None
+    signature: str | None
+    actions: list[dict[str, Any]]
+    evidence: list[str]
+    plan: dict[str, Any] | None
+    plan_generation: int
+    timeline: list[TimelineItem]
+    repair: str | None
+    reason: str | None
+
+
+class Evidence(_Response):
+    incident_id: int
+    evidence: list[str]
+    attribution: dict[str, Any] | None
+
+
+class PlanOut(_Response):
+    incident_id: int
+    job_id: str
+    generation: int
+    plan: dict[str, Any] | None
+    state: str
+
+
+class ActionOut(_Response):
+    """One action of the write-ahead ledger (intent before, result after)."""
+
+    key: str = Field(description="idempotency key: inc<incident>-g<generation>-a<index>")
+    incident_id: int
+    generation: int
+    index: int
+    type: str
+    state: Literal["intended", "done", "failed", "skipped"]
+    fencing_token: int
+    data: dict[str, Any]
+    result: dict[str, Any] | None
+    intended_at: str | None
+    finished_at: str | None
+    intent_audit_id: int | None
+    result_audit_id: int | None
+
+
+class ApprovalOut(_Response):
+    id: int
+    kind: str
+    subject: str
+    why: str
+    state: Literal["pending", "approved", "denied"]
+    incident_id: int | None
+    action_key: str | None
+    requested_at: str | None
+    requested_by: str
+    decided_at: str | None
+    decided_by: str | None
+    decision_reason: str | None
+    data: dict[str, Any]
+
+
+class RepairOut(_Response):
+    id: int
+    resource_kind: str
+    resource_id: str
+    host: str | None
+    incident_id: int | None
+    state: Literal["open", "validating", "closed"]
+    what_failed: str
+    evidence: list[str]
+    recommended_repair: str
+    created_at: str | None
+    updated_at: str | None
+    outcome: str | None
+    closed_at: str | None
+    closed_by: str | None
+    validations: list[dict[str, Any]]
+
+
+class BreakerOut(_Response):
+    name: str
+    state: Literal["closed", "open"]
+    changed_at: str | None
+    changed_by: str | None
+    reason: str | None
+    suppressed: int
+
+
+class ScopeModeOut(_Response):
+    scope: str
+    mode: Literal["observe", "act"]
+    set_by: str
+    set_at: str | None
+    reason: str | None
+
+
+class ModesOut(_Response):
+    default: Literal["observe", "act"] = Field(description="the mode where no scope sets one")
+    scopes: list[ScopeModeOut]
+
+
+class PolicyOut(_Response):
+    name: str
+    document: dict[str, Any]
+    updated_at: str | None
+    updated_by: str | None
+
+
+class DeviceOut(_Response):
+    uuid: str
+    pci_bus_id: str
+    index: int
+    host: str
+    model: str
+    memory_mb: int
+    state: HealthState
+    reason: str | None
+    since: str | None
+    first_seen: str | None
+    last_seen: str | None
+
+
+class HealthChangeOut(_Response):
+    id: int
+    device_uuid: str
+    at: str | None
+    old_state: str | None
+    new_state: str
+    reason: str
+    actor: str
+    job_id: str | None
+    incident_id: int | None
+    audit_id: int | None
+
+
+class NodeOut(_Response):
+    host: str
+    partition: str | None = None
+    state: str = Field(description="the node's own health state (healthy when never changed)")
+    status: Literal["up", "stale", "lost", "unknown"] = Field(
+        description="agent liveness from heartbeats (up: seen within 3 intervals)"
+    )
+    health: str = Field(description="worst of the node's and its devices' health states")
+    devices: dict[str, int] = Field(description="device count by health state")
+    last_heartbeat: str | None
+    heartbeat_age_s: float | None
+    buffered: int | None = Field(description="findings the agent still holds")
+    gpus: dict[str, GpuSample] = Field(default_factory=dict)
+
+
+class AuditOut(_Response):
+    id: int
+    at: str | None
+    actor: str
+    kind: str
+    subject: str
+    message: str
+    data: dict[str, Any]
+    job_id: str | None
+    incident_id: int | None
+
+
+class AuditPage(_Response):
+    events: list[AuditOut]
+    next_cursor: str | None = Field(description="pass as `cursor` for the next page; null at end")
+
+
+class WhoAmI(_Response):
+    name: str
+    role: str
+
+
+class StatusOut(_Response):
+    version: str
+    mode: str
+    control_plane: bool = Field(description="a controller loop runs in this server")
+    leader: bool | None
+    database: str
+    nodes: dict[str, int]
+    ingest: dict[str, int]
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+__all__ = [
+    "MAX_FINDINGS_PER_BATCH",
+    "MAX_PROGRESS_PER_BATCH",
+    "ActionOut",
+    "ApprovalOut",
+    "Attempt",
+    "AttemptIn",
+    "AuditOut",
+    "AuditPage",
+    "BreakerOut",
+    "DeviceOut",
+    "ErrorBody",
+    "Evidence",
+    "FindingIn",
+    "FindingsIn",
+    "FindingsOut",
+    "HealthChangeOut",
+    "HeartbeatIn",
+    "HeartbeatOut",
+    "Incident",
+    "InventoryIn",
+    "InventoryOut",
+    "Job",
+    "JobDetail",
+    "JobIn",
+    "ModeIn",
+    "ModesOut",
+    "NodeOut",
+    "PlanOut",
+    "PolicyIn",
+    "PolicyOut",
+    "ProgressBatchIn",
+    "ProgressIn",
+    "ProgressOut",
+    "ReasonIn",
+    "RepairOut",
+    "ScopeModeOut",
+    "StatusOut",
+    "TimelineItem",
+    "WhoAmI",
+]

@@ -1,0 +1,203 @@
+"""Run the control plane in one process: API, dashboard, /metrics and the controller loop.
+
+:func:`serve` opens the store, loads (or creates) the token file, builds the
+controller (the ``ControlPlane`` facade) and the API around it, runs the
+reconcile loop in a thread, and serves HTTP with uvicorn (uvloop and httptools
+when installed) on a socket it binds itself, so ``--port 0`` works and the real
+address is printed before the first request can arrive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainguard.api.auth import TokenTable, create_token_file
+from trainguard.api.context import ApiContext, build_context
+from trainguard.api.middleware import DEFAULT_MAX_BODY
+
+log = logging.getLogger("trainguard.serve")
+
+
+@dataclass
+class ServeOptions:
+    host: str = "127.0.0.1"
+    port: int = 8470
+    database: str = ".trainguard/state.db"
+    token_file: str | None = None
+    mode: str = "observe"
+    public_read: bool = False
+    reconcile_interval: float = 1.0
+    heartbeat_interval: float = 1.0
+    max_body: int = DEFAULT_MAX_BODY
+    log_level: str = "warning"
+    controller: bool = True
+    holder: str | None = None  # leader-lease identity (default host:pid)
+
+
+def default_token_file(database: str) -> Path:
+    if database.startswith(("postgresql://", "postgres://")):
+        return Path(".trainguard/tokens.yaml")
+    return Path(database).parent / "tokens.yaml"
+
+
+def load_tokens(options: ServeOptions, say: Callable[[str], None]) -> tuple[TokenTable, str]:
+    if options.token_file:
+        path = Path(options.token_file)
+        return TokenTable.load(path), str(path)
+    path = default_token_file(options.database)
+    if not path.exists():
+        create_token_file(path)
+        say(
+            f"created {path} with an operator, a viewer and an agent token (mode 0600); "
+            "give each holder their token"
+        )
+    return TokenTable.load(path), str(path)
+
+
+def build_control(store: Any, options: ServeOptions, clock: Callable[[], float]) -> Any | None:
+    """The controller facade for this server, or ``None`` when it is not available."""
+    if not options.controller:
+        return None
+    try:
+        from trainguard.controller.service import ControlPlane
+    except ImportError:
+        log.warning("controller facade not available: serving the API without a controller loop")
+        return None
+    return ControlPlane.for_serve(  # pragma: no cover - wired when the facade exists
+        store, mode=options.mode, clock=clock, holder=options.holder
+    )
+
+
+class ReconcileLoop:
+    """Call ``control.run_once()`` every ``interval`` seconds in a thread, timing each pass."""
+
+    def __init__(self, ctx: ApiContext, interval: float) -> None:
+        self.ctx = ctx
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="reconcile", daemon=True)
+        self.passes = 0
+        self.errors = 0
+
+    def start(self) -> ReconcileLoop:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30.0)
+
+    def _run(self) -> None:
+        control = self.ctx.control
+        assert control is not None
+        while not self._stop.is_set():
+            t0 = time.perf_counter()
+            try:
+                control.run_once()
+                self.passes += 1
+            except Exception:  # a pass that fails is logged; the next pass starts clean
+                self.errors += 1
+                self.ctx.metrics.reconcile_errors.inc()
+                log.exception("reconcile pass failed")
+            elapsed = time.perf_counter() - t0
+            self.ctx.metrics.reconcile_seconds.observe(elapsed)
+            self._stop.wait(max(0.0, self.interval - elapsed))
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(4096)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(options: ServeOptions, say: Callable[[str], None] = print) -> int:
+    import uvicorn
+
+    from trainguard.api.app import create_app
+    from trainguard.store.backend import open_store
+
+    clock = time.time
+    store = open_store(options.database, at=clock())
+    tokens, token_path = load_tokens(options, say)
+    control = build_control(store, options, clock)
+    ctx = build_context(
+        store,
+        tokens,
+        control=control,
+        clock=clock,
+        mode=options.mode,
+        database=_describe(options.database),
+        public_read=options.public_read,
+        max_body=options.max_body,
+        heartbeat_interval=options.heartbeat_interval,
+    )
+    app = create_app(ctx)
+    sock = bind(options.host, options.port)
+    host, port = sock.getsockname()[:2]
+    ctx.start()
+    loop = ReconcileLoop(ctx, options.reconcile_interval).start() if control is not None else None
+    config = uvicorn.Config(
+        app,
+        log_level=options.log_level,
+        access_log=False,
+        loop=_pick("uvloop", "auto"),
+        http=_pick("httptools", "auto"),
+        timeout_keep_alive=75,  # agents keep one connection open between heartbeats
+        backlog=4096,
+        lifespan="off",
+    )
+    server = uvicorn.Server(config)
+    say(
+        f"trainguard serve: listening on http://{_url_host(host)}:{port} "
+        f"(mode {options.mode}, database {_describe(options.database)}, tokens {token_path})"
+    )
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    try:
+        server.run(sockets=[sock])
+    finally:
+        if loop is not None:
+            loop.stop()
+        ctx.stop()
+        if control is not None and hasattr(control, "close"):
+            with contextlib.suppress(Exception):
+                control.close()
+        store.close()
+        sock.close()
+    return 0
+
+
+def _pick(module: str, fallback: str) -> str:
+    try:
+        __import__(module)
+    except ImportError:
+        return fallback
+    return module
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _describe(database: str) -> str:
+    if database.startswith(("postgresql://", "postgres://")):
+        _, _, tail = database.partition("@")
+        return ("postgresql://***@" + tail) if tail else database.split("?")[0]
+    return os.fspath(database)
+
+
+__all__ = ["ReconcileLoop", "ServeOptions", "bind", "build_control", "serve"]
