@@ -5,9 +5,11 @@ Where reports go is ``TRAINGUARD_PROGRESS`` (decision 0003):
 - ``unix:/path/sock``: one datagram per event, sent non-blocking; dropped when
   nobody listens or the socket buffer is full;
 - ``file:/path/progress.jsonl``: one JSON line appended per event;
+- ``http://host:port/v1/jobs/<job id>/progress`` (or ``https://``): batched POSTs to
+  the control plane from a background thread (:mod:`trainguard.train.http_progress`;
+  token in ``TRAINGUARD_PROGRESS_TOKEN``); a full queue drops events;
 - unset: logged only (logger ``trainguard.train``, level INFO);
-- anything else (``http://`` is reserved for the control plane): a warning is
-  logged once and events are only logged.
+- anything else: a warning is logged once and events are only logged.
 
 Every event is a :class:`trainguard.model.progress.ProgressEvent` carrying the
 rank (``RANK``), the attempt (``TRAINGUARD_ATTEMPT``) and the pid.
@@ -48,6 +50,7 @@ class _Transport:
         self.kind = "log"
         self.target = ""
         self.sock: socket.socket | None = None
+        self.http: Any = None  # http_progress.HttpBatcher for http(s) destinations
         self.dropped = 0
         self._warned = False
         if not spec:
@@ -57,10 +60,15 @@ class _Transport:
             self.kind, self.target = "unix", rest
         elif sep and scheme == "file" and rest:
             self.kind, self.target = "file", rest
+        elif sep and scheme in ("http", "https") and rest.startswith("//"):
+            from trainguard.train.http_progress import HttpBatcher
+
+            self.kind, self.target = "http", spec
+            self.http = HttpBatcher(spec)
         else:
             log.warning(
                 "trainguard: %s=%r is not a supported progress destination "
-                "(use unix:/path or file:/path); progress is only logged",
+                "(use unix:/path, file:/path or http://...); progress is only logged",
                 PROGRESS_ENV,
                 spec,
             )
@@ -72,6 +80,8 @@ class _Transport:
                     self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
                     self.sock.setblocking(False)
                 self.sock.sendto(line.encode(), self.target)
+            elif self.kind == "http":
+                self.http.offer(line)  # queued for the sender thread; never blocks
             elif self.kind == "file":
                 fd = os.open(self.target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
                 try:
@@ -90,6 +100,9 @@ class _Transport:
                 )
 
     def close(self) -> None:
+        if self.http is not None:
+            self.http.close()
+            self.http = None
         if self.sock is not None:
             self.sock.close()
             self.sock = None
