@@ -1,0 +1,52 @@
+"""Which actions wait for a person's approval, and why.
+
+Rules (decision 0084):
+
+* **Destructive actions** always wait: rebooting or power-cycling a node,
+  retiring a device or node (``reboot``, ``power_cycle``, ``retire``).
+* **Uncertain actions** wait: any action (restart, quarantine) for an incident
+  whose cause is ``unknown`` when the same job already had an unknown-cause
+  failure before (this incident's earlier failures or an earlier incident).
+  Acting blindly once is cheap; doing it again on a failure nobody understands
+  is how a fleet loses a day.
+* ``stop`` and ``waitforcapacity`` never wait: stopping is the safe direction,
+  and waiting does nothing.
+
+An approval is a row with a state machine (``pending -> approved | denied``,
+:mod:`trainguard.model.fleet`); the reconciler creates it for the action's
+idempotency key and goes on with other work until it is decided.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from trainguard.model.findings import Domain
+
+DESTRUCTIVE = frozenset({"reboot", "power_cycle", "retire"})
+NEVER = frozenset({"stop", "waitforcapacity"})
+
+
+def approval_reason(
+    action_type: str, *, domain: str, prior_domains: Sequence[str] = ()
+) -> str | None:
+    """Why ``action_type`` needs approval for a failure in ``domain``; ``None``: it does not.
+
+    ``prior_domains`` are the domains of the job's earlier failures (oldest first),
+    the current one excluded.
+    """
+    if action_type in NEVER:
+        return None
+    if action_type in DESTRUCTIVE:
+        return f"{action_type.replace('_', ' ')} is destructive: a person must approve it"
+    if domain == Domain.UNKNOWN.value:
+        repeats = sum(1 for d in prior_domains if d == Domain.UNKNOWN.value)
+        if repeats:
+            return (
+                f"the cause is unknown and this job failed for an unknown cause "
+                f"{repeats} time(s) before: a person decides whether to {action_type}"
+            )
+    return None
+
+
+__all__ = ["DESTRUCTIVE", "NEVER", "approval_reason"]

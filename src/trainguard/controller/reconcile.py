@@ -1,0 +1,1811 @@
+"""The cluster reconciler: level-based, write-ahead, fenced — it never acts twice.
+
+One :meth:`Reconciler.run_once` pass (``trainguard serve`` runs one a second):
+
+1. **Lead or stand by.** Renew or take the store lease; a follower does nothing
+   else. The lease's fencing token goes with every write and every scheduler call.
+2. **Observe.** ``scheduler.observe()`` — jobs, their current attempt, nodes and
+   devices — plus the store (incidents, plans, the action ledger, findings from
+   agents, progress reports). Nothing is remembered between passes but
+   caches that only save work (inventory already registered, output offsets).
+3. **Sync attempts.** Each managed job's observed attempt is mirrored into the
+   store; a failed attempt (exit, hang: no progress for the policy's hang
+   timeout) opens an incident with its attribution — in one fenced transaction
+   with the attempt's end, so a failure opens exactly one incident.
+4. **Plan.** An incident without a plan (or whose plan ran out: the restart did
+   not verify, capacity came back) gets ``policy.decide(snapshot)``; the Plan is
+   persisted with the next generation number *before* any action (durable
+   intent), with the mode that applies (observe: recorded, incident ``observed``).
+5. **Act on the difference.** For action ``i`` of generation ``g`` the key
+   ``inc<id>-g<g>-a<i>`` is looked up in the ledger: done -> skip; otherwise the
+   mode, the approval and (for a quarantine) the breaker are checked, the intent
+   is written (ledger row + ``intent`` audit record, one transaction), the
+   observation is checked for the action's effect (already there: nothing to
+   call), the scheduler is called with the key, and the result is written with
+   every store effect of the action (device quarantined, repair record, webhook
+   in the outbox, incident and job states, ``result`` audit record) in one
+   fenced transaction. A crash anywhere repeats at most the scheduler call,
+   which the key (and the level check) makes harmless.
+6. **Verify.** A restarted job is ``recovered`` once its new attempt has run for
+   the verification window (and, for jobs that report progress, advances from
+   the restored step); a recovery attempt that fails before that re-plans the
+   same incident (next generation).
+7. **Deliver** due webhook POSTs (repair records, pages) from the outbox.
+
+Crash test hook: ``TRAINGUARD_TEST_CRASH_AT=<point>[#N]`` SIGKILLs the process at
+the N-th time (default 1st) it reaches ``<point>`` (:data:`CRASH_POINTS`);
+``tests/integration/test_controller_crash.py`` kills it at every point in turn.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from trainguard.controller.approvals import approval_reason
+from trainguard.controller.breaker import QUARANTINE_BREAKER, BreakerConfig, check_quarantine
+from trainguard.controller.lease import CONTROLLER_LEASE, DEFAULT_TTL_SECONDS, LeaderElector
+from trainguard.controller.policies import DEFAULT_POLICY, merge, parse_policy, resolve
+from trainguard.controller.repair import DeliveryConfig, deliver_due, export_repair, page_payload
+from trainguard.controller.repair import recommend as recommend_repair
+from trainguard.diagnose.attribution import DEFAULT_CORRELATION_WINDOW, attribute
+from trainguard.diagnose.detectors import (
+    ProcessExit,
+    ProgressLineParser,
+    crash_finding,
+    line_finding,
+)
+from trainguard.diagnose.signatures import classify_line
+from trainguard.model.checkpoint import CheckpointInfo
+from trainguard.model.findings import Attribution, Culprit, Domain, Finding, Severity
+from trainguard.model.fleet import (
+    ActionRecord,
+    ActionState,
+    ApprovalState,
+    BreakerState,
+    EffectiveMode,
+    FleetJob,
+    Scope,
+    ScopeKind,
+    action_key,
+)
+from trainguard.model.health import HealthState
+from trainguard.model.plan import DeviceStatus, Mode, PriorFailure, RecoverySnapshot
+from trainguard.model.records import (
+    AttemptRecord,
+    AttemptState,
+    AuditKind,
+    IncidentRecord,
+    IncidentState,
+    JobRecord,
+    JobState,
+)
+from trainguard.policy import decide
+from trainguard.schedulers.base import (
+    ActionResult,
+    ClusterScheduler,
+    JobPhase,
+    NodePhase,
+    Observation,
+    ObservedJob,
+    SchedulerError,
+)
+from trainguard.store import NotFound, Store
+from trainguard.store.fleet import Fence, Fenced, FleetStore
+
+ACTOR = "trainguard-serve"
+CRASH_ENV = "TRAINGUARD_TEST_CRASH_AT"
+# Every point the crash test kills the controller at, in the order a recovery passes them.
+CRASH_POINTS = (
+    "detect.after_incident_opened",
+    "plan.after_recorded",
+    "act.after_acting",
+    "action.after_intent",
+    "action.after_apply",
+    "action.after_result",
+    "verify.before_recovered",
+    "verify.after_recovered",
+)
+_LIVE = (IncidentState.OPEN, IncidentState.ACTING, IncidentState.VERIFYING)
+_UNSCHEDULABLE = frozenset(
+    {HealthState.QUARANTINED, HealthState.REPAIR, HealthState.VALIDATING, HealthState.RETIRED}
+)
+
+
+class CrashPoints:
+    """The test hook: SIGKILL this process at a named point (decision 0083)."""
+
+    def __init__(self, spec: str | None = None) -> None:
+        spec = os.environ.get(CRASH_ENV) if spec is None else spec
+        self.point: str | None = None
+        self.nth = 1
+        if spec:
+            name, _, nth = spec.partition("#")
+            if name not in CRASH_POINTS:
+                raise ValueError(f"{CRASH_ENV}: unknown crash point {name!r} ({CRASH_POINTS})")
+            self.point, self.nth = name, int(nth or "1")
+        self.seen: dict[str, int] = {}
+
+    def hit(self, name: str) -> None:
+        if self.point is None:
+            return
+        self.seen[name] = self.seen.get(name, 0) + 1
+        if name == self.point and self.seen[name] == self.nth:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+@dataclass(frozen=True)
+class ControlConfig:
+    """How ``trainguard serve`` reconciles; every field has a safe default."""
+
+    default_mode: Mode = Mode.OBSERVE  # the cluster default when no scope sets one
+    lease_name: str = CONTROLLER_LEASE
+    lease_ttl: float = DEFAULT_TTL_SECONDS
+    interval: float = 1.0
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)
+    repair_webhook: str | None = None
+    page_webhook: str | None = None
+    delivery: DeliveryConfig = field(default_factory=DeliveryConfig)
+    correlation_window: float = DEFAULT_CORRELATION_WINDOW
+    validation_failures_to_retire: int = 2
+    tail_lines: int = 200
+    progress_pattern: str | None = None
+    deliver: bool = True  # POST due webhooks at the end of each pass
+
+
+@dataclass
+class PassReport:
+    """What one pass did (the API's ``/metrics`` and the load benchmark read it)."""
+
+    at: float
+    leader: bool
+    token: int | None = None
+    duration: float = 0.0
+    opened: list[int] = field(default_factory=list)
+    planned: list[int] = field(default_factory=list)
+    applied: list[str] = field(default_factory=list)  # action keys finished this pass
+    waiting: list[int] = field(default_factory=list)  # approval ids pending
+    recovered: list[int] = field(default_factory=list)
+    deposed: bool = False
+    errors: list[str] = field(default_factory=list)
+
+
+class _Hold(Exception):
+    """Stop working on this incident for this pass (waiting for time, approval, mode)."""
+
+
+def resolve_mode(
+    modes: Mapping[str, Mode], job_id: str, partition: str | None, default: Mode
+) -> EffectiveMode:
+    """The most specific scope wins: job, then partition, then cluster, then ``default``."""
+    for scope in (
+        Scope(ScopeKind.JOB, job_id),
+        Scope(ScopeKind.PARTITION, partition) if partition else None,
+        Scope(ScopeKind.CLUSTER),
+    ):
+        if scope is not None and scope.key in modes:
+            return EffectiveMode(modes[scope.key], scope)
+    return EffectiveMode(default, None)
+
+
+@dataclass
+class _OutputState:
+    offset: int = 0
+    partial: bytes = b""
+
+
+class Reconciler:
+    """One controller's reconcile loop over one store and one cluster scheduler."""
+
+    def __init__(
+        self,
+        store: Store,
+        scheduler: ClusterScheduler | None,
+        *,
+        identity: str,
+        config: ControlConfig | None = None,
+        clock: Callable[[], float] = time.time,
+        crash: CrashPoints | None = None,
+    ) -> None:
+        self.store = store
+        self.fleet = FleetStore(store)
+        self.scheduler = scheduler
+        self.config = config or ControlConfig()
+        self.clock = clock
+        self.crash = crash or CrashPoints()
+        self.elector = LeaderElector(
+            self.fleet, identity, self.config.lease_name, self.config.lease_ttl
+        )
+        self._seen_devices: dict[str, tuple[str, int, str]] = {}
+        self._seen_nodes: dict[str, tuple[str | None, tuple[tuple[str, str], ...]]] = {}
+        self._outputs: dict[tuple[str, int], _OutputState] = {}
+        self._progress = ProgressLineParser(self.config.progress_pattern)
+        self.last_report: PassReport | None = None
+
+    @property
+    def identity(self) -> str:
+        return self.elector.identity
+
+    # --- the pass --------------------------------------------------------------------
+
+    def run_once(self, now: float | None = None) -> PassReport:
+        started = time.perf_counter()
+        now = self.clock() if now is None else now
+        report = PassReport(at=now, leader=False)
+        try:
+            fence = self.elector.ensure(now)
+        except Exception as exc:  # the store is unreachable: try again next pass
+            report.errors.append(f"lease: {exc}")
+            fence = None
+        if fence is not None:
+            report.leader, report.token = True, fence.token
+            try:
+                self._pass(fence, report)
+            except Fenced as exc:
+                report.deposed = True
+                report.errors.append(str(exc))
+                self.elector.lease = None
+        report.duration = time.perf_counter() - started
+        self.last_report = report
+        return report
+
+    def _pass(self, fence: Fence, report: PassReport) -> None:
+        if self.scheduler is not None:
+            obs = self.scheduler.observe()
+            self._sync_inventory(obs)
+            self._enforce_health(obs, fence)
+            modes = {m.scope.key: m.mode for m in self.fleet.list_scope_modes()}
+            for fj in self.fleet.list_fleet_jobs():
+                try:
+                    self._sync_job(fj, obs, fence, report)
+                except (Fenced, KeyboardInterrupt):
+                    raise
+                except Exception as exc:  # one bad job must not stop the others
+                    report.errors.append(f"job {fj.job_id}: {type(exc).__name__}: {exc}")
+            obs = self.scheduler.observe() if report.opened else obs
+            for inc in self._live_incidents():
+                managed = self._fleet_job_or_none(inc.job_id)
+                if managed is None:
+                    continue
+                try:
+                    self._advance(inc, managed, obs, modes, fence, report)
+                except _Hold:
+                    continue
+                except (Fenced, KeyboardInterrupt):
+                    raise
+                except Exception as exc:
+                    report.errors.append(f"incident {inc.id}: {type(exc).__name__}: {exc}")
+        if self.config.deliver:
+            deliver_due(self.fleet, self.clock(), self.config.delivery)
+
+    def _live_incidents(self) -> list[IncidentRecord]:
+        out: list[IncidentRecord] = []
+        for state in _LIVE:
+            out += self.store.list_incidents(state=state)
+        return sorted(out, key=lambda i: i.id)
+
+    def _fleet_job_or_none(self, job_id: str) -> FleetJob | None:
+        try:
+            return self.fleet.get_fleet_job(job_id)
+        except NotFound:
+            return None
+
+    # --- inventory -------------------------------------------------------------------
+
+    def _sync_inventory(self, obs: Observation) -> None:
+        now = self.clock()
+        for node in obs.nodes.values():
+            key = (node.partition, ())
+            if self._seen_nodes.get(node.name) != key:
+                self.fleet.register_node(
+                    node.name, at=now, partition=node.partition, actor=self.identity
+                )
+                self._seen_nodes[node.name] = key
+            fresh = [
+                d
+                for d in node.devices
+                if self._seen_devices.get(d.uuid) != (d.host, d.index, d.pci_bus_id)
+            ]
+            if fresh:
+                self.store.register_devices(fresh, at=now, actor=self.identity)
+                for d in fresh:
+                    self._seen_devices[d.uuid] = (d.host, d.index, d.pci_bus_id)
+
+    def _enforce_health(self, obs: Observation, fence: Fence) -> None:
+        """Level-based: the scheduler hands out exactly the devices the store calls schedulable.
+
+        A device the store took out of service (an operator, the repair flow) is
+        quarantined in the scheduler too; a device the store returned to service
+        (release, validation) is released there — but never while a ledger action
+        quarantining it is still in flight (intended, result not yet recorded), so
+        a crash between the scheduler call and the store write cannot release it.
+        """
+        sched = self.scheduler
+        assert sched is not None
+        in_flight = {
+            str(a.data.get("resource_id"))
+            for a in self.fleet.list_actions()
+            if a.state is ActionState.INTENDED and a.type == "quarantine"
+        }
+        for node in obs.nodes.values():
+            held = set(node.quarantined_devices)
+            for d in node.devices:
+                try:
+                    rec = self.store.get_device(d.uuid)
+                except NotFound:
+                    continue
+                if rec.state in _UNSCHEDULABLE and d.uuid not in held:
+                    self._sync_call(
+                        fence,
+                        f"device:{d.uuid}",
+                        f"sync-q-{d.uuid}-{rec.since:.6f}",
+                        f"quarantine {d.uuid} in {sched.name}: the store has it "
+                        f"{rec.state.value}",
+                        partial(
+                            sched.quarantine_device,
+                            d.uuid,
+                            f"trainguard: {rec.reason}",
+                            token=fence.token,
+                        ),
+                    )
+                elif rec.state.schedulable and d.uuid in held and d.uuid not in in_flight:
+                    self._sync_call(
+                        fence,
+                        f"device:{d.uuid}",
+                        f"sync-r-{d.uuid}-{rec.since:.6f}",
+                        f"release {d.uuid} in {sched.name}: the store has it "
+                        f"{rec.state.value} ({rec.reason})",
+                        partial(
+                            sched.release_device,
+                            d.uuid,
+                            f"trainguard: {rec.reason}",
+                            token=fence.token,
+                        ),
+                    )
+            try:
+                stored = self.fleet.get_node(node.name)
+            except NotFound:
+                continue
+            node_in_flight = node.name in in_flight
+            if stored.state in _UNSCHEDULABLE and node.phase is NodePhase.UP:
+                self._sync_call(
+                    fence,
+                    f"node:{node.name}",
+                    f"sync-d-{node.name}-{stored.since:.6f}",
+                    f"drain {node.name}: the store has it {stored.state.value}",
+                    partial(
+                        sched.drain, node.name, f"trainguard: {stored.reason}", token=fence.token
+                    ),
+                )
+            elif (
+                stored.state.schedulable
+                and node.phase is NodePhase.DRAINED
+                and (node.reason or "").startswith("trainguard")
+                and not node_in_flight
+            ):
+                self._sync_call(
+                    fence,
+                    f"node:{node.name}",
+                    f"sync-u-{node.name}-{stored.since:.6f}",
+                    f"resume {node.name}: the store has it {stored.state.value}",
+                    partial(
+                        sched.resume_node,
+                        node.name,
+                        f"trainguard: {stored.reason}",
+                        token=fence.token,
+                    ),
+                )
+
+    def _sync_call(
+        self,
+        fence: Fence,
+        subject: str,
+        key: str,
+        message: str,
+        call: Callable[..., ActionResult],
+    ) -> None:
+        with self.fleet.fenced(fence, self.clock()):
+            self.store.append_audit(
+                self.clock(), self.identity, AuditKind.INTENT, subject, message, {"key": key}
+            )
+        try:
+            result = call(key=key)
+            outcome: dict[str, Any] = {"applied": result.applied, **dict(result.detail)}
+            kind = AuditKind.RESULT
+        except SchedulerError as exc:
+            outcome = {"error": str(exc)}
+            kind = AuditKind.ERROR
+        with self.fleet.fenced(fence, self.clock()):
+            self.store.append_audit(
+                self.clock(),
+                self.identity,
+                kind,
+                subject,
+                f"{message}: done",
+                {"key": key, **outcome},
+            )
+
+    # --- attempts --------------------------------------------------------------------
+
+    def _sync_job(self, fj: FleetJob, obs: Observation, fence: Fence, report: PassReport) -> None:
+        job = self.store.get_job(fj.job_id)
+        oj = obs.jobs.get(fj.scheduler_ref)
+        if oj is None or job.state.terminal:
+            return
+        attempts = {a.number: a for a in self.store.list_attempts(job.id)}
+        now = self.clock()
+        # Attempts the scheduler has moved past end here (a requeue superseded them).
+        for number, att in attempts.items():
+            if number < oj.attempt and not att.state.terminal:
+                self.store.finish_attempt(
+                    job.id,
+                    number,
+                    AttemptState.STOPPED,
+                    at=now,
+                    reason=f"superseded by attempt {oj.attempt}",
+                    actor=self.identity,
+                )
+        if oj.phase is JobPhase.PENDING or oj.started_at is None:
+            return
+        found = attempts.get(oj.attempt)
+        att = found if found is not None else self._start_attempt(job, oj, fence)
+        if att.state.terminal:
+            return
+        self._follow_output(job.id, att, oj)
+        att = self.store.get_attempt(job.id, att.number)
+        if oj.phase is JobPhase.COMPLETED:
+            with self.fleet.fenced(fence, self.clock()):
+                self.store.finish_attempt(
+                    job.id,
+                    att.number,
+                    AttemptState.COMPLETED,
+                    at=oj.ended_at or now,
+                    exit_code=0,
+                    actor=self.identity,
+                )
+                job = self.store.get_job(job.id)
+                if job.state in (JobState.RUNNING,):
+                    self.store.update_job_state(
+                        job.id,
+                        JobState.COMPLETED,
+                        at=now,
+                        reason="the job exited 0",
+                        actor=self.identity,
+                    )
+            return
+        if oj.phase is JobPhase.CANCELLED:
+            with self.fleet.fenced(fence, self.clock()):
+                self.store.finish_attempt(
+                    job.id,
+                    att.number,
+                    AttemptState.STOPPED,
+                    at=oj.ended_at or now,
+                    reason=oj.reason or "cancelled in the scheduler",
+                    actor=self.identity,
+                )
+                if not self._incident_for_attempt(job.id, att.number):
+                    self.store.update_job_state(
+                        job.id,
+                        JobState.STOPPED,
+                        at=now,
+                        reason=oj.reason or "cancelled in the scheduler",
+                        actor=self.identity,
+                    )
+            return
+        if oj.phase is JobPhase.FAILED:
+            self._attempt_failed(fj, job, att, oj, fence, report, hang_since=None)
+            return
+        # Running: a hang is no progress for the policy's hang timeout.
+        policy = self._policy(fj, job)
+        if policy.hang_timeout_seconds is not None:
+            since = att.last_step_at or att.started_at
+            if now - since > policy.hang_timeout_seconds:
+                self._attempt_failed(fj, job, att, oj, fence, report, hang_since=since)
+
+    def _start_attempt(self, job: JobRecord, oj: ObservedJob, fence: Fence) -> AttemptRecord:
+        assert oj.started_at is not None
+        # A recovery attempt: the incident names it, or (a crash between the requeue and
+        # its recorded result) an incident of the job has a restart still in flight.
+        recovering = [
+            i
+            for i in self.store.list_incidents(job_id=job.id)
+            if not i.state.terminal
+            and (
+                i.recovery_attempt == oj.attempt
+                or any(
+                    a.type == "restart" and a.state is ActionState.INTENDED
+                    for a in self.fleet.list_actions(i.id)
+                )
+            )
+        ]
+        with self.fleet.fenced(fence, self.clock()):
+            self.store.start_attempt(
+                job.id,
+                oj.attempt,
+                oj.devices,
+                at=oj.started_at,
+                checkpoint_path=oj.resume_from,
+                checkpoint_step=self._restored_step(recovering[0]) if recovering else None,
+                log_path=oj.output_path,
+                actor=self.identity,
+            )
+            target = AttemptState.VERIFYING if recovering else AttemptState.RUNNING
+            att = self.store.transition_attempt(
+                job.id, oj.attempt, target, at=oj.started_at, actor=self.identity
+            )
+            if job.state in (JobState.PENDING, JobState.WAITING):
+                self.store.update_job_state(
+                    job.id, JobState.RUNNING, at=self.clock(), actor=self.identity
+                )
+        return att
+
+    @staticmethod
+    def _restored_step(inc: IncidentRecord) -> int | None:
+        if inc.checkpoint_step is not None:
+            return inc.checkpoint_step
+        for action in (inc.plan or {}).get("actions") or ():
+            ckpt = action.get("checkpoint") if isinstance(action, dict) else None
+            if isinstance(ckpt, dict) and ckpt.get("step") is not None:
+                return int(ckpt["step"])
+        return None
+
+    def _follow_output(self, job_id: str, att: AttemptRecord, oj: ObservedJob) -> None:
+        """Progress lines (``step=N``) in the attempt's output become attempt progress."""
+        path = oj.output_path
+        if not path or oj.attempt != att.number:
+            return
+        state = self._outputs.setdefault((job_id, att.number), _OutputState())
+        try:
+            with open(path, "rb") as f:
+                f.seek(state.offset)
+                chunk = f.read(4 * 1024 * 1024)
+        except OSError:
+            return
+        if not chunk:
+            return
+        state.offset += len(chunk)
+        data = state.partial + chunk
+        lines = data.split(b"\n")
+        state.partial = lines.pop()
+        steps = []
+        for raw in lines:
+            step = self._progress.parse(raw.decode("utf-8", "replace"))
+            if step is not None:
+                steps.append(step)
+        if not steps:
+            return
+        now = self.clock()
+        if att.first_step is None:
+            self.store.update_attempt_progress(job_id, att.number, steps[0], at=now)
+        last = max(steps)
+        if att.last_step is None or last > att.last_step or len(steps) > 1:
+            self.store.update_attempt_progress(job_id, att.number, last, at=now)
+
+    def _tail(self, path: str | None) -> list[str]:
+        if not path:
+            return []
+        try:
+            with open(path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                f.seek(max(0, size - 256 * 1024))
+                data = f.read()
+        except OSError:
+            return []
+        lines = data.decode("utf-8", "replace").splitlines()
+        return lines[-self.config.tail_lines :]
+
+    def _incident_for_attempt(self, job_id: str, number: int) -> IncidentRecord | None:
+        for inc in self.store.list_incidents(job_id=job_id):
+            if inc.attempt == number or inc.recovery_attempt == number:
+                return inc
+        return None
+
+    def failure_attribution(
+        self,
+        job: JobRecord,
+        att: AttemptRecord,
+        oj: ObservedJob | None,
+        *,
+        hang_since: float | None,
+    ) -> Attribution:
+        """Everything known about why one attempt failed, attributed (diagnose.attribution)."""
+        now = self.clock()
+        devices = att.devices
+        findings: list[Finding] = []
+        failed_at = now
+        tail = self._tail(att.log_path or (oj.output_path if oj else None))
+        if hang_since is not None:
+            findings.append(
+                Finding(
+                    kind="hang",
+                    domain=Domain.UNKNOWN,
+                    at=now,
+                    source="controller",
+                    message=f"no progress for {now - hang_since:.0f} s",
+                    severity=Severity.FATAL,
+                    signature="hang",
+                    details={"since": hang_since},
+                )
+            )
+        elif oj is not None:
+            failed_at = oj.ended_at or now
+            exit_finding = crash_finding(
+                ProcessExit(
+                    at=failed_at,
+                    source="launcher",
+                    exit_code=oj.exit_code,
+                    signal=oj.signal,
+                    tail=tuple(tail[-20:]),
+                ),
+                devices,
+            )
+            if exit_finding is None and oj.phase is JobPhase.FAILED:
+                exit_finding = Finding(
+                    kind="crash",
+                    domain=Domain.NODE
+                    if oj.reason and "node" in oj.reason.lower()
+                    else Domain.UNKNOWN,
+                    at=failed_at,
+                    source="scheduler",
+                    message=oj.reason or "the scheduler reports the job failed",
+                    severity=Severity.FATAL,
+                    culprit=Culprit(host=oj.nodes[0] if oj.nodes else None),
+                    signature=f"scheduler:{oj.reason or 'failed'}",
+                )
+            if exit_finding is not None:
+                findings.append(exit_finding)
+        inventory = [d.device for d in self.store.list_devices()]
+        for i, line in enumerate(tail):
+            match = classify_line(line, i)
+            if match is not None:
+                findings.append(line_finding(match, line, failed_at, "output", devices, inventory))
+        hosts = {d.host for d in devices}
+        uuids = {d.uuid for d in devices}
+        window = self.config.correlation_window
+        for row in self.fleet.findings_between(att.started_at - window, failed_at + window):
+            if not (
+                row["job_id"] == job.id
+                or row["device_uuid"] in uuids
+                or (row["host"] in hosts and row["device_uuid"] is None)
+            ):
+                continue
+            try:
+                findings.append(Finding.from_dict(row["finding"]))
+            except (KeyError, TypeError, ValueError):
+                continue
+        return attribute(findings, devices, failed_at, window)
+
+    def _attempt_failed(
+        self,
+        fj: FleetJob,
+        job: JobRecord,
+        att: AttemptRecord,
+        oj: ObservedJob,
+        fence: Fence,
+        report: PassReport,
+        *,
+        hang_since: float | None,
+    ) -> None:
+        attribution = self.failure_attribution(job, att, oj, hang_since=hang_since)
+        now = self.clock()
+        reason = (
+            f"hang: no progress since {hang_since:.0f}"
+            if hang_since is not None
+            else f"failed: {attribution.summary}"
+        )
+        recovering = next(
+            (
+                i
+                for i in self.store.list_incidents(job_id=job.id)
+                if i.recovery_attempt == att.number and i.state in _LIVE
+            ),
+            None,
+        )
+        with self.fleet.fenced(fence, now):
+            current = self.store.get_attempt(job.id, att.number)
+            if current.state.terminal:
+                return  # another pass got here first
+            self.store.finish_attempt(
+                job.id,
+                att.number,
+                AttemptState.FAILED,
+                at=now,
+                exit_code=oj.exit_code if hang_since is None else None,
+                signal=oj.signal if hang_since is None else None,
+                reason=reason[:500],
+                actor=self.identity,
+            )
+            if recovering is not None:
+                # The restart did not verify: the same incident is acted on again.
+                note = f"attempt {att.number} failed before it verified: {attribution.summary}"
+                if recovering.state is IncidentState.VERIFYING:
+                    self.store.update_incident(
+                        recovering.id,
+                        at=now,
+                        state=IncidentState.ACTING,
+                        note=note,
+                        evidence=attribution.evidence[:10],
+                        actor=self.identity,
+                    )
+                else:
+                    self.store.update_incident(
+                        recovering.id, at=now, note=note, actor=self.identity
+                    )
+                job_now = self.store.get_job(job.id)
+                if job_now.state is JobState.RUNNING:
+                    self.store.update_job_state(
+                        job.id, JobState.RECOVERING, at=now, actor=self.identity
+                    )
+                return
+            inc = self.store.open_incident(
+                job.id,
+                att.number,
+                attribution,
+                detected_at=now,
+                fault_at=(oj.ended_at if hang_since is None else hang_since),
+                failed_step=att.last_step,
+                actor=self.identity,
+            )
+            if job.state is JobState.RUNNING:
+                self.store.update_job_state(
+                    job.id, JobState.RECOVERING, at=now, actor=self.identity
+                )
+        report.opened.append(inc.id)
+        self.crash.hit("detect.after_incident_opened")
+
+    # --- policy, mode, snapshot ------------------------------------------------------
+
+    def policy_document(self, fj: FleetJob) -> Any:
+        default = self.fleet.get_policy(DEFAULT_POLICY)
+        own = self.fleet.get_policy(fj.policy) if fj.policy else None
+        base = parse_policy(default) if default else None
+        doc = parse_policy(own) if own else None
+        return merge(base, doc)
+
+    def _policy(self, fj: FleetJob, job: JobRecord) -> Any:
+        return resolve(self.policy_document(fj), need=job.need, min_need=job.min_need)
+
+    def effective_mode(
+        self, fj: FleetJob, modes: Mapping[str, Mode] | None = None
+    ) -> EffectiveMode:
+        if not fj.opted_in:
+            return EffectiveMode(Mode.OBSERVE, None)
+        if modes is None:
+            modes = {m.scope.key: m.mode for m in self.fleet.list_scope_modes()}
+        return resolve_mode(modes, fj.job_id, fj.partition, self.config.default_mode)
+
+    def _device_statuses(self, obs: Observation, job_ref: str) -> tuple[DeviceStatus, ...]:
+        """The devices this job could get: all but those other live jobs hold."""
+        busy = {
+            d.uuid
+            for ref, oj in obs.jobs.items()
+            if ref != job_ref and oj.phase in (JobPhase.RUNNING, JobPhase.PENDING)
+            for d in oj.devices
+        }
+        drained = {n.name for n in obs.nodes.values() if n.phase is not NodePhase.UP}
+        out = []
+        for rec in self.store.list_devices():
+            if rec.uuid in busy:
+                continue
+            state = rec.state
+            if rec.device.host in drained and state.schedulable:
+                state = HealthState.QUARANTINED  # the node is out: so are its devices
+            out.append(DeviceStatus(rec.device, state, rec.reason))
+        return tuple(out)
+
+    def _checkpoints(self, job: JobRecord) -> tuple[CheckpointInfo, ...]:
+        if not job.checkpoint_dir:
+            return ()
+        from trainguard.checkpoints import scan, validate
+
+        out: list[CheckpointInfo] = []
+        try:
+            candidates = scan(job.checkpoint_dir, "quick")
+        except OSError:
+            return ()
+        for info in candidates:
+            if not info.valid:
+                out.append(info)
+                continue
+            full = validate(info.path, "full")
+            out.append(full)
+            if full.valid:
+                break
+        return tuple(out)
+
+    def _failures(self, job_id: str, before_incident: int) -> list[PriorFailure]:
+        out: list[PriorFailure] = []
+        for inc in self.store.list_incidents(job_id=job_id):
+            if inc.id >= before_incident:
+                break
+            for f in (inc.plan or {}).get("failures") or [
+                {
+                    "attempt": inc.attempt,
+                    "signature": inc.signature,
+                    "domain": inc.domain.value,
+                    "kind": inc.kind.value,
+                }
+            ]:
+                out.append(
+                    PriorFailure(
+                        attempt=int(f["attempt"]),
+                        signature=f.get("signature"),
+                        domain=str(f["domain"]),
+                        kind=str(f["kind"]),
+                    )
+                )
+        return out
+
+    # --- the incident ----------------------------------------------------------------
+
+    def _advance(
+        self,
+        inc: IncidentRecord,
+        fj: FleetJob,
+        obs: Observation,
+        modes: Mapping[str, Mode],
+        fence: Fence,
+        report: PassReport,
+    ) -> None:
+        if inc.state is IncidentState.VERIFYING:
+            self._verify(inc, fj, obs, fence, report)
+            return
+        if inc.plan_generation == 0:
+            inc = self._plan(inc, fj, obs, modes, fence, report, failed_attempt=inc.attempt)
+            if inc.state.terminal:
+                return
+        elif self._generation_done(inc):
+            nxt = self._next_plan(inc, fj, obs, modes, fence, report)
+            if nxt is None or nxt.state.terminal or nxt.state is IncidentState.VERIFYING:
+                return
+            inc = nxt
+        self._act(inc, fj, obs, modes, fence, report)
+
+    def _generation_done(self, inc: IncidentRecord) -> bool:
+        actions = (inc.plan or {}).get("actions") or []
+        for i in range(len(actions)):
+            rec = self.fleet.get_action(action_key(inc.id, inc.plan_generation, i))
+            if rec is None or not rec.state.terminal:
+                return False
+        return True
+
+    def _next_plan(
+        self,
+        inc: IncidentRecord,
+        fj: FleetJob,
+        obs: Observation,
+        modes: Mapping[str, Mode],
+        fence: Fence,
+        report: PassReport,
+    ) -> IncidentRecord | None:
+        """The current plan has run out while the incident is still live: what now?"""
+        plan = inc.plan or {}
+        actions = plan.get("actions") or []
+        last = actions[-1]["type"] if actions else None
+        ledger = {
+            a.index: a
+            for a in self.fleet.list_actions(inc.id)
+            if a.generation == inc.plan_generation
+        }
+        restart_done = any(
+            a.type == "restart" and a.state is ActionState.DONE for a in ledger.values()
+        )
+        if restart_done and inc.recovery_attempt is not None:
+            # The restart did not verify (its attempt failed): plan again for that failure.
+            att = self._attempt_or_none(inc.job_id, inc.recovery_attempt)
+            if att is None or not att.state.terminal:
+                return inc  # not failed: still verifying by other means
+            return self._plan(
+                inc, fj, obs, modes, fence, report, failed_attempt=inc.recovery_attempt
+            )
+        if last == "waitforcapacity":
+            return self._plan(
+                inc,
+                fj,
+                obs,
+                modes,
+                fence,
+                report,
+                failed_attempt=int(plan.get("attempt", inc.attempt)),
+                only_if_changed=True,
+            )
+        # The plan ended without restarting (a denied approval, nothing possible): stop.
+        self._finish_stopped(inc, fj, fence, "the plan ended without a restart")
+        return None
+
+    def _attempt_or_none(self, job_id: str, number: int) -> AttemptRecord | None:
+        try:
+            return self.store.get_attempt(job_id, number)
+        except NotFound:
+            return None
+
+    def _plan(
+        self,
+        inc: IncidentRecord,
+        fj: FleetJob,
+        obs: Observation,
+        modes: Mapping[str, Mode],
+        fence: Fence,
+        report: PassReport,
+        *,
+        failed_attempt: int,
+        only_if_changed: bool = False,
+    ) -> IncidentRecord:
+        job = self.store.get_job(inc.job_id)
+        policy = self._policy(fj, job)
+        mode = self.effective_mode(fj, modes)
+        previous = inc.plan or {}
+        failures = list(previous.get("failures") or [])
+        if failed_attempt == inc.attempt or not failures:
+            attribution = Attribution(
+                kind=inc.kind,
+                domain=inc.domain,
+                culprit=inc.culprit,
+                confidence=inc.confidence or 0.0,
+                summary=inc.summary,
+                evidence=inc.evidence,
+                findings=tuple(
+                    Finding.from_dict(f)
+                    for f in (inc.attribution or {}).get("findings") or ()
+                    if isinstance(f, dict)
+                ),
+                signature=inc.signature,
+            )
+        else:
+            att = self.store.get_attempt(inc.job_id, failed_attempt)
+            oj = obs.jobs.get(fj.scheduler_ref)
+            attribution = self.failure_attribution(
+                job, att, oj if oj and oj.attempt == failed_attempt else None, hang_since=None
+            )
+        if not any(int(f["attempt"]) == failed_attempt for f in failures):
+            failures.append(
+                {
+                    "attempt": failed_attempt,
+                    "signature": attribution.signature,
+                    "domain": attribution.domain.value,
+                    "kind": attribution.kind.value,
+                    "summary": attribution.summary,
+                }
+            )
+        history = self._failures(inc.job_id, inc.id) + [
+            PriorFailure(int(f["attempt"]), f.get("signature"), str(f["domain"]), str(f["kind"]))
+            for f in failures
+        ]
+        restarts_used = sum(
+            1
+            for a in self.fleet.list_actions(inc.id)
+            if a.type == "restart" and a.state is ActionState.DONE
+        )
+        failed_rec = self._attempt_or_none(inc.job_id, failed_attempt)
+        now = self.clock()
+        snapshot = RecoverySnapshot(
+            now=now,
+            job_id=inc.job_id,
+            attempt=failed_attempt,
+            restarts_used=restarts_used,
+            policy=policy,
+            mode=mode.mode,
+            attribution=attribution,
+            devices=self._device_statuses(obs, fj.scheduler_ref),
+            assigned=failed_rec.device_uuids if failed_rec else (),
+            checkpoints=self._checkpoints(job),
+            history=tuple(history),
+        )
+        plan = decide(snapshot)
+        plan_dict = plan.to_dict()
+        if only_if_changed:
+            kinds = [a["type"] for a in plan_dict["actions"]]
+            if kinds and kinds[-1] == "waitforcapacity":
+                return inc  # still no capacity: keep waiting, record nothing new
+        plan_dict.update(
+            attempt=failed_attempt,
+            planned_at=now,
+            failures=failures,
+            restarts_used=restarts_used,
+            scope=None if mode.scope is None else mode.scope.key,
+            opted_in=fj.opted_in,
+            leader={"holder": fence.holder, "token": fence.token},
+        )
+        with self.fleet.fenced(fence, now):
+            self.store.record_plan(inc.id, plan_dict, at=now, actor=self.identity)
+            if mode.mode is Mode.OBSERVE:
+                why = (
+                    "the job did not opt in"
+                    if not fj.opted_in
+                    else f"mode observe ({mode.scope.key if mode.scope else 'default'})"
+                )
+                would = "; ".join(plan.reasons) or "no action"
+                cur = self.store.get_incident(inc.id)
+                if cur.state is IncidentState.OPEN:
+                    self.store.update_incident(
+                        inc.id,
+                        at=now,
+                        state=IncidentState.OBSERVED,
+                        note=f"{why}: nothing done (would: {would})",
+                        actor=self.identity,
+                    )
+                else:
+                    self.store.update_incident(
+                        inc.id,
+                        at=now,
+                        state=IncidentState.STOPPED,
+                        reason=f"{why}: nothing more done (would: {would})",
+                        actor=self.identity,
+                    )
+                job_now = self.store.get_job(inc.job_id)
+                oj = obs.jobs.get(fj.scheduler_ref)
+                if not job_now.state.terminal and (oj is None or oj.phase.terminal):
+                    self.store.update_job_state(
+                        inc.job_id,
+                        JobState.STOPPED,
+                        at=now,
+                        reason=f"{why}: the job failed and nothing was restarted",
+                        actor=self.identity,
+                    )
+        report.planned.append(inc.id)
+        self.crash.hit("plan.after_recorded")
+        return self.store.get_incident(inc.id)
+
+    def _finish_stopped(self, inc: IncidentRecord, fj: FleetJob, fence: Fence, reason: str) -> None:
+        now = self.clock()
+        with self.fleet.fenced(fence, now):
+            cur = self.store.get_incident(inc.id)
+            if not cur.state.terminal:
+                self.store.update_incident(
+                    inc.id, at=now, state=IncidentState.STOPPED, reason=reason, actor=self.identity
+                )
+            job = self.store.get_job(inc.job_id)
+            if not job.state.terminal:
+                self.store.update_job_state(
+                    inc.job_id, JobState.STOPPED, at=now, reason=reason, actor=self.identity
+                )
+
+    def _act(
+        self,
+        inc: IncidentRecord,
+        fj: FleetJob,
+        obs: Observation,
+        modes: Mapping[str, Mode],
+        fence: Fence,
+        report: PassReport,
+    ) -> None:
+        plan = inc.plan or {}
+        actions = plan.get("actions") or []
+        generation = inc.plan_generation
+        prior_domains = [f.domain for f in self._failures(inc.job_id, inc.id)] + [
+            str(f["domain"]) for f in (plan.get("failures") or [])[:-1]
+        ]
+        for index, action in enumerate(actions):
+            key = action_key(inc.id, generation, index)
+            rec = self.fleet.get_action(key)
+            if rec is not None and rec.state.terminal:
+                continue
+            # Observe mode now (switched since the plan): hold everything not yet done.
+            if self.effective_mode(fj, modes).mode is Mode.OBSERVE:
+                raise _Hold()
+            kind = str(action.get("type"))
+            if rec is None:
+                why = approval_reason(kind, domain=inc.domain.value, prior_domains=prior_domains)
+                if why is not None:
+                    approval = self.fleet.approval_for(key) or self.fleet.request_approval(
+                        kind=kind,
+                        subject=self._subject(action, inc),
+                        why=why,
+                        at=self.clock(),
+                        actor=self.identity,
+                        incident_id=inc.id,
+                        action_key=key,
+                        data={"action": action, "generation": generation},
+                        fence=fence,
+                    )
+                    if approval.state is ApprovalState.PENDING:
+                        report.waiting.append(approval.id)
+                        raise _Hold()
+                    if approval.state is ApprovalState.DENIED:
+                        self._skip(
+                            inc,
+                            key,
+                            generation,
+                            index,
+                            action,
+                            fence,
+                            f"denied by {approval.decided_by}: {approval.decision_reason}",
+                        )
+                        report.applied.append(key)
+                        continue
+                if kind == "restart":
+                    delay = float(action.get("delay_seconds") or 0.0)
+                    if self.clock() < float(plan.get("planned_at", 0.0)) + delay:
+                        raise _Hold()  # backoff: come back on a later pass
+                if inc.state is IncidentState.OPEN:
+                    with self.fleet.fenced(fence, self.clock()):
+                        inc = self.store.update_incident(
+                            inc.id, at=self.clock(), state=IncidentState.ACTING, actor=self.identity
+                        )
+                    self.crash.hit("act.after_acting")
+                rec = self.fleet.record_intent(
+                    key,
+                    incident_id=inc.id,
+                    generation=generation,
+                    index=index,
+                    type=kind,
+                    data={k: v for k, v in action.items() if k != "type"},
+                    subject=self._subject(action, inc),
+                    message=self._describe(action, inc),
+                    fence=fence,
+                    at=self.clock(),
+                    job_id=inc.job_id,
+                )
+                self.crash.hit("action.after_intent")
+            inc = self._carry_out(inc, fj, obs, rec, action, fence, report)
+            if inc.state.terminal or inc.state is IncidentState.VERIFYING:
+                return
+        if actions and self._generation_done(inc):
+            cur = self.store.get_incident(inc.id)
+            if cur.state is IncidentState.ACTING:
+                nxt = self._next_plan(cur, fj, obs, modes, fence, report)
+                if nxt is not None and not nxt.state.terminal and nxt.plan_generation != generation:
+                    self._act(nxt, fj, obs, modes, fence, report)
+
+    @staticmethod
+    def _subject(action: Mapping[str, Any], inc: IncidentRecord) -> str:
+        if action.get("type") == "quarantine":
+            return f"{action.get('resource_kind')}:{action.get('resource_id')}"
+        return f"job:{inc.job_id}"
+
+    @staticmethod
+    def _describe(action: Mapping[str, Any], inc: IncidentRecord) -> str:
+        kind = action.get("type")
+        if kind == "quarantine":
+            return (
+                f"quarantine {action.get('resource_kind')} {action.get('resource_id')}: "
+                f"{action.get('reason')}"
+            )
+        if kind == "restart":
+            ckpt = action.get("checkpoint") or {}
+            return f"restart job {inc.job_id}" + (
+                f" from step {ckpt.get('step')}" if ckpt else " from the beginning"
+            )
+        if kind == "stop":
+            return f"stop job {inc.job_id}: {action.get('reason')}"
+        return f"{kind} for job {inc.job_id}: {action.get('reason', '')}"
+
+    def _skip(
+        self,
+        inc: IncidentRecord,
+        key: str,
+        generation: int,
+        index: int,
+        action: Mapping[str, Any],
+        fence: Fence,
+        why: str,
+    ) -> None:
+        self.fleet.record_intent(
+            key,
+            incident_id=inc.id,
+            generation=generation,
+            index=index,
+            type=str(action.get("type")),
+            data={k: v for k, v in action.items() if k != "type"},
+            subject=self._subject(action, inc),
+            message=self._describe(action, inc),
+            fence=fence,
+            at=self.clock(),
+            job_id=inc.job_id,
+        )
+        self.fleet.record_result(
+            key,
+            ActionState.SKIPPED,
+            {"skipped": why},
+            subject=self._subject(action, inc),
+            message=f"{self._describe(action, inc)}: skipped ({why})",
+            fence=fence,
+            at=self.clock(),
+        )
+
+    # --- carrying out one action -----------------------------------------------------
+
+    def _carry_out(
+        self,
+        inc: IncidentRecord,
+        fj: FleetJob,
+        obs: Observation,
+        rec: ActionRecord,
+        action: Mapping[str, Any],
+        fence: Fence,
+        report: PassReport,
+    ) -> IncidentRecord:
+        assert self.scheduler is not None
+        kind = rec.type
+        if kind == "quarantine":
+            self._quarantine(inc, obs, rec, action, fence)
+        elif kind == "restart":
+            self._restart(inc, fj, obs, rec, action, fence)
+        elif kind == "stop":
+            self._stop(inc, fj, obs, rec, action, fence)
+        elif kind == "waitforcapacity":
+            self._wait(inc, rec, action, fence)
+        else:
+            self._finish(
+                rec,
+                ActionState.FAILED,
+                {"error": f"unknown action {kind!r}"},
+                inc,
+                action,
+                fence,
+                lambda: None,
+            )
+        report.applied.append(rec.key)
+        return self.store.get_incident(inc.id)
+
+    def _finish(
+        self,
+        rec: ActionRecord,
+        state: ActionState,
+        result: dict[str, Any],
+        inc: IncidentRecord,
+        action: Mapping[str, Any],
+        fence: Fence,
+        effects: Callable[[], None],
+    ) -> None:
+        """The action's store effects and its result record: one fenced transaction."""
+        now = self.clock()
+        with self.fleet.fenced(fence, now):
+            current = self.fleet.get_action(rec.key)
+            if current is not None and current.state.terminal:
+                return
+            effects()
+            summary = result.get("summary") or state.value
+            self.fleet.record_result(
+                rec.key,
+                state,
+                result,
+                subject=self._subject(action, inc),
+                message=f"{self._describe(action, inc)}: {summary}",
+                fence=fence,
+                at=now,
+            )
+        self.crash.hit("action.after_result")
+
+    def _call(self, fn: Callable[[], Any]) -> tuple[dict[str, Any] | None, str | None]:
+        try:
+            result = fn()
+        except SchedulerError as exc:
+            return None, str(exc)
+        return {"applied": bool(result.applied), **dict(result.detail)}, None
+
+    def _quarantine(
+        self,
+        inc: IncidentRecord,
+        obs: Observation,
+        rec: ActionRecord,
+        action: Mapping[str, Any],
+        fence: Fence,
+    ) -> None:
+        assert self.scheduler is not None
+        rkind = str(action.get("resource_kind"))
+        rid = str(action.get("resource_id"))
+        reason = str(action.get("reason") or "hardware evidence")
+        # Level check: already in effect in the scheduler (a crash after the call)?
+        if rkind == "device":
+            in_effect = any(rid in n.quarantined_devices for n in obs.nodes.values())
+            population = len(obs.devices)
+        else:
+            node = obs.nodes.get(rid)
+            in_effect = node is not None and node.phase is not NodePhase.UP
+            population = len(obs.nodes)
+        if not in_effect:
+            verdict = check_quarantine(
+                self.fleet,
+                self.config.breaker,
+                resource_kind=rkind,
+                population=population,
+                now=self.clock(),
+            )
+            if not verdict.allow:
+                self._suppress(
+                    inc,
+                    rec,
+                    action,
+                    fence,
+                    rkind,
+                    rid,
+                    verdict.reason or "breaker",
+                    trip=verdict.tripped_now,
+                )
+                return
+            reason_text = f"trainguard incident {inc.id}: {reason}"[:300]
+            if rkind == "device":
+                outcome, error = self._call(
+                    lambda: self.scheduler.quarantine_device(  # type: ignore[union-attr]
+                        rid, reason_text, key=rec.key, token=fence.token
+                    )
+                )
+            else:
+                outcome, error = self._call(
+                    lambda: self.scheduler.drain(  # type: ignore[union-attr]
+                        rid, reason_text, key=rec.key, token=fence.token
+                    )
+                )
+            self.crash.hit("action.after_apply")
+            if error is not None:
+                self._finish(
+                    rec,
+                    ActionState.FAILED,
+                    {"error": error, "summary": f"failed: {error}"},
+                    inc,
+                    action,
+                    fence,
+                    lambda: None,
+                )
+                return
+        else:
+            outcome = {"applied": False, "observed": "already in effect"}
+            self.crash.hit("action.after_apply")
+        now = self.clock()
+        host = None
+
+        def effects() -> None:
+            nonlocal host
+            if rkind == "device":
+                try:
+                    dev = self.store.get_device(rid)
+                except NotFound:
+                    dev = None
+                if dev is not None:
+                    host = dev.device.host
+                    if dev.state.schedulable:
+                        self.store.transition_device(
+                            rid,
+                            HealthState.QUARANTINED,
+                            reason[:400],
+                            self.identity,
+                            now,
+                            job_id=inc.job_id,
+                            incident_id=inc.id,
+                        )
+            else:
+                host = rid
+                try:
+                    node_rec = self.fleet.get_node(rid)
+                except NotFound:
+                    node_rec = None
+                if node_rec is not None and node_rec.state.schedulable:
+                    self.fleet.transition_node(
+                        rid,
+                        HealthState.QUARANTINED,
+                        reason[:400],
+                        self.identity,
+                        now,
+                        job_id=inc.job_id,
+                        incident_id=inc.id,
+                    )
+            self.fleet.record_quarantine(rkind, rid, at=now, incident_id=inc.id)
+            repair = self.fleet.open_repair(
+                resource_kind=rkind,
+                resource_id=rid,
+                what_failed=f"{inc.kind.value} ({inc.domain.value}): {inc.summary}"[:500],
+                recommended=recommend_repair(inc.attribution, rkind),
+                evidence=list(inc.evidence[:20]),
+                at=now,
+                actor=self.identity,
+                host=host,
+                incident_id=inc.id,
+            )
+            if self.config.repair_webhook:
+                self.fleet.enqueue_delivery(
+                    self.config.repair_webhook, "repair", export_repair(repair), at=now
+                )
+            self.store.update_incident(
+                inc.id, at=now, repair=repair.recommended, actor=self.identity
+            )
+            self.store.add_incident_action(
+                inc.id,
+                {
+                    "type": "quarantine",
+                    "resource_kind": rkind,
+                    "resource_id": rid,
+                    "reason": reason,
+                    "result": "quarantined",
+                    "repair_id": repair.id,
+                    "key": rec.key,
+                    "summary": f"{rkind} {rid} quarantined (repair {repair.id})",
+                },
+                at=now,
+                actor=self.identity,
+                audit_kind=AuditKind.NOTE,
+            )
+
+        self._finish(
+            rec,
+            ActionState.DONE,
+            {**(outcome or {}), "summary": "quarantined"},
+            inc,
+            action,
+            fence,
+            effects,
+        )
+
+    def _suppress(
+        self,
+        inc: IncidentRecord,
+        rec: ActionRecord,
+        action: Mapping[str, Any],
+        fence: Fence,
+        rkind: str,
+        rid: str,
+        reason: str,
+        *,
+        trip: bool,
+    ) -> None:
+        now = self.clock()
+
+        def effects() -> None:
+            if trip and self.fleet.get_breaker(QUARANTINE_BREAKER).state is BreakerState.CLOSED:
+                self.fleet.set_breaker(
+                    QUARANTINE_BREAKER,
+                    BreakerState.OPEN,
+                    at=now,
+                    actor=self.identity,
+                    reason=reason,
+                )
+                self.store.append_audit(
+                    now,
+                    self.identity,
+                    AuditKind.ERROR,
+                    f"breaker:{QUARANTINE_BREAKER}",
+                    f"PAGE: quarantine breaker tripped: {reason}",
+                    {"page": True, "incident_id": inc.id, "resource": f"{rkind}:{rid}"},
+                    incident_id=inc.id,
+                )
+                if self.config.page_webhook:
+                    self.fleet.enqueue_delivery(
+                        self.config.page_webhook,
+                        "page",
+                        page_payload(
+                            f"trainguard quarantine breaker tripped: {reason}",
+                            now,
+                            {"incident_id": inc.id, "resource": f"{rkind}:{rid}"},
+                        ),
+                        at=now,
+                    )
+            self.fleet.record_suppression(
+                QUARANTINE_BREAKER,
+                rkind,
+                rid,
+                reason,
+                at=now,
+                actor=self.identity,
+                incident_id=inc.id,
+            )
+            self.store.add_incident_action(
+                inc.id,
+                {
+                    "type": "quarantine",
+                    "resource_kind": rkind,
+                    "resource_id": rid,
+                    "result": "suppressed",
+                    "reason": reason,
+                    "key": rec.key,
+                    "summary": f"{rkind} {rid} not quarantined: {reason}",
+                },
+                at=now,
+                actor=self.identity,
+                audit_kind=AuditKind.NOTE,
+            )
+
+        self._finish(
+            rec,
+            ActionState.SKIPPED,
+            {"suppressed": reason, "summary": "suppressed"},
+            inc,
+            action,
+            fence,
+            effects,
+        )
+
+    def _restart(
+        self,
+        inc: IncidentRecord,
+        fj: FleetJob,
+        obs: Observation,
+        rec: ActionRecord,
+        action: Mapping[str, Any],
+        fence: Fence,
+    ) -> None:
+        assert self.scheduler is not None
+        plan = inc.plan or {}
+        failed_attempt = int(plan.get("attempt", inc.attempt))
+        oj = obs.jobs.get(fj.scheduler_ref)
+        ckpt = action.get("checkpoint") or None
+        resume = ckpt.get("path") if isinstance(ckpt, dict) else None
+        # Level check: the job is already past the failed attempt (our earlier call
+        # went through before a crash, or the scheduler requeued it by itself).
+        if oj is not None and oj.attempt > failed_attempt:
+            outcome: dict[str, Any] = {
+                "applied": False,
+                "attempt": oj.attempt,
+                "observed": "the job is already on a later attempt",
+            }
+            self.crash.hit("action.after_apply")
+        else:
+            exclude_devices = tuple(
+                sorted(r.uuid for r in self.store.list_devices() if not r.state.schedulable)
+            )
+            exclude_nodes = tuple(
+                sorted(n.name for n in self.fleet.list_nodes() if not n.state.schedulable)
+            )
+            env = {str(k): str(v) for k, v in (action.get("env") or {}).items()}
+            got, error = self._call(
+                lambda: self.scheduler.requeue(  # type: ignore[union-attr]
+                    fj.scheduler_ref,
+                    key=rec.key,
+                    token=fence.token,
+                    exclude_nodes=exclude_nodes,
+                    exclude_devices=exclude_devices,
+                    resume_from=resume,
+                    env=env,
+                )
+            )
+            self.crash.hit("action.after_apply")
+            if error is not None or got is None:
+                self._finish(
+                    rec,
+                    ActionState.FAILED,
+                    {"error": error, "summary": f"failed: {error}"},
+                    inc,
+                    action,
+                    fence,
+                    lambda: None,
+                )
+                return
+            outcome = got
+        new_attempt = int(outcome.get("attempt", failed_attempt + 1))
+        now = self.clock()
+        ckpt_step = ckpt.get("step") if isinstance(ckpt, dict) else None
+
+        def effects() -> None:
+            lost = None
+            if inc.failed_step is not None:
+                lost = max(0, inc.failed_step - int(ckpt_step or 0))
+            self.store.update_incident(
+                inc.id,
+                at=now,
+                checkpoint_path=resume,
+                checkpoint_step=int(ckpt_step) if ckpt_step is not None else 0,
+                lost_steps=lost,
+                recovery_attempt=new_attempt,
+                actor=self.identity,
+            )
+            self.store.add_incident_action(
+                inc.id,
+                {
+                    "type": "restart",
+                    "attempt": new_attempt,
+                    "devices": list(action.get("devices") or []),
+                    "checkpoint": resume,
+                    "checkpoint_step": ckpt_step,
+                    "key": rec.key,
+                    "summary": f"attempt {new_attempt}"
+                    + (
+                        f" from step {ckpt_step}"
+                        if ckpt_step is not None
+                        else " from the beginning"
+                    ),
+                },
+                at=now,
+                actor=self.identity,
+                audit_kind=AuditKind.NOTE,
+            )
+            cur = self.store.get_incident(inc.id)
+            if cur.state is IncidentState.ACTING:
+                self.store.update_incident(
+                    inc.id, at=now, state=IncidentState.VERIFYING, actor=self.identity
+                )
+            job = self.store.get_job(inc.job_id)
+            if job.state in (JobState.RECOVERING, JobState.WAITING):
+                self.store.update_job_state(
+                    inc.job_id, JobState.RUNNING, at=now, actor=self.identity
+                )
+
+        self._finish(
+            rec,
+            ActionState.DONE,
+            {**outcome, "attempt": new_attempt, "summary": f"attempt {new_attempt} requested"},
+            inc,
+            action,
+            fence,
+            effects,
+        )
+
+    def _stop(
+        self,
+        inc: IncidentRecord,
+        fj: FleetJob,
+        obs: Observation,
+        rec: ActionRecord,
+        action: Mapping[str, Any],
+        fence: Fence,
+    ) -> None:
+        assert self.scheduler is not None
+        reason = str(action.get("reason") or "stopped by trainguard")
+        advice = action.get("advice")
+        oj = obs.jobs.get(fj.scheduler_ref)
+        if oj is not None and not oj.phase.terminal:
+            outcome, error = self._call(
+                lambda: self.scheduler.cancel(  # type: ignore[union-attr]
+                    fj.scheduler_ref, f"trainguard: {reason}"[:300], key=rec.key, token=fence.token
+                )
+            )
+            if error is not None:
+                outcome = {"error": error}
+        else:
+            outcome = {"applied": False, "observed": "the job is not running"}
+        self.crash.hit("action.after_apply")
+        now = self.clock()
+        full = reason + (f" (advice: {advice})" if advice else "")
+
+        def effects() -> None:
+            self.store.add_incident_action(
+                inc.id,
+                {
+                    "type": "stop",
+                    "reason": reason,
+                    "advice": advice,
+                    "key": rec.key,
+                    "summary": reason,
+                },
+                at=now,
+                actor=self.identity,
+                audit_kind=AuditKind.NOTE,
+            )
+            cur = self.store.get_incident(inc.id)
+            if not cur.state.terminal:
+                self.store.update_incident(
+                    inc.id,
+                    at=now,
+                    state=IncidentState.STOPPED,
+                    reason=full[:500],
+                    actor=self.identity,
+                )
+            job = self.store.get_job(inc.job_id)
+            if not job.state.terminal:
+                self.store.update_job_state(
+                    inc.job_id, JobState.STOPPED, at=now, reason=full[:500], actor=self.identity
+                )
+
+        self._finish(
+            rec,
+            ActionState.DONE,
+            {**(outcome or {}), "summary": "stopped"},
+            inc,
+            action,
+            fence,
+            effects,
+        )
+
+    def _wait(
+        self, inc: IncidentRecord, rec: ActionRecord, action: Mapping[str, Any], fence: Fence
+    ) -> None:
+        self.crash.hit("action.after_apply")
+        now = self.clock()
+        reason = str(action.get("reason") or "waiting for capacity")
+
+        def effects() -> None:
+            job = self.store.get_job(inc.job_id)
+            if job.state is JobState.RECOVERING:
+                self.store.update_job_state(
+                    inc.job_id, JobState.WAITING, at=now, reason=reason[:500], actor=self.identity
+                )
+            self.store.update_incident(inc.id, at=now, note=reason[:500], actor=self.identity)
+
+        self._finish(
+            rec, ActionState.DONE, {"summary": "waiting for capacity"}, inc, action, fence, effects
+        )
+
+    # --- verification ----------------------------------------------------------------
+
+    def _verify(
+        self,
+        inc: IncidentRecord,
+        fj: FleetJob,
+        obs: Observation,
+        fence: Fence,
+        report: PassReport,
+    ) -> None:
+        if inc.recovery_attempt is None:
+            return
+        att = self._attempt_or_none(inc.job_id, inc.recovery_attempt)
+        if att is None:
+            return  # not started yet (pending in the scheduler)
+        job = self.store.get_job(inc.job_id)
+        policy = self._policy(fj, job)
+        now = self.clock()
+        verified_by: str | None = None
+        if att.state is AttemptState.COMPLETED:
+            verified_by = "the job completed inside the verification window"
+        elif att.state in (AttemptState.RUNNING, AttemptState.VERIFYING, AttemptState.VERIFIED):
+            if now - att.started_at < policy.verify_window_seconds:
+                return
+            reports_progress = any(
+                a.first_step is not None
+                for a in self.store.list_attempts(inc.job_id)
+                if a.number != att.number
+            )
+            if reports_progress:
+                if (
+                    att.first_step is None
+                    or att.last_step is None
+                    or att.last_step <= att.first_step
+                ):
+                    return  # not advancing yet; the hang timeout catches a stuck restart
+                expected = inc.checkpoint_step or 0
+                if att.first_step < expected:
+                    verified_by = None
+                    self.store.update_incident(
+                        inc.id,
+                        at=now,
+                        note=f"attempt {att.number} reports step {att.first_step}, before the "
+                        f"restored step {expected}: not verified",
+                        actor=self.identity,
+                    )
+                    return
+                verified_by = (
+                    f"steps {att.first_step} -> {att.last_step} after restoring step {expected}"
+                )
+            else:
+                verified_by = (
+                    f"running for {now - att.started_at:.0f} s "
+                    f"(window {policy.verify_window_seconds:g} s)"
+                )
+        else:
+            return  # failed: the sync step re-plans the incident
+        self.crash.hit("verify.before_recovered")
+        with self.fleet.fenced(fence, now):
+            cur = self.store.get_incident(inc.id)
+            if cur.state is not IncidentState.VERIFYING:
+                return
+            att_now = self.store.get_attempt(inc.job_id, att.number)
+            if att_now.state is AttemptState.VERIFYING:
+                self.store.transition_attempt(
+                    inc.job_id,
+                    att.number,
+                    AttemptState.VERIFIED,
+                    at=now,
+                    reason=verified_by,
+                    actor=self.identity,
+                )
+            self.store.update_incident(
+                inc.id,
+                at=now,
+                state=IncidentState.RECOVERED,
+                note=f"verified: {verified_by}",
+                actor=self.identity,
+            )
+        report.recovered.append(inc.id)
+        self.crash.hit("verify.after_recovered")
+
+    # --- observing jobs that are not managed -----------------------------------------
+
+    def observed_jobs(self) -> list[ObservedJob]:
+        if self.scheduler is None:
+            return []
+        return sorted(self.scheduler.observe().jobs.values(), key=lambda j: j.ref)
+
+
+__all__ = [
+    "ACTOR",
+    "CRASH_ENV",
+    "CRASH_POINTS",
+    "ControlConfig",
+    "CrashPoints",
+    "PassReport",
+    "Reconciler",
+    "resolve_mode",
+]

@@ -1,0 +1,679 @@
+"""``ControlPlane``: the one object ``trainguard serve`` (API, CLI, agents) talks to.
+
+It owns the store-side half of every operator and agent request and the
+reconcile loop (:class:`~trainguard.controller.reconcile.Reconciler`). The HTTP
+API calls these methods; they validate, write (audited, in one transaction
+each) and return the records of :mod:`trainguard.model.fleet` /
+:mod:`trainguard.model.records`, whose ``to_json()`` is the API's JSON.
+
+Requests never call the cluster scheduler directly: they change the store
+(intent), and the leader's next reconcile pass carries the change out, fenced.
+So two ``serve`` processes on one database can both take requests while only
+the leader acts.
+
+Errors: ``ValueError`` (including ``IllegalTransition`` and ``PolicyError``) for
+bad input or a state that does not allow the request -> HTTP 4xx;
+``NotFound`` (a ``LookupError``) for unknown ids -> 404.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid as uuidlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from trainguard.controller.breaker import QUARANTINE_BREAKER
+from trainguard.controller.lease import default_identity
+from trainguard.controller.policies import (
+    DEFAULT_POLICY,
+    load_policy_text,
+    merge,
+    parse_policy,
+    resolve,
+)
+from trainguard.controller.reconcile import ControlConfig, CrashPoints, PassReport, Reconciler
+from trainguard.controller.repair import export_repair as repair_json
+from trainguard.model.devices import Device, normalize_pci_bus_id
+from trainguard.model.findings import Finding
+from trainguard.model.fleet import (
+    ActionRecord,
+    Approval,
+    ApprovalState,
+    BreakerState,
+    BreakerStatus,
+    Delivery,
+    EffectiveMode,
+    FleetJob,
+    Lease,
+    Node,
+    PolicyDocument,
+    RepairRecord,
+    RepairState,
+    Scope,
+    ScopeMode,
+    Suppression,
+)
+from trainguard.model.health import HealthState
+from trainguard.model.plan import Mode, RecoveryPolicy
+from trainguard.model.records import AuditKind, DeviceRecord, JobRecord
+from trainguard.model.statemachine import IllegalTransition
+from trainguard.schedulers.base import ClusterScheduler, JobSpec
+from trainguard.store import NotFound, Store
+from trainguard.store.fleet import FleetStore
+
+log = logging.getLogger("trainguard.controller")
+
+Resource = tuple[str, str]  # ("device", uuid) | ("node", name)
+
+
+class ControlPlane:
+    """The control plane over one store and (optionally) one cluster scheduler.
+
+    ``clock`` is the only time source (tests inject one). ``identity`` names
+    this process in the lease and the audit log (default ``host:pid:random``).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        scheduler: ClusterScheduler | None = None,
+        clock: Callable[[], float] = time.time,
+        *,
+        config: ControlConfig | None = None,
+        identity: str | None = None,
+        crash: CrashPoints | None = None,
+    ) -> None:
+        self.store = store
+        self.fleet = FleetStore(store)
+        self.scheduler = scheduler
+        self.clock = clock
+        self.config = config or ControlConfig()
+        self.reconciler = Reconciler(
+            store,
+            scheduler,
+            identity=identity or default_identity(),
+            config=self.config,
+            clock=clock,
+            crash=crash,
+        )
+
+    @property
+    def identity(self) -> str:
+        return self.reconciler.identity
+
+    # --- the reconcile loop ----------------------------------------------------------
+
+    def run_once(self, now: float | None = None) -> PassReport:
+        """One reconcile pass (lead or stand by, observe, plan, act, verify, deliver)."""
+        return self.reconciler.run_once(now)
+
+    def run_forever(self, stop_event: threading.Event, interval: float | None = None) -> None:
+        """Pass after pass until ``stop_event`` is set; then give the lease up.
+
+        A pass that raises is logged and the loop goes on (the store or the
+        scheduler may be briefly unreachable); nothing is lost because nothing
+        is kept in memory between passes.
+        """
+        period = self.config.interval if interval is None else interval
+        while not stop_event.is_set():
+            started = time.monotonic()
+            try:
+                report = self.run_once()
+                for error in report.errors:
+                    log.warning("reconcile: %s", error)
+            except Exception:
+                log.exception("reconcile pass failed")
+            stop_event.wait(max(0.0, period - (time.monotonic() - started)))
+        try:
+            self.reconciler.elector.release(self.clock())
+        except Exception:
+            log.exception("could not release the controller lease")
+
+    def last_pass(self) -> PassReport | None:
+        return self.reconciler.last_report
+
+    def leader(self) -> Lease | None:
+        """The current lease (whoever holds it), ``None`` before anyone took it."""
+        return self.fleet.get_lease(self.config.lease_name)
+
+    def is_leader(self) -> bool:
+        lease = self.leader()
+        return lease is not None and lease.holder == self.identity and lease.valid_at(self.clock())
+
+    # --- jobs ------------------------------------------------------------------------
+
+    def register_job(
+        self,
+        *,
+        scheduler_ref: str,
+        name: str,
+        command: Sequence[str],
+        need: int,
+        actor: str,
+        min_need: int | None = None,
+        partition: str | None = None,
+        policy: str | None = None,
+        opted_in: bool = True,
+        checkpoint_dir: str | None = None,
+        job_id: str | None = None,
+    ) -> FleetJob:
+        """Manage a job the scheduler already has (e.g. a Slurm job that opted in)."""
+        if not scheduler_ref or not str(scheduler_ref).strip():
+            raise ValueError("scheduler_ref must not be empty")
+        if need < 0:
+            raise ValueError("need must be >= 0")
+        if policy is not None and self.fleet.get_policy(policy) is None:
+            raise ValueError(f"no policy named {policy!r}")
+        now = self.clock()
+        with self.store.transaction():
+            if self.fleet.find_fleet_job(scheduler_ref) is not None:
+                raise ValueError(f"scheduler job {scheduler_ref!r} is already managed")
+            job = self.store.create_job(
+                name=name,
+                command=list(command),
+                need=need,
+                min_need=min_need,
+                at=now,
+                checkpoint_dir=checkpoint_dir,
+                job_id=job_id,
+                mode=self.effective_mode_for(job_id or "", partition).mode.value,
+                actor=actor,
+            )
+            fj = self.fleet.add_fleet_job(
+                FleetJob(
+                    job_id=job.id,
+                    scheduler_ref=scheduler_ref,
+                    partition=partition,
+                    policy=policy,
+                    opted_in=opted_in,
+                    registered_at=now,
+                )
+            )
+            self.store.append_audit(
+                now,
+                actor,
+                AuditKind.NOTE,
+                f"job:{job.id}",
+                f"job {job.id} managed: scheduler job {scheduler_ref}"
+                + (f", policy {policy}" if policy else "")
+                + ("" if opted_in else " (observed only: not opted in)"),
+                fj.to_json(),
+                job_id=job.id,
+            )
+        return fj
+
+    def submit_job(
+        self,
+        spec: JobSpec,
+        *,
+        actor: str,
+        policy: str | None = None,
+        opted_in: bool = True,
+        checkpoint_dir: str | None = None,
+        min_need: int | None = None,
+        job_id: str | None = None,
+    ) -> FleetJob:
+        """Submit ``spec`` through the scheduler and manage it.
+
+        Submission is the user's act, not a recovery action: it is keyed (a retry
+        of the same ``job_id`` does not submit twice) but not fenced.
+        """
+        if self.scheduler is None:
+            raise ValueError("this control plane has no scheduler to submit to")
+        jid = job_id or f"job-{uuidlib.uuid4().hex[:12]}"
+        result = self.scheduler.submit(spec, key=f"submit-{jid}", token=0)
+        ref = str(result.detail["ref"])
+        existing = self.fleet.find_fleet_job(ref)
+        if existing is not None:
+            return existing
+        return self.register_job(
+            scheduler_ref=ref,
+            name=spec.name,
+            command=spec.command,
+            need=spec.nodes * spec.devices_per_node,
+            min_need=min_need,
+            actor=actor,
+            partition=spec.partition,
+            policy=policy,
+            opted_in=opted_in,
+            checkpoint_dir=checkpoint_dir,
+            job_id=jid,
+        )
+
+    def fleet_jobs(self) -> list[FleetJob]:
+        return self.fleet.list_fleet_jobs()
+
+    def job(self, job_id: str) -> JobRecord:
+        return self.store.get_job(job_id)
+
+    def set_job_policy(
+        self, job_id: str, policy: str | None, actor: str, *, opted_in: bool | None = None
+    ) -> FleetJob:
+        """Change which policy a job follows (``None``: the default) and/or its opt-in."""
+        if policy is not None and self.fleet.get_policy(policy) is None:
+            raise ValueError(f"no policy named {policy!r}")
+        now = self.clock()
+        with self.store.transaction():
+            fj = self.fleet.get_fleet_job(job_id)
+            new = FleetJob(
+                job_id=fj.job_id,
+                scheduler_ref=fj.scheduler_ref,
+                partition=fj.partition,
+                policy=policy,
+                opted_in=fj.opted_in if opted_in is None else opted_in,
+                registered_at=fj.registered_at,
+            )
+            self.fleet.update_fleet_job(new)
+            self.store.append_audit(
+                now,
+                actor,
+                AuditKind.NOTE,
+                f"job:{job_id}",
+                f"job {job_id}: policy {fj.policy or DEFAULT_POLICY} -> {policy or DEFAULT_POLICY}"
+                + ("" if new.opted_in == fj.opted_in else f", opted in: {new.opted_in}"),
+                new.to_json(),
+                job_id=job_id,
+            )
+            return new
+
+    # --- agents: inventory, findings, progress ---------------------------------------
+
+    def ingest_inventory(
+        self,
+        host: str,
+        devices: Sequence[Device],
+        *,
+        partition: str | None = None,
+        actor: str = "agent",
+    ) -> list[DeviceRecord]:
+        """A host's device inventory (an agent's report): the node and its devices, upserted."""
+        now = self.clock()
+        devs = [
+            d
+            if d.host == host
+            else Device(d.index, d.uuid, d.pci_bus_id, d.model, d.memory_mb, host)
+            for d in devices
+        ]
+        with self.store.transaction():
+            self.fleet.register_node(host, at=now, partition=partition, actor=actor)
+            return self.store.register_devices(devs, at=now, actor=actor)
+
+    def ingest_finding(
+        self,
+        finding: Finding | Mapping[str, Any],
+        host: str | None = None,
+        job: str | None = None,
+        *,
+        attempt: int | None = None,
+    ) -> int:
+        """Keep a finding an agent (or a job) reported; returns its id.
+
+        The device is resolved from the culprit's UUID, or its PCI bus id on
+        ``host``, so the reconciler can tie a kernel-log XID to the attempt that
+        used the card. Raises ``ValueError`` for a malformed finding.
+        """
+        try:
+            f = finding if isinstance(finding, Finding) else Finding.from_dict(dict(finding))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"malformed finding: {exc}") from exc
+        host = host or f.culprit.host
+        device_uuid = self._resolve_device(f.culprit.device_uuid, f.culprit.pci_bus_id, host)
+        if job is not None:
+            self.store.get_job(job)  # NotFound for an unknown job
+        data = f.to_dict()
+        if device_uuid and not f.culprit.device_uuid:
+            data["culprit"] = {**data["culprit"], "device_uuid": device_uuid, "host": host}
+        return self.fleet.add_finding(
+            data,
+            received_at=self.clock(),
+            host=host,
+            job_id=job,
+            attempt=attempt,
+            device_uuid=device_uuid,
+        )
+
+    def _resolve_device(self, uuid: str | None, pci: str | None, host: str | None) -> str | None:
+        if uuid:
+            try:
+                return self.store.get_device(uuid).uuid
+            except NotFound:
+                return uuid
+        if not pci:
+            return None
+        try:
+            norm = normalize_pci_bus_id(pci)
+        except ValueError:
+            return None
+        matches = [
+            r.uuid for r in self.store.list_devices(host=host) if r.device.pci_bus_id == norm
+        ]
+        return matches[0] if len(matches) == 1 else None
+
+    def ingest_progress(
+        self, job_id: str, attempt: int, step: int, at: float | None = None
+    ) -> None:
+        """A progress report (``trainguard.train`` over HTTP): the attempt's last step.
+
+        Not audited (hot path). Raises ``NotFound`` for an unknown job/attempt,
+        ``ValueError`` for a negative step.
+        """
+        if step < 0:
+            raise ValueError("step must be >= 0")
+        self.store.update_attempt_progress(
+            job_id, int(attempt), int(step), at=self.clock() if at is None else float(at)
+        )
+
+    # --- modes -----------------------------------------------------------------------
+
+    def set_mode(
+        self,
+        scope: Scope | str,
+        mode: Mode | str | None,
+        actor: str,
+        reason: str | None = None,
+    ) -> ScopeMode | None:
+        """Set ``observe``/``act`` on a scope (``cluster``, ``partition:P``, ``job:ID``);
+        ``None`` clears it (inherit). Audited with who and why."""
+        sc = scope if isinstance(scope, Scope) else Scope.parse(scope)
+        if sc.kind.value == "job":
+            self.store.get_job(sc.name)
+        value = None if mode is None else Mode(mode)
+        return self.fleet.set_scope_mode(sc, value, at=self.clock(), actor=actor, reason=reason)
+
+    def modes(self) -> list[ScopeMode]:
+        return self.fleet.list_scope_modes()
+
+    def effective_mode(self, job_id: str) -> EffectiveMode:
+        """The mode that applies to a managed job now, and the scope it comes from."""
+        fj = self.fleet.get_fleet_job(job_id)
+        return self.reconciler.effective_mode(fj)
+
+    def effective_mode_for(self, job_id: str, partition: str | None) -> EffectiveMode:
+        from trainguard.controller.reconcile import resolve_mode
+
+        modes = {m.scope.key: m.mode for m in self.fleet.list_scope_modes()}
+        return resolve_mode(modes, job_id, partition, self.config.default_mode)
+
+    # --- approvals -------------------------------------------------------------------
+
+    def approvals(
+        self, state: ApprovalState | str | None = None, incident_id: int | None = None
+    ) -> list[Approval]:
+        return self.fleet.list_approvals(
+            state=None if state is None else ApprovalState(state), incident_id=incident_id
+        )
+
+    def approval(self, approval_id: int) -> Approval:
+        return self.fleet.get_approval(approval_id)
+
+    def approve(self, approval_id: int, actor: str, reason: str) -> Approval:
+        """pending -> approved (who, why, when recorded); the reconciler then acts.
+
+        An operator request approved here (retiring a device) is carried out in
+        the same transaction. Deciding twice raises ``IllegalTransition``.
+        """
+        now = self.clock()
+        with self.store.transaction():
+            approval = self.fleet.decide_approval(
+                approval_id, ApprovalState.APPROVED, actor=actor, reason=reason, at=now
+            )
+            if approval.action_key is None and approval.kind == "retire":
+                self._retire(approval, actor, now)
+        return self.fleet.get_approval(approval_id)
+
+    def deny(self, approval_id: int, actor: str, reason: str) -> Approval:
+        return self.fleet.decide_approval(
+            approval_id, ApprovalState.DENIED, actor=actor, reason=reason, at=self.clock()
+        )
+
+    # --- breaker ---------------------------------------------------------------------
+
+    def breaker(self) -> BreakerStatus:
+        return self.fleet.get_breaker(QUARANTINE_BREAKER)
+
+    def reset_breaker(self, actor: str, reason: str) -> BreakerStatus:
+        """open -> closed: quarantines go ahead again. Raises ``IllegalTransition`` when closed."""
+        if not reason or not reason.strip():
+            raise ValueError("resetting the breaker needs a reason")
+        return self.fleet.set_breaker(
+            QUARANTINE_BREAKER, BreakerState.CLOSED, at=self.clock(), actor=actor, reason=reason
+        )
+
+    def suppressions(self, since: float | None = None) -> list[Suppression]:
+        return self.fleet.list_suppressions(since=since)
+
+    # --- policies --------------------------------------------------------------------
+
+    def put_policy(
+        self, document: str | bytes | Mapping[str, Any], actor: str, name: str | None = None
+    ) -> PolicyDocument:
+        """Validate (YAML/JSON text or a mapping) and store a policy; ``PolicyError`` names
+        the bad field. The document named ``default`` holds the operator defaults."""
+        if isinstance(document, str | bytes):
+            doc = load_policy_text(document, name=name)
+        else:
+            doc = parse_policy(document, name=name)
+        self.fleet.put_policy(doc.name, doc.to_json(), at=self.clock(), actor=actor)
+        return doc
+
+    def get_policy(self, name: str) -> PolicyDocument:
+        data = self.fleet.get_policy(name)
+        if data is None:
+            raise NotFound(f"no policy {name!r}")
+        return parse_policy(data)
+
+    def list_policies(self) -> list[PolicyDocument]:
+        return [parse_policy(p["document"]) for p in self.fleet.list_policies()]
+
+    def delete_policy(self, name: str, actor: str) -> bool:
+        users = [j.job_id for j in self.fleet.list_fleet_jobs() if j.policy == name]
+        if users:
+            raise ValueError(f"policy {name!r} is used by job(s) {', '.join(users)}")
+        return self.fleet.delete_policy(name, at=self.clock(), actor=actor)
+
+    def job_policy(self, job_id: str) -> RecoveryPolicy:
+        """The effective recovery policy of a managed job (defaults + its document)."""
+        fj = self.fleet.get_fleet_job(job_id)
+        job = self.store.get_job(job_id)
+        default = self.fleet.get_policy(DEFAULT_POLICY)
+        own = self.fleet.get_policy(fj.policy) if fj.policy else None
+        doc = merge(parse_policy(default) if default else None, parse_policy(own) if own else None)
+        return resolve(doc, need=job.need, min_need=job.min_need)
+
+    # --- repair, release, validation, retirement -------------------------------------
+
+    def repairs(self, state: RepairState | str | None = None) -> list[RepairRecord]:
+        return self.fleet.list_repairs(state=None if state is None else RepairState(state))
+
+    def repair(self, repair_id: int) -> RepairRecord:
+        return self.fleet.get_repair(repair_id)
+
+    def export_repair(self, repair_id: int) -> dict[str, Any]:
+        """The repair record as the JSON ticket systems get."""
+        return repair_json(self.fleet.get_repair(repair_id))
+
+    def deliveries(self, event: str | None = None) -> list[Delivery]:
+        return self.fleet.list_deliveries(event=event)
+
+    def resolve_resource(self, resource: str) -> Resource:
+        """``device:ID`` | ``node:NAME`` | a bare device id (UUID, PCI bus id, index) or node."""
+        kind, sep, ident = resource.partition(":")
+        if sep and kind in ("device", "node"):
+            if kind == "node":
+                return ("node", self.fleet.get_node(ident).name)
+            return ("device", self.store.find_device(ident).uuid)
+        try:
+            return ("device", self.store.find_device(resource).uuid)
+        except NotFound:
+            pass
+        try:
+            return ("node", self.fleet.get_node(resource).name)
+        except NotFound:
+            raise NotFound(f"no device or node {resource!r}") from None
+
+    def _state(self, res: Resource) -> HealthState:
+        kind, ident = res
+        return (
+            self.store.get_device(ident).state
+            if kind == "device"
+            else self.fleet.get_node(ident).state
+        )
+
+    def _transition(
+        self, res: Resource, new: HealthState, reason: str, actor: str, at: float
+    ) -> None:
+        kind, ident = res
+        if kind == "device":
+            self.store.transition_device(ident, new, reason, actor, at)
+        else:
+            self.fleet.transition_node(ident, new, reason, actor, at)
+
+    def release(self, resource: str, actor: str, reason: str) -> RepairRecord | None:
+        """An operator returns a quarantined (or suspect) resource to service, on record.
+
+        Closes its open repair record (outcome ``released``). Anything but
+        ``quarantined``/``suspect`` raises ``IllegalTransition`` (a resource in
+        repair returns through validation). The scheduler is told by the next pass.
+        """
+        if not reason or not reason.strip():
+            raise ValueError("a release needs a reason")
+        res = self.resolve_resource(resource)
+        now = self.clock()
+        with self.store.transaction():
+            state = self._state(res)
+            if state not in (HealthState.QUARANTINED, HealthState.SUSPECT):
+                raise IllegalTransition("release", state, HealthState.HEALTHY)
+            self._transition(res, HealthState.HEALTHY, f"released: {reason}", actor, now)
+            rec = self.fleet.open_repair_for(*res)
+            if rec is not None:
+                return self.fleet.update_repair(
+                    rec.id,
+                    at=now,
+                    actor=actor,
+                    state=RepairState.CLOSED,
+                    outcome="released",
+                    note=reason,
+                )
+        return None
+
+    def request_validation(
+        self, resource: str, actor: str, reason: str = "validation requested"
+    ) -> RepairRecord:
+        """quarantined | repair -> validating; the repair record follows. The checks
+        themselves run elsewhere (``trainguard validate``, an agent) and report back
+        through :meth:`record_validation`."""
+        res = self.resolve_resource(resource)
+        now = self.clock()
+        with self.store.transaction():
+            self._transition(res, HealthState.VALIDATING, reason, actor, now)
+            rec = self.fleet.open_repair_for(*res) or self.fleet.open_repair(
+                resource_kind=res[0],
+                resource_id=res[1],
+                what_failed="validation requested without a recorded failure",
+                recommended="run validation",
+                evidence=[],
+                at=now,
+                actor=actor,
+            )
+            if rec.state is RepairState.OPEN:
+                rec = self.fleet.update_repair(
+                    rec.id, at=now, actor=actor, state=RepairState.VALIDATING, note=reason
+                )
+            return rec
+
+    def record_validation(
+        self,
+        resource: str,
+        passed: bool,
+        actor: str,
+        details: Mapping[str, Any] | None = None,
+    ) -> RepairRecord:
+        """The result of validating a resource in ``validating``.
+
+        Pass: -> healthy, repair closed (``validated``), the measurements recorded.
+        Fail: -> repair, the repair record open again; after
+        ``validation_failures_to_retire`` failures a ``retire`` approval is requested.
+        """
+        res = self.resolve_resource(resource)
+        now = self.clock()
+        with self.store.transaction():
+            state = self._state(res)
+            if state is not HealthState.VALIDATING:
+                raise IllegalTransition("validation result", state, HealthState.HEALTHY)
+            rec = self.fleet.open_repair_for(*res)
+            if rec is None:
+                raise NotFound(f"no open repair record for {res[0]} {res[1]}")
+            entry = {"at": now, "passed": bool(passed), "by": actor, "details": dict(details or {})}
+            if passed:
+                self._transition(res, HealthState.HEALTHY, "validation passed", actor, now)
+                return self.fleet.update_repair(
+                    rec.id,
+                    at=now,
+                    actor=actor,
+                    state=RepairState.CLOSED,
+                    outcome="validated",
+                    validation=entry,
+                )
+            self._transition(res, HealthState.REPAIR, "validation failed", actor, now)
+            rec = self.fleet.update_repair(
+                rec.id,
+                at=now,
+                actor=actor,
+                state=RepairState.OPEN,
+                validation=entry,
+                note="validation failed",
+            )
+            if rec.failed_validations >= self.config.validation_failures_to_retire:
+                self.request_retire(
+                    f"{res[0]}:{res[1]}",
+                    actor,
+                    f"failed validation {rec.failed_validations} times",
+                )
+            return rec
+
+    def request_retire(self, resource: str, actor: str, reason: str) -> Approval:
+        """Ask to retire a resource for good: a ``retire`` approval (destructive)."""
+        res = self.resolve_resource(resource)
+        state = self._state(res)
+        if state in (HealthState.HEALTHY, HealthState.SUSPECT, HealthState.RETIRED):
+            raise IllegalTransition("retire request", state, HealthState.RETIRED)
+        for a in self.fleet.list_approvals(state=ApprovalState.PENDING):
+            if a.kind == "retire" and a.subject == f"{res[0]}:{res[1]}":
+                return a
+        return self.fleet.request_approval(
+            kind="retire",
+            subject=f"{res[0]}:{res[1]}",
+            why=f"retire is destructive: {reason}",
+            at=self.clock(),
+            actor=actor,
+            data={"reason": reason},
+        )
+
+    def _retire(self, approval: Approval, actor: str, now: float) -> None:
+        kind, _, ident = approval.subject.partition(":")
+        res: Resource = (kind, ident)
+        state = self._state(res)
+        why = f"retired (approval {approval.id} by {actor}: {approval.decision_reason})"
+        if state is HealthState.QUARANTINED:
+            self._transition(res, HealthState.REPAIR, "to be retired", actor, now)
+        if state is not HealthState.RETIRED:
+            self._transition(res, HealthState.RETIRED, why, actor, now)
+        rec = self.fleet.open_repair_for(kind, ident)
+        if rec is not None:
+            self.fleet.update_repair(
+                rec.id, at=now, actor=actor, state=RepairState.CLOSED, outcome="retired", note=why
+            )
+
+    # --- reads the API shows ---------------------------------------------------------
+
+    def nodes(self) -> list[Node]:
+        return self.fleet.list_nodes()
+
+    def actions(self, incident_id: int | None = None) -> list[ActionRecord]:
+        return self.fleet.list_actions(incident_id)
+
+
+__all__ = ["ControlConfig", "ControlPlane", "PassReport"]
