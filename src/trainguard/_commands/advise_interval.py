@@ -27,21 +27,22 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--save-seconds",
         type=float,
-        required=True,
+        default=None,
         metavar="S",
-        help="seconds training is blocked per checkpoint (with async save: the stall only)",
+        help="seconds training is blocked per checkpoint (with async save: the stall only); "
+        "required unless measured with --from-state",
     )
     parser.add_argument(
         "--mtbf-hours",
         type=float,
-        required=True,
+        default=None,
         metavar="M",
         help="mean time between failures of the whole job, in hours; with --gpus: of ONE GPU",
     )
     parser.add_argument(
         "--restart-seconds",
         type=float,
-        default=0.0,
+        default=None,
         metavar="R",
         help="seconds from a failure to training again: detect, reschedule, start, load "
         "(default 0)",
@@ -59,6 +60,18 @@ def register(subparsers: Any) -> None:
         default=None,
         metavar="T",
         help="compute seconds between checkpoints the job uses now, to compare",
+    )
+    parser.add_argument(
+        "--from-state",
+        metavar="DB",
+        default=None,
+        help="measure what is not given from a state database: per-GPU MTBF from the "
+        "incidents and GPU-hours run, restart time from fault to verified recovery, save "
+        "time from the checkpoints' manifests; adds the ETTR expected (simulated and "
+        "analytic)",
+    )
+    parser.add_argument(
+        "--job", metavar="ID", default=None, help="with --from-state: only this job"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=run)
@@ -79,6 +92,23 @@ def _pct(x: float) -> str:
 def run(args: argparse.Namespace) -> int:
     from trainguard.checkpoints.interval import advise, job_mtbf_seconds
 
+    measured = None
+    if args.from_state is not None:
+        import time
+
+        from trainguard._commands import _from_state
+
+        resolved = _from_state.resolve(args, now=time.time())
+        if isinstance(resolved, str):
+            return error(resolved, 2)
+        measured = resolved
+    if args.save_seconds is None or args.mtbf_hours is None:
+        return error(
+            "--save-seconds and --mtbf-hours are required (or measure them with --from-state DB)",
+            2,
+        )
+    if args.restart_seconds is None:
+        args.restart_seconds = 0.0
     checks = [
         ("--save-seconds", args.save_seconds, False),
         ("--mtbf-hours", args.mtbf_hours, False),
@@ -111,6 +141,13 @@ def run(args: argparse.Namespace) -> int:
         data["gpus"] = args.gpus
         data["mtbf_input_hours"] = args.mtbf_hours
         data["mtbf_meaning"] = "per-GPU" if args.gpus is not None else "job"
+        if measured is not None:
+            from trainguard._commands import _from_state
+
+            data["measured"] = measured.to_dict()
+            data["expected_ettr"] = _from_state.expected_ettr(
+                advice.save_seconds, mtbf, advice.restart_seconds, args.current_interval_seconds
+            )
         print_json(data)
         return 0
     print(f"blocking save δ = {args.save_seconds:g} s, restart R = {args.restart_seconds:g} s")
@@ -145,5 +182,12 @@ def run(args: argparse.Namespace) -> int:
     )
     for warning in advice.warnings:
         print(f"warning: {warning}")
+    if measured is not None:
+        from trainguard._commands import _from_state
+
+        ettr = _from_state.expected_ettr(
+            advice.save_seconds, mtbf, advice.restart_seconds, args.current_interval_seconds
+        )
+        _from_state.print_measured(measured, args.from_state, ettr)
     print("sources: Young 1974 (CACM 17(9)); Daly 2006 (FGCS 22(3)); see docs/checkpoints.md")
     return 0
