@@ -194,3 +194,18 @@ def test_hang_with_an_xid_is_hardware() -> None:
 def test_no_findings_at_all_still_gives_an_attribution() -> None:
     a = attribute([], DEVICES, failed_at=T0)
     assert a.kind is IncidentKind.CRASH and a.domain is Domain.UNKNOWN and a.confidence < 0.5
+
+
+def test_a_rank_killed_by_the_host_oom_killer_is_the_jobs_memory_use() -> None:
+    oom_killer = line(
+        "host_oom",
+        T0 - 0.01,
+        None,
+        "Out of memory: Killed process 4242 (python) total-vm:9000000kB",
+        Domain.USER_CONFIG,
+        signature="host_oom:Out of memory: Killed process <n> (python)",
+    )
+    a = attribute([crash(1, T0, sig=9), oom_killer], DEVICES, failed_at=T0)
+    assert a.kind is IncidentKind.CRASH and a.domain is Domain.USER_CONFIG
+    assert a.culprit.rank == 1 and a.signature == oom_killer.signature
+    assert "Out of memory" in a.summary

@@ -801,6 +801,10 @@ class RunController:
             self._quarantine_unassigned(f)
         else:
             self.audit(AuditKind.OBSERVATION, "kernel", f"kernel log: {f.message}", f.to_dict())
+            if f.culprit.device_uuid is None and f.severity is not Severity.WARNING:
+                # Host-level evidence (the kernel's OOM killer, a machine check): the
+                # attribution may need it to explain a rank that was killed.
+                att.findings.append(f)
 
     def _quarantine_unassigned(self, f: Finding) -> None:
         """Hardware evidence on a device the job is not using: keep it out of future plans."""

@@ -14,8 +14,8 @@ Pure (no I/O, no clock). Rules, strongest first (decision 0053):
    (``application``, with the traceback's last line as the signature the
    futile-retry rule compares).
 4. Otherwise the crash itself (``crash``, domain ``unknown``; a process killed
-   by the kernel's OOM killer -> ``node``), then collective errors without any
-   crash (``network``), then a hang.
+   by the kernel's OOM killer -> ``user_config``, other host-level evidence ->
+   ``node``), then collective errors without any crash (``network``), then a hang.
 
 Torchrun's own ``ChildFailedError`` traceback is the launcher's summary of a
 failure, never the failure itself, and is ignored as evidence of a cause.
@@ -190,14 +190,24 @@ def attribute(
     # 4a. A crash with no more specific evidence.
     if root_crash is not None:
         culprit = _complete_culprit(root_crash.culprit, devices)
-        # Host-level evidence (the kernel's OOM killer, a node failure) makes it a node fault.
-        killed = [f for f in errors if f.domain is Domain.NODE]
-        domain = Domain.NODE if killed else Domain.UNKNOWN
-        symptoms = [f for f in others if f.kind in _COLLECTIVE]
+        # Host-level evidence: the kernel's OOM killer (the job asked for too much host
+        # memory: user_config) or a node fault (node). Only within the window.
+        host = [
+            f
+            for f in errors
+            if (f.kind == "host_oom" or f.domain is Domain.NODE) and abs(f.at - failed_at) <= window
+        ]
+        domain = Domain.UNKNOWN
+        signature = root_crash.signature
         summary = root_crash.message
+        if host:
+            domain = Domain.USER_CONFIG if host[0].kind == "host_oom" else Domain.NODE
+            signature = host[0].signature or signature
+            summary += f" ({host[0].message})"
+        symptoms = [f for f in others if f.kind in _COLLECTIVE]
         if symptoms:
             summary += f" (peers then failed: {symptoms[0].message})"
-        support = [root_crash, *killed, *symptoms[:3]]
+        support = [root_crash, *host[:3], *symptoms[:3]]
         return Attribution(
             kind=IncidentKind.CRASH,
             domain=domain,
@@ -206,7 +216,7 @@ def attribute(
             summary=summary,
             evidence=_evidence(support),
             findings=tuple(support),
-            signature=root_crash.signature,
+            signature=signature,
         )
 
     # 4b. Collective errors without a crash.
