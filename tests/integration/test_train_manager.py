@@ -135,6 +135,7 @@ def test_retention_keeps_the_last_k_valid(tmp_path: Path) -> None:
     ckpt = CheckpointManager(tmp_path, keep=2)
     for step in range(1, 6):
         ckpt.save(step, _state(4096))
+    ckpt.wait()  # retention runs behind a sync save
     assert _steps(tmp_path) == [5, 4]
 
 
@@ -142,6 +143,7 @@ def test_keep_one_never_deletes_the_newest(tmp_path: Path) -> None:
     ckpt = CheckpointManager(tmp_path, keep=1)
     for step in (1, 2, 3):
         ckpt.save(step, _state(4096))
+        ckpt.wait()  # retention runs behind a sync save
         assert _steps(tmp_path) == [step]
 
 
@@ -151,6 +153,7 @@ def test_newest_written_survives_even_with_higher_older_steps(tmp_path: Path) ->
     for step in (100, 200, 300):
         ckpt.save(step, _state(4096))
     ckpt.save(150, _state(4096))  # the job resumed from 100 and saved again
+    ckpt.wait()  # retention runs behind a sync save
     assert _steps(tmp_path) == [300, 150]
 
 
@@ -160,9 +163,11 @@ def test_invalid_checkpoints_are_never_deleted_nor_counted(tmp_path: Path) -> No
         ckpt.save(step, _state(4096))
     (tmp_path / "step_00000002" / "state.pt").write_bytes(b"garbage")  # damaged
     ckpt.save(3, _state(4096))
+    ckpt.wait()  # retention runs behind a sync save
     infos = {i.step: i.valid for i in scan(tmp_path, verify="full")}
     assert infos == {3: True, 2: False, 1: True}  # 1 kept: 2 does not count as valid
     ckpt.save(4, _state(4096))
+    ckpt.wait()  # retention runs behind a sync save
     infos = {i.step: i.valid for i in scan(tmp_path, verify="full")}
     assert infos == {4: True, 3: True, 2: False}
 
@@ -186,12 +191,14 @@ def test_nothing_is_deleted_while_a_newer_save_is_in_progress(tmp_path: Path) ->
     try:
         ckpt.save(4, _state(4096))
         ckpt.save(5, _state(4096))
+        ckpt.wait()  # retention runs behind a sync save
         assert _steps(tmp_path) == [5, 4, 2]  # retention paused: step 3 unverified
         assert tmp.exists()
     finally:
         writer.kill()
         writer.wait()
     ckpt.save(6, _state(4096))  # the writer is dead: its leftovers go, retention resumes
+    ckpt.wait()  # retention runs behind a sync save
     assert _steps(tmp_path) == [6]
     assert not tmp.exists()
 
@@ -201,6 +208,7 @@ def test_retention_refuses_when_the_new_checkpoint_is_not_valid(tmp_path: Path) 
     ckpt.save(1, _state(4096))
     ckpt.keep = 5
     ckpt.save(2, _state(4096))
+    ckpt.wait()
     (tmp_path / "step_00000002" / "state.pt").write_bytes(b"x")
     deleted = apply_retention(
         tmp_path,

@@ -216,7 +216,7 @@ class CheckpointManager:
         return None
 
     def wait(self) -> SaveResult | None:
-        """Wait for a pending asynchronous save; raise its failure, if any."""
+        """Wait for a pending asynchronous save (or retention); raise a save's failure."""
         with self._lock:
             thread = self._thread
         if thread is not None:
@@ -358,18 +358,17 @@ class CheckpointManager:
                 "async": self.async_save,
             },
         )
-        try:
-            apply_retention(
-                self.root,
-                keep=self.keep,
-                newest=final,
-                verify=self.retention_verify,
-                now=time.time(),
-                stale_seconds=self.stale_seconds,
+        if self.async_save:
+            self._retain(final)  # already off the training thread
+        else:
+            # The checkpoint is valid: the training loop need not wait for old ones to
+            # be deleted (slow on big files). The next save() or wait() joins this.
+            housekeeping = threading.Thread(
+                target=self._retain, args=(final,), name="trainguard-retention", daemon=False
             )
-            clean_stale(self.root, now=time.time(), stale_seconds=self.stale_seconds)
-        except OSError as exc:  # retention trouble never fails a good save
-            log.warning("trainguard: retention failed: %s", exc)
+            with self._lock:
+                self._thread = housekeeping
+            housekeeping.start()
         return SaveResult(
             step=job.step,
             path=str(final),
@@ -379,6 +378,21 @@ class CheckpointManager:
             save_seconds=save_seconds,
             valid=True,
         )
+
+    def _retain(self, newest: Path) -> None:
+        """Retention and clean-up after ``newest`` became valid; trouble is only logged."""
+        try:
+            apply_retention(
+                self.root,
+                keep=self.keep,
+                newest=newest,
+                verify=self.retention_verify,
+                now=time.time(),
+                stale_seconds=self.stale_seconds,
+            )
+            clean_stale(self.root, now=time.time(), stale_seconds=self.stale_seconds)
+        except Exception as exc:  # retention trouble never fails a good save
+            log.warning("trainguard: retention failed: %s: %s", type(exc).__name__, exc)
 
     def _torch_save(self, obj: Any, tmp: Path, name: str) -> WrittenFile:
         writer = HashingWriter(tmp / name, name)
