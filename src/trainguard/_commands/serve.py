@@ -53,6 +53,25 @@ def register(subparsers: Any) -> None:
         help="serve the API and ingestion only (a standby that never acts)",
     )
     parser.add_argument(
+        "--scheduler",
+        metavar="NAME|MODULE:FACTORY",
+        help="the cluster scheduler the controller acts through: 'procs' (local process "
+        "groups, the stand-in cluster) or a ClusterScheduler factory (MODULE:NAME or "
+        "FILE.py:NAME); without one the controller records and acts on nothing",
+    )
+    parser.add_argument(
+        "--procs-root", metavar="DIR", help="state of the procs cluster (default: next to the db)"
+    )
+    parser.add_argument(
+        "--procs-nodes",
+        default="n1=2",
+        metavar="N=K,...",
+        help="procs cluster nodes and their simulated devices on first use (default n1=2)",
+    )
+    parser.add_argument("--identity", metavar="NAME", help="name in the leader lease and audit")
+    parser.add_argument("--repair-webhook", metavar="URL", help="POST repair records here")
+    parser.add_argument("--page-webhook", metavar="URL", help="POST pages (breaker trips) here")
+    parser.add_argument(
         "--log-level", default="warning", choices=("debug", "info", "warning", "error")
     )
     parser.set_defaults(func=run)
@@ -78,10 +97,16 @@ def run(args: argparse.Namespace) -> int:
         reconcile_interval=args.reconcile_interval,
         log_level=args.log_level,
         controller=not args.no_controller,
+        scheduler=args.scheduler,
+        procs_root=args.procs_root,
+        procs_nodes=args.procs_nodes,
+        holder=args.identity,
+        repair_webhook=args.repair_webhook,
+        page_webhook=args.page_webhook,
     )
     try:
         return serve(options, say=lambda m: print(m, flush=True))
-    except (TokenFileError, StoreError) as exc:
+    except (TokenFileError, StoreError, ValueError, ImportError) as exc:
         return error(str(exc))
     except OSError as exc:
         return error(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}")

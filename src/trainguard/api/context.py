@@ -67,8 +67,20 @@ def _latest_attempt(store: Store, job_id: str, cache: dict[str, int]) -> int | N
     return cache[job_id]
 
 
-def store_progress_sink(store: Store, dropped: dict[str, int]) -> ProgressSink:
-    """Progress into the store's attempts (the last step and its time) without a controller."""
+def store_progress_sink(
+    store: Store, dropped: dict[str, int], control: Any | None = None
+) -> ProgressSink:
+    """Progress into the attempts' last step (through the controller when there is one).
+
+    One transaction per flush: hundreds of jobs' progress costs one commit. A
+    ``resumed`` event records the checkpoint the attempt restored. Events of an
+    unknown job or attempt are counted in ``dropped`` and skipped.
+    """
+    update = (
+        control.ingest_progress
+        if control is not None and hasattr(control, "ingest_progress")
+        else None
+    )
     latest: dict[str, int] = {}
 
     def sink(items: Sequence[ProgressItem]) -> None:
@@ -82,30 +94,30 @@ def store_progress_sink(store: Store, dropped: dict[str, int]) -> ProgressSink:
                         number = _latest_attempt(store, item.job_id, latest)
                         if number is None:
                             raise NotFound(item.job_id)
-                    if ev.event == "resumed":
+                    if ev.event == "resumed" and ev.checkpoint:
                         store.set_attempt_checkpoint(
                             item.job_id,
                             number,
                             checkpoint_path=ev.checkpoint,
-                            checkpoint_step=ev.step if ev.checkpoint else None,
+                            checkpoint_step=ev.step,
                         )
-                    store.update_attempt_progress(item.job_id, number, ev.step, at=item.received_at)
+                    if update is not None:
+                        update(item.job_id, number, ev.step, at=item.received_at)
+                    else:
+                        store.update_attempt_progress(
+                            item.job_id, number, ev.step, at=item.received_at
+                        )
                 except NotFound:
                     dropped["unknown_attempt"] = dropped.get("unknown_attempt", 0) + 1
-
-    return sink
-
-
-def _control_progress_sink(control: Any) -> ProgressSink:
-    def sink(items: Sequence[ProgressItem]) -> None:
-        control.ingest_progress(list(items))
+                except ValueError:
+                    dropped["invalid"] = dropped.get("invalid", 0) + 1
 
     return sink
 
 
 def _control_finding_sink(control: Any) -> FindingSink:
     def sink(item: IncomingFinding) -> None:
-        control.ingest_finding(item)
+        control.ingest_finding(item.finding, host=item.host)
 
     return sink
 
@@ -126,10 +138,7 @@ def build_context(
     metrics = Metrics()
     nodes = NodeTable(interval_s=heartbeat_interval)
     dropped: dict[str, int] = {}
-    if control is not None and hasattr(control, "ingest_progress"):
-        progress_sink = _control_progress_sink(control)
-    else:
-        progress_sink = store_progress_sink(store, dropped)
+    progress_sink = store_progress_sink(store, dropped, control)
     finding_sink = (
         _control_finding_sink(control)
         if control is not None and hasattr(control, "ingest_finding")

@@ -66,10 +66,11 @@ def post_inventory(
                 409, f"device {d.uuid} is registered on host {known.device.host!r}, not {host!r}"
             )
     before = {d.uuid for d in ctx.store.list_devices(host=host)}
-    ctx.store.register_devices(devices, at=ctx.clock(), actor=who.actor)
     control = ctx.control
-    if control is not None and hasattr(control, "ingest_inventory"):
-        control.ingest_inventory(host, devices)
+    if control is not None:
+        control.ingest_inventory(host, devices, actor=who.actor)  # the node and its devices
+    else:
+        ctx.store.register_devices(devices, at=ctx.clock(), actor=who.actor)
     ctx.nodes.inventoried.add(host)
     ctx.metrics.inventories.inc()
     return {

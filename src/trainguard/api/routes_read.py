@@ -76,12 +76,31 @@ def status(
     details: dict[str, Any] = {}
     leader: bool | None = None
     control = ctx.control
-    if control is not None and hasattr(control, "status"):
+    if control is not None:
         try:
-            details = dict(control.status())
+            leader = bool(control.is_leader())
+            lease = control.leader()
+            last = control.last_pass()
+            details = {
+                "identity": control.identity,
+                "lease": None if lease is None else lease.to_json(),
+                "scheduler": getattr(control.scheduler, "name", None),
+                "last_pass": None
+                if last is None
+                else {
+                    "at": iso_utc(last.at),
+                    "leader": last.leader,
+                    "duration_s": round(last.duration, 4),
+                    "opened": list(last.opened),
+                    "planned": list(last.planned),
+                    "applied": list(last.applied),
+                    "waiting": list(last.waiting),
+                    "recovered": list(last.recovered),
+                    "errors": list(last.errors),
+                },
+            }
         except Exception as exc:  # a status page must not fail because the loop did
-            details = {"error": str(exc)}
-        leader = details.get("leader")
+            details = {"error": f"{type(exc).__name__}: {exc}"}
     return {
         "version": __version__,
         "mode": ctx.mode,

@@ -154,21 +154,48 @@ class ReasonIn(_Request):
 
 
 class JobIn(_Request):
+    """A job the scheduler already runs, to be managed (``scheduler_ref``: its id there)."""
+
+    scheduler_ref: str = Field(min_length=1, max_length=200)
     name: str = Field(min_length=1, max_length=200)
     command: list[str] = Field(min_length=1, max_length=1000)
-    need: int = Field(ge=1, le=1_000_000)
-    min_need: int | None = Field(default=None, ge=1)
+    need: int = Field(ge=0, le=1_000_000, description="devices the job needs")
+    min_need: int | None = Field(default=None, ge=1, description="fewer it accepts (elastic)")
+    partition: str | None = Field(default=None, max_length=200)
+    policy: str | None = Field(default=None, max_length=200, description="a stored policy's name")
+    opted_in: bool = Field(default=True, description="false: observed only, never acted on")
     checkpoint_dir: str | None = Field(default=None, max_length=MAX_TEXT)
-    mode: Literal["observe", "act"] = "observe"
-    policy: str | None = Field(default=None, max_length=200, description="policy name")
     job_id: str | None = Field(default=None, max_length=100, pattern=r"^[A-Za-z0-9_.:-]+$")
 
 
-class AttemptIn(_Request):
-    number: int = Field(ge=0)
-    devices: list[str] = Field(max_length=100_000, description="device uuids")
-    checkpoint_path: str | None = Field(default=None, max_length=MAX_TEXT)
-    checkpoint_step: int | None = Field(default=None, ge=0)
+class SubmitIn(_Request):
+    """A job to submit through the cluster scheduler and manage."""
+
+    name: str = Field(min_length=1, max_length=200)
+    command: list[str] = Field(min_length=1, max_length=1000)
+    nodes: int = Field(default=1, ge=1, le=100_000)
+    devices_per_node: int = Field(default=1, ge=0, le=1024)
+    partition: str | None = Field(default=None, max_length=200)
+    env: dict[str, str] = Field(default_factory=dict, max_length=1000)
+    cwd: str | None = Field(default=None, max_length=MAX_TEXT)
+    min_need: int | None = Field(default=None, ge=1)
+    policy: str | None = Field(default=None, max_length=200)
+    opted_in: bool = True
+    checkpoint_dir: str | None = Field(default=None, max_length=MAX_TEXT)
+    job_id: str | None = Field(default=None, max_length=100, pattern=r"^[A-Za-z0-9_.:-]+$")
+
+
+class JobPolicyIn(_Request):
+    policy: str | None = Field(max_length=200, description="a stored policy; null: the default")
+    opted_in: bool | None = None
+
+
+class ValidationIn(_Request):
+    """Without ``passed``: request validation. With it: the result of the checks."""
+
+    passed: bool | None = None
+    reason: str | None = Field(default=None, max_length=MAX_TEXT)
+    details: dict[str, Any] = Field(default_factory=dict)
 
 
 class ModeIn(_Request):
@@ -183,7 +210,6 @@ class ModeIn(_Request):
 
 class PolicyIn(_Request):
     policy: dict[str, Any] = Field(description="recovery policy fields (docs/api.md#policies)")
-    reason: str = Field(default="set through the API", max_length=MAX_TEXT)
 
 
 # --- responses -----------------------------------------------------------------------
@@ -304,6 +330,43 @@ class ActionOut(_Response):
     finished_at: str | None
     intent_audit_id: int | None
     result_audit_id: int | None
+
+
+class FleetJobOut(_Response):
+    job_id: str
+    scheduler_ref: str
+    partition: str | None
+    policy: str | None
+    opted_in: bool
+    registered_at: str | None
+
+
+class JobManagementOut(FleetJobOut):
+    effective_mode: dict[str, Any] = Field(description="`{mode, scope}`: the scope it comes from")
+    recovery_policy: dict[str, Any] = Field(description="the policy in force, defaults merged")
+
+
+class SuppressionOut(_Response):
+    id: int
+    at: str | None
+    breaker: str
+    resource_kind: str
+    resource_id: str
+    reason: str
+    incident_id: int | None
+
+
+class DeliveryOut(_Response):
+    id: int
+    url: str
+    event: str
+    payload: dict[str, Any]
+    created_at: str | None
+    attempts: int
+    next_attempt_at: str | None
+    delivered_at: str | None
+    last_error: str | None
+    status_code: int | None
 
 
 class ApprovalOut(_Response):
@@ -450,16 +513,17 @@ __all__ = [
     "ActionOut",
     "ApprovalOut",
     "Attempt",
-    "AttemptIn",
     "AuditOut",
     "AuditPage",
     "BreakerOut",
+    "DeliveryOut",
     "DeviceOut",
     "ErrorBody",
     "Evidence",
     "FindingIn",
     "FindingsIn",
     "FindingsOut",
+    "FleetJobOut",
     "HealthChangeOut",
     "HeartbeatIn",
     "HeartbeatOut",
@@ -469,6 +533,8 @@ __all__ = [
     "Job",
     "JobDetail",
     "JobIn",
+    "JobManagementOut",
+    "JobPolicyIn",
     "ModeIn",
     "ModesOut",
     "NodeOut",
@@ -482,6 +548,9 @@ __all__ = [
     "RepairOut",
     "ScopeModeOut",
     "StatusOut",
+    "SubmitIn",
+    "SuppressionOut",
     "TimelineItem",
+    "ValidationIn",
     "WhoAmI",
 ]

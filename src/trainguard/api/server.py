@@ -41,7 +41,12 @@ class ServeOptions:
     max_body: int = DEFAULT_MAX_BODY
     log_level: str = "warning"
     controller: bool = True
-    holder: str | None = None  # leader-lease identity (default host:pid)
+    holder: str | None = None  # leader-lease identity (default host:pid:random)
+    scheduler: str | None = None  # "procs" or MODULE:FACTORY of a ClusterScheduler
+    procs_root: str | None = None
+    procs_nodes: str = "n1=2"
+    repair_webhook: str | None = None
+    page_webhook: str | None = None
 
 
 def default_token_file(database: str) -> Path:
@@ -64,18 +69,73 @@ def load_tokens(options: ServeOptions, say: Callable[[str], None]) -> tuple[Toke
     return TokenTable.load(path), str(path)
 
 
-def build_control(store: Any, options: ServeOptions, clock: Callable[[], float]) -> Any | None:
-    """The controller facade for this server, or ``None`` when it is not available."""
+def parse_nodes(text: str) -> dict[str, int]:
+    """``n1=2,n2=4`` -> ``{"n1": 2, "n2": 4}`` (nodes and their simulated devices)."""
+    out: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, count = part.partition("=")
+        if not sep or not name.strip() or not count.strip().isdigit():
+            raise ValueError(f"--procs-nodes: expected NAME=COUNT[,NAME=COUNT...], got {part!r}")
+        out[name.strip()] = int(count)
+    if not out:
+        raise ValueError("--procs-nodes: no nodes given")
+    return out
+
+
+def load_scheduler(spec: str | None, options: ServeOptions | None = None) -> Any | None:
+    """The cluster scheduler named by ``--scheduler``.
+
+    ``procs``: the stand-in :class:`~trainguard.schedulers.procs.ProcessCluster`
+    (jobs as local process groups; ``--procs-root``, ``--procs-nodes``). Otherwise
+    ``package.module:factory`` or ``path/to/file.py:factory``, where ``factory()``
+    returns a ``ClusterScheduler``.
+    """
+    if not spec:
+        return None
+    if spec == "procs":
+        from trainguard.schedulers.procs import ProcessCluster
+
+        opts = options or ServeOptions()
+        root = opts.procs_root or str(Path(opts.database).parent / "cluster")
+        return ProcessCluster(root, nodes=parse_nodes(opts.procs_nodes))
+    target, sep, attr = spec.rpartition(":")
+    if not sep or not target or not attr:
+        raise ValueError(f"--scheduler {spec!r}: expected MODULE:FACTORY or FILE.py:FACTORY")
+    if target.endswith(".py"):
+        import importlib.util
+
+        mod_spec = importlib.util.spec_from_file_location(Path(target).stem, target)
+        if mod_spec is None or mod_spec.loader is None:
+            raise ValueError(f"--scheduler: cannot load {target}")
+        module = importlib.util.module_from_spec(mod_spec)
+        sys.modules[mod_spec.name] = module
+        mod_spec.loader.exec_module(module)
+    else:
+        import importlib
+
+        module = importlib.import_module(target)
+    factory = getattr(module, attr, None)
+    if factory is None:
+        raise ValueError(f"--scheduler: {target} has no {attr!r}")
+    return factory()
+
+
+def build_control(
+    store: Any, options: ServeOptions, clock: Callable[[], float], scheduler: Any | None = None
+) -> Any | None:
+    """The controller facade for this server (``None`` with ``controller=False``)."""
     if not options.controller:
         return None
-    try:
-        from trainguard.controller.service import ControlPlane
-    except ImportError:
-        log.warning("controller facade not available: serving the API without a controller loop")
-        return None
-    return ControlPlane.for_serve(  # pragma: no cover - wired when the facade exists
-        store, mode=options.mode, clock=clock, holder=options.holder
+    from trainguard.controller.service import ControlConfig, ControlPlane
+    from trainguard.model.plan import Mode
+
+    config = ControlConfig(
+        default_mode=Mode(options.mode),
+        interval=options.reconcile_interval,
+        repair_webhook=options.repair_webhook,
+        page_webhook=options.page_webhook,
     )
+    return ControlPlane(store, scheduler, clock, config=config, identity=options.holder)
 
 
 class ReconcileLoop:
@@ -103,8 +163,11 @@ class ReconcileLoop:
         while not self._stop.is_set():
             t0 = time.perf_counter()
             try:
-                control.run_once()
+                report = control.run_once()
                 self.passes += 1
+                for problem in getattr(report, "errors", ()):
+                    self.ctx.metrics.reconcile_errors.inc()
+                    log.warning("reconcile: %s", problem)
             except Exception:  # a pass that fails is logged; the next pass starts clean
                 self.errors += 1
                 self.ctx.metrics.reconcile_errors.inc()
@@ -112,6 +175,9 @@ class ReconcileLoop:
             elapsed = time.perf_counter() - t0
             self.ctx.metrics.reconcile_seconds.observe(elapsed)
             self._stop.wait(max(0.0, self.interval - elapsed))
+        # Hand the lease over now instead of letting a standby wait for it to expire.
+        with contextlib.suppress(Exception):
+            control.reconciler.elector.release(self.ctx.clock())
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -133,7 +199,7 @@ def serve(options: ServeOptions, say: Callable[[str], None] = print) -> int:
     clock = time.time
     store = open_store(options.database, at=clock())
     tokens, token_path = load_tokens(options, say)
-    control = build_control(store, options, clock)
+    control = build_control(store, options, clock, load_scheduler(options.scheduler, options))
     ctx = build_context(
         store,
         tokens,
@@ -200,4 +266,12 @@ def _describe(database: str) -> str:
     return os.fspath(database)
 
 
-__all__ = ["ReconcileLoop", "ServeOptions", "bind", "build_control", "serve"]
+__all__ = [
+    "ReconcileLoop",
+    "ServeOptions",
+    "bind",
+    "build_control",
+    "load_scheduler",
+    "parse_nodes",
+    "serve",
+]
