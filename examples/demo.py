@@ -90,6 +90,7 @@ class Job:
         self.kernel_log.write_text("[    0.000000] Linux version (demo machine)\n")
         self.step = 0
         self.attempt = 0
+        self.said: list[str] = []  # trainguard's own lines
         self.lock = threading.Lock()
         cmd = [
             sys.executable, "-m", "trainguard.cli", "run",
@@ -123,6 +124,8 @@ class Job:
                 if new and step % 4 == 0:
                     print(f"  [job] {line}", flush=True)
             elif line.startswith("trainguard:"):
+                with self.lock:
+                    self.said.append(line)
                 if "attempt " in line and " started" in line:
                     with self.lock:
                         self.attempt = int(line.split("attempt ")[1].split()[0])
@@ -141,6 +144,18 @@ class Job:
                 raise SystemExit("demo: trainguard run ended early")
             time.sleep(0.02)
         raise SystemExit(f"demo: attempt {attempt} did not reach step {step}")
+
+    def wait_said(self, text: str, timeout: float = 120.0) -> None:
+        """Wait until trainguard has said something containing ``text``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                if any(text in line for line in self.said):
+                    return
+            if self.proc.poll() is not None:
+                raise SystemExit(f"demo: trainguard run ended before saying {text!r}")
+            time.sleep(0.02)
+        raise SystemExit(f"demo: trainguard did not say {text!r}")
 
     def rank(self, attempt: int, local_rank: int) -> tuple[int, dict[str, str]]:
         deadline = time.monotonic() + 30
@@ -167,12 +182,13 @@ def inject_xid(job: Job) -> dict[str, Any]:
         fh.write(line + "\n")
     print(f"  demo: rank 1 (pid {pid}) dies with its GPU", flush=True)
     os.kill(pid, signal.SIGKILL)
+    job.wait_said("incident 1 recovered")
     return dict(device)
 
 
 def wait_hang(job: Job) -> None:
     banner(f"Fault 2: rank 1 hangs at step {HANG_AT} (attempt 1); no process dies")
-    job.wait(1, HANG_AT - 1)
+    job.wait_said("incident 2 recovered")
 
 
 def damage_checkpoint(job: Job) -> tuple[Path, Path]:
@@ -195,6 +211,7 @@ def damage_checkpoint(job: Job) -> tuple[Path, Path]:
     pid, _ = job.rank(2, 0)
     print(f"  demo: rank 0 (pid {pid}) crashes", flush=True)
     os.kill(pid, signal.SIGKILL)
+    job.wait_said("incident 3 recovered")
     return newest, previous
 
 
