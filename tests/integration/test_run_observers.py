@@ -261,3 +261,16 @@ def test_without_journal_or_kmsg_the_user_is_told_xids_will_not_be_seen(
     follower, description = kernel_log.open_kernel_log(None, Sink())
     assert follower is None
     assert "XID events will not be seen" in description and "--kernel-log" in description
+
+
+def test_kmsg_follower_starts_at_the_end_and_stops_cleanly() -> None:
+    from trainguard.signals import kernel_log
+
+    if not kernel_log._kmsg_readable():
+        pytest.skip("/dev/kmsg is not readable here")
+    sink = Sink()
+    f = kernel_log.KmsgFollower(sink).start()
+    time.sleep(0.3)
+    f.stop()
+    assert not f.thread.is_alive()
+    assert texts(sink.drain()) == []  # nothing old replayed

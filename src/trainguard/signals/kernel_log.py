@@ -44,7 +44,7 @@ class KernelLine:
 class _Follower:
     description = "kernel log"
 
-    def __init__(self, sink: Callable[[Any], None], clock: Callable[[], float]) -> None:
+    def __init__(self, sink: Callable[[Any], None], clock: Callable[[], float] = time.time) -> None:
         self.sink = sink
         self.clock = clock
         self.lines = 0
