@@ -145,3 +145,49 @@ def test_observe_mode_on_a_failing_job_returns_its_exit_status(tmp_path: Path) -
     assert len(attempts) == 1 and inc.outcome == "observed"  # type: ignore[attr-defined]
     assert inc.plan and inc.plan["mode"] == "observe"  # type: ignore[attr-defined]
     assert json.dumps(inc.plan)  # type: ignore[attr-defined]
+
+
+def test_interrupt_stops_the_whole_tree_and_records_it(tmp_path: Path) -> None:
+    import os
+    import signal
+    import time
+
+    script = tmp_path / "job.py"
+    pidfile = tmp_path / "child.pid"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import subprocess, sys, time
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                                     start_new_session=True)
+            open({str(pidfile)!r}, "w").write(str(child.pid))
+            print("step=1", flush=True)
+            time.sleep(60)
+            """
+        )
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainguard.cli", "run", "--state", str(tmp_path / "state.db"),
+         "--kernel-log", str(tmp_path / "k.log"), "--devices", "1", "--grace", "1",
+         "--", sys.executable, str(script)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not pidfile.exists() or not pidfile.read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    child = int(pidfile.read_text())
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "interrupted by SIGINT" in err
+    time.sleep(0.2)
+    gone = not os.path.exists(f"/proc/{child}")
+    if not gone:
+        with open(f"/proc/{child}/stat") as fh:
+            gone = fh.read().split(") ")[1].startswith("Z")
+    assert gone, "a process of the job outlived trainguard"
+    job, attempts, _ = state(tmp_path)
+    assert job.state.value == "stopped"  # type: ignore[attr-defined]
+    assert attempts[0].state.value == "stopped"  # type: ignore[attr-defined]
