@@ -11,8 +11,8 @@ Run COMMAND (typically `torchrun ... train.py`) under supervision. On a crash, a
 hang or a GPU XID it quarantines the failed device, restarts from the newest valid
 checkpoint on healthy devices (TRAINGUARD_RESUME_FROM), verifies the restart, and
 records everything in the state database. Exit status: 0 when the job completes;
-1 when it was stopped (reason on stderr); 130 when interrupted; in observe mode,
-the job's own exit status.
+1 when it was stopped (reason on stderr); 2 for a usage or state-database error;
+130 when interrupted; in observe mode, the job's own exit status. See docs/run.md.
 """
 
 
@@ -93,7 +93,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=_non_negative_int,
         default=3,
         metavar="K",
-        help="restarts allowed (default 3)",
+        help="restarts allowed in a row without the job getting past its previous failure "
+        "(default 3)",
     )
     p.add_argument(
         "--mode",
