@@ -45,7 +45,7 @@ def register(subparsers: Any) -> None:
         default=None,
         metavar="R",
         help="seconds from a failure to training again: detect, reschedule, start, load "
-        "(default 0)",
+        "(default 0, or measured with --from-state)",
     )
     parser.add_argument(
         "--gpus",

@@ -180,7 +180,6 @@ class Job:
     straggler: Fault | None = None
     sdc: SdcState | None = None
     bug: BugState | None = None
-    pending: Fault | None = None  # the failure waiting to be detected
     last_fault: Fault | None = None  # the failure being recovered from
     acct: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0.0))
     attempt: int = 0
@@ -196,10 +195,8 @@ class Job:
     committed: int = 0
     by_cause: dict[str, int] = field(default_factory=dict)
     timeline: list[tuple[float, float, str]] = field(default_factory=list)
-    manual_action: str | None = None
-    policy_state: dict[str, object] = field(default_factory=dict)
+    manual_action: str | None = None  # what the person paged will do ("swap", "resubmit" ...)
     restore_to: SimCheckpoint | None = None
-    restore_from_scratch: bool = False
 
     @property
     def need(self) -> int:
@@ -329,7 +326,6 @@ class Simulation:
         self.out_of_service: set[int] = set()  # baselines: drained/down/in repair
         self.repair_pending: set[int] = set()  # quarantined, repair starts when released
         self.drain_requested: set[int] = set()  # baselines: nodes a person will drain
-        self.in_repair: set[int] = set()
         self.quarantines = 0
         self.decide_calls = 0
         self.plan_reasons: dict[str, int] = {}
@@ -352,9 +348,6 @@ class Simulation:
         )
 
     # --- helpers --------------------------------------------------------------------
-
-    def node_of(self, device: int) -> int:
-        return device // self.gpn
 
     def node_devices(self, node: int) -> range:
         return range(node * self.gpn, (node + 1) * self.gpn)
@@ -440,7 +433,6 @@ class Simulation:
             for d in devices:
                 self.repair_pending.discard(d)
                 self.set_health(d, HealthState.REPAIR)
-                self.in_repair.add(d)
             at = self.now + self._repair_seconds(devices)
             self.push(at, Ev.RESOURCE, -1, 0, ("repaired", tuple(devices)))
 
@@ -508,7 +500,6 @@ class Simulation:
         self.assign(job, devices)
         self.start_pending_repairs()
         job.restore_to = checkpoint
-        job.restore_from_scratch = checkpoint is None
         job.restarts += 1
         job.loop_restarts += 1
         job.attempt += 1
@@ -731,7 +722,6 @@ class Simulation:
         job.failed_starts += 1
         job.repeat_failures += 1
         self._book_cause(job, fault)
-        job.pending = fault
         delay = self.detection_delay(job, "crash", fault.u_detect)
         self.push(self.now + delay, Ev.DETECT, job.index, job.epoch, fault)
 
@@ -886,7 +876,6 @@ class Simulation:
             job.incomplete = job.inflight  # the interrupted write: no manifest, never valid
             job.inflight = None
         job.straggler = None
-        job.pending = fault
         delay = self.detection_delay(job, fault.comp.signal, fault.u_detect)
         self.push(self.now + delay, Ev.DETECT, job.index, job.epoch, fault)
 
@@ -902,7 +891,6 @@ class Simulation:
         if job.running:
             self._stop_running(job)
         job.straggler = None
-        job.pending = None
         job.detections += 1
         job.last_fault = fault
         self._count_loop(job)
@@ -1011,7 +999,6 @@ class Simulation:
                     self._fix(d, 1.0, forced=True)
                 else:
                     self.set_health(d, HealthState.HEALTHY)
-                    self.in_repair.discard(d)
             if failed:
                 at = self.now + self.hours(scen.repair.hours)
                 self.push(at, Ev.RESOURCE, -1, 0, ("repaired", tuple(failed)))

@@ -120,9 +120,6 @@ class _Base:
         nodes = np.flatnonzero(usable.reshape(-1, sim.gpn).all(axis=1)).tolist()
         return [n for n in nodes if n not in exclude] if exclude else nodes
 
-    def _sdc_restore_point(self, job: Job, fault: Fault) -> SimCheckpoint | None:
-        return job.newest_complete(clean_only=fault.comp.signal == "sdc" and fault.repeat)
-
 
 def _node_devices(sim: Simulation, nodes: list[int], need: int) -> list[int]:
     """The first ``need`` GPUs of ``nodes``, in node order."""
