@@ -18,6 +18,7 @@ ALLOWED: dict[str, set[str]] = {
     "signals": {"model", "diagnose"},
     "store": {"model"},
     "schedulers": {"model", "signals", "diagnose"},
+    "simulate": {"model", "policy", "checkpoints", "diagnose"},
 }
 HIGHER = {"api", "cli", "_commands"}
 
