@@ -60,7 +60,7 @@ from trainguard.diagnose.detectors import (
     crash_finding,
     line_finding,
 )
-from trainguard.diagnose.signatures import classify_line
+from trainguard.diagnose.signatures import Classifier
 from trainguard.model.checkpoint import CheckpointInfo
 from trainguard.model.findings import Attribution, Culprit, Domain, Finding, Severity
 from trainguard.model.fleet import (
@@ -344,8 +344,7 @@ class Reconciler:
                         fence,
                         f"device:{d.uuid}",
                         f"sync-q-{d.uuid}-{rec.since:.6f}",
-                        f"quarantine {d.uuid} in {sched.name}: the store has it "
-                        f"{rec.state.value}",
+                        f"quarantine {d.uuid} in {sched.name}: the store has it {rec.state.value}",
                         partial(
                             sched.quarantine_device,
                             d.uuid,
@@ -661,9 +660,12 @@ class Reconciler:
             if exit_finding is not None:
                 findings.append(exit_finding)
         inventory = [d.device for d in self.store.list_devices()]
-        for i, line in enumerate(tail):
-            match = classify_line(line, i)
-            if match is not None:
+        if tail:
+            # The streaming classifier: it sees whole tracebacks, not just single lines.
+            for match in Classifier().feed("\n".join(tail) + "\n"):
+                line = match.text or ""
+                if match.lineno is not None and 0 < match.lineno <= len(tail):
+                    line = tail[match.lineno - 1]
                 findings.append(line_finding(match, line, failed_at, "output", devices, inventory))
         hosts = {d.host for d in devices}
         uuids = {d.uuid for d in devices}
@@ -1535,11 +1537,20 @@ class Reconciler:
             }
             self.crash.hit("action.after_apply")
         else:
+            # Out: everything not schedulable, and whatever this plan meant to quarantine
+            # even when the breaker suppressed it (the job avoids the suspect card anyway).
+            targets = [a for a in plan.get("actions") or () if a.get("type") == "quarantine"]
             exclude_devices = tuple(
-                sorted(r.uuid for r in self.store.list_devices() if not r.state.schedulable)
+                sorted(
+                    {r.uuid for r in self.store.list_devices() if not r.state.schedulable}
+                    | {str(a["resource_id"]) for a in targets if a.get("resource_kind") == "device"}
+                )
             )
             exclude_nodes = tuple(
-                sorted(n.name for n in self.fleet.list_nodes() if not n.state.schedulable)
+                sorted(
+                    {n.name for n in self.fleet.list_nodes() if not n.state.schedulable}
+                    | {str(a["resource_id"]) for a in targets if a.get("resource_kind") == "node"}
+                )
             )
             env = {str(k): str(v) for k, v in (action.get("env") or {}).items()}
             got, error = self._call(

@@ -1,0 +1,93 @@
+"""A small job for the control-plane tests: steps, checkpoints, and failures on cue.
+
+Stdlib only (no torch), so a test can start many. It prints ``step=N`` lines
+(the progress the controller follows), writes a trainguard-format checkpoint
+(``step_<8 digits>/`` with ``state.json`` and the manifest written last) every
+``--every`` steps under ``--ckpt``, resumes from ``TRAINGUARD_RESUME_FROM``, and
+fails on cue:
+
+  --fail-attempts 0,1   attempts that fail (``TRAINGUARD_ATTEMPT``)
+  --fail-at STEP        ... when they reach this step
+  --exit CODE           ... with this exit code (default 1)
+  --error TEXT          ... printing this as a Python exception first
+  --hang                ... by hanging (no more output, never exits) instead
+  --steps N             stop (exit 0) after step N (default: run for a long time)
+  --interval S          seconds per step
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def save(root: Path, step: int) -> None:
+    final = root / f"step_{step:08d}"
+    if final.exists():
+        return
+    tmp = root / f".tmp-step_{step:08d}-{os.getpid()}"
+    tmp.mkdir(parents=True)
+    data = json.dumps({"step": step}).encode()
+    (tmp / "state.json").write_bytes(data)
+    manifest = {
+        "format": "trainguard",
+        "format_version": 1,
+        "step": step,
+        "epoch": None,
+        "world_size": 1,
+        "created_at": time.time(),
+        "save_seconds": 0.0,
+        "trainguard_version": "test",
+        "files": [
+            {"path": "state.json", "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        ],
+        "extra": {},
+    }
+    (tmp / "trainguard-manifest.json").write_text(json.dumps(manifest))
+    os.rename(tmp, final)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ckpt")
+    ap.add_argument("--every", type=int, default=5)
+    ap.add_argument("--fail-attempts", default="")
+    ap.add_argument("--fail-at", type=int, default=8)
+    ap.add_argument("--exit", type=int, default=1)
+    ap.add_argument("--error")
+    ap.add_argument("--hang", action="store_true")
+    ap.add_argument("--steps", type=int, default=100000)
+    ap.add_argument("--interval", type=float, default=0.05)
+    args = ap.parse_args()
+    attempt = int(os.environ.get("TRAINGUARD_ATTEMPT", "0"))
+    failing = {int(a) for a in args.fail_attempts.split(",") if a.strip()}
+    step = 0
+    resume = os.environ.get("TRAINGUARD_RESUME_FROM")
+    if resume:
+        step = json.loads((Path(resume) / "state.json").read_text())["step"]
+        print(f"resumed from step {step} ({resume})", flush=True)
+    while step < args.steps:
+        step += 1
+        time.sleep(args.interval)
+        print(f"step={step}", flush=True)
+        if args.ckpt and step % args.every == 0:
+            save(Path(args.ckpt), step)
+        if attempt in failing and step >= args.fail_at:
+            if args.hang:
+                while True:
+                    time.sleep(3600)
+            if args.error:
+                print("Traceback (most recent call last):", flush=True)
+                print('  File "train.py", line 1, in <module>', flush=True)
+                print(args.error, flush=True)
+            return args.exit
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
