@@ -298,7 +298,7 @@ def main() -> int:
     print()
     header = (
         f"{'fault':<16}{'detect med/worst':>18}{'decide med/worst':>18}"
-        f"{'1st progress med/worst':>24}{'verified med/worst':>20}{'lost (min)':>12}"
+        f"{'1st progress med/worst':>24}{'verified med/worst':>20}   {'lost steps (min)'}"
     )
     print(header)
     print("-" * len(header))
@@ -315,13 +315,18 @@ def main() -> int:
         def mw(name: str, e: dict[str, Any] = entry) -> str:
             return f"{fmt(e[name]['median'])}/{fmt(e[name]['worst'])}"
 
-        lost = ",".join(
-            f"{a}({b})" for a, b in zip(entry["lost_steps"], entry["min_lost_steps"], strict=True)
+        lost = (
+            " ".join(
+                f"{a}({b})"
+                for a, b in zip(entry["lost_steps"], entry["min_lost_steps"], strict=True)
+                if a is not None
+            )
+            or "-"
         )
         label = kind if kind != "torchrun-crash" else "crash, torchrun"
         print(
             f"{label:<16}{mw('detect_s'):>18}{mw('decide_s'):>18}"
-            f"{mw('first_progress_s'):>24}{mw('verified_s'):>20}{lost:>12}"
+            f"{mw('first_progress_s'):>24}{mw('verified_s'):>20}   {lost}"
         )
     ratio = None
     if "crash" in table and "torchrun-crash" in table:
