@@ -1,0 +1,217 @@
+"""`trainguard validate` on a real SQLite store: pass -> healthy with the measurements
+recorded, each injected fault -> back to repair, the retirement rule, and no way back
+to service from repair except validation."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainguard.model.devices import Device
+from trainguard.model.health import HealthState
+from trainguard.model.records import AuditKind
+from trainguard.preflight.nvsmi import parse_nvidia_smi_q
+from trainguard.signals.inventory import simulated
+from trainguard.store import Store
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures" / "nvidia-smi"
+QUICK = ["--level", "quick", "--skip", "dcgm"]
+NO_COMPUTE = [*QUICK, "--skip", "compute"]
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full = dict(os.environ)
+    full.pop("TRAINGUARD_PREFLIGHT_FAULTS", None)
+    full.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "trainguard.cli", *args],
+        capture_output=True, text=True, env=full, timeout=240, check=False,
+    )  # fmt: skip
+
+
+@pytest.fixture()
+def world(tmp_path: Path) -> dict[str, Any]:
+    """A store with two simulated devices; device 1 quarantined after an XID a minute ago."""
+    db = str(tmp_path / "state.db")
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    devs = simulated(2)
+    now = time.time()
+    with Store.open(db) as store:
+        store.register_devices(devs, at=now - 120, actor="test")
+        store.transition_device(devs[1].uuid, HealthState.QUARANTINED, "XID 79", "test", now - 60)
+    return {"db": db, "log": str(log), "devs": devs, "tmp": tmp_path}
+
+
+def _validate(
+    w: dict[str, Any], ident: str, *args: str, **kw: Any
+) -> subprocess.CompletedProcess[str]:
+    return _cli("validate", ident, "--state", w["db"], "--kernel-log", w["log"], "--actor",
+                "tester", *args, **kw)  # fmt: skip
+
+
+def _state(w: dict[str, Any], uuid: str) -> HealthState:
+    with Store.open(w["db"]) as store:
+        return store.get_device(uuid).state
+
+
+@pytest.mark.slow
+def test_pass_returns_the_device_with_its_measurements(world: dict[str, Any]) -> None:
+    uuid = world["devs"][1].uuid
+    proc = _validate(world, "1", *QUICK, "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert (out["previous_state"], out["state"], out["passed"]) == ("quarantined", "healthy", True)
+    with Store.open(world["db"]) as store:
+        moves = [(h.old_state, h.new_state, h.actor) for h in store.device_history(uuid)]
+        assert moves[-2:] == [
+            (HealthState.QUARANTINED, HealthState.VALIDATING, "tester"),
+            (HealthState.VALIDATING, HealthState.HEALTHY, "tester"),
+        ]
+        (result,) = store.list_audit(kind=AuditKind.RESULT, subject=f"device:{uuid}")
+    assert result.message.startswith("validation passed: preflight quick")
+    m = result.data["measurements"]
+    assert m["compute/matmul_correctness"]["status"] == "pass"
+    assert m["compute/matmul_tflops"]["value"] > 0 and m["compute/matmul_tflops"]["unit"]
+    assert m["memory/patterns"] == {"status": "pass", "value": 0, "threshold": 0,
+                                    "unit": "words"}  # fmt: skip
+    assert result.data["level"] == "quick" and result.data["passed"] is True
+    # `trainguard devices` shows it back in service.
+    listing = json.loads(_cli("devices", "--state", world["db"], "--json").stdout)
+    assert [d["state"] for d in listing] == ["healthy", "healthy"]
+
+
+@pytest.mark.parametrize(
+    ("how", "check"),
+    [
+        pytest.param("matmul", "compute/matmul_correctness", marks=pytest.mark.slow),
+        pytest.param("memory", "memory/patterns", marks=pytest.mark.slow),
+        ("xid", "kernel_log/events"),
+    ],
+)
+def test_each_fault_sends_the_device_back_to_repair(
+    world: dict[str, Any], how: str, check: str
+) -> None:
+    uuid = world["devs"][1].uuid
+    args: list[str] = [*QUICK]
+    env = None
+    if how == "matmul":
+        env = {"TRAINGUARD_PREFLIGHT_FAULTS": "matmul@1"}
+        args += ["--skip", "memory"]
+    elif how == "memory":
+        args += ["--inject-fault", "memory", "--skip", "compute"]
+    else:
+        Path(world["log"]).write_text(
+            "[ 8123.5] NVRM: Xid (PCI:0000:11:00): 48, pid=77, name=python, An uncorrectable "
+            "double bit error (DBE) has been detected on GPU in the framebuffer.\n"
+        )
+        args += ["--skip", "compute", "--skip", "memory"]
+    proc = _validate(world, uuid, *args, "--json", env=env)
+    assert proc.returncode == 1, proc.stderr
+    out = json.loads(proc.stdout)
+    assert (out["state"], out["passed"], out["failures"]) == ("repair", False, 1)
+    assert _state(world, uuid) is HealthState.REPAIR
+    with Store.open(world["db"]) as store:
+        last = store.device_history(uuid)[-1]
+        (result,) = store.list_audit(kind=AuditKind.RESULT, subject=f"device:{uuid}")
+    assert (last.old_state, last.new_state) == (HealthState.VALIDATING, HealthState.REPAIR)
+    assert last.reason.startswith("failed validation 1 of 3: ") and check in last.reason
+    assert result.data["failures"][0]["check"] == check
+    # A device in repair is not released by an operator: only validation returns it.
+    rel = _cli("devices", "release", uuid, "--reason", "looks fine", "--state", world["db"])
+    assert rel.returncode == 1 and "returns through validation" in rel.stderr
+    assert _state(world, uuid) is HealthState.REPAIR
+
+
+def test_kernel_events_before_the_quarantine_do_not_fail_validation(world: dict[str, Any]) -> None:
+    uuid = world["devs"][1].uuid
+    before = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 90))
+    Path(world["log"]).write_text(
+        f"{before} node1 kernel: NVRM: Xid (PCI:0000:11:00): 79, pid=1, name=x, GPU has "
+        "fallen off the bus.\n"
+    )
+    proc = _validate(world, uuid, *NO_COMPUTE, "--skip", "memory")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert _state(world, uuid) is HealthState.HEALTHY
+
+
+def test_pending_row_remap_from_the_driver_keeps_the_gpu_out(world: dict[str, Any]) -> None:
+    capture = FIXTURES / "row-remap-pending-a100.txt"
+    gpus = parse_nvidia_smi_q(capture.read_text())
+    devs = [Device(i, g.uuid or "", g.pci_bus_id or "", g.name) for i, g in enumerate(gpus)]
+    db = str(world["tmp"] / "gpus.db")
+    with Store.open(db) as store:
+        store.register_devices(devs, at=time.time() - 60, actor="test")
+        store.transition_device(devs[1].uuid, HealthState.QUARANTINED, "XID 63", "t", time.time())
+    proc = _cli("validate", devs[1].uuid, "--state", db, "--kernel-log", world["log"],
+                "--nvidia-smi-q", str(capture), *NO_COMPUTE, "--skip", "memory")  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert "device_query/row_remap_pending" in proc.stdout
+    with Store.open(db) as store:
+        dev = store.get_device(devs[1].uuid)
+    assert dev.state is HealthState.REPAIR and "row_remap_pending" in (dev.reason or "")
+
+
+@pytest.mark.slow
+def test_allreduce_with_a_healthy_peer_below_threshold(world: dict[str, Any]) -> None:
+    uuid = world["devs"][1].uuid
+    proc = _validate(world, uuid, "--level", "standard", "--skip", "dcgm", "--skip", "compute",
+                     "--skip", "memory", "--threshold", "busbw_gbps_min=1e6", "--json")  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["state"] == "repair"
+    allreduce = next(c for c in out["report"]["checks"] if c["name"] == "allreduce")
+    assert allreduce["status"] == "fail" and allreduce["details"]["devices"] == [
+        uuid, world["devs"][0].uuid,
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_retirement_needs_approval(world: dict[str, Any]) -> None:
+    uuid = world["devs"][1].uuid
+    bad = [*NO_COMPUTE, "--inject-fault", "memory"]
+    for n in (1, 2):
+        proc = _validate(world, uuid, *bad, "--json")
+        assert json.loads(proc.stdout)["failures"] == n
+    proc = _validate(world, uuid, *bad, "--json")
+    out = json.loads(proc.stdout)
+    assert (out["state"], out["failures"], out["retire_pending"]) == ("repair", 3, True)
+    with Store.open(world["db"]) as store:
+        (request,) = store.list_audit(kind=AuditKind.DECISION, subject=f"device:{uuid}")
+    assert request.data == {"request": "retire", "status": "pending_approval", "failures": 3,
+                            "max_failures": 3}  # fmt: skip
+    proc = _validate(world, uuid, *bad, "--approve-retire")
+    assert proc.returncode == 1 and "-> retired" in proc.stdout
+    assert _state(world, uuid) is HealthState.RETIRED
+    with Store.open(world["db"]) as store:
+        last = store.device_history(uuid)[-1]
+    assert last.reason == "retired after 4 failed validations; approved by tester"
+    again = _validate(world, uuid, *NO_COMPUTE)
+    assert again.returncode == 1 and "a retired device does not return" in again.stderr
+
+
+def test_healthy_device_interrupted_validation_and_bad_ids(world: dict[str, Any]) -> None:
+    d0, d1 = world["devs"]
+    proc = _validate(world, "0", *NO_COMPUTE)
+    assert proc.returncode == 1 and "only a quarantined or repair device" in proc.stderr
+    assert _state(world, d0.uuid) is HealthState.HEALTHY
+    # A validation killed half-way leaves the device validating (not schedulable); the next
+    # `validate` resumes it.
+    with Store.open(world["db"]) as store:
+        store.transition_device(d1.uuid, HealthState.VALIDATING, "validation requested", "t",
+                                time.time())  # fmt: skip
+    proc = _validate(world, "1", *NO_COMPUTE, "--skip", "memory")
+    assert proc.returncode == 0, proc.stderr
+    assert _state(world, d1.uuid) is HealthState.HEALTHY
+    assert _validate(world, "GPU-nope", *NO_COMPUTE).returncode == 1
+    missing = _cli("validate", "0", "--state", str(world["tmp"] / "none.db"))
+    assert missing.returncode == 1 and "no state database" in missing.stderr
+    assert _validate(world, "1", "--max-failures", "0").returncode == 2
