@@ -100,6 +100,7 @@ from trainguard.store.fleet import Fence, Fenced, FleetStore
 
 ACTOR = "trainguard-serve"
 CRASH_ENV = "TRAINGUARD_TEST_CRASH_AT"
+PAUSE_ENV = "TRAINGUARD_TEST_PAUSE_AT"
 # Every point the crash test kills the controller at, in the order a recovery passes them.
 CRASH_POINTS = (
     "detect.after_incident_opened",
@@ -118,25 +119,34 @@ _UNSCHEDULABLE = frozenset(
 
 
 class CrashPoints:
-    """The test hook: SIGKILL this process at a named point (decision 0083)."""
+    """The test hooks (decision 0083): at a named point, SIGKILL this process
+    (``TRAINGUARD_TEST_CRASH_AT``) or SIGSTOP it (``TRAINGUARD_TEST_PAUSE_AT``: a
+    leader frozen mid-action, for the fencing test). ``<point>#N``: the N-th time."""
 
-    def __init__(self, spec: str | None = None) -> None:
-        spec = os.environ.get(CRASH_ENV) if spec is None else spec
-        self.point: str | None = None
-        self.nth = 1
-        if spec:
-            name, _, nth = spec.partition("#")
-            if name not in CRASH_POINTS:
-                raise ValueError(f"{CRASH_ENV}: unknown crash point {name!r} ({CRASH_POINTS})")
-            self.point, self.nth = name, int(nth or "1")
+    def __init__(self, spec: str | None = None, pause: str | None = None) -> None:
+        self.kill_at = self._parse(CRASH_ENV, os.environ.get(CRASH_ENV) if spec is None else spec)
+        self.pause_at = self._parse(
+            PAUSE_ENV, os.environ.get(PAUSE_ENV) if pause is None else pause
+        )
         self.seen: dict[str, int] = {}
 
+    @staticmethod
+    def _parse(env: str, spec: str | None) -> tuple[str, int] | None:
+        if not spec:
+            return None
+        name, _, nth = spec.partition("#")
+        if name not in CRASH_POINTS:
+            raise ValueError(f"{env}: unknown point {name!r} (one of {', '.join(CRASH_POINTS)})")
+        return name, int(nth or "1")
+
     def hit(self, name: str) -> None:
-        if self.point is None:
+        if self.kill_at is None and self.pause_at is None:
             return
         self.seen[name] = self.seen.get(name, 0) + 1
-        if name == self.point and self.seen[name] == self.nth:
+        if self.kill_at == (name, self.seen[name]):
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.pause_at == (name, self.seen[name]):
+            os.kill(os.getpid(), signal.SIGSTOP)
 
 
 @dataclass(frozen=True)
@@ -1814,6 +1824,7 @@ __all__ = [
     "ACTOR",
     "CRASH_ENV",
     "CRASH_POINTS",
+    "PAUSE_ENV",
     "ControlConfig",
     "CrashPoints",
     "PassReport",
