@@ -64,18 +64,33 @@ def test_failed_async_write_is_reported_and_never_looks_valid(
     ckpt.save(1, _state())
     ckpt.wait()
     monkeypatch.setenv("TRAINGUARD_TEST_FAIL_WRITE_AFTER_BYTES", str(300_000))
-    assert ckpt.save(2, _state()) is None  # returns at once; the write fails behind
-    with (
-        caplog.at_level("ERROR", logger="trainguard.train"),
-        pytest.raises(CheckpointWriteError, match="No space left"),
-    ):
-        ckpt.save(3, _state())  # the next save surfaces the failure of step 2
+    with caplog.at_level("ERROR", logger="trainguard.train"):
+        assert ckpt.save(2, _state()) is None  # returns at once; the write fails behind
+        ckpt._thread.join()  # type: ignore[union-attr]
     assert any("step 2 failed" in r.getMessage() for r in caplog.records)  # logged at once
-    monkeypatch.delenv("TRAINGUARD_TEST_FAIL_WRITE_AFTER_BYTES")
     assert _steps(tmp_path, valid_only=False) == [1]
-    ckpt.save(4, _state())  # the manager keeps working after a failure
+    assert _hidden(tmp_path) == []
+    monkeypatch.delenv("TRAINGUARD_TEST_FAIL_WRITE_AFTER_BYTES")
+    with pytest.raises(CheckpointWriteError, match=r"step 2 failed.*No space left"):
+        ckpt.save(3, _state())  # surfaces step 2's failure, after starting step 3
+    result = ckpt.wait()  # the manager keeps working after a failure
+    assert result is not None and result.step == 3
     ckpt.close()
-    assert _steps(tmp_path) == [4, 1]
+    assert _steps(tmp_path) == [3, 1]
+
+
+def test_failed_previous_sync_save_still_saves_then_raises(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ckpt = CheckpointManager(tmp_path, async_save=True)
+    monkeypatch.setenv("TRAINGUARD_TEST_FAIL_WRITE_AFTER_BYTES", "10")
+    ckpt.save(1, _state())
+    ckpt._thread.join()  # type: ignore[union-attr]  # the hook is read by the writer thread
+    monkeypatch.delenv("TRAINGUARD_TEST_FAIL_WRITE_AFTER_BYTES")
+    ckpt.async_save = False
+    with pytest.raises(CheckpointWriteError, match="step 1 failed"):
+        ckpt.save(2, _state())
+    assert _steps(tmp_path) == [2]
 
 
 def test_failed_async_write_is_raised_by_close(

@@ -139,7 +139,7 @@ class CheckpointManager:
         self._clock = clock
         self._stager = HostStager()
         self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
+        self._error: CheckpointWriteError | None = None
         self._last: SaveResult | None = None
         self._closed = False
         self._lock = threading.Lock()
@@ -168,15 +168,20 @@ class CheckpointManager:
 
         Synchronous: returns when the checkpoint is valid (rank 0) or this rank's part
         is durable and rank 0 has finished (with a process group). Asynchronous:
-        returns ``None`` once the state is in host memory; waits first for the previous
-        save, whose failure it raises as :class:`CheckpointWriteError`.
+        returns ``None`` once the state is in host memory. Either way it first waits
+        for the previous save; if that one failed, its :class:`CheckpointWriteError`
+        is raised after this save has been started (async) or done (sync), so that
+        every rank takes part in every save.
         """
         if self._closed:
             raise RuntimeError("CheckpointManager is closed")
         if step < 0:
             raise ValueError("step must be >= 0")
         started = self._clock()
-        self.wait()
+        # A failure of the previous async save is raised only after this save has
+        # started: raising first would skip this save's collective on this rank
+        # while the other ranks enter it, and the job would deadlock.
+        previous = self._join_pending()
         ts = TrainState.coerce(state)
         replicated, per_rank = ts.collect()
         meta = {
@@ -203,6 +208,12 @@ class CheckpointManager:
             started=started,
         )
         if not self.async_save:
+            if previous is not None:
+                try:
+                    self._save_sync(job)
+                except CheckpointWriteError as exc:
+                    log.error("trainguard: %s", exc)
+                raise previous
             return self._save_sync(job)
         staged = self._stager.stage({"replicated": job.replicated, "per_rank": job.per_rank})
         job.replicated, job.per_rank = staged["replicated"], staged["per_rank"]
@@ -213,10 +224,19 @@ class CheckpointManager:
         with self._lock:
             self._thread = thread
         thread.start()
+        if previous is not None:
+            raise previous
         return None
 
     def wait(self) -> SaveResult | None:
         """Wait for a pending asynchronous save (or retention); raise a save's failure."""
+        error = self._join_pending()
+        if error is not None:
+            raise error
+        return self._last
+
+    def _join_pending(self) -> CheckpointWriteError | None:
+        """Join the background thread, if any; return (and forget) its save's failure."""
         with self._lock:
             thread = self._thread
         if thread is not None:
@@ -226,11 +246,7 @@ class CheckpointManager:
                     self._thread = None
         with self._lock:
             error, self._error = self._error, None
-        if error is not None:
-            if isinstance(error, CheckpointWriteError):
-                raise error
-            raise CheckpointWriteError(str(error)) from error
-        return self._last
+        return error
 
     def close(self) -> None:
         """Wait for a pending save (raising its failure); further saves are refused."""

@@ -179,7 +179,7 @@ def restore_rng(state: Mapping[str, Any]) -> None:
         version, internal, gauss = py
         random.setstate((version, tuple(internal), gauss))
     if "torch" in state:
-        torch.set_rng_state(state["torch"])
+        torch.set_rng_state(state["torch"].cpu())  # map_location may have moved it
     if "numpy" in state:
         try:
             import numpy as np
@@ -187,8 +187,10 @@ def restore_rng(state: Mapping[str, Any]) -> None:
             log.warning("trainguard: checkpoint has a numpy RNG state but numpy is absent")
         else:
             kind, keys, pos, has_gauss, cached = state["numpy"]
-            np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    cuda = state.get("cuda")
+            np.random.set_state(
+                (kind, keys.cpu().numpy().astype(np.uint32), pos, has_gauss, cached)
+            )
+    cuda = [s.cpu() for s in state.get("cuda") or []]
     if cuda:
         if not torch.cuda.is_available():
             log.warning("trainguard: checkpoint has CUDA RNG states but CUDA is unavailable")
