@@ -222,16 +222,17 @@ class HostStager:
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
     staged_bytes: int = 0
     _memo: dict[int, torch.Tensor] = field(default_factory=dict)
+    _from_cuda: bool = False
 
     def stage(self, tree: Any) -> Any:
         self.staged_bytes = 0
+        self._from_cuda = False
         seen: dict[str, torch.Tensor] = {}
         self._memo: dict[int, torch.Tensor] = {}  # the same tensor twice (tied weights)
         out = self._copy(tree, "", seen)
         self._memo = {}
         self.buffers = seen  # drop buffers of tensors that no longer exist
-        copies_from_cuda = any(b.is_pinned() for b in seen.values())
-        if copies_from_cuda:
+        if self._from_cuda:
             torch.cuda.synchronize()  # non_blocking D2H copies must land before writing
         return out
 
@@ -261,10 +262,12 @@ class HostStager:
             return out
         key = f"{path}|{t.dtype}|{tuple(t.shape)}"
         buf = self.buffers.get(key)
+        cuda = t.device.type == "cuda"
         if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
-            pin = t.device.type == "cuda"
-            buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin)
-        buf.copy_(t, non_blocking=t.device.type == "cuda")
+            # Pinned memory makes the device-to-host copy fast and asynchronous.
+            buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=cuda)
+        buf.copy_(t, non_blocking=cuda)
+        self._from_cuda |= cuda
         seen[key] = buf
         self.staged_bytes += buf.numel() * buf.element_size()
         return buf
