@@ -129,6 +129,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="base of the exponential backoff between restarts; the first is immediate (default 1)",
     )
     p.add_argument("--quiet", action="store_true", help="do not echo the job's output")
+    p.add_argument(
+        "--preflight",
+        choices=("quick", "standard", "thorough"),
+        metavar="LEVEL",
+        help="check the devices before the first attempt (quick, standard, thorough); "
+        "a device that fails is quarantined and never assigned",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     p.set_defaults(func=handle)
 
@@ -165,6 +172,7 @@ def handle(args: argparse.Namespace) -> int:
             grace=args.grace,
             backoff_base=args.backoff,
             echo=not args.quiet,
+            preflight=args.preflight,
         )
         controller = RunController(options)
     except ValueError as exc:

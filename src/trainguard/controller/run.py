@@ -128,6 +128,7 @@ class RunOptions:
     checkpoint_verify: str = "full"
     echo: bool = True
     job_name: str | None = None
+    preflight: str | None = None  # --preflight LEVEL: check the devices before attempt 0
 
 
 @dataclass(frozen=True)
@@ -338,6 +339,8 @@ class RunController:
             if not inv.found:
                 self.say(f"{inv.message}; running without device management")
             self.db.register_devices(self.inventory, at=now, actor=ACTOR)
+            if o.preflight and self.inventory:
+                self._preflight(o.preflight)
             statuses = self.device_statuses()
             healthy = [s for s in statuses if s.state.schedulable]
             self.need = o.need if o.need is not None else len(healthy)
@@ -385,6 +388,29 @@ class RunController:
             shutil.rmtree(sock_dir, ignore_errors=True)
             if self.store is not None:
                 self.store.close()
+
+    def _preflight(self, level: str) -> None:
+        """``--preflight LEVEL``: check the schedulable devices before the first attempt;
+        one that fails is quarantined (recorded with its measurements), so it is never
+        assigned. See trainguard.preflight.gate."""
+        from trainguard.preflight.gate import preflight_gate
+
+        candidates = [s.device for s in self.device_statuses() if s.state.schedulable]
+        if not candidates:
+            return
+        histories = {d.uuid: self.db.device_history(d.uuid) for d in candidates}
+        gate = preflight_gate(
+            candidates, level, histories=histories, kernel_log=self.opt.kernel_log
+        )
+        self.say(gate.summary)
+        for fail in gate.failed:
+            at = self.clock()
+            reason = f"preflight {gate.level} failed: {fail.reason}"
+            with self.db.transaction():
+                self.db.append_audit(
+                    at, ACTOR, AuditKind.RESULT, f"device:{fail.uuid}", reason, fail.data
+                )
+                self.db.transition_device(fail.uuid, HealthState.QUARANTINED, reason, ACTOR, at)
 
     def _install_signal_handlers(self) -> Callable[[], None]:
         if threading.current_thread() is not threading.main_thread():

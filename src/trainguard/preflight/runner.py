@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
@@ -59,6 +59,9 @@ class PreflightOptions:
     # Devices that join the all-reduce without being judged themselves: validating one
     # device all-reduces it with a healthy peer on the same host.
     peers: tuple[Device, ...] = ()
+    # Per-device lower bound of the kernel-event window (e.g. when the device was last
+    # returned to service): older events were already dealt with.
+    device_since: Mapping[str, float] = field(default_factory=dict)
     host: str | None = None
 
 
@@ -102,15 +105,21 @@ def _kernel(devices: Sequence[Device], o: PreflightOptions, now: float) -> list[
     since = o.kernel_since if o.kernel_since is not None else now - KERNEL_WINDOW_S
     log = kernel.read_kernel_log(o.kernel_log, since)
     paths = {d.uuid: kernel.pci_path(d.pci_bus_id) for d in devices}
-    return kernel.evaluate(
-        log,
-        devices,
-        since,
-        now,
-        o.thresholds,
-        paths=paths,
-        duration_s=time.perf_counter() - started,
-    )
+    out: list[CheckResult] = []
+    for d in devices:
+        mine = max(since, o.device_since.get(d.uuid, since))
+        out.extend(
+            kernel.evaluate(
+                log,
+                [d],
+                mine,
+                now,
+                o.thresholds,
+                paths=paths,
+                duration_s=time.perf_counter() - started,
+            )
+        )
+    return out
 
 
 def _unusable(d: Device, groups: Sequence[str], reason: str) -> list[CheckResult]:

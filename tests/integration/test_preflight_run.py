@@ -1,0 +1,78 @@
+"""`trainguard run --preflight quick` as a real process: a device that fails the gate is
+quarantined with its measurements and never given to the job."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainguard.model.health import HealthState
+from trainguard.model.records import AuditKind
+from trainguard.signals.inventory import simulated
+from trainguard.store import Store
+
+JOB = (
+    "import json, os, sys; "
+    "open(sys.argv[1], 'w').write(os.environ.get('TRAINGUARD_DEVICES', '')); "
+    "print('step=1', flush=True); print('step=2', flush=True)"
+)
+
+
+def _run(tmp: Path, *args: str, faults: str = "") -> tuple[subprocess.CompletedProcess[str], Any]:
+    env = dict(os.environ)
+    env["TRAINGUARD_PREFLIGHT_FAULTS"] = faults
+    log = tmp / "kern.log"
+    log.touch()
+    seen = tmp / "devices.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainguard.cli", "run", "--state", str(tmp / "state.db"),
+         "--kernel-log", str(log), "--devices", "2", "--quiet", *args, "--",
+         sys.executable, "-c", JOB, str(seen)],
+        capture_output=True, text=True, env=env, timeout=180, check=False,
+    )  # fmt: skip
+    assigned = json.loads(seen.read_text()) if seen.exists() and seen.read_text() else None
+    return proc, assigned
+
+
+@pytest.mark.slow
+def test_a_device_that_fails_preflight_is_never_assigned(tmp_path: Path) -> None:
+    d0, d1 = simulated(2)
+    proc, assigned = _run(tmp_path, "--preflight", "quick", faults="memory@1")
+    assert proc.returncode == 0, proc.stderr
+    assert "preflight quick: 2 device(s) checked" in proc.stderr
+    assert f"1 failed and will not be used: {d1.uuid}" in proc.stderr
+    assert [d["uuid"] for d in assigned] == [d0.uuid]
+    with Store.open(str(tmp_path / "state.db")) as store:
+        dev = store.get_device(d1.uuid)
+        assert dev.state is HealthState.QUARANTINED
+        assert dev.reason and dev.reason.startswith("preflight quick failed: memory/patterns")
+        (job,) = store.list_jobs()
+        assert [a.device_uuids for a in store.list_attempts(job.id)] == [(d0.uuid,)]
+        (result,) = store.list_audit(kind=AuditKind.RESULT, subject=f"device:{d1.uuid}")
+        assert result.data["measurements"]["memory/patterns"]["value"] == 6
+        assert store.get_device(d0.uuid).state is HealthState.HEALTHY
+
+
+@pytest.mark.slow
+def test_when_too_few_devices_pass_the_job_does_not_start(tmp_path: Path) -> None:
+    proc, assigned = _run(tmp_path, "--preflight", "quick", "--need", "2", faults="matmul@0")
+    assert proc.returncode == 1
+    assert "need 2 healthy device(s), 1 available" in proc.stderr
+    assert assigned is None  # the command never ran
+
+
+@pytest.mark.slow
+def test_all_pass_and_without_preflight_nothing_is_checked(tmp_path: Path) -> None:
+    proc, assigned = _run(tmp_path, "--preflight", "quick")
+    assert proc.returncode == 0, proc.stderr
+    assert "all passed" in proc.stderr and len(assigned) == 2
+    other = tmp_path / "other"
+    other.mkdir()
+    proc, assigned = _run(other, faults="memory@1")  # no --preflight: the fault is never seen
+    assert proc.returncode == 0 and "preflight" not in proc.stderr and len(assigned) == 2
