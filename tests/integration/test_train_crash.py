@@ -35,6 +35,14 @@ def _load(name: str) -> ModuleType:
 
 
 save_once = _load("save_once")
+
+
+def _save(root: Path, step: int, state: object, **kwargs: object) -> None:
+    """One complete save, retention included (the manager is closed)."""
+    with CheckpointManager(root, **kwargs) as ckpt:  # type: ignore[arg-type]
+        ckpt.save(step, state)  # type: ignore[arg-type]
+
+
 SIZE_MB = 4.0
 # After these, the new checkpoint has been renamed into place: it must be valid.
 AFTER_RENAME = {"after_rename_before_dir_fsync", "during_retention"}
@@ -87,7 +95,7 @@ def _check_world(root: Path, phase: str) -> None:
 @pytest.mark.parametrize("phase", PHASES)
 def test_sigkill_during_sync_save(tmp_path: Path, phase: str) -> None:
     keep = 1 if phase == "during_retention" else 3
-    CheckpointManager(tmp_path, keep=keep).save(1, save_once.make_state(1, SIZE_MB))
+    _save(tmp_path, 1, save_once.make_state(1, SIZE_MB), keep=keep)
     rc = _crash_save(tmp_path, 2, phase, "--keep", str(keep))
     assert rc == -signal.SIGKILL, f"crash point {phase} was not reached (rc={rc})"
     _check_world(tmp_path, phase)
@@ -98,7 +106,7 @@ def test_sigkill_during_sync_save(tmp_path: Path, phase: str) -> None:
     "phase", ["during_write", "before_manifest", "after_rename_before_dir_fsync"]
 )
 def test_sigkill_during_async_save(tmp_path: Path, phase: str) -> None:
-    CheckpointManager(tmp_path).save(1, save_once.make_state(1, SIZE_MB))
+    _save(tmp_path, 1, save_once.make_state(1, SIZE_MB))
     rc = _crash_save(tmp_path, 2, phase, "--async-save")
     assert rc == -signal.SIGKILL, f"crash point {phase} was not reached (rc={rc})"
     _check_world(tmp_path, phase)
@@ -107,7 +115,7 @@ def test_sigkill_during_async_save(tmp_path: Path, phase: str) -> None:
 @pytest.mark.slow
 def test_uninjected_save_once_completes(tmp_path: Path) -> None:
     """Control: the same subprocess without a crash point produces step 2."""
-    CheckpointManager(tmp_path).save(1, save_once.make_state(1, SIZE_MB))
+    _save(tmp_path, 1, save_once.make_state(1, SIZE_MB))
     assert _crash_save(tmp_path, 2, "") == 0
     assert [i.step for i in scan(tmp_path) if i.valid] == [2, 1]
     _assert_holds_its_step(tmp_path / "step_00000002", 2)

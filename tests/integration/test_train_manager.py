@@ -278,10 +278,37 @@ def test_stale_leftovers_are_cleaned_only_when_provably_dead(tmp_path: Path) -> 
 
 
 def test_superseded_checkpoint_is_put_back_after_an_interrupted_resave(tmp_path: Path) -> None:
-    CheckpointManager(tmp_path).save(9, _state(4096))
+    with CheckpointManager(tmp_path) as ckpt:
+        ckpt.save(9, _state(4096))
     # A re-save of step 9 died between moving the old one aside and renaming the new one.
     os.rename(tmp_path / "step_00000009", tmp_path / ".superseded-step_00000009-dead")
     assert scan(tmp_path) == []
     CheckpointManager(tmp_path)  # rank 0's start-up clean-up
     assert validate(tmp_path / "step_00000009").valid
     assert _hidden(tmp_path) == []
+
+
+# --- large states: parallel part files --------------------------------------------
+
+
+def test_large_state_is_written_as_parallel_parts_and_restored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainguard.train import manager, resume
+
+    monkeypatch.setattr(manager, "PART_BYTES", 4 << 20)  # parts from 8 MiB up, not 256
+    model = torch.nn.Linear(1024, 1024)  # 4 MiB weight
+    blob = {f"t{i}": torch.randn(1 << 20) for i in range(5)}
+    state = TrainState(model=model, blob=blob)
+    ckpt = CheckpointManager(tmp_path, writers=3)
+    ckpt.save(1, state)
+    manifest = json.loads((tmp_path / "step_00000001" / "trainguard-manifest.json").read_text())
+    names = {f["path"] for f in manifest["files"]}
+    assert {"state.part0.pt", "state.part1.pt", "state.part2.pt", "state.pt"} <= names
+    fresh_model = torch.nn.Linear(1024, 1024)
+    result = resume(tmp_path, TrainState(model=fresh_model, blob=None))
+    assert torch.equal(fresh_model.weight, model.weight)
+    assert all(torch.equal(result.values["blob"][k], v) for k, v in blob.items())
+    (tmp_path / "step_00000001" / "state.part1.pt").unlink()
+    (info,) = scan(tmp_path, verify="quick")
+    assert not info.valid and "state.part1.pt" in (info.reason or "")

@@ -38,6 +38,12 @@ TOTAL = 14  # crosses an epoch boundary (10 batches per epoch) after the resume 
 CUT = 6
 
 
+def _save(root: Path, step: int, state: object, **kwargs: object) -> None:
+    """One complete save, retention included (the manager is closed)."""
+    with CheckpointManager(root, **kwargs) as ckpt:  # type: ignore[arg-type]
+        ckpt.save(step, state)  # type: ignore[arg-type]
+
+
 @pytest.fixture(autouse=True)
 def _no_resume_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TRAINGUARD_RESUME_FROM", raising=False)
@@ -100,7 +106,7 @@ def test_control_leaving_state_out_changes_the_losses(
     expected = _uninterrupted()
     first = tt.build(SEED)
     _run(first, range(1, CUT + 1))
-    CheckpointManager(tmp_path).save(CUT, tt.job_state(first))
+    _save(tmp_path, CUT, tt.job_state(first))
     second = _scrambled()
     state = tt.job_state(second)
     if "data" in kwargs:
@@ -134,7 +140,7 @@ def test_invalid_env_checkpoint_raises_and_never_trains_fresh(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     job = tt.build(SEED)
-    CheckpointManager(tmp_path).save(4, tt.job_state(job))
+    _save(tmp_path, 4, tt.job_state(job))
     _corrupt(tmp_path / "step_00000004" / "state.pt")
     monkeypatch.setenv("TRAINGUARD_RESUME_FROM", str(tmp_path / "step_00000004"))
     fresh = tt.build(SEED)
@@ -198,7 +204,7 @@ def test_world_size_mismatch_is_refused_unless_allowed(tmp_path: Path) -> None:
 
 def test_plain_values_come_back(tmp_path: Path) -> None:
     job = tt.build(SEED)
-    CheckpointManager(tmp_path).save(1, {"model": job.model, "config": {"lr": 0.1, "tag": "x"}})
+    _save(tmp_path, 1, {"model": job.model, "config": {"lr": 0.1, "tag": "x"}})
     result = resume(tmp_path, TrainState(model=tt.build(SEED).model, config=None))
     assert result.values == {"config": {"lr": 0.1, "tag": "x"}}
 

@@ -127,3 +127,38 @@ def test_injected_disk_full_raises_enospc(tmp_path: Path, monkeypatch: pytest.Mo
         writer.write(b"y" * (2 << 20))
     writer.abort()
     assert exc.value.errno == errno.ENOSPC
+
+
+def test_split_and_join_keep_sharing_and_metadata() -> None:
+    from collections import OrderedDict
+
+    from trainguard.train._split import join, split
+
+    big = torch.randn(1 << 20)  # 4 MiB
+    view = big[: 1 << 19]  # shares big's storage
+    sd: OrderedDict[str, torch.Tensor] = OrderedDict(
+        a=torch.randn(1 << 20), b=torch.randn(1 << 20), big=big, view=view
+    )
+    sd._metadata = {"": {"version": 1}}  # type: ignore[attr-defined]
+    tree = {"model": sd, "tied": [sd["a"], sd["a"]], "small": torch.ones(3), "n": 5}
+    cut = split(tree, max_parts=2, part_bytes=1 << 20)
+    assert len(cut.parts) == 2
+    sizes = [sum(t.numel() * t.element_size() for t in p.values()) for p in cut.parts]
+    assert min(sizes) > 0
+    # big and its view travel together.
+    assert any({id(big), id(view)} <= {id(t) for t in p.values()} for p in cut.parts)
+    assert isinstance(cut.skeleton["small"], torch.Tensor)  # small tensors stay inline
+    back = join(cut.skeleton, cut.parts)
+    assert back["n"] == 5 and torch.equal(back["small"], tree["small"])
+    assert back["tied"][0] is back["tied"][1]
+    assert all(torch.equal(back["model"][k], sd[k]) for k in sd)
+    assert back["model"]._metadata == {"": {"version": 1}}
+    assert isinstance(back["model"], OrderedDict)
+
+
+def test_small_trees_are_not_split() -> None:
+    from trainguard.train._split import split
+
+    tree = {"w": torch.randn(1 << 20)}
+    assert split(tree, max_parts=4, part_bytes=128 << 20).parts == []
+    assert split(tree, max_parts=1, part_bytes=1).parts == []

@@ -27,6 +27,7 @@ writers). A failed asynchronous save is logged at once and raised as
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -35,6 +36,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, cast
@@ -53,6 +55,7 @@ from trainguard.train._fsio import (
     fsync_dir,
     write_small_durable,
 )
+from trainguard.train._split import split
 from trainguard.train.progress import emit
 from trainguard.train.retention import (
     SUPERSEDED_PREFIX,
@@ -67,6 +70,8 @@ from trainguard.train.state import REPLICATED_FILE, HostStager, TrainState, rank
 log = logging.getLogger("trainguard.train")
 
 LAYOUT = "trainguard.train/1"
+# A state is cut into parts of at least this size (see trainguard.train._split).
+PART_BYTES = 128 << 20
 META_KEY = "__trainguard__"
 
 
@@ -110,6 +115,8 @@ class CheckpointManager:
     manifest and sizes; ``full`` re-hashes every kept checkpoint on every save).
     ``stale_seconds``: age after which a temporary directory of an unknown writer
     (another host, no record) counts as abandoned.
+    ``writers``: how many files a large state is split into, written and hashed in
+    parallel (default: the CPU count, at most 4); states under 256 MiB stay one file.
     """
 
     def __init__(
@@ -123,6 +130,7 @@ class CheckpointManager:
         part_timeout: float = 600.0,
         retention_verify: str = "quick",
         stale_seconds: float = 3600.0,
+        writers: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if keep < 1:
@@ -136,6 +144,7 @@ class CheckpointManager:
         self.part_timeout = part_timeout
         self.retention_verify = retention_verify
         self.stale_seconds = stale_seconds
+        self.writers = max(1, writers if writers is not None else min(4, os.cpu_count() or 1))
         self._clock = clock
         self._stager = HostStager()
         self._thread: threading.Thread | None = None
@@ -324,8 +333,8 @@ class CheckpointManager:
             if rank == 0:
                 written.append(write_writer_record(job.tmp))
             if job.replicated is not None:
-                written.append(self._torch_save(job.replicated, job.tmp, REPLICATED_FILE))
-            written.append(self._torch_save(job.per_rank, job.tmp, rank_file(rank)))
+                written += self._save_tree(job.replicated, job.tmp, REPLICATED_FILE)
+            written += self._save_tree(job.per_rank, job.tmp, rank_file(rank))
             _hooks.crash_point("after_shard_write")
             marker = {"rank": rank, "files": [f.to_dict() for f in written]}
             _publish(job.tmp / _part_marker(rank), json.dumps(marker).encode())
@@ -409,6 +418,26 @@ class CheckpointManager:
             clean_stale(self.root, now=time.time(), stale_seconds=self.stale_seconds)
         except Exception as exc:  # retention trouble never fails a good save
             log.warning("trainguard: retention failed: %s: %s", type(exc).__name__, exc)
+
+    def _save_tree(self, tree: dict[str, Any], tmp: Path, name: str) -> list[WrittenFile]:
+        """Write ``tree`` as ``name``, its large tensors spread over parallel part files."""
+        cut = split(tree, max_parts=self.writers, part_bytes=PART_BYTES)
+        if not cut.parts:
+            return [self._torch_save(tree, tmp, name)]
+        stem = name.removesuffix(".pt")
+        names = [f"{stem}.part{i}.pt" for i in range(len(cut.parts))]
+        skeleton = dict(cut.skeleton)
+        skeleton[META_KEY] = {**skeleton[META_KEY], "parts": names}
+        with ThreadPoolExecutor(len(names), thread_name_prefix="trainguard-part") as pool:
+            futures = [
+                pool.submit(self._torch_save, part, tmp, part_name)
+                for part, part_name in zip(cut.parts, names, strict=True)
+            ]
+            try:
+                main = self._torch_save(skeleton, tmp, name)
+            finally:
+                done = [f.result() for f in futures]  # raises the first part's failure
+        return [main, *done]
 
     def _torch_save(self, obj: Any, tmp: Path, name: str) -> WrittenFile:
         writer = HashingWriter(tmp / name, name)
@@ -540,31 +569,42 @@ def _publish(path: Path, data: bytes) -> None:
 
 
 _crc_lock = threading.Lock()
-_crc_users = 0
-_crc_saved = True
+
+
+@functools.cache
+def _crc_switch_is_thread_local() -> bool:
+    """Whether torch's ``compute_crc32`` switch is per thread (a ContextVar in torch 2.13)."""
+    from torch.utils.serialization import config
+
+    before = config.save.compute_crc32
+    seen: list[bool] = []
+    config.save.compute_crc32 = not before
+    try:
+        probe = threading.Thread(target=lambda: seen.append(config.save.compute_crc32))
+        probe.start()
+        probe.join()
+    finally:
+        config.save.compute_crc32 = before
+    return bool(seen) and seen[0] == before
 
 
 def _save_without_crc(obj: Any, writer: HashingWriter) -> None:
     """torch.save without zip CRC32: our sha256 covers the bytes, and CRC costs ~40 %.
 
-    The switch is process-global; a reference count restores the user's setting
-    when the last of our concurrent saves ends.
+    Where torch's switch is per thread, each writer thread flips its own; where it is
+    process-global (older torch), one lock held for the whole save keeps the user's
+    setting intact (and our saves then run one at a time).
     """
-    global _crc_users, _crc_saved
     try:
         from torch.utils.serialization import config
     except ImportError:  # older torch: no switch, CRC stays on
         torch.save(obj, cast("IO[bytes]", writer))
         return
-    with _crc_lock:
-        if _crc_users == 0:
-            _crc_saved = config.save.compute_crc32
-            config.save.compute_crc32 = False
-        _crc_users += 1
-    try:
-        torch.save(obj, cast("IO[bytes]", writer))
-    finally:
-        with _crc_lock:
-            _crc_users -= 1
-            if _crc_users == 0:
-                config.save.compute_crc32 = _crc_saved
+    lock = contextlib.nullcontext() if _crc_switch_is_thread_local() else _crc_lock
+    with lock:
+        previous = config.save.compute_crc32
+        config.save.compute_crc32 = False
+        try:
+            torch.save(obj, cast("IO[bytes]", writer))
+        finally:
+            config.save.compute_crc32 = previous

@@ -28,6 +28,7 @@ import torch
 from trainguard.checkpoints import scan, validate
 from trainguard.model.checkpoint import MANIFEST_NAME, CheckpointInfo, Manifest
 from trainguard.train._dist import DistContext
+from trainguard.train._split import join
 from trainguard.train.manager import META_KEY, CheckpointManager
 from trainguard.train.progress import emit
 from trainguard.train.state import REPLICATED_FILE, TrainState, rank_file
@@ -122,6 +123,25 @@ def _load(path: Path, name: str, weights_only: bool, map_location: Any) -> Any:
         raise ResumeError(f"cannot load {path / name}: {type(exc).__name__}: {exc}{hint}") from exc
 
 
+def _load_tree(
+    path: Path, name: str, listed: set[str], weights_only: bool, map_location: Any
+) -> Any:
+    """Load ``name`` and the part files it refers to (written in parallel by the manager)."""
+    tree = _load(path, name, weights_only, map_location)
+    meta = tree.get(META_KEY) if isinstance(tree, dict) else None
+    names = list(meta.get("parts") or []) if isinstance(meta, dict) else []
+    if not names:
+        return tree
+    missing = [n for n in names if n not in listed]
+    if missing:
+        raise ResumeError(f"{path}/{name} refers to parts the manifest does not list: {missing}")
+    parts = [_load(path, n, weights_only, map_location) for n in names]
+    try:
+        return join(tree, parts)
+    except ValueError as exc:
+        raise ResumeError(f"{path}/{name}: {exc}") from exc
+
+
 def resume(
     target: CheckpointManager | str | os.PathLike[str],
     state: TrainState | dict[str, Any],
@@ -176,10 +196,10 @@ def resume(
             f"{dist.world_size}; pass allow_world_size_change=True to restore the "
             "replicated state anyway"
         )
-    replicated = _load(path, REPLICATED_FILE, weights_only, map_location)
+    replicated = _load_tree(path, REPLICATED_FILE, listed, weights_only, map_location)
     per_rank = None
     if rank_file(dist.rank) in listed:
-        per_rank = _load(path, rank_file(dist.rank), weights_only, map_location)
+        per_rank = _load_tree(path, rank_file(dist.rank), listed, weights_only, map_location)
     elif manifest.world_size == dist.world_size:
         raise ResumeError(f"{path} has no {rank_file(dist.rank)} for rank {dist.rank}")
     meta = replicated.get(META_KEY, {}) if isinstance(replicated, dict) else {}

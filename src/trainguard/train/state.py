@@ -26,6 +26,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from trainguard.train._split import rebuild_dict
+
 log = logging.getLogger("trainguard.train")
 
 REPLICATED_FILE = "state.pt"
@@ -240,7 +242,9 @@ class HostStager:
         if isinstance(obj, torch.Tensor):
             return self._copy_tensor(obj, path, seen)
         if isinstance(obj, dict):
-            return type(obj)((k, self._copy(v, f"{path}/{k}", seen)) for k, v in obj.items())
+            return rebuild_dict(
+                obj, ((k, self._copy(v, f"{path}/{k}", seen)) for k, v in obj.items())
+            )
         if isinstance(obj, list):
             return [self._copy(v, f"{path}/{i}", seen) for i, v in enumerate(obj)]
         if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
