@@ -145,3 +145,11 @@ def test_report_verdicts_and_json_round_trip() -> None:
     rep2 = PreflightReport("standard", "h", "cpu", (d0,), (*results[:1], node), 0.0, 1.0)
     assert rep2.failed_devices() == () and not rep2.device_passed(d0.uuid)
     assert rep2.node_failures() == (node,)
+
+
+def test_back_in_service_since_ignores_registration() -> None:
+    from trainguard.preflight.gate import back_in_service_since
+
+    assert back_in_service_since(_history((None, H))) is None
+    hist = _history((None, H), (H, Q), (Q, H), (H, Q), (Q, V), (V, H), (H, HealthState.SUSPECT))
+    assert back_in_service_since(hist) == 5.0  # the validation pass, not the registration

@@ -5,9 +5,10 @@ again for the level's duration at full load. Two independent checks catch silent
 data corruption and unstable clocks, not only crashes:
 
 * **redundancy** — every product must equal the first one *bitwise*. The same
-  inputs through the same kernel on the same device give the same bits (cuBLAS
-  documents bit-wise reproducible results for the same architecture, SM count and
-  toolkit; so does the CPU BLAS with a fixed thread count), so any difference is a
+  inputs through the same kernel on the same device give the same bits (the cuBLAS
+  guide promises bit-wise identical results for one toolkit, architecture and SM
+  count while a single stream is active — each device here uses one stream; the
+  CPU BLAS with a fixed thread count behaves the same), so any difference is a
   wrong result;
 * **reference** — a 16 × 512 corner of the first product is compared with the same
   corner computed in float64 on the CPU; the largest error, divided by the RMS of
