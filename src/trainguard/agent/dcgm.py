@@ -142,7 +142,12 @@ class DcgmRules:
     hot: set[str] = field(default_factory=set)
 
     def to_state(self) -> dict[str, Any]:
-        return {"last": self.last, "fired": self.fired, "hot": sorted(self.hot)}
+        # Copies: the state saved is what was true when it was taken, not a live view.
+        return {
+            "last": {uuid: dict(v) for uuid, v in self.last.items()},
+            "fired": dict(self.fired),
+            "hot": sorted(self.hot),
+        }
 
     @classmethod
     def from_state(cls, data: dict[str, Any], temp_threshold_c: float = 90.0) -> DcgmRules:

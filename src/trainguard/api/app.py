@@ -84,8 +84,25 @@ def create_app(ctx: ApiContext, *, serve_dashboard: bool = True) -> FastAPI:
     return app
 
 
-def openapi_document(app: FastAPI) -> dict[str, Any]:
-    return app.openapi()
+def openapi_document() -> dict[str, Any]:
+    """The OpenAPI schema of the API (the contract committed as ``docs/openapi.json``)."""
+    from trainguard.api.auth import TokenTable
+    from trainguard.api.context import build_context
+    from trainguard.store import Store
+
+    store = Store.open(":memory:")
+    try:
+        app = create_app(build_context(store, TokenTable({})))
+        return app.openapi()
+    finally:
+        store.close()
 
 
-__all__ = ["create_app", "openapi_document"]
+def openapi_text() -> str:
+    """``openapi_document()`` as committed: sorted keys, two-space indent, final newline."""
+    import json
+
+    return json.dumps(openapi_document(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+__all__ = ["create_app", "openapi_document", "openapi_text"]

@@ -18,10 +18,6 @@ from trainguard.api.metrics import Metrics
 DEFAULT_MAX_BODY = 1 << 20  # 1 MiB
 
 
-class _TooLarge(Exception):
-    pass
-
-
 async def _send_json(send: Send, status: int, body: dict[str, Any]) -> None:
     data = json.dumps(body).encode()
     await send(
@@ -41,7 +37,7 @@ class BodyLimit:
     """Refuse request bodies over ``max_bytes`` with 413 before the route sees them.
 
     A declared ``Content-Length`` over the limit is refused at once; a chunked body
-    is counted as it arrives and refused when it crosses the limit.
+    is read (up to the limit) before the route runs and refused when it crosses it.
     """
 
     def __init__(
@@ -71,29 +67,46 @@ class BodyLimit:
                     await _send_json(send, 413, self._refuse())
                     return
                 break
+        if declared_length(scope) is not None:
+            # The HTTP layer delivers no more than the declared length, checked above.
+            await self.app(scope, receive, send)
+            return
+        # No Content-Length (chunked): read the body up to the limit first, so that an
+        # oversized one is refused before the route parses any of it.
+        chunks: list[bytes] = []
         seen = 0
-        started = False
-
-        async def counting_receive() -> Message:
-            nonlocal seen
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise _TooLarge
-            return message
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        try:
-            await self.app(scope, counting_receive, tracking_send)
-        except _TooLarge:
-            if not started:
+            if message["type"] != "http.request":
+                return  # the client went away
+            body = message.get("body", b"")
+            seen += len(body)
+            if seen > self.max_bytes:
                 await _send_json(send, 413, self._refuse())
+                return
+            chunks.append(body)
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def declared_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
 
 
 class RouteTiming:

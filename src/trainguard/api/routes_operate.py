@@ -10,6 +10,7 @@ A server started without a controller answers 503 to changes.
 
 from __future__ import annotations
 
+import uuid as uuidlib
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query
@@ -44,6 +45,9 @@ def _refuse(exc: Exception) -> HTTPException:
 @router.post("/jobs", response_model=S.FleetJobOut, status_code=201, tags=["jobs"])
 def register_job(body: S.JobIn, ctx: Ctx, who: Operator) -> dict[str, Any]:
     """Manage a job the scheduler already runs (``scheduler_ref`` is its id there)."""
+    # The id is chosen here when not given: ControlPlane.register_job resolves the job's
+    # mode by its id before the store would make one up.
+    job_id = body.job_id or f"job-{uuidlib.uuid4().hex[:12]}"
     try:
         fj = control(ctx).register_job(
             scheduler_ref=body.scheduler_ref,
@@ -55,7 +59,7 @@ def register_job(body: S.JobIn, ctx: Ctx, who: Operator) -> dict[str, Any]:
             policy=body.policy,
             opted_in=body.opted_in,
             checkpoint_dir=body.checkpoint_dir,
-            job_id=body.job_id,
+            job_id=job_id,
             actor=who.actor,
         )
     except ValueError as exc:
