@@ -9,14 +9,15 @@ from trainguard.model.findings import Domain, Severity
 T0 = 1_764_400_000.0
 DEVS = host_simulated(2, "n1")
 U0, U1 = DEVS[0].uuid, DEVS[1].uuid
+MODEL = "NVIDIA H100 80GB HBM3"
 
 
-def text(temp0: float = 40, xid0: int = 0, dbe0: int = 0, remap0: int = 0) -> str:
+def text(t0: float = 40, xid0: int = 0, dbe0: int = 0, remap0: int = 0) -> str:
     return f"""\
 # HELP DCGM_FI_DEV_GPU_TEMP GPU temperature (in C).
 # TYPE DCGM_FI_DEV_GPU_TEMP gauge
-DCGM_FI_DEV_GPU_TEMP{{gpu="0",UUID="{U0}",device="nvidia0",modelName="NVIDIA H100 80GB HBM3",Hostname="n1"}} {temp0}
-DCGM_FI_DEV_GPU_TEMP{{gpu="1",UUID="{U1}",device="nvidia1",modelName="NVIDIA H100 80GB HBM3",Hostname="n1"}} 41
+DCGM_FI_DEV_GPU_TEMP{{gpu="0",UUID="{U0}",device="nvidia0",modelName="{MODEL}",Hostname="n1"}} {t0}
+DCGM_FI_DEV_GPU_TEMP{{gpu="1",UUID="{U1}",device="nvidia1",modelName="{MODEL}",Hostname="n1"}} 41
 DCGM_FI_DEV_POWER_USAGE{{gpu="0",UUID="{U0}"}} 310.5
 DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="{U0}"}} 98
 DCGM_FI_DEV_FB_USED{{gpu="0",UUID="{U0}"}} 70000
@@ -78,11 +79,11 @@ def test_first_poll_is_a_baseline_then_changes_become_findings() -> None:
 def test_remap_failure_and_thermal_excursions_fire_once_each() -> None:
     rules = DcgmRules(temp_threshold_c=90)
     evaluate(rules, text())
-    out = evaluate(rules, text(temp0=95, remap0=1))
+    out = evaluate(rules, text(t0=95, remap0=1))
     assert sorted(fid for fid, _ in out) == [f"n1:dcgm:{U0}:remap:1", f"n1:dcgm:{U0}:thermal:1"]
-    assert evaluate(rules, text(temp0=96, remap0=1)) == []  # still hot: the same excursion
-    assert evaluate(rules, text(temp0=80, remap0=1)) == []  # cooled down
-    again = evaluate(rules, text(temp0=92, remap0=1))
+    assert evaluate(rules, text(t0=96, remap0=1)) == []  # still hot: the same excursion
+    assert evaluate(rules, text(t0=80, remap0=1)) == []  # cooled down
+    again = evaluate(rules, text(t0=92, remap0=1))
     assert [fid for fid, _ in again] == [f"n1:dcgm:{U0}:thermal:2"]
 
 

@@ -66,7 +66,7 @@ def test_agent_tokens_report_only_for_their_host_unless_wildcard() -> None:
     ],
 )
 def test_malformed_token_files_are_refused_with_the_entry_named(data: object, message: str) -> None:
-    with pytest.raises(TokenFileError, match="entry|expected") as err:
+    with pytest.raises(TokenFileError, match=r"entry|expected") as err:
         TokenTable.from_mapping(data, "tokens.yaml")
     assert message in str(err.value)
     assert "tokens.yaml" in str(err.value)
