@@ -194,3 +194,24 @@ def test_plain_output_and_usage_errors(empty_log: str) -> None:
         proc = _run(*args)
         assert proc.returncode == 2, (args, proc.stderr)
         assert message in proc.stderr, (args, proc.stderr)
+
+
+def test_cuda_visible_devices_limits_the_check(tmp_path: Path, empty_log: str) -> None:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    smi = bindir / "nvidia-smi"
+    smi.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = "-q" ]; then exec cat {FIXTURES}/clean-h200-x2.txt; fi\n'
+        'echo "0, GPU-3c1a9e55-7d2b-4f0e-9a61-0b8d2e4c7f10, 00000000:1B:00.0, NVIDIA H200, 1"\n'
+        'echo "1, GPU-8e07f2c1-5a3d-4c99-b2e4-71f6d0a3c5b8, 00000000:43:00.0, NVIDIA H200, 1"\n'
+    )
+    smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
+    env = {"PATH": f"{bindir}:{os.environ['PATH']}", "CUDA_VISIBLE_DEVICES": "1"}
+    skip = [*FAST, "--skip", "interconnect"]
+    proc = _run("--json", "--kernel-log", empty_log, *skip, env=env)
+    assert proc.returncode == 0, proc.stderr
+    data = _json(proc)
+    assert [d["uuid"] for d in data["devices"]] == ["GPU-8e07f2c1-5a3d-4c99-b2e4-71f6d0a3c5b8"]
+    statuses = {c["name"]: c["status"] for c in data["checks"] if c["check"] == "device_query"}
+    assert statuses["row_remap_pending"] == "pass" and statuses["fabric"] == "pass"

@@ -181,7 +181,13 @@ def devices_for(args: argparse.Namespace) -> tuple[list[Device], str]:
         return devices, f"{len(devices)} GPU(s) in {args.nvidia_smi_q}"
     inv = detect()
     if inv.found:
-        return list(inv.devices), inv.message
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible is None:
+            return list(inv.devices), inv.message
+        # A job step or prolog restricted to some GPUs checks those (index or UUID list).
+        wanted = {v.strip() for v in visible.split(",") if v.strip()}
+        mine = [d for d in inv.devices if str(d.index) in wanted or d.uuid in wanted]
+        return mine, f"{inv.message}; {len(mine)} visible (CUDA_VISIBLE_DEVICES={visible})"
     return simulated(1), f"{inv.message}; the CPU stands in for one device (--devices N for more)"
 
 

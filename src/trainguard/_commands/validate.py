@@ -8,7 +8,8 @@ history and the audit log:
    leaves the device in ``validating``, unschedulable; running ``validate`` again
    resumes it);
 2. the checks of ``--level`` (default ``standard``) run on the device; kernel events
-   count from the moment the device entered the state it is validated from;
+   count from the moment the device entered the state it is validated from, and one
+   healthy device of the same host joins the all-reduce (not judged itself);
 3. an audit ``result`` record with the measurements, then ``validating -> healthy``
    when every check passed, else ``validating -> repair``;
 4. after ``--max-failures`` failed validations in a row (default 3) the device is
@@ -44,6 +45,18 @@ if TYPE_CHECKING:
     from trainguard.store import Store
 
 
+DESCRIPTION = """\
+Validate a quarantined or repaired device: move it to validating, run the
+pre-flight checks on it (default level standard; kernel events since it was taken
+out of service; a healthy device of the same host joins the all-reduce), record
+the measurements, then healthy when every check passed, else back to repair.
+After --max-failures failed validations in a row (default 3) retirement is due:
+with --approve-retire the device is retired, otherwise a pending retirement
+request is recorded. A device left in validating by an interrupted run is resumed.
+Exit status: 0 passed (healthy), 1 failed or cannot be validated, 2 usage error.
+"""
+
+
 def _default_actor() -> str:
     try:
         return f"operator:{getpass.getuser()}"
@@ -55,7 +68,7 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "validate",
         help="run the checks on a quarantined/repaired device: pass -> healthy, fail -> repair",
-        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("id", metavar="ID", help="device UUID, PCI bus id or index")

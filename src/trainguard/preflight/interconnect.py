@@ -108,8 +108,13 @@ def copy_bandwidth(dev: TorchDevice, spec: LevelSpec, th: Thresholds) -> list[Ch
 def _copy(dev: TorchDevice, nbytes: int) -> dict[str, Any]:
     torch = dev.torch
     gen = torch.Generator().manual_seed(42)
-    host = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=gen).pin_memory()
-    back = torch.empty_like(host).pin_memory()
+    block = min(nbytes, 16 << 20)
+    pattern = torch.randint(0, 256, (block,), dtype=torch.uint8, generator=gen)
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    # Random bytes, generated once per 16 MiB and repeated: generating 1 GiB costs seconds.
+    host[: nbytes - nbytes % block].view(-1, block).copy_(pattern.expand(nbytes // block, block))
+    host[nbytes - nbytes % block :].copy_(pattern[: nbytes % block])
+    back = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     devbuf = torch.empty(nbytes, dtype=torch.uint8, device=dev.tdev)
     stream = torch.cuda.current_stream(dev.tdev)
     devbuf.copy_(host, non_blocking=True)  # warm-up

@@ -60,6 +60,7 @@ def _expected(dev: TorchDevice, pattern: str, chunk: int, n: int) -> torch.Tenso
 def _budget(dev: TorchDevice, spec: LevelSpec) -> tuple[int, int, str]:
     """(bytes to test, buffer size, how the size was chosen)."""
     if dev.gpu:
+        dev.torch.cuda.empty_cache()  # the compute check's cached blocks count as free
         free = dev.free_memory() or 0
         target = int(free * spec.memory_fraction) - 2 * GPU_CHUNK
         return (
