@@ -55,6 +55,13 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--metrics-interval", type=float, default=5.0, metavar="S")
     parser.add_argument("--temp-threshold", type=float, default=90.0, metavar="C")
     parser.add_argument(
+        "--retry-max",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="longest wait between retries while the server is unreachable (default 30)",
+    )
+    parser.add_argument(
         "--log-level", default="info", choices=("debug", "info", "warning", "error")
     )
     parser.set_defaults(func=run)
@@ -92,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
                 heartbeat_interval=args.heartbeat_interval,
                 metrics_interval=args.metrics_interval,
                 temp_threshold_c=args.temp_threshold,
+                backoff_max=max(0.2, args.retry_max),
             )
         )
     except (InventoryError, OSError) as exc:

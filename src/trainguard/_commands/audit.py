@@ -10,6 +10,7 @@ import argparse
 from typing import Any
 
 from trainguard._commands._common import add_state_option, error, print_json, print_table
+from trainguard._commands._remote import add_server_option
 
 
 def register(subparsers: Any) -> None:
@@ -20,6 +21,7 @@ def register(subparsers: Any) -> None:
         "result, oldest first.",
     )
     add_state_option(parser)
+    add_server_option(parser)
     parser.add_argument("--json", action="store_true", help="print a JSON array")
     parser.add_argument(
         "--since", metavar="TIME", help="only records at or after TIME (ISO 8601 or epoch seconds)"
@@ -60,31 +62,47 @@ def run(args: argparse.Namespace) -> int:
             return error(f"--kind: unknown kind {args.kind!r} (one of {kinds})")
     if args.limit is not None and args.limit < 0:
         return error("--limit must not be negative")
-    try:
-        store = Store.open_existing(args.state)
-    except StoreError as exc:
-        return error(str(exc))
-    if store is None:
-        events: list[dict[str, Any]] = []
+    if args.server:
+        from trainguard._commands._remote import RemoteError, audit
+
+        try:
+            events = audit(
+                args,
+                args.limit,
+                since=None if since is None else repr(since),
+                kind=args.kind,
+                subject=args.subject,
+                job_id=args.job,
+                incident_id=args.incident,
+            )
+        except RemoteError as exc:
+            return error(str(exc))
+        where = ""
     else:
-        with store:
-            events = [
-                e.to_json()
-                for e in store.list_audit(
-                    since=since,
-                    kind=args.kind,
-                    subject=args.subject,
-                    job_id=args.job,
-                    incident_id=args.incident,
-                    limit=args.limit,
-                    newest=True,
-                )
-            ]
+        try:
+            store = Store.open_existing(args.state)
+        except StoreError as exc:
+            return error(str(exc))
+        where = "" if store is not None else f" (no state database at {args.state})"
+        events = []
+        if store is not None:
+            with store:
+                events = [
+                    e.to_json()
+                    for e in store.list_audit(
+                        since=since,
+                        kind=args.kind,
+                        subject=args.subject,
+                        job_id=args.job,
+                        incident_id=args.incident,
+                        limit=args.limit,
+                        newest=True,
+                    )
+                ]
     if args.json:
         print_json(events)
         return 0
     if not events:
-        where = "" if store is not None else f" (no state database at {args.state})"
         print(f"no audit records{where}")
         return 0
     print_table(

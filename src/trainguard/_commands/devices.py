@@ -23,6 +23,7 @@ from trainguard._commands._common import (
     print_json,
     print_table,
 )
+from trainguard._commands._remote import RemoteError, add_server_option, get_json, post_json
 
 
 def _sub_state_option(parser: argparse.ArgumentParser) -> None:
@@ -50,6 +51,7 @@ def register(subparsers: Any) -> None:
         description="List devices and their health; release a quarantined device.",
     )
     add_state_option(parser)
+    add_server_option(parser)
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.set_defaults(func=run_list)
     sub = parser.add_subparsers(dest="devices_action", metavar="ACTION")
@@ -67,6 +69,7 @@ def register(subparsers: Any) -> None:
     )
     release.add_argument("--host", default=None, help="host of an index ID (default: any)")
     _sub_state_option(release)
+    add_server_option(release, sub=True)
     release.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
     release.set_defaults(func=run_release)
 
@@ -74,6 +77,7 @@ def register(subparsers: Any) -> None:
     history.add_argument("id", metavar="ID", help="device UUID, PCI bus id or index")
     history.add_argument("--host", default=None, help="host of an index ID (default: any)")
     _sub_state_option(history)
+    add_server_option(history, sub=True)
     history.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
     history.set_defaults(func=run_history)
 
@@ -81,20 +85,26 @@ def register(subparsers: Any) -> None:
 def run_list(args: argparse.Namespace) -> int:
     from trainguard.store import Store, StoreError
 
-    try:
-        store = Store.open_existing(args.state)
-    except StoreError as exc:
-        return error(str(exc))
-    if store is None:
-        devices: list[dict[str, Any]] = []
+    if args.server:
+        try:
+            devices = get_json(args, "/v1/devices")
+        except RemoteError as exc:
+            return error(str(exc))
+        where = ""
     else:
-        with store:
-            devices = [d.to_json() for d in store.list_devices()]
+        try:
+            store = Store.open_existing(args.state)
+        except StoreError as exc:
+            return error(str(exc))
+        where = "" if store is not None else f" (no state database at {args.state})"
+        devices = []
+        if store is not None:
+            with store:
+                devices = [d.to_json() for d in store.list_devices()]
     if args.json:
         print_json(devices)
         return 0
     if not devices:
-        where = "" if store is not None else f" (no state database at {args.state})"
         print(f"no devices recorded{where}; `trainguard run` registers the devices it uses")
         return 0
     print_table(
@@ -124,6 +134,21 @@ def run_release(args: argparse.Namespace) -> int:
     reason = (args.reason or "").strip()
     if not reason:
         return error("--reason must not be empty: say why the device is safe to use again")
+    if getattr(args, "server", None):
+        # Through the API the actor is the token's holder (operator:<name>), not --actor.
+        try:
+            rec_json = post_json(
+                args,
+                f"/v1/devices/{args.id}/release" + (f"?host={args.host}" if args.host else ""),
+                {"reason": reason},
+            )
+        except RemoteError as exc:
+            return error(str(exc))
+        if getattr(args, "json", False):
+            print_json(rec_json)
+        else:
+            print(f"released device {rec_json['index']} {rec_json['uuid']}: -> {rec_json['state']}")
+        return 0
     try:
         store = Store.open_existing(args.state)
     except StoreError as exc:
@@ -156,6 +181,30 @@ def run_release(args: argparse.Namespace) -> int:
 def run_history(args: argparse.Namespace) -> int:
     from trainguard.store import NotFound, Store, StoreError
 
+    if getattr(args, "server", None):
+        try:
+            history = get_json(args, f"/v1/devices/{args.id}/history", host=args.host)
+        except RemoteError as exc:
+            return error(str(exc))
+        if getattr(args, "json", False):
+            print_json(history)
+        else:
+            print_table(
+                f"Health history of {args.id}",
+                ["AT", "FROM", "TO", "ACTOR", "INCIDENT", "REASON"],
+                [
+                    [
+                        h["at"],
+                        h["old_state"] or "-",
+                        h["new_state"],
+                        h["actor"],
+                        h["incident_id"] or "-",
+                        h["reason"],
+                    ]
+                    for h in history
+                ],
+            )
+        return 0
     try:
         store = Store.open_existing(args.state)
     except StoreError as exc:

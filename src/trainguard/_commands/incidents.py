@@ -10,6 +10,7 @@ import argparse
 from typing import Any
 
 from trainguard._commands._common import add_state_option, error, print_json, print_table
+from trainguard._commands._remote import add_server_option
 
 
 def register(subparsers: Any) -> None:
@@ -19,6 +20,7 @@ def register(subparsers: Any) -> None:
         description="List the incidents recorded in the state database, oldest first.",
     )
     add_state_option(parser)
+    add_server_option(parser)
     parser.add_argument("--json", action="store_true", help="print a JSON array")
     parser.add_argument("--job", metavar="JOB_ID", help="only incidents of this job")
     parser.add_argument(
@@ -39,22 +41,31 @@ def _culprit_text(c: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     from trainguard.store import Store, StoreError
 
-    try:
-        store = Store.open_existing(args.state)
-    except StoreError as exc:
-        return error(str(exc))
-    if store is None:
-        incidents = []
+    if args.server:
+        from trainguard._commands._remote import RemoteError, get_json
+
+        try:
+            incidents = get_json(args, "/v1/incidents", job_id=args.job)
+        except RemoteError as exc:
+            return error(str(exc))
+        where = ""
     else:
-        with store:
-            incidents = [i.to_json() for i in store.list_incidents(job_id=args.job)]
+        try:
+            store = Store.open_existing(args.state)
+        except StoreError as exc:
+            return error(str(exc))
+        where = "" if store is not None else f" (no state database at {args.state})"
+        if store is None:
+            incidents = []
+        else:
+            with store:
+                incidents = [i.to_json() for i in store.list_incidents(job_id=args.job)]
     if args.open:
         incidents = [i for i in incidents if i["outcome"] == "open"]
     if args.json:
         print_json(incidents)
         return 0
     if not incidents:
-        where = "" if store is not None else f" (no state database at {args.state})"
         print(f"no incidents recorded{where}")
         return 0
     print_table(

@@ -11,6 +11,7 @@ import argparse
 from typing import Any
 
 from trainguard._commands._common import add_state_option, error, print_json
+from trainguard._commands._remote import add_server_option
 
 
 def register(subparsers: Any) -> None:
@@ -21,6 +22,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("id", metavar="ID", help="incident id (see `trainguard incidents`)")
     add_state_option(parser)
+    add_server_option(parser)
     parser.add_argument("--json", action="store_true", help="print a JSON object")
     parser.set_defaults(func=run)
 
@@ -33,6 +35,15 @@ def run(args: argparse.Namespace) -> int:
         incident_id = int(str(args.id).strip())
     except ValueError:
         return error(f"incident id must be a number, not {args.id!r}")
+    if args.server:
+        from trainguard._commands._remote import RemoteError, get_json
+
+        try:
+            report = get_json(args, f"/v1/incidents/{incident_id}/report")
+        except RemoteError as exc:
+            return error(str(exc))
+        print_json(report) if args.json else print(format_report(report))
+        return 0
     try:
         store = Store.open_existing(args.state)
     except StoreError as exc:

@@ -1,0 +1,84 @@
+"""``--server URL``: the read commands and ``approve`` go through the HTTP API instead of
+the state database. The token comes from ``--token-file`` or ``TRAINGUARD_TOKEN``;
+the server from ``--server`` or ``TRAINGUARD_SERVER``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+SERVER_ENV = "TRAINGUARD_SERVER"
+
+
+class RemoteError(Exception):
+    """A request through the API failed; the message is ready to print."""
+
+
+def add_server_option(parser: argparse.ArgumentParser, *, sub: bool = False) -> None:
+    """``--server`` and ``--token-file``; ``sub=True`` for sub-commands (SUPPRESS defaults,
+    so an option given before the sub-command is not overwritten)."""
+    default: Any = argparse.SUPPRESS if sub else os.environ.get(SERVER_ENV) or None
+    parser.add_argument(
+        "--server",
+        default=default,
+        metavar="URL",
+        help=f"read through this control plane's API (default: ${SERVER_ENV}) instead of --state",
+    )
+    parser.add_argument(
+        "--token-file",
+        default=argparse.SUPPRESS if sub else None,
+        metavar="FILE",
+        help="token for --server (default: $TRAINGUARD_TOKEN)",
+    )
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from trainguard.api.auth import TokenFileError
+    from trainguard.api.client import ApiClient, resolve_token
+
+    try:
+        token = resolve_token(getattr(args, "token_file", None))
+    except TokenFileError as exc:
+        raise RemoteError(str(exc)) from exc
+    return ApiClient(args.server, token)
+
+
+def _call(args: argparse.Namespace, method: str, path: str, **kwargs: Any) -> Any:
+    from trainguard.api.client import ApiError
+
+    client = _client(args)
+    try:
+        return getattr(client, method)(path, **kwargs)
+    except ApiError as exc:
+        raise RemoteError(str(exc)) from exc
+    finally:
+        client.close()
+
+
+def get_json(args: argparse.Namespace, path: str, **params: Any) -> Any:
+    return _call(args, "get", path, **params)
+
+
+def post_json(args: argparse.Namespace, path: str, body: dict[str, Any]) -> Any:
+    return _call(args, "post", path, body=body)
+
+
+def audit(args: argparse.Namespace, limit: int | None, **filters: Any) -> list[dict[str, Any]]:
+    """Audit records oldest first; ``limit`` keeps the most recent N (as the CLI does)."""
+    from trainguard.api.client import ApiError
+
+    client = _client(args)
+    try:
+        if limit is not None and limit <= 1000:
+            page = client.get("/v1/audit", order="newest", limit=max(1, limit), **filters)
+            return list(page["events"]) if limit > 0 else []
+        events: list[dict[str, Any]] = client.audit_all(**filters)
+        return events if limit is None else events[len(events) - limit :]
+    except ApiError as exc:
+        raise RemoteError(str(exc)) from exc
+    finally:
+        client.close()
+
+
+__all__ = ["SERVER_ENV", "RemoteError", "add_server_option", "audit", "get_json", "post_json"]
