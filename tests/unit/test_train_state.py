@@ -162,3 +162,23 @@ def test_small_trees_are_not_split() -> None:
     tree = {"w": torch.randn(1 << 20)}
     assert split(tree, max_parts=4, part_bytes=128 << 20).parts == []
     assert split(tree, max_parts=1, part_bytes=1).parts == []
+
+
+def test_dist_context_without_a_process_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainguard.train._dist import DistContext
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert DistContext.detect() == DistContext(rank=0, world_size=1, collectives=False)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    ctx = DistContext.detect()
+    assert (ctx.rank, ctx.world_size, ctx.collectives) == (1, 2, False)
+    with pytest.raises(ValueError, match="not in"):
+        DistContext.detect(rank=2, world_size=2)
+    # Ranks without a process group agree on the temporary name through the environment.
+    monkeypatch.setenv("TRAINGUARD_ATTEMPT", "0")
+    same = DistContext(rank=0, world_size=2, collectives=False).temp_token(5)
+    assert DistContext(rank=1, world_size=2, collectives=False).temp_token(5) == same
+    monkeypatch.setenv("TRAINGUARD_ATTEMPT", "1")
+    assert DistContext(rank=1, world_size=2, collectives=False).temp_token(5) != same
