@@ -42,6 +42,7 @@ def _raw_matmul_tflops(seconds: float = 3.0) -> list[tuple[str, float, str]]:
     out = []
     for i in range(torch.cuda.device_count()):
         dev = torch.device("cuda", i)
+        torch.cuda.set_device(dev)  # events and matmuls on this GPU's current stream
         major, _ = torch.cuda.get_device_capability(dev)
         dtype = torch.bfloat16 if major >= 8 else torch.float16
         n = 8192
