@@ -314,7 +314,7 @@ function drawChart(incidents) {
   }
   const box = $("#chart");
   if (!pts.length) { box.innerHTML = '<p class="empty">No incidents yet.</p>'; return; }
-  const W = Math.max(480, box.clientWidth || 900), H = 230, L = 56, R = 60, T = 14, B = 34;
+  const W = Math.max(480, box.clientWidth || 900), H = 240, L = 56, R = 60, T = 30, B = 34;
   const t0 = Math.min(...pts.map((p) => p.t)), t1 = Math.max(...pts.map((p) => p.t));
   const span = Math.max(1000, t1 - t0);
   const x = (t) => L + (W - L - R) * ((t - t0) / span) * 0.96 + (W - L - R) * 0.02;
@@ -323,17 +323,18 @@ function drawChart(incidents) {
   const yRec = (v) => T + (H - T - B) * (1 - v / recMax);
   const yLost = (v) => T + (H - T - B) * (1 - v / lostMax);
   const parts = [`<svg viewBox="0 0 ${W} ${H}" role="img" aria-label="recovery latency and lost steps per incident">`];
-  for (let k = 0; k <= 4; k++) {
-    const y = T + (H - T - B) * k / 4;
+  for (let k = 0; k <= 5; k++) {
+    const y = T + (H - T - B) * k / 5;
+    const rv = recMax * (1 - k / 5), lv = lostMax * (1 - k / 5);
     parts.push(`<line class="gridline" x1="${L}" x2="${W - R}" y1="${y}" y2="${y}"/>`);
-    parts.push(`<text x="${L - 6}" y="${y + 4}" text-anchor="end">${(recMax * (1 - k / 4)).toFixed(recMax < 10 ? 1 : 0)}</text>`);
-    parts.push(`<text x="${W - R + 6}" y="${y + 4}">${Math.round(lostMax * (1 - k / 4))}</text>`);
+    parts.push(`<text x="${L - 6}" y="${y + 4}" text-anchor="end">${rv.toFixed(recMax < 5 ? 1 : 0)}</text>`);
+    parts.push(`<text x="${W - R + 6}" y="${y + 4}">${lv.toFixed(lostMax < 5 ? 1 : 0)}</text>`);
   }
   parts.push(`<line class="axis" x1="${L}" x2="${W - R}" y1="${H - B}" y2="${H - B}"/>`);
   parts.push(`<text x="${L}" y="${H - 8}">${esc(new Date(t0).toISOString().slice(0, 19))}Z</text>`);
   parts.push(`<text x="${W - R}" y="${H - 8}" text-anchor="end">${esc(new Date(t1).toISOString().slice(0, 19))}Z</text>`);
-  parts.push(`<text x="12" y="${T + 4}" transform="rotate(-90 12 ${T + 4})" text-anchor="end">recovery s</text>`);
-  parts.push(`<text x="${W - 10}" y="${T + 4}" transform="rotate(90 ${W - 10} ${T + 4})">lost steps</text>`);
+  parts.push(`<text x="12" y="${T}" transform="rotate(-90 12 ${T})" text-anchor="end">recovery s</text>`);
+  parts.push(`<text x="${W - 10}" y="${T}" transform="rotate(90 ${W - 10} ${T})">lost steps</text>`);
   const bw = Math.max(3, Math.min(14, (W - L - R) / (pts.length * 2.5)));
   for (const p of pts) {
     if (p.lost) {
@@ -351,7 +352,7 @@ function drawChart(incidents) {
   for (const p of pts.filter((q) => q.rec === null)) {
     parts.push(`<circle cx="${x(p.t)}" cy="${H - B}" r="3.5" fill="none" stroke="#9aa1ad"><title>incident ${p.id} (${esc(p.kind)}): ${esc(p.outcome)}</title></circle>`);
   }
-  parts.push(`<g transform="translate(${L + 8},${T + 4})"><circle r="4" cx="0" cy="0" fill="#2f5fd0"/><text x="8" y="4">recovery latency (s, left)</text>
+  parts.push(`<g transform="translate(${L + 8},12)"><circle r="4" cx="0" cy="0" fill="#2f5fd0"/><text x="8" y="4">recovery latency (s, left)</text>
     <rect x="170" y="-5" width="10" height="10" fill="#d99a1e" opacity=".55"/><text x="184" y="4">lost steps (right)</text>
     <circle r="3.5" cx="300" cy="0" fill="none" stroke="#9aa1ad"/><text x="308" y="4">not recovered</text></g>`);
   parts.push("</svg>");
@@ -365,7 +366,7 @@ async function drawAudit() {
   for (const [k, v] of Object.entries(state.auditQuery)) if (v) q.set(k, v);
   const page = await api("/v1/audit?" + q.toString());
   const rows = page.events.slice().reverse().map((e) => `<tr class="audit-row" data-id="${e.id}">
-    <td>${e.id}</td><td class="mono">${shortTime(e.at)}</td><td>${esc(e.actor)}</td>
+    <td class="nowrap">${e.id}</td><td class="mono nowrap">${shortTime(e.at)}</td><td>${esc(e.actor)}</td>
     <td>${esc(e.kind)}</td><td class="mono">${esc(e.subject)}</td><td>${esc(e.message)}</td></tr>`);
   $("#audit tbody").innerHTML = rows.join("") || '<tr><td colspan="6" class="empty">No matching records.</td></tr>';
 }
