@@ -19,7 +19,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
-from _api_procs import (  # noqa: E402
+from _api_procs import (
     AGENT,
     OP,
     Server,
