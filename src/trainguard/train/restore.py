@@ -5,9 +5,15 @@ Order of choice:
 1. ``TRAINGUARD_RESUME_FROM`` is set: that checkpoint, verified first. When it is
    not a valid trainguard checkpoint, :class:`ResumeError` is raised: a job told to
    resume must never silently train from scratch;
-2. else the newest valid trainguard checkpoint in the directory (the catalog's
+2. else a resume request ``<dir>/.trainguard-resume.json`` written by the control plane
+   before it requeued the job (Slurm cannot change a requeued job's environment;
+   decision 0103), when it names this attempt (``SLURM_RESTART_COUNT`` and
+   ``SLURM_JOB_ID`` inside a Slurm job, else ``TRAINGUARD_ATTEMPT``): that checkpoint,
+   verified first, exactly like ``TRAINGUARD_RESUME_FROM``. A request for another
+   attempt is stale and ignored (logged);
+3. else the newest valid trainguard checkpoint in the directory (the catalog's
    order, newest first; each candidate is verified before it is used);
-3. else a fresh start.
+4. else a fresh start.
 
 With a process group, rank 0 chooses and broadcasts its choice so that every rank
 restores the same checkpoint. The choice is logged in one line and sent as a
@@ -27,16 +33,17 @@ import torch
 
 from trainguard.checkpoints import scan, validate
 from trainguard.model.checkpoint import MANIFEST_NAME, CheckpointInfo, Manifest
+from trainguard.model.resume_request import RESUME_REQUEST_NAME, ResumeRequest
 from trainguard.train._dist import DistContext
 from trainguard.train._split import join
 from trainguard.train.manager import META_KEY, CheckpointManager
-from trainguard.train.progress import emit
+from trainguard.train.progress import ATTEMPT_ENV, emit
 from trainguard.train.state import REPLICATED_FILE, TrainState, rank_file
 
 log = logging.getLogger("trainguard.train")
 
 RESUME_ENV = "TRAINGUARD_RESUME_FROM"
-Source = Literal["env", "latest", "fresh"]
+Source = Literal["env", "request", "latest", "fresh"]
 
 
 class ResumeError(RuntimeError):
@@ -48,7 +55,9 @@ class ResumeError(RuntimeError):
 class ResumeResult:
     """What :func:`resume` did."""
 
-    source: Source  # "env": TRAINGUARD_RESUME_FROM; "latest": newest valid; "fresh"
+    # "env": TRAINGUARD_RESUME_FROM; "request": .trainguard-resume.json; "latest": newest
+    # valid; "fresh"
+    source: Source
     path: str | None  # the checkpoint restored; None for a fresh start
     step: int  # the restored step (0 for a fresh start): continue with step + 1
     epoch: int | None = None
@@ -69,22 +78,67 @@ class _Choice:
     skipped: tuple[str, ...] = ()
 
 
+def _current_attempt() -> tuple[int | None, str | None]:
+    """(attempt, job id) as the resume request counts them: inside a Slurm job its
+    restart count and id, else ``TRAINGUARD_ATTEMPT``."""
+    job = os.environ.get("SLURM_JOB_ID") or None
+    raw = os.environ.get("SLURM_RESTART_COUNT", "0") if job else os.environ.get(ATTEMPT_ENV)
+    try:
+        return (int(raw) if raw not in (None, "") else None), job
+    except ValueError:
+        return None, job
+
+
+def _resume_request(root: Path) -> ResumeRequest | None:
+    """The control plane's resume request for this very attempt, if there is one."""
+    path = root / RESUME_REQUEST_NAME
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        log.warning("trainguard: cannot read %s: %s; ignored", path, exc)
+        return None
+    try:
+        request = ResumeRequest.from_json(text)
+    except ValueError as exc:
+        log.warning("trainguard: %s is not a valid resume request (%s); ignored", path, exc)
+        return None
+    attempt, job = _current_attempt()
+    if not request.applies_to(attempt, job):
+        log.info(
+            "trainguard: %s is for attempt %s of job %s, this is attempt %s of job %s; ignored",
+            path,
+            request.attempt,
+            request.job,
+            attempt,
+            job,
+        )
+        return None
+    return request
+
+
+def _requested(source: Source, path: str, what: str, verify: str) -> _Choice:
+    info = validate(path, verify=verify)
+    if not info.valid:
+        return _Choice(source, path, f"{what}={path} is not a valid checkpoint: {info.reason}")
+    if info.format != "trainguard":
+        return _Choice(
+            source,
+            path,
+            f"{what}={path} is a valid {info.format} checkpoint, not a trainguard one; "
+            "restore it with the code that wrote it",
+        )
+    return _Choice(source, str(Path(path).absolute()))
+
+
 def _choose(root: Path, verify: str) -> _Choice:
     env = os.environ.get(RESUME_ENV, "")
     if env:
-        info = validate(env, verify=verify)
-        if not info.valid:
-            return _Choice(
-                "env", env, f"{RESUME_ENV}={env} is not a valid checkpoint: {info.reason}"
-            )
-        if info.format != "trainguard":
-            return _Choice(
-                "env",
-                env,
-                f"{RESUME_ENV}={env} is a valid {info.format} checkpoint, not a trainguard one; "
-                "restore it with the code that wrote it",
-            )
-        return _Choice("env", str(Path(env).absolute()))
+        return _requested("env", env, RESUME_ENV, verify)
+    request = _resume_request(root) if root.is_dir() else None
+    if request is not None:
+        return _requested("request", request.checkpoint, RESUME_REQUEST_NAME, verify)
     if not root.is_dir():
         return _Choice("fresh", None)
     skipped: list[str] = []
@@ -215,9 +269,10 @@ def resume(
             f"train on): {type(exc).__name__}: {exc}"
         ) from exc
     source: Source = choice.source
+    described = {"env": RESUME_ENV, "request": RESUME_REQUEST_NAME}
     _say(
         f"trainguard: resumed from {path} (step {manifest.step}, "
-        f"source={'TRAINGUARD_RESUME_FROM' if source == 'env' else 'newest valid checkpoint'})"
+        f"source={described.get(source, 'newest valid checkpoint')})"
     )
     emit(
         "resumed",

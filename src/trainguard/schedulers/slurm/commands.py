@@ -1,0 +1,96 @@
+"""Running Slurm's commands: argument lists only, a timeout, errors as SchedulerError.
+
+Nothing here goes through a shell: every call is ``subprocess.run([...])`` with
+arguments the adapter built from validated names (:mod:`.names`). The
+environment may carry ``SLURM_CONF`` (a cluster other than the default one)
+and a ``PATH`` with the Slurm tools; nothing else is added.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from trainguard.schedulers.base import SchedulerError
+
+DEFAULT_TIMEOUT = 20.0
+
+
+class SlurmCommandError(SchedulerError):
+    """A Slurm command failed (non-zero exit, timeout, not installed)."""
+
+    def __init__(self, argv: Sequence[str], message: str, returncode: int | None = None):
+        super().__init__(f"{' '.join(argv[:3])}{' ...' if len(argv) > 3 else ''}: {message}")
+        self.argv = list(argv)
+        self.returncode = returncode
+
+
+@dataclass
+class SlurmCommands:
+    """Where the Slurm tools are and how they are called.
+
+    ``conf``: a ``slurm.conf`` path (``SLURM_CONF``) for a cluster other than the
+    host's default; ``bindir``: where ``squeue``/``scontrol``... live (default: PATH).
+    ``calls`` counts every command run (the benchmark reports it).
+    """
+
+    conf: str | None = None
+    bindir: str | None = None
+    timeout: float = DEFAULT_TIMEOUT
+    calls: int = 0
+    seconds: float = 0.0
+    env_extra: Mapping[str, str] = field(default_factory=dict)
+
+    def tool(self, name: str) -> str:
+        if self.bindir:
+            return os.path.join(self.bindir, name)
+        found = shutil.which(name)
+        if found is None:
+            raise SlurmCommandError([name], f"{name} is not installed (not on PATH)")
+        return found
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.conf:
+            env["SLURM_CONF"] = self.conf
+        env.update(self.env_extra)
+        return env
+
+    def run(
+        self, name: str, *args: str, check: bool = True, timeout: float | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        argv = [self.tool(name), *args]
+        started = time.perf_counter()
+        try:
+            proc = subprocess.run(
+                argv,
+                capture_output=True,
+                text=True,
+                errors="replace",
+                env=self.env(),
+                timeout=self.timeout if timeout is None else timeout,
+                check=False,
+                stdin=subprocess.DEVNULL,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise SlurmCommandError(argv, f"timed out after {exc.timeout:g} s") from exc
+        except OSError as exc:
+            raise SlurmCommandError(argv, f"cannot run: {exc}") from exc
+        finally:
+            self.calls += 1
+            self.seconds += time.perf_counter() - started
+        if check and proc.returncode != 0:
+            detail = (proc.stderr or proc.stdout or "").strip().splitlines()
+            raise SlurmCommandError(
+                argv,
+                f"exit {proc.returncode}: {detail[-1] if detail else 'no message'}",
+                proc.returncode,
+            )
+        return proc
+
+
+__all__ = ["DEFAULT_TIMEOUT", "SlurmCommandError", "SlurmCommands"]
