@@ -14,8 +14,13 @@ from typing import Any
 
 from trainguard.model.checkpoint import CheckpointInfo
 from trainguard.model.devices import Device
-from trainguard.model.findings import Attribution
+from trainguard.model.findings import Attribution, Culprit
 from trainguard.model.health import HealthState
+
+# How the next attempt's devices are picked (RecoveryPolicy.placement, decision 0112):
+# "device": any healthy devices (one host: trainguard run); "node": whole healthy hosts,
+# so that a group of devices that trains together is never split across hosts.
+PLACEMENTS = ("device", "node")
 
 
 class Mode(StrEnum):
@@ -38,6 +43,16 @@ class RecoveryPolicy:
     hang_timeout_seconds: float | None = None  # None = adaptive
     verify_window_seconds: float = 10.0
     verify_min_rate_ratio: float = 0.3  # restarted step rate vs pre-failure baseline
+    placement: str = "device"  # one of PLACEMENTS
+    # A symptom-only network failure (collective timeout/error) naming the same culprit
+    # this many times (this one included) isolates that culprit (decision 0110).
+    isolate_network_after: int = 2
+
+    def __post_init__(self) -> None:
+        if self.placement not in PLACEMENTS:
+            raise ValueError(
+                f"placement must be one of {', '.join(PLACEMENTS)}: {self.placement!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -49,12 +64,13 @@ class DeviceStatus:
 
 @dataclass(frozen=True)
 class PriorFailure:
-    """A failure earlier in the same job, newest last; used by the futile-retry rule."""
+    """A failure earlier in the same job, newest last (futile-retry and network-repeat rules)."""
 
     attempt: int
     signature: str | None
     domain: str
     kind: str
+    culprit: Culprit = field(default_factory=Culprit)  # what its evidence named, if anything
 
 
 @dataclass(frozen=True)
@@ -73,6 +89,11 @@ class RecoverySnapshot:
     checkpoints: tuple[CheckpointInfo, ...]  # catalog output, newest first
     history: tuple[PriorFailure, ...] = ()
     env: dict[str, str] = field(default_factory=dict)  # the failed attempt's extra env
+    # Resources (device uuids, host names) already isolated for this incident: asked
+    # again (after WaitForCapacity, or after a crash of the controller), decide() does
+    # not isolate them a second time; their health state alone keeps them out or lets
+    # them back in (decision 0111).
+    isolated: tuple[str, ...] = ()
 
 
 # --- actions -------------------------------------------------------------------------
