@@ -12,7 +12,11 @@
   use) and applies the returned Plan: quarantines, restart on the devices and
   from the checkpoint it names, wait for capacity, or stop. Its checkpoint
   interval comes from the interval advisor (``trainguard-job-interval`` keeps
-  the job's own interval, to separate the two effects).
+  the job's own interval, to separate the two effects). Jobs of whole nodes
+  (``gpus >= gpus_per_node``) get ``placement="node"`` (decision 0112): a bad
+  GPU's node is replaced as a whole, never split across hosts. Elastic jobs
+  keep ``device``: the simulator models their elasticity per GPU (rate
+  proportional to the GPUs held), which is what per-device placement serves.
 
 Baselines restore the newest *complete* checkpoint (atomic writes assumed for
 everyone); they cannot tell a checkpoint written from silently corrupted state,
@@ -235,6 +239,11 @@ class SchedulerRequeue(_Base):
         )
 
 
+def _placement(need: int, min_gpus: int | None, gpus_per_node: int) -> str:
+    """``node`` for jobs of whole nodes, ``device`` for small and elastic ones."""
+    return "node" if need >= gpus_per_node and min_gpus is None else "device"
+
+
 class TrainguardPolicy(_Base):
     """trainguard's real ``decide()`` on a snapshot of the simulated world."""
 
@@ -275,12 +284,15 @@ class TrainguardPolicy(_Base):
                 allow_quarantine=tg.allow_quarantine,
                 need=job.need,
                 min_need=job.spec.min_gpus,
+                placement=_placement(job.need, job.spec.min_gpus, gpn),
             )
             for job in sim.jobs
         }
         self.history: dict[int, list[PriorFailure]] = {job.index: [] for job in sim.jobs}
         self.assigned: dict[int, tuple[str, ...]] = {}
         self.attribution: dict[int, Attribution] = {}
+        # Resources quarantined for the failure being handled (RecoverySnapshot.isolated).
+        self.isolated: dict[int, list[str]] = {job.index: [] for job in sim.jobs}
 
     def interval(self, sim: Simulation, job: JobSpec) -> float:
         if self.use_advisor and sim.scenario.trainguard.checkpoint_interval == "advisor":
@@ -374,12 +386,21 @@ class TrainguardPolicy(_Base):
         health = sim.health
         owner = sim.owner
         ji = job.index
+        gpn = sim.gpn
+        shared: set[int] = set()
+        if self.policies[ji].placement == "node":
+            # A node partly held by another job is not a whole node for this one: leave
+            # it out, or decide() would take the free part of it as if it were whole.
+            other = (sim.owner_np != -1) & (sim.owner_np != ji)
+            shared = set(np.flatnonzero(other.reshape(-1, gpn).any(axis=1)).tolist())
         out: list[DeviceStatus] = []
         append = out.append
         for d in range(sim.n_dev):
             o = owner[d]
             if o != -1 and o != ji:
                 continue  # another job's device: not this job's inventory
+            if shared and d // gpn in shared:
+                continue
             st = status[d]
             if st.state is not health[d]:
                 st = DeviceStatus(st.device, health[d])
@@ -406,6 +427,7 @@ class TrainguardPolicy(_Base):
             assigned=assigned,
             checkpoints=checkpoints,
             history=tuple(self.history[job.index]),
+            isolated=tuple(self.isolated[job.index]),
         )
         sim.decide_calls += 1
         plan = decide(snapshot)
@@ -421,6 +443,7 @@ class TrainguardPolicy(_Base):
             key = type(action).__name__.lower()
             sim.plan_reasons[key] = sim.plan_reasons.get(key, 0) + 1
             if isinstance(action, Quarantine):
+                self.isolated[job.index].append(action.resource_id)
                 if action.resource_kind == "node":
                     node = self.host_index[action.resource_id]
                     sim.quarantine(sim.node_devices(node), job.last_fault)
@@ -452,6 +475,7 @@ class TrainguardPolicy(_Base):
     def on_failure(self, sim: Simulation, job: Job, fault: Fault) -> None:
         attribution = self._attribution(sim, job, fault)
         self.attribution[job.index] = attribution
+        self.isolated[job.index] = []  # a new failure: nothing isolated for it yet
         failed_attempt = job.attempt  # the Plan's restart starts the next attempt
         self._decide(sim, job, attribution)
         self.history[job.index].append(
@@ -460,30 +484,22 @@ class TrainguardPolicy(_Base):
                 signature=attribution.signature,
                 domain=attribution.domain.value,
                 kind=attribution.kind.value,
+                culprit=attribution.culprit,
             )
         )
 
     def on_capacity(self, sim: Simulation, job: Job) -> None:
-        """Capacity came back while the job waits: ask decide() again.
+        """Capacity came back while the job waits: ask decide() again, same failure.
 
         The culprit was quarantined when the failure was decided; by now it may
-        be back from repair and validation, healthy. Asked again with the same
-        culprit, decide() would isolate it a second time, so the retry carries
-        the failure without its culprit (decision 0061).
+        be back from repair and validation, healthy. The snapshot says so
+        (``isolated``), and decide() does not isolate it a second time (decision
+        0111; before it, this retry had to drop the culprit, decision 0061).
         """
         attribution = self.attribution.get(job.index)
         if attribution is None:
             return
-        retry = Attribution(
-            kind=attribution.kind,
-            domain=attribution.domain,
-            culprit=Culprit(),
-            confidence=attribution.confidence,
-            summary=f"capacity returned while waiting after: {attribution.summary}",
-            evidence=attribution.evidence,
-            signature=attribution.signature,
-        )
-        self._decide(sim, job, retry)
+        self._decide(sim, job, attribution)
 
     def on_manual(self, sim: Simulation, job: Job) -> None:
         """A person fixed what stopped the job and runs it again (`trainguard run` anew)."""
@@ -495,6 +511,7 @@ class TrainguardPolicy(_Base):
             sim.quarantine([d for d in sim.node_devices(node) if d in sim.broken], job.last_fault)
         sim.start_pending_repairs()
         self.history[job.index].clear()
+        self.isolated[job.index] = []
         job.loop_restarts = 0
         attribution = Attribution(
             kind=IncidentKind.CRASH,
