@@ -467,6 +467,8 @@ class RunController:
             resume_from=checkpoint.path if checkpoint else None,
             extra_env=env,
             echo=o.echo,
+            job_id=self.job_id,
+            grace=o.grace,
         )
         subject = f"attempt:{self.job_id}/{number}"
         self.audit(

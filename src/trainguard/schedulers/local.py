@@ -12,6 +12,13 @@
   4 KiB pipe buffer fills);
 * a new session (its own process group), so the user's Ctrl-C reaches
   trainguard, which then stops the whole tree itself;
+* a watchdog between trainguard and the command (``_reaper.py``, decision 0113):
+  the session's leader is a tiny child-subreaper process that starts the
+  command and holds the read end of a pipe (the *lifeline*) whose only write end
+  is trainguard's; when trainguard dies, however it dies, the pipe reaches
+  end-of-file and the reaper stops every process of the job, ranks in sessions
+  of their own included. ``LocalAttempt.pid`` is the reaper (the process group),
+  ``launcher_pid`` the command; the reaper exits with the command's status;
 * stdout/stderr through :class:`~trainguard.signals.output.OutputFollower` (echo to
   the user, per-attempt log file, lines to the controller), the launcher's exit
   through :class:`~trainguard.signals.process.LauncherWatcher` and every rank's
@@ -39,9 +46,14 @@ from typing import IO, Any
 
 from trainguard.model.devices import Device
 from trainguard.signals.output import LogFile, OutputFollower
-from trainguard.signals.process import LauncherWatcher, RankWatcher, descendants
+from trainguard.signals.process import LauncherWatcher, RankWatcher, descendants, read_environ
 
 DEFAULT_GRACE_SECONDS = 5.0
+REAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_reaper.py")
+REPORT_TIMEOUT_SECONDS = 30.0
+# Every process of an attempt carries it (the job contract): how leftovers of a dead
+# supervisor are found again, even re-parented to init (decision 0114).
+JOB_ID_ENV = "TRAINGUARD_JOB_ID"
 
 
 @dataclass(frozen=True)
@@ -55,6 +67,8 @@ class LaunchSpec:
     extra_env: Mapping[str, str] = field(default_factory=dict)
     echo: bool = True
     cwd: str | None = None
+    job_id: str | None = None  # exported as TRAINGUARD_JOB_ID
+    grace: float = DEFAULT_GRACE_SECONDS  # the reaper's SIGTERM -> SIGKILL grace
 
 
 def attempt_env(spec: LaunchSpec, base: Mapping[str, str]) -> dict[str, str]:
@@ -62,6 +76,10 @@ def attempt_env(spec: LaunchSpec, base: Mapping[str, str]) -> dict[str, str]:
     env = dict(base)
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d.index) for d in spec.devices)
     env["TRAINGUARD_ATTEMPT"] = str(spec.attempt)
+    if spec.job_id:
+        env[JOB_ID_ENV] = spec.job_id
+    else:
+        env.pop(JOB_ID_ENV, None)
     env["TRAINGUARD_DEVICES"] = json.dumps(
         [{"index": d.index, "uuid": d.uuid, "pci_bus_id": d.pci_bus_id} for d in spec.devices],
         separators=(",", ":"),
@@ -90,6 +108,8 @@ class LocalAttempt:
         ranks: RankWatcher,
         log: LogFile | None,
         started_at: float,
+        launcher_pid: int | None = None,
+        lifeline: int | None = None,
     ) -> None:
         self.spec = spec
         self.proc = proc
@@ -97,11 +117,25 @@ class LocalAttempt:
         self.ranks = ranks
         self.log = log
         self.started_at = started_at
+        self.launcher_pid = launcher_pid if launcher_pid is not None else proc.pid
+        self._lifeline = lifeline
         self._stop_lock = threading.Lock()
 
     @property
     def pid(self) -> int:
+        """The session leader: the reaper (its pid is the attempt's process group)."""
         return self.proc.pid
+
+    @property
+    def pgid(self) -> int:
+        return self.proc.pid
+
+    def close_lifeline(self) -> None:
+        """Let go of the watchdog: it stops whatever of the job is still running."""
+        fd, self._lifeline = self._lifeline, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def running(self) -> bool:
         return self.proc.poll() is None
@@ -160,6 +194,8 @@ class LocalAttempt:
         for f in self.followers:
             f.join(max(0.0, deadline - time.monotonic()))
         self.ranks.stop()
+        if not self.running():
+            self.close_lifeline()
         if self.log is not None:
             self.log.close()
 
@@ -194,15 +230,7 @@ class LocalScheduler:
             )
             log.write(header.encode())
         try:
-            proc = subprocess.Popen(
-                list(spec.command),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=env,
-                cwd=spec.cwd,
-                start_new_session=True,
-            )
+            proc, launcher_pid, lifeline = _start_with_reaper(spec, env)
         except OSError:
             if log is not None:
                 log.close()
@@ -231,7 +259,140 @@ class LocalScheduler:
         ]
         ranks = RankWatcher(proc.pid, spec.attempt, self.sink, self.clock).start()
         LauncherWatcher(proc, spec.attempt, self.sink, self.clock).start()
-        return LocalAttempt(spec, proc, followers, ranks, log, started_at)
+        return LocalAttempt(spec, proc, followers, ranks, log, started_at, launcher_pid, lifeline)
+
+
+def _start_with_reaper(
+    spec: LaunchSpec, env: Mapping[str, str]
+) -> tuple[subprocess.Popen[bytes], int, int]:
+    """Start the reaper in a new session; it starts the command. Raises ``OSError``.
+
+    Returns the reaper's Popen, the command's pid and the write end of the
+    lifeline (close it, or die, and the reaper stops the job).
+    """
+    life_r, life_w = os.pipe()
+    report_r, report_w = os.pipe()
+    argv = [
+        sys.executable, "-I", "-S", REAPER,
+        "--lifeline", str(life_r), "--report", str(report_w), "--grace", f"{spec.grace:g}",
+        "--", *spec.command,
+    ]  # fmt: skip
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=dict(env),
+            cwd=spec.cwd,
+            start_new_session=True,
+            pass_fds=(life_r, report_w),
+        )
+    except OSError:
+        for fd in (life_r, life_w, report_r, report_w):
+            os.close(fd)
+        raise
+    os.close(life_r)
+    os.close(report_w)
+    try:
+        line = _read_report(report_r, REPORT_TIMEOUT_SECONDS)
+    finally:
+        os.close(report_r)
+    kind, _, rest = line.partition(" ")
+    if kind == "ok":
+        return proc, int(rest), life_w
+    os.close(life_w)  # the reaper stops whatever it started, then exits
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(5.0)
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+    if kind == "error":
+        code, _, message = rest.partition(" ")
+        raise OSError(int(code) if code.isdigit() else 0, message or "cannot start")
+    raise OSError(f"the process watchdog did not start {spec.command[0]!r}")
+
+
+def _read_report(fd: int, timeout: float) -> str:
+    """The reaper's one-line report (``ok PID`` / ``error ERRNO MESSAGE``); '' on EOF/timeout."""
+    import select
+
+    data = b""
+    deadline = time.monotonic() + timeout
+    while b"\n" not in data:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        readable, _, _ = select.select([fd], [], [], left)
+        if not readable:
+            break
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace").strip()
+
+
+def job_processes(job_id: str, exclude: Sequence[int] = ()) -> list[int]:
+    """Pids of every process whose environment says it belongs to ``job_id``.
+
+    Found through ``TRAINGUARD_JOB_ID`` in ``/proc/PID/environ`` (readable for our
+    own processes), so a rank re-parented to init after its launcher and reaper
+    died is found too. Pids in ``exclude`` (ourselves) are skipped.
+    """
+    skip = {os.getpid(), *exclude}
+    out: list[int] = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return out
+    for name in entries:
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        if pid in skip:
+            continue
+        if read_environ(pid).get(JOB_ID_ENV) == job_id:
+            out.append(pid)
+    return sorted(out)
+
+
+def kill_processes(pids: Sequence[int], grace: float = DEFAULT_GRACE_SECONDS) -> list[int]:
+    """SIGTERM ``pids``, wait up to ``grace`` s, SIGKILL the rest; returns those still alive.
+
+    Signals go through pidfds taken first, so a recycled pid is never hit.
+    """
+    import select
+
+    fds: dict[int, int] = {}
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            fds[pid] = os.pidfd_open(pid)
+    try:
+
+        def alive() -> list[int]:
+            return [p for p, fd in fds.items() if not select.select([fd], [], [], 0)[0]]
+
+        for fd in fds.values():
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(fd, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for pid in alive():
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(fds[pid], signal.SIGKILL)
+        deadline = time.monotonic() + 5.0
+        while alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return alive()
+    finally:
+        for fd in fds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def visible_devices(devices: Sequence[Device]) -> str:
@@ -240,9 +401,12 @@ def visible_devices(devices: Sequence[Device]) -> str:
 
 __all__ = [
     "DEFAULT_GRACE_SECONDS",
+    "JOB_ID_ENV",
     "LaunchSpec",
     "LocalAttempt",
     "LocalScheduler",
     "attempt_env",
+    "job_processes",
+    "kill_processes",
     "visible_devices",
 ]
