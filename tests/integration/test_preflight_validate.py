@@ -1,6 +1,6 @@
-"""`trainguard validate` on a real SQLite store: pass -> healthy with the measurements
-recorded, each injected fault -> back to repair, the retirement rule, and no way back
-to service from repair except validation."""
+"""`trainguard validate` on a real SQLite store through the control plane: pass -> healthy
+with the measurements recorded, each injected fault -> back to repair, retirement only
+through an approval, and no way back to service from repair except validation."""
 
 from __future__ import annotations
 
@@ -15,11 +15,13 @@ from typing import Any
 import pytest
 
 from trainguard.model.devices import Device
+from trainguard.model.fleet import ApprovalState
 from trainguard.model.health import HealthState
 from trainguard.model.records import AuditKind
 from trainguard.preflight.nvsmi import parse_nvidia_smi_q
 from trainguard.signals.inventory import simulated
 from trainguard.store import Store
+from trainguard.store.fleet import FleetStore
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "nvidia-smi"
@@ -122,9 +124,13 @@ def test_each_fault_sends_the_device_back_to_repair(
     with Store.open(world["db"]) as store:
         last = store.device_history(uuid)[-1]
         (result,) = store.list_audit(kind=AuditKind.RESULT, subject=f"device:{uuid}")
+        (repair,) = FleetStore(store).list_repairs(resource_kind="device", resource_id=uuid)
     assert (last.old_state, last.new_state) == (HealthState.VALIDATING, HealthState.REPAIR)
-    assert last.reason.startswith("failed validation 1 of 3: ") and check in last.reason
+    assert result.message.startswith("validation failed: ") and check in result.message
     assert result.data["failures"][0]["check"] == check
+    # The repair record keeps the failed validation with its measurements.
+    assert repair.state.value == "open" and repair.failed_validations == 1
+    assert repair.validations[-1]["details"]["failures"][0]["check"] == check
     # A device in repair is not released by an operator: only validation returns it.
     rel = _cli("devices", "release", uuid, "--reason", "looks fine", "--state", world["db"])
     assert rel.returncode == 1 and "returns through validation" in rel.stderr
@@ -157,7 +163,9 @@ def test_pending_row_remap_from_the_driver_keeps_the_gpu_out(world: dict[str, An
     assert "device_query/row_remap_pending" in proc.stdout
     with Store.open(db) as store:
         dev = store.get_device(devs[1].uuid)
-    assert dev.state is HealthState.REPAIR and "row_remap_pending" in (dev.reason or "")
+        (result,) = store.list_audit(kind=AuditKind.RESULT, subject=f"device:{devs[1].uuid}")
+    assert dev.state is HealthState.REPAIR
+    assert [f["check"] for f in result.data["failures"]] == ["device_query/row_remap_pending"]
 
 
 @pytest.mark.slow
@@ -175,27 +183,43 @@ def test_allreduce_with_a_healthy_peer_below_threshold(world: dict[str, Any]) ->
 
 
 @pytest.mark.slow
-def test_retirement_needs_approval(world: dict[str, Any]) -> None:
+def test_retirement_needs_an_approval(world: dict[str, Any]) -> None:
     uuid = world["devs"][1].uuid
     bad = [*NO_COMPUTE, "--inject-fault", "memory"]
-    for n in (1, 2):
-        proc = _validate(world, uuid, *bad, "--json")
-        assert json.loads(proc.stdout)["failures"] == n
-    proc = _validate(world, uuid, *bad, "--json")
-    out = json.loads(proc.stdout)
-    assert (out["state"], out["failures"], out["retire_pending"]) == ("repair", 3, True)
+    first = json.loads(_validate(world, uuid, *bad, "--json").stdout)
+    assert (first["failures"], first["retire_approval"]) == (1, None)
+    proc = _validate(world, uuid, *bad)
+    assert proc.returncode == 1 and "retirement requested: approval" in proc.stdout
     with Store.open(world["db"]) as store:
-        (request,) = store.list_audit(kind=AuditKind.DECISION, subject=f"device:{uuid}")
-    assert request.data == {"request": "retire", "status": "pending_approval", "failures": 3,
-                            "max_failures": 3}  # fmt: skip
-    proc = _validate(world, uuid, *bad, "--approve-retire")
-    assert proc.returncode == 1 and "-> retired" in proc.stdout
+        (approval,) = FleetStore(store).list_approvals(state=ApprovalState.PENDING)
+    assert (approval.kind, approval.subject) == ("retire", f"device:{uuid}")
+    assert _state(world, uuid) is HealthState.REPAIR  # nothing retired without a person
+    again = json.loads(_validate(world, uuid, *bad, "--json").stdout)
+    assert again["retire_approval"] == approval.id  # one request, not one per failure
+    ok = _cli("approve", str(approval.id), "--reason", "RMA ticket 4711", "--state", world["db"])
+    assert ok.returncode == 0, ok.stderr
     assert _state(world, uuid) is HealthState.RETIRED
-    with Store.open(world["db"]) as store:
-        last = store.device_history(uuid)[-1]
-    assert last.reason == "retired after 4 failed validations; approved by tester"
-    again = _validate(world, uuid, *NO_COMPUTE)
-    assert again.returncode == 1 and "a retired device does not return" in again.stderr
+    refused = _validate(world, uuid, *NO_COMPUTE)
+    assert refused.returncode == 1 and "a retired device does not return" in refused.stderr
+
+
+def test_max_failures_is_configurable(world: dict[str, Any]) -> None:
+    uuid = world["devs"][1].uuid
+    out = json.loads(
+        _validate(
+            world,
+            uuid,
+            *NO_COMPUTE,
+            "--skip",
+            "memory",
+            "--max-failures",
+            "1",
+            "--json",
+            "--threshold",
+            "aer_corrected_max=-1",
+        ).stdout
+    )
+    assert out["state"] == "repair" and out["retire_approval"] is not None
 
 
 def test_healthy_device_interrupted_validation_and_bad_ids(world: dict[str, Any]) -> None:
@@ -215,3 +239,6 @@ def test_healthy_device_interrupted_validation_and_bad_ids(world: dict[str, Any]
     missing = _cli("validate", "0", "--state", str(world["tmp"] / "none.db"))
     assert missing.returncode == 1 and "no state database" in missing.stderr
     assert _validate(world, "1", "--max-failures", "0").returncode == 2
+    with Store.open(world["db"]) as store:
+        (repair,) = FleetStore(store).list_repairs(resource_kind="device", resource_id=d1.uuid)
+    assert repair.outcome == "validated"  # the resumed validation got its repair record

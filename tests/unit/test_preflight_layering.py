@@ -11,8 +11,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "trainguard"
 PREFLIGHT = SRC / "preflight"
 ALLOWED = {"model", "diagnose", "signals", "preflight"}
 # Parsers and rules tested with plain data: no I/O and no clock, like diagnose/.
-PURE = ("nvsmi.py", "query.py", "validation.py", "results.py", "specs.py", "faults.py",
-        "levels.py")  # fmt: skip
+PURE = ("nvsmi.py", "query.py", "results.py", "specs.py", "faults.py", "levels.py")
 
 
 def _imports(tree: ast.AST) -> set[str]:

@@ -12,7 +12,6 @@ from trainguard.preflight.faults import parse_faults
 from trainguard.preflight.levels import Level, level_spec
 from trainguard.preflight.results import CheckResult, CheckStatus, PreflightReport, judge
 from trainguard.preflight.specs import CPU_SPEC, Thresholds, device_spec, parse_overrides
-from trainguard.preflight.validation import failed_validations, validation_outcome
 from trainguard.signals.inventory import simulated
 
 H, Q, R, V = (
@@ -27,30 +26,6 @@ def _history(*moves: tuple[HealthState | None, HealthState]) -> list[HealthChang
     return [
         HealthChange(i, "GPU-x", float(i), old, new, "r", "t") for i, (old, new) in enumerate(moves)
     ]
-
-
-def test_failed_validations_count_since_the_device_was_last_healthy() -> None:
-    hist = _history((None, H), (H, Q), (Q, V), (V, R), (R, V), (V, H), (H, Q), (Q, V), (V, R))
-    assert failed_validations(hist) == 1  # the two before the pass do not count
-    assert failed_validations(hist + _history((R, V), (V, R))) == 2
-
-
-def test_validation_outcome_pass_fail_and_retirement() -> None:
-    base = _history((None, H), (H, Q), (Q, V))
-    ok = validation_outcome(True, base)
-    assert (ok.final_state, ok.failures, ok.retire_due) == (H, 0, False)
-    first = validation_outcome(False, base)
-    assert (first.final_state, first.failures, first.retire_pending) == (R, 1, False)
-    third = _history((None, H), (H, Q), (Q, V), (V, R), (R, V), (V, R), (R, V))
-    due = validation_outcome(False, third, max_failures=3)
-    assert (due.final_state, due.failures, due.retire_due, due.retire_pending) == (R, 3, True, True)
-    approved = validation_outcome(False, third, max_failures=3, approve_retire=True)
-    assert (approved.final_state, approved.retire_pending) == (HealthState.RETIRED, False)
-    # Approval alone retires nothing: the device must fail its N-th validation.
-    early = validation_outcome(False, base, max_failures=3, approve_retire=True)
-    assert early.final_state is R
-    with pytest.raises(ValueError):
-        validation_outcome(False, base, max_failures=0)
 
 
 @pytest.mark.parametrize(

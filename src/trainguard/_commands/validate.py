@@ -1,21 +1,22 @@
 """``trainguard validate ID``: run the pre-flight checks on a quarantined or repaired device.
 
-The only way back to service for a device in repair (a quarantined one may also
-be released by an operator, recorded). Steps, each recorded in the device's health
-history and the audit log:
+The way back to service for a device in repair (a quarantined one may also be
+released by an operator, on record). It goes through the control plane
+(:class:`trainguard.controller.service.ControlPlane`), so the repair record, the
+health history, the audit log and approvals stay one story:
 
-1. ``quarantined`` or ``repair`` -> ``validating`` (an interrupted validation
-   leaves the device in ``validating``, unschedulable; running ``validate`` again
-   resumes it);
+1. ``request_validation``: ``quarantined`` or ``repair`` -> ``validating``, the
+   repair record follows (a device left in ``validating`` by an interrupted run is
+   resumed: it stays unschedulable until then);
 2. the checks of ``--level`` (default ``standard``) run on the device; kernel events
    count from the moment the device entered the state it is validated from, and one
    healthy device of the same host joins the all-reduce (not judged itself);
-3. an audit ``result`` record with the measurements, then ``validating -> healthy``
-   when every check passed, else ``validating -> repair``;
-4. after ``--max-failures`` failed validations in a row (default 3) the device is
-   due for retirement: with ``--approve-retire`` it moves ``repair -> retired``;
-   without it, it stays in repair and a pending retirement request is recorded
-   (audit ``decision``; decision 0072).
+3. an audit ``result`` record with the measurements, then ``record_validation``:
+   ``validating -> healthy`` (repair closed, ``validated``) or ``validating ->
+   repair`` (the measurements kept in the repair record);
+4. after ``--max-failures`` failed validations of one repair (the control plane's
+   default, 2) a ``retire`` approval is requested; retiring happens only when a
+   person approves it (``trainguard approve ID --reason ...``; decision 0072).
 
 Exit status: 0 the device passed (now healthy); 1 it failed or cannot be
 validated; 2 usage error. :func:`validate_device` is the API behind the command.
@@ -41,20 +42,22 @@ from trainguard._commands.preflight import (
 
 if TYPE_CHECKING:
     from trainguard.model.records import DeviceRecord
-    from trainguard.preflight import PreflightOptions, PreflightReport, ValidationOutcome
+    from trainguard.preflight import PreflightOptions, PreflightReport
     from trainguard.store import Store
-
 
 DESCRIPTION = """\
 Validate a quarantined or repaired device: move it to validating, run the
 pre-flight checks on it (default level standard; kernel events since it was taken
 out of service; a healthy device of the same host joins the all-reduce), record
 the measurements, then healthy when every check passed, else back to repair.
-After --max-failures failed validations in a row (default 3) retirement is due:
-with --approve-retire the device is retired, otherwise a pending retirement
-request is recorded. A device left in validating by an interrupted run is resumed.
+After --max-failures failed validations of one repair (default: the control
+plane's, 2) a retire approval is requested; `trainguard approve ID --reason ...`
+retires the device. A device left in validating by an interrupted run is resumed.
 Exit status: 0 passed (healthy), 1 failed or cannot be validated, 2 usage error.
 """
+
+# States validation starts from (validating: an interrupted validation, resumed).
+VALIDATABLE = ("quarantined", "repair", "validating")
 
 
 def _default_actor() -> str:
@@ -78,14 +81,10 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--max-failures",
         type=int,
-        default=3,
+        default=None,
         metavar="N",
-        help="failed validations in a row before retirement is due (default 3)",
-    )
-    p.add_argument(
-        "--approve-retire",
-        action="store_true",
-        help="approve retirement: a device failing its N-th validation becomes retired",
+        help="failed validations of one repair before a retire approval is requested "
+        "(default: the control plane's, 2)",
     )
     add_check_options(p, default_level="standard")
     p.set_defaults(func=handle)
@@ -98,7 +97,10 @@ class ValidationResult:
     uuid: str
     previous_state: str
     state: str
-    outcome: ValidationOutcome
+    passed: bool
+    failures: int  # failed validations of the device's current repair record
+    repair_id: int | None
+    retire_approval: int | None  # a pending ``retire`` approval, when one was requested
     report: PreflightReport
 
     def to_json(self) -> dict[str, Any]:
@@ -106,10 +108,10 @@ class ValidationResult:
             "uuid": self.uuid,
             "previous_state": self.previous_state,
             "state": self.state,
-            "passed": self.outcome.passed,
-            "failures": self.outcome.failures,
-            "retire_due": self.outcome.retire_due,
-            "retire_pending": self.outcome.retire_pending,
+            "passed": self.passed,
+            "failures": self.failures,
+            "repair_id": self.repair_id,
+            "retire_approval": self.retire_approval,
             "report": self.report.to_json(),
         }
 
@@ -137,21 +139,25 @@ def validate_device(
     options: PreflightOptions,
     *,
     actor: str,
-    max_failures: int = 3,
-    approve_retire: bool = False,
+    max_failures: int | None = None,
     clock: Any = time.time,
     local_hosts: frozenset[str] | None = None,
 ) -> ValidationResult:
-    """Validate one device through the store (see the module docstring)."""
+    """Validate one device through the control plane (see the module docstring)."""
+    from trainguard.controller.service import ControlConfig, ControlPlane
+    from trainguard.model.fleet import ApprovalState
     from trainguard.model.health import HealthState
     from trainguard.model.records import AuditKind
-    from trainguard.preflight import run_preflight, validation_outcome
+    from trainguard.preflight import run_preflight
     from trainguard.preflight.results import measurements
-    from trainguard.preflight.validation import VALIDATABLE
 
+    config = ControlConfig()
+    if max_failures is not None:
+        config = replace(config, validation_failures_to_retire=max_failures)
+    control = ControlPlane(store, None, clock, config=config)
     rec = store.get_device(uuid)
     previous = rec.state
-    if previous not in VALIDATABLE:
+    if previous.value not in VALIDATABLE:
         hint = (
             "it is in service; check it with `trainguard preflight`"
             if previous.schedulable
@@ -168,11 +174,17 @@ def validate_device(
         )
     since = _window_start(store, rec)
     if previous is not HealthState.VALIDATING:
-        store.transition_device(
-            uuid, HealthState.VALIDATING,
-            f"validation requested (level {options.level}) by {actor}", actor, clock(),
+        control.request_validation(
+            f"device:{uuid}", actor, f"validation requested (level {options.level}) by {actor}"
+        )
+    elif control.fleet.open_repair_for("device", uuid) is None:
+        # Put into validating by hand or by an older version: give it its repair record.
+        control.fleet.open_repair(
+            resource_kind="device", resource_id=uuid,
+            what_failed="validation resumed without a recorded failure",
+            recommended="run validation", evidence=[], at=clock(), actor=actor,
+            host=rec.device.host,
         )  # fmt: skip
-    history = store.device_history(uuid)
     if options.kernel_since is None:
         options = replace(options, kernel_since=since)
     if not options.peers:
@@ -186,14 +198,11 @@ def validate_device(
         options = replace(options, peers=tuple(peers[:1]))
     report = run_preflight([rec.device], replace(options, dry_run_command=()))
     passed = report.device_passed(uuid)
-    outcome = validation_outcome(
-        passed, history, max_failures=max_failures, approve_retire=approve_retire
-    )
-    now = clock()
     summary = report.summary(uuid)
     data = {
         "level": report.level,
         "passed": passed,
+        "summary": summary,
         "backend": report.backend,
         "host": report.host,
         "failures": [
@@ -202,47 +211,35 @@ def validate_device(
             if r.device in (uuid, None)
         ],
         "measurements": measurements(report, uuid),
-        "validation_failures": outcome.failures,
         "injected_faults": list(report.injected_faults),
         "notes": list(report.notes),
     }
     with store.transaction():
         store.append_audit(
-            now, actor, AuditKind.RESULT, f"device:{uuid}",
+            clock(), actor, AuditKind.RESULT, f"device:{uuid}",
             f"validation {'passed' if passed else 'failed'}: {summary}", data,
         )  # fmt: skip
-        if passed:
-            store.transition_device(uuid, HealthState.HEALTHY, f"passed validation: {summary}",
-                                    actor, now)  # fmt: skip
-        else:
-            store.transition_device(
-                uuid, HealthState.REPAIR,
-                f"failed validation {outcome.failures} of {max_failures}: {summary}", actor, now,
-            )  # fmt: skip
-            if outcome.final_state is HealthState.RETIRED:
-                store.transition_device(
-                    uuid, HealthState.RETIRED,
-                    f"retired after {outcome.failures} failed validations; approved by {actor}",
-                    actor, now,
-                )  # fmt: skip
-            elif outcome.retire_pending:
-                store.append_audit(
-                    now, actor, AuditKind.DECISION, f"device:{uuid}",
-                    f"retirement requested: {outcome.failures} failed validations (limit "
-                    f"{max_failures}); pending approval (`trainguard validate {uuid} "
-                    "--approve-retire`)",
-                    {"request": "retire", "status": "pending_approval",
-                     "failures": outcome.failures, "max_failures": max_failures},
-                )  # fmt: skip
+        repair = control.record_validation(f"device:{uuid}", passed, actor, details=data)
+    approval = next(
+        (
+            a.id
+            for a in control.approvals(ApprovalState.PENDING)
+            if a.kind == "retire" and a.subject == f"device:{uuid}"
+        ),
+        None,
+    )
     final = store.get_device(uuid)
-    return ValidationResult(uuid, previous.value, final.state.value, outcome, report)
+    return ValidationResult(
+        uuid, previous.value, final.state.value, passed,
+        0 if passed else repair.failed_validations, repair.id, approval, report,
+    )  # fmt: skip
 
 
 def handle(args: argparse.Namespace) -> int:
     from trainguard.model.statemachine import IllegalTransition
     from trainguard.store import NotFound, Store, StoreError
 
-    if args.max_failures < 1:
+    if args.max_failures is not None and args.max_failures < 1:
         return error("--max-failures must be at least 1", 2)
     try:
         options = build_options(args, now=time.time())
@@ -265,9 +262,8 @@ def handle(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
             result = validate_device(
-                store, rec.uuid, options, actor=actor, max_failures=args.max_failures,
-                approve_retire=args.approve_retire,
-            )  # fmt: skip
+                store, rec.uuid, options, actor=actor, max_failures=args.max_failures
+            )
         except (NotFound, CannotValidate, IllegalTransition) as exc:
             return error(str(exc))
     if args.report:
@@ -279,11 +275,13 @@ def handle(args: argparse.Namespace) -> int:
         print_json(result.to_json())
     else:
         print_report(result.report)
-        o = result.outcome
         line = f"device {result.uuid}: {result.previous_state} -> validating -> {result.state}"
-        if not o.passed:
-            line += f" (failed validation {o.failures} of {args.max_failures})"
-        if o.retire_pending:
-            line += "; retirement due: pending approval (--approve-retire)"
+        if not result.passed:
+            line += f" (failed validation {result.failures} of repair {result.repair_id})"
+        if result.retire_approval is not None:
+            line += (
+                f"; retirement requested: approval {result.retire_approval} pending "
+                f"(`trainguard approve {result.retire_approval} --reason ...`)"
+            )
         print(line)
-    return 0 if result.outcome.passed else 1
+    return 0 if result.passed else 1

@@ -11,8 +11,8 @@ imports this package without torch.
 * :class:`PreflightOptions` says which level, backend, thresholds, kernel log,
   ``nvidia-smi -q`` capture, DCGM binary, dry-run command and injected faults;
 * :func:`parse_nvidia_smi_q` and :func:`parse_dcgmi_diag` are the pure parsers;
-* :func:`validation_outcome` decides what a validation result does to a device's
-  health (pure; ``trainguard validate`` applies it through the store).
+* :func:`trainguard.preflight.gate.preflight_gate` is what ``trainguard run
+  --preflight`` calls; ``trainguard validate`` reports through the control plane.
 
 See ``docs/preflight.md``.
 """
@@ -27,7 +27,6 @@ from trainguard.preflight.query import GpuQuery
 from trainguard.preflight.results import CheckResult, CheckStatus, PreflightReport
 from trainguard.preflight.runner import CHECKS, DEVICE_CHECKS, PreflightOptions, run_preflight
 from trainguard.preflight.specs import KNOWN_DEVICES, Thresholds, device_spec, parse_overrides
-from trainguard.preflight.validation import ValidationOutcome, validation_outcome
 
 __all__ = [
     "CHECKS",
@@ -44,7 +43,6 @@ __all__ = [
     "PreflightOptions",
     "PreflightReport",
     "Thresholds",
-    "ValidationOutcome",
     "device_spec",
     "level_spec",
     "parse_dcgmi_diag",
@@ -52,5 +50,4 @@ __all__ = [
     "parse_nvidia_smi_q",
     "parse_overrides",
     "run_preflight",
-    "validation_outcome",
 ]
