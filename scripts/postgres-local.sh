@@ -65,6 +65,11 @@ case "$cmd" in
 up)
     if [ "$(id -u)" = "0" ]; then
         chown postgres: "$dir"
+        if ! runuser -u postgres -- test -w "$dir"; then
+            echo "postgres-local: the postgres user cannot reach $dir (a parent directory" \
+                "is private); use a directory under /tmp or set TRAINGUARD_PG_DIR" >&2
+            exit 1
+        fi
     fi
     if [ ! -f "$data/PG_VERSION" ]; then
         rm -rf "$data"

@@ -70,12 +70,19 @@ from trainguard.model.fleet import (
     BreakerState,
     EffectiveMode,
     FleetJob,
+    PolicyDocument,
     Scope,
     ScopeKind,
     action_key,
 )
 from trainguard.model.health import HealthState
-from trainguard.model.plan import DeviceStatus, Mode, PriorFailure, RecoverySnapshot
+from trainguard.model.plan import (
+    DeviceStatus,
+    Mode,
+    PriorFailure,
+    RecoveryPolicy,
+    RecoverySnapshot,
+)
 from trainguard.model.records import (
     AttemptRecord,
     AttemptState,
@@ -236,6 +243,7 @@ class Reconciler:
         self._outputs: dict[tuple[str, int], _OutputState] = {}
         self._progress = ProgressLineParser(self.config.progress_pattern)
         self.last_report: PassReport | None = None
+        self._policy_cache: dict[str, PolicyDocument | None] = {}
 
     @property
     def identity(self) -> str:
@@ -265,6 +273,7 @@ class Reconciler:
         return report
 
     def _pass(self, fence: Fence, report: PassReport) -> None:
+        self._policy_cache = {}
         if self.scheduler is not None:
             obs = self.scheduler.observe()
             self._sync_inventory(obs)
@@ -342,12 +351,14 @@ class Reconciler:
             for a in self.fleet.list_actions()
             if a.state is ActionState.INTENDED and a.type == "quarantine"
         }
+        # Two reads for the whole fleet, not one per device (a pass runs every second).
+        stored_devices = {r.uuid: r for r in self.store.list_devices()}
+        stored_nodes = {n.name: n for n in self.fleet.list_nodes()}
         for node in obs.nodes.values():
             held = set(node.quarantined_devices)
             for d in node.devices:
-                try:
-                    rec = self.store.get_device(d.uuid)
-                except NotFound:
+                rec = stored_devices.get(d.uuid)
+                if rec is None:
                     continue
                 if rec.state in _UNSCHEDULABLE and d.uuid not in held:
                     self._sync_call(
@@ -376,9 +387,8 @@ class Reconciler:
                             token=fence.token,
                         ),
                     )
-            try:
-                stored = self.fleet.get_node(node.name)
-            except NotFound:
+            stored = stored_nodes.get(node.name)
+            if stored is None:
                 continue
             node_in_flight = node.name in in_flight
             if stored.state in _UNSCHEDULABLE and node.phase is NodePhase.UP:
@@ -773,14 +783,18 @@ class Reconciler:
 
     # --- policy, mode, snapshot ------------------------------------------------------
 
-    def policy_document(self, fj: FleetJob) -> Any:
-        default = self.fleet.get_policy(DEFAULT_POLICY)
-        own = self.fleet.get_policy(fj.policy) if fj.policy else None
-        base = parse_policy(default) if default else None
-        doc = parse_policy(own) if own else None
-        return merge(base, doc)
+    def policy_document(self, fj: FleetJob) -> PolicyDocument | None:
+        """The job's document over the operator default (read once per pass)."""
+        key = fj.policy or ""
+        if key not in self._policy_cache:
+            default = self.fleet.get_policy(DEFAULT_POLICY)
+            own = self.fleet.get_policy(fj.policy) if fj.policy else None
+            base = parse_policy(default) if default else None
+            doc = parse_policy(own) if own else None
+            self._policy_cache[key] = merge(base, doc)
+        return self._policy_cache[key]
 
-    def _policy(self, fj: FleetJob, job: JobRecord) -> Any:
+    def _policy(self, fj: FleetJob, job: JobRecord) -> RecoveryPolicy:
         return resolve(self.policy_document(fj), need=job.need, min_need=job.min_need)
 
     def effective_mode(
