@@ -19,6 +19,7 @@ ALLOWED: dict[str, set[str]] = {
     "store": {"model"},
     "schedulers": {"model", "signals", "diagnose"},
     "simulate": {"model", "policy", "checkpoints", "diagnose"},
+    "preflight": {"model", "diagnose", "signals"},
 }
 HIGHER = {"api", "cli", "_commands"}
 
