@@ -81,7 +81,15 @@ from trainguard.model.plan import (
 )
 from trainguard.model.records import AttemptState, AuditKind, IncidentState, JobState
 from trainguard.policy import decide
-from trainguard.schedulers.local import LaunchSpec, LocalAttempt, LocalScheduler
+from trainguard.schedulers.local import (
+    LaunchSpec,
+    LocalAttempt,
+    LocalScheduler,
+    identity_alive,
+    job_processes,
+    kill_processes,
+    process_identity,
+)
 from trainguard.signals.inventory import InventoryError, load
 from trainguard.signals.kernel_log import KernelLine, open_kernel_log
 from trainguard.signals.output import OutputClosed, OutputLine
@@ -96,6 +104,17 @@ TAIL_LINES = 200
 SHUTDOWN_ALLOWANCE_S = 60.0  # after a clean rank exit, how long the rest may take to end
 PROGRESS_WRITE_SECONDS = 1.0
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+# Test hook: SIGKILL ourselves at a named point of a recovery (tests/integration/
+# test_run_crash.py). Points: after_plan_persisted, after_quarantine_intent,
+# after_quarantine, before_restart, after_restart_launch.
+CRASH_AT_ENV = "TRAINGUARD_TEST_CRASH_AT"
+SUPERVISOR_DIED = "supervisor died"
+
+
+def crash_point(name: str) -> None:
+    """Die here, as a SIGKILL would, when ``TRAINGUARD_TEST_CRASH_AT`` names this point."""
+    if name in os.environ.get(CRASH_AT_ENV, "").split(","):
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 @dataclass(frozen=True)
@@ -257,6 +276,9 @@ class RunController:
         self.restarts_total = 0
         self.last_failed_step: int | None = None
         self.incidents: list[int] = []
+        # Resources quarantined per incident: RecoverySnapshot.isolated when the same
+        # incident is decided again (its restart did not verify), decision 0111.
+        self.isolated: dict[int, list[str]] = {}
         self.baseline_rate: float | None = None
         self.progress_parser = ProgressLineParser(options.progress_pattern)
         self.scheduler = LocalScheduler(self.events.put, clock)
@@ -285,6 +307,7 @@ class RunController:
         message: str,
         data: dict[str, Any] | None = None,
         incident_id: int | None = None,
+        job_id: str | None = None,
     ) -> int:
         return self.db.append_audit(
             self.clock(),
@@ -293,7 +316,7 @@ class RunController:
             subject,
             message,
             data or {},
-            job_id=self.job_id or None,
+            job_id=job_id or self.job_id or None,
             incident_id=incident_id,
         )
 
@@ -339,6 +362,11 @@ class RunController:
             if not inv.found:
                 self.say(f"{inv.message}; running without device management")
             self.db.register_devices(self.inventory, at=now, actor=ACTOR)
+            problem = self._recover_abandoned()
+            if problem is not None:
+                self.say(problem)
+                return RunResult("", EXIT_STOPPED, JobState.STOPPED, problem)
+            now = self.clock()  # the job starts after the clean-up
             if o.preflight and self.inventory:
                 self._preflight(o.preflight)
             statuses = self.device_statuses()
@@ -355,6 +383,15 @@ class RunController:
                 actor=ACTOR,
             )
             self.job_id = job.id
+            me = process_identity()
+            # Who supervises the job: how the next `trainguard run` on this state tells a
+            # job left open by a dead supervisor from one still supervised (decision 0114).
+            self.audit(
+                AuditKind.NOTE,
+                f"job:{job.id}",
+                f"supervised by trainguard run (pid {me['pid']} on {me['host']})",
+                {"supervisor": me},
+            )
             self.log_dir = o.log_dir or os.path.join(
                 os.path.dirname(os.path.abspath(o.state)), "logs", job.id
             )
@@ -388,6 +425,165 @@ class RunController:
             shutil.rmtree(sock_dir, ignore_errors=True)
             if self.store is not None:
                 self.store.close()
+
+    # --- a supervisor that died before us (decision 0114) ------------------------------
+
+    def _recover_abandoned(self) -> str | None:
+        """Close what a dead ``trainguard run`` left open on this state, before starting.
+
+        A job is ours to close when its supervisor record names a process on this
+        host that no longer runs (pid, boot id and start time, so a reused pid does
+        not count). For each: its leftover processes are stopped (found by
+        ``TRAINGUARD_JOB_ID``, wherever they were re-parented), every intent
+        without a result gets an explicit ``abandoned`` result, the quarantines of
+        a persisted plan are completed (isolation must not be lost: the next start
+        must not land on the hardware the plan took out), and attempts, incidents
+        and the job are closed as stopped, reason "supervisor died". Returns a
+        message when it is not safe to start (a leftover process would not die).
+        """
+        for job in self.db.list_jobs():
+            if job.state.terminal:
+                continue
+            sup = self._supervisor_of(job.id)
+            if sup is None:
+                continue  # not a `trainguard run` job (serve), or from before 0114
+            alive = identity_alive(sup)
+            if alive is None:
+                self.say(f"job {job.id} is supervised from host {sup.get('host')}: left alone")
+                continue
+            if alive:
+                continue  # another trainguard run supervises it right now
+            problem = self._close_abandoned(job.id, job.mode, sup)
+            if problem is not None:
+                return problem
+        return None
+
+    def _supervisor_of(self, job_id: str) -> dict[str, Any] | None:
+        for ev in self.db.list_audit(subject=f"job:{job_id}", kind=AuditKind.NOTE):
+            sup = ev.data.get("supervisor") if isinstance(ev.data, dict) else None
+            if isinstance(sup, dict) and sup.get("pid") is not None:
+                return sup
+        return None
+
+    def _close_abandoned(self, job_id: str, mode: str, sup: dict[str, Any]) -> str | None:
+        who = f"pid {sup.get('pid')} on {sup.get('host')}"
+        reason = f"{SUPERVISOR_DIED}: trainguard run ({who}) ended without closing the job"
+        self.say(f"job {job_id} was left open by a supervisor that died ({who}); closing it")
+        # Intents without a result, before this recovery adds its own.
+        intents = self.db.list_audit(job_id=job_id, kind=AuditKind.INTENT)
+        answered = {
+            r.data.get("intent_id")
+            for r in self.db.list_audit(job_id=job_id, kind=AuditKind.RESULT)
+            if isinstance(r.data, dict)
+        }
+        unanswered = [i for i in intents if i.id not in answered and i.actor == ACTOR]
+
+        # 1. Nothing of the job may keep running: the watchdog normally saw to that.
+        pids = job_processes(job_id)
+        groups = sorted(
+            {
+                int(ev.data["pgid"])
+                for ev in self.db.list_audit(job_id=job_id, kind=AuditKind.RESULT)
+                if isinstance(ev.data, dict) and ev.data.get("pgid") is not None
+            }
+        )
+        subject = f"job:{job_id}"
+        intent = self.audit(
+            AuditKind.INTENT,
+            subject,
+            f"stop leftover processes of job {job_id} (process groups "
+            f"{', '.join(map(str, groups)) or 'none recorded'}): "
+            + (", ".join(map(str, pids)) or "none running"),
+            {"pids": pids, "pgids": groups, "supervisor": sup},
+            job_id=job_id,
+        )
+        left = kill_processes(pids, self.opt.grace) if pids else []
+        left += [p for p in job_processes(job_id) if p not in left]
+        self.audit(
+            AuditKind.RESULT,
+            subject,
+            (f"stopped {len(pids)} leftover process(es)" if pids else "no leftover process")
+            + (f"; still running: {', '.join(map(str, left))}" if left else ""),
+            {"intent_id": intent, "stopped": [p for p in pids if p not in left], "left": left},
+            job_id=job_id,
+        )
+        if left:
+            return (
+                f"processes {', '.join(map(str, left))} of job {job_id} (left by a supervisor "
+                "that died) would not stop; not starting the job a second time"
+            )
+
+        # 2. Every intent gets its result, if only "abandoned".
+        for ev in unanswered:
+            seen = self._observe_subject(ev.subject)
+            self.audit(
+                AuditKind.RESULT,
+                ev.subject,
+                f"abandoned: {ev.message} ({SUPERVISOR_DIED} before recording the result"
+                + (f"; now {seen}" if seen else "")
+                + ")",
+                {"intent_id": ev.id, "abandoned": True, "reason": SUPERVISOR_DIED,
+                 "observed": seen},
+                ev.incident_id,
+                job_id=job_id,
+            )  # fmt: skip
+
+        # 3. Isolation a persisted plan asked for is completed; then the incidents close.
+        attempts = self.db.list_attempts(job_id)
+        known = {d.uuid: d for a in attempts for d in a.devices}
+        known.update({d.uuid: d for d in self.inventory})
+        for inc in self.db.list_incidents(job_id=job_id):
+            if inc.state.terminal:
+                continue
+            actions = (inc.plan or {}).get("actions", []) if mode == Mode.ACT.value else []
+            for a in actions:
+                if not isinstance(a, dict) or a.get("type") != "quarantine":
+                    continue
+                q = Quarantine(
+                    str(a.get("resource_kind", "device")),
+                    str(a.get("resource_id")),
+                    str(a.get("reason") or "plan of a job whose supervisor died"),
+                )
+                self._do_quarantine(
+                    inc.id,
+                    q,
+                    job_id=job_id,
+                    hosts_devices=tuple(known.values()),
+                    note=f" (plan {inc.plan_generation}, completed after the {SUPERVISOR_DIED})",
+                )
+            self.db.update_incident(
+                inc.id, at=self.clock(), state=IncidentState.STOPPED, reason=reason, actor=ACTOR
+            )
+        for att in attempts:
+            if not att.state.terminal:
+                self.db.finish_attempt(
+                    job_id,
+                    att.number,
+                    AttemptState.STOPPED,
+                    at=self.clock(),
+                    reason=reason,
+                    actor=ACTOR,
+                )
+        job = self.db.get_job(job_id)
+        if not job.state.terminal:
+            self.db.update_job_state(
+                job_id, JobState.STOPPED, at=self.clock(), reason=reason, actor=ACTOR
+            )
+        return None
+
+    def _observe_subject(self, subject: str) -> str:
+        """What the world says now about an abandoned intent's subject (level-based)."""
+        kind, _, ident = subject.partition(":")
+        try:
+            if kind == "device":
+                return f"device {ident} is {self.db.get_device_state(ident).value}"
+            if kind == "attempt":
+                job_id, _, number = ident.rpartition("/")
+                rec = self.db.get_attempt(job_id, int(number))
+                return f"attempt {number} is {rec.state.value}, none of its processes running"
+        except Exception:  # a subject we cannot look up: say nothing rather than fail
+            return ""
+        return ""
 
     def _preflight(self, level: str) -> None:
         """``--preflight LEVEL``: check the schedulable devices before the first attempt;
@@ -471,7 +667,7 @@ class RunController:
             grace=o.grace,
         )
         subject = f"attempt:{self.job_id}/{number}"
-        self.audit(
+        intent = self.audit(
             AuditKind.INTENT,
             subject,
             f"launch attempt {number} on {len(devices)} device(s)"
@@ -483,7 +679,10 @@ class RunController:
             launch = self.scheduler.launch(spec)
         except OSError as exc:
             self.say(f"cannot start {o.command[0]}: {exc}")
-            self.audit(AuditKind.RESULT, subject, f"launch failed: {exc}", None, incident_id)
+            self.audit(
+                AuditKind.RESULT, subject, f"launch failed: {exc}", {"intent_id": intent},
+                incident_id,
+            )  # fmt: skip
             return None
         started = launch.started_at
         self.db.start_attempt(
@@ -499,9 +698,15 @@ class RunController:
         self.audit(
             AuditKind.RESULT,
             subject,
-            f"attempt {number} started (pid {launch.pid}), CUDA_VISIBLE_DEVICES="
-            + ",".join(str(d.index) for d in devices),
-            {"pid": launch.pid},
+            f"attempt {number} started (pid {launch.launcher_pid}, process group "
+            f"{launch.pgid}), CUDA_VISIBLE_DEVICES=" + ",".join(str(d.index) for d in devices),
+            {
+                "intent_id": intent,
+                "pid": launch.launcher_pid,
+                "pgid": launch.pgid,
+                "watchdog_pid": launch.pid,
+                "supervisor_pid": os.getpid(),
+            },
             incident_id,
         )
         hang = HangDetector(
@@ -943,6 +1148,7 @@ class RunController:
                 signature=attribution.signature,
                 domain=attribution.domain.value,
                 kind=attribution.kind.value,
+                culprit=attribution.culprit,
             )
         )
         env = dict(att.env)
@@ -961,9 +1167,11 @@ class RunController:
             checkpoints=select_checkpoints(o.checkpoint_dir, o.checkpoint_verify),
             history=tuple(self.history),
             env=env,
+            isolated=tuple(self.isolated.get(incident_id, ())),
         )
         plan = decide(snapshot)
         self.db.record_plan(incident_id, plan.to_dict(), at=self.clock(), actor=ACTOR)
+        crash_point("after_plan_persisted")
         if o.mode is Mode.OBSERVE:
             return self._observe(att, incident_id, plan)
         return self._act(att, incident_id, plan, attribution, failed_step, user_env=env)
@@ -1003,6 +1211,8 @@ class RunController:
         for action in plan.actions:
             if isinstance(action, Quarantine):
                 quarantined += self._do_quarantine(incident_id, action)
+                self.isolated.setdefault(incident_id, []).append(action.resource_id)
+                crash_point("after_quarantine")
             elif isinstance(action, Restart):
                 if quarantined:
                     self.db.update_incident(
@@ -1023,22 +1233,38 @@ class RunController:
                 return self._do_stop(att, incident_id, action)
         return self._do_stop(att, incident_id, Stop(reason="the plan has no restart"))
 
-    def _do_quarantine(self, incident_id: int, action: Quarantine) -> list[str]:
-        targets: list[str] = []
+    def _do_quarantine(
+        self,
+        incident_id: int,
+        action: Quarantine,
+        job_id: str | None = None,
+        hosts_devices: Sequence[Device] | None = None,
+        note: str = "",
+    ) -> list[str]:
+        """Quarantine a device, or every device of a host, with intent and result audited.
+
+        Level-based: a device already out of service is left as it is (result
+        ``already <state>``), so doing it again after a crash is harmless.
+        """
+        job_id = job_id or self.job_id
         if action.resource_kind == "device":
             targets = [action.resource_id]
         else:
-            targets = [d.uuid for d in self.inventory if d.host == action.resource_id]
+            pool = self.inventory if hosts_devices is None else hosts_devices
+            targets = [d.uuid for d in pool if d.host == action.resource_id]
         done: list[str] = []
         for uuid in targets:
             subject = f"device:{uuid}"
-            self.audit(
+            intent = self.audit(
                 AuditKind.INTENT,
                 subject,
-                f"quarantine {uuid}: {action.reason}",
-                {"reason": action.reason},
+                f"quarantine {uuid}: {action.reason}{note}",
+                {"reason": action.reason, "resource_kind": action.resource_kind,
+                 "resource_id": action.resource_id},
                 incident_id,
-            )
+                job_id=job_id,
+            )  # fmt: skip
+            crash_point("after_quarantine_intent")
             state = self.db.get_device_state(uuid)
             if state in (HealthState.HEALTHY, HealthState.SUSPECT):
                 self.db.transition_device(
@@ -1047,7 +1273,7 @@ class RunController:
                     action.reason[:400],
                     ACTOR,
                     self.clock(),
-                    job_id=self.job_id,
+                    job_id=job_id,
                     incident_id=incident_id,
                 )
                 result = "quarantined"
@@ -1061,13 +1287,14 @@ class RunController:
                     "resource_id": uuid,
                     "reason": action.reason,
                     "result": result,
-                    "summary": f"device {uuid} {result}",
+                    "summary": f"device {uuid} {result}{note}",
+                    "intent_id": intent,
                 },
                 at=self.clock(),
                 actor=ACTOR,
                 audit_kind=AuditKind.RESULT,
             )
-            self.say(f"device {uuid} {result}")
+            self.say(f"device {uuid} {result}{note}")
             done.append(uuid)
         return done
 
@@ -1075,9 +1302,14 @@ class RunController:
         """Stop the attempt's process tree (if still running) and record its end."""
         subject = f"attempt:{self.job_id}/{att.number}"
         if att.launch.running():
-            self.audit(AuditKind.INTENT, subject, f"stop attempt {att.number}: {reason}")
+            intent = self.audit(AuditKind.INTENT, subject, f"stop attempt {att.number}: {reason}")
             code = att.launch.stop(self.opt.grace)
-            self.audit(AuditKind.RESULT, subject, f"attempt {att.number} stopped (exit {code})")
+            self.audit(
+                AuditKind.RESULT,
+                subject,
+                f"attempt {att.number} stopped (exit {code})",
+                {"intent_id": intent},
+            )
         att.launch.wait_closed(2.0)
         if att.steps.last_step is not None and att.steps.last_at is not None:
             self.db.update_attempt_progress(
@@ -1126,6 +1358,7 @@ class RunController:
                 held.append(ev)  # kernel lines etc. still matter to the next attempt
             for ev in held:
                 self.events.put(ev)
+        crash_point("before_restart")
         by_uuid = {d.uuid: d for d in self.inventory}
         devices = tuple(by_uuid[u] for u in action.devices if u in by_uuid)
         ckpt = action.checkpoint
@@ -1146,6 +1379,7 @@ class RunController:
         new = self._launch(number, devices, ckpt, dict(action.env), incident_id)
         if new is None:
             return self._stop_job(incident_id, "the command could not be restarted", EXIT_STOPPED)
+        crash_point("after_restart_launch")
         self.db.add_incident_action(
             incident_id,
             {

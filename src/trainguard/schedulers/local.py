@@ -36,6 +36,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -360,6 +361,67 @@ def job_processes(job_id: str, exclude: Sequence[int] = ()) -> list[int]:
     return sorted(out)
 
 
+def _boot_id() -> str | None:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            return fh.read().strip() or None
+    except OSError:
+        return None
+
+
+def _start_ticks(pid: int) -> int | None:
+    """A process's start time in clock ticks since boot (``/proc/PID/stat`` field 22)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read().decode(errors="replace")
+        return int(stat[stat.rfind(")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def process_identity(pid: int | None = None) -> dict[str, Any]:
+    """Who a process is, durably: pid, host, boot id and start time (decision 0114).
+
+    pid alone is not an identity: pids are reused. With the boot id and the start
+    time, :func:`identity_alive` can tell the very same process from a newcomer.
+    """
+    pid = os.getpid() if pid is None else pid
+    return {
+        "pid": pid,
+        "host": socket.gethostname(),
+        "boot_id": _boot_id(),
+        "start_ticks": _start_ticks(pid),
+    }
+
+
+def identity_alive(ident: Mapping[str, Any]) -> bool | None:
+    """Whether the process ``ident`` describes is still running.
+
+    ``None`` when it cannot be told from here (another host); ``False`` when the
+    host rebooted since, the pid is gone, or the pid now belongs to another process.
+    """
+    if ident.get("host") != socket.gethostname():
+        return None
+    boot = _boot_id()
+    if ident.get("boot_id") and boot and ident.get("boot_id") != boot:
+        return False
+    try:
+        pid = int(ident["pid"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    ticks = _start_ticks(pid)
+    if ticks is None:
+        return False
+    if ident.get("start_ticks") is not None and ticks != ident.get("start_ticks"):
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            state = fh.read().decode(errors="replace").rsplit(") ", 1)[1][:1]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
 def kill_processes(pids: Sequence[int], grace: float = DEFAULT_GRACE_SECONDS) -> list[int]:
     """SIGTERM ``pids``, wait up to ``grace`` s, SIGKILL the rest; returns those still alive.
 
@@ -406,7 +468,9 @@ __all__ = [
     "LocalAttempt",
     "LocalScheduler",
     "attempt_env",
+    "identity_alive",
     "job_processes",
     "kill_processes",
+    "process_identity",
     "visible_devices",
 ]

@@ -1,0 +1,249 @@
+"""``trainguard run`` SIGKILLed mid-job and at each step of a recovery (decision 0114).
+
+A small torchrun-like job (a launcher starting two "ranks" in sessions of their
+own, ``LOCAL_RANK``/``RANK`` set, progress lines from rank 0) runs under a real
+``trainguard run``. Rank 1 logs an XID 79 for its device and dies; trainguard
+SIGKILLs itself at the point ``TRAINGUARD_TEST_CRASH_AT`` names (or the test kills
+it mid-job). Then:
+
+* no rank survives (the watchdog, decision 0113);
+* the next ``trainguard run`` on the same state closes the dead supervisor's job,
+  attempts and incident as stopped, "supervisor died", gives every intent a
+  result (an explicit "abandoned" one where none was recorded), keeps or
+  completes the quarantine of the XID's device — and starts the job exactly once,
+  never on that device.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainguard.model import HealthState
+from trainguard.schedulers.local import job_processes
+from trainguard.signals.inventory import simulated
+from trainguard.store import Store
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+LAUNCHER = """
+    # A stand-in for torchrun: ranks in sessions of their own, the first failure ends all.
+    import os, subprocess, sys, time
+    here = os.path.dirname(os.path.abspath(__file__))
+    ranks = [
+        subprocess.Popen([sys.executable, os.path.join(here, "rank.py"), *sys.argv[1:]],
+                         env=dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2"),
+                         start_new_session=True)
+        for r in range(2)
+    ]
+    while True:
+        codes = [p.poll() for p in ranks]
+        if all(c == 0 for c in codes):
+            sys.exit(0)
+        if any(c not in (None, 0) for c in codes):
+            for p in ranks:
+                if p.poll() is None:
+                    p.terminate()
+            sys.exit(1)
+        time.sleep(0.05)
+"""
+
+RANK = """
+    import json, os, signal, sys, time
+    records, kern, fault_step, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    rank = int(os.environ["RANK"])
+    attempt = os.environ["TRAINGUARD_ATTEMPT"]
+    with open(os.path.join(records, f"attempt{attempt}-rank{rank}.json"), "w") as fh:
+        json.dump({"pid": os.getpid(), "devices": os.environ["CUDA_VISIBLE_DEVICES"]}, fh)
+    marker = os.path.join(records, "..", "fault.done")
+    for step in range(1, steps + 1):
+        if rank == 1 and step == fault_step and not os.path.exists(marker):
+            open(marker, "w").close()  # one fault, whatever the attempt or run
+            dev = json.loads(os.environ["TRAINGUARD_DEVICES"])[1]
+            with open(kern, "a") as fh:
+                fh.write("NVRM: Xid (PCI:" + dev["pci_bus_id"][:-2] + "): 79, pid="
+                         + str(os.getpid()) + ", name=python, GPU has fallen off the bus.\\n")
+            time.sleep(0.3)
+            os.kill(os.getpid(), signal.SIGKILL)
+        if rank == 0:
+            print(f"step={step}", flush=True)
+        time.sleep(0.1)
+"""
+
+
+class Case:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        (tmp / "launcher.py").write_text(textwrap.dedent(LAUNCHER))
+        (tmp / "rank.py").write_text(textwrap.dedent(RANK))
+        self.kern = tmp / "kern.log"
+        self.kern.write_text("")
+        self.state = tmp / "state.db"
+
+    def start(
+        self, run: int, fault_step: int, crash_at: str | None, steps: int = 20
+    ) -> subprocess.Popen[str]:
+        records = self.tmp / f"run{run}"
+        records.mkdir()
+        env = {k: v for k, v in os.environ.items() if k != "TRAINGUARD_TEST_CRASH_AT"}
+        if crash_at:
+            env["TRAINGUARD_TEST_CRASH_AT"] = crash_at
+        return subprocess.Popen(
+            [sys.executable, "-m", "trainguard.cli", "run", "--state", str(self.state),
+             "--kernel-log", str(self.kern), "--devices", "3", "--need", "2", "--grace", "2",
+             "--verify-window", "0.5", "--hang-timeout", "20", "--startup-timeout", "30",
+             "--backoff", "0.1", "--",
+             sys.executable, str(self.tmp / "launcher.py"), str(records), str(self.kern),
+             str(fault_step), str(steps)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=self.tmp,
+        )  # fmt: skip
+
+    def rank_pids(self, run: int) -> list[int]:
+        return [json.loads(p.read_text())["pid"] for p in (self.tmp / f"run{run}").glob("*.json")]
+
+    def wait_records(self, run: int, n: int, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while len(list((self.tmp / f"run{run}").glob("*.json"))) < n:
+            assert time.monotonic() < deadline, f"run {run}: fewer than {n} rank records"
+            time.sleep(0.05)
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(") ", 1)[1][0] not in "ZX"
+    except (OSError, IndexError):
+        return False
+
+
+def intents_have_results(store: Store) -> list[dict[str, Any]]:
+    """Every intent of trainguard run has a result naming it; returns the abandoned ones."""
+    audit = store.list_audit()
+    results = {a.data.get("intent_id"): a for a in audit if a.kind.value == "result"}
+    for a in audit:
+        if a.kind.value == "intent" and a.actor == "trainguard-run":
+            assert a.id in results, f"intent without a result: {a.subject} {a.message}"
+            assert results[a.id].id > a.id
+    return [r.data for r in results.values() if r.data.get("abandoned")]
+
+
+POINTS = [
+    None,  # the test kills trainguard mid-job (no fault)
+    "after_plan_persisted",
+    "after_quarantine_intent",
+    "after_quarantine",
+    "before_restart",
+    "after_restart_launch",
+]
+
+
+@pytest.mark.parametrize("crash_at", POINTS, ids=[p or "mid_job" for p in POINTS])
+def test_a_sigkilled_supervisor_loses_nothing_and_the_job_starts_once(
+    tmp_path: Path, crash_at: str | None
+) -> None:
+    case = Case(tmp_path)
+    bad = simulated(3)[1]  # rank 1's device on attempt 0
+    first = case.start(1, fault_step=0 if crash_at is None else 4, crash_at=crash_at)
+    try:
+        if crash_at is None:
+            case.wait_records(1, 2)
+            time.sleep(0.8)  # a few steps in
+            first.send_signal(signal.SIGKILL)
+        _, err1 = first.communicate(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == -signal.SIGKILL, err1[-2000:]
+    pids = case.rank_pids(1)
+    assert pids
+    # No rank outlives its supervisor (the watchdog's grace is 2 s).
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in pids):
+        assert time.monotonic() < deadline, "a rank survived trainguard's death"
+        time.sleep(0.05)
+
+    second = case.start(2, fault_step=0 if crash_at is None else 4, crash_at=None)
+    out2, err2 = second.communicate(timeout=90)
+    assert second.returncode == 0, err2[-3000:]
+    assert "left open by a supervisor that died" in err2
+
+    with Store.open(case.state) as store:
+        old, new = sorted(store.list_jobs(), key=lambda j: j.created_at)
+        assert old.state.value == "stopped" and old.reason and "supervisor died" in old.reason
+        assert all(a.state.terminal for a in store.list_attempts(old.id))
+        for inc in store.list_incidents(job_id=old.id):
+            assert inc.state.value == "stopped" and "supervisor died" in (inc.reason or "")
+        # The next run started the job exactly once, and it completed.
+        [attempt] = store.list_attempts(new.id)
+        assert new.state.value == "completed" and attempt.state.value == "completed"
+        assert store.list_incidents(job_id=new.id) == []
+        abandoned = intents_have_results(store)
+        device = store.get_device(bad.uuid)
+        if crash_at is None:
+            assert device.state is HealthState.HEALTHY and abandoned == []
+        else:
+            # Quarantined before the crash, or completed from the persisted plan: it stays
+            # out, and the job never got it again.
+            assert device.state is HealthState.QUARANTINED
+            assert bad.uuid not in attempt.device_uuids
+        if crash_at == "after_quarantine_intent":
+            assert [a["reason"] for a in abandoned] == ["supervisor died"]
+        assert job_processes(old.id) == [] and job_processes(new.id) == []
+    # Each run's ranks started once: run 2 has exactly one attempt's records.
+    assert sorted(p.name for p in (tmp_path / "run2").glob("*.json")) == [
+        "attempt0-rank0.json",
+        "attempt0-rank1.json",
+    ]
+    assert out2.count("step=20") == 1
+
+
+def test_leftovers_of_a_dead_supervisor_and_watchdog_are_stopped_before_the_next_start(
+    tmp_path: Path,
+) -> None:
+    # Both trainguard and its watchdog die (kill -9 of the attempt's process group, then
+    # of trainguard): the ranks, in sessions of their own, keep running as orphans.
+    case = Case(tmp_path)
+    first = case.start(1, fault_step=0, crash_at=None, steps=600)
+    try:
+        case.wait_records(1, 2)
+        with Store.open(case.state) as store:
+            [job] = store.list_jobs()
+            [started] = [
+                a for a in store.list_audit(job_id=job.id, kind="result") if "pgid" in a.data
+            ]
+        os.killpg(int(started.data["pgid"]), signal.SIGKILL)
+        first.send_signal(signal.SIGKILL)
+        first.communicate(timeout=30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    time.sleep(0.5)
+    survivors = [p for p in case.rank_pids(1) if alive(p)]
+    assert survivors, "precondition: a rank outlived both trainguard and its watchdog"
+    assert set(survivors) <= set(job_processes(job.id))
+
+    second = case.start(2, fault_step=0, crash_at=None)
+    _, err2 = second.communicate(timeout=90)
+    assert second.returncode == 0, err2[-3000:]
+    assert not any(alive(p) for p in survivors)
+    with Store.open(case.state) as store:
+        stopped = [
+            a for a in store.list_audit(job_id=job.id, kind="result")
+            if a.message.startswith("stopped ") and "leftover" in a.message
+        ]  # fmt: skip
+        assert len(stopped) == 1
+        assert set(survivors) <= set(stopped[0].data["stopped"])
+        # The new job started after the leftovers were gone.
+        new = max(store.list_jobs(), key=lambda j: j.created_at)
+        [attempt] = store.list_attempts(new.id)
+        assert attempt.started_at > stopped[0].at
+        intents_have_results(store)
