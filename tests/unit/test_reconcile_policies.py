@@ -25,6 +25,7 @@ devices: {min: 4, max: 8}
 hang_timeout_seconds: 600
 verify_window_seconds: 60
 verify_min_rate_ratio: 0.5
+placement: node
 """
 
 
@@ -43,6 +44,7 @@ def test_a_full_document_parses_and_resolves() -> None:
         hang_timeout_seconds=600.0,
         verify_window_seconds=60.0,
         verify_min_rate_ratio=0.5,
+        placement="node",
     )
     policy = resolve(doc, need=2)
     assert policy == RecoveryPolicy(
@@ -56,6 +58,7 @@ def test_a_full_document_parses_and_resolves() -> None:
         hang_timeout_seconds=600.0,
         verify_window_seconds=60.0,
         verify_min_rate_ratio=0.5,
+        placement="node",
     )
     # Round trip through the stored JSON form.
     assert parse_policy(doc.to_json()) == doc
@@ -101,6 +104,7 @@ def test_json_and_short_forms() -> None:
         ("- just\n- a list", "(document)", "mapping"),
         ("name: p\n  bad: : indentation", "(document)", "not valid YAML"),
         ("name: p\ndescription: 3", "description", "string"),
+        ("name: p\nplacement: rack", "placement", "device, node"),
     ],
 )
 def test_errors_name_the_field(text: str, field: str, words: str) -> None:

@@ -15,6 +15,7 @@ format (every field optional)::
     hang_timeout_seconds: 600           # number > 0, or "adaptive"
     verify_window_seconds: 60           # number > 0
     verify_min_rate_ratio: 0.3          # 0 < x <= 1
+    placement: node                     # "device" (any healthy devices) or "node" (whole hosts)
 
 Every error names the field (``backoff.base_seconds``) and what was wrong with
 it; an unknown field is an error (with the nearest known name), so a typo never
@@ -31,7 +32,7 @@ from dataclasses import fields, replace
 from typing import Any
 
 from trainguard.model.fleet import PolicyDocument
-from trainguard.model.plan import RecoveryPolicy
+from trainguard.model.plan import PLACEMENTS, RecoveryPolicy
 
 DEFAULT_POLICY = "default"
 MAX_DOCUMENT_BYTES = 64 * 1024
@@ -47,6 +48,7 @@ _FIELDS = (
     "hang_timeout_seconds",
     "verify_window_seconds",
     "verify_min_rate_ratio",
+    "placement",
 )
 
 
@@ -213,6 +215,15 @@ def parse_policy(data: Any, *, name: str | None = None) -> PolicyDocument:
             strict=True,
             maximum=1.0,
         )
+    placement = data.get("placement")
+    if placement is not None:
+        if placement not in PLACEMENTS:
+            raise PolicyError(
+                "placement",
+                f"must be one of {', '.join(PLACEMENTS)}, got {_describe(placement)}",
+                policy=pname,
+            )
+        out["placement"] = placement
     return PolicyDocument(**out)
 
 
@@ -276,6 +287,7 @@ def resolve(
         ("hang_timeout_seconds", "hang_timeout_seconds"),
         ("verify_window_seconds", "verify_window_seconds"),
         ("verify_min_rate_ratio", "verify_min_rate_ratio"),
+        ("placement", "placement"),
     ):
         value = getattr(doc, src)
         if value is not None:

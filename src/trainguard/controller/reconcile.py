@@ -216,6 +216,16 @@ class _OutputState:
     partial: bytes = b""
 
 
+def _prior(f: Mapping[str, Any]) -> PriorFailure:
+    return PriorFailure(
+        attempt=int(f["attempt"]),
+        signature=f.get("signature"),
+        domain=str(f["domain"]),
+        kind=str(f["kind"]),
+        culprit=Culprit.from_dict(f.get("culprit")),
+    )
+
+
 class Reconciler:
     """One controller's reconcile loop over one store and one cluster scheduler."""
 
@@ -856,16 +866,10 @@ class Reconciler:
                     "signature": inc.signature,
                     "domain": inc.domain.value,
                     "kind": inc.kind.value,
+                    "culprit": inc.culprit.to_dict(),
                 }
             ]:
-                out.append(
-                    PriorFailure(
-                        attempt=int(f["attempt"]),
-                        signature=f.get("signature"),
-                        domain=str(f["domain"]),
-                        kind=str(f["kind"]),
-                    )
-                )
+                out.append(_prior(f))
         return out
 
     # --- the incident ----------------------------------------------------------------
@@ -997,12 +1001,20 @@ class Reconciler:
                     "domain": attribution.domain.value,
                     "kind": attribution.kind.value,
                     "summary": attribution.summary,
+                    "culprit": attribution.culprit.to_dict(),
                 }
             )
-        history = self._failures(inc.job_id, inc.id) + [
-            PriorFailure(int(f["attempt"]), f.get("signature"), str(f["domain"]), str(f["kind"]))
-            for f in failures
-        ]
+        history = self._failures(inc.job_id, inc.id) + [_prior(f) for f in failures]
+        # Isolated already for this incident (done, or suppressed by the breaker): not again.
+        isolated = tuple(
+            sorted(
+                {
+                    str(a.data.get("resource_id"))
+                    for a in self.fleet.list_actions(inc.id)
+                    if a.type == "quarantine" and a.state.terminal
+                }
+            )
+        )
         restarts_used = sum(
             1
             for a in self.fleet.list_actions(inc.id)
@@ -1022,6 +1034,7 @@ class Reconciler:
             assigned=failed_rec.device_uuids if failed_rec else (),
             checkpoints=self._checkpoints(job),
             history=tuple(history),
+            isolated=isolated,
         )
         plan = decide(snapshot)
         plan_dict = plan.to_dict()

@@ -202,6 +202,7 @@ class PolicyDocument:
     hang_timeout_seconds: float | None = None
     verify_window_seconds: float | None = None
     verify_min_rate_ratio: float | None = None
+    placement: str | None = None  # "device" | "node" (model.plan.PLACEMENTS)
     description: str | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -222,6 +223,7 @@ class PolicyDocument:
             ("hang_timeout_seconds", self.hang_timeout_seconds),
             ("verify_window_seconds", self.verify_window_seconds),
             ("verify_min_rate_ratio", self.verify_min_rate_ratio),
+            ("placement", self.placement),
         ):
             if value is not None:
                 out[key] = value
