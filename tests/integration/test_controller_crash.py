@@ -141,6 +141,8 @@ def test_a_recovery_completes_exactly_once_whenever_the_controller_dies(
         lease = fleet.cp.leader()
         assert lease is not None
         if crash != "verify.after_recovered":
-            assert lease.holder == "controller-b" and lease.token == 2
+            # >= 2: on a loaded machine a pass can outlast the 1 s test lease, and the
+            # same controller then takes it again with a new token (still fenced).
+            assert lease.holder == "controller-b" and lease.token >= 2
     finally:
         fleet.close()

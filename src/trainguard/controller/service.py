@@ -132,6 +132,13 @@ class ControlPlane:
         except Exception:
             log.exception("could not release the controller lease")
 
+    def close(self) -> None:
+        """Give the lease up if this process holds it (the store is closed by its owner)."""
+        try:
+            self.reconciler.elector.release(self.clock())
+        except Exception:
+            log.exception("could not release the controller lease")
+
     def last_pass(self) -> PassReport | None:
         return self.reconciler.last_report
 
