@@ -65,7 +65,7 @@ from trainguard.diagnose.detectors import (
 from trainguard.diagnose.signatures import Classifier, classify_line
 from trainguard.model.checkpoint import CheckpointInfo
 from trainguard.model.devices import Device
-from trainguard.model.findings import Attribution, Domain, Finding, Severity
+from trainguard.model.findings import Attribution, Culprit, Domain, Finding, Severity
 from trainguard.model.health import HealthState
 from trainguard.model.plan import (
     DeviceStatus,
@@ -197,6 +197,62 @@ class _Attempt:
     # A rank ended without an error: the job is shutting down (teardown of a torch
     # process takes seconds), so "no progress" no longer means a hang (decision 0052).
     finishing_since: float | None = None
+    # Ranks that reported anything (progress, resumed, checkpoint_saved, or a
+    # rank-prefixed progress line): "all ranks joined" (decision 0115).
+    reported_ranks: set[int] = field(default_factory=set)
+
+
+_TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+# torchrun options that take no value (everything else of the form --opt takes one).
+_TORCHRUN_FLAGS = frozenset(
+    {"--standalone", "--no-python", "--no_python", "-m", "--module", "--run-path", "--run_path"}
+)
+
+
+def torchrun_world_size(command: Sequence[str]) -> int | None:
+    """``--nproc-per-node`` x ``--nnodes`` of a torchrun command line, when both are fixed.
+
+    Recognises ``torchrun ...`` and ``python -m torch.distributed.run|launch ...``
+    (also behind a wrapper such as ``env`` or ``srun``). ``None`` when the command
+    is not torchrun, ``--nproc-per-node`` is missing or symbolic (``gpu``,
+    ``auto``) or ``--nnodes`` is a range (``1:4``).
+    """
+    args = list(command)
+    start = None
+    for i, token in enumerate(args):
+        if os.path.basename(token) == "torchrun":
+            start = i + 1
+            break
+        if token == "-m" and i + 1 < len(args) and args[i + 1] in _TORCHRUN_MODULES:
+            start = i + 2
+            break
+    if start is None:
+        return None
+    values: dict[str, str] = {}
+    i = start
+    while i < len(args):
+        token = args[i]
+        if not token.startswith("-"):
+            break  # the training script: its own options follow
+        key, eq, value = token.partition("=")
+        key = key.replace("_", "-")
+        if eq:
+            values[key] = value
+            i += 1
+        elif token in _TORCHRUN_FLAGS:
+            i += 1
+        else:
+            if i + 1 < len(args):
+                values[key] = args[i + 1]
+            i += 2
+    nproc = values.get("--nproc-per-node")
+    nnodes = values.get("--nnodes", "1")
+    if nproc is None or not nproc.isdigit():
+        return None
+    lo, _, hi = nnodes.partition(":")
+    if not lo.isdigit() or (hi and hi != lo):
+        return None
+    return int(nproc) * int(lo)
 
 
 def select_checkpoints(root: str | None, verify: str = "full") -> tuple[CheckpointInfo, ...]:
@@ -280,6 +336,8 @@ class RunController:
         # incident is decided again (its restart did not verify), decision 0111.
         self.isolated: dict[int, list[str]] = {}
         self.baseline_rate: float | None = None
+        self.baseline_ranks: set[int] = set()
+        self.baseline_devices = 0
         self.progress_parser = ProgressLineParser(options.progress_pattern)
         self.scheduler = LocalScheduler(self.events.put, clock)
         self.user_env_alloc = os.environ.get(ALLOC_CONF)
@@ -871,6 +929,7 @@ class RunController:
 
     def _on_progress_event(self, att: _Attempt, ev: ProgressReceived) -> None:
         e = ev.event
+        att.reported_ranks.add(e.rank)
         if e.event in ("progress", "resumed"):
             att.structured = True
         if e.event == "progress":
@@ -884,6 +943,8 @@ class RunController:
             att.saved_steps.append(e.step)
 
     def _on_step(self, att: _Attempt, step: int, at: float, rank: int | None) -> None:
+        if rank is not None:
+            att.reported_ranks.add(rank)
         att.hang.observe(step, at, rank)
         new = att.steps.observe(step, at, rank)
         if att.first_progress_at is None:
@@ -964,9 +1025,63 @@ class RunController:
             self._record_finding(att, f)
             self._trigger(att, f)
             return
+        missing, _ = self._rank_check(att)
+        if missing:
+            if last_at < att.first_progress_at + 2 * self.opt.verify_window:
+                return  # one more window for a late rank
+            f = Finding(
+                kind="verify_failed",
+                domain=Domain.UNKNOWN,
+                at=now,
+                source="verify",
+                message=(
+                    f"rank(s) {', '.join(map(str, missing))} did not report after the restart "
+                    f"(ranks reporting: {', '.join(map(str, sorted(att.reported_ranks)))})"
+                ),
+                severity=Severity.FATAL,
+                culprit=Culprit(rank=missing[0]),
+                signature="verify:ranks-missing",
+                details={"missing_ranks": missing},
+            )
+            self._record_finding(att, f)
+            self._trigger(att, f)
+            return
         self._verified(att, now, rate)
 
-    def _verified(self, att: _Attempt, now: float, rate: float | None) -> None:
+    def _expected_ranks(self, att: _Attempt) -> tuple[set[int] | None, str]:
+        """The ranks a restart must hear from, and where that expectation comes from.
+
+        The ranks that reported in the last attempt that ran well (a job that
+        reports from rank 0 only is expected to do so again); failing that, the
+        world size of a torchrun command line (``--nproc-per-node`` x ``--nnodes``),
+        but only when the restart shows that its ranks report individually.
+        """
+        base = self.baseline_ranks
+        if base:
+            if self.baseline_devices and len(att.devices) < self.baseline_devices:
+                if len(base) == self.baseline_devices:
+                    # Continuing on fewer devices (--min-need): one rank per device.
+                    return set(range(len(att.devices))), "one rank per device of the restart"
+                return None, "the restart runs on fewer devices than the ranks seen before"
+            return set(base), "the ranks that reported before the failure"
+        world = torchrun_world_size(self.opt.command)
+        if world is not None and len(att.reported_ranks) > 1:
+            return set(range(world)), "the torchrun command line's world size"
+        return None, "no rank reported before the failure"
+
+    def _rank_check(self, att: _Attempt) -> tuple[list[int], str]:
+        """``(missing ranks, description)`` for the verification note."""
+        expected, source = self._expected_ranks(att)
+        if expected is None:
+            return [], f"ranks not checked ({source})"
+        missing = sorted(expected - att.reported_ranks)
+        if missing:
+            return missing, f"rank(s) {missing} missing"
+        return [], f"all {len(expected)} rank(s) reported ({source})"
+
+    def _verified(
+        self, att: _Attempt, now: float, rate: float | None, completed: bool = False
+    ) -> None:
         att.verified = True
         assert att.incident_id is not None
         base = "unknown" if self.baseline_rate is None else f"{self.baseline_rate:.2f}"
@@ -977,6 +1092,11 @@ class RunController:
                 f"verified: attempt {att.number} restored step {att.expected_step} and "
                 f"progressed to step {att.steps.last_step}"
                 + (f" at {rate:.2f} steps/s (pre-failure {base} steps/s)" if rate else "")
+                + (
+                    "; the job exited 0 (every rank finished)"
+                    if completed
+                    else f"; {self._rank_check(att)[1]}"
+                )
             )
         self.db.transition_attempt(
             self.job_id, att.number, AttemptState.VERIFIED, at=now, reason=note, actor=ACTOR
@@ -1033,11 +1153,61 @@ class RunController:
         elif f.domain is Domain.HARDWARE and f.culprit.device_uuid is not None:
             self._quarantine_unassigned(f)
         else:
+            if f.domain is Domain.NETWORK and f.culprit.host is None:
+                # This machine's kernel log: a NIC/link event names this host (0110).
+                host = self._local_host()
+                if host is not None:
+                    f = dataclasses.replace(f, culprit=dataclasses.replace(f.culprit, host=host))
             self.audit(AuditKind.OBSERVATION, "kernel", f"kernel log: {f.message}", f.to_dict())
             if f.culprit.device_uuid is None and f.severity is not Severity.WARNING:
                 # Host-level evidence (the kernel's OOM killer, a machine check): the
                 # attribution may need it to explain a rank that was killed.
                 att.findings.append(f)
+
+    def _local_host(self) -> str | None:
+        """The host of this machine's devices, when the inventory names exactly one."""
+        hosts = {d.host for d in self.inventory}
+        return next(iter(hosts)) if len(hosts) == 1 else None
+
+    def _with_network_evidence(
+        self, att: _Attempt, attribution: Attribution, failed_at: float
+    ) -> Attribution:
+        """Let network evidence that names a link or NIC reach ``decide()`` (decision 0110).
+
+        A ``network_error`` line of the job's own output (``NET/IB : Got completion
+        from peer ... with error``) always counts; one from the kernel log (``mlx5_core
+        ... Link down``) counts only when the job's output shows network or
+        collective trouble too, since on its own it is a coincidence in time. Both
+        within the correlation window. A crash of unknown cause with such evidence is
+        a ``network`` failure: evidence beats symptom.
+        """
+        window = self.opt.correlation_window
+        trouble = any(
+            f.source.startswith("output") and f.domain is Domain.NETWORK for f in att.findings
+        )
+        extra = [
+            f
+            for f in att.findings
+            if f.kind == "network_error"
+            and abs(f.at - failed_at) <= window
+            and f not in attribution.findings
+            and (f.source.startswith("output") or trouble)
+        ]
+        if not extra:
+            return attribution
+        domain = attribution.domain
+        summary = attribution.summary
+        if domain is Domain.UNKNOWN:
+            domain = Domain.NETWORK
+            summary += f" (network: {extra[0].message})"
+        lines = [f"[{f.source}] {f.message}" for f in extra]
+        return dataclasses.replace(
+            attribution,
+            domain=domain,
+            summary=summary,
+            findings=(*attribution.findings, *extra),
+            evidence=(*attribution.evidence, *(x for x in lines if x not in attribution.evidence)),
+        )
 
     def _quarantine_unassigned(self, f: Finding) -> None:
         """Hardware evidence on a device the job is not using: keep it out of future plans."""
@@ -1100,6 +1270,7 @@ class RunController:
         assert trigger is not None
         detected_at = float(trigger.details.get("detected_at", trigger.at))
         attribution = attribute(att.findings, att.devices, detected_at, o.correlation_window)
+        attribution = self._with_network_evidence(att, attribution, detected_at)
         relevant = [f.at for f in attribution.findings if f.at >= att.started_at]
         fault_at = min([*relevant, trigger.at])
         if trigger.kind == "hang" and trigger.details.get("since") is not None:
@@ -1116,6 +1287,9 @@ class RunController:
         rate = att.steps.rate()
         if rate is not None and (att.incident_id is None or att.verified):
             self.baseline_rate = rate  # the pre-failure step rate, for verification
+        if att.reported_ranks and (att.incident_id is None or att.verified):
+            self.baseline_ranks = set(att.reported_ranks)  # who must report after a restart
+            self.baseline_devices = len(att.devices)
         if att.incident_id is None or att.verified:
             inc = self.db.open_incident(
                 self.job_id,
@@ -1473,7 +1647,7 @@ class RunController:
             )
         if att.incident_id is not None and not att.verified:
             # The job finished inside the verification window: that verifies it.
-            self._verified(att, now, att.steps.rate(since=att.first_progress_at))
+            self._verified(att, now, att.steps.rate(since=att.first_progress_at), completed=True)
         rec = self.db.get_attempt(self.job_id, att.number)
         if not rec.state.terminal:
             self.db.finish_attempt(
@@ -1507,4 +1681,11 @@ def run_job(options: RunOptions) -> RunResult:
     return RunController(options).run()
 
 
-__all__ = ["RunController", "RunOptions", "RunResult", "run_job", "select_checkpoints"]
+__all__ = [
+    "RunController",
+    "RunOptions",
+    "RunResult",
+    "run_job",
+    "select_checkpoints",
+    "torchrun_world_size",
+]
