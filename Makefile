@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0 numpy
-	$(PIP) install -q -e '.[train,dev]'
+	$(PIP) install -q -e '.[train,dev,postgres]'
 	touch $(STAMP)
 
 demo: $(STAMP)
