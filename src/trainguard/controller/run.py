@@ -29,8 +29,15 @@ One :class:`RunController` supervises one job::
                      or validation; the incident records the repair advice
 
 Every observation, decision and action is written to the store; actions are
-audited as ``intent`` before and ``result`` after. In observe mode the plan is
-recorded (incident outcome ``observed``) and nothing is acted on.
+audited as ``intent`` before and ``result`` after (the result names its intent).
+In observe mode the plan is recorded (incident outcome ``observed``) and nothing
+is acted on.
+
+Crash safety: the job runs under a watchdog that stops it when this process
+dies (schedulers/_reaper.py, decision 0113), and a job that a dead supervisor
+left open on the same state is closed before the next start — leftovers
+stopped, unanswered intents marked abandoned, the persisted plan's quarantines
+completed (decision 0114).
 """
 
 from __future__ import annotations
