@@ -20,7 +20,9 @@ run and on the same file system, each repetition measures:
 Targets (issue 2): sync/raw >= 0.8, async/raw >= 0.8 (throughput ratios), async
 stall / sync save time <= 0.1. Each ratio is taken within one repetition (the
 measurements of a repetition run back to back, under the same load), and the
-median over the repetitions is reported; times are medians too. Results are
+median over the repetitions is reported; times are medians too. On a shared
+machine the best (minimum) time of each measure is also shown, with the ratios
+of those minima: the estimate least disturbed by other processes. Results are
 printed and written to ``bench/results/checkpoint_save.json``.
 """
 
@@ -165,6 +167,14 @@ def main(argv: list[str] | None = None) -> int:
     ratios = {k: statistics.median(v) for k, v in paired.items()}
     ratios["sync_vs_raw_wb"] = med["raw_wb"] / med["sync"]
     ratios["async_vs_raw_wb"] = med["raw_wb"] / med["async_total"]
+    # Best of each measure: the estimate least disturbed by other processes on a
+    # shared machine (the medians above are what a busy machine gives).
+    best = {k: min(v) for k, v in runs.items()}
+    best_ratios = {
+        "sync_vs_raw": best["raw"] / best["sync"],
+        "async_vs_raw": best["raw"] / best["async_total"],
+        "async_stall_vs_sync": best["async_stall"] / best["sync"],
+    }
     targets = {"sync_vs_raw": 0.8, "async_vs_raw": 0.8, "async_stall_vs_sync": 0.1}
 
     print()
@@ -180,16 +190,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{label:<28}{med[key]:>10.3f}{mib / med[key]:>10.0f}")
     print(f"{'first async stall':<28}{first_async_stall:>10.3f}{'(cold)':>10}")
     print()
-    print(f"{'ratio':<28}{'value':>10}{'target':>10}")
+    print(f"{'ratio':<24}{'median':>9}{'best':>9}  target")
     for key, value in ratios.items():
         target = targets.get(key)
         mark = ""
         if target is not None:
-            ok = value <= target if key == "async_stall_vs_sync" else value >= target
-            mark = (
-                f"{'<=' if key == 'async_stall_vs_sync' else '>='}{target} {'ok' if ok else 'MISS'}"
-            )
-        print(f"{key:<28}{value:>10.3f}  {mark}")
+            upper = key == "async_stall_vs_sync"
+            ok = value <= target if upper else value >= target
+            mark = f"{'<=' if upper else '>='}{target} {'ok' if ok else 'MISS'} (median)"
+        best_text = f"{best_ratios[key]:>9.3f}" if key in best_ratios else " " * 9
+        print(f"{key:<24}{value:>9.3f}{best_text}  {mark}")
 
     result: dict[str, Any] = {
         "benchmark": "checkpoint_save",
@@ -199,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
         "runs_seconds": runs,
         "first_async_stall_seconds": first_async_stall,
         "ratios": ratios,
+        "best_seconds": best,
+        "best_ratios": best_ratios,
         "paired_ratios": paired,
         "targets": targets,
         "machine": {
