@@ -206,6 +206,13 @@ start_slurmd() {
     slurmd -f "$conf" -N "$n" || { tail -20 "$dir/log/slurmd-$n.log" >&2; die "slurmd $n did not start"; }
 }
 
+all_responding() {  # every node registered and answering (whatever it runs)
+    local states
+    states="$(sinfo -h -N -o '%T' 2>/dev/null)" || return 1
+    [ -n "$states" ] || return 1
+    ! echo "$states" | grep -q -e unknown -e '\*' -e not_responding -e '^down'
+}
+
 all_idle() {
     local states
     states="$(sinfo -h -N -o '%N %T' 2>/dev/null)" || return 1
@@ -276,11 +283,14 @@ up() {
     for n in $(node_names); do
         start_slurmd "$n"
     done
-    # Nodes left DOWN/DRAIN in saved state (a previous run) come back for a fresh cluster.
-    wait_for 30 "nodes registered" sh -c "sinfo -h -N -o '%T' | grep -qv -e unknown -e 'not_responding'" || true
-    if ! wait_for 15 "all nodes idle" all_idle; then
-        scontrol update nodename="n[1-$nodes]" state=resume >/dev/null 2>&1 || true
-        wait_for 30 "all nodes idle" all_idle || { sinfo -N >&2; die "nodes did not become idle"; }
+    # Nodes left DOWN in saved state (a previous run) are resumed; a drain stays.
+    if ! wait_for 15 "all nodes responding" all_responding; then
+        local n
+        for n in $(sinfo -h -N -t down -o '%N' 2>/dev/null | sort -u); do
+            scontrol update nodename="$n" state=resume >/dev/null 2>&1 || true
+        done
+        wait_for 30 "all nodes responding" all_responding \
+            || { sinfo -N >&2; die "nodes did not come up"; }
     fi
     print_env
 }

@@ -41,6 +41,7 @@ after its state is wiped): it gets a new ref ``<id>#<n>``, never the old job's.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -187,7 +188,7 @@ class SlurmScheduler:
         inventory: str | os.PathLike[str] | Mapping[str, Sequence[Device]] | None = None,
         clock: Callable[[], float] = time.time,
         verify_timeout: float = 15.0,
-        requeue_wait: float = 40.0,
+        requeue_wait: float | None = None,
         poll: float = 0.2,
         use_json: bool | None = None,
         command_timeout: float = 20.0,
@@ -198,7 +199,7 @@ class SlurmScheduler:
         self.partition = names.partition(partition) if partition else None
         self.clock = clock
         self.verify_timeout = verify_timeout
-        self.requeue_wait = requeue_wait
+        self._config: dict[str, str] | None = None
         self.poll = poll
         self.use_json = use_json
         if inventory is None:
@@ -207,7 +208,12 @@ class SlurmScheduler:
             self._inventory = {names.node(k): tuple(v) for k, v in inventory.items()}
         else:
             self._inventory = load_inventory(inventory)
-        self.cluster = cluster or self._cluster_name()
+        self.cluster = cluster or self.config().get("ClusterName", "slurm")
+        if requeue_wait is None:
+            # A requeue may have to wait until slurmctld declares a silent node DOWN.
+            m = re.match(r"(\d+)", self.config().get("SlurmdTimeout", ""))
+            requeue_wait = max(40.0, (int(m.group(1)) if m else 300) + 30.0)
+        self.requeue_wait = requeue_wait
 
     # --- state file ------------------------------------------------------------------
 
@@ -275,13 +281,18 @@ class SlurmScheduler:
 
     # --- raw observation -------------------------------------------------------------
 
-    def _cluster_name(self) -> str:
-        try:
-            out = self.cmd.run("scontrol", "show", "config", timeout=10).stdout
-        except SchedulerError:
-            return "slurm"
-        m = re.search(r"^ClusterName\s*=\s*(\S+)", out, re.MULTILINE)
-        return m.group(1) if m else "slurm"
+    def config(self) -> dict[str, str]:
+        """``scontrol show config`` as a dict (empty when slurmctld cannot be asked)."""
+        if self._config is None:
+            try:
+                out = self.cmd.run("scontrol", "show", "config", timeout=10).stdout
+            except SchedulerError:
+                return {}
+            self._config = {
+                m.group(1): m.group(2).strip()
+                for m in re.finditer(r"^(\w+)\s*=\s*(.*)$", out, re.MULTILINE)
+            }
+        return self._config
 
     def _json_ok(self, tool: str) -> bool:
         if self.use_json is not None:
@@ -811,6 +822,35 @@ class SlurmScheduler:
             for old in sorted(resume, key=int)[:-5]:
                 del resume[old]
 
+    def _wait_for_unresponsive(self, job: SlurmObservedJob) -> str | None:
+        """Wait while a node of the job does not respond but is not DOWN yet.
+
+        Requeueing then leaves the job's GPU allocation broken in Slurm 22.05 (the next
+        attempt's ``srun`` fails: "Invalid generic resource (gres) specification"), so
+        the requeue waits until slurmctld declares the node DOWN (it then requeues a
+        requeueable job by itself, cleanly) or the node answers again. Returns what was
+        waited for, ``None`` when nothing was."""
+        if job.phase is not JobPhase.RUNNING:
+            return None
+
+        def stuck() -> list[str]:
+            nodes = {n.name: n for n in self.slurm_nodes()}
+            return [
+                n
+                for n in job.nodes
+                if n in nodes and nodes[n].not_responding and nodes[n].state != "down"
+            ]
+
+        first = stuck()
+        if not first:
+            return None
+        self._wait(
+            f"node(s) {', '.join(first)} to be declared down",
+            lambda: (not stuck(), ",".join(stuck()) or "settled"),
+            timeout=self.requeue_wait,
+        )
+        return f"{', '.join(first)} not responding: waited until slurmctld declared it down"
+
     def _requeue_in_place(
         self,
         job: SlurmObservedJob,
@@ -821,12 +861,35 @@ class SlurmScheduler:
     ) -> dict[str, Any]:
         jid = names.job_id(job.job_id)
         restarts = job.restarts
-        new_restarts = restarts
         detail: dict[str, Any] = {"job_id": jid, "excluded": exclude, "method": "requeuehold"}
+        waited = self._wait_for_unresponsive(job)
+        if waited:
+            detail["waited_for_node"] = waited
+            cur = self.slurm_job(jid)
+            if cur is None:
+                raise SchedulerError(f"job {jid} is gone")
+            if cur.restarts > restarts:
+                # Slurm requeued it itself (NODE_FAIL): the attempt is already over.
+                detail["method"] = "slurm requeued it (node failure)"
+                job = dataclasses.replace(
+                    job,
+                    phase=JobPhase.PENDING,
+                    started_at=None,
+                    attempt=job.attempt + (cur.restarts - restarts),
+                    restarts=cur.restarts,
+                )
+                restarts = cur.restarts
+        new_restarts = restarts
         if job.phase is JobPhase.PENDING and not job.started_at:
             # Not started (or already requeued): keep it from starting while we change it.
             self.cmd.run("scontrol", "hold", jid)
-            detail["method"] = "hold"
+            if detail["method"] == "requeuehold":
+                detail["method"] = "hold"
+            if resume_from:
+                path, error = self._write_resume_request(resume_from, restarts, jid, env)
+                detail["resume_request"] = path
+                if error:
+                    detail["resume_request_error"] = error
         else:
             new_restarts = restarts + 1
             if resume_from:

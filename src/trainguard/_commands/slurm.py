@@ -1,0 +1,280 @@
+"""``trainguard slurm``: protect the jobs of a Slurm cluster (watch) and look at it (status)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import threading
+from typing import Any
+
+from trainguard._commands._common import DEFAULT_STATE, error, print_json, print_table
+
+
+def _cluster_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--slurm-conf",
+        metavar="FILE",
+        default=os.environ.get("SLURM_CONF"),
+        help="the cluster's slurm.conf (default: $SLURM_CONF, else Slurm's own default)",
+    )
+    parser.add_argument("--slurm-bin", metavar="DIR", help="where squeue/scontrol... are")
+    parser.add_argument(
+        "--slurm-state",
+        metavar="DIR",
+        help="trainguard's Slurm adapter state: keys, tokens, job identities "
+        "(default: slurm/ next to the database)",
+    )
+    parser.add_argument("--partition", metavar="NAME", help="only this partition")
+    parser.add_argument(
+        "--inventory",
+        metavar="FILE",
+        default=os.environ.get("TRAINGUARD_SLURM_INVENTORY"),
+        help="GPUs of each node as JSON {node: [{index, uuid, pci_bus_id}, ...]} "
+        "(default: one stand-in device per GRES GPU)",
+    )
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "slurm",
+        help="protect Slurm jobs: drain bad nodes, requeue without them, resume, verify",
+        description=(
+            "trainguard on a Slurm cluster. `watch` runs the control plane's reconciler "
+            "against Slurm: jobs that opted in (sbatch --comment trainguard[:policy=NAME,"
+            "ckpt=DIR]) are recovered; the rest are left alone (or observed, with "
+            "--observe-others). `status` shows the cluster as trainguard sees it."
+        ),
+    )
+    sub = parser.add_subparsers(dest="slurm_command", metavar="COMMAND")
+    sub.required = True
+
+    watch = sub.add_parser(
+        "watch",
+        help="reconcile loop: findings -> plan -> drain/requeue/cancel -> verify",
+        description=(
+            "Watch the cluster and recover the jobs that opted in: node events (NOT_RESPONDING, "
+            "DOWN, NODE_FAIL), kernel-log lines of each node (XID ...), job output (errors, "
+            "progress) and hangs open incidents; plans are recorded before anything is done; "
+            "in act mode the bad node is drained with a reason naming trainguard, the incident "
+            "and the evidence, the job is requeued excluding it and resumes from the checkpoint "
+            "trainguard selected; the restart is verified by its progress. Observe mode (the "
+            "default) records the plans and touches nothing."
+        ),
+    )
+    watch.add_argument(
+        "--state",
+        "--database",
+        dest="state",
+        default=DEFAULT_STATE,
+        metavar="URL|PATH",
+        help=f"SQLite file or postgresql:// URL (default {DEFAULT_STATE})",
+    )
+    _cluster_options(watch)
+    watch.add_argument(
+        "--mode",
+        choices=("observe", "act"),
+        default="observe",
+        help="default mode where no scope sets one (default observe: record plans only)",
+    )
+    watch.add_argument(
+        "--kernel-log",
+        action="append",
+        default=[],
+        metavar="NODE=FILE",
+        help="follow FILE as NODE's kernel log (repeatable)",
+    )
+    watch.add_argument(
+        "--kernel-log-pattern",
+        metavar="PATTERN",
+        help="kernel log of every node: PATTERN with {node} replaced, e.g. "
+        "/var/log/cluster/{node}/kern.log",
+    )
+    watch.add_argument(
+        "--observe-others",
+        action="store_true",
+        help="also manage jobs that did not opt in, in observe mode (plans recorded, no action)",
+    )
+    watch.add_argument("--policy", metavar="FILE", help="store this YAML/JSON policy document")
+    watch.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds/pass")
+    watch.add_argument("--identity", metavar="NAME", help="name in the leader lease and audit")
+    watch.add_argument("--once", action="store_true", help="one pass, print its report, exit")
+    watch.add_argument(
+        "--log-level", default="warning", choices=("debug", "info", "warning", "error")
+    )
+    watch.set_defaults(func=run_watch)
+
+    status = sub.add_parser("status", help="nodes and jobs as trainguard sees them")
+    _cluster_options(status)
+    status.add_argument("--json", action="store_true", help="print JSON")
+    status.add_argument(
+        "--all", action="store_true", help="also jobs that did not opt in and finished ones"
+    )
+    status.set_defaults(func=run_status, state=DEFAULT_STATE)
+
+
+def _scheduler(args: argparse.Namespace) -> Any:
+    from pathlib import Path
+
+    from trainguard.schedulers.slurm import SlurmScheduler
+
+    state_dir = args.slurm_state
+    if not state_dir:
+        db = str(args.state)
+        base = Path(db).parent if "://" not in db else Path(".trainguard")
+        state_dir = str(base / "slurm")
+    return SlurmScheduler(
+        state_dir,
+        conf=args.slurm_conf or None,
+        bindir=args.slurm_bin,
+        partition=args.partition,
+        inventory=args.inventory or None,
+    )
+
+
+def run_status(args: argparse.Namespace) -> int:
+    from trainguard.schedulers.base import SchedulerError
+    from trainguard.schedulers.slurm import SlurmObservedJob, SlurmObservedNode
+
+    try:
+        obs = _scheduler(args).observe()
+    except SchedulerError as exc:
+        return error(str(exc))
+    nodes = [n for n in obs.nodes.values() if isinstance(n, SlurmObservedNode)]
+    jobs = [
+        j
+        for j in obs.jobs.values()
+        if isinstance(j, SlurmObservedJob) and (args.all or (j.opt_in and not j.phase.terminal))
+    ]
+    if args.json:
+        print_json(
+            {
+                "nodes": [
+                    {
+                        "name": n.name,
+                        "phase": n.phase.value,
+                        "state": n.slurm_state,
+                        "flags": list(n.flags),
+                        "reason": n.reason,
+                        "gpus": len(n.devices),
+                        "quarantined_devices": list(n.quarantined_devices),
+                    }
+                    for n in nodes
+                ],
+                "jobs": [
+                    {
+                        **j.to_json(),
+                        "job_id": j.job_id,
+                        "slurm_state": j.slurm_state,
+                        "restarts": j.restarts,
+                        "opted_in": j.opt_in is not None,
+                        "policy": j.opt_in.policy if j.opt_in else None,
+                        "gpus_by_node": {k: list(v) for k, v in (j.gpus_by_node or {}).items()},
+                    }
+                    for j in jobs
+                ],
+            }
+        )
+        return 0
+    print_table(
+        "nodes",
+        ("node", "phase", "slurm state", "reason", "gpus", "quarantined"),
+        [
+            (
+                n.name,
+                n.phase.value,
+                "+".join([n.slurm_state, *n.flags]),
+                n.reason or "",
+                len(n.devices),
+                ",".join(n.quarantined_devices),
+            )
+            for n in nodes
+        ],
+    )
+    print_table(
+        "jobs" if args.all else "jobs that opted in",
+        ("ref", "name", "state", "attempt", "nodes", "gpus", "opt-in", "reason"),
+        [
+            (
+                j.ref,
+                j.name,
+                j.slurm_state,
+                j.attempt,
+                ",".join(j.nodes),
+                " ".join(f"{k}:{','.join(map(str, v))}" for k, v in (j.gpus_by_node or {}).items()),
+                ("policy=" + j.opt_in.policy if j.opt_in and j.opt_in.policy else "yes")
+                if j.opt_in
+                else "no",
+                j.reason or "",
+            )
+            for j in jobs
+        ],
+    )
+    return 0
+
+
+def run_watch(args: argparse.Namespace) -> int:
+    from trainguard.controller.policies import PolicyError
+    from trainguard.controller.reconcile import ControlConfig
+    from trainguard.controller.slurm_watch import (
+        SlurmWatch,
+        SlurmWatchConfig,
+        kernel_logs_from_spec,
+    )
+    from trainguard.model.plan import Mode
+    from trainguard.schedulers.base import SchedulerError
+    from trainguard.store import Store, StoreError
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
+    if args.interval <= 0:
+        return error("--interval must be positive")
+    try:
+        kernel_logs = kernel_logs_from_spec(args.kernel_log)
+        scheduler = _scheduler(args)
+        store = Store.open(args.state)
+    except (ValueError, SchedulerError, StoreError, OSError) as exc:
+        return error(str(exc))
+    watch = SlurmWatch(
+        store,
+        scheduler,
+        config=ControlConfig(default_mode=Mode(args.mode), interval=args.interval),
+        watch=SlurmWatchConfig(
+            kernel_logs=kernel_logs,
+            kernel_log_pattern=args.kernel_log_pattern,
+            observe_others=args.observe_others,
+            interval=args.interval,
+        ),
+        identity=args.identity,
+    )
+    if args.policy:
+        try:
+            with open(args.policy, encoding="utf-8") as fh:
+                watch.cp.put_policy(fh.read(), actor="operator:cli")
+        except (OSError, PolicyError, ValueError) as exc:
+            return error(f"--policy {args.policy}: {exc}")
+    if args.once:
+        report = watch.run_once()
+        print_json(
+            {
+                "leader": report.leader,
+                "opened": report.opened,
+                "planned": report.planned,
+                "applied": report.applied,
+                "recovered": report.recovered,
+                "errors": report.errors,
+            }
+        )
+        store.close()
+        return 1 if report.errors else 0
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    print(
+        f"trainguard slurm watch: cluster {scheduler.cluster}, mode {args.mode}, "
+        f"state {args.state}",
+        flush=True,
+    )
+    watch.run_forever(stop)
+    store.close()
+    return 0

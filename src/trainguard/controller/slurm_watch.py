@@ -1,0 +1,558 @@
+"""``trainguard slurm watch``: the control plane's reconciler on a Slurm cluster.
+
+It is the :class:`~trainguard.controller.service.ControlPlane` (durable intent,
+keyed and fenced actions, leader lease, verification) acting through
+:class:`~trainguard.schedulers.slurm.SlurmScheduler`, plus what Slurm needs on
+top (decision 0106). Each pass:
+
+1. **Discover** jobs that opted in (``--comment trainguard[:policy=P,ckpt=DIR]``)
+   and manage them; with ``observe_others`` every other job is managed in observe
+   mode (plans recorded, nothing done).
+2. **Node events are findings**: a node turning ``NOT_RESPONDING`` or ``DOWN``
+   (not by trainguard's hand) becomes a fatal ``node`` finding for that host.
+3. **Kernel logs**: one follower per node (a file per node: the node's syslog on a
+   shared file system, or a log shipped by the node agent; the local cluster
+   writes ``$DIR/nodes/nX/kern.log``). Classified lines become findings, with the
+   device resolved from the line's PCI bus id against *that node's* GPUs.
+4. **The reconcile pass** (:class:`SlurmReconciler`), which adds to the generic one:
+   * a fatal hardware finding on a running attempt's GPU, or a node finding on one
+     of its nodes, fails the attempt *now* (the job may keep running on a card
+     that has fallen off the bus; the requeue then stops it) — decision 0055's
+     rule, as ``trainguard run`` applies it;
+   * an attempt Slurm requeued by itself (``NODE_FAIL`` with ``--requeue``) with
+     node or hardware evidence is a failure too, not just "superseded": the bad
+     node is drained and the requeued attempt verified;
+   * job output is followed per attempt whether Slurm truncated the file on
+     requeue (the default) or appends to it (``--open-mode=append``).
+5. A requeued job that cannot start for lack of healthy nodes stays pending with
+   trainguard's reason in its ``AdminComment`` and ``waiting`` in the store.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from trainguard.controller.reconcile import (
+    ControlConfig,
+    CrashPoints,
+    PassReport,
+    Reconciler,
+    _OutputState,
+)
+from trainguard.controller.service import ControlPlane
+from trainguard.diagnose.detectors import line_finding
+from trainguard.diagnose.signatures import classify_line
+from trainguard.model.findings import Culprit, Domain, Finding, Severity
+from trainguard.model.fleet import ActionState, FleetJob
+from trainguard.model.plan import DeviceStatus
+from trainguard.model.records import AttemptRecord, AuditKind, IncidentState, JobState
+from trainguard.schedulers.base import JobPhase, NodePhase, Observation, ObservedJob
+from trainguard.schedulers.slurm import SlurmObservedJob, SlurmObservedNode, SlurmScheduler
+from trainguard.signals.kernel_log import FileFollower, KernelLine
+from trainguard.store import NotFound, Store
+from trainguard.store.fleet import Fence
+
+log = logging.getLogger("trainguard.slurm")
+ACTOR = "trainguard-slurm"
+HEAD_BYTES = 256
+
+
+@dataclass(frozen=True)
+class SlurmWatchConfig:
+    """What the Slurm watch adds to :class:`ControlConfig`."""
+
+    kernel_logs: Mapping[str, str] = field(default_factory=dict)  # node -> file
+    kernel_log_pattern: str | None = None  # e.g. "/var/log/nodes/{node}/kern.log"
+    observe_others: bool = False  # manage jobs that did not opt in, in observe mode
+    interval: float = 1.0
+
+
+class SlurmReconciler(Reconciler):
+    """The generic reconciler plus Slurm's cases (see the module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._heads: dict[tuple[str, int], bytes] = {}
+        self._attempt_nodes: dict[tuple[str, int], tuple[str, ...]] = {}
+
+    # --- evidence ------------------------------------------------------------------
+
+    def _hosts(self, job_id: str, att: AttemptRecord) -> set[str]:
+        hosts = {d.host for d in att.devices}
+        hosts |= set(self._attempt_nodes.get((job_id, att.number), ()))
+        return hosts
+
+    def fatal_evidence(self, job_id: str, att: AttemptRecord, until: float) -> list[Finding]:
+        """Fatal hardware findings on the attempt's GPUs and node findings on its nodes,
+        since it started, oldest first."""
+        uuids = {d.uuid for d in att.devices}
+        hosts = self._hosts(job_id, att)
+        out: list[Finding] = []
+        for row in self.fleet.findings_between(att.started_at, until + 1.0):
+            try:
+                f = Finding.from_dict(row["finding"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            if f.severity is not Severity.FATAL or f.at < att.started_at:
+                continue
+            if f.domain is Domain.HARDWARE:
+                uuid = row.get("device_uuid") or f.culprit.device_uuid
+                if uuid in uuids:
+                    out.append(f)
+            elif f.domain is Domain.NODE:
+                host = row.get("host") or f.culprit.host
+                if host in hosts:
+                    out.append(f)
+        return sorted(out, key=lambda f: f.at)
+
+    def _failed_view(
+        self, oj: ObservedJob, att: AttemptRecord, job_id: str, evidence: list[Finding]
+    ) -> ObservedJob:
+        """The observation as it will be once the attempt is over: failed at the first
+        evidence, the node the evidence names first (it is the attribution's culprit)."""
+        first = evidence[0]
+        bad = first.culprit.host
+        hosts = list(self._attempt_nodes.get((job_id, att.number)) or oj.nodes)
+        if bad and bad in hosts:
+            hosts = [bad] + [h for h in hosts if h != bad]
+        where = f" on {bad}" if bad else ""
+        return dataclasses.replace(
+            oj,
+            phase=JobPhase.FAILED,
+            attempt=att.number,
+            nodes=tuple(hosts),
+            ended_at=first.at,
+            exit_code=None,
+            signal=None,
+            reason=f"{first.kind}{where}: {first.message}"[:300],
+            output_path=att.log_path or oj.output_path,
+        )
+
+    def _ours(self, job_id: str, attempt: int) -> bool:
+        """Whether trainguard made ``attempt`` (a restart of an incident of this job)."""
+        for inc in self.store.list_incidents(job_id=job_id):
+            if inc.recovery_attempt == attempt:
+                return True
+            if not inc.state.terminal and any(
+                a.type == "restart" and a.state is ActionState.INTENDED
+                for a in self.fleet.list_actions(inc.id)
+            ):
+                return True
+        return False
+
+    # --- health: a quarantined node that is DOWN is drained too ---------------------
+
+    def _enforce_health(self, obs: Observation, fence: Fence) -> None:
+        """The generic rule drains a quarantined node when it is UP. On Slurm a node that
+        is DOWN (its slurmd died) returns by itself when slurmd is back (ReturnToService),
+        so a quarantined DOWN node is drained at once: it comes back drained."""
+        super()._enforce_health(obs, fence)
+        sched = self.scheduler
+        assert sched is not None
+        for node in obs.nodes.values():
+            if node.phase is not NodePhase.DOWN or "DRAIN" in getattr(node, "flags", ()):
+                continue
+            try:
+                stored = self.fleet.get_node(node.name)
+            except NotFound:
+                continue
+            if stored.state.schedulable:
+                continue
+            self._sync_call(
+                fence,
+                f"node:{node.name}",
+                f"sync-dd-{node.name}-{stored.since:.6f}",
+                f"drain {node.name} (down): the store has it {stored.state.value}",
+                partial(
+                    sched.drain,
+                    node.name,
+                    f"trainguard: {stored.reason}",
+                    token=fence.token,
+                ),
+            )
+
+    def _device_statuses(self, obs: Observation, job_ref: str) -> tuple[DeviceStatus, ...]:
+        """A node that is DOWN but not drained is not out of service yet (its slurmd may
+        come back by itself): the evidence against it must still be able to quarantine
+        it, so the policy sees its devices with their stored health."""
+        nodes = {
+            name: dataclasses.replace(n, phase=NodePhase.UP)
+            if n.phase is NodePhase.DOWN and "DRAIN" not in getattr(n, "flags", ())
+            else n
+            for name, n in obs.nodes.items()
+        }
+        return super()._device_statuses(Observation(at=obs.at, jobs=obs.jobs, nodes=nodes), job_ref)
+
+    # --- the attempt sync ----------------------------------------------------------
+
+    def _sync_job(self, fj: FleetJob, obs: Observation, fence: Fence, report: PassReport) -> None:
+        oj = obs.jobs.get(fj.scheduler_ref)
+        try:
+            job = self.store.get_job(fj.job_id)
+        except NotFound:
+            return
+        if oj is None or job.state.terminal:
+            super()._sync_job(fj, obs, fence, report)
+            return
+        now = self.clock()
+        if oj.phase is JobPhase.RUNNING and oj.nodes:
+            self._attempt_nodes.setdefault((job.id, oj.attempt), tuple(oj.nodes))
+        attempts = {a.number: a for a in self.store.list_attempts(job.id)}
+        # Slurm moved past a live attempt by itself (NODE_FAIL + --requeue): with
+        # evidence, that attempt failed (an incident), it was not merely superseded.
+        for number, att in sorted(attempts.items()):
+            if number >= oj.attempt or att.state.terminal or self._ours(job.id, oj.attempt):
+                continue
+            evidence = self.fatal_evidence(job.id, att, now)
+            if evidence:
+                failed = self._failed_view(oj, att, job.id, evidence)
+                self._attempt_failed(fj, job, att, failed, fence, report, hang_since=None)
+                job = self.store.get_job(job.id)
+        self._seed_output(job.id, oj)
+        att_now = attempts.get(oj.attempt)
+        if (
+            oj.phase is JobPhase.RUNNING
+            and att_now is not None
+            and not att_now.state.terminal
+            and oj.attempt in attempts
+        ):
+            evidence = self.fatal_evidence(job.id, att_now, now)
+            if evidence:
+                self._follow_output(job.id, att_now, oj)
+                failed = self._failed_view(oj, att_now, job.id, evidence)
+                self._attempt_failed(fj, job, att_now, failed, fence, report, hang_since=None)
+                return
+        super()._sync_job(fj, obs, fence, report)
+
+    # --- output files: truncated or appended on requeue ----------------------------
+
+    def _seed_output(self, job_id: str, oj: ObservedJob) -> None:
+        """Before a new attempt writes: remember where its output will begin (the end of
+        the file in append mode) and what the file begins with (truncation changes it)."""
+        key = (job_id, oj.attempt)
+        path = oj.output_path
+        if key in self._outputs or not path or oj.attempt == 0:
+            return
+        if oj.phase is not JobPhase.PENDING:
+            prev = self._outputs.get((job_id, oj.attempt - 1))
+            if prev is None:
+                return
+            offset = prev.offset
+        else:
+            try:
+                offset = os.stat(path).st_size
+            except OSError:
+                return
+        if offset <= 0:
+            return
+        try:
+            with open(path, "rb") as f:
+                head = f.read(min(HEAD_BYTES, offset))
+        except OSError:
+            return
+        self._outputs[key] = _OutputState(offset=offset)
+        self._heads[key] = head
+
+    def _follow_output(self, job_id: str, att: AttemptRecord, oj: ObservedJob) -> None:
+        key = (job_id, att.number)
+        head = self._heads.get(key)
+        state = self._outputs.get(key)
+        if head is not None and state is not None and oj.output_path:
+            try:
+                size = os.stat(oj.output_path).st_size
+                with open(oj.output_path, "rb") as f:
+                    now_head = f.read(len(head))
+            except OSError:
+                return
+            if size < state.offset or now_head != head:
+                # Slurm truncated the file for this attempt: its output starts at 0.
+                state.offset, state.partial = 0, b""
+                del self._heads[key]
+            elif size > state.offset:
+                del self._heads[key]  # appending: the new attempt's output follows
+        super()._follow_output(job_id, att, oj)
+
+
+class SlurmWatch:
+    """The loop behind ``trainguard slurm watch`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        store: Store,
+        scheduler: SlurmScheduler,
+        *,
+        config: ControlConfig | None = None,
+        watch: SlurmWatchConfig | None = None,
+        clock: Callable[[], float] = time.time,
+        identity: str | None = None,
+        crash: CrashPoints | None = None,
+    ) -> None:
+        self.store = store
+        self.scheduler = scheduler
+        self.clock = clock
+        self.watch = watch or SlurmWatchConfig()
+        self.cp = ControlPlane(store, scheduler, clock, config=config, identity=identity)
+        # The same reconciler, with Slurm's additions (identity, lease, config shared).
+        self.cp.reconciler = SlurmReconciler(
+            store,
+            scheduler,
+            identity=self.cp.identity,
+            config=self.cp.config,
+            clock=clock,
+            crash=crash,
+        )
+        self._managed: dict[str, str] = {}  # scheduler ref -> job id
+        self._skipped: set[str] = set()
+        self._node_bad: dict[str, bool] = {}
+        self._followers: dict[str, FileFollower] = {}
+        self._lines: list[tuple[str, KernelLine]] = []
+        self._waiting_noted: set[tuple[str, int]] = set()
+        self.last_observation: Observation | None = None
+
+    # --- discovery -----------------------------------------------------------------
+
+    def discover(self, obs: Observation) -> list[str]:
+        """Manage the jobs that opted in (and, with ``observe_others``, the rest, observed
+        only). Returns the job ids registered now."""
+        fresh: list[str] = []
+        for ref, oj in obs.jobs.items():
+            if ref in self._managed or ref in self._skipped or oj.phase.terminal:
+                continue
+            if not isinstance(oj, SlurmObservedJob):
+                continue
+            existing = self.cp.fleet.find_fleet_job(ref)
+            if existing is not None:
+                self._managed[ref] = existing.job_id
+                continue
+            opt = oj.opt_in
+            if opt is None and not self.watch.observe_others:
+                self._skipped.add(ref)
+                continue
+            policy = opt.policy if opt else None
+            note = None
+            if policy is not None and self.cp.fleet.get_policy(policy) is None:
+                note = f"policy {policy!r} named in the job's comment does not exist: default used"
+                policy = None
+            job_id = f"slurm-{self.scheduler.cluster}-{ref.replace('#', '-')}"
+            fj = self.cp.register_job(
+                scheduler_ref=ref,
+                name=oj.name,
+                command=[f"slurm:{oj.job_id}", oj.name],
+                need=max(0, oj.node_count * oj.gpus_per_node),
+                actor=ACTOR,
+                partition=oj.partition,
+                policy=policy,
+                opted_in=opt is not None,
+                checkpoint_dir=opt.checkpoint_dir if opt else None,
+                job_id=job_id,
+            )
+            if opt is not None and opt.mode == "observe":
+                self.cp.set_mode(f"job:{fj.job_id}", "observe", ACTOR, "the job's comment asks")
+            if note or (opt and opt.unknown):
+                why = (
+                    note
+                    or f"unknown keys in the job's comment: {sorted(opt.unknown) if opt else []}"
+                )
+                self.store.append_audit(
+                    self.clock(), ACTOR, AuditKind.NOTE, f"job:{fj.job_id}", why, job_id=fj.job_id
+                )
+            self._managed[ref] = fj.job_id
+            fresh.append(fj.job_id)
+        return fresh
+
+    # --- node events ---------------------------------------------------------------
+
+    def node_events(self, obs: Observation) -> list[Finding]:
+        """A node that stopped responding or went DOWN: a fatal node finding (once per
+        transition). Drains (ours or an operator's) are not failures."""
+        out: list[Finding] = []
+        now = self.clock()
+        for name, node in obs.nodes.items():
+            if not isinstance(node, SlurmObservedNode):
+                continue
+            bad = node.not_responding or node.slurm_state in ("down", "fail", "failing")
+            was = self._node_bad.get(name, False)
+            self._node_bad[name] = bad
+            if not bad or was:
+                continue
+            what = "not responding" if node.not_responding else node.slurm_state.upper()
+            finding = Finding(
+                kind="node_down",
+                domain=Domain.NODE,
+                at=node.reason_at if node.reason_at and node.reason_at > now - 120 else now,
+                source="slurm",
+                message=f"Slurm reports node {name} {what}"
+                + (f" ({node.reason})" if node.reason else ""),
+                severity=Severity.FATAL,
+                evidence=(
+                    f"sinfo: {name} state={node.slurm_state}+{'+'.join(node.flags)} "
+                    f"reason={node.reason or '-'}",
+                ),
+                culprit=Culprit(host=name),
+                signature="slurm:node_down",
+                details={"state": node.slurm_state, "flags": list(node.flags)},
+            )
+            self.cp.ingest_finding(finding, host=name)
+            out.append(finding)
+        return out
+
+    # --- kernel logs ---------------------------------------------------------------
+
+    def _kernel_path(self, node: str) -> str | None:
+        if node in self.watch.kernel_logs:
+            return self.watch.kernel_logs[node]
+        if self.watch.kernel_log_pattern:
+            return self.watch.kernel_log_pattern.replace("{node}", node)
+        return None
+
+    def _sink(self, node: str) -> Callable[[Any], None]:
+        def sink(line: Any) -> None:
+            if isinstance(line, KernelLine):
+                self._lines.append((node, line))
+
+        return sink
+
+    def kernel_logs(self, obs: Observation) -> list[Finding]:
+        """New kernel-log lines of every node -> findings (stored, device resolved)."""
+        for name in obs.nodes:
+            if name not in self._followers:
+                path = self._kernel_path(name)
+                if path:
+                    self._followers[name] = FileFollower(path, self._sink(name), self.clock)
+        for follower in self._followers.values():
+            follower.poll_once()
+        lines, self._lines = self._lines, []
+        out: list[Finding] = []
+        for node, line in lines:
+            try:
+                match = classify_line(line.text)
+            except Exception:  # a garbage line never stops the loop
+                continue
+            if match is None:
+                continue
+            known = obs.nodes.get(node)
+            inventory = known.devices if known is not None else ()
+            f = line_finding(match, match.text, line.at, "kernel_log", (), inventory)
+            culprit = dataclasses.replace(f.culprit, host=node)
+            if culprit.device_uuid and culprit.pci_bus_id:
+                # Every node of a cluster has the same PCI topology: once the device is
+                # known by uuid, its bus id would match the same slot on the job's other
+                # nodes (attribution matches uuid *or* bus id), so it goes to details.
+                f = dataclasses.replace(f, details={**f.details, "pci_bus_id": culprit.pci_bus_id})
+                culprit = dataclasses.replace(culprit, pci_bus_id=None)
+            f = dataclasses.replace(f, culprit=culprit)
+            self.cp.ingest_finding(f, host=node)
+            out.append(f)
+        return out
+
+    # --- waiting for capacity ------------------------------------------------------
+
+    def note_waiting(self, obs: Observation) -> None:
+        """A recovery attempt held pending for lack of healthy nodes: say so in the store."""
+        if not self.cp.is_leader():
+            return
+        for ref, job_id in self._managed.items():
+            oj = obs.jobs.get(ref)
+            if oj is None or oj.phase is not JobPhase.PENDING:
+                continue
+            reason = oj.reason or ""
+            if "waiting for capacity" not in reason:
+                continue
+            key = (job_id, oj.attempt)
+            if key in self._waiting_noted:
+                continue
+            now = self.clock()
+            try:
+                job = self.store.get_job(job_id)
+                live = [
+                    i
+                    for i in self.store.list_incidents(job_id=job_id)
+                    if i.state in (IncidentState.VERIFYING, IncidentState.ACTING)
+                    and i.recovery_attempt == oj.attempt
+                ]
+                with self.store.transaction():
+                    for inc in live:
+                        self.store.update_incident(
+                            inc.id, at=now, note=f"attempt {oj.attempt} pending: {reason}"[:500]
+                        )
+                    if job.state is JobState.RUNNING:
+                        self.store.update_job_state(
+                            job_id, JobState.RECOVERING, at=now, actor=ACTOR
+                        )
+                        job = self.store.get_job(job_id)
+                    if job.state is JobState.RECOVERING:
+                        self.store.update_job_state(
+                            job_id, JobState.WAITING, at=now, reason=reason[:500], actor=ACTOR
+                        )
+            except (NotFound, ValueError) as exc:
+                log.warning("cannot record the wait of job %s: %s", job_id, exc)
+                continue
+            self._waiting_noted.add(key)
+
+    # --- the pass ------------------------------------------------------------------
+
+    def run_once(self, now: float | None = None) -> PassReport:
+        """Discover, collect findings, reconcile. Errors of the Slurm side are reported in
+        the pass report, never raised (Slurm may be briefly unreachable)."""
+        errors: list[str] = []
+        obs: Observation | None = None
+        try:
+            obs = self.scheduler.observe()
+            self.last_observation = obs
+            self.discover(obs)
+            self.node_events(obs)
+            self.kernel_logs(obs)
+        except Exception as exc:
+            errors.append(f"slurm: {type(exc).__name__}: {exc}")
+        report = self.cp.run_once(now)
+        report.errors.extend(errors)
+        if obs is not None:
+            try:
+                self.note_waiting(self.scheduler.observe() if report.applied else obs)
+            except Exception as exc:
+                report.errors.append(f"slurm: {type(exc).__name__}: {exc}")
+        return report
+
+    def run_forever(self, stop: threading.Event, interval: float | None = None) -> None:
+        period = self.watch.interval if interval is None else interval
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                report = self.run_once()
+                for error in report.errors:
+                    log.warning("slurm watch: %s", error)
+            except Exception:
+                log.exception("slurm watch pass failed")
+            stop.wait(max(0.0, period - (time.monotonic() - started)))
+        try:
+            self.cp.reconciler.elector.release(self.clock())
+        except Exception:
+            log.exception("could not release the controller lease")
+
+
+def kernel_logs_from_spec(specs: list[str]) -> dict[str, str]:
+    """``["n1=/var/log/n1.log", ...]`` -> mapping; ``ValueError`` for a malformed item."""
+    out: dict[str, str] = {}
+    for spec in specs:
+        node, sep, path = spec.partition("=")
+        if not sep or not node or not path:
+            raise ValueError(f"--kernel-log {spec!r}: expected NODE=FILE")
+        out[node] = str(Path(path))
+    return out
+
+
+__all__ = [
+    "SlurmReconciler",
+    "SlurmWatch",
+    "SlurmWatchConfig",
+    "kernel_logs_from_spec",
+]

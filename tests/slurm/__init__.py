@@ -1,0 +1,1 @@
+"""Shared parts of the Slurm tests: the local cluster fixture, job scripts, helpers."""

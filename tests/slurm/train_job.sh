@@ -1,0 +1,22 @@
+#!/bin/bash
+# A 2-node torchrun job for the Slurm tests and benchmark: tests/jobs/tiny_train.py, one rank
+# per node (gloo over loopback: every logical node is this host), as FIELD-NOTES recommends:
+#   srun --kill-on-bad-exit=1 torchrun --nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d ...
+# Usage: sbatch [options] train_job.sh PYTHON TINY_TRAIN_ARGS...
+set -u
+py="$1"
+shift
+# The attempt as tiny_train counts it (its --fault-attempt reads TRAINGUARD_ATTEMPT).
+export TRAINGUARD_ATTEMPT="${SLURM_RESTART_COUNT:-0}"
+# A free port for the rendezvous, chosen once per attempt by the batch step.
+port="$("$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+here="$(cd "$(dirname "$0")" 2>/dev/null && pwd)"
+tiny="${TINY_TRAIN:-$here/../jobs/tiny_train.py}"
+echo "attempt ${TRAINGUARD_ATTEMPT} of job ${SLURM_JOB_ID} on ${SLURM_JOB_NODELIST} (rendezvous port ${port})"
+exec srun --kill-on-bad-exit=1 bash -c '
+is_host=0
+[ "$SLURM_NODEID" = 0 ] && is_host=1
+exec "$0" -m torch.distributed.run --nnodes=2 --nproc-per-node=1 --max-restarts=0 \
+    --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:'"$port"' \
+    --rdzv-id="$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}" --rdzv-conf is_host=$is_host \
+    "$@"' "$py" "$tiny" "$@"
