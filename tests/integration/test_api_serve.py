@@ -236,10 +236,16 @@ def test_serve_creates_private_tokens_and_listens_on_loopback(tmp_path: Path) ->
         viewer = next(
             line.split('"')[1] for line in tokens.read_text().splitlines() if "viewer" in line
         )
-        r = httpx.get(url + "/v1/status", headers={"Authorization": f"Bearer {viewer}"})
-        body: dict[str, Any] = r.json()
+        headers = {"Authorization": f"Bearer {viewer}"}
+        # The reconcile loop (a child process) takes the leader lease on its first pass.
+        body: dict[str, Any] = wait_for(
+            lambda: (b := httpx.get(url + "/v1/status", headers=headers).json())["leader"] and b,
+            30,
+            "the loop to lead",
+        )
         assert body["mode"] == "observe" and body["control_plane"] is True
-        assert body["leader"] is True
+        assert body["details"]["loop"] == "process"
+        assert body["details"]["last_pass"]["leader"] is True
         r = httpx.get(url + "/ui/")
         assert r.status_code == 200 and "trainguard" in r.text
     finally:
@@ -280,3 +286,42 @@ def test_serve_refuses_a_bad_token_file_with_a_clear_message(tmp_path: Path) -> 
     )
     assert out.returncode == 1
     assert "shorter than 16" in out.stderr and str(bad) in out.stderr
+
+
+def _loop_children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmd = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if ppid == pid and b"trainguard.api.loop_process" in cmd:
+            out.append(int(entry.name))
+    return out
+
+
+@pytest.mark.slow
+def test_the_loop_process_is_restarted_and_dies_with_serve(tmp_path: Path) -> None:
+    write_tokens(tmp_path)
+    server = Server(tmp_path, free_port(), "--reconcile-interval", "0.2")
+    try:
+        first = wait_for(lambda: _loop_children(server.p.pid), 30, "the loop process")[0]
+        os.kill(first, 9)
+        second = wait_for(
+            lambda: [p for p in _loop_children(server.p.pid) if p != first], 30, "a new loop"
+        )[0]
+        with server.client(VIEW) as c:
+            wait_for(lambda: c.get("/v1/status").json()["leader"], 30, "leadership again")
+    finally:
+        server.kill()  # SIGKILL: no chance to stop the child itself
+    wait_for(lambda: not Path(f"/proc/{second}").exists() or _zombie(second), 15, "loop to die")
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True

@@ -69,6 +69,13 @@ def register(subparsers: Any) -> None:
         help="procs cluster nodes and their simulated devices on first use (default n1=2)",
     )
     parser.add_argument("--identity", metavar="NAME", help="name in the leader lease and audit")
+    parser.add_argument(
+        "--loop",
+        choices=("process", "thread"),
+        default="process",
+        help="run the reconcile loop in a child process (default: keeps the API responsive "
+        "while a pass runs) or in a thread of the API process",
+    )
     parser.add_argument("--repair-webhook", metavar="URL", help="POST repair records here")
     parser.add_argument("--page-webhook", metavar="URL", help="POST pages (breaker trips) here")
     parser.add_argument(
@@ -101,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
         procs_root=args.procs_root,
         procs_nodes=args.procs_nodes,
         holder=args.identity,
+        loop=args.loop,
         repair_webhook=args.repair_webhook,
         page_webhook=args.page_webhook,
     )

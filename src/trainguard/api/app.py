@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from trainguard import __version__
 from trainguard.api import routes_ingest, routes_operate, routes_read
 from trainguard.api.context import ApiContext
+from trainguard.api.fastlane import FastLane
 from trainguard.api.middleware import BodyLimit, RouteTiming
 from trainguard.model.statemachine import IllegalTransition
 from trainguard.store import NotFound, StoreError
@@ -33,7 +34,7 @@ a refused request changes nothing. See docs/api.md.
 """
 
 
-def create_app(ctx: ApiContext, *, serve_dashboard: bool = True) -> FastAPI:
+def create_app(ctx: ApiContext, *, serve_dashboard: bool = True, fast_lane: bool = True) -> FastAPI:
     app = FastAPI(
         title="trainguard control plane",
         version=__version__,
@@ -78,8 +79,11 @@ def create_app(ctx: ApiContext, *, serve_dashboard: bool = True) -> FastAPI:
         async def root() -> RedirectResponse:
             return RedirectResponse("/ui/")
 
-    # Outermost first: the limit refuses a large body before any routing or timing.
+    # The last added runs first: the body limit, then the fast lane for the well-formed
+    # heartbeat/progress case (decision 0092), then timing around the framework's routes.
     app.add_middleware(RouteTiming, metrics=ctx.metrics)
+    if fast_lane:
+        app.add_middleware(FastLane, ctx=ctx)
     app.add_middleware(BodyLimit, max_bytes=ctx.max_body, metrics=ctx.metrics)
     return app
 

@@ -48,6 +48,7 @@ class ApiContext:
     public_read: bool = False
     max_body: int = DEFAULT_MAX_BODY
     progress_dropped: dict[str, int] = field(default_factory=dict)
+    loop_status: dict[str, Any] | None = None  # the loop process's last pass (0095)
 
     def start(self) -> None:
         self.findings.load_receipts()

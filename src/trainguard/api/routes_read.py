@@ -81,23 +81,30 @@ def status(
             leader = bool(control.is_leader())
             lease = control.leader()
             last = control.last_pass()
+            if ctx.loop_status is not None:  # the loop runs in its own process (0095)
+                last_view: dict[str, Any] | None = _pass_view(ctx.loop_status)
+            elif last is None:
+                last_view = None
+            else:
+                last_view = _pass_view(
+                    {
+                        "at": last.at,
+                        "leader": last.leader,
+                        "duration": last.duration,
+                        "opened": last.opened,
+                        "planned": last.planned,
+                        "applied": last.applied,
+                        "waiting": last.waiting,
+                        "recovered": last.recovered,
+                        "errors": last.errors,
+                    }
+                )
             details = {
+                "loop": "process" if ctx.loop_status is not None else "thread",
                 "identity": control.identity,
                 "lease": None if lease is None else lease.to_json(),
                 "scheduler": getattr(control.scheduler, "name", None),
-                "last_pass": None
-                if last is None
-                else {
-                    "at": iso_utc(last.at),
-                    "leader": last.leader,
-                    "duration_s": round(last.duration, 4),
-                    "opened": list(last.opened),
-                    "planned": list(last.planned),
-                    "applied": list(last.applied),
-                    "waiting": list(last.waiting),
-                    "recovered": list(last.recovered),
-                    "errors": list(last.errors),
-                },
+                "last_pass": last_view,
             }
         except Exception as exc:  # a status page must not fail because the loop did
             details = {"error": f"{type(exc).__name__}: {exc}"}
@@ -117,6 +124,17 @@ def status(
             "progress_dropped": sum(ctx.progress_dropped.values()),
         },
         "details": details,
+    }
+
+
+def _pass_view(line: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "at": iso_utc(line.get("at")),
+        "leader": bool(line.get("leader")),
+        "duration_s": round(float(line.get("duration") or 0.0), 4),
+        **{k: list(line.get(k) or []) for k in ("opened", "planned", "applied", "waiting")},
+        "recovered": list(line.get("recovered") or []),
+        "errors": list(line.get("errors") or []),
     }
 
 

@@ -10,6 +10,7 @@ address is printed before the first request can arrive.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -47,6 +48,7 @@ class ServeOptions:
     procs_nodes: str = "n1=2"
     repair_webhook: str | None = None
     page_webhook: str | None = None
+    loop: str = "process"  # "process": the reconcile loop in a child (0095); "thread"
 
 
 def default_token_file(database: str) -> Path:
@@ -199,6 +201,11 @@ def serve(options: ServeOptions, say: Callable[[str], None] = print) -> int:
     clock = time.time
     store = open_store(options.database, at=clock())
     tokens, token_path = load_tokens(options, say)
+    if options.controller and options.holder is None:
+        from trainguard.controller.lease import default_identity
+
+        # One name for the loop (wherever it runs) and the API's view of leadership.
+        options = dataclasses.replace(options, holder=default_identity())
     control = build_control(store, options, clock, load_scheduler(options.scheduler, options))
     ctx = build_context(
         store,
@@ -215,7 +222,14 @@ def serve(options: ServeOptions, say: Callable[[str], None] = print) -> int:
     sock = bind(options.host, options.port)
     host, port = sock.getsockname()[:2]
     ctx.start()
-    loop = ReconcileLoop(ctx, options.reconcile_interval).start() if control is not None else None
+    loop: ReconcileLoop | None = None
+    child: Any = None
+    if control is not None and options.loop == "thread":
+        loop = ReconcileLoop(ctx, options.reconcile_interval).start()
+    elif control is not None:
+        from trainguard.api.loop_process import ControllerProcess
+
+        child = ControllerProcess(dataclasses.asdict(options), _loop_reporter(ctx)).start()
     config = uvicorn.Config(
         app,
         log_level=options.log_level,
@@ -225,6 +239,8 @@ def serve(options: ServeOptions, say: Callable[[str], None] = print) -> int:
         timeout_keep_alive=75,  # agents keep one connection open between heartbeats
         backlog=4096,
         lifespan="off",
+        proxy_headers=False,  # no proxy is trusted: the client address is the peer's
+        server_header=False,
     )
     server = uvicorn.Server(config)
     say(
@@ -238,6 +254,8 @@ def serve(options: ServeOptions, say: Callable[[str], None] = print) -> int:
     finally:
         if loop is not None:
             loop.stop()
+        if child is not None:
+            child.stop()
         ctx.stop()
         if control is not None and hasattr(control, "close"):
             with contextlib.suppress(Exception):
@@ -245,6 +263,21 @@ def serve(options: ServeOptions, say: Callable[[str], None] = print) -> int:
         store.close()
         sock.close()
     return 0
+
+
+def _loop_reporter(ctx: ApiContext) -> Callable[[dict[str, Any]], None]:
+    """Turn the loop process's per-pass lines into metrics and the status page's view."""
+
+    def report(line: dict[str, Any]) -> None:
+        ctx.metrics.reconcile_seconds.observe(float(line.get("duration") or 0.0))
+        errors = line.get("errors") or []
+        if errors:
+            ctx.metrics.reconcile_errors.inc(len(errors))
+            for problem in errors:
+                log.warning("reconcile: %s", problem)
+        ctx.loop_status = line
+
+    return report
 
 
 def _pick(module: str, fallback: str) -> str:
