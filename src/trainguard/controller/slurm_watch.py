@@ -64,6 +64,7 @@ from trainguard.store.fleet import Fence
 log = logging.getLogger("trainguard.slurm")
 ACTOR = "trainguard-slurm"
 HEAD_BYTES = 256
+NODE_DEBOUNCE = 2.0  # seconds a node must stay NOT_RESPONDING before it is a finding
 
 
 @dataclass(frozen=True)
@@ -312,7 +313,7 @@ class SlurmWatch:
         )
         self._managed: dict[str, str] = {}  # scheduler ref -> job id
         self._skipped: set[str] = set()
-        self._node_bad: dict[str, bool] = {}
+        self._node_bad: dict[str, tuple[float, bool]] = {}  # node -> (bad since, reported)
         self._followers: dict[str, FileFollower] = {}
         self._lines: list[tuple[str, KernelLine]] = []
         self._waiting_noted: set[tuple[str, int]] = set()
@@ -380,15 +381,20 @@ class SlurmWatch:
             if not isinstance(node, SlurmObservedNode):
                 continue
             bad = node.not_responding or node.slurm_state in ("down", "fail", "failing")
-            was = self._node_bad.get(name, False)
-            self._node_bad[name] = bad
-            if not bad or was:
+            if not bad:
+                self._node_bad.pop(name, None)
                 continue
+            # Debounced: a node that was just resumed shows NOT_RESPONDING for a moment
+            # until its slurmd re-registers; a dead one stays that way.
+            since, reported = self._node_bad.setdefault(name, (now, False))
+            if reported or (node.slurm_state != "down" and now - since < NODE_DEBOUNCE):
+                continue
+            self._node_bad[name] = (since, True)
             what = "not responding" if node.not_responding else node.slurm_state.upper()
             finding = Finding(
                 kind="node_down",
                 domain=Domain.NODE,
-                at=node.reason_at if node.reason_at and node.reason_at > now - 120 else now,
+                at=since,
                 source="slurm",
                 message=f"Slurm reports node {name} {what}"
                 + (f" ({node.reason})" if node.reason else ""),

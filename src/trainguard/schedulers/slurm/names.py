@@ -29,21 +29,21 @@ class InvalidName(SchedulerError, ValueError):
 
 def job_id(value: str | int) -> str:
     text = str(value).strip()
-    if not JOB_ID_RE.match(text):
+    if not JOB_ID_RE.fullmatch(text):
         raise InvalidName(f"not a Slurm job id: {value!r}")
     return text
 
 
 def node(value: str) -> str:
-    text = str(value).strip()
-    if not NODE_RE.match(text):
+    text = str(value)
+    if not NODE_RE.fullmatch(text):
         raise InvalidName(f"not a node name: {value!r}")
     return text
 
 
 def partition(value: str) -> str:
-    text = str(value).strip()
-    if not PARTITION_RE.match(text):
+    text = str(value)
+    if not PARTITION_RE.fullmatch(text):
         raise InvalidName(f"not a partition name: {value!r}")
     return text
 

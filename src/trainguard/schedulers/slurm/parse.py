@@ -281,7 +281,9 @@ def parse_sinfo_json(text: str) -> list[SlurmNode]:
 
 # --- the scontrol one-line fallback ----------------------------------------------------
 
-_KEY_RE = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=")
+# Slurm's keys start with a capital letter (JobId, AllocNode:Sid, CPUs/Task); a value such
+# as a comment "x; trainguard:policy=a" must not start a new field.
+_KEY_RE = re.compile(r"(?:^|\s)([A-Z][A-Za-z0-9_:/]*)=")
 
 
 def parse_kv_line(line: str) -> list[tuple[str, str]]:

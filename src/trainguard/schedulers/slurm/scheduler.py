@@ -624,6 +624,25 @@ class SlurmScheduler:
             "verified": seen,
         }
 
+    def _wait_resumed(self, node: str) -> str:
+        """The drain is gone (verified); then, briefly, the node answers again (a resumed
+        node shows NOT_RESPONDING for a moment until slurmd re-registers)."""
+
+        def cleared() -> tuple[bool, str]:
+            cur = self.slurm_node(node)
+            if cur is None:
+                return False, "node gone"
+            return not cur.drained, f"{cur.state}+{'+'.join(cur.flags)}"
+
+        seen = self._wait(f"resume of {node}", cleared)
+        deadline = time.monotonic() + min(5.0, self.verify_timeout)
+        while time.monotonic() < deadline:
+            cur = self.slurm_node(node)
+            if cur is not None and not cur.down:
+                return f"{cur.state}+{'+'.join(cur.flags)}".rstrip("+")
+            time.sleep(self.poll)
+        return f"{seen} (drain cleared; the node does not respond yet)"
+
     def drain(self, node: str, reason: str, *, key: str, token: int) -> ActionResult:
         seen = self._begin(key, token)
         if seen is not None:
@@ -664,19 +683,12 @@ class SlurmScheduler:
             }
         else:
             self.cmd.run("scontrol", "update", f"NodeName={n.name}", "State=RESUME")
-
-            def check() -> tuple[bool, str]:
-                cur = self.slurm_node(n.name)
-                if cur is None:
-                    return False, "node gone"
-                return not cur.drained, f"{cur.state}+{'+'.join(cur.flags)}"
-
             detail = {
                 "node": n.name,
                 "applied": True,
                 "why": names.text(reason),
                 "outcome": "converged",
-                "verified": self._wait(f"resume of {n.name}", check),
+                "verified": self._wait_resumed(n.name),
             }
         return self._remember(key, detail, applied=bool(detail["applied"]))
 
@@ -708,16 +720,11 @@ class SlurmScheduler:
             detail.update(applied=True, observed=f"{node} stays drained for {', '.join(others)}")
         elif n.drained and _GPU_REASON_RE.match(n.reason or ""):
             self.cmd.run("scontrol", "update", f"NodeName={n.name}", "State=RESUME")
-
-            def check() -> tuple[bool, str]:
-                cur = self.slurm_node(n.name)
-                return (cur is not None and not cur.drained), (cur.state if cur else "gone")
-
             detail.update(
                 applied=True,
                 outcome="converged",
                 why=names.text(reason),
-                verified=self._wait(f"resume of {n.name}", check),
+                verified=self._wait_resumed(n.name),
             )
         else:
             detail.update(applied=True, observed=f"{node} drained for another reason: kept")
