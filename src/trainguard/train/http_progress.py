@@ -157,6 +157,7 @@ class HttpBatcher:
 
     def close(self) -> None:
         self._stop.set()
+        atexit.unregister(self.close)
         self.flush()
 
 
