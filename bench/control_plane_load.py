@@ -201,6 +201,7 @@ class Load:
         self.det_jobs = det_jobs
         self.detections: list[dict[str, Any]] = []
         self.lag: list[float] = []  # how late sends left compared with their schedule
+        self.worst_per_second: list[float] = []  # slowest answer per second of the run
 
     def record(self, kind: str, scheduled: float, sent: float, status: int) -> None:
         if not self.measuring:
@@ -210,6 +211,11 @@ class Load:
         if 200 <= status < 300:
             k.ok += 1
             k.latencies.append(done - sent)
+            second = int(sent - self.measure_start)
+            worst = self.worst_per_second
+            while len(worst) <= second:
+                worst.append(0.0)
+            worst[second] = max(worst[second], done - sent)
             k.from_schedule.append(done - scheduled)
             self.lag.append(sent - scheduled)
         else:
@@ -675,6 +681,7 @@ def main() -> int:
             "all_p50_ms": _r(pct([x for k in load.kinds.values() for x in k.latencies], 50)),
             "all_p99_ms": _r(pct([x for k in load.kinds.values() for x in k.latencies], 99)),
             "send_lag_p99_ms": _r(pct(load.lag, 99)),
+            "worst_ms_per_second": [_r(w) for w in load.worst_per_second],
             "detection": {
                 "probes": load.detections,
                 "p50_s": pct(det_lat, 50),
