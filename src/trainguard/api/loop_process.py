@@ -8,7 +8,7 @@ loop in a child process it supervises: one command, one store, the same
 ``ControlPlane`` code; the child is the one that takes the leader lease and acts.
 
 * The child (``python -m trainguard.api.loop_process CONFIG``) runs at a lower CPU
-  priority (``nice`` 10: under contention the API answers first), opens the store and
+  priority (``nice`` 19: under contention the API answers first), opens the store and
   the scheduler, runs ``ControlPlane.run_once()`` every interval, and writes one
   JSON line per pass (duration, leader, what it opened/planned/applied/recovered,
   errors) to stdout. It dies with its parent (``PR_SET_PDEATHSIG``, and a parent
@@ -54,7 +54,7 @@ def child_main(config: dict[str, Any]) -> int:
     # The loop yields the CPU to the API under contention: a pass that takes a little
     # longer costs nothing, a heartbeat answered late looks like a dead node.
     with contextlib.suppress(OSError):
-        os.nice(int(config.pop("nice", 10)))
+        os.nice(int(config.pop("nice", 19)))
     parent = os.getppid()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
