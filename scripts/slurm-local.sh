@@ -254,15 +254,15 @@ our_pids() {
 # Tasks of one node: processes whose environment says SLURMD_NODENAME=<node>, and the
 # slurmstepd that is their parent.
 node_task_pids() {
-    local n="$1" p ppid
-    for p in /proc/[0-9]*; do
-        p="${p#/proc/}"
-        if { tr '\0' '\n' <"/proc/$p/environ"; } 2>/dev/null | grep -qx "SLURMD_NODENAME=$n"; then
-            echo "$p"
-            ppid="$(awk '{print $4}' "/proc/$p/stat" 2>/dev/null || true)"
-            if [ -n "$ppid" ] && grep -q slurmstepd "/proc/$ppid/comm" 2>/dev/null; then
-                echo "$ppid"
-            fi
+    local n="$1" f p ppid
+    # One grep over every environment (NUL-separated entries): fast, so a node dies at once.
+    for f in $(grep -lsxz -- "SLURMD_NODENAME=$n" /proc/[0-9]*/environ 2>/dev/null); do
+        p="${f#/proc/}"
+        p="${p%/environ}"
+        echo "$p"
+        ppid="$(awk '{print $4}' "/proc/$p/stat" 2>/dev/null || true)"
+        if [ -n "$ppid" ] && grep -q slurmstepd "/proc/$ppid/comm" 2>/dev/null; then
+            echo "$ppid"
         fi
     done | sort -u
 }

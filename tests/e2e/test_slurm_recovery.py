@@ -148,7 +148,7 @@ def test_node_failure_is_observed_and_the_job_recovers_on_other_nodes(
 
 
 def test_a_hang_is_requeued_after_the_hang_timeout(slurm: LocalSlurm, tmp_path: Path) -> None:
-    w = Watcher(slurm, tmp_path, policy={"hang_timeout_seconds": 12})
+    w = Watcher(slurm, tmp_path, policy={"hang_timeout_seconds": 15})
     try:
         jid = w.submit(
             tmp_path / "ck",
@@ -158,7 +158,7 @@ def test_a_hang_is_requeued_after_the_hang_timeout(slurm: LocalSlurm, tmp_path: 
         w.run_until(lambda: w.incident_state(jid) == "recovered", 120, "the recovery")
         (inc,) = w.store.list_incidents(job_id=w.managed_job_id(jid))
         assert inc.kind.value == "hang"
-        assert inc.detected_at - (inc.fault_at or 0) >= 12  # not before the timeout
+        assert inc.detected_at - (inc.fault_at or 0) >= 15  # not before the timeout
         assert [a["type"] for a in inc.actions] == ["restart"]
         assert not any(_drained(slurm, n) for n in ("n1", "n2", "n3", "n4"))
         _, step, _ = _resumed(w, jid)
