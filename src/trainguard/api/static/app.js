@@ -317,7 +317,9 @@ function drawChart(incidents) {
   const W = Math.max(480, box.clientWidth || 900), H = 240, L = 56, R = 60, T = 30, B = 34;
   const t0 = Math.min(...pts.map((p) => p.t)), t1 = Math.max(...pts.map((p) => p.t));
   const span = Math.max(1000, t1 - t0);
-  const x = (t) => L + (W - L - R) * ((t - t0) / span) * 0.96 + (W - L - R) * 0.02;
+  // One moment only (a single incident): draw it in the middle rather than at the edge.
+  const x = t1 === t0 ? () => (L + W - R) / 2
+    : (t) => L + (W - L - R) * ((t - t0) / span) * 0.96 + (W - L - R) * 0.02;
   const recMax = niceMax(Math.max(0, ...pts.map((p) => p.rec || 0)));
   const lostMax = niceMax(Math.max(0, ...pts.map((p) => p.lost || 0)));
   const yRec = (v) => T + (H - T - B) * (1 - v / recMax);
