@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test test-fast lint bench clean
+.PHONY: venv demo test test-fast lint bench openapi clean
 
 venv: $(STAMP)
 
@@ -26,7 +26,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check src tests bench examples
 	$(VENV)/bin/mypy
 
+# The tests start their own real services (PostgreSQL, a local Slurm cluster) through
+# scripts/*-local.sh fixtures; the browser test needs Debian's chromium.
 test: lint
+	scripts/install-chromium.sh
 	$(VENV)/bin/pytest -q
 
 test-fast: $(STAMP)
@@ -34,6 +37,9 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/run_all.py
+
+openapi: $(STAMP)
+	$(PY) scripts/gen-openapi.py
 
 clean:
 	rm -rf $(VENV) .trainguard build *.egg-info

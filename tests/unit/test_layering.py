@@ -20,6 +20,7 @@ ALLOWED: dict[str, set[str]] = {
     "schedulers": {"model", "signals", "diagnose"},
     "simulate": {"model", "policy", "checkpoints", "diagnose"},
     "preflight": {"model", "diagnose", "signals"},
+    "agent": {"model", "diagnose", "signals"},
 }
 HIGHER = {"api", "cli", "_commands"}
 
