@@ -57,9 +57,12 @@ def _assert_verified_restart(w: Watcher, job_id: str, step: int) -> None:
     assert att.state is AttemptState.VERIFIED
     assert att.first_step is not None and att.first_step >= step
     assert att.last_step is not None and att.last_step > att.first_step
-    # The output of the new attempt (the file was truncated by the requeue) starts at
-    # the restored step: nothing before it was trained again from scratch.
-    steps = w.steps(job_id)
+    # The output of the new attempt starts at the restored step: nothing before it was
+    # trained again from scratch. (With --open-mode=append the old attempt's lines are
+    # still there, before the resume line.)
+    text = w.output(job_id).read_text()
+    after = text[text.index("trainguard: resumed from") :]
+    steps = [int(m.group(1)) for m in re.finditer(r"^step=(\d+) ", after, re.MULTILINE)]
     assert steps and min(steps) == step + 1
 
 
@@ -106,7 +109,9 @@ def test_a_killed_task_is_requeued_without_draining(
     slurm: LocalSlurm, watcher: Watcher, tmp_path: Path
 ) -> None:
     w = watcher
-    jid = w.submit(tmp_path / "ck")
+    # This job appends to its output on requeue (--open-mode=append): progress must be
+    # read from where the new attempt starts, not from the old attempt's lines.
+    jid = w.submit(tmp_path / "ck", sbatch=("--open-mode=append",))
     _running_at_step(w, jid, 8)
     assert slurm.kill_tasks("n2"), "no rank found on n2"
     w.run_until(lambda: w.incident_state(jid) == "recovered", 90, "the recovery")
@@ -117,6 +122,8 @@ def test_a_killed_task_is_requeued_without_draining(
     assert not any(_drained(slurm, n) for n in ("n1", "n2", "n3", "n4"))
     job = slurm.job(jid)
     assert job["Restarts"] == "1" and job["JobState"] == "RUNNING"
+    text = w.output(jid).read_text()
+    assert text.index("attempt 0 of job") < text.index("attempt 1 of job")  # appended
     _, step, _ = _resumed(w, jid)
     _assert_verified_restart(w, jid, step)
 
@@ -134,9 +141,11 @@ def test_node_failure_is_observed_and_the_job_recovers_on_other_nodes(
     mid = w.managed_job_id(jid)
     (inc,) = w.store.list_incidents(job_id=mid)
     assert inc.domain.value == "node" and inc.culprit.host == "n2"
-    # Slurm's own event is the evidence: the node stopped responding (or went DOWN).
+    # The evidence: n2's slurmd refused connections (probed each pass), or Slurm's own
+    # event (the node stopped responding, went DOWN, the job NODE_FAILed).
     assert any(
-        "n2" in e and ("not responding" in e or "DOWN" in e or "NODE_FAIL" in e)
+        "n2" in e
+        and any(w in e for w in ("refuses connections", "not responding", "DOWN", "NODE_FAIL"))
         for e in inc.evidence
     ), inc.evidence
     n2 = slurm.node("n2")

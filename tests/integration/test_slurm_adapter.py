@@ -184,6 +184,19 @@ def test_a_job_that_cannot_be_requeued_is_resubmitted_without_the_node(
     assert f"resume {ckpt}" in text.read_text()
 
 
+def test_an_action_that_does_not_take_effect_is_abandoned_with_the_reason(
+    slurm: LocalSlurm, tmp_path: Path
+) -> None:
+    impatient = SlurmScheduler(
+        tmp_path / "st", conf=slurm.conf, inventory=slurm.inventory, requeue_wait=0.0
+    )
+    ref = _submit(impatient, "ab", SLEEPER)
+    wait_for(impatient, lambda o: o.jobs[ref].phase is JobPhase.RUNNING)
+    # The old attempt cannot be over the very moment the requeue is asked for.
+    with pytest.raises(SchedulerError, match=r"^abandoned: requeue of job .* last seen: "):
+        impatient.requeue(ref, key="ab-1", token=1, exclude_nodes=("n1",))
+
+
 def test_cancel_and_no_requeue_after_it(sched: SlurmScheduler, slurm: LocalSlurm) -> None:
     ref = _submit(sched, "c", SLEEPER)
     wait_for(sched, lambda o: o.jobs[ref].phase is JobPhase.RUNNING)

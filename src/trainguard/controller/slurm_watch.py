@@ -64,7 +64,7 @@ from trainguard.store.fleet import Fence
 log = logging.getLogger("trainguard.slurm")
 ACTOR = "trainguard-slurm"
 HEAD_BYTES = 256
-NODE_DEBOUNCE = 2.0  # seconds a node must stay NOT_RESPONDING before it is a finding
+NODE_DEBOUNCE = 1.0  # seconds a node must stay unresponsive before it is a finding
 
 
 @dataclass(frozen=True)
@@ -301,6 +301,13 @@ class SlurmWatch:
         self.scheduler = scheduler
         self.clock = clock
         self.watch = watch or SlurmWatchConfig()
+        config = config or ControlConfig()
+        # A pass may wait (inside a requeue) until slurmctld declares a silent node down
+        # (decision 0102); the leader's lease must outlast that wait, or its own result
+        # would be fenced off.
+        ttl = max(config.lease_ttl, scheduler.requeue_wait + 15.0)
+        if ttl != config.lease_ttl:
+            config = dataclasses.replace(config, lease_ttl=ttl)
         self.cp = ControlPlane(store, scheduler, clock, config=config, identity=identity)
         # The same reconciler, with Slurm's additions (identity, lease, config shared).
         self.cp.reconciler = SlurmReconciler(
@@ -377,10 +384,25 @@ class SlurmWatch:
         transition). Drains (ours or an operator's) are not failures."""
         out: list[Finding] = []
         now = self.clock()
+        # Nodes running a managed job get their slurmd probed every pass: Slurm itself
+        # notices a dead node only after SlurmdTimeout.
+        managed_nodes = {
+            n
+            for ref in self._managed
+            if (oj := obs.jobs.get(ref)) is not None and oj.phase is JobPhase.RUNNING
+            for n in oj.nodes
+        }
+        raw = {n.name: n for n in self.scheduler.slurm_nodes()} if managed_nodes else {}
         for name, node in obs.nodes.items():
             if not isinstance(node, SlurmObservedNode):
                 continue
-            bad = node.not_responding or node.slurm_state in ("down", "fail", "failing")
+            refused = (
+                name in managed_nodes
+                and name in raw
+                and not node.not_responding
+                and self.scheduler.slurmd_answers(raw[name]) is False
+            )
+            bad = node.not_responding or refused or node.slurm_state in ("down", "fail", "failing")
             if not bad:
                 self._node_bad.pop(name, None)
                 continue
@@ -390,14 +412,23 @@ class SlurmWatch:
             if reported or (node.slurm_state != "down" and now - since < NODE_DEBOUNCE):
                 continue
             self._node_bad[name] = (since, True)
-            what = "not responding" if node.not_responding else node.slurm_state.upper()
+            if refused:
+                addr = raw[name]
+                message = (
+                    f"node {name}: its slurmd ({addr.address}:{addr.port}) refuses "
+                    "connections (Slurm has not noticed yet)"
+                )
+            else:
+                what = "not responding" if node.not_responding else node.slurm_state.upper()
+                message = f"Slurm reports node {name} {what}" + (
+                    f" ({node.reason})" if node.reason else ""
+                )
             finding = Finding(
                 kind="node_down",
                 domain=Domain.NODE,
                 at=since,
                 source="slurm",
-                message=f"Slurm reports node {name} {what}"
-                + (f" ({node.reason})" if node.reason else ""),
+                message=message,
                 severity=Severity.FATAL,
                 evidence=(
                     f"sinfo: {name} state={node.slurm_state}+{'+'.join(node.flags)} "

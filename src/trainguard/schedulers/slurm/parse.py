@@ -92,6 +92,8 @@ class SlurmNode:
     gres: str
     cpus: int = 0
     extra: Mapping[str, Any] = field(default_factory=dict)
+    address: str | None = None  # NodeAddr: where its slurmd listens
+    port: int | None = None
 
     @property
     def drained(self) -> bool:
@@ -261,6 +263,8 @@ def _node_from_json(n: Mapping[str, Any]) -> SlurmNode:
         partitions=tuple(str(p) for p in n.get("partitions") or ()),
         gres=_str(n.get("gres")),
         cpus=_int(n.get("cpus")),
+        address=_str(n.get("address")) or None,
+        port=_int(n.get("port")) or None,
     )
 
 
@@ -431,6 +435,8 @@ def parse_scontrol_nodes(text: str) -> list[SlurmNode]:
                 partitions=tuple(p for p in kv.get("Partitions", "").split(",") if p),
                 gres=kv.get("Gres", "") if kv.get("Gres") != "(null)" else "",
                 cpus=int(kv.get("CPUTot", "0") or 0),
+                address=kv.get("NodeAddr") or None,
+                port=int(kv["Port"]) if kv.get("Port", "").isdigit() else None,
             )
         )
     return out

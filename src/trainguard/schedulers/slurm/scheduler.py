@@ -47,6 +47,7 @@ import json
 import os
 import re
 import shlex
+import socket
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -326,6 +327,19 @@ class SlurmScheduler:
             except ParseError as exc:
                 raise SchedulerError(str(exc)) from exc
         return parse_scontrol_nodes(self.cmd.run("scontrol", "show", "node", "-o").stdout)
+
+    def slurmd_answers(self, node: SlurmNode, timeout: float = 0.5) -> bool | None:
+        """Whether the node's slurmd accepts a TCP connection (``None``: address unknown).
+
+        Slurm notices a dead node only after ``SlurmdTimeout`` pings; a refused or silent
+        slurmd port is the same fact, seconds earlier (decision 0106)."""
+        if not node.address or not node.port:
+            return None
+        try:
+            with socket.create_connection((node.address, node.port), timeout=timeout):
+                return True
+        except OSError:
+            return False
 
     def slurm_job(self, job_id: str) -> SlurmJob | None:
         jid = names.job_id(job_id)
@@ -830,7 +844,8 @@ class SlurmScheduler:
                 del resume[old]
 
     def _wait_for_unresponsive(self, job: SlurmObservedJob) -> str | None:
-        """Wait while a node of the job does not respond but is not DOWN yet.
+        """Wait while a node of the job does not respond (Slurm flags it NOT_RESPONDING, or
+        its slurmd refuses connections) but is not DOWN yet.
 
         Requeueing then leaves the job's GPU allocation broken in Slurm 22.05 (the next
         attempt's ``srun`` fails: "Invalid generic resource (gres) specification"), so
@@ -845,7 +860,9 @@ class SlurmScheduler:
             return [
                 n
                 for n in job.nodes
-                if n in nodes and nodes[n].not_responding and nodes[n].state != "down"
+                if n in nodes
+                and nodes[n].state != "down"
+                and (nodes[n].not_responding or self.slurmd_answers(nodes[n]) is False)
             ]
 
         first = stuck()
@@ -872,6 +889,15 @@ class SlurmScheduler:
         waited = self._wait_for_unresponsive(job)
         if waited:
             detail["waited_for_node"] = waited
+            if resume_from:
+                # While the node was being declared down the attempt may have trained on
+                # and saved newer checkpoints than the one planned: the job restores its
+                # newest valid one by itself (trainguard.train's default) instead.
+                detail["resume_request"] = (
+                    f"not written: the attempt ran on while {waited.split(' ')[0]} was "
+                    f"declared down; newer checkpoints than {resume_from} may exist"
+                )
+                resume_from = None
             cur = self.slurm_job(jid)
             if cur is None:
                 raise SchedulerError(f"job {jid} is gone")
