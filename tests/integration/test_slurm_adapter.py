@@ -188,11 +188,12 @@ def test_an_action_that_does_not_take_effect_is_abandoned_with_the_reason(
     slurm: LocalSlurm, tmp_path: Path
 ) -> None:
     impatient = SlurmScheduler(
-        tmp_path / "st", conf=slurm.conf, inventory=slurm.inventory, requeue_wait=0.0
+        tmp_path / "st", conf=slurm.conf, inventory=slurm.inventory, requeue_wait=1.0
     )
-    ref = _submit(impatient, "ab", SLEEPER)
+    # The job ignores SIGTERM: its attempt ends only with the SIGKILL after KillWait (3 s).
+    stubborn = ("bash", "-c", "trap '' TERM; sleep 120")
+    ref = _submit(impatient, "ab", stubborn)
     wait_for(impatient, lambda o: o.jobs[ref].phase is JobPhase.RUNNING)
-    # The old attempt cannot be over the very moment the requeue is asked for.
     with pytest.raises(SchedulerError, match=r"^abandoned: requeue of job .* last seen: "):
         impatient.requeue(ref, key="ab-1", token=1, exclude_nodes=("n1",))
 

@@ -1100,15 +1100,23 @@ class SlurmScheduler:
             cur = self.slurm_job(jid)
             if cur is None:
                 return True, "gone"
-            return cur.state in ("CANCELLED", "COMPLETING") and cur.state != "RUNNING", cur.state
+            return cur.state == "CANCELLED", cur.state
 
+        try:
+            verified = self._wait(f"cancel of job {jid}", check)
+        except SchedulerError:
+            cur = self.slurm_job(jid)
+            if cur is None or cur.state != "COMPLETING":
+                raise
+            # Still cleaning up on a node that does not answer: cancelled all the same.
+            verified = "COMPLETING (a node has not confirmed the kill yet)"
         detail = {
             "job_id": jid,
             "attempt": job.attempt,
             "applied": True,
             "reason": text,
             "outcome": "converged",
-            "verified": self._wait(f"cancel of job {jid}", check),
+            "verified": verified,
         }
         return self._remember(key, detail, ref=ref)
 
