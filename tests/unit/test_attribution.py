@@ -209,3 +209,29 @@ def test_a_rank_killed_by_the_host_oom_killer_is_the_jobs_memory_use() -> None:
     assert a.kind is IncidentKind.CRASH and a.domain is Domain.USER_CONFIG
     assert a.culprit.rank == 1 and a.signature == oom_killer.signature
     assert "Out of memory" in a.summary
+
+
+def test_same_pci_slot_on_another_host_is_a_different_device() -> None:
+    # Every node of a cluster has the same PCI layout: a bus id names a card only
+    # together with its host, and a UUID names it alone.
+    two_hosts = (
+        Device(index=0, uuid="GPU-n1-0", pci_bus_id="0000:10:00.0", host="n1"),
+        Device(index=0, uuid="GPU-n2-0", pci_bus_id="0000:10:00.0", host="n2"),
+    )
+    by_uuid = xid79(T0, pci="0000:10:00.0", uuid="GPU-n2-0")
+    a = attribute([crash(0, T0, sig=9), by_uuid], two_hosts, failed_at=T0)
+    assert a.domain is Domain.HARDWARE and a.culprit.device_uuid == "GPU-n2-0"
+    assert a.culprit.host == "n2" and a.culprit.rank == 1
+
+    other_host = Finding(
+        kind="xid",
+        domain=Domain.HARDWARE,
+        at=T0,
+        source="kernel_log",
+        message="NVRM: Xid (PCI:0000:10:00): 79, GPU has fallen off the bus.",
+        culprit=Culprit(pci_bus_id="0000:10:00.0", host="n3"),
+        xid=79,
+        severity=Severity.FATAL,
+    )
+    a = attribute([crash(0, T0, sig=9), other_host], two_hosts, failed_at=T0)
+    assert a.domain is Domain.UNKNOWN and a.kind is IncidentKind.CRASH

@@ -71,6 +71,20 @@ def _evidence(findings: Iterable[Finding]) -> tuple[str, ...]:
     return tuple(lines[:MAX_EVIDENCE])
 
 
+def _names_device(culprit: Culprit, dev: Device) -> bool:
+    """Whether the evidence names ``dev``.
+
+    A UUID is unique across the fleet and decides alone. A PCI bus id is unique only
+    within one host (every node of a cluster has the same slots), so it matches only
+    when the evidence names no host or the same host.
+    """
+    if culprit.device_uuid is not None:
+        return culprit.device_uuid == dev.uuid
+    if culprit.pci_bus_id is None:
+        return False
+    return culprit.pci_bus_id == dev.pci_bus_id and culprit.host in (None, dev.host)
+
+
 def _complete_culprit(culprit: Culprit, devices: Sequence[Device]) -> Culprit:
     """Fill in the device from the rank, or the rank from the device, using the attempt."""
     uuid, pci, rank, host = culprit.device_uuid, culprit.pci_bus_id, culprit.rank, culprit.host
@@ -79,7 +93,7 @@ def _complete_culprit(culprit: Culprit, devices: Sequence[Device]) -> Culprit:
         uuid, pci, host = dev.uuid, dev.pci_bus_id, host or dev.host
     elif (uuid or pci) and rank is None:
         for i, dev in enumerate(devices):
-            if dev.uuid == uuid or dev.pci_bus_id == pci:
+            if _names_device(culprit, dev):
                 rank = i
                 uuid, pci, host = dev.uuid, dev.pci_bus_id, host or dev.host
                 break
@@ -103,8 +117,6 @@ def attribute(
     ``window`` seconds of it, before or after.
     """
     ordered = sorted(findings, key=lambda f: f.at)
-    assigned_uuids = {d.uuid for d in devices}
-    assigned_pci = {d.pci_bus_id for d in devices}
 
     # 1. Hardware evidence on the attempt's devices.
     hardware = []
@@ -119,7 +131,7 @@ def attribute(
             if f.culprit.pci_bus_id or f.culprit.device_uuid
             else (_complete_culprit(f.culprit, devices))
         )
-        if c.device_uuid in assigned_uuids or c.pci_bus_id in assigned_pci:
+        if any(_names_device(c, dev) for dev in devices):
             hardware.append(f)
     crashes = [f for f in ordered if f.kind == "crash"]
     if hardware:
