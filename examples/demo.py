@@ -42,11 +42,14 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_TRAIN = ROOT / "tests" / "jobs" / "tiny_train.py"
-STEPS = 48
+STEPS = 64
 SAVE_EVERY = 4
-HANG_AT = 22  # in attempt 1, which restarts from step 8
+# Each fault must come after the previous recovery verified (progress for the 2 s
+# verify window), else it belongs to the same incident: attempt 1 restarts from
+# step 8 and needs 22 steps of at least 0.15 s before it hangs.
+HANG_AT = 30  # in attempt 1, which restarts from step 8
 XID_AT = 10  # attempt 0
-DAMAGE_AFTER = 33  # attempt 2: right after the step-32 checkpoint is written
+DAMAGE_AFTER = 49  # attempt 2: right after the step-48 checkpoint is written
 
 
 def banner(text: str) -> None:

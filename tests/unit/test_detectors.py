@@ -182,6 +182,16 @@ def test_hang_names_the_silent_rank_when_ranks_report_separately() -> None:
     assert f is not None and f.culprit.rank == 1
 
 
+def test_hang_names_nobody_when_every_rank_stopped_at_the_same_step() -> None:
+    # All ranks blocked in one collective: which one reported its last step a few
+    # milliseconds later is noise, not evidence.
+    det = HangDetector(HangConfig(timeout=5.0, startup=5.0), started_at=T0)
+    det.observe(29, T0 + 1.00, rank=0)
+    det.observe(29, T0 + 1.02, rank=1)
+    f = det.check(T0 + 10)
+    assert f is not None and f.culprit.rank is None
+
+
 def test_no_progress_at_all_is_a_startup_hang() -> None:
     det = HangDetector(HangConfig(timeout=5.0, startup=20.0), started_at=T0)
     assert det.check(T0 + 19) is None

@@ -208,13 +208,14 @@ class HangDetector:
         self.last_progress_at: float | None = None
         self.points = 0
         self.intervals: deque[float] = deque(maxlen=max(config.window, 1))
-        self.rank_last: dict[int, float] = {}
+        # Last step each rank reported: a rank behind its peers is the suspect.
+        self.rank_last: dict[int, int] = {}
         self.fired = False
 
     def observe(self, step: int, at: float, rank: int | None = None) -> None:
         """Record a progress report (any rank); only a new, higher step counts as progress."""
         if rank is not None:
-            self.rank_last[rank] = at
+            self.rank_last[rank] = max(step, self.rank_last.get(rank, step))
         if self.last_step is not None and step <= self.last_step:
             return
         if self.last_progress_at is not None and at > self.last_progress_at:
@@ -247,7 +248,9 @@ class HangDetector:
         since = self.last_progress_at if self.last_progress_at is not None else self.started_at
         culprit = Culprit()
         if len(self.rank_last) > 1:
-            # The rank silent the longest is the best guess; evidence may say otherwise.
+            # A rank whose last step is behind its peers' is the best guess; when every
+            # rank stopped at the same step (all blocked in one collective), the progress
+            # names nobody, and the timing of the last reports is noise, not evidence.
             slowest_rank = min(self.rank_last, key=lambda r: self.rank_last[r])
             if self.rank_last[slowest_rank] < max(self.rank_last.values()):
                 culprit = Culprit(rank=slowest_rank)
