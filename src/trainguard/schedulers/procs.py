@@ -85,12 +85,18 @@ def _children(pid: int) -> list[int]:
 
 
 def simulated_devices(node: str, node_index: int, count: int) -> tuple[Device, ...]:
-    """Stable simulated devices of one node; PCI bus ids are unique across the cluster."""
+    """Stable simulated devices of one node; PCI bus ids are unique across the cluster.
+
+    Node ``k`` gets bus ``0x10 + k % 240`` in domain ``k // 240`` (a bus id has two hex
+    digits), so clusters of thousands of nodes (the fleet-scale benchmark) stay valid
+    and the first 240 nodes keep the ids they always had.
+    """
+    domain, bus = divmod(node_index, 0xF0)
     return tuple(
         Device(
             index=i,
             uuid=f"GPU-{node}-{i}",
-            pci_bus_id=f"0000:{0x10 + node_index:02x}:{i:02x}.0",
+            pci_bus_id=f"{domain:04x}:{0x10 + bus:02x}:{i:02x}.0",
             model="simulated",
             memory_mb=1024,
             host=node,
