@@ -26,6 +26,7 @@ hang_timeout_seconds: 600
 verify_window_seconds: 60
 verify_min_rate_ratio: 0.5
 placement: node
+isolate_network_after: 3
 """
 
 
@@ -45,6 +46,7 @@ def test_a_full_document_parses_and_resolves() -> None:
         verify_window_seconds=60.0,
         verify_min_rate_ratio=0.5,
         placement="node",
+        isolate_network_after=3,
     )
     policy = resolve(doc, need=2)
     assert policy == RecoveryPolicy(
@@ -59,6 +61,7 @@ def test_a_full_document_parses_and_resolves() -> None:
         verify_window_seconds=60.0,
         verify_min_rate_ratio=0.5,
         placement="node",
+        isolate_network_after=3,
     )
     # Round trip through the stored JSON form.
     assert parse_policy(doc.to_json()) == doc
@@ -105,6 +108,8 @@ def test_json_and_short_forms() -> None:
         ("name: p\n  bad: : indentation", "(document)", "not valid YAML"),
         ("name: p\ndescription: 3", "description", "string"),
         ("name: p\nplacement: rack", "placement", "device, node"),
+        ("name: p\nisolate_network_after: 0", "isolate_network_after", ">= 1"),
+        ("name: p\nisolate_network_after: 1.5", "isolate_network_after", "integer"),
     ],
 )
 def test_errors_name_the_field(text: str, field: str, words: str) -> None:

@@ -10,8 +10,9 @@ import pytest
 
 from trainguard.controller.approvals import approval_reason
 from trainguard.controller.breaker import BreakerConfig
-from trainguard.controller.reconcile import CrashPoints, resolve_mode
+from trainguard.controller.reconcile import CrashPoints, isolated_for_incident, resolve_mode
 from trainguard.model.fleet import (
+    ActionRecord,
     ActionState,
     ApprovalState,
     BreakerState,
@@ -40,6 +41,44 @@ def test_the_most_specific_scope_wins() -> None:
     eff = resolve_mode({}, "j3", None, OBS)
     assert eff.mode is OBS and eff.scope is None  # serve's default: observe
     assert resolve_mode({"partition:gpu": ACT}, "j", None, OBS).mode is OBS
+
+
+def test_a_job_not_registered_yet_has_no_job_scope() -> None:
+    # register_job(job_id=None): the id is made by the store after the mode is chosen.
+    modes = {"cluster": OBS, "partition:gpu": ACT}
+    for job_id in (None, ""):
+        eff = resolve_mode(modes, job_id, "gpu", OBS)
+        assert eff.mode is ACT and eff.scope == Scope.partition("gpu")
+        assert resolve_mode({}, job_id, None, ACT) == resolve_mode({}, "j", None, ACT)
+
+
+def _quarantine(i: int, state: ActionState, result: dict[str, Any] | None) -> ActionRecord:
+    return ActionRecord(
+        key=f"inc1-g1-a{i}",
+        incident_id=1,
+        generation=1,
+        index=i,
+        type="quarantine",
+        state=state,
+        intended_at=0.0,
+        fencing_token=1,
+        data={"resource_kind": "device", "resource_id": f"GPU-{i}"},
+        result=result,
+    )
+
+
+def test_isolated_for_an_incident_is_what_it_took_out_or_an_operator_declined() -> None:
+    ledger = [
+        _quarantine(0, ActionState.DONE, {"applied": True}),
+        _quarantine(1, ActionState.DONE, {"applied": False, "observed": "already in effect"}),
+        _quarantine(2, ActionState.SKIPPED, {"skipped": "denied by ops: the card is fine"}),
+        _quarantine(3, ActionState.SKIPPED, {"suppressed": "breaker open"}),  # asked again
+        _quarantine(4, ActionState.FAILED, {"error": "scheduler down"}),  # nothing isolated
+        _quarantine(5, ActionState.INTENDED, None),  # in flight
+        ActionRecord("inc1-g1-a6", 1, 1, 6, "restart", ActionState.DONE, 0.0, 1),
+    ]
+    assert isolated_for_incident(ledger) == ("GPU-0", "GPU-1", "GPU-2")
+    assert isolated_for_incident([]) == ()
 
 
 def test_scopes_parse_and_refuse_garbage() -> None:

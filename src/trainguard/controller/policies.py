@@ -16,6 +16,8 @@ format (every field optional)::
     verify_window_seconds: 60           # number > 0
     verify_min_rate_ratio: 0.3          # 0 < x <= 1
     placement: node                     # "device" (any healthy devices) or "node" (whole hosts)
+    isolate_network_after: 2            # integer >= 1: the same culprit of a collective
+                                        # timeout/error this many times is isolated (0110)
 
 Every error names the field (``backoff.base_seconds``) and what was wrong with
 it; an unknown field is an error (with the nearest known name), so a typo never
@@ -49,6 +51,7 @@ _FIELDS = (
     "verify_window_seconds",
     "verify_min_rate_ratio",
     "placement",
+    "isolate_network_after",
 )
 
 
@@ -224,6 +227,10 @@ def parse_policy(data: Any, *, name: str | None = None) -> PolicyDocument:
                 policy=pname,
             )
         out["placement"] = placement
+    if data.get("isolate_network_after") is not None:
+        out["isolate_network_after"] = _int(
+            data["isolate_network_after"], "isolate_network_after", pname, 1
+        )
     return PolicyDocument(**out)
 
 
@@ -288,6 +295,7 @@ def resolve(
         ("verify_window_seconds", "verify_window_seconds"),
         ("verify_min_rate_ratio", "verify_min_rate_ratio"),
         ("placement", "placement"),
+        ("isolate_network_after", "isolate_network_after"),
     ):
         value = getattr(doc, src)
         if value is not None:

@@ -42,7 +42,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -62,6 +62,7 @@ from trainguard.diagnose.detectors import (
 )
 from trainguard.diagnose.signatures import Classifier
 from trainguard.model.checkpoint import CheckpointInfo
+from trainguard.model.devices import normalize_pci_bus_id
 from trainguard.model.findings import Attribution, Culprit, Domain, Finding, Severity
 from trainguard.model.fleet import (
     ActionRecord,
@@ -70,6 +71,7 @@ from trainguard.model.fleet import (
     BreakerState,
     EffectiveMode,
     FleetJob,
+    Node,
     PolicyDocument,
     Scope,
     ScopeKind,
@@ -87,12 +89,14 @@ from trainguard.model.records import (
     AttemptRecord,
     AttemptState,
     AuditKind,
+    DeviceRecord,
     IncidentRecord,
     IncidentState,
     JobRecord,
     JobState,
 )
 from trainguard.policy import decide
+from trainguard.policy.decide import NETWORK_EVIDENCE_KIND
 from trainguard.schedulers.base import (
     ActionResult,
     ClusterScheduler,
@@ -173,6 +177,8 @@ class ControlConfig:
     tail_lines: int = 200
     progress_pattern: str | None = None
     deliver: bool = True  # POST due webhooks at the end of each pass
+    # The health sync compares only what changed; everything again this often (0122).
+    health_resync_seconds: float = 60.0
 
 
 @dataclass
@@ -190,6 +196,22 @@ class PassReport:
     recovered: list[int] = field(default_factory=list)
     deposed: bool = False
     errors: list[str] = field(default_factory=list)
+    # Seconds per part of the pass (observe, inventory, health, jobs, incidents,
+    # deliver): where the time goes at fleet scale (bench/reconcile_pass.py).
+    phases: dict[str, float] = field(default_factory=dict)
+
+
+class _Phases:
+    """Records the time since the previous call under each name given."""
+
+    def __init__(self, into: dict[str, float]) -> None:
+        self.into = into
+        self.last = time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.into[name] = self.into.get(name, 0.0) + now - self.last
+        self.last = now
 
 
 class _Hold(Exception):
@@ -197,11 +219,15 @@ class _Hold(Exception):
 
 
 def resolve_mode(
-    modes: Mapping[str, Mode], job_id: str, partition: str | None, default: Mode
+    modes: Mapping[str, Mode], job_id: str | None, partition: str | None, default: Mode
 ) -> EffectiveMode:
-    """The most specific scope wins: job, then partition, then cluster, then ``default``."""
+    """The most specific scope wins: job, then partition, then cluster, then ``default``.
+
+    ``job_id`` may be ``None`` (or empty): a job not registered yet has no job scope
+    (``set_mode`` refuses one for an unknown job), so its partition's mode applies.
+    """
     for scope in (
-        Scope(ScopeKind.JOB, job_id),
+        Scope(ScopeKind.JOB, job_id) if job_id else None,
         Scope(ScopeKind.PARTITION, partition) if partition else None,
         Scope(ScopeKind.CLUSTER),
     ):
@@ -210,20 +236,68 @@ def resolve_mode(
     return EffectiveMode(default, None)
 
 
+# More changed devices than this in one pass: one read of all instead of one each.
+_REREAD_ALL_ABOVE = 256
+
+
+@dataclass
+class _HealthView:
+    """What ``_enforce_health`` knew after the last pass (a cache: it only saves work)."""
+
+    cursor: int = -1  # audit id up to which stored health changes are applied; -1: none
+    loaded_at: float = 0.0  # when everything was last read and compared
+    devices: dict[str, DeviceRecord] = field(default_factory=dict)
+    nodes: dict[str, Node] = field(default_factory=dict)
+    seen: dict[str, tuple[Any, ...]] = field(default_factory=dict)  # node -> observed signature
+    pending: set[str] = field(default_factory=set)  # nodes that still differed last pass
+
+
 @dataclass
 class _OutputState:
     offset: int = 0
     partial: bytes = b""
 
 
-def _prior(f: Mapping[str, Any]) -> PriorFailure:
+def _prior(f: Mapping[str, Any], fallback: Culprit | None = None) -> PriorFailure:
+    """A failure recorded in a plan's ``failures`` as ``decide()``'s history entry.
+
+    Its culprit goes with it (the network-repeat rule compares culprits, decision
+    0110); a plan recorded before culprits were kept takes ``fallback`` (the
+    incident's own culprit for the failure that opened it).
+    """
+    raw = f.get("culprit")
+    culprit = Culprit.from_dict(raw) if isinstance(raw, dict) else (fallback or Culprit())
     return PriorFailure(
         attempt=int(f["attempt"]),
         signature=f.get("signature"),
         domain=str(f["domain"]),
         kind=str(f["kind"]),
-        culprit=Culprit.from_dict(f.get("culprit")),
+        culprit=culprit,
     )
+
+
+def isolated_for_incident(ledger: Iterable[ActionRecord]) -> tuple[str, ...]:
+    """``RecoverySnapshot.isolated`` for one incident, from its action ledger (0111, 0121).
+
+    What ``trainguard run`` passes for the same incident: every resource a quarantine
+    of it took out of service (``done``, including one found already in effect), so
+    that decide(), asked again, neither quarantines it twice nor keeps it out on the
+    old evidence — its health state decides. Also a quarantine an operator denied
+    (decided for this incident: not asked again). Not one that failed in the
+    scheduler (nothing was isolated: try again) and not one the breaker suppressed
+    (the breaker is about the fleet, not the resource: asked again, the plan keeps
+    the suspect out of the restart, and quarantines it once the breaker is reset).
+    """
+    out: set[str] = set()
+    for a in ledger:
+        if a.type != "quarantine" or a.data.get("resource_id") is None:
+            continue
+        result = a.result or {}
+        if a.state is ActionState.DONE or (
+            a.state is ActionState.SKIPPED and "suppressed" not in result
+        ):
+            out.add(str(a.data["resource_id"]))
+    return tuple(sorted(out))
 
 
 class Reconciler:
@@ -250,6 +324,7 @@ class Reconciler:
         )
         self._seen_devices: dict[str, tuple[str, int, str]] = {}
         self._seen_nodes: dict[str, tuple[str | None, tuple[tuple[str, str], ...]]] = {}
+        self._health = _HealthView()
         self._outputs: dict[tuple[str, int], _OutputState] = {}
         self._progress = ProgressLineParser(self.config.progress_pattern)
         self.last_report: PassReport | None = None
@@ -284,10 +359,14 @@ class Reconciler:
 
     def _pass(self, fence: Fence, report: PassReport) -> None:
         self._policy_cache = {}
+        phase = _Phases(report.phases)
         if self.scheduler is not None:
             obs = self.scheduler.observe()
+            phase("observe")
             self._sync_inventory(obs)
+            phase("inventory")
             self._enforce_health(obs, fence)
+            phase("health")
             modes = {m.scope.key: m.mode for m in self.fleet.list_scope_modes()}
             for fj in self.fleet.list_fleet_jobs():
                 try:
@@ -296,10 +375,15 @@ class Reconciler:
                     raise
                 except Exception as exc:  # one bad job must not stop the others
                     report.errors.append(f"job {fj.job_id}: {type(exc).__name__}: {exc}")
+            phase("jobs")
             obs = self.scheduler.observe() if report.opened else obs
-            for inc in self._live_incidents():
+            live = self._live_incidents()
+            planned, broken = self._plan_new(live, obs, modes, fence, report)
+            if planned:
+                live = self._live_incidents()
+            for inc in live:
                 managed = self._fleet_job_or_none(inc.job_id)
-                if managed is None:
+                if managed is None or inc.id in broken:
                     continue
                 try:
                     self._advance(inc, managed, obs, modes, fence, report)
@@ -309,8 +393,44 @@ class Reconciler:
                     raise
                 except Exception as exc:
                     report.errors.append(f"incident {inc.id}: {type(exc).__name__}: {exc}")
+            phase("incidents")
         if self.config.deliver:
             deliver_due(self.fleet, self.clock(), self.config.delivery)
+            phase("deliver")
+
+    def _plan_new(
+        self,
+        live: list[IncidentRecord],
+        obs: Observation,
+        modes: Mapping[str, Mode],
+        fence: Fence,
+        report: PassReport,
+    ) -> tuple[bool, set[int]]:
+        """Plan every incident that has no plan yet before acting on any (decision 0120).
+
+        Two jobs that failed together each name their bad card; with both plans
+        written first, the first job's restart already avoids the card the second
+        plan quarantines (``_restart`` excludes every live plan's targets), instead
+        of being handed that card because its job just died. Returns whether it
+        planned anything and the incidents whose planning failed (reported once).
+        """
+        planned = False
+        broken: set[int] = set()
+        for inc in live:
+            if inc.plan_generation != 0 or inc.state is IncidentState.VERIFYING:
+                continue
+            managed = self._fleet_job_or_none(inc.job_id)
+            if managed is None:
+                continue
+            try:
+                self._plan(inc, managed, obs, modes, fence, report, failed_attempt=inc.attempt)
+                planned = True
+            except (Fenced, KeyboardInterrupt):
+                raise
+            except Exception as exc:
+                broken.add(inc.id)
+                report.errors.append(f"incident {inc.id}: {type(exc).__name__}: {exc}")
+        return planned, broken
 
     def _live_incidents(self) -> list[IncidentRecord]:
         out: list[IncidentRecord] = []
@@ -353,28 +473,73 @@ class Reconciler:
         (release, validation) is released there — but never while a ledger action
         quarantining it is still in flight (intended, result not yet recorded), so
         a crash between the scheduler call and the store write cannot release it.
+
+        The key of such a call names the stored state and the observation that showed
+        the difference: a scheduler that drifts again later (an administrator resumed
+        the node by hand) is corrected again, not answered from its key cache.
+
+        Only what may differ is compared (decision 0122): nodes whose observation
+        changed since the last pass, nodes and devices whose stored health changed
+        (the ``health`` audit records since the last pass), and nodes that still
+        differed last pass (a held-back release, a failed call). Everything is
+        compared on the first pass and every ``health_resync_seconds`` after it.
         """
         sched = self.scheduler
         assert sched is not None
-        in_flight = {
-            str(a.data.get("resource_id"))
-            for a in self.fleet.list_actions()
-            if a.state is ActionState.INTENDED and a.type == "quarantine"
-        }
-        # Two reads for the whole fleet, not one per device (a pass runs every second).
-        stored_devices = {r.uuid: r for r in self.store.list_devices()}
-        stored_nodes = {n.name: n for n in self.fleet.list_nodes()}
+        view = self._health
+        now = self.clock()
+        upto = self.fleet.last_audit_id()
+        full = (
+            view.cursor < 0
+            or now - view.loaded_at >= self.config.health_resync_seconds
+            or now < view.loaded_at
+        )
+        touched: set[str] = set()  # nodes to compare this pass (besides changed observations)
+        if full:
+            # Two reads for the whole fleet, not one per device.
+            view.devices = {r.uuid: r for r in self.store.list_devices()}
+            view.nodes = {n.name: n for n in self.fleet.list_nodes()}
+            view.loaded_at = now
+        else:
+            changed_devices, changed_nodes = self.fleet.health_changes(view.cursor, upto)
+            self._refresh_devices(changed_devices)
+            for name in changed_nodes:
+                try:
+                    view.nodes[name] = self.fleet.get_node(name)
+                except NotFound:
+                    view.nodes.pop(name, None)
+            touched |= changed_nodes
+            touched |= {view.devices[u].device.host for u in changed_devices if u in view.devices}
+        view.cursor = upto
+        touched |= view.pending
+        compare = []
         for node in obs.nodes.values():
+            sig = (
+                node.phase,
+                node.reason,
+                node.quarantined_devices,
+                tuple(d.uuid for d in node.devices),
+            )
+            if full or view.seen.get(node.name) != sig or node.name in touched:
+                compare.append(node)
+            view.seen[node.name] = sig
+        self._refresh_devices(
+            {d.uuid for n in compare for d in n.devices if d.uuid not in view.devices}
+        )
+        in_flight: set[str] | None = None
+        pending: set[str] = set()
+        for node in compare:
             held = set(node.quarantined_devices)
             for d in node.devices:
-                rec = stored_devices.get(d.uuid)
+                rec = view.devices.get(d.uuid)
                 if rec is None:
                     continue
                 if rec.state in _UNSCHEDULABLE and d.uuid not in held:
+                    pending.add(node.name)
                     self._sync_call(
                         fence,
                         f"device:{d.uuid}",
-                        f"sync-q-{d.uuid}-{rec.since:.6f}",
+                        f"sync-q-{d.uuid}-{rec.since:.6f}-{obs.at:.6f}",
                         f"quarantine {d.uuid} in {sched.name}: the store has it {rec.state.value}",
                         partial(
                             sched.quarantine_device,
@@ -383,11 +548,16 @@ class Reconciler:
                             token=fence.token,
                         ),
                     )
-                elif rec.state.schedulable and d.uuid in held and d.uuid not in in_flight:
+                elif rec.state.schedulable and d.uuid in held:
+                    pending.add(node.name)
+                    if in_flight is None:
+                        in_flight = self._quarantines_in_flight()
+                    if d.uuid in in_flight:
+                        continue
                     self._sync_call(
                         fence,
                         f"device:{d.uuid}",
-                        f"sync-r-{d.uuid}-{rec.since:.6f}",
+                        f"sync-r-{d.uuid}-{rec.since:.6f}-{obs.at:.6f}",
                         f"release {d.uuid} in {sched.name}: the store has it "
                         f"{rec.state.value} ({rec.reason})",
                         partial(
@@ -397,15 +567,15 @@ class Reconciler:
                             token=fence.token,
                         ),
                     )
-            stored = stored_nodes.get(node.name)
+            stored = view.nodes.get(node.name)
             if stored is None:
                 continue
-            node_in_flight = node.name in in_flight
             if stored.state in _UNSCHEDULABLE and node.phase is NodePhase.UP:
+                pending.add(node.name)
                 self._sync_call(
                     fence,
                     f"node:{node.name}",
-                    f"sync-d-{node.name}-{stored.since:.6f}",
+                    f"sync-d-{node.name}-{stored.since:.6f}-{obs.at:.6f}",
                     f"drain {node.name}: the store has it {stored.state.value}",
                     partial(
                         sched.drain, node.name, f"trainguard: {stored.reason}", token=fence.token
@@ -415,12 +585,16 @@ class Reconciler:
                 stored.state.schedulable
                 and node.phase is NodePhase.DRAINED
                 and (node.reason or "").startswith("trainguard")
-                and not node_in_flight
             ):
+                pending.add(node.name)
+                if in_flight is None:
+                    in_flight = self._quarantines_in_flight()
+                if node.name in in_flight:
+                    continue
                 self._sync_call(
                     fence,
                     f"node:{node.name}",
-                    f"sync-u-{node.name}-{stored.since:.6f}",
+                    f"sync-u-{node.name}-{stored.since:.6f}-{obs.at:.6f}",
                     f"resume {node.name}: the store has it {stored.state.value}",
                     partial(
                         sched.resume_node,
@@ -429,6 +603,31 @@ class Reconciler:
                         token=fence.token,
                     ),
                 )
+        # Compared and consistent: off the list; still different (a call made, one
+        # held back, one refused): looked at again next pass, as before 0122.
+        view.pending = pending | (view.pending - {n.name for n in compare})
+
+    def _refresh_devices(self, uuids: set[str]) -> None:
+        """Re-read the stored health of ``uuids`` into the pass cache (one read when many)."""
+        view = self._health
+        if not uuids:
+            return
+        if len(uuids) > _REREAD_ALL_ABOVE:
+            view.devices = {r.uuid: r for r in self.store.list_devices()}
+            return
+        for uuid in uuids:
+            try:
+                view.devices[uuid] = self.store.get_device(uuid)
+            except NotFound:
+                view.devices.pop(uuid, None)
+
+    def _quarantines_in_flight(self) -> set[str]:
+        """Resources a ledger quarantine is still in flight for (intended, no result yet)."""
+        return {
+            str(a.data.get("resource_id"))
+            for a in self.fleet.intended_actions()
+            if a.type == "quarantine"
+        }
 
     def _sync_call(
         self,
@@ -689,7 +888,10 @@ class Reconciler:
                 )
             if exit_finding is not None:
                 findings.append(exit_finding)
-        inventory = [d.device for d in self.store.list_devices()]
+        # The attempt's hosts only: an output line's PCI bus id names a card of the host
+        # that printed it (bus ids repeat across hosts), and it is not a fleet-wide read.
+        hosts = {d.host for d in devices} | set(oj.nodes if oj is not None else ())
+        inventory = [r.device for h in sorted(hosts) for r in self.store.list_devices(host=h)]
         if tail:
             # The streaming classifier: it sees whole tracebacks, not just single lines.
             for match in Classifier().feed("\n".join(tail) + "\n"):
@@ -707,6 +909,8 @@ class Reconciler:
                 or (row["host"] in hosts and row["device_uuid"] is None)
             ):
                 continue
+            if row["job_id"] == job.id and row.get("attempt") not in (None, att.number):
+                continue  # reported for another attempt of the job: not this failure's
             try:
                 findings.append(Finding.from_dict(row["finding"]))
             except (KeyError, TypeError, ValueError):
@@ -835,6 +1039,61 @@ class Reconciler:
             out.append(DeviceStatus(rec.device, state, rec.reason))
         return tuple(out)
 
+    def _held_evidence(
+        self,
+        obs: Observation,
+        job_ref: str,
+        attribution: Attribution,
+        failed: AttemptRecord | None,
+        listed: tuple[DeviceStatus, ...],
+        isolated: tuple[str, ...],
+    ) -> tuple[DeviceStatus, ...]:
+        """Devices the failure's evidence names that another job holds by now (0120).
+
+        :meth:`_device_statuses` leaves out what other live jobs hold: those are not
+        this job's to get. But once a job dies its cards are free, and the scheduler
+        may hand the bad one to another job (a restart, a queued job) before the
+        incident is planned; decide() resolves evidence only against the devices it
+        is given, so it would not isolate the card at all. Such devices are added
+        with their health: hardware evidence on a card of the failed attempt, and the
+        devices of a host named by node evidence or by network evidence that names a
+        link or NIC. decide() excludes whatever it isolates from the restart, so they
+        never count as capacity — except what this incident already isolated (it is
+        skipped there without being excluded), which is therefore not added.
+        """
+        uuids: set[str] = set()
+        hosts: set[str] = set()
+        own = {d.uuid: d for d in (failed.devices if failed else ())}
+        own_pci = {d.pci_bus_id: d.uuid for d in own.values()}
+        candidates = [(attribution.domain, attribution.culprit, None)] + [
+            (f.domain, f.culprit, f.kind) for f in attribution.findings
+        ]
+        for domain, culprit, kind in candidates:
+            uuid = culprit.device_uuid if culprit.device_uuid in own else None
+            if uuid is None and culprit.pci_bus_id:
+                try:
+                    uuid = own_pci.get(normalize_pci_bus_id(culprit.pci_bus_id))
+                except ValueError:
+                    uuid = None
+            if domain is Domain.HARDWARE and uuid is not None:
+                uuids.add(uuid)
+            elif domain is Domain.NODE or kind == NETWORK_EVIDENCE_KIND:
+                host = culprit.host or (own[uuid].host if uuid is not None else None)
+                if host:
+                    hosts.add(host)
+        out = set(isolated)
+        uuids -= out
+        hosts -= out
+        present = {s.device.uuid for s in listed}
+        if not (uuids - present) and not hosts:
+            return ()
+        everyone = self._device_statuses(Observation(at=obs.at, jobs={}, nodes=obs.nodes), job_ref)
+        return tuple(
+            s
+            for s in everyone
+            if s.device.uuid not in present and (s.device.uuid in uuids or s.device.host in hosts)
+        )
+
     def _checkpoints(self, job: JobRecord) -> tuple[CheckpointInfo, ...]:
         if not job.checkpoint_dir:
             return ()
@@ -869,7 +1128,7 @@ class Reconciler:
                     "culprit": inc.culprit.to_dict(),
                 }
             ]:
-                out.append(_prior(f))
+                out.append(_prior(f, inc.culprit if int(f["attempt"]) == inc.attempt else None))
         return out
 
     # --- the incident ----------------------------------------------------------------
@@ -990,8 +1249,13 @@ class Reconciler:
         else:
             att = self.store.get_attempt(inc.job_id, failed_attempt)
             oj = obs.jobs.get(fj.scheduler_ref)
+            # A recovery attempt that hung is attributed as a hang, as when it was detected.
+            hung = (att.reason or "").startswith("hang:")
             attribution = self.failure_attribution(
-                job, att, oj if oj and oj.attempt == failed_attempt else None, hang_since=None
+                job,
+                att,
+                oj if oj and oj.attempt == failed_attempt and not hung else None,
+                hang_since=(att.last_step_at or att.started_at) if hung else None,
             )
         if not any(int(f["attempt"]) == failed_attempt for f in failures):
             failures.append(
@@ -1004,23 +1268,19 @@ class Reconciler:
                     "culprit": attribution.culprit.to_dict(),
                 }
             )
-        history = self._failures(inc.job_id, inc.id) + [_prior(f) for f in failures]
-        # Isolated already for this incident (done, or suppressed by the breaker): not again.
-        isolated = tuple(
-            sorted(
-                {
-                    str(a.data.get("resource_id"))
-                    for a in self.fleet.list_actions(inc.id)
-                    if a.type == "quarantine" and a.state.terminal
-                }
-            )
-        )
+        history = self._failures(inc.job_id, inc.id) + [
+            _prior(f, inc.culprit if int(f["attempt"]) == inc.attempt else None) for f in failures
+        ]
+        ledger = self.fleet.list_actions(inc.id)
+        isolated = isolated_for_incident(ledger)
         restarts_used = sum(
-            1
-            for a in self.fleet.list_actions(inc.id)
-            if a.type == "restart" and a.state is ActionState.DONE
+            1 for a in ledger if a.type == "restart" and a.state is ActionState.DONE
         )
         failed_rec = self._attempt_or_none(inc.job_id, failed_attempt)
+        devices = self._device_statuses(obs, fj.scheduler_ref)
+        devices += self._held_evidence(
+            obs, fj.scheduler_ref, attribution, failed_rec, devices, isolated
+        )
         now = self.clock()
         snapshot = RecoverySnapshot(
             now=now,
@@ -1030,7 +1290,7 @@ class Reconciler:
             policy=policy,
             mode=mode.mode,
             attribution=attribution,
-            devices=self._device_statuses(obs, fj.scheduler_ref),
+            devices=devices,
             assigned=failed_rec.device_uuids if failed_rec else (),
             checkpoints=self._checkpoints(job),
             history=tuple(history),
@@ -1574,18 +1834,27 @@ class Reconciler:
             }
             self.crash.hit("action.after_apply")
         else:
-            # Out: everything not schedulable, and whatever this plan meant to quarantine
-            # even when the breaker suppressed it (the job avoids the suspect card anyway).
+            # Out: everything not schedulable, whatever this plan meant to quarantine even
+            # when the breaker suppressed it (the job avoids the suspect card anyway), and
+            # what the other live incidents' plans quarantine (planned in this pass, not
+            # yet carried out: a card that just failed another job, decision 0120).
             targets = [a for a in plan.get("actions") or () if a.get("type") == "quarantine"]
+            for other in self._live_incidents():
+                if other.id != inc.id:
+                    targets += [
+                        a
+                        for a in (other.plan or {}).get("actions") or ()
+                        if isinstance(a, dict) and a.get("type") == "quarantine"
+                    ]
             exclude_devices = tuple(
                 sorted(
-                    {r.uuid for r in self.store.list_devices() if not r.state.schedulable}
+                    set(self.fleet.unschedulable_devices())
                     | {str(a["resource_id"]) for a in targets if a.get("resource_kind") == "device"}
                 )
             )
             exclude_nodes = tuple(
                 sorted(
-                    {n.name for n in self.fleet.list_nodes() if not n.state.schedulable}
+                    set(self.fleet.unschedulable_nodes())
                     | {str(a["resource_id"]) for a in targets if a.get("resource_kind") == "node"}
                 )
             )

@@ -186,7 +186,7 @@ class ControlPlane:
                 at=now,
                 checkpoint_dir=checkpoint_dir,
                 job_id=job_id,
-                mode=self.effective_mode_for(job_id or "", partition).mode.value,
+                mode=self.effective_mode_for(job_id, partition).mode.value,
                 actor=actor,
             )
             fj = self.fleet.add_fleet_job(
@@ -398,7 +398,8 @@ class ControlPlane:
         fj = self.fleet.get_fleet_job(job_id)
         return self.reconciler.effective_mode(fj)
 
-    def effective_mode_for(self, job_id: str, partition: str | None) -> EffectiveMode:
+    def effective_mode_for(self, job_id: str | None, partition: str | None) -> EffectiveMode:
+        """The mode a job would get (``job_id=None``: one not registered yet)."""
         from trainguard.controller.reconcile import resolve_mode
 
         modes = {m.scope.key: m.mode for m in self.fleet.list_scope_modes()}

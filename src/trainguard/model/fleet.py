@@ -204,6 +204,7 @@ class PolicyDocument:
     verify_min_rate_ratio: float | None = None
     placement: str | None = None  # "device" | "node" (model.plan.PLACEMENTS)
     description: str | None = None
+    isolate_network_after: int | None = None  # RecoveryPolicy.isolate_network_after (0110)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name}
@@ -224,6 +225,7 @@ class PolicyDocument:
             ("verify_window_seconds", self.verify_window_seconds),
             ("verify_min_rate_ratio", self.verify_min_rate_ratio),
             ("placement", self.placement),
+            ("isolate_network_after", self.isolate_network_after),
         ):
             if value is not None:
                 out[key] = value

@@ -50,6 +50,23 @@ from trainguard.model.records import AuditKind
 from trainguard.store import sql
 from trainguard.store.sqlite import NotFound, Store, StoreError
 
+_SCHEDULABLE = ", ".join(f"'{s.value}'" for s in HealthState if s.schedulable)
+_SELECT_UNSCHEDULABLE_DEVICES = (
+    f"SELECT uuid FROM devices WHERE state NOT IN ({_SCHEDULABLE}) ORDER BY uuid"
+)
+_SELECT_UNSCHEDULABLE_NODES = (
+    f"SELECT name FROM nodes WHERE state NOT IN ({_SCHEDULABLE}) ORDER BY name"
+)
+_SELECT_LAST_AUDIT_ID = "SELECT MAX(id) FROM audit"
+_SELECT_HEALTH_SUBJECTS = (
+    f"SELECT subject FROM audit WHERE id > :after AND id <= :upto"
+    f" AND kind = '{AuditKind.HEALTH.value}' ORDER BY id"
+)
+_SELECT_INTENDED_ACTIONS = (
+    f"SELECT {sql.ACTION_COLUMNS} FROM actions WHERE state = '{ActionState.INTENDED.value}'"
+    " ORDER BY incident_id, generation, idx"
+)
+
 
 class Fenced(StoreError):
     """The writer no longer holds the lease (or holds an older token): nothing was written."""
@@ -312,6 +329,45 @@ class FleetStore:
                 incident_id=incident_id,
             )
             return self.get_node(name)
+
+    # --- what the reconciler reads every pass (decision 0122) --------------------------
+
+    def unschedulable_devices(self) -> list[str]:
+        """UUIDs of the devices no job may get (quarantined, repair, validating, retired)."""
+        return [r[0] for r in self._all(_SELECT_UNSCHEDULABLE_DEVICES, {})]
+
+    def unschedulable_nodes(self) -> list[str]:
+        """Names of the nodes no job may get."""
+        return [r[0] for r in self._all(_SELECT_UNSCHEDULABLE_NODES, {})]
+
+    def last_audit_id(self) -> int:
+        """The newest audit record's id (0 for an empty log): the cursor of health_changes."""
+        row = self._one(_SELECT_LAST_AUDIT_ID, {})
+        return 0 if row is None or row[0] is None else int(row[0])
+
+    def health_changes(self, after: int, upto: int) -> tuple[set[str], set[str]]:
+        """Devices (UUIDs) and nodes (names) whose health changed in audit records
+        ``after < id <= upto``.
+
+        Every health change of a device or a node is written with a ``health`` audit
+        record in the same write transaction, and write transactions are serialised
+        on both backends, so audit ids grow in commit order: a record committed after
+        ``upto`` was read has an id above it and is found by the next call.
+        """
+        devices: set[str] = set()
+        nodes: set[str] = set()
+        rows = self._all(_SELECT_HEALTH_SUBJECTS, {"after": int(after), "upto": int(upto)})
+        for (subject,) in rows:
+            kind, _, name = str(subject).partition(":")
+            if kind == "device":
+                devices.add(name)
+            elif kind == "node":
+                nodes.add(name)
+        return devices, nodes
+
+    def intended_actions(self) -> list[ActionRecord]:
+        """Ledger rows whose result is not recorded yet (in flight, or left by a crash)."""
+        return [self._action(r) for r in self._all(_SELECT_INTENDED_ACTIONS, {})]
 
     # --- managed jobs ----------------------------------------------------------------
 
