@@ -96,7 +96,12 @@ def test_two_controllers_on_one_store_only_one_acts(store_target: str, tmp_path:
                 s["attempt"] for s in fleet.cluster.starts() if s["ref"] == fj.scheduler_ref
             ] == [0, 1]
         actions = fleet.cp.actions()
-        assert len(actions) == 4 and {a.state for a in actions} == {ActionState.DONE}
+        why = {i.id: (i.plan or {}).get("reasons") for i in incidents}
+        assert len(actions) == 4 and {a.state for a in actions} == {ActionState.DONE}, (
+            [(a.key, a.type, a.state.value, a.data.get("resource_id")) for a in actions],
+            why,
+            fleet.cluster.starts(),
+        )
         actors = {e.actor for e in fleet.store.list_audit(kind=AuditKind.INTENT)}
         leaders = {e.actor for e in fleet.store.list_audit(subject="lease:controller")}
         assert len(actors) == 1 and actors == leaders
