@@ -179,6 +179,11 @@ class ProcessCluster:
             return None
         return ActionResult(key=key, applied=False, detail=dict(hit))
 
+    def _replay(self, state: dict[str, Any], key: str, token: int) -> ActionResult | None:
+        """Refuse a stale fencing token, then return ``key``'s result if it already ran."""
+        self._fence(state, token)
+        return self._seen(state, key)
+
     def _remember(self, state: dict[str, Any], key: str, detail: dict[str, Any]) -> ActionResult:
         state["keys"][key] = detail
         return ActionResult(key=key, applied=True, detail=detail)
@@ -432,9 +437,7 @@ class ProcessCluster:
         env: Mapping[str, str] | None = None,
     ) -> ActionResult:
         with self._locked() as state:
-            self._fence(state, token)
-            seen = self._seen(state, key)
-            if seen is not None:
+            if (seen := self._replay(state, key, token)) is not None:
                 return seen
             job = self._job(state, ref)
             if job["state"] == "cancelled":
@@ -460,9 +463,7 @@ class ProcessCluster:
 
     def cancel(self, ref: str, reason: str, *, key: str, token: int) -> ActionResult:
         with self._locked() as state:
-            self._fence(state, token)
-            seen = self._seen(state, key)
-            if seen is not None:
+            if (seen := self._replay(state, key, token)) is not None:
                 return seen
             job = self._job(state, ref)
             self._kill(job)
@@ -477,9 +478,7 @@ class ProcessCluster:
 
     def drain(self, node: str, reason: str, *, key: str, token: int) -> ActionResult:
         with self._locked() as state:
-            self._fence(state, token)
-            seen = self._seen(state, key)
-            if seen is not None:
+            if (seen := self._replay(state, key, token)) is not None:
                 return seen
             n = self._node(state, node)
             n.update(drained=True, reason=reason)
@@ -487,9 +486,7 @@ class ProcessCluster:
 
     def resume_node(self, node: str, reason: str, *, key: str, token: int) -> ActionResult:
         with self._locked() as state:
-            self._fence(state, token)
-            seen = self._seen(state, key)
-            if seen is not None:
+            if (seen := self._replay(state, key, token)) is not None:
                 return seen
             n = self._node(state, node)
             n.update(drained=False, reason=None)
@@ -504,9 +501,7 @@ class ProcessCluster:
 
     def quarantine_device(self, uuid: str, reason: str, *, key: str, token: int) -> ActionResult:
         with self._locked() as state:
-            self._fence(state, token)
-            seen = self._seen(state, key)
-            if seen is not None:
+            if (seen := self._replay(state, key, token)) is not None:
                 return seen
             node = self._device_node(state, uuid)
             node["quarantined"][uuid] = reason
@@ -514,9 +509,7 @@ class ProcessCluster:
 
     def release_device(self, uuid: str, reason: str, *, key: str, token: int) -> ActionResult:
         with self._locked() as state:
-            self._fence(state, token)
-            seen = self._seen(state, key)
-            if seen is not None:
+            if (seen := self._replay(state, key, token)) is not None:
                 return seen
             node = self._device_node(state, uuid)
             node["quarantined"].pop(uuid, None)
