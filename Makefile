@@ -10,12 +10,13 @@ STAMP  := $(VENV)/.installed
 venv: $(STAMP)
 
 # torch==2.13.0 is installed first so that the `train` extra's range (torch>=2.3)
-# is already satisfied and pip never pulls a multi-GB CUDA build.
-$(STAMP): pyproject.toml
+# is already satisfied, and every install runs under constraints-torch.txt so that no
+# dependency (transformers, lightning, ...) can upgrade it to a multi-GB CUDA build.
+$(STAMP): pyproject.toml constraints-torch.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q torch==2.13.0 numpy
-	$(PIP) install -q -e '.[train,dev,postgres]'
+	$(PIP) install -q -c constraints-torch.txt torch numpy
+	$(PIP) install -q -c constraints-torch.txt -e '.[train,dev,postgres]'
 	touch $(STAMP)
 
 demo: $(STAMP)
