@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import os
 import queue
 import shutil
@@ -88,6 +89,17 @@ from trainguard.model.plan import (
 )
 from trainguard.model.records import AttemptState, AuditKind, IncidentState, JobState
 from trainguard.policy import decide
+from trainguard.policy.verify import (
+    DEFAULT_STEP_WINDOW,
+    RESUME_FIXES,
+    RestartObservation,
+    Verdict,
+    Verification,
+    VerifyRules,
+    account,
+    step_window,
+    verify_restart,
+)
 from trainguard.schedulers.local import (
     LaunchSpec,
     LocalAttempt,
@@ -207,6 +219,10 @@ class _Attempt:
     # Ranks that reported anything (progress, resumed, checkpoint_saved, or a
     # rank-prefixed progress line): "all ranks joined" (decision 0115).
     reported_ranks: set[int] = field(default_factory=set)
+    # Output of the attempt (liveness, for a job with no step signal).
+    output_lines: int = 0
+    first_output_at: float | None = None
+    last_output_at: float | None = None
 
 
 _TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
@@ -351,6 +367,13 @@ class RunController:
         self.need = options.need or 0
         self.progress_url: str | None = None
         self.log_dir = options.log_dir or "."
+        # Whether the job has reported a step in any attempt, and how far apart its
+        # reported steps were (the verification step window, policy/verify.py).
+        self.step_signal = False
+        self.step_stride: int | None = None
+        # Said once per run: the job reports no step / did not resume what it was offered.
+        self.warnings: list[str] = []
+        self.told_resume_fix = False
 
     # --- messages --------------------------------------------------------------------
 
@@ -794,7 +817,8 @@ class RunController:
             checkpoint=checkpoint,
         )
         if incident_id is not None:
-            att.expected_step = checkpoint.step if checkpoint and checkpoint.step else 0
+            # None: nothing offered (or a checkpoint of unknown step), so no step to check.
+            att.expected_step = checkpoint.step if checkpoint else None
             self.db.transition_attempt(
                 self.job_id, number, AttemptState.VERIFYING, at=started, actor=ACTOR
             )
@@ -921,6 +945,12 @@ class RunController:
         step = None if att.structured or own else self.progress_parser.parse(ev.text)
         if step is not None:
             self._on_step(att, step, ev.at, rank)
+        elif not own and ev.text.strip():
+            att.output_lines += 1
+            if att.first_output_at is None:
+                att.first_output_at = ev.at
+            att.last_output_at = ev.at
+            self._warn_no_step_signal(att, ev.at)
         exit = att.torchrun.feed(ev.text, ev.at)
         if exit is not None:
             self._on_exit(att, exit)
@@ -945,11 +975,31 @@ class RunController:
             if att.steps.resumed_step is None:
                 att.steps.resumed_step = e.step
                 att.steps.resumed_checkpoint = e.checkpoint
-            self._check_restored(att, e.step, ev.at, exact=True)
         elif e.event == "checkpoint_saved":
             att.saved_steps.append(e.step)
 
+    def _warn_no_step_signal(self, att: _Attempt, at: float) -> None:
+        """The first attempt has produced output for a verification window and not one
+        step: a restart of this job can only be verified by liveness. Said once."""
+        if (
+            att.number != 0
+            or self.step_signal
+            or att.first_output_at is None
+            or at < att.first_output_at + self.opt.verify_window
+        ):
+            return
+        text = (
+            "no progress signal: the job's output names no training step, so a restart "
+            "can only be verified by liveness (output), not by the restored step; " + RESUME_FIXES
+        )
+        if text in self.warnings:
+            return
+        self.warnings.append(text)
+        self.audit(AuditKind.NOTE, f"job:{self.job_id}", f"warning: {text}")
+        self.say(f"warning: {text}")
+
     def _on_step(self, att: _Attempt, step: int, at: float, rank: int | None) -> None:
+        self.step_signal = True
         if rank is not None:
             att.reported_ranks.add(rank)
         att.hang.observe(step, at, rank)
@@ -972,88 +1022,66 @@ class RunController:
             att.incident_id,
             at=at,
             note=f"first progress after restart: step {step} (attempt {att.number})",
+            resumed_step=step,
             actor=ACTOR,
         )
-        if att.steps.resumed_step is None:
-            self._check_restored(att, step, at, exact=False)
 
-    def _check_restored(self, att: _Attempt, step: int, at: float, exact: bool) -> None:
-        """Verification, part one: the job restored the selected checkpoint's step."""
-        if att.expected_step is None or att.trigger is not None or att.verified:
-            return
-        expected = att.expected_step
-        # A reported step is the step just completed: after restoring N it is N + 1.
-        ok = step == expected if exact else expected <= step <= expected + 1
-        if ok:
-            return
-        what = "restored" if exact else "first progress at"
-        f = Finding(
-            kind="verify_failed",
-            domain=Domain.APPLICATION,
-            at=at,
-            source="verify",
-            message=f"the restart {what} step {step}, expected step {expected}",
-            severity=Severity.FATAL,
-            signature=f"verify:restored-step {step} != {expected}",
+    def _observation(self, att: _Attempt, now: float, completed: bool) -> RestartObservation:
+        expected, _ = self._expected_ranks(att)
+        return RestartObservation(
+            now=now,
+            started_at=att.started_at,
+            restored_step=att.expected_step,
+            first_step=att.steps.first_step,
+            first_at=att.steps.first_at,
+            last_step=att.steps.last_step,
+            last_at=att.steps.last_at,
+            rate=att.steps.rate(since=att.first_progress_at),
+            reported_restored=att.steps.resumed_step,
+            baseline_rate=self.baseline_rate,
+            expected_ranks=None if expected is None else frozenset(expected),
+            reported_ranks=frozenset(att.reported_ranks),
+            step_signal=self.step_signal,
+            alive_from=att.first_output_at,
+            # Two lines at least: one line is a start, not a sign of a running job.
+            alive_until=att.last_output_at if att.output_lines >= 2 else None,
+            alive_evidence=f"{att.output_lines} output line(s)",
+            completed=completed,
         )
-        self._record_finding(att, f)
-        self._trigger(att, f)
+
+    def _verify_rules(self) -> VerifyRules:
+        return VerifyRules(
+            window_seconds=self.opt.verify_window,
+            min_rate_ratio=self.opt.verify_min_rate_ratio,
+            step_window=step_window(DEFAULT_STEP_WINDOW, self.step_stride),
+        )
 
     def _maybe_verify(self, att: _Attempt, now: float) -> None:
-        """Verification, part two: progress kept coming for the window, at a plausible rate.
+        """Verification of a restart: the shared rule (policy/verify.py) on what we saw.
 
-        Verified at the first progress report that arrives after the window has
-        passed since the first one: a job that made one step and died inside the
-        window has not recovered.
+        A failed verdict is a failed attempt (the same incident is acted on again);
+        a pending one waits for more progress, bounded by the hang detector.
         """
-        last_at = att.steps.last_at
-        if att.first_progress_at is None or last_at is None:
+        v = verify_restart(self._observation(att, now, completed=False), self._verify_rules())
+        if v.verdict is Verdict.PENDING:
             return
-        if last_at < att.first_progress_at + self.opt.verify_window:
-            return
-        rate = att.steps.rate(since=att.first_progress_at)
-        if rate is None:
-            return  # not two progress points yet; the hang detector bounds the wait
-        baseline = self.baseline_rate
-        floor = None if baseline is None else baseline * self.opt.verify_min_rate_ratio
-        if floor is not None and rate < floor:
+        if v.verdict is Verdict.FAILED:
             f = Finding(
                 kind="verify_failed",
-                domain=Domain.UNKNOWN,
+                domain=Domain.APPLICATION if v.signature and "restored" in v.signature
+                else Domain.UNKNOWN,
                 at=now,
                 source="verify",
-                message=(
-                    f"the restart progresses at {rate:.2f} steps/s, below "
-                    f"{self.opt.verify_min_rate_ratio:g} x the pre-failure {baseline:.2f} steps/s"
-                ),
+                message=v.reason,
                 severity=Severity.FATAL,
-                signature="verify:slow",
-            )
+                culprit=Culprit(rank=v.missing_ranks[0]) if v.missing_ranks else Culprit(),
+                signature=v.signature,
+                details={"missing_ranks": list(v.missing_ranks)} if v.missing_ranks else {},
+            )  # fmt: skip
             self._record_finding(att, f)
             self._trigger(att, f)
             return
-        missing, _ = self._rank_check(att)
-        if missing:
-            if last_at < att.first_progress_at + 2 * self.opt.verify_window:
-                return  # one more window for a late rank
-            f = Finding(
-                kind="verify_failed",
-                domain=Domain.UNKNOWN,
-                at=now,
-                source="verify",
-                message=(
-                    f"rank(s) {', '.join(map(str, missing))} did not report after the restart "
-                    f"(ranks reporting: {', '.join(map(str, sorted(att.reported_ranks)))})"
-                ),
-                severity=Severity.FATAL,
-                culprit=Culprit(rank=missing[0]),
-                signature="verify:ranks-missing",
-                details={"missing_ranks": missing},
-            )
-            self._record_finding(att, f)
-            self._trigger(att, f)
-            return
-        self._verified(att, now, rate)
+        self._verified(att, now, v)
 
     def _expected_ranks(self, att: _Attempt) -> tuple[set[int] | None, str]:
         """The ranks a restart must hear from, and where that expectation comes from.
@@ -1086,24 +1114,33 @@ class RunController:
             return missing, f"rank(s) {missing} missing"
         return [], f"all {len(expected)} rank(s) reported ({source})"
 
-    def _verified(
-        self, att: _Attempt, now: float, rate: float | None, completed: bool = False
-    ) -> None:
+    def _verified(self, att: _Attempt, now: float, v: Verification) -> None:
         att.verified = True
         assert att.incident_id is not None
+        self._account(att, now, v)
         base = "unknown" if self.baseline_rate is None else f"{self.baseline_rate:.2f}"
-        if att.steps.last_step is None:
-            note = f"verified: attempt {att.number} completed (no further steps to run)"
+        if v.resumed_below:
+            what = (
+                f"resumed below the offered checkpoint: attempt {att.number} was offered step "
+                f"{att.expected_step} and restarted at step {v.resumed_from}"
+            )
+        elif v.by_liveness:
+            what = f"attempt {att.number} is running"
+        elif att.expected_step is not None:
+            what = f"attempt {att.number} restored step {att.expected_step}"
+        else:
+            what = f"attempt {att.number} restarted (no checkpoint offered)"
+        if v.verdict is Verdict.COMPLETED:
+            tail = (
+                "; the job exited 0 (every rank finished)"
+                if att.steps.last_step is not None
+                else " and completed (no further steps to run)"
+            )
+            note = f"verified: {what}{tail}"
         else:
             note = (
-                f"verified: attempt {att.number} restored step {att.expected_step} and "
-                f"progressed to step {att.steps.last_step}"
-                + (f" at {rate:.2f} steps/s (pre-failure {base} steps/s)" if rate else "")
-                + (
-                    "; the job exited 0 (every rank finished)"
-                    if completed
-                    else f"; {self._rank_check(att)[1]}"
-                )
+                f"verified: {what}; {v.reason} (pre-failure {base} steps/s); "
+                f"{self._rank_check(att)[1]}"
             )
         self.db.transition_attempt(
             self.job_id, att.number, AttemptState.VERIFIED, at=now, reason=note, actor=ACTOR
@@ -1112,6 +1149,35 @@ class RunController:
             att.incident_id, at=now, state=IncidentState.RECOVERED, note=note, actor=ACTOR
         )
         self.say(f"incident {att.incident_id} recovered: {note}")
+
+    def _account(self, att: _Attempt, now: float, v: Verification) -> None:
+        """Lost work and the restored step as they really were (policy.verify.account)."""
+        assert att.incident_id is not None
+        inc = self.db.get_incident(att.incident_id)
+        for w in self.warnings:
+            self.db.update_incident(att.incident_id, at=now, warning=w, actor=ACTOR)
+        a = account(
+            v,
+            att.expected_step,
+            inc.failed_step,
+            offered_path=inc.checkpoint_path,
+            exact=att.steps.resumed_step is not None,
+        )
+        if not a.resumed_on_its_own:
+            return
+        if a.warning and not self.told_resume_fix:
+            self.told_resume_fix = True
+            self.say(f"warning: {a.warning}")
+        self.db.update_incident(
+            att.incident_id,
+            at=now,
+            checkpoint_step=a.restored_step,
+            lost_steps=a.lost_steps,
+            warning=a.warning,
+            clear=("checkpoint_path",) + (("checkpoint_step",) if a.restored_step is None else ()),
+            note=a.note,
+            actor=ACTOR,
+        )
 
     def _on_exit(self, att: _Attempt, exit: ProcessExit) -> None:
         if exit.source == "launcher":
@@ -1294,6 +1360,10 @@ class RunController:
         rate = att.steps.rate()
         if rate is not None and (att.incident_id is None or att.verified):
             self.baseline_rate = rate  # the pre-failure step rate, for verification
+            steps = [s for _, s in att.steps.history]
+            gaps = [b - a for a, b in itertools.pairwise(steps) if b > a]
+            if gaps:
+                self.step_stride = max(gaps)  # how far apart the job logs its steps
         if att.reported_ranks and (att.incident_id is None or att.verified):
             self.baseline_ranks = set(att.reported_ranks)  # who must report after a restart
             self.baseline_devices = len(att.devices)
@@ -1546,8 +1616,9 @@ class RunController:
         self.restarts_used += 1
         self.restarts_total += 1
         number = att.number + 1
-        ckpt_step = ckpt.step if ckpt and ckpt.step is not None else 0
-        lost = None if failed_step is None else max(0, failed_step - ckpt_step)
+        # What is offered; verification corrects it to what the job really did (0145).
+        ckpt_step = ckpt.step if ckpt else None
+        lost = None if failed_step is None else max(0, failed_step - (ckpt_step or 0))
         self.db.update_incident(
             incident_id,
             at=self.clock(),
@@ -1555,6 +1626,7 @@ class RunController:
             checkpoint_step=ckpt_step,
             lost_steps=lost,
             recovery_attempt=number,
+            clear=() if ckpt else ("checkpoint_path", "checkpoint_step"),
             actor=ACTOR,
         )
         new = self._launch(number, devices, ckpt, dict(action.env), incident_id)
@@ -1654,7 +1726,8 @@ class RunController:
             )
         if att.incident_id is not None and not att.verified:
             # The job finished inside the verification window: that verifies it.
-            self._verified(att, now, att.steps.rate(since=att.first_progress_at), completed=True)
+            v = verify_restart(self._observation(att, now, completed=True), self._verify_rules())
+            self._verified(att, now, v)
         rec = self.db.get_attempt(self.job_id, att.number)
         if not rec.state.terminal:
             self.db.finish_attempt(
