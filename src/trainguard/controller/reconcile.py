@@ -49,6 +49,7 @@ from typing import Any
 
 from trainguard.controller.approvals import approval_reason
 from trainguard.controller.breaker import QUARANTINE_BREAKER, BreakerConfig, check_quarantine
+from trainguard.controller.checkpoint_care import move_aside, select_checkpoints
 from trainguard.controller.lease import CONTROLLER_LEASE, DEFAULT_TTL_SECONDS, LeaderElector
 from trainguard.controller.policies import DEFAULT_POLICY, merge, parse_policy, resolve
 from trainguard.controller.repair import DeliveryConfig, deliver_due, export_repair, page_payload
@@ -187,6 +188,8 @@ class ControlConfig:
     deliver: bool = True  # POST due webhooks at the end of each pass
     # The health sync compares only what changed; everything again this often (0122).
     health_resync_seconds: float = 60.0
+    # Leave damaged checkpoints where they are instead of moving them aside (0146).
+    keep_rejected_in_place: bool = False
 
 
 @dataclass
@@ -1103,24 +1106,7 @@ class Reconciler:
         )
 
     def _checkpoints(self, job: JobRecord) -> tuple[CheckpointInfo, ...]:
-        if not job.checkpoint_dir:
-            return ()
-        from trainguard.checkpoints import scan, validate
-
-        out: list[CheckpointInfo] = []
-        try:
-            candidates = scan(job.checkpoint_dir, "quick")
-        except OSError:
-            return ()
-        for info in candidates:
-            if not info.valid:
-                out.append(info)
-                continue
-            full = validate(info.path, "full")
-            out.append(full)
-            if full.valid:
-                break
-        return tuple(out)
+        return select_checkpoints(job.checkpoint_dir, "full")
 
     def _failures(self, job_id: str, before_incident: int) -> list[PriorFailure]:
         out: list[PriorFailure] = []
@@ -1867,6 +1853,7 @@ class Reconciler:
                 )
             )
             env = {str(k): str(v) for k, v in (action.get("env") or {}).items()}
+            self._move_rejected_aside(inc, fj)
             got, error = self._call(
                 lambda: self.scheduler.requeue(  # type: ignore[union-attr]
                     fj.scheduler_ref,
@@ -2033,6 +2020,40 @@ class Reconciler:
         self._finish(
             rec, ActionState.DONE, {"summary": "waiting for capacity"}, inc, action, fence, effects
         )
+
+    def _move_rejected_aside(self, inc: IncidentRecord, fj: FleetJob) -> None:
+        """The same rule as ``trainguard run`` (decision 0146): the plan's damaged
+        checkpoints leave the job's way before it is requeued, audited."""
+        plan = inc.plan or {}
+        todo = [
+            CheckpointInfo(
+                path=str(c.get("path")),
+                format=str(c.get("format") or "unknown"),
+                step=c.get("step"),
+                size_bytes=int(c.get("size_bytes") or 0),
+                created_at=c.get("created_at"),
+                valid=bool(c.get("valid")),
+                reason=c.get("reason"),
+            )
+            for c in plan.get("skipped_checkpoints") or ()
+            if isinstance(c, dict) and c.get("path") and not c.get("valid")
+        ]
+        job = self.store.get_job(inc.job_id)
+        if self.config.keep_rejected_in_place or not todo or not job.checkpoint_dir:
+            return
+        moved = move_aside(todo, job.checkpoint_dir, at=self.clock(), by=self.identity)
+        if moved:
+            self.store.append_audit(
+                self.clock(),
+                self.identity,
+                AuditKind.RESULT,
+                f"job:{inc.job_id}",
+                f"moved {sum(1 for m in moved if m.moved_to)} of {len(todo)} rejected "
+                "checkpoint(s) aside",
+                {"moved": [m.to_dict() for m in moved]},
+                job_id=inc.job_id,
+                incident_id=inc.id,
+            )
 
     # --- verification ----------------------------------------------------------------
 

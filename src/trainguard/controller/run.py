@@ -47,6 +47,7 @@ import dataclasses
 import itertools
 import os
 import queue
+import shlex
 import shutil
 import signal
 import sys
@@ -57,7 +58,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainguard.checkpoints import scan, validate
+from trainguard.controller.checkpoint_care import move_aside, select_checkpoints
 from trainguard.diagnose.attribution import DEFAULT_CORRELATION_WINDOW, attribute
 from trainguard.diagnose.detectors import (
     HangConfig,
@@ -167,6 +168,40 @@ class RunOptions:
     echo: bool = True
     job_name: str | None = None
     preflight: str | None = None  # --preflight LEVEL: check the devices before attempt 0
+    # --resume-arg: appended (shell-split, {checkpoint} substituted) to the command of
+    # every restart that restores a checkpoint; attempt 0 runs as written.
+    resume_arg: str | None = None
+    # --keep-rejected-in-place: leave damaged checkpoints where they are (0146).
+    keep_rejected_in_place: bool = False
+
+    def __post_init__(self) -> None:
+        if self.resume_arg is not None:
+            resume_arg_tokens(self.resume_arg)  # a bad template is a usage error, now
+
+
+def resume_arg_tokens(template: str) -> tuple[str, ...]:
+    """``--resume-arg`` split as a shell would; raises ``ValueError`` with the fix."""
+    try:
+        tokens = tuple(shlex.split(template))
+    except ValueError as exc:
+        raise ValueError(f"--resume-arg {template!r}: {exc}") from None
+    if not tokens or not any("{checkpoint}" in t for t in tokens):
+        raise ValueError(
+            f"--resume-arg {template!r} must name {{checkpoint}}, e.g. "
+            "'--resume_from_checkpoint {checkpoint}' or 'ckpt_path={checkpoint}'"
+        )
+    return tokens
+
+
+def resume_command(
+    command: Sequence[str], template: str | None, checkpoint: str | None
+) -> tuple[str, ...]:
+    """The command of an attempt: as written, plus ``--resume-arg`` when it restores
+    ``checkpoint`` (substituted per token, so a path with spaces stays one argument)."""
+    if template is None or checkpoint is None:
+        return tuple(command)
+    extra = tuple(t.replace("{checkpoint}", checkpoint) for t in resume_arg_tokens(template))
+    return (*command, *extra)
 
 
 @dataclass(frozen=True)
@@ -276,31 +311,6 @@ def torchrun_world_size(command: Sequence[str]) -> int | None:
     if not lo.isdigit() or (hi and hi != lo):
         return None
     return int(nproc) * int(lo)
-
-
-def select_checkpoints(root: str | None, verify: str = "full") -> tuple[CheckpointInfo, ...]:
-    """The catalog's verdicts, newest first, down to (and including) the first valid one.
-
-    A quick scan orders the candidates; each is then verified in full, newest
-    first, so only the checkpoints that matter are hashed. Everything newer than
-    the chosen one is returned with its reason, for the plan to record.
-    """
-    if not root or not os.path.exists(root):
-        return ()
-    out: list[CheckpointInfo] = []
-    try:
-        candidates = scan(root, "quick")
-    except OSError:
-        return ()
-    for info in candidates:
-        if not info.valid:
-            out.append(info)
-            continue
-        full = validate(info.path, verify) if verify != "quick" else info
-        out.append(full)
-        if full.valid:
-            break
-    return tuple(out)
 
 
 def _repair_advice(attribution: Attribution, quarantined: Sequence[str]) -> str | None:
@@ -743,7 +753,9 @@ class RunController:
         o = self.opt
         log_path = os.path.join(self.log_dir, f"attempt-{number}.log")
         spec = LaunchSpec(
-            command=o.command,
+            command=resume_command(
+                o.command, o.resume_arg, checkpoint.path if checkpoint else None
+            ),
             attempt=number,
             devices=devices,
             progress_url=self.progress_url,
@@ -1609,6 +1621,7 @@ class RunController:
                 held.append(ev)  # kernel lines etc. still matter to the next attempt
             for ev in held:
                 self.events.put(ev)
+        self._move_rejected_aside(incident_id, plan)
         crash_point("before_restart")
         by_uuid = {d.uuid: d for d in self.inventory}
         devices = tuple(by_uuid[u] for u in action.devices if u in by_uuid)
@@ -1665,6 +1678,37 @@ class RunController:
         if job.state is JobState.RECOVERING:
             self.db.update_job_state(self.job_id, JobState.RUNNING, at=self.clock(), actor=ACTOR)
         return new
+
+    def _move_rejected_aside(self, incident_id: int, plan: Plan) -> None:
+        """Damaged checkpoints newer than the restored one leave the job's way (0146),
+        with intent and result audited; the processes that wrote them are stopped."""
+        o = self.opt
+        todo = [c for c in plan.skipped_checkpoints if not c.valid]
+        if o.keep_rejected_in_place or not todo or not o.checkpoint_dir:
+            return
+        subject = f"job:{self.job_id}"
+        intent = self.audit(
+            AuditKind.INTENT,
+            subject,
+            "move rejected checkpoint(s) aside: " + ", ".join(c.path for c in todo),
+            {"checkpoints": [c.to_dict() for c in todo]},
+            incident_id,
+        )
+        moved = move_aside(todo, o.checkpoint_dir, at=self.clock(), by=ACTOR)
+        for m in moved:
+            self.say(
+                f"moved rejected checkpoint {m.path} to {m.moved_to} ({m.reason})"
+                if m.moved_to
+                else f"could not move rejected checkpoint {m.path} aside: {m.error}"
+            )
+        self.audit(
+            AuditKind.RESULT,
+            subject,
+            f"moved {sum(1 for m in moved if m.moved_to)} of {len(todo)} rejected "
+            "checkpoint(s) aside",
+            {"intent_id": intent, "moved": [m.to_dict() for m in moved]},
+            incident_id,
+        )
 
     def _do_stop(
         self, att: _Attempt, incident_id: int, action: Stop | WaitForCapacity
@@ -1765,6 +1809,8 @@ __all__ = [
     "RunController",
     "RunOptions",
     "RunResult",
+    "resume_arg_tokens",
+    "resume_command",
     "run_job",
     "select_checkpoints",
     "torchrun_world_size",
