@@ -95,8 +95,9 @@ def test_rank_beyond_the_assigned_devices_has_no_device() -> None:
         ("Step: 7", 7),
         ("iteration 99 lr 1e-4", 99),
         ("iter=12", 12),
-        ("Epoch 1 [250/1000] loss 0.3", 250),
         ("train: [ 5 / 10 ]", 5),
+        # "Epoch 1 [250/1000]" counts within the epoch: liveness, not a step
+        # (tests/unit/test_progress_lines.py).
     ],
 )
 def test_default_progress_pattern_recognises_common_forms(line: str, step: int) -> None:

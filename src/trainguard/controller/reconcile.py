@@ -115,6 +115,7 @@ from trainguard.schedulers.base import (
     ObservedJob,
     SchedulerError,
 )
+from trainguard.signals.output import split_lines
 from trainguard.store import NotFound, Store
 from trainguard.store.fleet import Fence, Fenced, FleetStore
 
@@ -809,8 +810,8 @@ class Reconciler:
             return
         state.offset += len(chunk)
         data = state.partial + chunk
-        lines = data.split(b"\n")
-        state.partial = lines.pop()
+        # Progress bars redraw with \r: split there too, or a bar's steps wait for its \n.
+        lines, state.partial = split_lines(data)
         steps = []
         for raw in lines:
             step = self._progress.parse(raw.decode("utf-8", "replace"))

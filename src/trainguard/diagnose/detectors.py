@@ -11,8 +11,9 @@ passing the time in. Each detector answers one question:
   hang timeout? The default timeout is adaptive (decision 0052): a generous
   multiple of the slowest recent step interval, never below a floor, and a
   separate, longer start-up allowance until two progress points are known.
-* :class:`ProgressLineParser` — which step does a line of output report
-  (``step=123``, ``step 123``, ``iteration 123``, ``[123/1000]``; configurable)?
+* :class:`ProgressLineParser` (in :mod:`trainguard.diagnose.progress_lines`, re-exported
+  here) — does a line of output report the global step (``step=123``, tqdm, Megatron,
+  torchtitan, JSON lines; configurable) or only show the job is alive?
 * :class:`TorchrunSummaryParser` — which local rank did torchrun say failed, and
   how (``failed (exitcode: -9) local_rank: 1 (pid: N)`` and the ``Root Cause``
   block of ``ChildFailedError``)?
@@ -29,6 +30,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from trainguard.diagnose.progress_lines import (
+    DEFAULT_PROGRESS_PATTERN,
+    ProgressKind,
+    ProgressLineParser,
+    ProgressReading,
+)
 from trainguard.model.devices import Device, normalize_pci_bus_id
 from trainguard.model.findings import Culprit, Domain, Finding, Severity
 
@@ -138,45 +145,7 @@ def crash_finding(exit: ProcessExit, devices: Sequence[Device]) -> Finding | Non
     )
 
 
-# --- progress from output lines ------------------------------------------------------
-
-DEFAULT_PROGRESS_PATTERN = (
-    r"(?i)(?:\b(?:step|iter(?:ation)?)\b\s*[=:#]?\s*(?P<step>\d+))"
-    r"|(?:\[\s*(?P<frac>\d+)\s*/\s*\d+\s*\])"
-)
-
-
-class ProgressLineParser:
-    """Find the step a line of job output reports.
-
-    The pattern is a regular expression; the step is its named group ``step``,
-    else the first non-empty group (so ``--progress-pattern 'it (\\d+)'`` works).
-    The default recognises ``step=123``, ``step 123``, ``step: 123``,
-    ``iteration 123``, ``iter 123`` and ``[123/1000]``.
-    """
-
-    def __init__(self, pattern: str | None = None) -> None:
-        try:
-            self.regex = re.compile(pattern or DEFAULT_PROGRESS_PATTERN)
-        except re.error as exc:
-            raise ValueError(f"bad progress pattern {pattern!r}: {exc}") from exc
-        if self.regex.groups == 0:
-            raise ValueError(f"progress pattern {pattern!r} needs a group capturing the step")
-
-    def parse(self, line: str) -> int | None:
-        m = self.regex.search(line)
-        if not m:
-            return None
-        groups = m.groupdict()
-        value = groups.get("step")
-        if value is None:
-            value = next((g for g in m.groups() if g is not None), None)
-        if value is None:
-            return None
-        try:
-            return int(value)
-        except ValueError:
-            return None
+# --- progress from output lines: trainguard.diagnose.progress_lines ------------------
 
 
 # --- hangs ---------------------------------------------------------------------------
@@ -490,7 +459,9 @@ __all__ = [
     "HangDetector",
     "LineMatchLike",
     "ProcessExit",
+    "ProgressKind",
     "ProgressLineParser",
+    "ProgressReading",
     "StepTracker",
     "TorchrunSummaryParser",
     "crash_finding",

@@ -1,10 +1,15 @@
-"""Follow a job's output: stream it through to the user, keep it in a log, emit lines.
+r"""Follow a job's output: stream it through to the user, keep it in a log, emit lines.
 
 One :class:`OutputFollower` thread per pipe (stdout, stderr) of an attempt. It
-reads bytes line by line (long lines are cut at ``MAX_LINE`` bytes rather than
-buffered without bound), writes them unchanged to the user's terminal and to the
-attempt's log file, and hands each decoded line (invalid UTF-8 replaced, never
-an exception) to the sink as an :class:`OutputLine` with the time it was read.
+reads whatever bytes are available, writes them unchanged to the user's terminal
+and to the attempt's log file, cuts them into lines with :class:`LineSplitter`
+and hands each decoded line (invalid UTF-8 replaced, never an exception) to the
+sink as an :class:`OutputLine` with the time it was read.
+
+A line ends at ``\n``, ``\r\n`` *or a lone* ``\r``: progress bars (tqdm, Lightning,
+Hugging Face) redraw themselves with ``\r`` and may print no ``\n`` for minutes, so
+reading only up to ``\n`` would hide every step until the bar closes. Long lines
+are cut at ``MAX_LINE`` bytes rather than buffered without bound.
 """
 
 from __future__ import annotations
@@ -16,6 +21,75 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 MAX_LINE = 64 * 1024
+_READ_SIZE = 64 * 1024
+
+
+class LineSplitter:
+    r"""Cut a byte stream into lines at ``\n``, ``\r\n`` and lone ``\r``; nothing is lost.
+
+    Stateful so that a ``\r\n`` split across two reads is one terminator, not two
+    lines. Terminators are removed; a line longer than ``max_line`` bytes is cut into
+    pieces of ``max_line`` bytes.
+    """
+
+    def __init__(self, max_line: int = MAX_LINE) -> None:
+        self.max_line = max_line
+        self._pending = bytearray()
+        self._after_cr = False  # the last terminator was a \r: a leading \n belongs to it
+
+    def feed(self, data: bytes) -> list[bytes]:
+        out: list[bytes] = []
+        start = 0
+        if self._after_cr and data[:1] == b"\n":
+            start = 1
+        self._after_cr = False
+        i = start
+        n = len(data)
+        while i < n:
+            c = data[i]
+            if c == 0x0A or c == 0x0D:
+                self._pending += data[start:i]
+                out.extend(self._take())
+                if c == 0x0D:
+                    if i + 1 < n:
+                        if data[i + 1] == 0x0A:
+                            i += 1
+                    else:
+                        self._after_cr = True
+                i += 1
+                start = i
+                continue
+            i += 1
+        self._pending += data[start:]
+        while len(self._pending) >= self.max_line:
+            out.append(bytes(self._pending[: self.max_line]))
+            del self._pending[: self.max_line]
+        return out
+
+    def flush(self) -> list[bytes]:
+        """The unterminated rest at end of stream (nothing when it is empty)."""
+        if not self._pending:
+            return []
+        return self._take()
+
+    def _take(self) -> list[bytes]:
+        data = bytes(self._pending)
+        self._pending.clear()
+        if len(data) <= self.max_line:
+            return [data]
+        return [data[i : i + self.max_line] for i in range(0, len(data), self.max_line)]
+
+
+def split_lines(data: bytes) -> tuple[list[bytes], bytes]:
+    r"""Complete lines of ``data`` (split as :class:`LineSplitter` does) and the unterminated rest.
+
+    For readers that tail a file in chunks and keep the rest for the next chunk.
+    A trailing ``\r`` ends a line; a ``\n`` that begins the next chunk then gives one
+    empty line, which no reader takes for progress.
+    """
+    splitter = LineSplitter(max_line=max(len(data), 1) + 1)
+    lines = splitter.feed(data)
+    return lines, bytes(splitter._pending)
 
 
 @dataclass(frozen=True)
@@ -91,10 +165,14 @@ class OutputFollower:
         self.thread.join(timeout)
 
     def _run(self) -> None:
+        splitter = LineSplitter()
+        # read1 returns what is there now (one system call) instead of waiting for a
+        # full buffer or a newline: a bar redrawn with \r is seen when it is drawn.
+        read = getattr(self.pipe, "read1", None) or self.pipe.read
         try:
             while True:
                 try:
-                    raw = self.pipe.readline(MAX_LINE)
+                    raw = read(_READ_SIZE)
                 except (OSError, ValueError):
                     break
                 if not raw:
@@ -108,11 +186,24 @@ class OutputFollower:
                         self.echo = None  # the user's terminal went away; keep supervising
                 if self.log is not None:
                     self.log.write(raw)
-                self.lines += 1
-                text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-                self.sink(OutputLine(at=at, attempt=self.attempt, stream=self.stream, text=text))
+                self._emit(splitter.feed(raw), at)
+            self._emit(splitter.flush(), self.clock())
         finally:
             self.sink(OutputClosed(at=self.clock(), attempt=self.attempt, stream=self.stream))
 
+    def _emit(self, lines: list[bytes], at: float) -> None:
+        for line in lines:
+            self.lines += 1
+            text = line.decode("utf-8", errors="replace")
+            self.sink(OutputLine(at=at, attempt=self.attempt, stream=self.stream, text=text))
 
-__all__ = ["MAX_LINE", "LogFile", "OutputClosed", "OutputFollower", "OutputLine"]
+
+__all__ = [
+    "MAX_LINE",
+    "LineSplitter",
+    "LogFile",
+    "OutputClosed",
+    "OutputFollower",
+    "OutputLine",
+    "split_lines",
+]
