@@ -88,6 +88,26 @@ def test_a_job_with_no_step_signal_is_verified_by_liveness_and_says_so() -> None
     assert "liveness" in v.reason and "not checked" in v.reason
 
 
+def test_a_silent_job_that_saves_below_the_offered_step_resumed_below() -> None:
+    # Lightning with ckpt_path=None and a Rich bar: no step in the output, but its
+    # ModelCheckpoint writes step=20 after being offered step 180.
+    silent = obs(
+        restored_step=180,
+        step_signal=False,
+        alive_from=1.0,
+        alive_until=30.0,
+        alive_evidence="the scheduler reports it running",
+        saved_steps=(20, 40),
+    )
+    v = verify_restart(silent, RULES)
+    assert v.verdict is Verdict.VERIFIED and v.resumed_below and v.by_liveness
+    assert "resumed below the offered checkpoint" in v.reason
+    above = RestartObservation(**{**silent.__dict__, "saved_steps": (200,)})
+    v2 = verify_restart(above, RULES)
+    assert v2.verdict is Verdict.VERIFIED and not v2.resumed_below
+    assert "step 200 written after the restart" in v2.reason
+
+
 def test_slow_restart_and_missing_ranks_fail() -> None:
     slow = verify_restart(moving(251, 260, baseline_rate=10.0), RULES)
     assert slow.verdict is Verdict.FAILED and slow.signature == "verify:slow"
@@ -140,6 +160,7 @@ def observations(draw: st.DrawFn) -> RestartObservation:
         alive_from=first_out,
         alive_until=None if first_out is None else first_out + draw(times),
         completed=draw(st.booleans()),
+        saved_steps=tuple(draw(st.lists(steps, max_size=3))),
     )
 
 
@@ -163,6 +184,14 @@ def test_never_recovered_below_the_restored_step_unless_resumed_below(
             assert v.resumed_below
         else:
             assert not v.resumed_below
+    if (
+        v.recovered
+        and o.restored_step is not None
+        and min(o.saved_steps, default=1 << 60) < (o.restored_step)
+    ):
+        # Saved below the offered step after the restart: resumed below, or it says it
+        # restored a step at or above it (and the lower save is its own business).
+        assert v.resumed_below or (start is not None and start >= o.restored_step)
 
 
 @settings(max_examples=500, deadline=None)

@@ -58,6 +58,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainguard.checkpoints import scan
 from trainguard.controller.checkpoint_care import move_aside, select_checkpoints
 from trainguard.diagnose.attribution import DEFAULT_CORRELATION_WINDOW, attribute
 from trainguard.diagnose.detectors import (
@@ -123,6 +124,7 @@ EXIT_INTERRUPTED = 130
 TAIL_LINES = 200
 SHUTDOWN_ALLOWANCE_S = 60.0  # after a clean rank exit, how long the rest may take to end
 PROGRESS_WRITE_SECONDS = 1.0
+SAVE_SCAN_SECONDS = 1.0  # how often a restart being verified looks for new checkpoints
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 # Test hook: SIGKILL ourselves at a named point of a recovery (tests/integration/
 # test_run_crash.py). Points: after_plan_persisted, after_quarantine_intent,
@@ -258,6 +260,11 @@ class _Attempt:
     output_lines: int = 0
     first_output_at: float | None = None
     last_output_at: float | None = None
+    # Checkpoints the job wrote into the checkpoint dir after this attempt started
+    # (path -> (step, seen at)): where a job that prints no step really is.
+    wall_started: float = field(default_factory=time.time)
+    saves_scanned_at: float = 0.0
+    dir_saves: dict[str, tuple[int, float]] = field(default_factory=dict)
 
 
 _TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
@@ -854,6 +861,10 @@ class RunController:
             deadlines.append(att.settle_until)
         if att.launcher_exit is not None:
             deadlines.append(att.launcher_exit.at + 2.0)  # output drained or not, decide then
+        if att.incident_id is not None and not att.verified and self.opt.checkpoint_dir:
+            # A restart being verified: look for the checkpoints it writes (a job that
+            # prints nothing still saves), see _scan_saves.
+            deadlines.append(self.clock() + SAVE_SCAN_SECONDS)
         return min(deadlines) if deadlines else self.clock() + 3600.0
 
     def _loop(self, att: _Attempt) -> RunResult:
@@ -1038,8 +1049,37 @@ class RunController:
             actor=ACTOR,
         )
 
+    def _scan_saves(self, att: _Attempt, now: float) -> None:
+        """New checkpoints in the checkpoint dir since the attempt started (quick scan,
+        at most every SAVE_SCAN_SECONDS): steps and liveness for verification."""
+        root = self.opt.checkpoint_dir
+        if not root or now < att.saves_scanned_at + SAVE_SCAN_SECONDS:
+            return
+        att.saves_scanned_at = now
+        try:
+            found = scan(root, "quick") if os.path.isdir(root) else []
+        except OSError:
+            return
+        offered = att.checkpoint.path if att.checkpoint else None
+        for info in found:
+            if (
+                info.valid
+                and info.step is not None
+                and info.path != offered
+                and info.path not in att.dir_saves
+                and (info.created_at or 0.0) >= att.wall_started
+            ):
+                att.dir_saves[info.path] = (info.step, now)
+
     def _observation(self, att: _Attempt, now: float, completed: bool) -> RestartObservation:
         expected, _ = self._expected_ranks(att)
+        self._scan_saves(att, now)
+        saved = [*att.saved_steps, *(step for step, _ in att.dir_saves.values())]
+        alive = [t for t in (att.last_output_at if att.output_lines >= 2 else None,) if t]
+        alive += [t for _, t in att.dir_saves.values()]
+        alive_from = att.first_output_at
+        if alive_from is None and att.dir_saves:
+            alive_from = att.started_at
         return RestartObservation(
             now=now,
             started_at=att.started_at,
@@ -1054,10 +1094,13 @@ class RunController:
             expected_ranks=None if expected is None else frozenset(expected),
             reported_ranks=frozenset(att.reported_ranks),
             step_signal=self.step_signal,
-            alive_from=att.first_output_at,
-            # Two lines at least: one line is a start, not a sign of a running job.
-            alive_until=att.last_output_at if att.output_lines >= 2 else None,
-            alive_evidence=f"{att.output_lines} output line(s)",
+            alive_from=alive_from,
+            # Two lines at least (one line is a start, not a running job), or a checkpoint
+            # written since; a process that merely runs is not progress.
+            alive_until=max(alive) if alive else None,
+            alive_evidence=f"{att.output_lines} output line(s)"
+            + (f", {len(att.dir_saves)} checkpoint(s) written" if att.dir_saves else ""),
+            saved_steps=tuple(saved),
             completed=completed,
         )
 

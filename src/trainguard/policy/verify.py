@@ -82,6 +82,10 @@ class RestartObservation:
     alive_until: float | None = None
     alive_evidence: str = ""
     completed: bool = False  # every rank exited 0
+    # Steps of checkpoints the job wrote after the restart (trainguard.train's
+    # checkpoint_saved, or new checkpoints in the checkpoint directory): a job that
+    # prints no step still shows where it is when it saves.
+    saved_steps: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -112,9 +116,19 @@ def _placement(
     """Where the job resumed against the offered step: ``(failure, resumed_below, from)``."""
     exact = o.reported_restored is not None
     resumed_from = o.reported_restored if exact else o.first_step
-    if resumed_from is None or o.restored_step is None:
+    if o.restored_step is None:
         return None, False, resumed_from
     offered = o.restored_step
+    if (
+        o.saved_steps
+        and min(o.saved_steps) < offered
+        and (resumed_from is None or resumed_from < offered)
+    ):
+        # It saved a checkpoint below the offered step after the restart: it trains
+        # on from below, whatever its output says (or does not say).
+        return None, True, resumed_from
+    if resumed_from is None:
+        return None, False, resumed_from
     if resumed_from < offered:
         return None, True, resumed_from
     high = offered if exact else offered + rules.step_window
@@ -139,8 +153,13 @@ def verify_restart(o: RestartObservation, rules: VerifyRules = VerifyRules()) ->
     failure, below, resumed_from = _placement(o, rules)
     if failure is not None:
         return failure
+    where = (
+        f"step {resumed_from}"
+        if resumed_from is not None
+        else f"saved step {min(o.saved_steps, default=0)} after the restart"
+    )
     below_note = (
-        f"; resumed below the offered checkpoint (step {resumed_from}, offered {o.restored_step})"
+        f"; resumed below the offered checkpoint ({where}, offered {o.restored_step})"
         if below
         else ""
     )
@@ -162,10 +181,18 @@ def verify_restart(o: RestartObservation, rules: VerifyRules = VerifyRules()) ->
             or o.alive_until < max(o.started_at, o.alive_from) + window
         ):
             return Verification(Verdict.PENDING, "no step signal; waiting for signs of life")
+        saved = (
+            f"; checkpoint(s) at step {', '.join(map(str, sorted(o.saved_steps)))} written "
+            "after the restart"
+            if o.saved_steps
+            else "; the restored step was not checked"
+        )
         return Verification(
             Verdict.VERIFIED,
             f"no step signal: verified by liveness only ({o.alive_evidence or 'alive'} over "
-            f"{o.alive_until - o.alive_from:.0f} s); the restored step was not checked",
+            f"{o.alive_until - o.alive_from:.0f} s){saved}{below_note}",
+            resumed_below=below,
+            resumed_from=resumed_from,
             by_liveness=True,
         )
     last_step = o.last_step if o.last_step is not None else o.first_step
@@ -230,6 +257,19 @@ def account(
     restored step itself): at most 1 (0 when exact) means it started over.
     """
     real = v.resumed_from
+    if real is None and v.resumed_below:
+        # Known only from a checkpoint it saved below the offered step: it restarted
+        # from an older state of its own, or from scratch; the exact step is unknown.
+        return Accounting(
+            None,
+            failed_step,
+            True,
+            f"resumed below the offered checkpoint: offered {offered_path or 'a checkpoint'} "
+            f"(step {offered_step}), the job saved checkpoints below it after the restart "
+            "and reports no step; " + RESUME_FIXES,
+            "the job trains on from below the offered checkpoint (its step is unknown: "
+            "lost work counted as a start from step 0)",
+        )
     if real is None or not (v.resumed_below or offered_step is None):
         lost = None if failed_step is None else max(0, failed_step - (offered_step or 0))
         return Accounting(offered_step, lost, False, None, None)
