@@ -256,15 +256,18 @@ class _Attempt:
     # Ranks that reported anything (progress, resumed, checkpoint_saved, or a
     # rank-prefixed progress line): "all ranks joined" (decision 0115).
     reported_ranks: set[int] = field(default_factory=set)
-    # Output of the attempt (liveness, for a job with no step signal).
+    # Output lines that show training at work without naming the step (a bar moved,
+    # an epoch began, a loss was logged): liveness, for a job with no step signal.
+    # Banners and warnings are not.
     output_lines: int = 0
     first_output_at: float | None = None
     last_output_at: float | None = None
+    first_line_at: float | None = None  # any output at all (the no-step-signal warning)
     # Checkpoints the job wrote into the checkpoint dir after this attempt started
     # (path -> (step, seen at)): where a job that prints no step really is.
     wall_started: float = field(default_factory=time.time)
     saves_scanned_at: float = 0.0
-    dir_saves: dict[str, tuple[int, float]] = field(default_factory=dict)
+    dir_saves: dict[tuple[str, float], tuple[int | None, float]] = field(default_factory=dict)
 
 
 _TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
@@ -965,14 +968,18 @@ class RunController:
         att.tail.append((rank, ev.text))
         # trainguard.train's own messages ("resumed from ... (step 8 ...)") are not progress.
         own = ev.text.startswith("trainguard:")
-        step = None if att.structured or own else self.progress_parser.parse(ev.text)
-        if step is not None:
+        reading = None if own else self.progress_parser.read(ev.text)
+        step = reading.step if reading is not None and reading.is_step else None
+        if step is not None and not att.structured:
             self._on_step(att, step, ev.at, rank)
-        elif not own and ev.text.strip():
+        elif reading is not None and not reading.is_step:
             att.output_lines += 1
             if att.first_output_at is None:
                 att.first_output_at = ev.at
             att.last_output_at = ev.at
+        if not own and ev.text.strip():
+            if att.first_line_at is None:
+                att.first_line_at = ev.at
             self._warn_no_step_signal(att, ev.at)
         exit = att.torchrun.feed(ev.text, ev.at)
         if exit is not None:
@@ -1007,8 +1014,8 @@ class RunController:
         if (
             att.number != 0
             or self.step_signal
-            or att.first_output_at is None
-            or at < att.first_output_at + self.opt.verify_window
+            or att.first_line_at is None
+            or at < att.first_line_at + self.opt.verify_window
         ):
             return
         text = (
@@ -1060,21 +1067,20 @@ class RunController:
             found = scan(root, "quick") if os.path.isdir(root) else []
         except OSError:
             return
-        offered = att.checkpoint.path if att.checkpoint else None
         for info in found:
-            if (
-                info.valid
-                and info.step is not None
-                and info.path != offered
-                and info.path not in att.dir_saves
-                and (info.created_at or 0.0) >= att.wall_started
-            ):
-                att.dir_saves[info.path] = (info.step, now)
+            created = info.created_at or 0.0
+            # Written (or rewritten in place, like snapshot.pt) since the attempt began.
+            if info.valid and created >= att.wall_started:
+                step = info.step if getattr(info, "step_unit", "step") == "step" else None
+                att.dir_saves.setdefault((info.path, created), (step, now))
 
     def _observation(self, att: _Attempt, now: float, completed: bool) -> RestartObservation:
         expected, _ = self._expected_ranks(att)
         self._scan_saves(att, now)
-        saved = [*att.saved_steps, *(step for step, _ in att.dir_saves.values())]
+        saved = [
+            *att.saved_steps,
+            *(step for step, _ in att.dir_saves.values() if step is not None),
+        ]
         alive = [t for t in (att.last_output_at if att.output_lines >= 2 else None,) if t]
         alive += [t for _, t in att.dir_saves.values()]
         alive_from = att.first_output_at
@@ -1098,7 +1104,7 @@ class RunController:
             # Two lines at least (one line is a start, not a running job), or a checkpoint
             # written since; a process that merely runs is not progress.
             alive_until=max(alive) if alive else None,
-            alive_evidence=f"{att.output_lines} output line(s)"
+            alive_evidence=f"{att.output_lines} progress line(s)"
             + (f", {len(att.dir_saves)} checkpoint(s) written" if att.dir_saves else ""),
             saved_steps=tuple(saved),
             completed=completed,
@@ -1175,9 +1181,10 @@ class RunController:
         self._account(att, now, v)
         base = "unknown" if self.baseline_rate is None else f"{self.baseline_rate:.2f}"
         if v.resumed_below:
+            at = "below it" if v.resumed_from is None else f"at step {v.resumed_from}"
             what = (
                 f"resumed below the offered checkpoint: attempt {att.number} was offered step "
-                f"{att.expected_step} and restarted at step {v.resumed_from}"
+                f"{att.expected_step} and restarted {at}"
             )
         elif v.by_liveness:
             what = f"attempt {att.number} is running"
