@@ -27,7 +27,8 @@ def lightning_like(global_step: int, epoch: int) -> dict[str, object]:
         "epoch": epoch,
         "global_step": global_step,
         "pytorch-lightning_version": "2.6.6",
-        "state_dict": {"layer.weight": torch.ones(4, 4)},
+        # A real state_dict(): an OrderedDict carrying a _metadata attribute.
+        "state_dict": torch.nn.Linear(4, 4).state_dict(),
         "loops": {"fit_loop": {"epoch_loop.state_dict": {"_batches_that_stepped": global_step}}},
         "callbacks": {"ModelCheckpoint{'monitor': None}": {"best_model_path": ""}},
         "optimizer_states": [{"state": {}, "param_groups": [{"lr": 0.1}]}],
@@ -40,7 +41,12 @@ def lightning_like(global_step: int, epoch: int) -> dict[str, object]:
     [
         (lightning_like(180, 2), "global_step", 180, "step"),
         # The DDP tutorial's multigpu_torchrun.py _save_snapshot.
-        ({"MODEL_STATE": {"w": torch.ones(2)}, "EPOCHS_RUN": 6}, "EPOCHS_RUN", 6, "epoch"),
+        (
+            {"MODEL_STATE": torch.nn.Linear(2, 2).state_dict(), "EPOCHS_RUN": 6},
+            "EPOCHS_RUN",
+            6,
+            "epoch",
+        ),
         ({"model": {}, "optimizer": {}, "iteration": 1200}, "iteration", 1200, "step"),
         ({"model": {}, "step": torch.tensor(41)}, "step", 41, "step"),
         ({"step": torch.tensor(7, dtype=torch.int32)}, "step", 7, "step"),

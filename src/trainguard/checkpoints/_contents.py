@@ -49,6 +49,25 @@ _INT_STORAGES = {
 }
 
 
+class _StateDict(dict):
+    """An ``OrderedDict`` as torch pickles it: a dict that also takes attributes (BUILD).
+
+    ``module.state_dict()`` carries a ``_metadata`` attribute; the plain ``dict`` the
+    shared unpickler maps OrderedDict to cannot hold it.
+    """
+
+
+class _Unpickler(StubUnpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("collections", "OrderedDict"):
+            return _StateDict
+        return super().find_class(module, name)
+
+
+def _load(data: bytes) -> Any:
+    return _Unpickler(data, stub_all=True, allow_persistent=True).load()
+
+
 @dataclass(frozen=True)
 class EmbeddedStep:
     value: int
@@ -131,8 +150,7 @@ def _load_zip(zf: zipfile.ZipFile) -> EmbeddedStep | None:
             return None
         return zf.read(member)
 
-    obj = StubUnpickler(zf.read(info), stub_all=True, allow_persistent=True).load()
-    return find_step(obj, read_storage)
+    return find_step(_load(zf.read(info)), read_storage)
 
 
 def step_in_torch_bytes(data: bytes) -> EmbeddedStep | None:
@@ -143,7 +161,7 @@ def step_in_torch_bytes(data: bytes) -> EmbeddedStep | None:
                 return _load_zip(zf)
         if data[:1] != b"\x80":
             return None
-        unpickler = StubUnpickler(data, stub_all=True, allow_persistent=True)
+        unpickler = _Unpickler(data, stub_all=True, allow_persistent=True)
         obj = unpickler.load()
         if obj == _LEGACY_TORCH_MAGIC:
             unpickler.load()  # protocol version
@@ -223,8 +241,7 @@ def _item_value(blob: bytes) -> int | None:
             name = f"{prefix}data/{key}"
             return zf.read(name) if name in names else None
 
-        obj = StubUnpickler(zf.read(pkls[0]), stub_all=True, allow_persistent=True).load()
-        return _int(obj, read_storage)
+        return _int(_load(zf.read(pkls[0])), read_storage)
 
 
 __all__ = [
