@@ -97,6 +97,62 @@ class RunCase:
                 cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=self.tmp
             )
 
+    def start_command(
+        self,
+        job: list[str],
+        run_args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        hang_timeout: float = 60.0,
+        checkpoint_dir: Path | None = None,
+    ) -> None:
+        """``trainguard run --devices 4 --need 2 ... -- JOB`` for a job that is not
+        recorded_train.py (a framework script as its community writes it)."""
+        cmd = [
+            sys.executable, "-m", "trainguard.cli", "run",
+            "--state", str(self.state), "--devices", "4", "--need", "2",
+            "--checkpoint-dir", str(checkpoint_dir or self.ckpt),
+            "--kernel-log", str(self.kernel_log),
+            "--hang-timeout", str(hang_timeout), "--startup-timeout", "120",
+            "--verify-window", "1.5", "--grace", "3", "--backoff", "0.2",
+            *(run_args or []), "--", *job,
+        ]  # fmt: skip
+        full = dict(os.environ, TG_TEST_CASE=str(self.tmp), **(env or {}))
+        full.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+        with self.out.open("wb") as fh:
+            self.proc = subprocess.Popen(
+                cmd, stdout=fh, stderr=subprocess.STDOUT, env=full, cwd=self.tmp
+            )
+
+    def rank_process(
+        self, attempt: int, local_rank: int, timeout: float = 90.0
+    ) -> tuple[int, dict[str, str]]:
+        """``(pid, environment)`` of this case's process with ``LOCAL_RANK`` (``0`` also
+        for a launcher that is rank 0 itself and sets no LOCAL_RANK) in ``attempt``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for pid, env in _processes_with(TG_TEST_CASE=str(self.tmp)):
+                if env.get("TRAINGUARD_ATTEMPT") != str(attempt):
+                    continue
+                rank = env.get("LOCAL_RANK")
+                if rank == str(local_rank) and _is_python_worker(pid, env):
+                    return pid, env
+            time.sleep(0.1)
+        raise AssertionError(f"no rank {local_rank} in attempt {attempt}:\n{self.output()[-3000:]}")
+
+    def wait_output(self, pattern: str, timeout: float = 90.0, after: int = 0) -> re.Match[str]:
+        """The first match of ``pattern`` in trainguard's output past offset ``after``."""
+        rx = re.compile(pattern, re.M)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            m = rx.search(self.output(), after)
+            if m is not None:
+                return m
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"trainguard exited early:\n{self.output()[-3000:]}")
+            time.sleep(0.05)
+        raise AssertionError(f"{pattern!r} not seen in {timeout} s:\n{self.output()[-3000:]}")
+
     # --- waiting -----------------------------------------------------------------
 
     def output(self) -> str:
@@ -201,6 +257,37 @@ class RunCase:
             jobs = store.list_jobs()
             assert len(jobs) == 1
             return jobs[0], store.list_attempts(jobs[0].id)
+
+
+def _processes_with(**wanted: str) -> list[tuple[int, dict[str, str]]]:
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            raw = Path(f"/proc/{name}/environ").read_bytes()
+        except OSError:
+            continue
+        env = dict(
+            item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item
+        )
+        if all(env.get(k) == v for k, v in wanted.items()):
+            out.append((int(name), env))
+    return out
+
+
+def _is_python_worker(pid: int, env: dict[str, str]) -> bool:
+    """A training process, not torchrun's agent (which has no RANK) nor the watchdog."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return "RANK" in env and not any(b"torch.distributed.run" in c for c in cmdline)
+
+
+def visible_devices(env: dict[str, str]) -> list[dict[str, Any]]:
+    """The devices a process was given, in CUDA_VISIBLE_DEVICES order."""
+    return list(json.loads(env["TRAINGUARD_DEVICES"]))
 
 
 def devices_of(record: dict[str, Any]) -> list[dict[str, Any]]:

@@ -136,6 +136,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="check the devices before the first attempt (quick, standard, thorough); "
         "a device that fails is quarantined and never assigned",
     )
+    p.add_argument(
+        "--resume-arg",
+        metavar="TEMPLATE",
+        help="arguments appended to the command of every restart that restores a "
+        "checkpoint, {checkpoint} replaced by its path (shell-split), e.g. "
+        "'--resume_from_checkpoint {checkpoint}' (HF Trainer) or 'ckpt_path={checkpoint}'; "
+        "the first attempt runs as written",
+    )
+    p.add_argument(
+        "--keep-rejected-in-place",
+        action="store_true",
+        help="leave damaged checkpoints where they are (default: before a restart they are "
+        "moved into <checkpoint dir>/.trainguard-rejected/ with a note of why, so a script "
+        "that loads its own newest checkpoint loads a valid one)",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     p.set_defaults(func=handle)
 
@@ -173,6 +188,8 @@ def handle(args: argparse.Namespace) -> int:
             backoff_base=args.backoff,
             echo=not args.quiet,
             preflight=args.preflight,
+            resume_arg=args.resume_arg,
+            keep_rejected_in_place=args.keep_rejected_in_place,
         )
         controller = RunController(options)
     except ValueError as exc:

@@ -49,6 +49,7 @@ from typing import Any
 
 from trainguard.controller.approvals import approval_reason
 from trainguard.controller.breaker import QUARANTINE_BREAKER, BreakerConfig, check_quarantine
+from trainguard.controller.checkpoint_care import move_aside, select_checkpoints
 from trainguard.controller.lease import CONTROLLER_LEASE, DEFAULT_TTL_SECONDS, LeaderElector
 from trainguard.controller.policies import DEFAULT_POLICY, merge, parse_policy, resolve
 from trainguard.controller.repair import DeliveryConfig, deliver_due, export_repair, page_payload
@@ -97,6 +98,14 @@ from trainguard.model.records import (
 )
 from trainguard.policy import decide
 from trainguard.policy.decide import NETWORK_EVIDENCE_KIND
+from trainguard.policy.verify import (
+    DEFAULT_STEP_WINDOW,
+    RestartObservation,
+    Verdict,
+    VerifyRules,
+    account,
+    verify_restart,
+)
 from trainguard.schedulers.base import (
     ActionResult,
     ClusterScheduler,
@@ -180,6 +189,8 @@ class ControlConfig:
     deliver: bool = True  # POST due webhooks at the end of each pass
     # The health sync compares only what changed; everything again this often (0122).
     health_resync_seconds: float = 60.0
+    # Leave damaged checkpoints where they are instead of moving them aside (0146).
+    keep_rejected_in_place: bool = False
 
 
 @dataclass
@@ -1096,24 +1107,7 @@ class Reconciler:
         )
 
     def _checkpoints(self, job: JobRecord) -> tuple[CheckpointInfo, ...]:
-        if not job.checkpoint_dir:
-            return ()
-        from trainguard.checkpoints import scan, validate
-
-        out: list[CheckpointInfo] = []
-        try:
-            candidates = scan(job.checkpoint_dir, "quick")
-        except OSError:
-            return ()
-        for info in candidates:
-            if not info.valid:
-                out.append(info)
-                continue
-            full = validate(info.path, "full")
-            out.append(full)
-            if full.valid:
-                break
-        return tuple(out)
+        return select_checkpoints(job.checkpoint_dir, "full")
 
     def _failures(self, job_id: str, before_incident: int) -> list[PriorFailure]:
         out: list[PriorFailure] = []
@@ -1860,6 +1854,7 @@ class Reconciler:
                 )
             )
             env = {str(k): str(v) for k, v in (action.get("env") or {}).items()}
+            self._move_rejected_aside(inc, fj)
             got, error = self._call(
                 lambda: self.scheduler.requeue(  # type: ignore[union-attr]
                     fj.scheduler_ref,
@@ -2027,6 +2022,40 @@ class Reconciler:
             rec, ActionState.DONE, {"summary": "waiting for capacity"}, inc, action, fence, effects
         )
 
+    def _move_rejected_aside(self, inc: IncidentRecord, fj: FleetJob) -> None:
+        """The same rule as ``trainguard run`` (decision 0146): the plan's damaged
+        checkpoints leave the job's way before it is requeued, audited."""
+        plan = inc.plan or {}
+        todo = [
+            CheckpointInfo(
+                path=str(c.get("path")),
+                format=str(c.get("format") or "unknown"),
+                step=c.get("step"),
+                size_bytes=int(c.get("size_bytes") or 0),
+                created_at=c.get("created_at"),
+                valid=bool(c.get("valid")),
+                reason=c.get("reason"),
+            )
+            for c in plan.get("skipped_checkpoints") or ()
+            if isinstance(c, dict) and c.get("path") and not c.get("valid")
+        ]
+        job = self.store.get_job(inc.job_id)
+        if self.config.keep_rejected_in_place or not todo or not job.checkpoint_dir:
+            return
+        moved = move_aside(todo, job.checkpoint_dir, at=self.clock(), by=self.identity)
+        if moved:
+            self.store.append_audit(
+                self.clock(),
+                self.identity,
+                AuditKind.RESULT,
+                f"job:{inc.job_id}",
+                f"moved {sum(1 for m in moved if m.moved_to)} of {len(todo)} rejected "
+                "checkpoint(s) aside",
+                {"moved": [m.to_dict() for m in moved]},
+                job_id=inc.job_id,
+                incident_id=inc.id,
+            )
+
     # --- verification ----------------------------------------------------------------
 
     def _verify(
@@ -2045,45 +2074,53 @@ class Reconciler:
         job = self.store.get_job(inc.job_id)
         policy = self._policy(fj, job)
         now = self.clock()
-        verified_by: str | None = None
-        if att.state is AttemptState.COMPLETED:
-            verified_by = "the job completed inside the verification window"
-        elif att.state in (AttemptState.RUNNING, AttemptState.VERIFYING, AttemptState.VERIFIED):
-            if now - att.started_at < policy.verify_window_seconds:
-                return
-            reports_progress = any(
-                a.first_step is not None
-                for a in self.store.list_attempts(inc.job_id)
-                if a.number != att.number
-            )
-            if reports_progress:
-                if (
-                    att.first_step is None
-                    or att.last_step is None
-                    or att.last_step <= att.first_step
-                ):
-                    return  # not advancing yet; the hang timeout catches a stuck restart
-                expected = inc.checkpoint_step or 0
-                if att.first_step < expected:
-                    verified_by = None
-                    self.store.update_incident(
-                        inc.id,
-                        at=now,
-                        note=f"attempt {att.number} reports step {att.first_step}, before the "
-                        f"restored step {expected}: not verified",
-                        actor=self.identity,
-                    )
-                    return
-                verified_by = (
-                    f"steps {att.first_step} -> {att.last_step} after restoring step {expected}"
-                )
-            else:
-                verified_by = (
-                    f"running for {now - att.started_at:.0f} s "
-                    f"(window {policy.verify_window_seconds:g} s)"
-                )
-        else:
+        if att.state not in (
+            AttemptState.COMPLETED,
+            AttemptState.RUNNING,
+            AttemptState.VERIFYING,
+            AttemptState.VERIFIED,
+        ):
             return  # failed: the sync step re-plans the incident
+        # The shared rule (policy/verify.py, decision 0145) on what the store knows.
+        others = [a for a in self.store.list_attempts(inc.job_id) if a.number != att.number]
+        restored = inc.checkpoint_step if inc.checkpoint_path is not None else None
+        failed = next((a for a in others if a.number == inc.attempt), None)
+        running = att.state is not AttemptState.COMPLETED
+        v = verify_restart(
+            RestartObservation(
+                now=now,
+                started_at=att.started_at,
+                restored_step=restored,
+                first_step=att.first_step,
+                first_at=att.first_step_at,
+                last_step=att.last_step,
+                last_at=att.last_step_at,
+                rate=att.step_rate,
+                baseline_rate=None if failed is None else failed.step_rate,
+                step_signal=att.first_step is not None
+                or any(a.first_step is not None for a in others),
+                alive_from=att.started_at if running else None,
+                alive_until=now if running else None,
+                alive_evidence="the scheduler reports it running",
+                completed=not running,
+            ),
+            VerifyRules(
+                window_seconds=policy.verify_window_seconds,
+                min_rate_ratio=policy.verify_min_rate_ratio,
+                # The store keeps an attempt's first and last step only, not its
+                # logging stride: the configured window.
+                step_window=DEFAULT_STEP_WINDOW,
+            ),
+        )
+        if v.verdict is Verdict.PENDING:
+            return  # not advancing yet; the hang timeout catches a stuck restart
+        if v.verdict is Verdict.FAILED:
+            note = f"attempt {att.number}: {v.reason}: not verified"
+            if all(t.what != note for t in inc.timeline):
+                self.store.update_incident(inc.id, at=now, note=note, actor=self.identity)
+            return
+        verified_by = v.reason
+        acc = account(v, restored, inc.failed_step, offered_path=inc.checkpoint_path)
         self.crash.hit("verify.before_recovered")
         with self.fleet.fenced(fence, now):
             cur = self.store.get_incident(inc.id)
@@ -2099,11 +2136,24 @@ class Reconciler:
                     reason=verified_by,
                     actor=self.identity,
                 )
+            if acc.resumed_on_its_own:
+                self.store.update_incident(
+                    inc.id,
+                    at=now,
+                    checkpoint_step=acc.restored_step,
+                    lost_steps=acc.lost_steps,
+                    warning=acc.warning,
+                    clear=("checkpoint_path",)
+                    + (("checkpoint_step",) if acc.restored_step is None else ()),
+                    note=acc.note,
+                    actor=self.identity,
+                )
             self.store.update_incident(
                 inc.id,
                 at=now,
                 state=IncidentState.RECOVERED,
                 note=f"verified: {verified_by}",
+                resumed_step=att.first_step,
                 actor=self.identity,
             )
         report.recovered.append(inc.id)

@@ -44,8 +44,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import os
 import queue
+import shlex
 import shutil
 import signal
 import sys
@@ -56,7 +58,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainguard.checkpoints import scan, validate
+from trainguard.checkpoints import scan
+from trainguard.controller.checkpoint_care import move_aside, select_checkpoints
 from trainguard.diagnose.attribution import DEFAULT_CORRELATION_WINDOW, attribute
 from trainguard.diagnose.detectors import (
     HangConfig,
@@ -88,6 +91,17 @@ from trainguard.model.plan import (
 )
 from trainguard.model.records import AttemptState, AuditKind, IncidentState, JobState
 from trainguard.policy import decide
+from trainguard.policy.verify import (
+    DEFAULT_STEP_WINDOW,
+    RESUME_FIXES,
+    RestartObservation,
+    Verdict,
+    Verification,
+    VerifyRules,
+    account,
+    step_window,
+    verify_restart,
+)
 from trainguard.schedulers.local import (
     LaunchSpec,
     LocalAttempt,
@@ -110,6 +124,7 @@ EXIT_INTERRUPTED = 130
 TAIL_LINES = 200
 SHUTDOWN_ALLOWANCE_S = 60.0  # after a clean rank exit, how long the rest may take to end
 PROGRESS_WRITE_SECONDS = 1.0
+SAVE_SCAN_SECONDS = 1.0  # how often a restart being verified looks for new checkpoints
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 # Test hook: SIGKILL ourselves at a named point of a recovery (tests/integration/
 # test_run_crash.py). Points: after_plan_persisted, after_quarantine_intent,
@@ -155,6 +170,40 @@ class RunOptions:
     echo: bool = True
     job_name: str | None = None
     preflight: str | None = None  # --preflight LEVEL: check the devices before attempt 0
+    # --resume-arg: appended (shell-split, {checkpoint} substituted) to the command of
+    # every restart that restores a checkpoint; attempt 0 runs as written.
+    resume_arg: str | None = None
+    # --keep-rejected-in-place: leave damaged checkpoints where they are (0146).
+    keep_rejected_in_place: bool = False
+
+    def __post_init__(self) -> None:
+        if self.resume_arg is not None:
+            resume_arg_tokens(self.resume_arg)  # a bad template is a usage error, now
+
+
+def resume_arg_tokens(template: str) -> tuple[str, ...]:
+    """``--resume-arg`` split as a shell would; raises ``ValueError`` with the fix."""
+    try:
+        tokens = tuple(shlex.split(template))
+    except ValueError as exc:
+        raise ValueError(f"--resume-arg {template!r}: {exc}") from None
+    if not tokens or not any("{checkpoint}" in t for t in tokens):
+        raise ValueError(
+            f"--resume-arg {template!r} must name {{checkpoint}}, e.g. "
+            "'--resume_from_checkpoint {checkpoint}' or 'ckpt_path={checkpoint}'"
+        )
+    return tokens
+
+
+def resume_command(
+    command: Sequence[str], template: str | None, checkpoint: str | None
+) -> tuple[str, ...]:
+    """The command of an attempt: as written, plus ``--resume-arg`` when it restores
+    ``checkpoint`` (substituted per token, so a path with spaces stays one argument)."""
+    if template is None or checkpoint is None:
+        return tuple(command)
+    extra = tuple(t.replace("{checkpoint}", checkpoint) for t in resume_arg_tokens(template))
+    return (*command, *extra)
 
 
 @dataclass(frozen=True)
@@ -207,6 +256,18 @@ class _Attempt:
     # Ranks that reported anything (progress, resumed, checkpoint_saved, or a
     # rank-prefixed progress line): "all ranks joined" (decision 0115).
     reported_ranks: set[int] = field(default_factory=set)
+    # Output lines that show training at work without naming the step (a bar moved,
+    # an epoch began, a loss was logged): liveness, for a job with no step signal.
+    # Banners and warnings are not.
+    output_lines: int = 0
+    first_output_at: float | None = None
+    last_output_at: float | None = None
+    first_line_at: float | None = None  # any output at all (the no-step-signal warning)
+    # Checkpoints the job wrote into the checkpoint dir after this attempt started
+    # (path -> (step, seen at)): where a job that prints no step really is.
+    wall_started: float = field(default_factory=time.time)
+    saves_scanned_at: float = 0.0
+    dir_saves: dict[tuple[str, float], tuple[int | None, float]] = field(default_factory=dict)
 
 
 _TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
@@ -260,31 +321,6 @@ def torchrun_world_size(command: Sequence[str]) -> int | None:
     if not lo.isdigit() or (hi and hi != lo):
         return None
     return int(nproc) * int(lo)
-
-
-def select_checkpoints(root: str | None, verify: str = "full") -> tuple[CheckpointInfo, ...]:
-    """The catalog's verdicts, newest first, down to (and including) the first valid one.
-
-    A quick scan orders the candidates; each is then verified in full, newest
-    first, so only the checkpoints that matter are hashed. Everything newer than
-    the chosen one is returned with its reason, for the plan to record.
-    """
-    if not root or not os.path.exists(root):
-        return ()
-    out: list[CheckpointInfo] = []
-    try:
-        candidates = scan(root, "quick")
-    except OSError:
-        return ()
-    for info in candidates:
-        if not info.valid:
-            out.append(info)
-            continue
-        full = validate(info.path, verify) if verify != "quick" else info
-        out.append(full)
-        if full.valid:
-            break
-    return tuple(out)
 
 
 def _repair_advice(attribution: Attribution, quarantined: Sequence[str]) -> str | None:
@@ -351,6 +387,13 @@ class RunController:
         self.need = options.need or 0
         self.progress_url: str | None = None
         self.log_dir = options.log_dir or "."
+        # Whether the job has reported a step in any attempt, and how far apart its
+        # reported steps were (the verification step window, policy/verify.py).
+        self.step_signal = False
+        self.step_stride: int | None = None
+        # Said once per run: the job reports no step / did not resume what it was offered.
+        self.warnings: list[str] = []
+        self.told_resume_fix = False
 
     # --- messages --------------------------------------------------------------------
 
@@ -720,7 +763,9 @@ class RunController:
         o = self.opt
         log_path = os.path.join(self.log_dir, f"attempt-{number}.log")
         spec = LaunchSpec(
-            command=o.command,
+            command=resume_command(
+                o.command, o.resume_arg, checkpoint.path if checkpoint else None
+            ),
             attempt=number,
             devices=devices,
             progress_url=self.progress_url,
@@ -794,7 +839,8 @@ class RunController:
             checkpoint=checkpoint,
         )
         if incident_id is not None:
-            att.expected_step = checkpoint.step if checkpoint and checkpoint.step else 0
+            # None: nothing offered (or a checkpoint of unknown step), so no step to check.
+            att.expected_step = checkpoint.step if checkpoint else None
             self.db.transition_attempt(
                 self.job_id, number, AttemptState.VERIFYING, at=started, actor=ACTOR
             )
@@ -818,6 +864,10 @@ class RunController:
             deadlines.append(att.settle_until)
         if att.launcher_exit is not None:
             deadlines.append(att.launcher_exit.at + 2.0)  # output drained or not, decide then
+        if att.incident_id is not None and not att.verified and self.opt.checkpoint_dir:
+            # A restart being verified: look for the checkpoints it writes (a job that
+            # prints nothing still saves), see _scan_saves.
+            deadlines.append(self.clock() + SAVE_SCAN_SECONDS)
         return min(deadlines) if deadlines else self.clock() + 3600.0
 
     def _loop(self, att: _Attempt) -> RunResult:
@@ -918,9 +968,19 @@ class RunController:
         att.tail.append((rank, ev.text))
         # trainguard.train's own messages ("resumed from ... (step 8 ...)") are not progress.
         own = ev.text.startswith("trainguard:")
-        step = None if att.structured or own else self.progress_parser.parse(ev.text)
-        if step is not None:
+        reading = None if own else self.progress_parser.read(ev.text)
+        step = reading.step if reading is not None and reading.is_step else None
+        if step is not None and not att.structured:
             self._on_step(att, step, ev.at, rank)
+        elif reading is not None and not reading.is_step:
+            att.output_lines += 1
+            if att.first_output_at is None:
+                att.first_output_at = ev.at
+            att.last_output_at = ev.at
+        if not own and ev.text.strip():
+            if att.first_line_at is None:
+                att.first_line_at = ev.at
+            self._warn_no_step_signal(att, ev.at)
         exit = att.torchrun.feed(ev.text, ev.at)
         if exit is not None:
             self._on_exit(att, exit)
@@ -945,11 +1005,31 @@ class RunController:
             if att.steps.resumed_step is None:
                 att.steps.resumed_step = e.step
                 att.steps.resumed_checkpoint = e.checkpoint
-            self._check_restored(att, e.step, ev.at, exact=True)
         elif e.event == "checkpoint_saved":
             att.saved_steps.append(e.step)
 
+    def _warn_no_step_signal(self, att: _Attempt, at: float) -> None:
+        """The first attempt has produced output for a verification window and not one
+        step: a restart of this job can only be verified by liveness. Said once."""
+        if (
+            att.number != 0
+            or self.step_signal
+            or att.first_line_at is None
+            or at < att.first_line_at + self.opt.verify_window
+        ):
+            return
+        text = (
+            "no progress signal: the job's output names no training step, so a restart "
+            "can only be verified by liveness (output), not by the restored step; " + RESUME_FIXES
+        )
+        if text in self.warnings:
+            return
+        self.warnings.append(text)
+        self.audit(AuditKind.NOTE, f"job:{self.job_id}", f"warning: {text}")
+        self.say(f"warning: {text}")
+
     def _on_step(self, att: _Attempt, step: int, at: float, rank: int | None) -> None:
+        self.step_signal = True
         if rank is not None:
             att.reported_ranks.add(rank)
         att.hang.observe(step, at, rank)
@@ -972,88 +1052,97 @@ class RunController:
             att.incident_id,
             at=at,
             note=f"first progress after restart: step {step} (attempt {att.number})",
+            resumed_step=step,
             actor=ACTOR,
         )
-        if att.steps.resumed_step is None:
-            self._check_restored(att, step, at, exact=False)
 
-    def _check_restored(self, att: _Attempt, step: int, at: float, exact: bool) -> None:
-        """Verification, part one: the job restored the selected checkpoint's step."""
-        if att.expected_step is None or att.trigger is not None or att.verified:
+    def _scan_saves(self, att: _Attempt, now: float) -> None:
+        """New checkpoints in the checkpoint dir since the attempt started (quick scan,
+        at most every SAVE_SCAN_SECONDS): steps and liveness for verification."""
+        root = self.opt.checkpoint_dir
+        if not root or now < att.saves_scanned_at + SAVE_SCAN_SECONDS:
             return
-        expected = att.expected_step
-        # A reported step is the step just completed: after restoring N it is N + 1.
-        ok = step == expected if exact else expected <= step <= expected + 1
-        if ok:
+        att.saves_scanned_at = now
+        try:
+            found = scan(root, "quick") if os.path.isdir(root) else []
+        except OSError:
             return
-        what = "restored" if exact else "first progress at"
-        f = Finding(
-            kind="verify_failed",
-            domain=Domain.APPLICATION,
-            at=at,
-            source="verify",
-            message=f"the restart {what} step {step}, expected step {expected}",
-            severity=Severity.FATAL,
-            signature=f"verify:restored-step {step} != {expected}",
+        for info in found:
+            created = info.created_at or 0.0
+            # Written (or rewritten in place, like snapshot.pt) since the attempt began.
+            if info.valid and created >= att.wall_started:
+                step = info.step if getattr(info, "step_unit", "step") == "step" else None
+                att.dir_saves.setdefault((info.path, created), (step, now))
+
+    def _observation(self, att: _Attempt, now: float, completed: bool) -> RestartObservation:
+        expected, _ = self._expected_ranks(att)
+        self._scan_saves(att, now)
+        saved = [
+            *att.saved_steps,
+            *(step for step, _ in att.dir_saves.values() if step is not None),
+        ]
+        alive = [t for t in (att.last_output_at if att.output_lines >= 2 else None,) if t]
+        alive += [t for _, t in att.dir_saves.values()]
+        alive_from = att.first_output_at
+        if alive_from is None and att.dir_saves:
+            alive_from = att.started_at
+        return RestartObservation(
+            now=now,
+            started_at=att.started_at,
+            restored_step=att.expected_step,
+            first_step=att.steps.first_step,
+            first_at=att.steps.first_at,
+            last_step=att.steps.last_step,
+            last_at=att.steps.last_at,
+            rate=att.steps.rate(since=att.first_progress_at),
+            reported_restored=att.steps.resumed_step,
+            baseline_rate=self.baseline_rate,
+            expected_ranks=None if expected is None else frozenset(expected),
+            reported_ranks=frozenset(att.reported_ranks),
+            step_signal=self.step_signal,
+            alive_from=alive_from,
+            # Two lines at least (one line is a start, not a running job), or a checkpoint
+            # written since; a process that merely runs is not progress.
+            alive_until=max(alive) if alive else None,
+            alive_evidence=f"{att.output_lines} progress line(s)"
+            + (f", {len(att.dir_saves)} checkpoint(s) written" if att.dir_saves else ""),
+            saved_steps=tuple(saved),
+            completed=completed,
         )
-        self._record_finding(att, f)
-        self._trigger(att, f)
+
+    def _verify_rules(self) -> VerifyRules:
+        return VerifyRules(
+            window_seconds=self.opt.verify_window,
+            min_rate_ratio=self.opt.verify_min_rate_ratio,
+            step_window=step_window(DEFAULT_STEP_WINDOW, self.step_stride),
+        )
 
     def _maybe_verify(self, att: _Attempt, now: float) -> None:
-        """Verification, part two: progress kept coming for the window, at a plausible rate.
+        """Verification of a restart: the shared rule (policy/verify.py) on what we saw.
 
-        Verified at the first progress report that arrives after the window has
-        passed since the first one: a job that made one step and died inside the
-        window has not recovered.
+        A failed verdict is a failed attempt (the same incident is acted on again);
+        a pending one waits for more progress, bounded by the hang detector.
         """
-        last_at = att.steps.last_at
-        if att.first_progress_at is None or last_at is None:
+        v = verify_restart(self._observation(att, now, completed=False), self._verify_rules())
+        if v.verdict is Verdict.PENDING:
             return
-        if last_at < att.first_progress_at + self.opt.verify_window:
-            return
-        rate = att.steps.rate(since=att.first_progress_at)
-        if rate is None:
-            return  # not two progress points yet; the hang detector bounds the wait
-        baseline = self.baseline_rate
-        floor = None if baseline is None else baseline * self.opt.verify_min_rate_ratio
-        if floor is not None and rate < floor:
+        if v.verdict is Verdict.FAILED:
             f = Finding(
                 kind="verify_failed",
-                domain=Domain.UNKNOWN,
+                domain=Domain.APPLICATION if v.signature and "restored" in v.signature
+                else Domain.UNKNOWN,
                 at=now,
                 source="verify",
-                message=(
-                    f"the restart progresses at {rate:.2f} steps/s, below "
-                    f"{self.opt.verify_min_rate_ratio:g} x the pre-failure {baseline:.2f} steps/s"
-                ),
+                message=v.reason,
                 severity=Severity.FATAL,
-                signature="verify:slow",
-            )
+                culprit=Culprit(rank=v.missing_ranks[0]) if v.missing_ranks else Culprit(),
+                signature=v.signature,
+                details={"missing_ranks": list(v.missing_ranks)} if v.missing_ranks else {},
+            )  # fmt: skip
             self._record_finding(att, f)
             self._trigger(att, f)
             return
-        missing, _ = self._rank_check(att)
-        if missing:
-            if last_at < att.first_progress_at + 2 * self.opt.verify_window:
-                return  # one more window for a late rank
-            f = Finding(
-                kind="verify_failed",
-                domain=Domain.UNKNOWN,
-                at=now,
-                source="verify",
-                message=(
-                    f"rank(s) {', '.join(map(str, missing))} did not report after the restart "
-                    f"(ranks reporting: {', '.join(map(str, sorted(att.reported_ranks)))})"
-                ),
-                severity=Severity.FATAL,
-                culprit=Culprit(rank=missing[0]),
-                signature="verify:ranks-missing",
-                details={"missing_ranks": missing},
-            )
-            self._record_finding(att, f)
-            self._trigger(att, f)
-            return
-        self._verified(att, now, rate)
+        self._verified(att, now, v)
 
     def _expected_ranks(self, att: _Attempt) -> tuple[set[int] | None, str]:
         """The ranks a restart must hear from, and where that expectation comes from.
@@ -1086,24 +1175,34 @@ class RunController:
             return missing, f"rank(s) {missing} missing"
         return [], f"all {len(expected)} rank(s) reported ({source})"
 
-    def _verified(
-        self, att: _Attempt, now: float, rate: float | None, completed: bool = False
-    ) -> None:
+    def _verified(self, att: _Attempt, now: float, v: Verification) -> None:
         att.verified = True
         assert att.incident_id is not None
+        self._account(att, now, v)
         base = "unknown" if self.baseline_rate is None else f"{self.baseline_rate:.2f}"
-        if att.steps.last_step is None:
-            note = f"verified: attempt {att.number} completed (no further steps to run)"
+        if v.resumed_below:
+            at = "below it" if v.resumed_from is None else f"at step {v.resumed_from}"
+            what = (
+                f"resumed below the offered checkpoint: attempt {att.number} was offered step "
+                f"{att.expected_step} and restarted {at}"
+            )
+        elif v.by_liveness:
+            what = f"attempt {att.number} is running"
+        elif att.expected_step is not None:
+            what = f"attempt {att.number} restored step {att.expected_step}"
+        else:
+            what = f"attempt {att.number} restarted (no checkpoint offered)"
+        if v.verdict is Verdict.COMPLETED:
+            tail = (
+                "; the job exited 0 (every rank finished)"
+                if att.steps.last_step is not None
+                else " and completed (no further steps to run)"
+            )
+            note = f"verified: {what}{tail}"
         else:
             note = (
-                f"verified: attempt {att.number} restored step {att.expected_step} and "
-                f"progressed to step {att.steps.last_step}"
-                + (f" at {rate:.2f} steps/s (pre-failure {base} steps/s)" if rate else "")
-                + (
-                    "; the job exited 0 (every rank finished)"
-                    if completed
-                    else f"; {self._rank_check(att)[1]}"
-                )
+                f"verified: {what}; {v.reason} (pre-failure {base} steps/s); "
+                f"{self._rank_check(att)[1]}"
             )
         self.db.transition_attempt(
             self.job_id, att.number, AttemptState.VERIFIED, at=now, reason=note, actor=ACTOR
@@ -1112,6 +1211,35 @@ class RunController:
             att.incident_id, at=now, state=IncidentState.RECOVERED, note=note, actor=ACTOR
         )
         self.say(f"incident {att.incident_id} recovered: {note}")
+
+    def _account(self, att: _Attempt, now: float, v: Verification) -> None:
+        """Lost work and the restored step as they really were (policy.verify.account)."""
+        assert att.incident_id is not None
+        inc = self.db.get_incident(att.incident_id)
+        for w in self.warnings:
+            self.db.update_incident(att.incident_id, at=now, warning=w, actor=ACTOR)
+        a = account(
+            v,
+            att.expected_step,
+            inc.failed_step,
+            offered_path=inc.checkpoint_path,
+            exact=att.steps.resumed_step is not None,
+        )
+        if not a.resumed_on_its_own:
+            return
+        if a.warning and not self.told_resume_fix:
+            self.told_resume_fix = True
+            self.say(f"warning: {a.warning}")
+        self.db.update_incident(
+            att.incident_id,
+            at=now,
+            checkpoint_step=a.restored_step,
+            lost_steps=a.lost_steps,
+            warning=a.warning,
+            clear=("checkpoint_path",) + (("checkpoint_step",) if a.restored_step is None else ()),
+            note=a.note,
+            actor=ACTOR,
+        )
 
     def _on_exit(self, att: _Attempt, exit: ProcessExit) -> None:
         if exit.source == "launcher":
@@ -1294,6 +1422,10 @@ class RunController:
         rate = att.steps.rate()
         if rate is not None and (att.incident_id is None or att.verified):
             self.baseline_rate = rate  # the pre-failure step rate, for verification
+            steps = [s for _, s in att.steps.history]
+            gaps = [b - a for a, b in itertools.pairwise(steps) if b > a]
+            if gaps:
+                self.step_stride = max(gaps)  # how far apart the job logs its steps
         if att.reported_ranks and (att.incident_id is None or att.verified):
             self.baseline_ranks = set(att.reported_ranks)  # who must report after a restart
             self.baseline_devices = len(att.devices)
@@ -1539,6 +1671,7 @@ class RunController:
                 held.append(ev)  # kernel lines etc. still matter to the next attempt
             for ev in held:
                 self.events.put(ev)
+        self._move_rejected_aside(incident_id, plan)
         crash_point("before_restart")
         by_uuid = {d.uuid: d for d in self.inventory}
         devices = tuple(by_uuid[u] for u in action.devices if u in by_uuid)
@@ -1546,8 +1679,9 @@ class RunController:
         self.restarts_used += 1
         self.restarts_total += 1
         number = att.number + 1
-        ckpt_step = ckpt.step if ckpt and ckpt.step is not None else 0
-        lost = None if failed_step is None else max(0, failed_step - ckpt_step)
+        # What is offered; verification corrects it to what the job really did (0145).
+        ckpt_step = ckpt.step if ckpt else None
+        lost = None if failed_step is None else max(0, failed_step - (ckpt_step or 0))
         self.db.update_incident(
             incident_id,
             at=self.clock(),
@@ -1555,6 +1689,7 @@ class RunController:
             checkpoint_step=ckpt_step,
             lost_steps=lost,
             recovery_attempt=number,
+            clear=() if ckpt else ("checkpoint_path", "checkpoint_step"),
             actor=ACTOR,
         )
         new = self._launch(number, devices, ckpt, dict(action.env), incident_id)
@@ -1593,6 +1728,37 @@ class RunController:
         if job.state is JobState.RECOVERING:
             self.db.update_job_state(self.job_id, JobState.RUNNING, at=self.clock(), actor=ACTOR)
         return new
+
+    def _move_rejected_aside(self, incident_id: int, plan: Plan) -> None:
+        """Damaged checkpoints newer than the restored one leave the job's way (0146),
+        with intent and result audited; the processes that wrote them are stopped."""
+        o = self.opt
+        todo = [c for c in plan.skipped_checkpoints if not c.valid]
+        if o.keep_rejected_in_place or not todo or not o.checkpoint_dir:
+            return
+        subject = f"job:{self.job_id}"
+        intent = self.audit(
+            AuditKind.INTENT,
+            subject,
+            "move rejected checkpoint(s) aside: " + ", ".join(c.path for c in todo),
+            {"checkpoints": [c.to_dict() for c in todo]},
+            incident_id,
+        )
+        moved = move_aside(todo, o.checkpoint_dir, at=self.clock(), by=ACTOR)
+        for m in moved:
+            self.say(
+                f"moved rejected checkpoint {m.path} to {m.moved_to} ({m.reason})"
+                if m.moved_to
+                else f"could not move rejected checkpoint {m.path} aside: {m.error}"
+            )
+        self.audit(
+            AuditKind.RESULT,
+            subject,
+            f"moved {sum(1 for m in moved if m.moved_to)} of {len(todo)} rejected "
+            "checkpoint(s) aside",
+            {"intent_id": intent, "moved": [m.to_dict() for m in moved]},
+            incident_id,
+        )
 
     def _do_stop(
         self, att: _Attempt, incident_id: int, action: Stop | WaitForCapacity
@@ -1654,7 +1820,8 @@ class RunController:
             )
         if att.incident_id is not None and not att.verified:
             # The job finished inside the verification window: that verifies it.
-            self._verified(att, now, att.steps.rate(since=att.first_progress_at), completed=True)
+            v = verify_restart(self._observation(att, now, completed=True), self._verify_rules())
+            self._verified(att, now, v)
         rec = self.db.get_attempt(self.job_id, att.number)
         if not rec.state.terminal:
             self.db.finish_attempt(
@@ -1692,6 +1859,8 @@ __all__ = [
     "RunController",
     "RunOptions",
     "RunResult",
+    "resume_arg_tokens",
+    "resume_command",
     "run_job",
     "select_checkpoints",
     "torchrun_world_size",

@@ -302,6 +302,8 @@ class IncidentRecord:
     attribution: dict[str, Any] | None = None  # Attribution.to_dict()
     repair: str | None = None  # recommended repair action
     reason: str | None = None  # why it stopped, when it stopped
+    resumed_step: int | None = None  # the first step seen after the restart
+    warnings: tuple[str, ...] = ()  # what the user should know (resumed below, no step signal)
 
     @property
     def outcome(self) -> str:
@@ -333,6 +335,8 @@ class IncidentRecord:
             "checkpoint_step": self.checkpoint_step,
             "failed_step": self.failed_step,
             "lost_steps": self.lost_steps,
+            "resumed_step": self.resumed_step,
+            "warnings": list(self.warnings),
             "recovery_attempt": self.recovery_attempt,
             "signature": self.signature,
             "actions": [dict(a) for a in self.actions],

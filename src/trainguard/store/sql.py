@@ -360,6 +360,14 @@ MIGRATIONS: tuple[Migration, ...] = (
         sqlite_only=_sqlite_append_only("suppressions", "quarantines"),
         postgres_only=_pg_append_only("suppressions", "quarantines"),
     ),
+    Migration(
+        version=3,
+        description="incidents: resumed_step (first step after the restart) and warnings",
+        statements=(
+            "ALTER TABLE incidents ADD COLUMN resumed_step INTEGER",
+            "ALTER TABLE incidents ADD COLUMN warnings {json}",
+        ),
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version
@@ -428,7 +436,7 @@ INCIDENT_COLUMNS = (
     " culprit_rank, culprit_host, summary, fault_at, detected_at, acted_at, recovered_at,"
     " closed_at, checkpoint_path, checkpoint_step, failed_step, lost_steps, recovery_attempt,"
     " signature, confidence, actions, evidence, plan, plan_generation, timeline, attribution,"
-    " repair, reason"
+    " repair, reason, resumed_step, warnings"
 )
 INSERT_INCIDENT = (
     "INSERT INTO incidents (job_id, attempt, kind, domain, state, culprit_device_uuid,"
@@ -455,7 +463,8 @@ UPDATE_INCIDENT = (
     " checkpoint_step = :checkpoint_step, failed_step = :failed_step, lost_steps = :lost_steps,"
     " recovery_attempt = :recovery_attempt, actions = :actions, evidence = :evidence,"
     " plan = :plan, plan_generation = :plan_generation, timeline = :timeline,"
-    " repair = :repair, reason = :reason"
+    " repair = :repair, reason = :reason, resumed_step = :resumed_step,"
+    " warnings = :warnings"
     " WHERE id = :id"
 )
 

@@ -72,6 +72,9 @@ class SchemaTooNew(StoreError):
     """The database was written by a newer trainguard than this one."""
 
 
+_CLEARABLE = frozenset({"checkpoint_path", "checkpoint_step", "lost_steps"})
+
+
 def _dumps(value: Any) -> str:
     # default=str: an odd value in free-form data is kept as text, never lost to a crash.
     return json.dumps(value, sort_keys=True, default=str)
@@ -687,6 +690,8 @@ class Store:
             attribution=_loads(row[28]),
             repair=row[29],
             reason=row[30],
+            resumed_step=row[31],
+            warnings=tuple(_loads(row[32]) or ()),
         )
 
     def open_incident(
@@ -795,6 +800,8 @@ class Store:
                 "timeline": _dumps([{"at": t.at, "what": t.what} for t in inc.timeline]),
                 "repair": inc.repair,
                 "reason": inc.reason,
+                "resumed_step": inc.resumed_step,
+                "warnings": _dumps(list(inc.warnings)),
             },
         )
 
@@ -816,9 +823,17 @@ class Store:
         evidence: Iterable[str] = (),
         repair: str | None = None,
         reason: str | None = None,
+        resumed_step: int | None = None,
+        warning: str | None = None,
+        clear: Iterable[str] = (),
         actor: str = "trainguard",
     ) -> IncidentRecord:
         """Change an incident; ``None`` leaves a field as it is. Atomic, audited.
+
+        * ``clear`` names fields set back to null (``checkpoint_path``,
+          ``checkpoint_step``, ``lost_steps``): what really happened when a restart
+          did not restore what it was offered.
+        * ``warning`` is appended to the incident's warnings unless already there.
 
         * ``state`` moves along the incident state machine (raises
           ``IllegalTransition``) and adds a timeline entry. Entering ``acting``
@@ -844,9 +859,16 @@ class Store:
                 ("recovery_attempt", recovery_attempt),
                 ("repair", repair),
                 ("reason", reason),
+                ("resumed_step", resumed_step),
             ):
                 if value is not None:
                     changes[name] = value
+            for name in clear:
+                if name not in _CLEARABLE:
+                    raise ValueError(f"incident field {name!r} cannot be cleared")
+                changes[name] = None
+            if warning and warning not in inc.warnings:
+                changes["warnings"] = (*inc.warnings, warning)
             inc = replace(inc, **changes)
             if state is not None:
                 state = IncidentState(state)

@@ -1,0 +1,305 @@
+"""Did a restart recover? One pure rule for ``trainguard run`` and the serve reconciler.
+
+``verify_restart(observation, rules) -> Verification``: no I/O, no clock (the
+observation carries ``now``). Both loops collect what they saw of the restarted
+attempt into a :class:`RestartObservation` and act on the verdict.
+
+The rules (decision 0145):
+
+* **Never verified without progress after the restart.** Progress is steps that
+  advance over the verification window, or, for a job that has no step signal
+  at all, output that keeps coming over the window ("verified by liveness",
+  said so in the reason). A clean exit of every rank is its own verdict,
+  ``completed``, not ``verified``.
+* **Self-resuming jobs.** The first step after the restart may be anywhere in
+  ``[restored, restored + step_window]``: a reported step is the step just
+  finished, and jobs log every N steps. When nothing was restored (no checkpoint
+  offered) any first step is accepted: the job resumed from its own state.
+* **Resumed below the offered checkpoint** is not a failed attempt: the job
+  trains on, from an older state of its own (or from scratch). The verdict is
+  ``verified`` with ``resumed_below`` set, so the caller records it as such,
+  counts lost work from where the job really restarted and tells the user how to
+  wire the resume. A first step *above* the window (or a reported restored step
+  that is not the offered one) fails: the job restored something else.
+* The step rate after the restart is at least ``min_rate_ratio`` x the
+  pre-failure baseline; every rank that reported before reports again (one more
+  window for a late rank).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+# Jobs log every N steps (HF ``logging_steps``, Lightning ``log_every_n_steps``):
+# the first step seen after restoring step R is up to one logging stride past R.
+DEFAULT_STEP_WINDOW = 50
+# The advice a job that did not resume (or reports no step) is given, once.
+RESUME_FIXES = (
+    "pass the checkpoint to the job: `trainguard run --resume-arg "
+    "'--resume_from_checkpoint {checkpoint}'` (HF Trainer) or `--resume-arg "
+    "'ckpt_path={checkpoint}'` (Lightning CLI); or load "
+    "`trainguard.train.resume_path(checkpoint_dir)` in the script; or add "
+    "`trainguard.integrations.huggingface.TrainguardCallback` / "
+    "`trainguard.integrations.lightning.TrainguardCallback` to report the step"
+)
+
+
+class Verdict(StrEnum):
+    PENDING = "pending"  # not yet decidable: wait for more progress (or the hang detector)
+    VERIFIED = "verified"  # training is moving again after the restart
+    COMPLETED = "completed"  # every rank exited 0: the restart's outcome is the job's end
+    FAILED = "failed"  # the restart did not recover: a failed attempt
+
+
+@dataclass(frozen=True)
+class VerifyRules:
+    window_seconds: float = 10.0
+    min_rate_ratio: float = 0.3
+    step_window: int = DEFAULT_STEP_WINDOW
+
+
+@dataclass(frozen=True)
+class RestartObservation:
+    """What a loop saw of one restarted attempt (times in the loop's clock)."""
+
+    now: float
+    started_at: float  # when the restart was launched
+    restored_step: int | None  # the offered checkpoint's step; None: nothing was offered
+    first_step: int | None = None  # the first step seen after the restart
+    first_at: float | None = None
+    last_step: int | None = None
+    last_at: float | None = None
+    rate: float | None = None  # steps/s since the first step after the restart
+    reported_restored: int | None = None  # the step the job said it restored (trainguard.train)
+    baseline_rate: float | None = None  # steps/s before the failure
+    expected_ranks: frozenset[int] | None = None  # None: ranks not checked
+    reported_ranks: frozenset[int] = frozenset()
+    step_signal: bool = True  # the job reports steps at all (in any attempt)
+    # Liveness of the restarted attempt: from when to when it was seen alive, and by
+    # what ("14 output line(s)", "the scheduler reports it running").
+    alive_from: float | None = None
+    alive_until: float | None = None
+    alive_evidence: str = ""
+    completed: bool = False  # every rank exited 0
+    # Steps of checkpoints the job wrote after the restart (trainguard.train's
+    # checkpoint_saved, or new checkpoints in the checkpoint directory): a job that
+    # prints no step still shows where it is when it saves.
+    saved_steps: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Verification:
+    verdict: Verdict
+    reason: str
+    resumed_below: bool = False  # the job trains on from below the offered checkpoint
+    resumed_from: int | None = None  # where the job really restarted (its first step)
+    by_liveness: bool = False  # no step signal: verified by output over the window
+    signature: str | None = None  # FAILED: the failure's signature (futile-retry detection)
+    missing_ranks: tuple[int, ...] = ()
+
+    @property
+    def recovered(self) -> bool:
+        return self.verdict in (Verdict.VERIFIED, Verdict.COMPLETED)
+
+
+def step_window(rules_window: int, stride: int | None) -> int:
+    """The step window for a job whose reported steps were ``stride`` apart before the
+    failure: at least the configured window, and two strides (a restart may log its
+    first step one stride late)."""
+    return max(rules_window, 2 * stride if stride else 0)
+
+
+def _placement(
+    o: RestartObservation, rules: VerifyRules
+) -> tuple[Verification | None, bool, int | None]:
+    """Where the job resumed against the offered step: ``(failure, resumed_below, from)``."""
+    exact = o.reported_restored is not None
+    resumed_from = o.reported_restored if exact else o.first_step
+    if o.restored_step is None:
+        return None, False, resumed_from
+    offered = o.restored_step
+    if (
+        o.saved_steps
+        and min(o.saved_steps) < offered
+        and (resumed_from is None or resumed_from < offered)
+    ):
+        # It saved a checkpoint below the offered step after the restart: it trains
+        # on from below, whatever its output says (or does not say).
+        return None, True, resumed_from
+    if resumed_from is None:
+        return None, False, resumed_from
+    if resumed_from < offered:
+        return None, True, resumed_from
+    high = offered if exact else offered + rules.step_window
+    if resumed_from > high:
+        what = "restored" if exact else "first progress at"
+        expected = f"step {offered}" if exact else f"a step in [{offered}, {high}]"
+        return (
+            Verification(
+                Verdict.FAILED,
+                f"the restart {what} step {resumed_from}, expected {expected}",
+                resumed_from=resumed_from,
+                signature=f"verify:restored-step {resumed_from} != {offered}",
+            ),
+            False,
+            resumed_from,
+        )
+    return None, False, resumed_from
+
+
+def verify_restart(o: RestartObservation, rules: VerifyRules = VerifyRules()) -> Verification:
+    """The verdict on one restart; see the module docstring for the rules."""
+    failure, below, resumed_from = _placement(o, rules)
+    if failure is not None:
+        return failure
+    where = (
+        f"step {resumed_from}"
+        if resumed_from is not None
+        else f"saved step {min(o.saved_steps, default=0)} after the restart"
+    )
+    below_note = (
+        f"; resumed below the offered checkpoint ({where}, offered {o.restored_step})"
+        if below
+        else ""
+    )
+    if o.completed:
+        return Verification(
+            Verdict.COMPLETED,
+            "the job exited 0 (every rank finished)" + below_note,
+            resumed_below=below,
+            resumed_from=resumed_from,
+        )
+    window = rules.window_seconds
+    if o.first_step is None or o.first_at is None:
+        if o.step_signal:
+            return Verification(Verdict.PENDING, "no step reported since the restart")
+        # No step signal at all: liveness is all there is, and the reason says so.
+        if (
+            o.alive_from is None
+            or o.alive_until is None
+            or o.alive_until < max(o.started_at, o.alive_from) + window
+        ):
+            return Verification(Verdict.PENDING, "no step signal; waiting for signs of life")
+        saved = (
+            f"; checkpoint(s) at step {', '.join(map(str, sorted(o.saved_steps)))} written "
+            "after the restart"
+            if o.saved_steps
+            else "; the restored step was not checked"
+        )
+        return Verification(
+            Verdict.VERIFIED,
+            f"no step signal: verified by liveness only ({o.alive_evidence or 'alive'} over "
+            f"{o.alive_until - o.alive_from:.0f} s){saved}{below_note}",
+            resumed_below=below,
+            resumed_from=resumed_from,
+            by_liveness=True,
+        )
+    last_step = o.last_step if o.last_step is not None else o.first_step
+    last_at = o.last_at if o.last_at is not None else o.first_at
+    if last_step <= o.first_step or last_at < o.first_at + window:
+        return Verification(Verdict.PENDING, "waiting for progress over the window")
+    floor = None if o.baseline_rate is None else o.baseline_rate * rules.min_rate_ratio
+    if floor is not None and (o.rate is None or o.rate < floor):
+        rate = "unknown" if o.rate is None else f"{o.rate:.2f}"
+        return Verification(
+            Verdict.FAILED,
+            f"the restart progresses at {rate} steps/s, below {rules.min_rate_ratio:g} x the "
+            f"pre-failure {o.baseline_rate:.2f} steps/s",
+            resumed_from=resumed_from,
+            signature="verify:slow",
+        )
+    if o.expected_ranks is not None:
+        missing = tuple(sorted(o.expected_ranks - o.reported_ranks))
+        if missing:
+            if last_at < o.first_at + 2 * window:
+                return Verification(Verdict.PENDING, "one more window for a late rank")
+            return Verification(
+                Verdict.FAILED,
+                f"rank(s) {', '.join(map(str, missing))} did not report after the restart "
+                f"(ranks reporting: {', '.join(map(str, sorted(o.reported_ranks)))})",
+                resumed_from=resumed_from,
+                signature="verify:ranks-missing",
+                missing_ranks=missing,
+            )
+    rate_note = f" at {o.rate:.2f} steps/s" if o.rate else ""
+    return Verification(
+        Verdict.VERIFIED,
+        f"steps {o.first_step} -> {last_step}{rate_note}" + below_note,
+        resumed_below=below,
+        resumed_from=resumed_from,
+    )
+
+
+@dataclass(frozen=True)
+class Accounting:
+    """What really happened on a restart, for the incident record."""
+
+    restored_step: int | None  # None: the job started over (nothing was restored)
+    lost_steps: int | None
+    resumed_on_its_own: bool  # the job restored a state of its own, not what was offered
+    warning: str | None  # resumed below the offered checkpoint: what to tell the user
+    note: str | None
+
+
+def account(
+    v: Verification,
+    offered_step: int | None,
+    failed_step: int | None,
+    offered_path: str | None = None,
+    exact: bool = False,
+) -> Accounting:
+    """Lost work counted from where the job really restarted (issue 13).
+
+    A job that restored what it was offered keeps the offered step. One that
+    resumed below it, or resumed by itself when nothing was offered, restored
+    ``v.resumed_from`` (its first step; ``exact`` when the job reported the
+    restored step itself): at most 1 (0 when exact) means it started over.
+    """
+    real = v.resumed_from
+    if real is None and v.resumed_below:
+        # Known only from a checkpoint it saved below the offered step: it restarted
+        # from an older state of its own, or from scratch; the exact step is unknown.
+        return Accounting(
+            None,
+            failed_step,
+            True,
+            f"resumed below the offered checkpoint: offered {offered_path or 'a checkpoint'} "
+            f"(step {offered_step}), the job saved checkpoints below it after the restart "
+            "and reports no step; " + RESUME_FIXES,
+            "the job trains on from below the offered checkpoint (its step is unknown: "
+            "lost work counted as a start from step 0)",
+        )
+    if real is None or not (v.resumed_below or offered_step is None):
+        lost = None if failed_step is None else max(0, failed_step - (offered_step or 0))
+        return Accounting(offered_step, lost, False, None, None)
+    over = real <= (0 if exact else 1)
+    restored = None if over else real
+    lost = None if failed_step is None else max(0, failed_step - (restored or 0))
+    warning = None
+    if v.resumed_below:
+        warning = (
+            f"resumed below the offered checkpoint: offered "
+            f"{offered_path or 'a checkpoint'} (step {offered_step}), the job restarted at "
+            f"step {real}; " + RESUME_FIXES
+        )
+    note = (
+        "the job started over from step 0"
+        if over
+        else f"the job resumed from its own state at step {real}"
+    ) + (f": {lost} step(s) lost" if lost is not None else "")
+    return Accounting(restored, lost, True, warning, note)
+
+
+__all__ = [
+    "DEFAULT_STEP_WINDOW",
+    "RESUME_FIXES",
+    "Accounting",
+    "RestartObservation",
+    "Verdict",
+    "Verification",
+    "VerifyRules",
+    "account",
+    "step_window",
+    "verify_restart",
+]

@@ -1,0 +1,172 @@
+"""Jobs as their communities write them, under ``trainguard run``, with real faults.
+
+Each test runs an unmodified script from tests/jobs/frameworks/ (the PyTorch DDP
+tutorial's ``multigpu_torchrun.py``, a Hugging Face ``Trainer`` script, a Lightning
+script, a torchrun script that loads its own newest checkpoint) under
+``trainguard run --devices 4 --need 2 --kernel-log ... -- torchrun --nproc-per-node 2
+...`` (real torchrun, CPU, gloo, 2 ranks), kills a rank and/or writes an XID 79 for
+a rank's device into the kernel log, and reads the outcome back through
+``trainguard incidents --json``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from _run_e2e import RunCase, kernel_pci, visible_devices
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+JOBS = Path(__file__).resolve().parents[1] / "jobs" / "frameworks"
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+
+
+@pytest.fixture
+def case(tmp_path: Path):  # type: ignore[no-untyped-def]
+    c = RunCase(tmp_path)
+    yield c
+    c.kill()
+
+
+def _xid79(case: RunCase, env: dict[str, str], pid: int, local_rank: int) -> dict[str, str]:
+    """Write an XID 79 for the device ``local_rank`` uses; return that device."""
+    dev = visible_devices(env)[local_rank]
+    line = f"[{time.monotonic():12.6f}] NVRM: Xid (PCI:{kernel_pci(dev['pci_bus_id'])}): 79, "
+    case.append_kernel_line(line + f"pid={pid}, name=python, GPU has fallen off the bus.")
+    return dev
+
+
+def _attempt_log(case: RunCase, attempt: int) -> str:
+    [log] = case.tmp.glob(f"**/attempt-{attempt}.log")
+    return log.read_text(errors="replace")
+
+
+def test_ddp_tutorial_unmodified_recovers_from_an_xid_and_completes(case: RunCase) -> None:
+    snap = case.tmp / "snap"
+    snap.mkdir()
+    case.start_command(
+        [*TORCHRUN, str(JOBS / "multigpu_torchrun.py"), "12", "2",
+         "--snapshot_path", str(snap / "snapshot.pt")],
+        env={"BATCH_SLEEP": "0.01"},
+        checkpoint_dir=snap,
+    )  # fmt: skip
+    case.wait_output(r"Epoch 4 \| Training snapshot saved")
+    pid, env = case.rank_process(0, 1)
+    bad = _xid79(case, env, pid, 1)
+    os.kill(pid, signal.SIGKILL)
+    assert case.finish(180) == 0, case.output()[-3000:]
+
+    [inc] = case.incidents()
+    assert inc["kind"] == "xid" and inc["outcome"] == "recovered", inc
+    assert inc["culprit"]["device_uuid"] == bad["uuid"] and inc["culprit"]["rank"] == 1
+    # It resumed by itself from its own snapshot.pt, and that is a good resume.
+    log = _attempt_log(case, 1)
+    assert "Resuming training from snapshot at Epoch" in log
+    assert "Epoch 11" in log
+    # It prints no training step: verified by liveness, and it says so; it was warned.
+    assert any("liveness" in t["what"] for t in inc["timeline"]), inc["timeline"]
+    assert any("no progress signal" in w for w in inc["warnings"]), inc["warnings"]
+    assert inc["resumed_step"] is None
+    assert case.devices()[bad["uuid"]]["state"] == "quarantined"
+    [restart] = [a for a in inc["actions"] if a["type"] == "restart"]
+    assert bad["uuid"] not in restart["devices"] and len(restart["devices"]) == 2
+
+
+def test_hf_trainer_unmodified_with_resume_arg_restores_and_verifies(case: RunCase) -> None:
+    out = case.tmp / "ckpt"
+    case.start_command(
+        [*TORCHRUN, str(JOBS / "hf_trainer_script.py"), "--output_dir", str(out),
+         "--max_steps", "50", "--save_steps", "10", "--logging_steps", "5",
+         "--per_device_train_batch_size", "4", "--report_to", "none", "--use_cpu"],
+        run_args=["--resume-arg", "--resume_from_checkpoint {checkpoint}"],
+        env={"DATA_SLEEP": "0.03"},
+        checkpoint_dir=out,
+    )  # fmt: skip
+    case.wait_output(r"\b2[3-9]/50 \[", timeout=150)
+    pid, _ = case.rank_process(0, 1)
+    os.kill(pid, signal.SIGKILL)
+    assert case.finish(180) == 0, case.output()[-3000:]
+
+    [inc] = case.incidents()
+    assert inc["kind"] == "crash" and inc["outcome"] == "recovered", inc
+    assert inc["culprit"]["rank"] == 1
+    restored = inc["checkpoint_step"]
+    assert restored is not None and restored % 10 == 0 and restored >= 20
+    assert inc["checkpoint_path"].endswith(f"checkpoint-{restored}")
+    assert restored <= inc["resumed_step"] <= restored + 50
+    assert inc["lost_steps"] == inc["failed_step"] - restored
+    assert not any("resumed below" in w for w in inc["warnings"])
+    # The restart was given the checkpoint on its command line; the first attempt ran
+    # as written.
+    header = _attempt_log(case, 1).splitlines()[0]
+    assert header.endswith(f"--use_cpu --resume_from_checkpoint {inc['checkpoint_path']}")
+    assert "--resume_from_checkpoint" not in _attempt_log(case, 0).splitlines()[0]
+
+
+def test_lightning_unmodified_is_resumed_below_never_restored_and_verified(
+    case: RunCase,
+) -> None:
+    out = case.tmp / "ckpt"
+    case.start_command(
+        [*TORCHRUN, str(JOBS / "lightning_script.py"), "--ckpt-dir", str(out),
+         "--max-steps", "60", "--every", "10"],
+        env={"DATA_SLEEP": "0.03"},
+        checkpoint_dir=out,
+    )  # fmt: skip
+    deadline = time.monotonic() + 150
+    while not list(out.glob("*step=30.ckpt")):
+        assert time.monotonic() < deadline, case.output()[-3000:]
+        time.sleep(0.1)
+    pid, env = case.rank_process(0, 1)
+    bad = _xid79(case, env, pid, 1)
+    os.kill(pid, signal.SIGKILL)
+    assert case.finish(200) == 0, case.output()[-3000:]
+
+    [inc] = case.incidents()
+    assert inc["kind"] == "xid" and inc["culprit"]["device_uuid"] == bad["uuid"]
+    assert inc["outcome"] == "recovered", inc
+    [warning] = [w for w in inc["warnings"] if "resumed below the offered checkpoint" in w]
+    assert "--resume-arg" in warning and "resume_path" in warning
+    notes = " ".join(t["what"] for t in inc["timeline"])
+    assert "resumed below the offered checkpoint" in notes
+    assert "restored step" not in notes  # never "restored step N and verified"
+    # It started over: nothing was restored, all the work before the fault is lost.
+    assert inc["checkpoint_step"] is None and inc["checkpoint_path"] is None
+    assert inc["lost_steps"] == inc["failed_step"]
+    assert case.output().count("warning: resumed below the offered checkpoint") == 1
+
+
+def test_damaged_newest_is_moved_aside_so_a_script_that_picks_its_own_resumes_from_the_previous(
+    case: RunCase,
+) -> None:
+    ckpt = case.tmp / "ckpt"
+    case.start_command(
+        [*TORCHRUN, str(JOBS / "own_newest_script.py"), "--ckpt-dir", str(ckpt),
+         "--steps", "40", "--save-every", "5"],
+        env={"STEP_SLEEP": "0.15"},
+    )  # fmt: skip
+    case.wait_output(r"^step=17 ")
+    pid, _ = case.rank_process(0, 0)
+    newest = sorted(ckpt.glob("ckpt_*.pt"))[-1]
+    raw = bytearray(newest.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    newest.write_bytes(bytes(raw))
+    os.kill(pid, signal.SIGKILL)
+    assert case.finish(180) == 0, case.output()[-3000:]
+
+    [inc] = case.incidents()
+    assert inc["outcome"] == "recovered", inc
+    previous = int(newest.stem.split("_")[1]) - 5
+    assert inc["checkpoint_step"] == previous
+    # The damaged file is kept, with a note, out of the script's way.
+    moved = ckpt / ".trainguard-rejected" / newest.name
+    assert moved.read_bytes() == bytes(raw)  # the damaged file itself, byte for byte
+    assert (ckpt / ".trainguard-rejected" / f"{newest.name}.trainguard-note.json").exists()
+    assert f"resumed from {ckpt / f'ckpt_{previous:06d}.pt'}" in _attempt_log(case, 1)
+    results = [a for a in case.audit() if a["kind"] == "result" and "moved" in a["message"]]
+    assert results and results[0]["data"]["moved"][0]["moved_to"] == str(moved)

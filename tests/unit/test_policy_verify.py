@@ -1,0 +1,214 @@
+"""The shared restart verification (policy/verify.py): self-resuming jobs, resumed
+below the offered checkpoint, liveness, and never "verified" without progress."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trainguard.policy.verify import (
+    RestartObservation,
+    Verdict,
+    VerifyRules,
+    step_window,
+    verify_restart,
+)
+
+RULES = VerifyRules(window_seconds=10.0, min_rate_ratio=0.3, step_window=50)
+
+
+def obs(**kw: object) -> RestartObservation:
+    base: dict[str, object] = {"now": 100.0, "started_at": 0.0, "restored_step": 250}
+    base.update(kw)
+    return RestartObservation(**base)  # type: ignore[arg-type]
+
+
+def moving(first: int, last: int, **kw: object) -> RestartObservation:
+    """Steps ``first`` -> ``last`` over 20 s after the restart."""
+    return obs(
+        first_step=first,
+        first_at=5.0,
+        last_step=last,
+        last_at=25.0,
+        rate=(last - first) / 20.0,
+        **kw,
+    )
+
+
+def test_a_first_logged_step_past_the_restored_one_is_a_correct_resume() -> None:
+    # HF logs every N steps: checkpoint 250, first logged step 252 (issue 13).
+    v = verify_restart(moving(252, 300), RULES)
+    assert v.verdict is Verdict.VERIFIED and not v.resumed_below
+    assert v.resumed_from == 252
+
+
+def test_a_first_step_past_the_window_fails_as_a_wrong_restore() -> None:
+    v = verify_restart(moving(400, 450), RULES)
+    assert v.verdict is Verdict.FAILED
+    assert "expected a step in [250, 300]" in v.reason
+    assert v.signature == "verify:restored-step 400 != 250"
+
+
+def test_an_exact_resumed_report_must_name_the_offered_step() -> None:
+    assert verify_restart(moving(251, 300, reported_restored=250), RULES).verdict is (
+        Verdict.VERIFIED
+    )
+    bad = verify_restart(moving(252, 300, reported_restored=251), RULES)
+    assert bad.verdict is Verdict.FAILED and "restored step 251, expected step 250" in bad.reason
+
+
+def test_a_job_that_trains_on_from_below_is_resumed_below_not_failed() -> None:
+    v = verify_restart(moving(1, 60), RULES)
+    assert v.verdict is Verdict.VERIFIED and v.resumed_below and v.resumed_from == 1
+    assert "resumed below the offered checkpoint" in v.reason
+
+
+def test_nothing_offered_accepts_the_jobs_own_resume() -> None:
+    # The DDP tutorial's snapshot.pt: trainguard offered nothing, the job resumed at 6.
+    v = verify_restart(moving(6, 12, restored_step=None), RULES)
+    assert v.verdict is Verdict.VERIFIED and not v.resumed_below and v.resumed_from == 6
+
+
+def test_no_progress_over_the_window_is_pending_never_verified() -> None:
+    one_step = obs(first_step=251, first_at=5.0, last_step=251, last_at=5.0)
+    assert verify_restart(one_step, RULES).verdict is Verdict.PENDING
+    short = moving(251, 260)
+    short = RestartObservation(**{**short.__dict__, "last_at": 9.0})
+    assert verify_restart(short, RULES).verdict is Verdict.PENDING
+
+
+def test_a_job_with_no_step_signal_is_verified_by_liveness_and_says_so() -> None:
+    quiet = obs(step_signal=False)
+    assert verify_restart(quiet, RULES).verdict is Verdict.PENDING
+    talking = obs(
+        step_signal=False, alive_from=2.0, alive_until=15.0, alive_evidence="30 output line(s)"
+    )
+    v = verify_restart(talking, RULES)
+    assert v.verdict is Verdict.VERIFIED and v.by_liveness
+    assert "liveness" in v.reason and "not checked" in v.reason
+
+
+def test_a_silent_job_that_saves_below_the_offered_step_resumed_below() -> None:
+    # Lightning with ckpt_path=None and a Rich bar: no step in the output, but its
+    # ModelCheckpoint writes step=20 after being offered step 180.
+    silent = obs(
+        restored_step=180,
+        step_signal=False,
+        alive_from=1.0,
+        alive_until=30.0,
+        alive_evidence="the scheduler reports it running",
+        saved_steps=(20, 40),
+    )
+    v = verify_restart(silent, RULES)
+    assert v.verdict is Verdict.VERIFIED and v.resumed_below and v.by_liveness
+    assert "resumed below the offered checkpoint" in v.reason
+    above = RestartObservation(**{**silent.__dict__, "saved_steps": (200,)})
+    v2 = verify_restart(above, RULES)
+    assert v2.verdict is Verdict.VERIFIED and not v2.resumed_below
+    assert "step 200 written after the restart" in v2.reason
+
+
+def test_slow_restart_and_missing_ranks_fail() -> None:
+    slow = verify_restart(moving(251, 260, baseline_rate=10.0), RULES)
+    assert slow.verdict is Verdict.FAILED and slow.signature == "verify:slow"
+    ranks = moving(251, 300, expected_ranks=frozenset({0, 1}), reported_ranks=frozenset({0}))
+    assert verify_restart(ranks, RULES).verdict is Verdict.FAILED
+    assert verify_restart(ranks, RULES).missing_ranks == (1,)
+    late = RestartObservation(**{**ranks.__dict__, "last_at": 20.0})
+    assert verify_restart(late, RULES).verdict is Verdict.PENDING  # one more window
+
+
+def test_completion_is_its_own_verdict() -> None:
+    v = verify_restart(obs(completed=True), RULES)
+    assert v.verdict is Verdict.COMPLETED and v.recovered
+    below = verify_restart(obs(completed=True, first_step=3, first_at=1.0), RULES)
+    assert below.verdict is Verdict.COMPLETED and below.resumed_below
+
+
+def test_step_window_grows_with_the_jobs_logging_stride() -> None:
+    assert step_window(50, None) == 50
+    assert step_window(50, 10) == 50
+    assert step_window(50, 500) == 1000
+
+
+steps = st.integers(min_value=0, max_value=10_000)
+maybe_steps = st.none() | steps
+times = st.floats(min_value=0.0, max_value=1000.0, allow_nan=False)
+
+
+@st.composite
+def observations(draw: st.DrawFn) -> RestartObservation:
+    first = draw(maybe_steps)
+    first_at = None if first is None else draw(times)
+    last = None if first is None else draw(st.integers(min_value=first, max_value=first + 5000))
+    last_at = None if first_at is None else first_at + draw(times)
+    first_out = draw(st.none() | times)
+    return RestartObservation(
+        now=draw(times),
+        started_at=draw(times),
+        restored_step=draw(maybe_steps),
+        first_step=first,
+        first_at=first_at,
+        last_step=last,
+        last_at=last_at,
+        rate=draw(st.none() | st.floats(min_value=0.0, max_value=1000.0)),
+        reported_restored=draw(st.none() | steps) if first is not None else None,
+        baseline_rate=draw(st.none() | st.floats(min_value=0.0, max_value=1000.0)),
+        expected_ranks=draw(st.none() | st.frozensets(st.integers(0, 3))),
+        reported_ranks=draw(st.frozensets(st.integers(0, 3))),
+        step_signal=draw(st.booleans()),
+        alive_from=first_out,
+        alive_until=None if first_out is None else first_out + draw(times),
+        completed=draw(st.booleans()),
+        saved_steps=tuple(draw(st.lists(steps, max_size=3))),
+    )
+
+
+rules = st.builds(
+    VerifyRules,
+    window_seconds=st.floats(min_value=0.0, max_value=100.0),
+    min_rate_ratio=st.floats(min_value=0.0, max_value=1.0),
+    step_window=st.integers(min_value=0, max_value=1000),
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(observations(), rules)
+def test_never_recovered_below_the_restored_step_unless_resumed_below(
+    o: RestartObservation, r: VerifyRules
+) -> None:
+    v = verify_restart(o, r)
+    start = o.reported_restored if o.reported_restored is not None else o.first_step
+    if v.recovered and o.restored_step is not None and start is not None:
+        if start < o.restored_step:
+            assert v.resumed_below
+        else:
+            assert not v.resumed_below
+    if (
+        v.recovered
+        and o.restored_step is not None
+        and min(o.saved_steps, default=1 << 60) < (o.restored_step)
+    ):
+        # Saved below the offered step after the restart: resumed below, or it says it
+        # restored a step at or above it (and the lower save is its own business).
+        assert v.resumed_below or (start is not None and start >= o.restored_step)
+
+
+@settings(max_examples=500, deadline=None)
+@given(observations(), rules)
+def test_never_verified_without_progress_after_the_restart(
+    o: RestartObservation, r: VerifyRules
+) -> None:
+    v = verify_restart(o, r)
+    if v.verdict is not Verdict.VERIFIED:
+        return
+    if v.by_liveness:
+        # Liveness only for a job without a step signal, with output over the window.
+        assert not o.step_signal and o.first_step is None
+        assert o.alive_from is not None and o.alive_until is not None
+        assert o.alive_until >= max(o.alive_from, o.started_at) + r.window_seconds
+    else:
+        assert o.first_step is not None and o.last_step is not None
+        assert o.last_step > o.first_step
+        assert o.first_at is not None and o.last_at is not None
+        assert o.last_at >= o.first_at + r.window_seconds
