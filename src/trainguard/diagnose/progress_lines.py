@@ -87,6 +87,11 @@ class ProgressReading:
     def is_step(self) -> bool:
         return self.kind is ProgressKind.STEP
 
+    @property
+    def token(self) -> tuple[object, ...]:
+        """What the reading shows; equal tokens are the same frame drawn again."""
+        return (self.form, self.label, self.count, self.total, self.epoch, self.loss)
+
 
 # --- preprocessing ---------------------------------------------------------------------
 
