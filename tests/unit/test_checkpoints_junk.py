@@ -62,6 +62,8 @@ def test_unreadable_bytes_inside_a_named_directory(tmp_path: Path) -> None:
         ("iter_0000300", 300),
         ("global_step42", 42),
         ("final.pt", None),
+        ("epoch=3.ckpt", None),  # an epoch, not a step (the contents may say more)
+        ("epoch_12.pt", None),
     ],
 )
 def test_step_from_name(name: str, step: int | None) -> None:

@@ -150,6 +150,33 @@ def test_fixed_hang_timeout_fires_once_after_the_timeout() -> None:
     assert det.check(T0 + 26.5) is not None
 
 
+def test_changing_liveness_defers_the_hang_deadline_a_frozen_frame_does_not() -> None:
+    # Steps every second, then a long evaluation whose bar moves: not a hang.
+    det = HangDetector(HangConfig(timeout=5.0, startup=30.0), started_at=T0)
+    det.observe(1, T0 + 1)
+    det.observe(2, T0 + 2)
+    parser = ProgressLineParser()
+    parser.read("  0%|          | 0/600 [00:00<?, ?it/s]")  # the training bar
+    for i in range(1, 5):
+        r = parser.read(f" {i * 10}%|█         | {i}/10 [00:0{i}<00:09,  1.00it/s]")
+        assert r is not None and not r.is_step
+        det.alive(T0 + 2 + 4 * i, r.token)
+    assert det.deadline() == T0 + 18 + 5.0
+    assert det.check(T0 + 22.9) is None
+    # The same frame drawn again (a timer refresh) is no sign of work.
+    det.alive(T0 + 22, r.token)
+    f = det.check(T0 + 23.0)
+    assert f is not None and f.kind == "hang" and f.at == T0 + 23.0
+
+
+def test_a_job_with_only_liveness_hangs_after_the_startup_allowance_without_it() -> None:
+    det = HangDetector(HangConfig(startup=30.0), started_at=T0)
+    det.alive(T0 + 20, ("epoch", "", None, None, 1.0, None))
+    assert det.check(T0 + 49) is None
+    f = det.check(T0 + 50)
+    assert f is not None and "no sign of life" in f.message
+
+
 def test_repeated_or_older_steps_are_not_progress() -> None:
     det = HangDetector(HangConfig(timeout=5.0, startup=5.0), started_at=T0)
     det.observe(10, T0 + 1)

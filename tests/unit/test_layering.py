@@ -21,6 +21,7 @@ ALLOWED: dict[str, set[str]] = {
     "simulate": {"model", "policy", "checkpoints", "diagnose"},
     "preflight": {"model", "diagnose", "signals"},
     "agent": {"model", "diagnose", "signals"},
+    "integrations": {"model", "train"},
 }
 HIGHER = {"api", "cli", "_commands"}
 

@@ -287,6 +287,8 @@ def test_counters_within_an_epoch_are_liveness(line: str, epoch: int, count: int
         ("Resuming training from checkpoint with epoch 0 and global step 250", 250),
         ("epoch 3 step 1200 loss 0.25", 1200),  # a bare step beside an epoch is global
         ("global_step=77 lr=1e-4", 77),
+        # What a script prints for trainer.train()'s result.
+        ("TrainOutput(global_step=600, training_loss=0.51, metrics={'train_runtime': 12.3})", 600),
     ],
 )
 def test_global_step_next_to_an_epoch_is_the_step(line: str, step: int) -> None:
@@ -302,6 +304,22 @@ def test_custom_pattern_is_the_only_source_of_steps() -> None:
     assert bar is not None and bar.kind is ProgressKind.LIVENESS and bar.count == 252
     assert record is not None and record.kind is ProgressKind.LIVENESS
     assert p.parse("step=3") is None
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "2024-05-01 10:00:00,123 INFO loading weights from /data/shard-00003-of-00008.bin",
+        "  Total optimization steps = 600",  # the Trainer's start-up banner
+        "  Num Epochs = 3",
+        "  Gradient Accumulation steps = 4",
+        "lr_scheduler: step_size=30 gamma=0.1",
+        "Saving model checkpoint to out/checkpoint-250",
+        "x" * 70000 + " 5",
+    ],
+)
+def test_ordinary_log_lines_say_nothing_about_progress(line: str) -> None:
+    assert ProgressLineParser().read(line) is None
 
 
 def test_unsplit_carriage_returns_read_the_last_frame() -> None:

@@ -73,13 +73,15 @@ def valid(
 
 _STEP_WORD = re.compile(r"(?:global_step|step|iter|iteration|it)[_=\-]?(\d+)", re.IGNORECASE)
 _DIGITS = re.compile(r"\d+")
+_EPOCH_BEFORE = re.compile(r"epochs?[_=\-]?$", re.IGNORECASE)
 
 
 def step_from_name(name: str) -> int | None:
     """Step number in a file or directory name.
 
     ``ckpt_step100.pt`` -> 100, ``epoch=3-step=500.ckpt`` -> 500 (a number after
-    step/iter wins), ``model_1000.pt`` -> 1000 (else the last number), ``final.pt`` -> None.
+    step/iter wins), ``model_1000.pt`` -> 1000 (else the last number), ``final.pt`` and
+    ``epoch=3.ckpt`` -> None (an epoch is not a step).
     """
     stem = name
     for suffix in (".pt", ".pth", ".ckpt", ".bin"):
@@ -89,5 +91,11 @@ def step_from_name(name: str) -> int | None:
     words = _STEP_WORD.findall(stem)
     if words:
         return int(words[-1])
-    numbers = _DIGITS.findall(stem)
-    return int(numbers[-1]) if numbers else None
+    numbers = list(_DIGITS.finditer(stem))
+    if not numbers:
+        return None
+    last = numbers[-1]
+    if _EPOCH_BEFORE.search(stem[: last.start()]):
+        # "epoch=3.ckpt", "epoch_3.pt": an epoch, not a step; the contents may say more.
+        return None
+    return int(last.group())

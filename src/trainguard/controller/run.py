@@ -973,6 +973,9 @@ class RunController:
         if step is not None and not att.structured:
             self._on_step(att, step, ev.at, rank)
         elif reading is not None and not reading.is_step:
+            # A changing liveness reading (an evaluation bar, a logged loss) defers the
+            # hang deadline: a long evaluation between steps is not a hang (0143).
+            att.hang.alive(ev.at, reading.token)
             att.output_lines += 1
             if att.first_output_at is None:
                 att.first_output_at = ev.at

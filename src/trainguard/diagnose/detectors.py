@@ -180,6 +180,10 @@ class HangDetector:
         # Last step each rank reported: a rank behind its peers is the suspect.
         self.rank_last: dict[int, int] = {}
         self.fired = False
+        # Liveness (decision 0143): output that shows work but is not the step (an
+        # evaluation bar, a per-epoch batch index, a logged loss) defers the deadline.
+        self.last_alive_at: float | None = None
+        self._alive_token: object = None
 
     def observe(self, step: int, at: float, rank: int | None = None) -> None:
         """Record a progress report (any rank); only a new, higher step counts as progress."""
@@ -194,6 +198,24 @@ class HangDetector:
         self.points += 1
         self.fired = False
 
+    def alive(self, at: float, token: object) -> None:
+        """Record a liveness reading; only one that differs from the last counts.
+
+        ``token`` is what the reading shows (bar, count, epoch, loss): a frozen bar
+        redrawn with the same numbers (Rich refreshes on a timer) is no sign of work.
+        """
+        if token == self._alive_token:
+            return
+        self._alive_token = token
+        if self.last_alive_at is None or at > self.last_alive_at:
+            self.last_alive_at = at
+
+    def _since(self) -> float:
+        since = self.last_progress_at if self.last_progress_at is not None else self.started_at
+        if self.last_alive_at is not None and self.last_alive_at > since:
+            return self.last_alive_at
+        return since
+
     def timeout(self) -> float:
         """The allowance now in force, in seconds."""
         cfg = self.config
@@ -206,15 +228,14 @@ class HangDetector:
         return max(cfg.floor, cfg.multiple * slowest)
 
     def deadline(self) -> float:
-        since = self.last_progress_at if self.last_progress_at is not None else self.started_at
-        return since + self.timeout()
+        return self._since() + self.timeout()
 
     def check(self, now: float) -> Finding | None:
         if self.fired or now < self.deadline():
             return None
         self.fired = True
         timeout = self.timeout()
-        since = self.last_progress_at if self.last_progress_at is not None else self.started_at
+        since = self._since()
         culprit = Culprit()
         if len(self.rank_last) > 1:
             # A rank whose last step is behind its peers' is the best guess; when every
@@ -223,7 +244,11 @@ class HangDetector:
             slowest_rank = min(self.rank_last, key=lambda r: self.rank_last[r])
             if self.rank_last[slowest_rank] < max(self.rank_last.values()):
                 culprit = Culprit(rank=slowest_rank)
-        if self.last_step is None:
+        if self.last_step is None and self.last_alive_at is not None:
+            message = (
+                f"no progress and no sign of life for {now - since:.1f} s (timeout {timeout:g} s)"
+            )
+        elif self.last_step is None:
             message = f"no progress within {timeout:g} s of the start"
         else:
             message = (

@@ -60,6 +60,7 @@ DEFAULT_PROGRESS_PATTERN = (
     r"|(?:\[\s*(?P<frac>\d+)\s*/\s*\d+\s*\])"
 )
 
+_DIGIT = re.compile(r"[0-9]")
 # A JSON or dict line longer than this is not a log record: do not parse it.
 _MAX_RECORD = 8192
 
@@ -85,6 +86,11 @@ class ProgressReading:
     @property
     def is_step(self) -> bool:
         return self.kind is ProgressKind.STEP
+
+    @property
+    def token(self) -> tuple[object, ...]:
+        """What the reading shows; equal tokens are the same frame drawn again."""
+        return (self.form, self.label, self.count, self.total, self.epoch, self.loss)
 
 
 # --- preprocessing ---------------------------------------------------------------------
@@ -295,7 +301,7 @@ class ProgressLineParser:
                     line = part
                     break
         text = clean_line(line)
-        if not any(c.isdigit() for c in text):
+        if _DIGIT.search(text) is None:
             return None
         if self.custom:
             step = self._match(text)
@@ -319,13 +325,20 @@ class ProgressLineParser:
         return _as_int(value)
 
     def _stock(self, text: str) -> ProgressReading | None:
-        record = _read_record(text)
-        if record is not None:
-            return record
+        # Every line of output passes here: substring tests (C speed) decide which
+        # patterns can match at all, so an ordinary log line costs a few microseconds.
+        if text.lstrip().startswith("{"):
+            record = _read_record(text)
+            if record is not None:
+                return record
         bar = self._bar(text)
         if bar is not None:
             return bar
-        if (m := _MEGATRON.search(text)) is not None:
+        low = text.lower()
+        has_step, has_iter, has_epoch = "step" in low, "iter" in low, "epoch" in low
+        if not (has_step or has_iter or has_epoch or "[" in text or self.custom):
+            return None
+        if has_iter and (m := _MEGATRON.search(text)) is not None:
             lm = _MEGATRON_LOSS.search(text)
             n = int(m.group("n"))
             return ProgressReading(
@@ -336,17 +349,17 @@ class ProgressLineParser:
                 total=int(m.group("total")),
                 loss=float(lm.group("loss")) if lm else None,
             )
-        if (m := _TITAN.search(text)) is not None:
+        if has_step and (m := _TITAN.search(text)) is not None:
             n = int(m.group("n"))
             return ProgressReading(
                 ProgressKind.STEP, "torchtitan", step=n, count=n, loss=float(m.group("loss"))
             )
-        if (m := _GLOBAL_STEP.search(text)) is not None:
+        if has_step and (m := _GLOBAL_STEP.search(text)) is not None:
             n = int(m.group("n"))
             return ProgressReading(
                 ProgressKind.STEP, "pattern", step=n, count=n, epoch=_epoch_in(text)
             )
-        epoch = _EPOCH.search(text)
+        epoch = _EPOCH.search(text) if has_epoch else None
         if epoch is not None:
             # Everything counted next to an epoch is counted within it, unless it is
             # a bare "step N" without a total (a global counter printed per epoch).
@@ -385,12 +398,12 @@ class ProgressLineParser:
             # No readable rate: the unit is unknown, so the bar is not taken for steps.
             unit = (rate.group("unit") or rate.group("inv")) if rate else ""
             return self._classify_bar(m.group("desc"), m.group("n"), m.group("total"), unit, meta)
-        m = _TQDM_NO_TOTAL.search(text) if " [" in text else None
+        m = _TQDM_NO_TOTAL.search(text) if " [" in text and "/" in text else None
         if m is not None:
             return self._classify_bar(
                 m.group("desc"), m.group("n"), None, m.group("unit"), m.group("meta")
             )
-        rich = _RICH_BAR.search(text)
+        rich = _RICH_BAR.search(text) if ("━" in text or "╸" in text or "╺" in text) else None
         if rich is not None:
             # The count follows the bar ("Epoch 3/9 ━━━ 4/10"): the epoch's own "3/9" is not it.
             count = _RICH_COUNT.search(text, rich.end())

@@ -100,12 +100,21 @@ class CheckpointInfo:
     # Observations that do not change the verdict (e.g. files the manifest does not
     # list, or "quick mode: contents not hashed"), for people reading the listing.
     notes: tuple[str, ...] = ()
+    # Where ``step`` came from: "name" (checkpoint-250, step_100, epoch=0-step=50.ckpt),
+    # a file of the checkpoint ("trainer_state.json", "trainguard-manifest.json"), or a
+    # key inside its pickle ("global_step", "EPOCHS_RUN", "train_state.step"). None: unknown.
+    step_source: str | None = None
+    # What the number counts: "step" (optimizer steps), or "epoch" when the checkpoint
+    # only records completed epochs (the DDP tutorial's snapshot.pt EPOCHS_RUN).
+    step_unit: str = "step"
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "path": self.path,
             "format": self.format,
             "step": self.step,
+            "step_source": self.step_source,
+            "step_unit": self.step_unit,
             "size_bytes": self.size_bytes,
             "created_at": self.created_at,
             "valid": self.valid,

@@ -14,6 +14,7 @@ are cut at ``MAX_LINE`` bytes rather than buffered without bound.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from typing import IO, Any
 
 MAX_LINE = 64 * 1024
 _READ_SIZE = 64 * 1024
+_TERMINATOR = re.compile(rb"\r\n|\r|\n")
 
 
 class LineSplitter:
@@ -39,27 +41,16 @@ class LineSplitter:
 
     def feed(self, data: bytes) -> list[bytes]:
         out: list[bytes] = []
-        start = 0
         if self._after_cr and data[:1] == b"\n":
-            start = 1
+            data = data[1:]
         self._after_cr = False
-        i = start
-        n = len(data)
-        while i < n:
-            c = data[i]
-            if c == 0x0A or c == 0x0D:
-                self._pending += data[start:i]
-                out.extend(self._take())
-                if c == 0x0D:
-                    if i + 1 < n:
-                        if data[i + 1] == 0x0A:
-                            i += 1
-                    else:
-                        self._after_cr = True
-                i += 1
-                start = i
-                continue
-            i += 1
+        start = 0
+        for m in _TERMINATOR.finditer(data):
+            self._pending += data[start : m.start()]
+            out.extend(self._take())
+            start = m.end()
+        if start and start == len(data) and data[-1:] == b"\r":
+            self._after_cr = True  # a \n may follow in the next read
         self._pending += data[start:]
         while len(self._pending) >= self.max_line:
             out.append(bytes(self._pending[: self.max_line]))

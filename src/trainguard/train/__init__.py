@@ -14,20 +14,24 @@ Typical use (docs/train.md)::
             if step % 100 == 0:
                 ckpt.save(step, state)
 
+Scripts that restore their own checkpoints (Hugging Face, Lightning, the DDP
+tutorial) call ``resume_path(checkpoint_dir)`` instead (docs/integrations.md).
+
 Imports only :mod:`trainguard.model`, :mod:`trainguard.checkpoints`, the standard
-library and torch. ``report_progress`` and ``should_stop`` work without torch:
-the torch-backed names are imported on first use.
+library and torch. ``report_progress``, ``should_stop`` and ``resume_path`` work
+without torch: the torch-backed names are imported on first use.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from trainguard.train.locate import ResumeError, resume_path
 from trainguard.train.progress import report_progress, should_stop
 
 if TYPE_CHECKING:
     from trainguard.train.manager import CheckpointManager, CheckpointWriteError, SaveResult
-    from trainguard.train.restore import ResumeError, ResumeResult, resume
+    from trainguard.train.restore import ResumeResult, resume
     from trainguard.train.state import Stateful, TrainState
 
 __all__ = [
@@ -40,6 +44,7 @@ __all__ = [
     "TrainState",
     "report_progress",
     "resume",
+    "resume_path",
     "should_stop",
 ]
 
@@ -47,7 +52,6 @@ _LAZY = {
     "CheckpointManager": "trainguard.train.manager",
     "CheckpointWriteError": "trainguard.train.manager",
     "SaveResult": "trainguard.train.manager",
-    "ResumeError": "trainguard.train.restore",
     "ResumeResult": "trainguard.train.restore",
     "resume": "trainguard.train.restore",
     "Stateful": "trainguard.train.state",

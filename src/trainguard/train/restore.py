@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -33,22 +32,18 @@ import torch
 
 from trainguard.checkpoints import scan, validate
 from trainguard.model.checkpoint import MANIFEST_NAME, CheckpointInfo, Manifest
-from trainguard.model.resume_request import RESUME_REQUEST_NAME, ResumeRequest
+from trainguard.model.resume_request import RESUME_REQUEST_NAME
 from trainguard.train._dist import DistContext
 from trainguard.train._split import join
+from trainguard.train.locate import RESUME_ENV, ResumeError, resume_request
+from trainguard.train.locate import say as _say
 from trainguard.train.manager import META_KEY, CheckpointManager
-from trainguard.train.progress import ATTEMPT_ENV, emit
+from trainguard.train.progress import emit
 from trainguard.train.state import REPLICATED_FILE, TrainState, rank_file
 
 log = logging.getLogger("trainguard.train")
 
-RESUME_ENV = "TRAINGUARD_RESUME_FROM"
 Source = Literal["env", "request", "latest", "fresh"]
-
-
-class ResumeError(RuntimeError):
-    """The job cannot be resumed as asked (bad checkpoint, mismatched job); nothing was loaded
-    unless the message says otherwise."""
 
 
 @dataclass(frozen=True)
@@ -78,46 +73,6 @@ class _Choice:
     skipped: tuple[str, ...] = ()
 
 
-def _current_attempt() -> tuple[int | None, str | None]:
-    """(attempt, job id) as the resume request counts them: inside a Slurm job its
-    restart count and id, else ``TRAINGUARD_ATTEMPT``."""
-    job = os.environ.get("SLURM_JOB_ID") or None
-    raw = os.environ.get("SLURM_RESTART_COUNT", "0") if job else os.environ.get(ATTEMPT_ENV)
-    try:
-        return (int(raw) if raw not in (None, "") else None), job
-    except ValueError:
-        return None, job
-
-
-def _resume_request(root: Path) -> ResumeRequest | None:
-    """The control plane's resume request for this very attempt, if there is one."""
-    path = root / RESUME_REQUEST_NAME
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        log.warning("trainguard: cannot read %s: %s; ignored", path, exc)
-        return None
-    try:
-        request = ResumeRequest.from_json(text)
-    except ValueError as exc:
-        log.warning("trainguard: %s is not a valid resume request (%s); ignored", path, exc)
-        return None
-    attempt, job = _current_attempt()
-    if not request.applies_to(attempt, job):
-        log.info(
-            "trainguard: %s is for attempt %s of job %s, this is attempt %s of job %s; ignored",
-            path,
-            request.attempt,
-            request.job,
-            attempt,
-            job,
-        )
-        return None
-    return request
-
-
 def _requested(source: Source, path: str, what: str, verify: str) -> _Choice:
     info = validate(path, verify=verify)
     if not info.valid:
@@ -136,7 +91,7 @@ def _choose(root: Path, verify: str) -> _Choice:
     env = os.environ.get(RESUME_ENV, "")
     if env:
         return _requested("env", env, RESUME_ENV, verify)
-    request = _resume_request(root) if root.is_dir() else None
+    request = resume_request(root) if root.is_dir() else None
     if request is not None:
         return _requested("request", request.checkpoint, RESUME_REQUEST_NAME, verify)
     if not root.is_dir():
@@ -155,13 +110,6 @@ def _choose(root: Path, verify: str) -> _Choice:
             return _Choice("latest", checked.path, skipped=tuple(skipped))
         skipped.append(f"{name}: {checked.reason}")
     return _Choice("fresh", None, skipped=tuple(skipped))
-
-
-def _say(message: str) -> None:
-    """The one line saying what resume did: logged, and on stderr when logging is unset."""
-    log.info(message)
-    if not logging.getLogger().hasHandlers() and not log.handlers:
-        print(message, file=sys.stderr, flush=True)
 
 
 def _load(path: Path, name: str, weights_only: bool, map_location: Any) -> Any:

@@ -9,16 +9,19 @@ Rules (docs/checkpoints.md): complete only when ``.metadata`` exists, loads with
 inert unpickler (:mod:`trainguard.checkpoints._safe_pickle`), references at least
 one storage item, and every referenced file exists with at least
 ``max(offset + length)`` bytes. DCP records no checksums, so full mode checks the
-same things as quick mode (a note says so).
+same things as quick mode (a note says so). The step is the name's, else a saved
+``step`` / ``train_state.step`` item (:mod:`trainguard.checkpoints._contents`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from trainguard.checkpoints._contents import step_in_dcp
 from trainguard.checkpoints._fs import (
     CheckFailed,
     VerifyMode,
@@ -131,4 +134,11 @@ class DcpFormat:
             pass
         if verify == "full":
             notes.append("DCP records no checksums: sizes and metadata checked")
-        return valid(path, NAME, step, size, created, tuple(notes))
+        info = valid(path, NAME, step, size, created, tuple(notes))
+        if step is not None:
+            return dataclasses.replace(info, step_source="name")
+        # A directory named "latest" or by date: the step may be a saved item.
+        embedded = step_in_dcp(path, metadata)
+        if embedded is None:
+            return info
+        return dataclasses.replace(info, step=embedded.value, step_source=embedded.key)

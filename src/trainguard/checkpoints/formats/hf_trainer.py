@@ -17,6 +17,7 @@ Rules (docs/checkpoints.md):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -123,4 +124,5 @@ class HfTrainerFormat:
             return invalid(path, NAME, step, f"directory unreadable: {exc.strerror}", size, created)
         if verify == "full" and any(w.endswith(".safetensors") for w in weights):
             notes.append("safetensors files carry no checksums: headers and extents checked")
-        return valid(path, NAME, step, size, created, tuple(notes))
+        info = valid(path, NAME, step, size, created, tuple(notes))
+        return dataclasses.replace(info, step_source=TRAINER_STATE)

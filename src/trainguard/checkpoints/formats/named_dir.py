@@ -18,6 +18,7 @@ they are written separately from the data and may name a damaged directory.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -78,4 +79,5 @@ class NamedDirFormat:
             return invalid(path, fmt, step, str(exc), total, newest)
         if not any(f.rel.endswith(_WEIGHT_SUFFIXES) for f in files):
             notes.append("no torch or safetensors files: only sizes checked")
-        return valid(path, fmt, step, total, newest, tuple(notes))
+        info = valid(path, fmt, step, total, newest, tuple(notes))
+        return dataclasses.replace(info, step_source="name" if step is not None else None)

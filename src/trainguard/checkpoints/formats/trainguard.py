@@ -15,6 +15,7 @@ A ``step_<8 digits>`` directory without a manifest is this format's incomplete w
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -102,7 +103,8 @@ class TrainguardFormat:
                 return invalid(path, NAME, step, _summarise(problems), size, created, tuple(notes))
         else:
             notes.append("quick mode: sizes checked, contents not hashed")
-        return valid(path, NAME, step, size, created, tuple(notes))
+        info = valid(path, NAME, step, size, created, tuple(notes))
+        return dataclasses.replace(info, step_source=MANIFEST_NAME)
 
     @staticmethod
     def _check_size(root: Path, entry: ManifestFile) -> str | None:
