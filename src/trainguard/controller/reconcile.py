@@ -1881,7 +1881,11 @@ class Reconciler:
             outcome = got
         new_attempt = int(outcome.get("attempt", failed_attempt + 1))
         now = self.clock()
-        ckpt_step = ckpt.get("step") if isinstance(ckpt, dict) else None
+        ckpt_step = (
+            ckpt.get("step")
+            if isinstance(ckpt, dict) and ckpt.get("step_unit", "step") == "step"
+            else None
+        )
 
         def effects() -> None:
             lost = None
@@ -1891,7 +1895,10 @@ class Reconciler:
                 inc.id,
                 at=now,
                 checkpoint_path=resume,
-                checkpoint_step=int(ckpt_step) if ckpt_step is not None else 0,
+                # Null when nothing is restored (0145): "restored step 0" is not true.
+                checkpoint_step=int(ckpt_step) if ckpt_step is not None else None,
+                clear=(() if resume else ("checkpoint_path",))
+                + (() if ckpt_step is not None else ("checkpoint_step",)),
                 lost_steps=lost,
                 recovery_attempt=new_attempt,
                 actor=self.identity,

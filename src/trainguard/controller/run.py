@@ -323,6 +323,12 @@ def torchrun_world_size(command: Sequence[str]) -> int | None:
     return int(nproc) * int(lo)
 
 
+def _step_of(info: CheckpointInfo | None) -> int | None:
+    """A checkpoint's training step, when it has one that counts steps (an
+    ``EPOCHS_RUN``-style counter is not comparable with the job's step)."""
+    return info.step if info is not None and info.step_unit == "step" else None
+
+
 def _repair_advice(attribution: Attribution, quarantined: Sequence[str]) -> str | None:
     if not quarantined:
         return None
@@ -839,8 +845,9 @@ class RunController:
             checkpoint=checkpoint,
         )
         if incident_id is not None:
-            # None: nothing offered (or a checkpoint of unknown step), so no step to check.
-            att.expected_step = checkpoint.step if checkpoint else None
+            # None: nothing offered, or a checkpoint whose step is unknown or counts
+            # something else (EPOCHS_RUN): no step to check.
+            att.expected_step = _step_of(checkpoint)
             self.db.transition_attempt(
                 self.job_id, number, AttemptState.VERIFYING, at=started, actor=ACTOR
             )
@@ -1074,7 +1081,7 @@ class RunController:
             created = info.created_at or 0.0
             # Written (or rewritten in place, like snapshot.pt) since the attempt began.
             if info.valid and created >= att.wall_started:
-                step = info.step if getattr(info, "step_unit", "step") == "step" else None
+                step = _step_of(info)
                 att.dir_saves.setdefault((info.path, created), (step, now))
 
     def _observation(self, att: _Attempt, now: float, completed: bool) -> RestartObservation:
@@ -1683,7 +1690,7 @@ class RunController:
         self.restarts_total += 1
         number = att.number + 1
         # What is offered; verification corrects it to what the job really did (0145).
-        ckpt_step = ckpt.step if ckpt else None
+        ckpt_step = _step_of(ckpt)
         lost = None if failed_step is None else max(0, failed_step - (ckpt_step or 0))
         self.db.update_incident(
             incident_id,
