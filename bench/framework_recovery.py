@@ -11,7 +11,9 @@ and reports:
 
 * detected / isolated (trainguard: the incident's kind and the quarantined device;
   torchrun isolates nothing and never reads the kernel log);
-* resumed step (the first step seen after the restart) and lost steps;
+* resumed step (trainguard's incident: the first step seen after the restart), the
+  first step or epoch seen in the output after the restart (``resumed_seen``, the
+  same rule for both runners; epochs for the DDP tutorial), and lost steps;
 * verified (trainguard's verdict: recovered, resumed below the offered checkpoint,
   liveness);
 * fault -> training again: the first sign of training after the restart, measured the
@@ -227,6 +229,7 @@ def trainguard_trial(fw: str, fault: str, work: Path) -> dict[str, Any]:
     restart_at = s.wait_for(r"^trainguard: attempt 1 started", 120)
     again = again_after(fw, s, ckpt, fault_at, restart_at)
     rc = s.proc.wait(300)
+    seen = [x for x in steps_in(fw, s.snapshot()) if x[0] > restart_at]
     res = subprocess.run(
         [sys.executable, "-m", "trainguard.cli", "incidents", "--state", str(state), "--json"],
         capture_output=True, text=True, env=env, check=True,
@@ -247,6 +250,7 @@ def trainguard_trial(fw: str, fault: str, work: Path) -> dict[str, Any]:
         "isolated": ", ".join(q[-4:] for q in quarantined) or "-",
         "resumed_step": inc["resumed_step"], "lost_steps": inc["lost_steps"],
         "checkpoint_step": inc["checkpoint_step"], "verified": verdict,
+        "resumed_seen": seen[0][1] if seen else None,
         "fault_to_training_s": round(again - fault_at, 2),
     }  # fmt: skip
 
@@ -273,6 +277,7 @@ def torchrun_trial(fw: str, fault: str, work: Path) -> dict[str, Any]:
         "isolated": "-", "resumed_step": resumed,
         "lost_steps": None if failed is None or resumed is None else max(0, failed - resumed),
         "checkpoint_step": None, "verified": "completed" if rc == 0 else f"rc={rc}",
+        "resumed_seen": resumed,
         "fault_to_training_s": round(again - fault_at, 2),
     }  # fmt: skip
 
@@ -308,7 +313,7 @@ def main() -> int:
     finally:
         shutil.rmtree(base, ignore_errors=True)
     cols = ["framework", "fault", "runner", "detected", "isolated", "resumed_step",
-            "lost_steps", "verified", "fault_to_training_s"]  # fmt: skip
+            "resumed_seen", "lost_steps", "verified", "fault_to_training_s"]  # fmt: skip
     print("\n| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
     for r in rows:
         print("| " + " | ".join(str(r.get(c, r.get("error", "")))[:60] for c in cols) + " |")

@@ -71,6 +71,7 @@ from trainguard.diagnose.detectors import (
     crash_finding,
     line_finding,
     rank_prefix,
+    rank_using,
 )
 from trainguard.diagnose.signatures import Classifier, classify_line
 from trainguard.model.checkpoint import CheckpointInfo
@@ -1290,6 +1291,7 @@ class RunController:
         f = line_finding(m, m.text, ev.at, "kernel_log", att.devices, self.inventory)
         assigned = {d.uuid for d in att.devices}
         if f.culprit.device_uuid in assigned:
+            f = self._culprit_from_device_map(att, f)
             self._record_finding(att, f)
             # A fatal hardware fault on the job's own device: act now, do not wait for
             # the job to crash or hang on it.
@@ -1308,6 +1310,18 @@ class RunController:
                 # Host-level evidence (the kernel's OOM killer, a machine check): the
                 # attribution may need it to explain a rank that was killed.
                 att.findings.append(f)
+
+    def _culprit_from_device_map(self, att: _Attempt, f: Finding) -> Finding:
+        """The culprit's rank is the rank that had the device, from the job's own
+        device map (each rank's CUDA_VISIBLE_DEVICES and LOCAL_RANK), not the device's
+        position, which names a rank that may not exist when ranks != devices."""
+        dev = next((d for d in att.devices if d.uuid == f.culprit.device_uuid), None)
+        if dev is None:
+            return f
+        known, rank = rank_using(att.launch.ranks.views(), dev)
+        if not known or rank == f.culprit.rank:
+            return f
+        return dataclasses.replace(f, culprit=dataclasses.replace(f.culprit, rank=rank))
 
     def _local_host(self) -> str | None:
         """The host of this machine's devices, when the inventory names exactly one."""

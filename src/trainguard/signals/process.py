@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from trainguard.diagnose.detectors import ProcessExit
+from trainguard.diagnose.detectors import ProcessExit, RankView
 
 RESCAN_SECONDS = 0.2
 
@@ -205,6 +205,7 @@ class RankWatcher:
         self.clock = clock
         self.rescan = rescan
         self.ranks: dict[int, tuple[int | None, int | None]] = {}  # pid -> (rank, local_rank)
+        self.visible: dict[int, tuple[str, ...]] = {}  # pid -> its CUDA_VISIBLE_DEVICES
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._selector = selectors.DefaultSelector()
@@ -218,6 +219,14 @@ class RankWatcher:
     def stop(self) -> None:
         self._stop.set()
         self.thread.join(2.0)
+
+    def views(self) -> list[RankView]:
+        """The job's own device map: each rank found and the devices it was given."""
+        with self._lock:
+            return [
+                RankView(rank, local, self.visible.get(pid, ()))
+                for pid, (rank, local) in self.ranks.items()
+            ]
 
     def rank_pids(self) -> dict[int, int]:
         """``{local_rank: pid}`` of the ranks found so far."""
@@ -240,16 +249,19 @@ class RankWatcher:
             # A data-loader worker inherits LOCAL_RANK from its rank: only the topmost counts.
             if ppid in self.ranks or is_rank.get(ppid):
                 continue
-            self._watch(pid, _int(env.get("RANK")), local)
+            self._watch(pid, _int(env.get("RANK")), local, env)
         self._find_rank_zero_launchers()
 
-    def _watch(self, pid: int, rank: int | None, local: int) -> None:
+    def _watch(self, pid: int, rank: int | None, local: int, env: dict[str, str]) -> None:
         try:
             fd = os.pidfd_open(pid)
         except OSError:
             return
+        cvd = env.get("CUDA_VISIBLE_DEVICES")
         with self._lock:
             self.ranks[pid] = (rank, local)
+            if cvd is not None:
+                self.visible[pid] = tuple(x.strip() for x in cvd.split(",") if x.strip())
         self._fds[pid] = fd
         self._selector.register(fd, selectors.EVENT_READ, pid)
 
@@ -279,7 +291,7 @@ class RankWatcher:
                 continue
             node = _int(env.get("NODE_RANK") or env.get("GROUP_RANK"))
             # Rank 0 of its node: global rank node x processes per node (one node: 0).
-            self._watch(ppid, (node or 0) * (len(locals_) + 1), 0)
+            self._watch(ppid, (node or 0) * (len(locals_) + 1), 0, env)
 
     def _run(self) -> None:
         next_scan = 0.0
