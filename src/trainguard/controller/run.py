@@ -1434,7 +1434,11 @@ class RunController:
         fault_at = min([*relevant, trigger.at])
         if trigger.kind == "hang" and trigger.details.get("since") is not None:
             fault_at = float(trigger.details["since"])  # the job stopped moving then
-        failed_step = att.steps.last_step
+        # The last step seen before the fault, not one logged while it was being detected.
+        before = [step for t, step in att.steps.history if t <= fault_at]
+        failed_step = max(before) if before else None
+        if failed_step is None and not att.steps.history:
+            failed_step = att.steps.last_step
         if (
             att.incident_id is not None
             and att.verified
@@ -1705,12 +1709,17 @@ class RunController:
         number = att.number + 1
         # What is offered; verification corrects it to what the job really did (0145).
         ckpt_step = _step_of(ckpt)
+        # A recovery attempt that failed too: the furthest step reached is what is at risk.
+        recorded = self.db.get_incident(incident_id).failed_step
+        if recorded is not None and (failed_step is None or recorded > failed_step):
+            failed_step = recorded
         lost = None if failed_step is None else max(0, failed_step - (ckpt_step or 0))
         self.db.update_incident(
             incident_id,
             at=self.clock(),
             checkpoint_path=ckpt.path if ckpt else None,
             checkpoint_step=ckpt_step,
+            failed_step=failed_step,
             lost_steps=lost,
             recovery_attempt=number,
             clear=() if ckpt else ("checkpoint_path", "checkpoint_step"),
