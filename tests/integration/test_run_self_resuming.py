@@ -29,7 +29,8 @@ def save(step):
     tmp.mkdir(parents=True)
     data = os.urandom(64)
     (tmp / "state.bin").write_bytes(data)
-    manifest = {"format": "trainguard", "format_version": 1, "step": step, "world_size": 1, "created_at": time.time(),
+    manifest = {"format": "trainguard", "format_version": 1, "step": step, "world_size": 1,
+                "created_at": time.time(),
                 "trainguard_version": "test",
                 "files": [{"path": "state.bin", "size": 64,
                            "sha256": hashlib.sha256(data).hexdigest()}]}
