@@ -18,7 +18,7 @@ from trainguard.api.ingest import IncomingFinding, finding_from_wire
 from trainguard.model.devices import Device
 from trainguard.model.progress import ProgressEvent
 
-router = APIRouter(prefix="/v1", tags=["ingest"])
+router = APIRouter(prefix="/v1", tags=["ingest"], responses=S.INVALID_RESPONSES)
 
 HostParam = Annotated[
     str, Path(pattern=S.HOST_PATTERN, max_length=253, description="the agent's host name")

@@ -23,7 +23,7 @@ from trainguard.model.plan import Mode
 from trainguard.model.records import iso_utc
 from trainguard.model.statemachine import IllegalTransition
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", responses=S.INVALID_RESPONSES)
 
 
 def control(ctx: ApiContext) -> Any:

@@ -21,7 +21,7 @@ from trainguard.model.records import (
     parse_iso_utc,
 )
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", responses=S.INVALID_RESPONSES)
 
 MAX_PAGE = 1000
 _HEALTH_ORDER = [

@@ -48,6 +48,26 @@ class ErrorBody(_Response):
     detail: Any = Field(description="what was wrong (a message, or validation errors)")
 
 
+class ValidationItem(_Response):
+    loc: list[str | int] = Field(description="where: body, query, path, then the field")
+    msg: str
+    type: str
+
+
+class InvalidBody(_Response):
+    """A 422: the framework's validation errors, or one message from a route that checked
+    more than the schema can say (a policy's field, an unknown policy name)."""
+
+    detail: list[ValidationItem] | str
+
+
+# Every router publishes this for 422 instead of FastAPI's list-only default, so that
+# every 422 the API answers matches the schema (checked by the schemathesis run).
+INVALID_RESPONSES: dict[int | str, dict[str, Any]] = {
+    422: {"model": InvalidBody, "description": "invalid input"}
+}
+
+
 # --- shared pieces -------------------------------------------------------------------
 
 
