@@ -272,6 +272,8 @@ BAD: list[tuple[str, str, str | None, Any]] = [
     ("GET", "/v1/repairs/9223372036854775808/export", VIEW, None),
     ("GET", "/v1/suppressions?since=nan", VIEW, None),
     ("GET", "/v1/suppressions?since=inf", VIEW, None),
+    ("GET", "/v1/audit?since=nan", VIEW, None),
+    ("GET", "/v1/audit?until=1e999", VIEW, None),
     ("POST", "/v1/approvals/9223372036854775808/approve", OP, b'{"reason": "x"}'),
     ("POST", "/v1/agents/n1/heartbeat", AGENT_N1, b'{"seq": 1, "at": NaN}'),
     ("POST", "/v1/agents/n1/heartbeat", AGENT_N1, b'{"seq": 1, "at": Infinity}'),

@@ -45,6 +45,10 @@ def _no_constant(name: str) -> Any:
     raise BadJson(f"{name} is not a JSON number (numbers must be finite)")
 
 
+_HOOKS: dict[str, Any] = {"parse_constant": _no_constant}
+_DECODER = json.JSONDecoder(**_HOOKS)  # one decoder: json.loads(**hooks) builds one per call
+
+
 def depth_ok(value: Any, limit: int = MAX_DEPTH) -> bool:
     """Whether ``value`` nests at most ``limit`` containers deep (iterative: no recursion)."""
     stack: list[tuple[Any, int]] = [(value, 1)] if type(value) in (dict, list) else []
@@ -74,11 +78,19 @@ def _encodable(value: Any) -> bool:
     return True
 
 
+def _load(body: bytes) -> Any:
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return json.loads(body, **_HOOKS)  # UTF-16/32: json.loads detects the encoding
+    return _DECODER.decode(text)
+
+
 def parse(body: bytes) -> Any:
     """The JSON value of ``body``; :class:`BadJson` for the refused cases, :class:`Malformed`
     for text that is not JSON."""
     try:
-        data = json.loads(body, parse_constant=_no_constant)
+        data = _load(body)
     except BadJson:
         raise
     except RecursionError:

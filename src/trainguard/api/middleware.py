@@ -164,6 +164,12 @@ _COMMON = [
 ]
 
 
+_EXTRA = {
+    csp: [(b"content-security-policy", csp.encode()), *_COMMON]
+    for csp in (DASHBOARD_CSP, DOCS_CSP, API_CSP)
+}
+
+
 def csp_for(path: str) -> str:
     if path.startswith("/ui") or path == "/":
         return DASHBOARD_CSP
@@ -183,14 +189,11 @@ class SecurityHeaders:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        csp = csp_for(scope.get("path", "")).encode()
+        extra = _EXTRA[csp_for(scope.get("path", ""))]
 
         async def with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
-                headers = list(message.get("headers", ()))
-                headers.append((b"content-security-policy", csp))
-                headers.extend(_COMMON)
-                message = {**message, "headers": headers}
+                message = {**message, "headers": [*message.get("headers", ()), *extra]}
             await send(message)
 
         await self.app(scope, receive, with_headers)
