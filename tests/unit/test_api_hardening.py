@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
 with warnings.catch_warnings():
@@ -23,7 +25,7 @@ with warnings.catch_warnings():
 from trainguard.api.app import create_app
 from trainguard.api.auth import TokenTable
 from trainguard.api.context import ApiContext, build_context, poison_recorder
-from trainguard.api.ingest import FindingIngestor, IncomingFinding
+from trainguard.api.ingest import FindingIngestor, IncomingFinding, ProgressItem, ProgressPipeline
 from trainguard.api.schemas import MAX_INT
 from trainguard.model.devices import Device
 from trainguard.model.findings import Domain, Finding, Severity
@@ -377,3 +379,54 @@ def test_every_answer_carries_the_security_headers(tmp_path: Path) -> None:
     assert "script-src 'self'" in ui and "unsafe-inline" not in ui
     assert answers["/v1/status"].headers["content-security-policy"].startswith("default-src 'none'")
     ctx.store.close()
+
+
+# --- the isolation rule, for any batch ----------------------------------------------
+
+
+@given(
+    kinds=st.lists(st.sampled_from(["good", "poison", "down"]), min_size=1, max_size=60),
+    down_after=st.integers(min_value=0, max_value=200),
+)
+@settings(max_examples=200, deadline=None)
+def test_isolation_drops_exactly_the_poison_and_keeps_order_or_keeps_all_when_the_store_fails(
+    kinds: list[str], down_after: int
+) -> None:
+    """Whatever the batch: delivered records are the good ones, in order; each poison one is
+    reported once; a store failure ("down" in the batch, after ``down_after`` sink calls)
+    keeps every record not yet delivered, and nothing is both delivered and kept."""
+    landed: list[int] = []
+    calls = [0]
+
+    def sink(items: list[ProgressItem]) -> None:
+        calls[0] += 1
+        steps = [i.event.step for i in items]
+        if calls[0] > down_after and any(kinds[s] == "down" for s in steps):
+            raise ConnectionError("store unavailable")
+        if any(kinds[s] == "poison" for s in steps):
+            raise OverflowError("a value the store cannot hold")
+        landed.extend(steps)  # all of them, atomically, as one transaction
+
+    poisoned: list[int] = []
+    pipeline = ProgressPipeline(
+        sink,
+        flush_interval=3600,
+        on_poison=lambda kind, subject, record, exc: poisoned.append(record["step"]),
+    )
+    # Distinct ranks: coalescing keeps every event (it is not what is tested here).
+    events = [
+        ProgressEvent("progress", step=i, time=T0, rank=i, attempt=0) for i in range(len(kinds))
+    ]
+    pipeline.offer("job", events, T0)
+    pipeline.flush()
+    kept = [item.event.step for item in pipeline._pending]
+    assert landed == sorted(landed) and not set(landed) & set(kept)
+    assert all(kinds[s] != "poison" for s in landed)
+    assert sorted(landed + kept + poisoned) == list(range(len(kinds)))  # nothing lost
+    assert all(kinds[s] == "poison" for s in poisoned) and len(set(poisoned)) == len(poisoned)
+    # A store failure keeps the undelivered tail, whole and in order, for the next flush.
+    if kept:
+        assert kept == list(range(kept[0], len(kinds)))
+        assert all(s < kept[0] for s in landed + poisoned)
+    if "down" not in kinds:
+        assert kept == [] and poisoned == [i for i, k in enumerate(kinds) if k == "poison"]
