@@ -63,9 +63,8 @@ RECORD_ERRORS: tuple[type[BaseException], ...] = (
     TypeError,
     ArithmeticError,  # includes OverflowError (an int past 64 bits)
     LookupError,
-    AttributeError,
     RecursionError,
-)
+)  # not AttributeError: that is a bug in trainguard, kept and retried, never blamed on data
 
 PoisonCheck = Callable[[BaseException], bool]
 PoisonHandler = Callable[[str, str, dict[str, Any], BaseException], None]

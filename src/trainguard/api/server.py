@@ -65,9 +65,6 @@ class ServeError(ValueError):
     """A serve option that cannot work; the message says which and why."""
 
 
-DEFAULT_DATABASE = ".trainguard/state.db"
-
-
 def check_database(options: ServeOptions) -> None:
     """Refuse a SQLite database whose directory does not exist, unless it is the default.
 
@@ -377,7 +374,6 @@ def _describe(database: str) -> str:
 
 
 __all__ = [
-    "DEFAULT_DATABASE",
     "ReconcileLoop",
     "ServeError",
     "ServeOptions",
