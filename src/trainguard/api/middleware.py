@@ -153,7 +153,8 @@ DASHBOARD_CSP = (
 # FastAPI's /v1/docs page loads Swagger UI from its CDN and starts it with an inline script.
 DOCS_CSP = (
     "default-src 'self'; script-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net; "
-    "style-src 'self' https://cdn.jsdelivr.net; img-src 'self' data: https://fastapi.tiangolo.com; "
+    "style-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net; "
+    "img-src 'self' data: https://fastapi.tiangolo.com; "
     "object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
 )
 API_CSP = "default-src 'none'; frame-ancestors 'none'"
