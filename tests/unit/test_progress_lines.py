@@ -315,6 +315,10 @@ def test_custom_pattern_is_the_only_source_of_steps() -> None:
         "  Gradient Accumulation steps = 4",
         "lr_scheduler: step_size=30 gamma=0.1",
         "Saving model checkpoint to out/checkpoint-250",
+        # Lightning, restoring: the step in a checkpoint's file name is not progress.
+        "Restoring states from the checkpoint path at /ck/epoch=0-step=20.ckpt",
+        "Restored all states from the checkpoint at /ck/last-step=40.ckpt",
+        "loaded /ckpt/iter_0000300/mp_rank_00/model_optim_rng.pt",
         "x" * 70000 + " 5",
     ],
 )

@@ -258,6 +258,11 @@ _GLOBAL_STEP = re.compile(r"(?i)\bglobal[ _]step\b\s*[=:#]?\s*(?P<n>\d+)")
 _GENERIC_LOSS = re.compile(r"(?i)\bloss\b\s*[=:]?\s*(?P<loss>[-+]?\d+\.?\d*(?:[eE][-+]?\d+)?)")
 
 
+_CHECKPOINT_NAME = re.compile(
+    r"[\w.=~+-]*\.(?:ckpt|pt|pth|bin|safetensors|distcp|pkl)\b|\bcheckpoint-\d+\b"
+)
+
+
 def _loss(text: str) -> float | None:
     m = _GENERIC_LOSS.search(text)
     return float(m.group("loss")) if m else None
@@ -334,6 +339,10 @@ class ProgressLineParser:
         bar = self._bar(text)
         if bar is not None:
             return bar
+        if "." in text or "checkpoint-" in text:
+            # A checkpoint's name is not progress: "Restoring states from the checkpoint
+            # path at out/epoch=0-step=20.ckpt" says nothing about the step now running.
+            text = _CHECKPOINT_NAME.sub(" ", text)
         low = text.lower()
         has_step, has_iter, has_epoch = "step" in low, "iter" in low, "epoch" in low
         if not (has_step or has_iter or has_epoch or "[" in text or self.custom):
