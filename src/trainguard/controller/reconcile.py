@@ -2091,7 +2091,6 @@ class Reconciler:
         # The shared rule (policy/verify.py, decision 0145) on what the store knows.
         others = [a for a in self.store.list_attempts(inc.job_id) if a.number != att.number]
         restored = inc.checkpoint_step if inc.checkpoint_path is not None else None
-        failed = next((a for a in others if a.number == inc.attempt), None)
         running = att.state is not AttemptState.COMPLETED
         v = verify_restart(
             RestartObservation(
@@ -2103,7 +2102,9 @@ class Reconciler:
                 last_step=att.last_step,
                 last_at=att.last_step_at,
                 rate=att.step_rate,
-                baseline_rate=None if failed is None else failed.step_rate,
+                # No rate check here: the store's step times are when a pass read the
+                # job's log, not when the steps ran, so a pre-failure rate is not measured.
+                baseline_rate=None,
                 step_signal=att.first_step is not None
                 or any(a.first_step is not None for a in others),
                 alive_from=att.started_at if running else None,
@@ -2122,9 +2123,12 @@ class Reconciler:
         if v.verdict is Verdict.PENDING:
             return  # not advancing yet; the hang timeout catches a stuck restart
         if v.verdict is Verdict.FAILED:
-            note = f"attempt {att.number}: {v.reason}: not verified"
-            if all(t.what != note for t in inc.timeline):
-                self.store.update_incident(inc.id, at=now, note=note, actor=self.identity)
+            # Said once per kind of failure (the reason's numbers change every pass).
+            key = f"attempt {att.number} not verified ({v.signature}):"
+            if all(not t.what.startswith(key) for t in inc.timeline):
+                self.store.update_incident(
+                    inc.id, at=now, note=f"{key} {v.reason}", actor=self.identity
+                )
             return
         verified_by = v.reason
         acc = account(v, restored, inc.failed_step, offered_path=inc.checkpoint_path)
