@@ -16,6 +16,8 @@ and reports:
   same rule for both runners; epochs for the DDP tutorial), and lost steps;
 * verified (trainguard's verdict: recovered, resumed below the offered checkpoint,
   liveness);
+* restart_s: fault -> the new attempt launched (trainguard's "attempt 1 started",
+  torchrun's "will restart worker group");
 * fault -> training again: the first sign of training after the restart, measured the
   same way for both from the output (a step or epoch line) or, for a job that prints
   nothing (Lightning's Rich bar off a terminal), the first checkpoint it writes.
@@ -251,6 +253,7 @@ def trainguard_trial(fw: str, fault: str, work: Path) -> dict[str, Any]:
         "resumed_step": inc["resumed_step"], "lost_steps": inc["lost_steps"],
         "checkpoint_step": inc["checkpoint_step"], "verified": verdict,
         "resumed_seen": seen[0][1] if seen else None,
+        "restart_s": round(restart_at - fault_at, 2),
         "fault_to_training_s": round(again - fault_at, 2),
     }  # fmt: skip
 
@@ -266,9 +269,12 @@ def torchrun_trial(fw: str, fault: str, work: Path) -> dict[str, Any]:
     pid, penv = rank1(marker)
     before = steps_in(fw, s.snapshot())
     fault_at = inject(fault, work, pid, penv)
-    again = again_after(fw, s, ckpt, fault_at, fault_at)
+    # The restart begins when torchrun says so (the surviving rank's last bar redraws
+    # right after the kill are not training again).
+    restart_at = s.wait_for(r"will restart worker group|Restarting worker", 120)
+    again = again_after(fw, s, ckpt, fault_at, restart_at)
     rc = s.proc.wait(300)
-    after = [x for x in steps_in(fw, s.snapshot()) if x[0] > fault_at + 0.5]
+    after = [x for x in steps_in(fw, s.snapshot()) if x[0] > restart_at]
     failed = before[-1][1] if before else None
     resumed = after[0][1] if after else None
     return {
@@ -278,6 +284,7 @@ def torchrun_trial(fw: str, fault: str, work: Path) -> dict[str, Any]:
         "lost_steps": None if failed is None or resumed is None else max(0, failed - resumed),
         "checkpoint_step": None, "verified": "completed" if rc == 0 else f"rc={rc}",
         "resumed_seen": resumed,
+        "restart_s": round(restart_at - fault_at, 2),
         "fault_to_training_s": round(again - fault_at, 2),
     }  # fmt: skip
 
@@ -313,7 +320,8 @@ def main() -> int:
     finally:
         shutil.rmtree(base, ignore_errors=True)
     cols = ["framework", "fault", "runner", "detected", "isolated", "resumed_step",
-            "resumed_seen", "lost_steps", "verified", "fault_to_training_s"]  # fmt: skip
+            "resumed_seen", "lost_steps", "verified", "restart_s",
+            "fault_to_training_s"]  # fmt: skip
     print("\n| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
     for r in rows:
         print("| " + " | ".join(str(r.get(c, r.get("error", "")))[:60] for c in cols) + " |")
