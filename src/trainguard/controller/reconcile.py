@@ -2029,6 +2029,23 @@ class Reconciler:
             rec, ActionState.DONE, {"summary": "waiting for capacity"}, inc, action, fence, effects
         )
 
+    @staticmethod
+    def _saves_since(root: str | None, since: float) -> list[tuple[int | None, float]]:
+        """Valid checkpoints written into ``root`` since ``since``: ``(step, mtime)``."""
+        if not root or not os.path.isdir(root):
+            return []
+        from trainguard.checkpoints import scan
+
+        try:
+            found = scan(root, "quick")
+        except OSError:
+            return []
+        return [
+            (i.step if i.step_unit == "step" else None, float(i.created_at))
+            for i in found
+            if i.valid and i.created_at is not None and i.created_at >= since
+        ]
+
     def _move_rejected_aside(self, inc: IncidentRecord, fj: FleetJob) -> None:
         """The same rule as ``trainguard run`` (decision 0146): the plan's damaged
         checkpoints leave the job's way before it is requeued, audited."""
@@ -2092,6 +2109,7 @@ class Reconciler:
         others = [a for a in self.store.list_attempts(inc.job_id) if a.number != att.number]
         restored = inc.checkpoint_step if inc.checkpoint_path is not None else None
         running = att.state is not AttemptState.COMPLETED
+        saves = self._saves_since(job.checkpoint_dir, att.started_at)
         v = verify_restart(
             RestartObservation(
                 now=now,
@@ -2107,9 +2125,12 @@ class Reconciler:
                 baseline_rate=None,
                 step_signal=att.first_step is not None
                 or any(a.first_step is not None for a in others),
-                alive_from=att.started_at if running else None,
-                alive_until=now if running else None,
-                alive_evidence="the scheduler reports it running",
+                # Liveness is checkpoints it wrote since: a job the scheduler merely
+                # reports running has not shown progress.
+                alive_from=att.started_at if saves else None,
+                alive_until=max((t for _, t in saves), default=None),
+                alive_evidence=f"{len(saves)} checkpoint(s) written",
+                saved_steps=tuple(step for step, _ in saves if step is not None),
                 completed=not running,
             ),
             VerifyRules(
