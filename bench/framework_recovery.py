@@ -17,7 +17,7 @@ and reports:
 * verified (trainguard's verdict: recovered, resumed below the offered checkpoint,
   liveness);
 * restart_s: fault -> the new attempt launched (trainguard's "attempt 1 started",
-  torchrun's "will restart worker group");
+  torchrun's first restarted worker process);
 * fault -> training again: the first sign of training after the restart, measured the
   same way for both from the output (a step or epoch line) or, for a job that prints
   nothing (Lightning's Rich bar off a terminal), the first checkpoint it writes.
@@ -155,6 +155,16 @@ def rank1(marker: str, timeout: float = 120.0) -> tuple[int, dict[str, str]]:
     raise RuntimeError("rank 1 not found")
 
 
+def restarted_worker(marker: str, timeout: float) -> float:
+    """When torchrun's first restarted worker (TORCHELASTIC_RESTART_COUNT >= 1) exists."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(env.get("TORCHELASTIC_RESTART_COUNT", "0") != "0" for _, env in processes(marker)):
+            return time.time()
+        time.sleep(0.05)
+    raise RuntimeError("torchrun did not restart its workers")
+
+
 def wait_checkpoint(ckpt: Path, pattern: str, timeout: float, after: float = 0.0) -> float:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -269,9 +279,9 @@ def torchrun_trial(fw: str, fault: str, work: Path) -> dict[str, Any]:
     pid, penv = rank1(marker)
     before = steps_in(fw, s.snapshot())
     fault_at = inject(fault, work, pid, penv)
-    # The restart begins when torchrun says so (the surviving rank's last bar redraws
-    # right after the kill are not training again).
-    restart_at = s.wait_for(r"will restart worker group|Restarting worker", 120)
+    # The restart begins when torchrun's new workers exist (it logs the restart only at
+    # INFO); the surviving rank's last bar redraws after the kill are not training again.
+    restart_at = restarted_worker(marker, 120)
     again = again_after(fw, s, ckpt, fault_at, restart_at)
     rc = s.proc.wait(300)
     after = [x for x in steps_in(fw, s.snapshot()) if x[0] > restart_at]
