@@ -142,7 +142,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="arguments appended to the command of every restart that restores a "
         "checkpoint, {checkpoint} replaced by its path (shell-split), e.g. "
         "'--resume_from_checkpoint {checkpoint}' (HF Trainer) or 'ckpt_path={checkpoint}'; "
-        "the first attempt runs as written",
+        "the first attempt runs as written (a template that starts with - and has no "
+        "space needs the = form: --resume-arg=--ckpt={checkpoint})",
     )
     p.add_argument(
         "--keep-rejected-in-place",
