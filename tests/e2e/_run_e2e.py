@@ -277,12 +277,12 @@ def _processes_with(**wanted: str) -> list[tuple[int, dict[str, str]]]:
 
 
 def _is_python_worker(pid: int, env: dict[str, str]) -> bool:
-    """A training process, not torchrun's agent (which has no RANK) nor the watchdog."""
+    """A training process (LOCAL_RANK in its environment), not torchrun's agent."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return "RANK" in env and not any(b"torch.distributed.run" in c for c in cmdline)
+    return "LOCAL_RANK" in env and not any(b"torch.distributed.run" in c for c in cmdline)
 
 
 def visible_devices(env: dict[str, str]) -> list[dict[str, Any]]:

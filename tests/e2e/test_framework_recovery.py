@@ -170,3 +170,33 @@ def test_damaged_newest_is_moved_aside_so_a_script_that_picks_its_own_resumes_fr
     assert f"resumed from {ckpt / f'ckpt_{previous:06d}.pt'}" in _attempt_log(case, 1)
     results = [a for a in case.audit() if a["kind"] == "result" and "moved" in a["message"]]
     assert results and results[0]["data"]["moved"][0]["moved_to"] == str(moved)
+
+
+def test_lightning_own_launcher_rank0_killed_is_found_at_once_and_blamed_on_rank0(
+    case: RunCase,
+) -> None:
+    out = case.tmp / "ckpt"
+    # No torchrun: Lightning's launcher makes this process rank 0 and starts rank 1.
+    case.start_command(
+        [sys.executable, str(JOBS / "lightning_script.py"), "--ckpt-dir", str(out),
+         "--max-steps", "30", "--every", "10", "--devices", "2"],
+        env={"DATA_SLEEP": "0.03"},
+        checkpoint_dir=out,
+    )  # fmt: skip
+    deadline = time.monotonic() + 150
+    while not list(out.glob("*step=10.ckpt")):
+        assert time.monotonic() < deadline, case.output()[-3000:]
+        time.sleep(0.1)
+    child, _ = case.rank_process(0, 1)
+    rank0 = int(Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    assert "lightning_script.py" in Path(f"/proc/{rank0}/cmdline").read_text()
+    killed_at = time.time()
+    os.kill(rank0, signal.SIGKILL)
+    assert case.finish(200) == 0, case.output()[-3000:]
+
+    from trainguard.model.records import parse_iso_utc
+
+    [inc] = case.incidents()
+    assert inc["kind"] == "crash" and inc["culprit"]["rank"] == 0, inc
+    assert parse_iso_utc(inc["detected_at"]) - killed_at < 1.0
+    assert inc["outcome"] == "recovered"

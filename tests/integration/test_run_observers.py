@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -20,7 +21,12 @@ from trainguard.model import Device, ProgressEvent
 from trainguard.schedulers.local import LaunchSpec, LocalScheduler, attempt_env
 from trainguard.signals.kernel_log import FileFollower, KernelLine, open_kernel_log
 from trainguard.signals.output import LogFile, OutputClosed, OutputFollower, OutputLine
-from trainguard.signals.process import AttemptProcessExit, RankWatcher, descendants
+from trainguard.signals.process import (
+    AttemptProcessExit,
+    RankWatcher,
+    descendants,
+    rank_zero_launcher,
+)
 from trainguard.signals.progress import ProgressListener, ProgressReceived, short_socket_dir
 
 
@@ -174,6 +180,58 @@ def test_rank_watcher_sees_a_rank_die_at_once_with_its_signal() -> None:
     finally:
         os.killpg(parent.pid, signal.SIGKILL)
         parent.wait()
+
+
+RANK0_LAUNCHER = r"""
+import os, subprocess, sys, time
+# Like Lightning's own launcher: this process is rank 0 and starts rank 1 as a plain
+# child (same session) with LOCAL_RANK in its environment; it has none itself.
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                         env=dict(os.environ, LOCAL_RANK="1"))
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_launcher_that_is_rank0_is_watched_as_rank0_and_its_death_seen_at_once() -> None:
+    sink = Sink()
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK")}
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", RANK0_LAUNCHER],
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+        env=env,
+    )
+    try:
+        assert launcher.stdout is not None
+        rank1 = int(launcher.stdout.readline())
+        watcher = RankWatcher(launcher.pid, 3, sink, rescan=0.05).start()
+        deadline = time.monotonic() + 10
+        while watcher.rank_pids() != {0: launcher.pid, 1: rank1}:
+            assert time.monotonic() < deadline, watcher.rank_pids()
+            time.sleep(0.02)
+        killed_at = time.time()
+        os.kill(launcher.pid, signal.SIGKILL)
+        ev = sink.wait_for(AttemptProcessExit, 5)
+        assert (ev.exit.pid, ev.exit.local_rank, ev.exit.rank) == (launcher.pid, 0, 0)
+        assert ev.exit.signal == signal.SIGKILL and ev.exit.at - killed_at < 0.5
+        watcher.stop()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait()
+
+
+def test_rank_zero_launcher_rule() -> None:
+    py = [b"python", b"train.py"]
+    assert rank_zero_launcher({}, py, [1], same_session=True)
+    assert rank_zero_launcher({}, py, [2, 1, 3], same_session=True)
+    assert not rank_zero_launcher({}, py, [0, 1], same_session=True)  # torchrun-like parent
+    assert not rank_zero_launcher({}, py, [1, 3], same_session=True)  # not 1..k
+    assert not rank_zero_launcher({}, py, [1], same_session=False)  # workers in own sessions
+    assert not rank_zero_launcher({"LOCAL_RANK": "0"}, py, [1], same_session=True)
+    torchrun = [b"/usr/bin/python", b"-m", b"torch.distributed.run", b"train.py"]
+    assert not rank_zero_launcher({}, torchrun, [1], same_session=True)
 
 
 def test_attempt_env_is_the_job_contract() -> None:

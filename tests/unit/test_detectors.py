@@ -309,3 +309,31 @@ def test_line_finding_for_an_oom_traceback_line_names_the_rank_device() -> None:
     assert m is not None
     f = line_finding(m, line, T0, "output:stderr", DEVICES)
     assert f.kind == "cuda_oom" and f.culprit.rank == 1 and f.culprit.device_uuid == "GPU-b"
+
+
+def _dev(i: int) -> Device:
+    return Device(
+        index=i,
+        uuid=f"GPU-{i}",
+        pci_bus_id=f"0000:{0x10 + i:02x}:00.0",
+        model="H100",
+        memory_mb=81559,
+        host="h",
+    )
+
+
+def test_the_rank_that_had_a_device_comes_from_the_jobs_own_device_map() -> None:
+    from trainguard.diagnose.detectors import RankView, rank_using
+
+    # torchrun: every rank sees "2,3"; local rank i uses the i-th.
+    torchrun = [RankView(0, 0, ("2", "3")), RankView(1, 1, ("2", "3"))]
+    assert rank_using(torchrun, _dev(3)) == (True, 1)
+    # One visible device per rank (Slurm --gpus-per-task): the rank that has it.
+    per_task = [RankView(0, 0, ("3",)), RankView(1, 0, ("2",))]
+    assert rank_using(per_task, _dev(2)) == (True, 1)
+    # One rank driving two devices: its rank, never a "rank 1" that does not exist.
+    one_rank = [RankView(0, 0, ("0", "1"))]
+    assert rank_using(one_rank, _dev(1)) == (True, 0)
+    # Nobody's view contains it, or no view is known.
+    assert rank_using(torchrun, _dev(0)) == (True, None)
+    assert rank_using([], _dev(0)) == (False, None)

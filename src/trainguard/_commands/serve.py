@@ -86,6 +86,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--repair-webhook", metavar="URL", help="POST repair records here")
     parser.add_argument("--page-webhook", metavar="URL", help="POST pages (breaker trips) here")
     parser.add_argument(
+        "--keep-rejected-in-place",
+        action="store_true",
+        help="leave damaged checkpoints where they are (default: before a requeue they are "
+        "moved into <checkpoint dir>/.trainguard-rejected/ with a note of why)",
+    )
+    parser.add_argument(
         "--log-level", default="warning", choices=("debug", "info", "warning", "error")
     )
     parser.set_defaults(func=run)
@@ -121,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         default_database=args.database == DEFAULT_STATE,
+        keep_rejected_in_place=args.keep_rejected_in_place,
     )
     try:
         return serve(options, say=lambda m: print(m, flush=True))

@@ -59,6 +59,7 @@ class ServeOptions:
     tls_cert: str | None = None  # PEM certificate (chain); with tls_key: serve HTTPS
     tls_key: str | None = None
     default_database: bool = False  # the database is the default path (its dir may be made)
+    keep_rejected_in_place: bool = False  # do not move damaged checkpoints aside (0146)
 
 
 class ServeError(ValueError):
@@ -203,6 +204,7 @@ def build_control(
         interval=options.reconcile_interval,
         repair_webhook=options.repair_webhook,
         page_webhook=options.page_webhook,
+        keep_rejected_in_place=options.keep_rejected_in_place,
     )
     return ControlPlane(store, scheduler, clock, config=config, identity=options.holder)
 

@@ -1881,7 +1881,11 @@ class Reconciler:
             outcome = got
         new_attempt = int(outcome.get("attempt", failed_attempt + 1))
         now = self.clock()
-        ckpt_step = ckpt.get("step") if isinstance(ckpt, dict) else None
+        ckpt_step = (
+            ckpt.get("step")
+            if isinstance(ckpt, dict) and ckpt.get("step_unit", "step") == "step"
+            else None
+        )
 
         def effects() -> None:
             lost = None
@@ -1891,7 +1895,10 @@ class Reconciler:
                 inc.id,
                 at=now,
                 checkpoint_path=resume,
-                checkpoint_step=int(ckpt_step) if ckpt_step is not None else 0,
+                # Null when nothing is restored (0145): "restored step 0" is not true.
+                checkpoint_step=int(ckpt_step) if ckpt_step is not None else None,
+                clear=(() if resume else ("checkpoint_path",))
+                + (() if ckpt_step is not None else ("checkpoint_step",)),
                 lost_steps=lost,
                 recovery_attempt=new_attempt,
                 actor=self.identity,
@@ -2022,6 +2029,23 @@ class Reconciler:
             rec, ActionState.DONE, {"summary": "waiting for capacity"}, inc, action, fence, effects
         )
 
+    @staticmethod
+    def _saves_since(root: str | None, since: float) -> list[tuple[int | None, float]]:
+        """Valid checkpoints written into ``root`` since ``since``: ``(step, mtime)``."""
+        if not root or not os.path.isdir(root):
+            return []
+        from trainguard.checkpoints import scan
+
+        try:
+            found = scan(root, "quick")
+        except OSError:
+            return []
+        return [
+            (i.step if i.step_unit == "step" else None, float(i.created_at))
+            for i in found
+            if i.valid and i.created_at is not None and i.created_at >= since
+        ]
+
     def _move_rejected_aside(self, inc: IncidentRecord, fj: FleetJob) -> None:
         """The same rule as ``trainguard run`` (decision 0146): the plan's damaged
         checkpoints leave the job's way before it is requeued, audited."""
@@ -2084,8 +2108,8 @@ class Reconciler:
         # The shared rule (policy/verify.py, decision 0145) on what the store knows.
         others = [a for a in self.store.list_attempts(inc.job_id) if a.number != att.number]
         restored = inc.checkpoint_step if inc.checkpoint_path is not None else None
-        failed = next((a for a in others if a.number == inc.attempt), None)
         running = att.state is not AttemptState.COMPLETED
+        saves = self._saves_since(job.checkpoint_dir, att.started_at)
         v = verify_restart(
             RestartObservation(
                 now=now,
@@ -2096,12 +2120,17 @@ class Reconciler:
                 last_step=att.last_step,
                 last_at=att.last_step_at,
                 rate=att.step_rate,
-                baseline_rate=None if failed is None else failed.step_rate,
+                # No rate check here: the store's step times are when a pass read the
+                # job's log, not when the steps ran, so a pre-failure rate is not measured.
+                baseline_rate=None,
                 step_signal=att.first_step is not None
                 or any(a.first_step is not None for a in others),
-                alive_from=att.started_at if running else None,
-                alive_until=now if running else None,
-                alive_evidence="the scheduler reports it running",
+                # Liveness is checkpoints it wrote since: a job the scheduler merely
+                # reports running has not shown progress.
+                alive_from=att.started_at if saves else None,
+                alive_until=max((t for _, t in saves), default=None),
+                alive_evidence=f"{len(saves)} checkpoint(s) written",
+                saved_steps=tuple(step for step, _ in saves if step is not None),
                 completed=not running,
             ),
             VerifyRules(
@@ -2115,9 +2144,12 @@ class Reconciler:
         if v.verdict is Verdict.PENDING:
             return  # not advancing yet; the hang timeout catches a stuck restart
         if v.verdict is Verdict.FAILED:
-            note = f"attempt {att.number}: {v.reason}: not verified"
-            if all(t.what != note for t in inc.timeline):
-                self.store.update_incident(inc.id, at=now, note=note, actor=self.identity)
+            # Said once per kind of failure (the reason's numbers change every pass).
+            key = f"attempt {att.number} not verified ({v.signature}):"
+            if all(not t.what.startswith(key) for t in inc.timeline):
+                self.store.update_incident(
+                    inc.id, at=now, note=f"{key} {v.reason}", actor=self.identity
+                )
             return
         verified_by = v.reason
         acc = account(v, restored, inc.failed_step, offered_path=inc.checkpoint_path)

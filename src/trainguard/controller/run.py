@@ -71,6 +71,7 @@ from trainguard.diagnose.detectors import (
     crash_finding,
     line_finding,
     rank_prefix,
+    rank_using,
 )
 from trainguard.diagnose.signatures import Classifier, classify_line
 from trainguard.model.checkpoint import CheckpointInfo
@@ -321,6 +322,12 @@ def torchrun_world_size(command: Sequence[str]) -> int | None:
     if not lo.isdigit() or (hi and hi != lo):
         return None
     return int(nproc) * int(lo)
+
+
+def _step_of(info: CheckpointInfo | None) -> int | None:
+    """A checkpoint's training step, when it has one that counts steps (an
+    ``EPOCHS_RUN``-style counter is not comparable with the job's step)."""
+    return info.step if info is not None and info.step_unit == "step" else None
 
 
 def _repair_advice(attribution: Attribution, quarantined: Sequence[str]) -> str | None:
@@ -839,8 +846,9 @@ class RunController:
             checkpoint=checkpoint,
         )
         if incident_id is not None:
-            # None: nothing offered (or a checkpoint of unknown step), so no step to check.
-            att.expected_step = checkpoint.step if checkpoint else None
+            # None: nothing offered, or a checkpoint whose step is unknown or counts
+            # something else (EPOCHS_RUN): no step to check.
+            att.expected_step = _step_of(checkpoint)
             self.db.transition_attempt(
                 self.job_id, number, AttemptState.VERIFYING, at=started, actor=ACTOR
             )
@@ -1074,7 +1082,7 @@ class RunController:
             created = info.created_at or 0.0
             # Written (or rewritten in place, like snapshot.pt) since the attempt began.
             if info.valid and created >= att.wall_started:
-                step = info.step if getattr(info, "step_unit", "step") == "step" else None
+                step = _step_of(info)
                 att.dir_saves.setdefault((info.path, created), (step, now))
 
     def _observation(self, att: _Attempt, now: float, completed: bool) -> RestartObservation:
@@ -1283,6 +1291,7 @@ class RunController:
         f = line_finding(m, m.text, ev.at, "kernel_log", att.devices, self.inventory)
         assigned = {d.uuid for d in att.devices}
         if f.culprit.device_uuid in assigned:
+            f = self._culprit_from_device_map(att, f)
             self._record_finding(att, f)
             # A fatal hardware fault on the job's own device: act now, do not wait for
             # the job to crash or hang on it.
@@ -1301,6 +1310,18 @@ class RunController:
                 # Host-level evidence (the kernel's OOM killer, a machine check): the
                 # attribution may need it to explain a rank that was killed.
                 att.findings.append(f)
+
+    def _culprit_from_device_map(self, att: _Attempt, f: Finding) -> Finding:
+        """The culprit's rank is the rank that had the device, from the job's own
+        device map (each rank's CUDA_VISIBLE_DEVICES and LOCAL_RANK), not the device's
+        position, which names a rank that may not exist when ranks != devices."""
+        dev = next((d for d in att.devices if d.uuid == f.culprit.device_uuid), None)
+        if dev is None:
+            return f
+        known, rank = rank_using(att.launch.ranks.views(), dev)
+        if not known or rank == f.culprit.rank:
+            return f
+        return dataclasses.replace(f, culprit=dataclasses.replace(f.culprit, rank=rank))
 
     def _local_host(self) -> str | None:
         """The host of this machine's devices, when the inventory names exactly one."""
@@ -1413,7 +1434,11 @@ class RunController:
         fault_at = min([*relevant, trigger.at])
         if trigger.kind == "hang" and trigger.details.get("since") is not None:
             fault_at = float(trigger.details["since"])  # the job stopped moving then
-        failed_step = att.steps.last_step
+        # The last step seen before the fault, not one logged while it was being detected.
+        before = [step for t, step in att.steps.history if t <= fault_at]
+        failed_step = max(before) if before else None
+        if failed_step is None and not att.steps.history:
+            failed_step = att.steps.last_step
         if (
             att.incident_id is not None
             and att.verified
@@ -1683,13 +1708,18 @@ class RunController:
         self.restarts_total += 1
         number = att.number + 1
         # What is offered; verification corrects it to what the job really did (0145).
-        ckpt_step = ckpt.step if ckpt else None
+        ckpt_step = _step_of(ckpt)
+        # A recovery attempt that failed too: the furthest step reached is what is at risk.
+        recorded = self.db.get_incident(incident_id).failed_step
+        if recorded is not None and (failed_step is None or recorded > failed_step):
+            failed_step = recorded
         lost = None if failed_step is None else max(0, failed_step - (ckpt_step or 0))
         self.db.update_incident(
             incident_id,
             at=self.clock(),
             checkpoint_path=ckpt.path if ckpt else None,
             checkpoint_step=ckpt_step,
+            failed_step=failed_step,
             lost_steps=lost,
             recovery_attempt=number,
             clear=() if ckpt else ("checkpoint_path", "checkpoint_step"),

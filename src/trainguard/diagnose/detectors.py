@@ -105,6 +105,45 @@ def rank_for_device(devices: Sequence[Device], pci_bus_id: str | None) -> tuple[
     return None
 
 
+@dataclass(frozen=True)
+class RankView:
+    """What one rank process was given: its ranks and ``CUDA_VISIBLE_DEVICES``."""
+
+    rank: int | None
+    local_rank: int | None
+    visible: tuple[str, ...]  # CUDA_VISIBLE_DEVICES entries, in order
+
+
+def rank_using(views: Sequence[RankView], device: Device) -> tuple[bool, int | None]:
+    """``(known, rank)``: which rank had ``device``, from the job's own device map.
+
+    A rank with one visible device has that one; otherwise torchrun's convention,
+    the ``local_rank``-th visible device. Failing both (a rank that drives several
+    devices), the only rank that sees the device. ``known`` is False when no rank's
+    view is known (fall back to the position convention); ``rank`` is None when the
+    views say no single rank had it (e.g. a 1-rank job on 2 devices: not "rank 1").
+    """
+    if not views:
+        return False, None
+    token = {str(device.index), device.uuid}
+    owners: list[RankView] = []
+    for v in views:
+        if len(v.visible) == 1:
+            own = v.visible[0]
+        elif v.local_rank is not None and 0 <= v.local_rank < len(v.visible):
+            own = v.visible[v.local_rank]
+        else:
+            own = None
+        if own in token:
+            owners.append(v)
+    if not owners:
+        owners = [v for v in views if token & set(v.visible)]
+        if len(owners) != 1:
+            return True, None
+    first = owners[0]
+    return True, first.rank if first.rank is not None else first.local_rank
+
+
 def crash_finding(exit: ProcessExit, devices: Sequence[Device]) -> Finding | None:
     """A ``crash`` finding for a process that died badly; ``None`` for a clean exit.
 
@@ -487,6 +526,7 @@ __all__ = [
     "ProgressKind",
     "ProgressLineParser",
     "ProgressReading",
+    "RankView",
     "StepTracker",
     "TorchrunSummaryParser",
     "crash_finding",
@@ -494,4 +534,5 @@ __all__ = [
     "line_finding",
     "rank_for_device",
     "rank_prefix",
+    "rank_using",
 ]

@@ -10,6 +10,12 @@
   from ``/proc/PID/stat`` while it is a zombie (before torchrun reaps it);
   when that race is lost the status is reported as unknown and torchrun's own
   summary line supplies it.
+* A launcher that is rank 0 itself (Lightning's own launcher: the script runs as
+  local rank 0 and starts local ranks 1.. as its children, with ``LOCAL_RANK`` in
+  their environment but not in its own): a process whose rank children are
+  exactly local ranks 1..k, that has no ``LOCAL_RANK`` and is not torchrun, is
+  local rank 0 (:func:`rank_zero_launcher`), watched like any rank, so its death
+  is seen at once and blamed on rank 0 (decision 0147).
 
 :func:`descendants` is also what the local scheduler uses to kill the whole
 tree, since ranks in their own sessions escape a process-group kill.
@@ -27,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from trainguard.diagnose.detectors import ProcessExit
+from trainguard.diagnose.detectors import ProcessExit, RankView
 
 RESCAN_SECONDS = 0.2
 
@@ -101,6 +107,39 @@ def zombie_status(pid: int) -> tuple[int | None, int | None]:
     return None, None
 
 
+_TORCHRUN_MARKERS = (b"torchrun", b"torch.distributed.run", b"torch.distributed.launch")
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read().decode(errors="replace")
+        return int(stat[stat.rfind(")") + 2 :].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def rank_zero_launcher(
+    parent_env: dict[str, str],
+    parent_cmdline: list[bytes],
+    child_local_ranks: list[int],
+    same_session: bool,
+) -> bool:
+    """Is a process with these rank children local rank 0 itself?
+
+    Yes when its children are local ranks 1..k (no 0: the parent is it), in its
+    own session (a launcher that is a rank starts the others as plain children;
+    torchrun starts every worker in a session of its own), it has no
+    ``LOCAL_RANK`` of its own (it was not started as a rank) and it is not
+    torchrun (one whose rank 0 already died unseen must not be taken for rank 0).
+    """
+    if not child_local_ranks or not same_session or "LOCAL_RANK" in parent_env:
+        return False
+    if any(m in part for part in parent_cmdline for m in _TORCHRUN_MARKERS):
+        return False
+    return sorted(child_local_ranks) == list(range(1, len(child_local_ranks) + 1))
+
+
 def _int(value: str | None) -> int | None:
     try:
         return None if value is None else int(value)
@@ -166,6 +205,7 @@ class RankWatcher:
         self.clock = clock
         self.rescan = rescan
         self.ranks: dict[int, tuple[int | None, int | None]] = {}  # pid -> (rank, local_rank)
+        self.visible: dict[int, tuple[str, ...]] = {}  # pid -> its CUDA_VISIBLE_DEVICES
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._selector = selectors.DefaultSelector()
@@ -179,6 +219,14 @@ class RankWatcher:
     def stop(self) -> None:
         self._stop.set()
         self.thread.join(2.0)
+
+    def views(self) -> list[RankView]:
+        """The job's own device map: each rank found and the devices it was given."""
+        with self._lock:
+            return [
+                RankView(rank, local, self.visible.get(pid, ()))
+                for pid, (rank, local) in self.ranks.items()
+            ]
 
     def rank_pids(self) -> dict[int, int]:
         """``{local_rank: pid}`` of the ranks found so far."""
@@ -195,23 +243,55 @@ class RankWatcher:
             is_rank[pid] = local is not None
             if local is None:
                 continue
-            try:
-                with open(f"/proc/{pid}/stat", "rb") as fh:
-                    stat = fh.read().decode(errors="replace")
-                ppid = int(stat[stat.rfind(")") + 2 :].split()[1])
-            except (OSError, ValueError, IndexError):
+            ppid = _ppid(pid)
+            if ppid is None:
                 continue
             # A data-loader worker inherits LOCAL_RANK from its rank: only the topmost counts.
             if ppid in self.ranks or is_rank.get(ppid):
                 continue
+            self._watch(pid, _int(env.get("RANK")), local, env)
+        self._find_rank_zero_launchers()
+
+    def _watch(self, pid: int, rank: int | None, local: int, env: dict[str, str]) -> None:
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            return
+        cvd = env.get("CUDA_VISIBLE_DEVICES")
+        with self._lock:
+            self.ranks[pid] = (rank, local)
+            if cvd is not None:
+                self.visible[pid] = tuple(x.strip() for x in cvd.split(",") if x.strip())
+        self._fds[pid] = fd
+        self._selector.register(fd, selectors.EVENT_READ, pid)
+
+    def _find_rank_zero_launchers(self) -> None:
+        """The parent of ranks 1..k that is rank 0 itself (see :func:`rank_zero_launcher`)."""
+        by_parent: dict[int, list[int]] = {}
+        sessions: dict[int, bool] = {}
+        for pid, (_, local) in list(self.ranks.items()):
+            ppid = _ppid(pid)
+            if local is not None and ppid is not None and ppid not in self.ranks:
+                by_parent.setdefault(ppid, []).append(local)
+                try:
+                    same = os.getsid(pid) == os.getsid(ppid)
+                except OSError:
+                    same = False
+                sessions[ppid] = sessions.get(ppid, True) and same
+        for ppid, locals_ in by_parent.items():
+            if ppid != self.root_pid and ppid not in descendants(self.root_pid):
+                continue
             try:
-                fd = os.pidfd_open(pid)
+                with open(f"/proc/{ppid}/cmdline", "rb") as fh:
+                    cmdline = fh.read().split(b"\0")
             except OSError:
                 continue
-            with self._lock:
-                self.ranks[pid] = (_int(env.get("RANK")), local)
-            self._fds[pid] = fd
-            self._selector.register(fd, selectors.EVENT_READ, pid)
+            env = read_environ(ppid)
+            if not rank_zero_launcher(env, cmdline, locals_, sessions.get(ppid, False)):
+                continue
+            node = _int(env.get("NODE_RANK") or env.get("GROUP_RANK"))
+            # Rank 0 of its node: global rank node x processes per node (one node: 0).
+            self._watch(ppid, (node or 0) * (len(locals_) + 1), 0, env)
 
     def _run(self) -> None:
         next_scan = 0.0
@@ -260,6 +340,7 @@ __all__ = [
     "RankWatcher",
     "children",
     "descendants",
+    "rank_zero_launcher",
     "read_environ",
     "zombie_status",
 ]
