@@ -61,7 +61,7 @@ _XID_RE = re.compile(
 _SXID_RE = re.compile(r"\bSXid \((?:PCI:)?(?P<pci>[0-9a-fA-F:.]+)\): (?P<sxid>\d+)")
 _PCI_RE = re.compile(
     r"(?<![0-9a-fA-F:])(?:PCI:)?(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)"
-    r"(?![0-9a-fA-F:])"
+    r"(?![0-9a-fA-F]|:[0-9a-fA-F])"
 )
 _RANK_RES = (
     re.compile(r"(?<![\w])(?:global[ _])?[Rr]ank[ \t]*[:=]?[ \t]*(?P<rank>\d+)"),
@@ -100,6 +100,30 @@ _EXCEPTION_RE = re.compile(
     r"^(?P<name>(?:[A-Za-z_]\w*\.)*(?P<last>[A-Za-z_]\w*))(?::(?: (?P<msg>.*))?)?$"
 )
 _EXC_SUFFIX_RE = re.compile(r"(?:Error|Exception|Exit|Interrupt|Failure|Fault|Warning)$")
+
+_C10D_RETRY_RE = re.compile(
+    r"client socket has failed to connect to (?!any network address)|not yet listening|retrying"
+)
+_STORAGE_RETRY_RE = re.compile(r"Attempting reconnect")
+_EXC_LINE_RE = re.compile(
+    r"(?P<name>(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)|\bException): (?P<msg>.*)$"
+)
+_PORT_RES = (
+    re.compile(r"\b(?P<port>mlx\d_\d+:? port \d+|mlx\d_\d+:\d+)"),
+    re.compile(r"\b[Mm]odule (?P<port>\d+)\b"),
+    re.compile(r"\b(?P<port>Port:? \d+)"),
+    re.compile(r"\b(?P<port>(?:ib|ibp|en[ops]|eth|bond)\w*)(?=:? )"),
+)
+
+
+def _port_of(text: str) -> str | None:
+    """The NIC port a network line names: ``mlx5_0 port 1``, ``module 0``, ``enp1s0f0``."""
+    for i, rx in enumerate(_PORT_RES):
+        m = rx.search(text)
+        if m:
+            return f"module {m.group('port')}" if i == 1 else m.group("port")
+    return None
+
 
 _SIGNAL_NAMES = {
     1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 7: "SIGBUS", 9: "SIGKILL",
@@ -245,6 +269,11 @@ def _refine(rule: Rule, text: str, f: _Fields, details: dict[str, object]) -> No
             details["exit_code"] = int(m_exit.group("code"))
         details["wrapper"] = True
     elif rule.name == "collective_timeout" or rule.name == "collective_error":
+        if rule.name == "collective_error" and _C10D_RETRY_RE.search(text):
+            # One address refused or timed out during rendezvous: c10d retries by itself
+            # until its timeout; only "any network address" / a timeout is the failure.
+            f.severity, f.action = Severity.WARNING, Action.INVESTIGATE.value
+            details["retry"] = True
         m_pg = _NCCL_PG_RE.search(text)
         if m_pg:
             details["pg"] = m_pg.group("pg")
@@ -269,6 +298,27 @@ def _refine(rule: Rule, text: str, f: _Fields, details: dict[str, object]) -> No
         if m_enq:
             details["last_enqueued"] = int(m_enq.group("enq"))
             details["last_completed"] = int(m_enq.group("done"))
+    elif rule.name == "shm":
+        details["resource"] = "shm"
+        details["hint"] = (
+            "/dev/shm is exhausted: raise it (docker --shm-size, --ipc=host) or use fewer "
+            "DataLoader workers"
+        )
+    elif rule.name == "storage":
+        if _STORAGE_RETRY_RE.search(text):
+            f.severity = Severity.WARNING  # the client is reconnecting by itself
+    elif rule.name == "network":
+        port = _port_of(text)
+        if port:
+            details["port"] = port
+    elif rule.name == "exception":
+        m_exc = _EXC_LINE_RE.search(text)
+        if m_exc:
+            details["exception"] = m_exc.group("name")
+            if m_exc.group("msg"):
+                details["exception_message"] = m_exc.group("msg")
+        else:
+            details["traceback_head"] = True
     elif rule.name == "segfault":
         if re.search(r"Bus error|SIGBUS", text):
             details["hint"] = "SIGBUS in data loading is often a too small /dev/shm"
@@ -379,6 +429,7 @@ def _exception_line(body: str) -> re.Match[str] | None:
 class _Traceback:
     opened: int  # line number of the header
     stray: int = 0
+    head: LineMatch | None = None  # the header's own finding, reported if no final line comes
 
 
 @dataclass
@@ -448,11 +499,14 @@ class Classifier:
         return out
 
     def finish(self) -> list[LineMatch]:
-        """Classify a last line that had no newline."""
-        if not self._pending:
-            return []
-        data, self._pending = self._pending + b"\n", b""
-        return self._scan(data, 0, len(data))
+        """Classify a last line that had no newline; report tracebacks left without one."""
+        out: list[LineMatch] = []
+        if self._pending:
+            data, self._pending = self._pending + b"\n", b""
+            out = self._scan(data, 0, len(data))
+        for stream in sorted(self._tracebacks, key=lambda s: self._tracebacks[s].opened):
+            self._drop_traceback(stream, out)
+        return out
 
     def feed_all(self, chunks: Iterable[bytes | str]) -> list[LineMatch]:
         out: list[LineMatch] = []
@@ -502,26 +556,43 @@ class Classifier:
             return
         prefix = split_prefix(text)
         match = _build(rule, text, prefix, lineno) if rule is not None else None
-        match = self._walk(text, prefix, lineno, match)
+        match = self._walk(text, prefix, lineno, match, out)
         if match is not None:
             out.append(match)
 
+    def _drop_traceback(self, stream: str, out: list[LineMatch]) -> None:
+        """Close a traceback without a final line: its header is the evidence."""
+        tb = self._tracebacks.pop(stream)
+        if tb.head is not None:
+            out.append(tb.head)
+
     def _walk(
-        self, text: str, prefix: Prefix, lineno: int, match: LineMatch | None
+        self,
+        text: str,
+        prefix: Prefix,
+        lineno: int,
+        match: LineMatch | None,
+        out: list[LineMatch],
     ) -> LineMatch | None:
-        """Traceback and elastic-summary state; may turn a line into ``app_error``."""
+        """Traceback and elastic-summary state; may turn a line into ``app_error``.
+
+        A traceback is one finding: its final line when one comes (with the exception
+        type), else its header (when the traceback is dropped or the stream ends).
+        """
         stream = prefix.stream
         body = prefix.body
         if TRACEBACK_HEADER in body:
-            self._tracebacks[stream] = _Traceback(opened=lineno)
-            return match
+            if stream in self._tracebacks:
+                self._drop_traceback(stream, out)
+            self._tracebacks[stream] = _Traceback(opened=lineno, head=match)
+            return None
         summary = self._summaries.get(stream)
         if summary is not None:
             match = self._summary_line(summary, stream, body, lineno, match)
         tb = self._tracebacks.get(stream)
         if tb is not None:
             if lineno - tb.opened > TRACEBACK_MAX_LINES:
-                del self._tracebacks[stream]
+                self._drop_traceback(stream, out)
             elif not body.strip() or body[:1] in (" ", "\t"):
                 pass  # a frame, a source line, a caret line
             elif match is not None:
@@ -534,7 +605,7 @@ class Classifier:
                 else:
                     tb.stray += 1
                     if tb.stray > TRACEBACK_MAX_STRAY:
-                        del self._tracebacks[stream]
+                        self._drop_traceback(stream, out)
         if (
             match is not None
             and match.details.get("rule") == "launcher"
