@@ -170,7 +170,8 @@ RULES: tuple[Rule, ...] = (
           r"[Uu]nexpected bus error encountered in worker",
           r"insufficient shared memory",
           r"workers are out of shared memory",
-          r"unable to (?:write to file|open shared memory object|mmap \d+ bytes from file) </?torch_",
+          r"unable to (?:write to file|open shared memory object|mmap \d+ bytes from file)"
+          r" </?torch_",
           r"No space left on device\S*:? \S*/dev/shm"),
          ("bus error", "shared memory", "</torch_", "<torch_", "/dev/shm"), True),
     Rule("host_oom", "host_oom", CFG, FATAL, Action.FIX_CONFIG,
@@ -241,7 +242,8 @@ RULES: tuple[Rule, ...] = (
           r"[Pp]ort module event: module \d+, (?:Cable unplugged|Cable error|status: unplugged)",
           r"module_event:.*Module \d+, status: (?:unplugged|[A-Za-z ]*[Ee]rror)",
           r"\bIBV_EVENT_(?:PORT_ERR|DEVICE_FATAL|QP_FATAL|CQ_ERR|QP_ACCESS_ERR)\b",
-          r"\b(?:mlx[45]_\w+|ib\d+|ibp\w+|en[ops]\w+|eth\d+)(?: port \d+)?:? [Ll]ink (?:is )?(?:[Dd]own|DOWN)\b",
+          r"\b(?:mlx[45]_\w+|ib\d+|ibp\w+|en[ops]\w+|eth\d+)(?: port \d+)?:? "
+          r"[Ll]ink (?:is )?(?:[Dd]own|DOWN)\b",
           r"link status definitely down for interface",
           r"NETDEV WATCHDOG",
           r"UCX +ERROR"),
@@ -366,8 +368,8 @@ RULES: tuple[Rule, ...] = (
           r"\bis non-finite\b",
           r"non-finite (?:loss|grad)",
           r"returned nan values in its",
-          r"\b(?:nan|inf)s? (?:values? )?(?:detected |found )?in (?:the )?(?:local |global |total )?"
-          r"grad(?:ient)?s?\b",
+          r"\b(?:nan|inf)s? (?:values? )?(?:detected |found )?in (?:the )?"
+          r"(?:local |global |total )?grad(?:ient)?s?\b",
           r"\b(?:inf or nan|nan or inf) values in (?:the )?grad"),
          # "inf" alone would hit every INFO line: list what can stand right before it.
          ("nan", "non-finite", ":inf", "=inf", "'inf", '"inf', "-inf", "+inf", ": inf",
