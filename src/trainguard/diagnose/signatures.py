@@ -34,7 +34,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from trainguard.diagnose.matcher import Prefilter, PrefilterCache, get_prefilter
+from trainguard.diagnose.matcher import ALL_RULES, Prefilter, PrefilterCache, get_prefilter
 from trainguard.diagnose.prefix import Prefix, split_prefix
 from trainguard.diagnose.rules import RULES, TRACEBACK_HEADER, Rule
 from trainguard.diagnose.xid import (
@@ -393,9 +393,13 @@ def _build(rule: Rule, text: str, prefix: Prefix, lineno: int | None) -> LineMat
     )
 
 
-def _match_rules(text: str) -> Rule | None:
-    for rule in RULES:
-        if rule.matches(text):
+_RULE_BITS = tuple((1 << i, rule) for i, rule in enumerate(RULES))
+
+
+def _match_rules(text: str, mask: int = ALL_RULES) -> Rule | None:
+    """The first rule (in catalog order) among ``mask`` whose patterns match ``text``."""
+    for bit, rule in _RULE_BITS:
+        if mask & bit and rule.matches(text):
             return rule
     return None
 
@@ -521,8 +525,8 @@ class Classifier:
         """The lines of ``block[begin:stop]`` (which ends with a newline). Visit candidate
         lines, and every line while a traceback or elastic summary is open."""
         out: list[LineMatch] = []
-        cands = [c for c in self._prefilter.candidates(block) if begin <= c < stop]
-        cand_set = set(cands)
+        masks = {c: m for c, m in self._prefilter.scan(block) if begin <= c < stop}
+        cands = sorted(masks)
         off = begin
         lineno = self._lines_done + 1  # the number of the line starting at `off`
         ci = 0
@@ -538,7 +542,7 @@ class Classifier:
             end = block.find(b"\n", off, stop)
             if end == -1:
                 end = stop
-            self._line(block[off:end], lineno, off in cand_set, out)
+            self._line(block[off:end], lineno, masks.get(off, 0), out)
             off = end + 1
             lineno += 1
         if off < stop:
@@ -546,11 +550,11 @@ class Classifier:
         self._lines_done = lineno - 1
         return out
 
-    def _line(self, raw: bytes, lineno: int, candidate: bool, out: list[LineMatch]) -> None:
+    def _line(self, raw: bytes, lineno: int, mask: int, out: list[LineMatch]) -> None:
         if len(raw) > MAX_LINE_BYTES:
             raw = raw[:MAX_LINE_BYTES]
         text = raw.decode("utf-8", "replace").rstrip("\r")
-        rule = _match_rules(text) if candidate else None
+        rule = _match_rules(text, mask) if mask else None
         stateful = bool(self._tracebacks or self._summaries)
         if rule is None and not stateful and TRACEBACK_HEADER not in text:
             return
