@@ -105,12 +105,12 @@ class PortablePrefilter:
         # Drop anchors that contain a shorter anchor: the shorter one finds their lines too,
         # and so stands for their rules as well.
         kept: dict[bytes, int] = {}
-        for a in sorted(owners, key=len):
-            shorter = next((k for k in kept if k in a), None)
+        for lit in sorted(owners, key=len):
+            shorter = next((k for k in kept if k in lit), None)
             if shorter is None:
-                kept[a] = owners[a]
+                kept[lit] = owners[lit]
             else:
-                kept[shorter] |= owners[a]
+                kept[shorter] |= owners[lit]
         self._anchors = tuple(kept.items())
         self._regexes = tuple(regexes)
 

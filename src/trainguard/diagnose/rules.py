@@ -102,6 +102,10 @@ MARKERS: tuple[tuple[str, str], ...] = (
 )
 
 RULES: tuple[Rule, ...] = (
+    # --- trainguard's own stop of an attempt (model.signature.STOP_MARKER) -----------
+    Rule("trainguard_stop", "killed", UNK, WARN, Action.IGNORE,
+         (r"# trainguard stopped attempt \d+",),
+         ("# trainguard stopped attempt",)),
     # --- GPU driver ---------------------------------------------------------------
     Rule("xid", "xid", H, ERROR, Action.INVESTIGATE,
          (r"\bXid \((?:PCI:)?[0-9a-fA-F]{2,8}:[0-9a-fA-F]{2}",),

@@ -32,9 +32,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from trainguard.diagnose.matcher import ALL_RULES, Prefilter, PrefilterCache, get_prefilter
+from trainguard.diagnose.nvlink import decode_xid74, sxid_info
 from trainguard.diagnose.prefix import Prefix, split_prefix
 from trainguard.diagnose.rules import RULES, TRACEBACK_HEADER, Rule
 from trainguard.diagnose.xid import (
@@ -209,15 +210,37 @@ def _refine(rule: Rule, text: str, f: _Fields, details: dict[str, object]) -> No
                 details["recovery_action_name"] = name
                 details["quarantine"] = quarantine
                 f.action, f.severity = action.value, severity
+        elif xid == 74 and (decoded := decode_xid74(text)) is not None:
+            details["nvlink_link"] = decoded.link
+            details["nvlink_registers"] = [f"0x{r:x}" for r in decoded.registers]
+            if decoded.verdict is not None:
+                details["nvlink_bits"] = list(decoded.bits)
+                details["nvlink_verdict"] = decoded.verdict
+                details["advice"] = decoded.advice
+                details["quarantine"] = decoded.quarantine
+                assert decoded.severity is not None and decoded.action is not None
+                f.severity, f.action = decoded.severity, decoded.action.value
+                if decoded.verdict == "sympathetic":
+                    details["sympathetic"] = True
         elif is_nvlink5_nonfatal(xid, text):
             f.severity, f.action = Severity.WARNING, Action.IGNORE.value
             details["quarantine"] = "repeat"
     elif rule.name == "sxid":
         m = _SXID_RE.search(text)
+        sx = None
         if m:
             details["sxid"] = int(m.group("sxid"))
             f.pci = _norm_pci(m.group("pci"))
-        if re.search(r"\bFatal\b", text) and not re.search(r"Non-?fatal", text, re.I):
+            sx = sxid_info(int(m.group("sxid")))
+        m_link = re.search(r"\bLink (\d+)", text)
+        if m_link:
+            details["nvlink_link"] = int(m_link.group(1))
+        if sx is not None:
+            details["sxid_name"] = sx.name
+            details["sxid_category"] = sx.category
+            details["advice"] = sx.advice
+            f.severity, f.action = sx.severity, sx.action.value
+        elif re.search(r"\bFatal\b", text) and not re.search(r"Non-?fatal", text, re.I):
             f.severity, f.action = Severity.FATAL, Action.DRAIN_NODE.value
     elif rule.name == "pcie":
         # The port logs the line; the device that sent the error is named after "received".
@@ -298,6 +321,9 @@ def _refine(rule: Rule, text: str, f: _Fields, details: dict[str, object]) -> No
         if m_enq:
             details["last_enqueued"] = int(m_enq.group("enq"))
             details["last_completed"] = int(m_enq.group("done"))
+    elif rule.name == "trainguard_stop":
+        details["trainguard_stop"] = True
+        details["signal"], details["signal_name"] = 15, "SIGTERM"
     elif rule.name == "shm":
         details["resource"] = "shm"
         details["hint"] = (
@@ -459,6 +485,7 @@ class Classifier:
         self._lines_done = 0
         self._tracebacks: dict[str, _Traceback] = {}
         self._summaries: dict[str, _Summary] = {}
+        self._stopped_at: int | None = None  # line of trainguard's stop marker, if seen
 
     @property
     def engine(self) -> str:
@@ -562,6 +589,10 @@ class Classifier:
         match = _build(rule, text, prefix, lineno) if rule is not None else None
         match = self._walk(text, prefix, lineno, match, out)
         if match is not None:
+            if match.details.get("trainguard_stop"):
+                self._stopped_at = lineno
+            elif self._stopped_at is not None and _stop_consequence(match):
+                match = _after_stop(match, self._stopped_at)
             out.append(match)
 
     def _drop_traceback(self, stream: str, out: list[LineMatch]) -> None:
@@ -684,6 +715,24 @@ class Classifier:
             timestamp=prefix.timestamp,
             details=details,
         )
+
+
+_SIGTERM_RE = re.compile(r"SIGTERM|got signal: 15|[Ss]ignal 15\b|exitcode: -15|Terminated")
+
+
+def _stop_consequence(m: LineMatch) -> bool:
+    """Whether a line after trainguard's stop marker can be that stop's doing."""
+    return (
+        m.kind in ("killed", "collective_timeout", "collective_error")
+        or bool(m.details.get("wrapper"))
+        or bool(_SIGTERM_RE.search(m.text))
+    )
+
+
+def _after_stop(m: LineMatch, marker_line: int) -> LineMatch:
+    details = dict(m.details)
+    details["after_trainguard_stop"] = marker_line
+    return replace(m, severity=Severity.WARNING, details=details)
 
 
 def classify_text(text: str | bytes, engine: str = "auto") -> list[LineMatch]:
