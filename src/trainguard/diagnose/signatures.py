@@ -435,7 +435,12 @@ def classify_line(line: str, lineno: int | None = None) -> LineMatch | None:
     text = line.rstrip("\r\n")
     if len(text) > MAX_LINE_BYTES:
         text = text[:MAX_LINE_BYTES]
-    rule = _match_rules(text)
+    # The multi-pattern matcher says which rules may match: one scan, not a regex per rule.
+    data = text.replace("\n", " ").encode("utf-8", "surrogatepass")
+    mask = 0
+    for _start, m in get_prefilter("auto").scan(data):
+        mask |= m
+    rule = _match_rules(text, mask) if mask else None
     if rule is None:
         return None
     return _build(rule, text, split_prefix(text), lineno)
