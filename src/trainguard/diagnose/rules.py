@@ -249,11 +249,13 @@ RULES: tuple[Rule, ...] = (
           r"\b(?:mlx[45]_\w+|ib\d+|ibp\w+|en[ops]\w+|eth\d+)(?: port \d+)?:? "
           r"[Ll]ink (?:is )?(?:[Dd]own|DOWN)\b",
           r"link status definitely down for interface",
+          r": (?:lost carrier|carrier lost)\b",
           r"NETDEV WATCHDOG",
           r"UCX +ERROR"),
          ("net/", "got completion from peer", "ibv_", "retry count", "link down",
           "link is down", "cable unplugged", "netdev watchdog", "ucx", "port module event",
-          "status: unplugged", "rror", "ibv_event_", "definitely down")),
+          "status: unplugged", "rror", "ibv_event_", "definitely down", "lost carrier",
+          "carrier lost")),
     Rule("collective_error", "collective_error", N, ERROR, Action.INVESTIGATE,
          (r"NCCL error",
           r"\bnccl(?:SystemError|InternalError|RemoteError|InvalidUsage|InvalidArgument)\b",
@@ -374,10 +376,13 @@ RULES: tuple[Rule, ...] = (
           r"returned nan values in its",
           r"\b(?:nan|inf)s? (?:values? )?(?:detected |found )?in (?:the )?"
           r"(?:local |global |total )?grad(?:ient)?s?\b",
-          r"\b(?:inf or nan|nan or inf) values in (?:the )?grad"),
+          r"\b(?:inf or nan|nan or inf) values in (?:the )?grad",
+          r"\bgrad(?:ient)?s? (?:of|for) (?:\S+ ){1,3}(?:is|are|became|contains?) (?:nan|inf)\b",
+          r"\bgrad(?:ient)?s? (?:contains?|has|have|had) (?:nan|inf)\b"),
          # "inf" alone would hit every INFO line: list what can stand right before it.
          ("nan", "non-finite", ":inf", "=inf", "'inf", '"inf', "-inf", "+inf", ": inf",
-          "= inf", "s inf", "e inf", ":\tinf", "=\tinf", "s\tinf", "e\tinf", "sinf", "einf"),
+          "= inf", "s inf", "e inf", ":\tinf", "=\tinf", "s\tinf", "e\tinf", "sinf", "einf",
+          "contain inf", "contains inf", "has inf", "have inf", "had inf"),
          True),
     # --- launcher wrappers and uncaught exceptions -----------------------------------
     Rule("launcher", "app_error", APP, ERROR, Action.INVESTIGATE,
