@@ -126,3 +126,11 @@ class CheckpointInfo:
             "notes": list(self.notes),
             **({"manifest_sha256": self.manifest_sha256} if self.manifest_sha256 else {}),
         }
+
+
+def resume_digest_env(info: CheckpointInfo | None) -> dict[str, str]:
+    """The environment that tells an attempt which manifest the supervisor verified
+    (empty when it did not verify one in full)."""
+    if info is None or not info.manifest_sha256:
+        return {}
+    return {RESUME_DIGEST_ENV: info.manifest_sha256}
