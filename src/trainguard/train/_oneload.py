@@ -2,14 +2,18 @@
 
 The old resume hashed the checkpoint (one full read), then ``torch.load`` read it
 again: two passes, and what was hashed was not what was loaded (a file replaced in
-between was loaded unverified). Here each file the rank needs is read once into
-memory, its size and sha256 checked against the manifest, and ``torch.load`` runs
-on that very buffer. Files load in parallel threads (``readinto``, ``sha256`` and
-most of ``torch.load``'s copying release the GIL). With ``weights_only=True`` the
-hash of a file runs beside its ``torch.load`` (the restricted unpickler cannot run
-code, and the result is discarded unless the hash matches); with
-``weights_only=False`` the hash comes first, because that load may execute the
-stream.
+between was loaded unverified). Here each file the rank needs is copied once into
+memory the job alone holds, its size and sha256 checked against the manifest, and
+``torch.load`` runs on that very copy. Files load in parallel threads.
+
+On Linux the copy is a sealed ``memfd`` (decision 0162): the kernel copies the file
+into it (``sendfile``, no user-space buffer), it is sealed against any further write,
+hashed through a read-only mapping, and ``torch.load(mmap=True)`` maps it, so the
+tensors are its pages: no second copy, and nobody can change the bytes after they
+were hashed (measured: ``torch.load`` from a ``BytesIO`` was 3x slower than from a
+file, the memfd load is near-instant). Elsewhere the copy is a ``bytearray`` and
+``torch.load`` reads it through ``BytesIO``. With ``weights_only=False`` a file is
+always hashed before it is loaded (that load may run code from the stream).
 
 A file is opened without following a final symlink and must resolve inside the
 checkpoint (decision 0160); it must be a regular file of exactly the listed size.
@@ -18,8 +22,10 @@ checkpoint (decision 0160); it must be a regular file of exactly the listed size
 from __future__ import annotations
 
 import errno
+import fcntl as fcntl_mod
 import hashlib
 import io
+import mmap
 import os
 import stat
 from collections.abc import Callable
@@ -48,8 +54,8 @@ class Loaded:
     nbytes: int
 
 
-def read_exact(root: Path, entry: ManifestFile) -> bytearray:
-    """The bytes of ``entry`` read once, with the manifest's size; raises FileRejected."""
+def _open_listed(root: Path, entry: ManifestFile) -> int:
+    """An fd of ``entry``'s regular file of the listed size, inside ``root``."""
     path = root / entry.path
     if not is_inside(root, path):
         raise FileRejected(f"file {entry.path}: symlink points outside the checkpoint")
@@ -69,6 +75,73 @@ def read_exact(root: Path, entry: ManifestFile) -> bytearray:
             raise FileRejected(f"file {entry.path}: not a regular file")
         if st.st_size != entry.size:
             raise FileRejected(f"file {entry.path}: size {st.st_size} != {entry.size} in manifest")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+_SEALS = sum(getattr(fcntl_mod, n, 0) for n in ("F_SEAL_SHRINK", "F_SEAL_GROW", "F_SEAL_WRITE"))
+_CAN_SEAL = (
+    hasattr(os, "memfd_create")
+    and hasattr(fcntl_mod, "F_ADD_SEALS")
+    and bool(_SEALS)
+    and os.path.isdir("/proc/self/fd")  # torch.load(mmap=True) opens the memfd by name
+)
+
+
+@dataclass
+class Copy:
+    """One file's bytes as this process holds them: a sealed memfd (``fd`` >= 0, read
+    through ``view``) or a bytearray (``fd`` == -1)."""
+
+    view: Any  # a buffer: mmap or bytearray
+    fd: int = -1
+
+    def close(self) -> None:
+        if isinstance(self.view, mmap.mmap):
+            self.view.close()
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def copy_sealed(root: Path, entry: ManifestFile) -> Copy:
+    """``entry``'s bytes copied once into memory nobody else can change; raises FileRejected."""
+    if not _CAN_SEAL or entry.size == 0:
+        return Copy(read_exact(root, entry))
+    src = _open_listed(root, entry)
+    mfd = -1
+    try:
+        mfd = os.memfd_create("trainguard-resume", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        got = 0
+        while got < entry.size:
+            n = os.sendfile(mfd, src, got, entry.size - got)
+            if not n:
+                break
+            got += n
+        if got != entry.size or os.pread(src, 1, got):
+            raise FileRejected(f"file {entry.path}: changed size while being read")
+        fcntl_mod.fcntl(mfd, fcntl_mod.F_ADD_SEALS, _SEALS)
+        return Copy(mmap.mmap(mfd, entry.size, prot=mmap.PROT_READ), mfd)
+    except OSError as exc:
+        if mfd >= 0:
+            os.close(mfd)
+        if exc.errno in (errno.EINVAL, errno.ENOSYS, errno.EPERM):
+            return Copy(read_exact(root, entry))  # no memfd/sendfile here: a plain copy
+        raise FileRejected(f"file {entry.path}: read failed: {exc.strerror or exc}") from exc
+    except BaseException:
+        if mfd >= 0:
+            os.close(mfd)
+        raise
+    finally:
+        os.close(src)
+
+
+def read_exact(root: Path, entry: ManifestFile) -> bytearray:
+    """The bytes of ``entry`` read once, with the manifest's size; raises FileRejected."""
+    fd = _open_listed(root, entry)
+    try:
         buf = bytearray(entry.size)
         view = memoryview(buf)
         got = 0
@@ -88,8 +161,8 @@ def read_exact(root: Path, entry: ManifestFile) -> bytearray:
         os.close(fd)
 
 
-def _sha256(buf: bytearray) -> str:
-    return hashlib.sha256(buf).hexdigest()
+def _sha256(buf: Any) -> str:
+    return hashlib.sha256(buf).hexdigest()  # releases the GIL: files hash in parallel
 
 
 def load_files(
@@ -97,7 +170,7 @@ def load_files(
     entries: list[ManifestFile],
     *,
     verify: bool,
-    load: Callable[[io.BytesIO, str], Any],
+    load: Callable[[Copy, str], Any],
     weights_only: bool,
     workers: int | None = None,
 ) -> dict[str, Loaded]:
@@ -112,23 +185,28 @@ def load_files(
     ):
 
         def one(entry: ManifestFile) -> Loaded:
-            buf = read_exact(root, entry)
-            digest: Future[str] | None = None
-            if verify:
-                if weights_only:
-                    digest = hashers.submit(_sha256, buf)  # beside the load below
-                elif _sha256(buf) != entry.sha256.lower():
-                    raise FileRejected(f"file {entry.path}: sha256 mismatch")
+            copy = copy_sealed(root, entry)
             try:
-                obj = load(io.BytesIO(buf), entry.path)
-            except BaseException:
-                # A damaged file fails to load: say so by its hash when we have one.
+                digest: Future[str] | None = None
+                if verify:
+                    # A memfd load only maps pages (instant): hash first. A BytesIO load
+                    # copies, so with the restricted unpickler it runs beside the hash.
+                    if weights_only and copy.fd < 0:
+                        digest = hashers.submit(_sha256, copy.view)
+                    elif _sha256(copy.view) != entry.sha256.lower():
+                        raise FileRejected(f"file {entry.path}: sha256 mismatch")
+                try:
+                    obj = load(copy, entry.path)
+                except BaseException:
+                    # A damaged file fails to load: say so by its hash when we have one.
+                    if digest is not None and digest.result() != entry.sha256.lower():
+                        raise FileRejected(f"file {entry.path}: sha256 mismatch") from None
+                    raise
                 if digest is not None and digest.result() != entry.sha256.lower():
-                    raise FileRejected(f"file {entry.path}: sha256 mismatch") from None
-                raise
-            if digest is not None and digest.result() != entry.sha256.lower():
-                raise FileRejected(f"file {entry.path}: sha256 mismatch")
-            return Loaded(entry.path, obj, len(buf))
+                    raise FileRejected(f"file {entry.path}: sha256 mismatch")
+                return Loaded(entry.path, obj, entry.size)
+            finally:
+                copy.close()  # torch's own mapping keeps the pages the tensors use
 
         futures = [pool.submit(one, e) for e in entries]
         out: dict[str, Loaded] = {}
@@ -144,8 +222,19 @@ def load_files(
         return out
 
 
-def torch_loader(weights_only: bool, map_location: Any) -> Callable[[io.BytesIO, str], Any]:
-    def load(buf: io.BytesIO, _name: str) -> Any:
-        return torch.load(buf, map_location=map_location, weights_only=weights_only)
+def torch_loader(weights_only: bool, map_location: Any) -> Callable[[Copy, str], Any]:
+    def load(copy: Copy, _name: str) -> Any:
+        if copy.fd >= 0:
+            # Opens the sealed memfd again by name and maps it: the tensors share its
+            # (immutable) pages.
+            return torch.load(
+                f"/proc/self/fd/{copy.fd}",
+                map_location=map_location,
+                weights_only=weights_only,
+                mmap=True,
+            )
+        return torch.load(
+            io.BytesIO(copy.view), map_location=map_location, weights_only=weights_only
+        )
 
     return load
