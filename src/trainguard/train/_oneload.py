@@ -97,6 +97,7 @@ class Copy:
 
     view: Any  # a buffer: mmap or bytearray
     fd: int = -1
+    sha256: str | None = None  # computed while copying, when asked
 
     def close(self) -> None:
         if isinstance(self.view, mmap.mmap):
@@ -106,31 +107,52 @@ class Copy:
             self.fd = -1
 
 
-def copy_sealed(root: Path, entry: ManifestFile) -> Copy:
-    """``entry``'s bytes copied once into memory nobody else can change; raises FileRejected."""
+def copy_sealed(root: Path, entry: ManifestFile, *, digest: bool = False) -> Copy:
+    """``entry``'s bytes copied once into memory nobody else can change; raises FileRejected.
+
+    With ``digest`` the sha256 is computed while copying (``Copy.sha256``): chunk k is
+    hashed by a helper thread while the kernel copies chunk k+1, so hashing costs
+    little wall time beyond the copy (both release the GIL).
+    """
     if not _CAN_SEAL or entry.size == 0:
         return Copy(read_exact(root, entry))
     src = _open_listed(root, entry)
     mfd = -1
+    view: mmap.mmap | None = None
     try:
         mfd = os.memfd_create("trainguard-resume", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        os.ftruncate(mfd, entry.size)
+        # Private and read-only: a shared mapping of a writable fd would block the
+        # write seal (EBUSY); unwritten private pages are the memfd's own pages.
+        view = mmap.mmap(mfd, entry.size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ)
+        hasher = hashlib.sha256()
         got = 0
-        while got < entry.size:
-            n = os.sendfile(mfd, src, got, entry.size - got)
-            if not n:
-                break
-            got += n
+        with ThreadPoolExecutor(1, thread_name_prefix="trainguard-sha256") as one:
+            pending: Future[None] | None = None
+            while got < entry.size:
+                n = os.sendfile(mfd, src, got, min(_READ_CHUNK, entry.size - got))
+                if not n:
+                    break
+                if digest:  # FIFO on one thread: the chunks are hashed in order
+                    pending = one.submit(hasher.update, memoryview(view)[got : got + n])
+                got += n
+            if pending is not None:
+                pending.result()
         if got != entry.size or os.pread(src, 1, got):
             raise FileRejected(f"file {entry.path}: changed size while being read")
         fcntl_mod.fcntl(mfd, fcntl_mod.F_ADD_SEALS, _SEALS)
-        return Copy(mmap.mmap(mfd, entry.size, prot=mmap.PROT_READ), mfd)
+        return Copy(view, mfd, hasher.hexdigest() if digest else None)
     except OSError as exc:
+        if view is not None:
+            view.close()
         if mfd >= 0:
             os.close(mfd)
         if exc.errno in (errno.EINVAL, errno.ENOSYS, errno.EPERM):
             return Copy(read_exact(root, entry))  # no memfd/sendfile here: a plain copy
         raise FileRejected(f"file {entry.path}: read failed: {exc.strerror or exc}") from exc
     except BaseException:
+        if view is not None:
+            view.close()
         if mfd >= 0:
             os.close(mfd)
         raise
@@ -185,13 +207,17 @@ def load_files(
     ):
 
         def one(entry: ManifestFile) -> Loaded:
-            copy = copy_sealed(root, entry)
+            copy = copy_sealed(root, entry, digest=verify)
             try:
                 digest: Future[str] | None = None
-                if verify:
-                    # A memfd load only maps pages (instant): hash first. A BytesIO load
-                    # copies, so with the restricted unpickler it runs beside the hash.
-                    if weights_only and copy.fd < 0:
+                if verify and copy.sha256 is not None:
+                    # Hashed while copied into the sealed memfd; the load only maps it.
+                    if copy.sha256 != entry.sha256.lower():
+                        raise FileRejected(f"file {entry.path}: sha256 mismatch")
+                elif verify:
+                    # A BytesIO load copies: with the restricted unpickler it runs beside
+                    # the hash; a full unpickler may run code, so it waits for the hash.
+                    if weights_only:
                         digest = hashers.submit(_sha256, copy.view)
                     elif _sha256(copy.view) != entry.sha256.lower():
                         raise FileRejected(f"file {entry.path}: sha256 mismatch")
