@@ -234,3 +234,24 @@ def test_supervisor_passes_the_digest_it_verified_to_the_next_attempt(tmp_path: 
     assert lines[0]["env"] is None  # a fresh start gets no digest
     assert validate(ck / "step_00000002").manifest_sha256 == second["sha"]
     assert select_checkpoints(str(ck))[0].manifest_sha256 is not None  # newest, in full
+
+
+@pytest.mark.parametrize("sealed", [True, False], ids=["memfd", "bytearray"])
+@pytest.mark.parametrize("weights_only", [True, False])
+def test_both_copy_paths_verify_and_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sealed: bool, weights_only: bool
+) -> None:
+    # Without memfd (not Linux) the copy is a bytearray loaded through BytesIO.
+    from trainguard.train import _oneload
+
+    monkeypatch.setattr(_oneload, "_CAN_SEAL", sealed and _oneload._CAN_SEAL)
+    path, saved = _saved(tmp_path)
+    fresh = _model(2)
+    result = resume(tmp_path, {"model": fresh}, weights_only=weights_only)
+    assert result.step == 4 and _same(fresh, saved) and result.hashed_bytes > 0
+    _flip(path / "rank_00000.pt")
+    monkeypatch.setenv("TRAINGUARD_RESUME_FROM", str(path))
+    fresh = _model(2)
+    with pytest.raises(ResumeError, match=r"rank_00000\.pt: sha256 mismatch"):
+        resume(tmp_path, {"model": fresh}, weights_only=weights_only)
+    assert _same(fresh, _model(2))
