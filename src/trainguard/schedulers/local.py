@@ -95,6 +95,7 @@ def attempt_env(spec: LaunchSpec, base: Mapping[str, str]) -> dict[str, str]:
         env["TRAINGUARD_RESUME_FROM"] = spec.resume_from
     else:
         env.pop("TRAINGUARD_RESUME_FROM", None)
+    env.pop("TRAINGUARD_RESUME_DIGEST", None)  # only ever from extra_env: never stale
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.update(spec.extra_env)
     return env
