@@ -144,6 +144,8 @@ class TokenTable:
         p = Path(path)
         try:
             text = p.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise TokenFileError(f"token file {p} is not a text (UTF-8) file") from exc
         except OSError as exc:
             raise TokenFileError(f"cannot read token file {p}: {exc.strerror or exc}") from exc
         try:
@@ -187,6 +189,8 @@ def read_token(path: str | os.PathLike[str]) -> str:
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise TokenFileError(f"token file {p} is not a text (UTF-8) file") from exc
     except OSError as exc:
         raise TokenFileError(f"cannot read token file {p}: {exc.strerror or exc}") from exc
     lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]

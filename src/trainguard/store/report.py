@@ -27,6 +27,7 @@ from typing import Any
 from trainguard.model.devices import Device
 from trainguard.model.findings import Domain, IncidentKind
 from trainguard.model.records import AttemptRecord, IncidentRecord, iso_utc
+from trainguard.model.text import visible
 from trainguard.store.sqlite import NotFound, Store
 
 
@@ -199,7 +200,11 @@ def format_report(report: dict[str, Any]) -> str:
     """A plain-text rendering of :func:`build_report`'s dict, for people."""
     r = report
     lines: list[str] = []
-    add = lines.append
+
+    def add(line: str) -> None:
+        # Evidence, summaries and reasons come from log lines: one visible line each.
+        lines.append(visible(line))
+
     add(f"Incident {r['id']}  job {r['job_id']}" + (f" ({r['job_name']})" if r["job_name"] else ""))
     add(f"  {r['kind']} / {r['domain']}: {r['summary']}")
     add(f"  outcome: {r['outcome']}" + (f" ({r['reason']})" if r.get("reason") else ""))
