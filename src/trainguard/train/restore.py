@@ -157,11 +157,16 @@ def _choose(root: Path, verify: str) -> _Choice:
     return _Choice("fresh", None, skipped=tuple(skipped))
 
 
-def _say(message: str) -> None:
-    """The one line saying what resume did: logged, and on stderr when logging is unset."""
+def _say(message: str, rank: int) -> None:
+    """The one line saying what resume did: logged, and on stderr when logging is unset.
+
+    On stderr by rank 0 only: every rank restores the same checkpoint (the supervisor
+    checks that each one did, from its ``resumed`` event), so N copies of the line would
+    say nothing more; one event, one line."""
     log.info(message)
-    if not logging.getLogger().hasHandlers() and not log.handlers:
-        print(message, file=sys.stderr, flush=True)
+    if rank == 0 and not logging.getLogger().hasHandlers() and not log.handlers:
+        sys.stderr.write(message + "\n")  # one write: a whole line, never glued to another
+        sys.stderr.flush()
 
 
 def _load(path: Path, name: str, weights_only: bool, map_location: Any) -> Any:
@@ -232,7 +237,7 @@ def resume(
     for item in choice.skipped if dist.rank == 0 else ():
         log.warning("trainguard: passed over %s", item)
     if choice.path is None:
-        _say(f"trainguard: starting fresh (no valid checkpoint in {root})")
+        _say(f"trainguard: starting fresh (no valid checkpoint in {root})", dist.rank)
         emit("resumed", 0, metrics={"source": "fresh"})
         return ResumeResult(source="fresh", path=None, step=0, skipped=choice.skipped)
 
@@ -272,7 +277,8 @@ def resume(
     described = {"env": RESUME_ENV, "request": RESUME_REQUEST_NAME}
     _say(
         f"trainguard: resumed from {path} (step {manifest.step}, "
-        f"source={described.get(source, 'newest valid checkpoint')})"
+        f"source={described.get(source, 'newest valid checkpoint')})",
+        dist.rank,
     )
     emit(
         "resumed",
