@@ -206,7 +206,11 @@ def _threshold(r: CheckResult) -> str:
     return f"{r.comparison} {t:.4g}" if isinstance(t, float) else f"{r.comparison} {t}"
 
 
-def print_report(report: PreflightReport, *, title: str | None = None) -> None:
+def print_report(
+    report: PreflightReport, *, title: str | None = None, verdict: str | None = None
+) -> None:
+    """The checks as a table and a verdict line; ``verdict`` replaces PASSED (e.g. PARTIAL
+    when a passing report could not look at the GPU itself)."""
     index = {d.uuid: str(d.index) for d in report.devices}
     print_table(
         title,
@@ -222,7 +226,7 @@ def print_report(report: PreflightReport, *, title: str | None = None) -> None:
     )  # fmt: skip
     for note in report.notes:
         print(f"note: {note}")
-    verdict = "PASSED" if report.passed else "FAILED"
+    verdict = "FAILED" if not report.passed else (verdict or "PASSED")
     failed = report.failed_devices()
     print(
         f"preflight {report.level} {verdict} on {report.host}: {len(report.devices)} device(s), "

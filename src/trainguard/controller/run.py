@@ -124,7 +124,6 @@ def crash_point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-
 def no_progress_hint(pattern: str | None) -> str:
     """What a user can do when a job never showed progress: it may be training fine in a
     form trainguard cannot see, and will then be restarted as hung again and again."""
@@ -139,6 +138,7 @@ def no_progress_hint(pattern: str | None) -> str:
         "with trainguard.train.report_progress(step) or a trainguard.integrations callback "
         "(Hugging Face Trainer, Lightning); docs/run.md"
     )
+
 
 @dataclass(frozen=True)
 class RunOptions:
