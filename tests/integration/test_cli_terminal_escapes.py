@@ -10,17 +10,13 @@ as a real process on a pipe and, for the tables, under a pseudo-terminal (rich).
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import pty
-import select
-import struct
 import subprocess
 import sys
-import termios
 from pathlib import Path
 
+import _pty
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -50,34 +46,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def cli_on_pty(*args: str) -> str:
-    """Run under a pseudo-terminal (stdout.isatty() is true: rich tables); the output."""
-    master, slave = pty.openpty()
-    # A wide terminal, so that rich does not wrap or cut the cells under test.
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 400, 0, 0))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "trainguard.cli", *args],
-        stdout=slave,
-        stderr=slave,
-        stdin=subprocess.DEVNULL,
-        env={**os.environ, "COLUMNS": "400", "TERM": "xterm", "NO_COLOR": "1"},
-    )
-    os.close(slave)
-    out = b""
-    while True:
-        ready, _, _ = select.select([master], [], [], 30)
-        if not ready:
-            proc.kill()
-            break
-        try:
-            chunk = os.read(master, 65536)
-        except OSError:  # EIO: the child closed the terminal
-            break
-        if not chunk:
-            break
-        out += chunk
-    proc.wait(timeout=30)
-    os.close(master)
-    return out.decode("utf-8", "replace")
+    return _pty.cli_on_pty(*args)[1]
 
 
 def assert_shown_not_obeyed(text: str) -> None:

@@ -34,6 +34,7 @@ import getpass
 import socket
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,7 @@ from trainguard._commands._common import add_state_option, error, print_json
 from trainguard._commands.preflight import (
     add_check_options,
     build_options,
+    checks_bar,
     print_report,
     write_report,
 )
@@ -179,6 +181,7 @@ def validate_device(
     clock: Any = time.time,
     local_hosts: frozenset[str] | None = None,
     accept_partial: bool = False,
+    on_results: Callable[[Sequence[Any]], None] | None = None,
 ) -> ValidationResult:
     """Validate one device through the control plane (see the module docstring)."""
     from trainguard.controller.service import ControlConfig, ControlPlane
@@ -233,7 +236,9 @@ def validate_device(
             if r.uuid != uuid and r.state is HealthState.HEALTHY
         ]
         options = replace(options, peers=tuple(peers[:1]))
-    report = run_preflight([rec.device], replace(options, dry_run_command=()))
+    report = run_preflight(
+        [rec.device], replace(options, dry_run_command=()), on_results=on_results
+    )
     checks_passed = report.device_passed(uuid)
     missing = not_checked(report, uuid)
     # Passing checks that could not see the GPU do not return it (the XID it had may be
@@ -326,14 +331,16 @@ def handle(args: argparse.Namespace) -> int:
                     f" {rec.state.value}, level {args.level}",
                     file=sys.stderr,
                 )
-            result = validate_device(
-                store,
-                rec.uuid,
-                options,
-                actor=actor,
-                max_failures=args.max_failures,
-                accept_partial=args.accept_partial,
-            )
+            with checks_bar(args, f"validating {rec.uuid}") as on_results:
+                result = validate_device(
+                    store,
+                    rec.uuid,
+                    options,
+                    actor=actor,
+                    max_failures=args.max_failures,
+                    accept_partial=args.accept_partial,
+                    on_results=on_results,
+                )
         except (NotFound, CannotValidate, IllegalTransition) as exc:
             return error(str(exc))
     if args.report:
