@@ -31,6 +31,10 @@ class Dialect:
     begin: tuple[str, ...]  # statements that start an outermost (write) transaction
     integrity_errors: tuple[type[BaseException], ...]
     no_limit: int | None  # the LIMIT parameter meaning "all rows"
+    # Driver errors a written value causes (out of range, wrong type, a violated key), as
+    # opposed to the database being unavailable: ingestion drops such a record, audited,
+    # instead of retrying its batch forever (api/ingest.py).
+    record_errors: tuple[type[BaseException], ...] = ()
 
     def extra_statements(self, migration: sql.Migration) -> tuple[str, ...]:
         if self.name == "postgresql":
@@ -45,6 +49,7 @@ SQLITE = Dialect(
     begin=("BEGIN IMMEDIATE",),
     integrity_errors=(sqlite3.IntegrityError,),
     no_limit=sql.NO_LIMIT,
+    record_errors=(sqlite3.IntegrityError, sqlite3.DataError, sqlite3.InterfaceError),
 )
 
 

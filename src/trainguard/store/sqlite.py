@@ -88,6 +88,30 @@ def _subject_like(subject: str | None) -> str | None:
     return prefix + "%"
 
 
+def _create_private(p: Path) -> None:
+    """Create the database's directory (0700) and file (0600) when they do not exist.
+
+    The state database holds the fleet's incidents, audit log and device history; it is
+    nobody else's to read. SQLite creates its ``-wal`` and ``-shm`` files with the
+    database file's permissions, so creating the file first, 0600, covers them too.
+    Existing directories and files keep their permissions (an operator chose them).
+    """
+    missing: list[Path] = []
+    d = p.parent
+    while not d.exists() and d != d.parent:
+        missing.append(d)
+        d = d.parent
+    for d in reversed(missing):  # each one trainguard creates is private, not only the last
+        d.mkdir(mode=0o700, exist_ok=True)
+    try:
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    except OSError:
+        return  # unwritable or odd: sqlite3.connect gives the error with the path
+    os.close(fd)
+
+
 class Store:
     """Typed access to the state database. Create with :meth:`Store.open`."""
 
@@ -118,7 +142,7 @@ class Store:
             return cls._open_postgres(str(path), busy_timeout_s=busy_timeout_s, at=at)
         p = Path(path)
         if str(path) != ":memory:":
-            p.parent.mkdir(parents=True, exist_ok=True)
+            _create_private(p)
         try:
             conn = sqlite3.connect(
                 str(p),
@@ -1097,8 +1121,12 @@ class Store:
             if row is not None:
                 return self._device(row)
             rows: list[tuple[Any, ...]] = []
-            if ident.isdigit():
-                rows = self._all(sql.SELECT_DEVICES_BY_INDEX, {"idx": int(ident), "host": host})
+            # isascii: "²".isdigit() is true but int("²") fails; an index past 64 bits
+            # cannot be stored, so it matches nothing rather than overflowing the query.
+            if ident.isascii() and ident.isdigit() and len(ident) <= 19:
+                idx = int(ident)
+                if idx < 2**63:
+                    rows = self._all(sql.SELECT_DEVICES_BY_INDEX, {"idx": idx, "host": host})
             else:
                 try:
                     pci = normalize_pci_bus_id(ident)
