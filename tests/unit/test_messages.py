@@ -34,6 +34,14 @@ def test_an_error_without_a_rank_never_says_rank_none() -> None:
     assert "rank 3 on node7" in known.summary
 
 
+def test_culprit_describe_says_only_what_is_known() -> None:
+    assert Culprit().describe() == "a rank the evidence does not name"
+    assert Culprit(host="n7").describe() == "host n7 (rank not named)"
+    assert Culprit(rank=2, host="n7").describe() == "rank 2 on n7"
+    assert Culprit(pci_bus_id="0000:11:00.0").describe() == "device 0000:11:00.0"
+    assert Culprit(device_uuid="GPU-1", rank=1).describe() == "device GPU-1 (rank 1)"
+
+
 def test_a_job_that_never_showed_progress_is_told_how_to_show_it() -> None:
     hint = no_progress_hint(None)
     hang = HangDetector(HangConfig(timeout=1.0, startup=2.0), started_at=T0, no_progress_hint=hint)

@@ -48,21 +48,6 @@ _COLLECTIVE = {
 }
 
 
-def _where(culprit: Culprit) -> str:
-    """What the evidence says about where it happened, and nothing it does not (never
-    "rank None"): "device GPU-... (rank 1)", "rank 3 on node7", "host node7", or
-    "a rank the evidence does not name"."""
-    rank = None if culprit.rank is None else f"rank {culprit.rank}"
-    device = culprit.device_uuid or culprit.pci_bus_id
-    if device:
-        return f"device {device}" + (f" ({rank})" if rank else "")
-    if rank:
-        return rank + (f" on {culprit.host}" if culprit.host else "")
-    if culprit.host:
-        return f"host {culprit.host} (rank not named)"
-    return "a rank the evidence does not name"
-
-
 def _is_launcher_noise(f: Finding) -> bool:
     # The classifier marks torchrun's own summary lines (``wrapper`` / ``elastic_summary``).
     if f.details.get("wrapper") or f.details.get("elastic_summary"):
@@ -155,7 +140,7 @@ def attribute(
         supporting = [f for f in crashes if f.culprit.rank == culprit.rank] or crashes[:1]
         kind = IncidentKind.XID if first.xid is not None else IncidentKind.CUDA_ERROR
         what = f"XID {first.xid}" if first.xid is not None else first.kind.replace("_", " ")
-        summary = f"{what} on {_where(culprit)}: {first.message}"
+        summary = f"{what} on {culprit.describe()}: {first.message}"
         if supporting:
             summary += f"; {supporting[0].message}"
         return Attribution(
@@ -208,7 +193,7 @@ def attribute(
             domain=domain,
             culprit=culprit,
             confidence=0.85,
-            summary=f"{incident_kind.value} on {_where(culprit)}: {first.message}",
+            summary=f"{incident_kind.value} on {culprit.describe()}: {first.message}",
             evidence=_evidence(support),
             findings=tuple(support),
             signature=_signature_text(first),
