@@ -78,7 +78,16 @@ def commands(tmp_path: Path) -> dict[str, Callable[[], tuple[str, ...]]]:
     }
 
 
-@pytest.mark.parametrize("name", ["simulate", "checkpoints", "preflight", "validate"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "simulate",
+        "checkpoints",
+        # torch start-up three times over: about 15 s each on two shared cores.
+        pytest.param("preflight", marks=pytest.mark.slow),
+        pytest.param("validate", marks=pytest.mark.slow),
+    ],
+)
 def test_a_bar_on_a_terminal_nothing_on_a_pipe_or_with_json(
     name: str, commands: dict[str, Callable[[], tuple[str, ...]]], tmp_path: Path
 ) -> None:
