@@ -104,6 +104,7 @@ def _read_findings(name: str, engine: str, year: int | None) -> list[Any]:
                 head = head or chunk[:8192]
                 matches.extend(classifier.feed(chunk))
     matches.extend(classifier.finish())
+    matches.sort(key=lambda m: m.lineno or 0)  # finish() adds unfinished tracebacks' heads
     why = binary_reason(head) if not matches and head else None
     if why:
         error(f"{name}: nothing recognised: the file is {why}")
