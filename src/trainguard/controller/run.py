@@ -74,7 +74,7 @@ from trainguard.diagnose.detectors import (
     rank_using,
 )
 from trainguard.diagnose.signatures import Classifier, classify_line
-from trainguard.model.checkpoint import CheckpointInfo
+from trainguard.model.checkpoint import CheckpointInfo, resume_digest_env
 from trainguard.model.devices import Device
 from trainguard.model.findings import Attribution, Culprit, Domain, Finding, Severity
 from trainguard.model.health import HealthState
@@ -138,6 +138,22 @@ def crash_point(name: str) -> None:
     """Die here, as a SIGKILL would, when ``TRAINGUARD_TEST_CRASH_AT`` names this point."""
     if name in os.environ.get(CRASH_AT_ENV, "").split(","):
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def no_progress_hint(pattern: str | None) -> str:
+    """What a user can do when a job never showed progress: it may be training fine in a
+    form trainguard cannot see, and will then be restarted as hung again and again."""
+    matched = (
+        f"no output line matched --progress-pattern {pattern!r}"
+        if pattern
+        else "no output line looked like progress (step=N, step N, iteration N, [N/M])"
+    )
+    return (
+        f"{matched} and no trainguard.train progress report arrived; if the job does make "
+        "progress, give --progress-pattern REGEX with a group for the step, or report it "
+        "with trainguard.train.report_progress(step) or a trainguard.integrations callback "
+        "(Hugging Face Trainer, Lightning); docs/run.md"
+    )
 
 
 @dataclass(frozen=True)
@@ -778,7 +794,7 @@ class RunController:
             progress_url=self.progress_url,
             log_path=log_path,
             resume_from=checkpoint.path if checkpoint else None,
-            extra_env=env,
+            extra_env={**env, **resume_digest_env(checkpoint)},
             echo=o.echo,
             job_id=self.job_id,
             grace=o.grace,
@@ -834,6 +850,7 @@ class RunController:
                 startup=o.startup_timeout,
             ),
             started_at=started,
+            no_progress_hint=no_progress_hint(o.progress_pattern),
         )
         att = _Attempt(
             number=number,

@@ -10,12 +10,22 @@ training library (:mod:`trainguard.train`) writes it. Both use the records here.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
 MANIFEST_NAME = "trainguard-manifest.json"
 MANIFEST_FORMAT_VERSION = 1
+# The sha256 of the manifest the supervisor verified, given to the attempt beside
+# TRAINGUARD_RESUME_FROM: the job checks it instead of re-verifying (decision 0162).
+RESUME_DIGEST_ENV = "TRAINGUARD_RESUME_DIGEST"
+
+
+def manifest_digest(raw: bytes) -> str:
+    """The digest a supervisor passes in ``TRAINGUARD_RESUME_DIGEST``: sha256 of the
+    manifest file's bytes, exactly as read."""
+    return hashlib.sha256(raw).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -107,6 +117,9 @@ class CheckpointInfo:
     # What the number counts: "step" (optimizer steps), or "epoch" when the checkpoint
     # only records completed epochs (the DDP tutorial's snapshot.pt EPOCHS_RUN).
     step_unit: str = "step"
+    # trainguard format, verified in full: sha256 of the manifest bytes that were
+    # checked (what the supervisor passes as TRAINGUARD_RESUME_DIGEST).
+    manifest_sha256: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -120,4 +133,13 @@ class CheckpointInfo:
             "valid": self.valid,
             "reason": self.reason,
             "notes": list(self.notes),
+            **({"manifest_sha256": self.manifest_sha256} if self.manifest_sha256 else {}),
         }
+
+
+def resume_digest_env(info: CheckpointInfo | None) -> dict[str, str]:
+    """The environment that tells an attempt which manifest the supervisor verified
+    (empty when it did not verify one in full)."""
+    if info is None or not info.manifest_sha256:
+        return {}
+    return {RESUME_DIGEST_ENV: info.manifest_sha256}
