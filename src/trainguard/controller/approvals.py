@@ -22,9 +22,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from trainguard.model.findings import Domain
+from trainguard.model.plan import ActionKind
 
 DESTRUCTIVE = frozenset({"reboot", "power_cycle", "retire"})
-NEVER = frozenset({"stop", "waitforcapacity"})
+NEVER = frozenset({ActionKind.STOP, ActionKind.WAIT_FOR_CAPACITY})
 
 
 def approval_reason(

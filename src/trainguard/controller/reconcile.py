@@ -79,11 +79,13 @@ from trainguard.model.fleet import (
 )
 from trainguard.model.health import HealthState
 from trainguard.model.plan import (
+    ActionKind,
     DeviceStatus,
     Mode,
     PriorFailure,
     RecoveryPolicy,
     RecoverySnapshot,
+    action_kind,
 )
 from trainguard.model.records import (
     AttemptRecord,
@@ -290,7 +292,7 @@ def isolated_for_incident(ledger: Iterable[ActionRecord]) -> tuple[str, ...]:
     """
     out: set[str] = set()
     for a in ledger:
-        if a.type != "quarantine" or a.data.get("resource_id") is None:
+        if a.type != ActionKind.QUARANTINE or a.data.get("resource_id") is None:
             continue
         result = a.result or {}
         if a.state is ActionState.DONE or (
@@ -626,7 +628,7 @@ class Reconciler:
         return {
             str(a.data.get("resource_id"))
             for a in self.fleet.intended_actions()
-            if a.type == "quarantine"
+            if a.type == ActionKind.QUARANTINE
         }
 
     def _sync_call(
@@ -746,7 +748,7 @@ class Reconciler:
             and (
                 i.recovery_attempt == oj.attempt
                 or any(
-                    a.type == "restart" and a.state is ActionState.INTENDED
+                    a.type == ActionKind.RESTART and a.state is ActionState.INTENDED
                     for a in self.fleet.list_actions(i.id)
                 )
             )
@@ -1176,14 +1178,14 @@ class Reconciler:
         """The current plan has run out while the incident is still live: what now?"""
         plan = inc.plan or {}
         actions = plan.get("actions") or []
-        last = actions[-1]["type"] if actions else None
+        last = action_kind(actions[-1]) if actions else None
         ledger = {
             a.index: a
             for a in self.fleet.list_actions(inc.id)
             if a.generation == inc.plan_generation
         }
         restart_done = any(
-            a.type == "restart" and a.state is ActionState.DONE for a in ledger.values()
+            a.type == ActionKind.RESTART and a.state is ActionState.DONE for a in ledger.values()
         )
         if restart_done and inc.recovery_attempt is not None:
             # The restart did not verify (its attempt failed): plan again for that failure.
@@ -1193,7 +1195,7 @@ class Reconciler:
             return self._plan(
                 inc, fj, obs, modes, fence, report, failed_attempt=inc.recovery_attempt
             )
-        if last == "waitforcapacity":
+        if last is ActionKind.WAIT_FOR_CAPACITY:
             return self._plan(
                 inc,
                 fj,
@@ -1274,7 +1276,7 @@ class Reconciler:
         ledger = self.fleet.list_actions(inc.id)
         isolated = isolated_for_incident(ledger)
         restarts_used = sum(
-            1 for a in ledger if a.type == "restart" and a.state is ActionState.DONE
+            1 for a in ledger if a.type == ActionKind.RESTART and a.state is ActionState.DONE
         )
         failed_rec = self._attempt_or_none(inc.job_id, failed_attempt)
         devices = self._device_statuses(obs, fj.scheduler_ref)
@@ -1298,10 +1300,8 @@ class Reconciler:
         )
         plan = decide(snapshot)
         plan_dict = plan.to_dict()
-        if only_if_changed:
-            kinds = [a["type"] for a in plan_dict["actions"]]
-            if kinds and kinds[-1] == "waitforcapacity":
-                return inc  # still no capacity: keep waiting, record nothing new
+        if only_if_changed and plan.last_kind is ActionKind.WAIT_FOR_CAPACITY:
+            return inc  # still no capacity: keep waiting, record nothing new
         plan_dict.update(
             attempt=failed_attempt,
             planned_at=now,
@@ -1418,7 +1418,7 @@ class Reconciler:
                         )
                         report.applied.append(key)
                         continue
-                if kind == "restart":
+                if kind == ActionKind.RESTART:
                     delay = float(action.get("delay_seconds") or 0.0)
                     if self.clock() < float(plan.get("planned_at", 0.0)) + delay:
                         raise _Hold()  # backoff: come back on a later pass
@@ -1454,24 +1454,24 @@ class Reconciler:
 
     @staticmethod
     def _subject(action: Mapping[str, Any], inc: IncidentRecord) -> str:
-        if action.get("type") == "quarantine":
+        if action.get("type") == ActionKind.QUARANTINE:
             return f"{action.get('resource_kind')}:{action.get('resource_id')}"
         return f"job:{inc.job_id}"
 
     @staticmethod
     def _describe(action: Mapping[str, Any], inc: IncidentRecord) -> str:
         kind = action.get("type")
-        if kind == "quarantine":
+        if kind == ActionKind.QUARANTINE:
             return (
                 f"quarantine {action.get('resource_kind')} {action.get('resource_id')}: "
                 f"{action.get('reason')}"
             )
-        if kind == "restart":
+        if kind == ActionKind.RESTART:
             ckpt = action.get("checkpoint") or {}
             return f"restart job {inc.job_id}" + (
                 f" from step {ckpt.get('step')}" if ckpt else " from the beginning"
             )
-        if kind == "stop":
+        if kind == ActionKind.STOP:
             return f"stop job {inc.job_id}: {action.get('reason')}"
         return f"{kind} for job {inc.job_id}: {action.get('reason', '')}"
 
@@ -1522,13 +1522,13 @@ class Reconciler:
     ) -> IncidentRecord:
         assert self.scheduler is not None
         kind = rec.type
-        if kind == "quarantine":
+        if kind == ActionKind.QUARANTINE:
             self._quarantine(inc, obs, rec, action, fence)
-        elif kind == "restart":
+        elif kind == ActionKind.RESTART:
             self._restart(inc, fj, obs, rec, action, fence)
-        elif kind == "stop":
+        elif kind == ActionKind.STOP:
             self._stop(inc, fj, obs, rec, action, fence)
-        elif kind == "waitforcapacity":
+        elif kind == ActionKind.WAIT_FOR_CAPACITY:
             self._wait(inc, rec, action, fence)
         else:
             self._finish(
@@ -1707,7 +1707,7 @@ class Reconciler:
             self.store.add_incident_action(
                 inc.id,
                 {
-                    "type": "quarantine",
+                    "type": ActionKind.QUARANTINE.value,
                     "resource_kind": rkind,
                     "resource_id": rid,
                     "reason": reason,
@@ -1786,7 +1786,7 @@ class Reconciler:
             self.store.add_incident_action(
                 inc.id,
                 {
-                    "type": "quarantine",
+                    "type": ActionKind.QUARANTINE.value,
                     "resource_kind": rkind,
                     "resource_id": rid,
                     "result": "suppressed",
@@ -1838,13 +1838,15 @@ class Reconciler:
             # when the breaker suppressed it (the job avoids the suspect card anyway), and
             # what the other live incidents' plans quarantine (planned in this pass, not
             # yet carried out: a card that just failed another job, decision 0120).
-            targets = [a for a in plan.get("actions") or () if a.get("type") == "quarantine"]
+            targets = [
+                a for a in plan.get("actions") or () if action_kind(a) is ActionKind.QUARANTINE
+            ]
             for other in self._live_incidents():
                 if other.id != inc.id:
                     targets += [
                         a
                         for a in (other.plan or {}).get("actions") or ()
-                        if isinstance(a, dict) and a.get("type") == "quarantine"
+                        if isinstance(a, dict) and a.get("type") == ActionKind.QUARANTINE
                     ]
             exclude_devices = tuple(
                 sorted(
@@ -1903,7 +1905,7 @@ class Reconciler:
             self.store.add_incident_action(
                 inc.id,
                 {
-                    "type": "restart",
+                    "type": ActionKind.RESTART.value,
                     "attempt": new_attempt,
                     "devices": list(action.get("devices") or []),
                     "checkpoint": resume,
@@ -1972,7 +1974,7 @@ class Reconciler:
             self.store.add_incident_action(
                 inc.id,
                 {
-                    "type": "stop",
+                    "type": ActionKind.STOP.value,
                     "reason": reason,
                     "advice": advice,
                     "key": rec.key,

@@ -75,6 +75,7 @@ from trainguard.model.devices import Device
 from trainguard.model.findings import Attribution, Culprit, Domain, Finding, Severity
 from trainguard.model.health import HealthState
 from trainguard.model.plan import (
+    ActionKind,
     DeviceStatus,
     Mode,
     Plan,
@@ -602,7 +603,7 @@ class RunController:
                 continue
             actions = (inc.plan or {}).get("actions", []) if mode == Mode.ACT.value else []
             for a in actions:
-                if not isinstance(a, dict) or a.get("type") != "quarantine":
+                if not isinstance(a, dict) or a.get("type") != ActionKind.QUARANTINE:
                     continue
                 q = Quarantine(
                     str(a.get("resource_kind", "device")),
@@ -1463,7 +1464,7 @@ class RunController:
             self.db.add_incident_action(
                 incident_id,
                 {
-                    "type": "quarantine",
+                    "type": ActionKind.QUARANTINE.value,
                     "resource_kind": "device",
                     "resource_id": uuid,
                     "reason": action.reason,
@@ -1564,7 +1565,7 @@ class RunController:
         self.db.add_incident_action(
             incident_id,
             {
-                "type": "restart",
+                "type": ActionKind.RESTART.value,
                 "attempt": number,
                 "devices": list(action.devices),
                 "checkpoint": ckpt.path if ckpt else None,
@@ -1615,7 +1616,7 @@ class RunController:
             )
         self.db.add_incident_action(
             incident_id,
-            {"type": "stop", "reason": reason, "advice": advice, "summary": reason},
+            {"type": ActionKind.STOP.value, "reason": reason, "advice": advice, "summary": reason},
             at=self.clock(),
             actor=ACTOR,
             audit_kind=AuditKind.RESULT,

@@ -53,7 +53,7 @@ from trainguard.diagnose.detectors import line_finding
 from trainguard.diagnose.signatures import classify_line
 from trainguard.model.findings import Culprit, Domain, Finding, Severity
 from trainguard.model.fleet import ActionState, FleetJob
-from trainguard.model.plan import DeviceStatus
+from trainguard.model.plan import ActionKind, DeviceStatus
 from trainguard.model.records import AttemptRecord, AuditKind, IncidentState, JobState
 from trainguard.schedulers.base import JobPhase, NodePhase, Observation, ObservedJob
 from trainguard.schedulers.slurm import SlurmObservedJob, SlurmObservedNode, SlurmScheduler
@@ -144,7 +144,7 @@ class SlurmReconciler(Reconciler):
             if inc.recovery_attempt == attempt:
                 return True
             if not inc.state.terminal and any(
-                a.type == "restart" and a.state is ActionState.INTENDED
+                a.type == ActionKind.RESTART and a.state is ActionState.INTENDED
                 for a in self.fleet.list_actions(inc.id)
             ):
                 return True

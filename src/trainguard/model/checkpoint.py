@@ -11,6 +11,7 @@ training library (:mod:`trainguard.train`) writes it. Both use the records here.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,3 +113,23 @@ class CheckpointInfo:
             "reason": self.reason,
             "notes": list(self.notes),
         }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> CheckpointInfo:
+        """The inverse of :meth:`to_dict` (a stored Plan's checkpoint); ``ValueError``
+        names the field when the record is malformed."""
+        try:
+            step = d["step"]
+            created = d.get("created_at")
+            return cls(
+                path=str(d["path"]),
+                format=str(d["format"]),
+                step=None if step is None else int(step),
+                size_bytes=int(d.get("size_bytes") or 0),
+                created_at=None if created is None else float(created),
+                valid=bool(d["valid"]),
+                reason=None if d.get("reason") is None else str(d["reason"]),
+                notes=tuple(str(n) for n in d.get("notes") or ()),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"malformed checkpoint record: {exc!r}") from exc
