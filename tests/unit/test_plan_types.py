@@ -77,7 +77,7 @@ def test_the_kind_values_are_the_stored_type_strings() -> None:
     # Ledger rows written before the enum carry these strings; they must still match.
     assert {k.value for k in ActionKind} == {"quarantine", "restart", "stop", "waitforcapacity"}
     assert WaitForCapacity(reason="r", needed=2, available=1).kind is ActionKind.WAIT_FOR_CAPACITY
-    assert "waitforcapacity" == ActionKind.WAIT_FOR_CAPACITY  # a ledger row's str type
+    assert ActionKind.WAIT_FOR_CAPACITY == "waitforcapacity"  # a ledger row's str type
 
 
 def test_controller_annotations_beside_a_plan_are_ignored() -> None:

@@ -39,6 +39,7 @@ the N-th time (default 1st) it reaches ``<point>`` (:data:`CRASH_POINTS`);
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
@@ -47,14 +48,18 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from trainguard.controller.approvals import approval_reason
 from trainguard.controller.breaker import QUARANTINE_BREAKER, BreakerConfig, check_quarantine
 from trainguard.controller.lease import CONTROLLER_LEASE, DEFAULT_TTL_SECONDS, LeaderElector
 from trainguard.controller.policies import DEFAULT_POLICY, merge, parse_policy, resolve
-from trainguard.controller.repair import DeliveryConfig, deliver_due, export_repair, page_payload
-from trainguard.controller.repair import recommend as recommend_repair
+from trainguard.controller.repair import (
+    DeliveryConfig,
+    deliver_due,
+    open_quarantine_repair,
+    page_payload,
+)
 from trainguard.diagnose.attribution import DEFAULT_CORRELATION_WINDOW, attribute
 from trainguard.diagnose.detectors import (
+    HangDetector,
     ProcessExit,
     ProgressLineParser,
     crash_finding,
@@ -98,7 +103,10 @@ from trainguard.model.records import (
     JobState,
 )
 from trainguard.policy import decide
+from trainguard.policy.approvals import approval_reason
 from trainguard.policy.decide import NETWORK_EVIDENCE_KIND
+from trainguard.policy.evidence import Route, route_finding
+from trainguard.policy.hang import hang_detector
 from trainguard.schedulers.base import (
     ActionResult,
     ClusterScheduler,
@@ -328,6 +336,10 @@ class Reconciler:
         self._seen_nodes: dict[str, tuple[str | None, tuple[tuple[str, str], ...]]] = {}
         self._health = _HealthView()
         self._outputs: dict[tuple[str, int], _OutputState] = {}
+        # One hang detector per live attempt, fed the progress the store holds. Lost on a
+        # restart of the controller: the new one starts from the stored last step with
+        # the start-up allowance, so a restart can delay a hang verdict, never invent one.
+        self._hangs: dict[tuple[str, int], HangDetector] = {}
         self._progress = ProgressLineParser(self.config.progress_pattern)
         self.last_report: PassReport | None = None
         self._policy_cache: dict[str, PolicyDocument | None] = {}
@@ -671,6 +683,8 @@ class Reconciler:
         now = self.clock()
         # Attempts the scheduler has moved past end here (a requeue superseded them).
         for number, att in attempts.items():
+            if number < oj.attempt:
+                self._hangs.pop((job.id, number), None)
             if number < oj.attempt and not att.state.terminal:
                 self.store.finish_attempt(
                     job.id,
@@ -685,9 +699,13 @@ class Reconciler:
         found = attempts.get(oj.attempt)
         att = found if found is not None else self._start_attempt(job, oj, fence)
         if att.state.terminal:
+            if oj.phase.terminal and not job.state.terminal:
+                self._stop_if_observed(job, att, fence)
             return
         self._follow_output(job.id, att, oj)
         att = self.store.get_attempt(job.id, att.number)
+        if oj.phase is not JobPhase.RUNNING:
+            self._hangs.pop((job.id, att.number), None)  # over: nothing left to time
         if oj.phase is JobPhase.COMPLETED:
             with self.fleet.fenced(fence, self.clock()):
                 self.store.finish_attempt(
@@ -730,12 +748,43 @@ class Reconciler:
         if oj.phase is JobPhase.FAILED:
             self._attempt_failed(fj, job, att, oj, fence, report, hang_since=None)
             return
-        # Running: a hang is no progress for the policy's hang timeout.
-        policy = self._policy(fj, job)
-        if policy.hang_timeout_seconds is not None:
-            since = att.last_step_at or att.started_at
-            if now - since > policy.hang_timeout_seconds:
-                self._attempt_failed(fj, job, att, oj, fence, report, hang_since=since)
+        # Running: fatal hardware evidence on its GPUs (a kernel-log XID an agent sent), or
+        # a fatal node finding on its hosts, fails it now instead of waiting for the job
+        # to crash or hang on the card, as in `trainguard run` (policy/evidence.py, 0130).
+        evidence = self.fatal_evidence(job.id, att, now)
+        if evidence:
+            self._hangs.pop((job.id, att.number), None)
+            job = self.store.get_job(job.id)  # _start_attempt may have just made it running
+            failed = self._failed_view(oj, att, job.id, evidence)
+            self._attempt_failed(fj, job, att, failed, fence, report, hang_since=None)
+            return
+        # Running: a hang is no progress for the policy's hang allowance, adaptive unless
+        # a fixed timeout is configured; the same detector as `trainguard run` (0130).
+        key = (job.id, att.number)
+        hang = self._hangs.get(key)
+        if hang is None:
+            hang = self._hangs[key] = hang_detector(self._policy(fj, job), att.started_at)
+        if att.last_step is not None and att.last_step_at is not None:
+            hang.observe(att.last_step, att.last_step_at)
+        if hang.check(now) is not None:
+            del self._hangs[key]
+            since = hang.last_progress_at if hang.last_progress_at is not None else att.started_at
+            self._attempt_failed(fj, job, att, oj, fence, report, hang_since=since)
+
+    def _stop_if_observed(self, job: JobRecord, att: AttemptRecord, fence: Fence) -> None:
+        """Observe mode ended the attempt on evidence while it still ran (an XID on its
+        card, 0130); now its processes are gone too, and nothing restarts them."""
+        inc = self._incident_for_attempt(job.id, att.number)
+        if inc is None or inc.state is not IncidentState.OBSERVED:
+            return
+        with self.fleet.fenced(fence, self.clock()):
+            self.store.update_job_state(
+                job.id,
+                JobState.STOPPED,
+                at=self.clock(),
+                reason="observe mode: the job failed and nothing was restarted",
+                actor=self.identity,
+            )
 
     def _start_attempt(self, job: JobRecord, oj: ObservedJob, fence: Fence) -> AttemptRecord:
         assert oj.started_at is not None
@@ -835,6 +884,70 @@ class Reconciler:
             if inc.attempt == number or inc.recovery_attempt == number:
                 return inc
         return None
+
+    # --- evidence against a running attempt ------------------------------------------
+
+    def _hosts(self, job_id: str, att: AttemptRecord) -> set[str]:
+        """The hosts whose fatal node findings fail the attempt."""
+        return {d.host for d in att.devices}
+
+    def _node_list(self, job_id: str, att: AttemptRecord, oj: ObservedJob) -> list[str]:
+        return list(oj.nodes)
+
+    def fatal_evidence(self, job_id: str, att: AttemptRecord, until: float) -> list[Finding]:
+        """Findings since the attempt started that fail it now (``Route.RECOVER``):
+        fatal hardware faults on its GPUs, fatal node faults on its hosts; oldest first."""
+        uuids = {d.uuid for d in att.devices}
+        # A finding ingested before the inventory knew the card names it by PCI bus id
+        # on its host: resolve it against the attempt's own devices.
+        by_pci: dict[tuple[str | None, str], str] = {
+            (d.host, d.pci_bus_id): d.uuid for d in att.devices
+        }
+        hosts = self._hosts(job_id, att)
+        out: list[Finding] = []
+        for row in self.fleet.findings_between(att.started_at, until + 1.0):
+            try:
+                f = Finding.from_dict(row["finding"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            if f.at < att.started_at:
+                continue
+            host = row.get("host") or f.culprit.host
+            uuid = row.get("device_uuid") or f.culprit.device_uuid
+            if uuid is None and f.culprit.pci_bus_id:
+                try:
+                    uuid = by_pci.get((host, normalize_pci_bus_id(f.culprit.pci_bus_id)))
+                except ValueError:
+                    uuid = None
+            route = route_finding(
+                f, attempt_devices=uuids, attempt_hosts=hosts, device_uuid=uuid, host=host
+            )
+            if route is Route.RECOVER:
+                out.append(f)
+        return sorted(out, key=lambda f: f.at)
+
+    def _failed_view(
+        self, oj: ObservedJob, att: AttemptRecord, job_id: str, evidence: list[Finding]
+    ) -> ObservedJob:
+        """The observation as it will be once the attempt is over: failed at the first
+        evidence, the node the evidence names first (it is the attribution's culprit)."""
+        first = evidence[0]
+        bad = first.culprit.host
+        hosts = self._node_list(job_id, att, oj)
+        if bad and bad in hosts:
+            hosts = [bad] + [h for h in hosts if h != bad]
+        where = f" on {bad}" if bad else ""
+        return dataclasses.replace(
+            oj,
+            phase=JobPhase.FAILED,
+            attempt=att.number,
+            nodes=tuple(hosts),
+            ended_at=first.at,
+            exit_code=None,
+            signal=None,
+            reason=f"{first.kind}{where}: {first.message}"[:300],
+            output_path=att.log_path or oj.output_path,
+        )
 
     def failure_attribution(
         self,
@@ -1686,21 +1799,16 @@ class Reconciler:
                         incident_id=inc.id,
                     )
             self.fleet.record_quarantine(rkind, rid, at=now, incident_id=inc.id)
-            repair = self.fleet.open_repair(
+            repair = open_quarantine_repair(
+                self.fleet,
+                inc,
                 resource_kind=rkind,
                 resource_id=rid,
-                what_failed=f"{inc.kind.value} ({inc.domain.value}): {inc.summary}"[:500],
-                recommended=recommend_repair(inc.attribution, rkind),
-                evidence=list(inc.evidence[:20]),
+                host=host,
                 at=now,
                 actor=self.identity,
-                host=host,
-                incident_id=inc.id,
+                webhook=self.config.repair_webhook,
             )
-            if self.config.repair_webhook:
-                self.fleet.enqueue_delivery(
-                    self.config.repair_webhook, "repair", export_repair(repair), at=now
-                )
             self.store.update_incident(
                 inc.id, at=now, repair=repair.recommended, actor=self.identity
             )

@@ -25,7 +25,7 @@ from typing import Any
 
 from trainguard.diagnose.xid import xid_info
 from trainguard.model.fleet import Delivery, RepairRecord
-from trainguard.model.records import iso_utc
+from trainguard.model.records import IncidentRecord, iso_utc
 from trainguard.store.fleet import FleetStore
 
 USER_AGENT = "trainguard-controller"
@@ -55,6 +55,36 @@ def recommend(attribution: Mapping[str, Any] | None, resource_kind: str) -> str:
         base + "; then run validation (`trainguard validate`, DCGM diag level 3 where "
         "available) before it returns to service"
     )
+
+
+def open_quarantine_repair(
+    fleet: FleetStore,
+    inc: IncidentRecord,
+    *,
+    resource_kind: str,
+    resource_id: str,
+    host: str | None,
+    at: float,
+    actor: str,
+    webhook: str | None = None,
+) -> RepairRecord:
+    """Step 10 for a resource an incident quarantined: its repair record (the open one
+    when it has one), queued for the repair webhook when one is configured. The one
+    place both ``trainguard run`` and the reconciler open repair records (0130)."""
+    repair = fleet.open_repair(
+        resource_kind=resource_kind,
+        resource_id=resource_id,
+        what_failed=f"{inc.kind.value} ({inc.domain.value}): {inc.summary}"[:500],
+        recommended=recommend(inc.attribution, resource_kind),
+        evidence=list(inc.evidence[:20]),
+        at=at,
+        actor=actor,
+        host=host,
+        incident_id=inc.id,
+    )
+    if webhook:
+        fleet.enqueue_delivery(webhook, "repair", export_repair(repair), at=at)
+    return repair
 
 
 def export_repair(rec: RepairRecord) -> dict[str, Any]:
@@ -128,4 +158,11 @@ def page_payload(reason: str, at: float, data: Mapping[str, Any]) -> dict[str, A
     }
 
 
-__all__ = ["DeliveryConfig", "deliver_due", "export_repair", "page_payload", "recommend"]
+__all__ = [
+    "DeliveryConfig",
+    "deliver_due",
+    "export_repair",
+    "open_quarantine_repair",
+    "page_payload",
+    "recommend",
+]

@@ -57,9 +57,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainguard.checkpoints import scan, validate
+from trainguard.controller.repair import open_quarantine_repair
 from trainguard.diagnose.attribution import DEFAULT_CORRELATION_WINDOW, attribute
 from trainguard.diagnose.detectors import (
-    HangConfig,
     HangDetector,
     ProcessExit,
     ProgressLineParser,
@@ -89,6 +89,8 @@ from trainguard.model.plan import (
 )
 from trainguard.model.records import AttemptState, AuditKind, IncidentState, JobState
 from trainguard.policy import decide
+from trainguard.policy.evidence import Route, route_finding
+from trainguard.policy.hang import hang_detector
 from trainguard.schedulers.local import (
     LaunchSpec,
     LocalAttempt,
@@ -104,6 +106,7 @@ from trainguard.signals.output import OutputClosed, OutputLine
 from trainguard.signals.process import AttemptProcessExit
 from trainguard.signals.progress import ProgressListener, ProgressReceived, short_socket_dir
 from trainguard.store import Store
+from trainguard.store.fleet import FleetStore
 
 ACTOR = "trainguard-run"
 EXIT_STOPPED = 1
@@ -404,6 +407,9 @@ class RunController:
             need=self.need,
             min_need=o.min_need,
             hang_timeout_seconds=o.hang_timeout,
+            hang_floor_seconds=o.hang_floor,
+            hang_multiple=o.hang_multiple,
+            hang_startup_seconds=o.startup_timeout,
             verify_window_seconds=o.verify_window,
             verify_min_rate_ratio=o.verify_min_rate_ratio,
         )
@@ -775,15 +781,7 @@ class RunController:
             },
             incident_id,
         )
-        hang = HangDetector(
-            HangConfig(
-                timeout=o.hang_timeout,
-                floor=o.hang_floor,
-                multiple=o.hang_multiple,
-                startup=o.startup_timeout,
-            ),
-            started_at=started,
-        )
+        hang = hang_detector(self.policy(), started_at=started)
         att = _Attempt(
             number=number,
             devices=devices,
@@ -1151,15 +1149,16 @@ class RunController:
         if m is None:
             return
         f = line_finding(m, m.text, ev.at, "kernel_log", att.devices, self.inventory)
-        assigned = {d.uuid for d in att.devices}
-        if f.culprit.device_uuid in assigned:
+        # The same routing as the cluster reconciler (policy/evidence.py, 0130).
+        route = route_finding(f, attempt_devices={d.uuid for d in att.devices})
+        if route in (Route.RECOVER, Route.EVIDENCE):
             self._record_finding(att, f)
             # A fatal hardware fault on the job's own device: act now, do not wait for
             # the job to crash or hang on it.
-            if f.domain is Domain.HARDWARE and f.severity is Severity.FATAL:
+            if route is Route.RECOVER:
                 self._trigger(att, f)
         elif f.domain is Domain.HARDWARE and f.culprit.device_uuid is not None:
-            self._quarantine_unassigned(f)
+            self._quarantine_unassigned(f, route)
         else:
             if f.domain is Domain.NETWORK and f.culprit.host is None:
                 # This machine's kernel log: a NIC/link event names this host (0110).
@@ -1217,12 +1216,12 @@ class RunController:
             evidence=(*attribution.evidence, *(x for x in lines if x not in attribution.evidence)),
         )
 
-    def _quarantine_unassigned(self, f: Finding) -> None:
+    def _quarantine_unassigned(self, f: Finding, route: Route) -> None:
         """Hardware evidence on a device the job is not using: keep it out of future plans."""
         uuid = f.culprit.device_uuid
         assert uuid is not None
         self.audit(AuditKind.OBSERVATION, f"device:{uuid}", f"kernel log: {f.message}", f.to_dict())
-        if f.severity is not Severity.FATAL:
+        if route is not Route.QUARANTINE_IDLE:
             return
         try:
             state = self.db.get_device_state(uuid)
@@ -1449,18 +1448,30 @@ class RunController:
             crash_point("after_quarantine_intent")
             state = self.db.get_device_state(uuid)
             if state in (HealthState.HEALTHY, HealthState.SUSPECT):
-                self.db.transition_device(
-                    uuid,
-                    HealthState.QUARANTINED,
-                    action.reason[:400],
-                    ACTOR,
-                    self.clock(),
-                    job_id=job_id,
-                    incident_id=incident_id,
-                )
-                result = "quarantined"
+                with self.db.transaction():
+                    self.db.transition_device(
+                        uuid,
+                        HealthState.QUARANTINED,
+                        action.reason[:400],
+                        ACTOR,
+                        self.clock(),
+                        job_id=job_id,
+                        incident_id=incident_id,
+                    )
+                    # Step 10, as the reconciler does it: a repair record in the same
+                    # transaction as the quarantine (0130).
+                    repair = open_quarantine_repair(
+                        FleetStore(self.db),
+                        self.db.get_incident(incident_id),
+                        resource_kind="device",
+                        resource_id=uuid,
+                        host=next((d.host for d in self.inventory if d.uuid == uuid), None),
+                        at=self.clock(),
+                        actor=ACTOR,
+                    )
+                result, repair_id = "quarantined", repair.id
             else:
-                result = f"already {state.value}"
+                result, repair_id = f"already {state.value}", None
             self.db.add_incident_action(
                 incident_id,
                 {
@@ -1469,6 +1480,7 @@ class RunController:
                     "resource_id": uuid,
                     "reason": action.reason,
                     "result": result,
+                    "repair_id": repair_id,
                     "summary": f"device {uuid} {result}{note}",
                     "intent_id": intent,
                 },

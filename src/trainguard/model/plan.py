@@ -41,7 +41,12 @@ class RecoveryPolicy:
     allow_quarantine: bool = True
     need: int = 1  # devices the job wants
     min_need: int | None = None  # fewer devices the job accepts (elastic); None = exactly `need`
-    hang_timeout_seconds: float | None = None  # None = adaptive
+    hang_timeout_seconds: float | None = None  # None = adaptive (every mode, decision 0130)
+    # The adaptive hang allowance: max(floor, multiple x the slowest recent step interval);
+    # until two progress points are seen (start-up, restore) the start-up allowance.
+    hang_floor_seconds: float = 60.0
+    hang_multiple: float = 10.0
+    hang_startup_seconds: float = 600.0
     verify_window_seconds: float = 10.0
     verify_min_rate_ratio: float = 0.3  # restarted step rate vs pre-failure baseline
     placement: str = "device"  # one of PLACEMENTS

@@ -12,7 +12,9 @@ Rules (decision 0084):
 * ``stop`` and ``waitforcapacity`` never wait: stopping is the safe direction,
   and waiting does nothing.
 
-An approval is a row with a state machine (``pending -> approved | denied``,
+A pure function of the action and the failure history (decision 0130 moved it
+from ``controller/`` to ``policy/``): no store, no clock. An approval is a row
+with a state machine (``pending -> approved | denied``,
 :mod:`trainguard.model.fleet`); the reconciler creates it for the action's
 idempotency key and goes on with other work until it is decided.
 """

@@ -1,0 +1,117 @@
+"""The pure policy pieces `trainguard run` and the cluster reconciler share (0130):
+hang detection from the policy, where a hardware finding goes, the breaker verdict."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from trainguard.model.findings import Culprit, Domain, Finding, Severity
+from trainguard.model.plan import RecoveryPolicy
+from trainguard.policy.breaker import BreakerConfig, quarantine_verdict
+from trainguard.policy.evidence import Route, route_finding
+from trainguard.policy.hang import hang_config, hang_detector
+
+# --- hang ---------------------------------------------------------------------------
+
+
+def test_the_default_policy_detects_hangs_adaptively() -> None:
+    cfg = hang_config(RecoveryPolicy())
+    assert cfg.timeout is None and (cfg.floor, cfg.multiple, cfg.startup) == (60.0, 10.0, 600.0)
+    det = hang_detector(RecoveryPolicy(hang_floor_seconds=2.0, hang_multiple=4.0), 0.0)
+    for i in range(5):  # a step every second
+        det.observe(i, float(i))
+    assert det.timeout() == 4.0  # 4 x the slowest interval beats the 2 s floor
+    assert det.check(7.9) is None
+    found = det.check(8.1)
+    assert found is not None and found.kind == "hang" and "last step 4" in found.message
+
+
+def test_a_configured_timeout_is_fixed_after_start_up() -> None:
+    policy = RecoveryPolicy(hang_timeout_seconds=5.0, hang_startup_seconds=30.0)
+    det = hang_detector(policy, 100.0)
+    assert det.timeout() == 30.0  # start-up: no two progress points yet
+    det.observe(1, 101.0)
+    det.observe(2, 101.5)
+    assert det.timeout() == 5.0
+    assert det.check(106.4) is None and det.check(106.6) is not None
+
+
+def test_no_progress_at_all_is_a_hang_after_the_start_up_allowance() -> None:
+    det = hang_detector(RecoveryPolicy(hang_startup_seconds=10.0), 50.0)
+    assert det.check(59.9) is None
+    found = det.check(60.1)
+    assert found is not None and "of the start" in found.message
+
+
+# --- where a finding goes -----------------------------------------------------------
+
+
+def _finding(domain: Domain, severity: Severity, **culprit: str) -> Finding:
+    return Finding(
+        kind="xid" if domain is Domain.HARDWARE else "node_down",
+        domain=domain,
+        at=1.0,
+        source="kernel",
+        message="m",
+        severity=severity,
+        culprit=Culprit(**culprit),
+    )
+
+
+@pytest.mark.parametrize(
+    ("finding", "device_uuid", "expected"),
+    [
+        (_finding(Domain.HARDWARE, Severity.FATAL, device_uuid="g0"), None, Route.RECOVER),
+        # Resolved by the store from a PCI bus id: the resolution counts.
+        (_finding(Domain.HARDWARE, Severity.FATAL, pci_bus_id="0000:01:00.0"), "g0", Route.RECOVER),
+        (_finding(Domain.HARDWARE, Severity.WARNING, device_uuid="g0"), None, Route.EVIDENCE),
+        (_finding(Domain.HARDWARE, Severity.FATAL, device_uuid="g9"), None, Route.QUARANTINE_IDLE),
+        (_finding(Domain.HARDWARE, Severity.ERROR, device_uuid="g9"), None, Route.OBSERVE),
+        (_finding(Domain.NODE, Severity.FATAL, host="h1"), None, Route.RECOVER),
+        (_finding(Domain.NODE, Severity.FATAL, host="h2"), None, Route.OBSERVE),
+        (_finding(Domain.NODE, Severity.ERROR, host="h1"), None, Route.OBSERVE),
+        (_finding(Domain.HARDWARE, Severity.FATAL), None, Route.OBSERVE),  # names no card
+    ],
+)
+def test_where_a_finding_goes(finding: Finding, device_uuid: str | None, expected: Route) -> None:
+    route = route_finding(
+        finding, attempt_devices={"g0", "g1"}, attempt_hosts={"h1"}, device_uuid=device_uuid
+    )
+    assert route is expected
+
+
+# --- breaker --------------------------------------------------------------------------
+
+
+configs = st.builds(
+    BreakerConfig,
+    max_share=st.floats(0.01, 1.0),
+    window_seconds=st.floats(1.0, 1e5),
+    min_population=st.integers(0, 10),
+)
+
+
+@given(configs, st.integers(0, 500), st.integers(0, 500))
+def test_an_allowed_quarantine_never_exceeds_the_share(
+    config: BreakerConfig, population: int, recent: int
+) -> None:
+    verdict = quarantine_verdict(
+        config, resource_kind="device", population=population, recent=recent
+    )
+    if population >= config.min_population and population > 0:
+        assert verdict.allow == ((recent + 1) / population <= config.max_share)
+        assert verdict.tripped_now == (not verdict.allow)
+    else:
+        assert verdict.allow  # too few resources for the share rule
+
+
+@given(configs, st.integers(0, 500), st.integers(0, 500))
+def test_an_open_breaker_allows_nothing(
+    config: BreakerConfig, population: int, recent: int
+) -> None:
+    verdict = quarantine_verdict(
+        config, resource_kind="node", population=population, recent=recent, open_reason="x"
+    )
+    assert not verdict.allow and not verdict.tripped_now and "reset" in (verdict.reason or "")
