@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from trainguard.model.findings import Culprit, Domain, Finding, Severity
 from trainguard.model.plan import RecoveryPolicy
 from trainguard.policy.breaker import BreakerConfig, quarantine_verdict
+from trainguard.policy.budget import BudgetEntry, budget_refills, restarts_used
 from trainguard.policy.evidence import Route, route_finding
 from trainguard.policy.hang import hang_config, hang_detector
 
@@ -115,3 +116,46 @@ def test_an_open_breaker_allows_nothing(
         config, resource_kind="node", population=population, recent=recent, open_reason="x"
     )
     assert not verdict.allow and not verdict.tripped_now and "reset" in (verdict.reason or "")
+
+
+# --- restart budget -------------------------------------------------------------------
+
+entries = st.lists(
+    st.builds(
+        BudgetEntry,
+        failed_step=st.none() | st.integers(0, 1000),
+        restarts=st.integers(0, 5),
+        recovered=st.booleans(),
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+def test_a_job_that_verifies_and_fails_at_the_same_step_again_uses_up_its_budget() -> None:
+    # Each incident recovered, then the job failed at step 100 again: no refill, so
+    # decide() stops it at max_restarts instead of restarting it for ever there.
+    history = [BudgetEntry(100, 1, recovered=True)] * 3 + [BudgetEntry(100, 0, False)]
+    assert restarts_used(history) == 3
+    # Getting further after a verified recovery refills the budget.
+    assert restarts_used([BudgetEntry(100, 2, True), BudgetEntry(150, 0, False)]) == 0
+    # A recovery that never verified does not.
+    assert restarts_used([BudgetEntry(100, 2, False), BudgetEntry(150, 1, False)]) == 3
+
+
+@given(entries)
+def test_the_budget_counts_restarts_since_the_last_refill(history: list[BudgetEntry]) -> None:
+    used = restarts_used(history)
+    assert 0 <= used <= sum(e.restarts for e in history)
+    assert used >= history[-1].restarts  # the current incident's own restarts always count
+    refills = [
+        i
+        for i in range(1, len(history))
+        if budget_refills(
+            recovered=history[i - 1].recovered,
+            previous_failed_step=history[i - 1].failed_step,
+            failed_step=history[i].failed_step,
+        )
+    ]
+    start = refills[-1] if refills else 0
+    assert used == sum(e.restarts for e in history[start:])

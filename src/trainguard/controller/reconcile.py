@@ -43,7 +43,7 @@ import dataclasses
 import os
 import signal
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -104,6 +104,7 @@ from trainguard.model.records import (
 )
 from trainguard.policy import decide
 from trainguard.policy.approvals import approval_reason
+from trainguard.policy.budget import BudgetEntry, restarts_used
 from trainguard.policy.decide import NETWORK_EVIDENCE_KIND
 from trainguard.policy.evidence import Route, route_finding
 from trainguard.policy.hang import hang_detector
@@ -764,12 +765,40 @@ class Reconciler:
         hang = self._hangs.get(key)
         if hang is None:
             hang = self._hangs[key] = hang_detector(self._policy(fj, job), att.started_at)
+        # The first step seen and the last: two progress points once the job moved past
+        # its first step, however many steps one pass saw (a pass samples progress).
+        if att.first_step is not None and att.first_step_at is not None:
+            hang.observe(att.first_step, att.first_step_at)
         if att.last_step is not None and att.last_step_at is not None:
             hang.observe(att.last_step, att.last_step_at)
         if hang.check(now) is not None:
             del self._hangs[key]
             since = hang.last_progress_at if hang.last_progress_at is not None else att.started_at
             self._attempt_failed(fj, job, att, oj, fence, report, hang_since=since)
+
+    def _restarts_used(self, inc: IncidentRecord, ledger: Sequence[ActionRecord]) -> int:
+        """The job's restarts that count against this incident's budget (0130): the
+        earlier incidents' too, until a recovery verified and the job got further."""
+
+        def done(actions: Sequence[ActionRecord]) -> int:
+            return sum(
+                1 for a in actions if a.type == ActionKind.RESTART and a.state is ActionState.DONE
+            )
+
+        earlier = sorted(
+            (i for i in self.store.list_incidents(job_id=inc.job_id) if i.id < inc.id),
+            key=lambda i: i.id,
+        )
+        entries = [
+            BudgetEntry(
+                failed_step=i.failed_step,
+                restarts=done(self.fleet.list_actions(i.id)),
+                recovered=i.state is IncidentState.RECOVERED,
+            )
+            for i in earlier
+        ]
+        entries.append(BudgetEntry(inc.failed_step, done(ledger), recovered=False))
+        return restarts_used(entries)
 
     def _stop_if_observed(self, job: JobRecord, att: AttemptRecord, fence: Fence) -> None:
         """Observe mode ended the attempt on evidence while it still ran (an XID on its
@@ -1388,9 +1417,7 @@ class Reconciler:
         ]
         ledger = self.fleet.list_actions(inc.id)
         isolated = isolated_for_incident(ledger)
-        restarts_used = sum(
-            1 for a in ledger if a.type == ActionKind.RESTART and a.state is ActionState.DONE
-        )
+        restarts_used = self._restarts_used(inc, ledger)
         failed_rec = self._attempt_or_none(inc.job_id, failed_attempt)
         devices = self._device_statuses(obs, fj.scheduler_ref)
         devices += self._held_evidence(

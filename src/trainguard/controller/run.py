@@ -89,6 +89,7 @@ from trainguard.model.plan import (
 )
 from trainguard.model.records import AttemptState, AuditKind, IncidentState, JobState
 from trainguard.policy import decide
+from trainguard.policy.budget import budget_refills
 from trainguard.policy.evidence import Route, route_finding
 from trainguard.policy.hang import hang_detector
 from trainguard.schedulers.local import (
@@ -1283,13 +1284,12 @@ class RunController:
         if trigger.kind == "hang" and trigger.details.get("since") is not None:
             fault_at = float(trigger.details["since"])  # the job stopped moving then
         failed_step = att.steps.last_step
-        if (
-            att.incident_id is not None
-            and att.verified
-            and failed_step is not None
-            and (self.last_failed_step is None or failed_step > self.last_failed_step)
+        if budget_refills(
+            recovered=att.incident_id is not None and att.verified,
+            previous_failed_step=self.last_failed_step,
+            failed_step=failed_step,
         ):
-            self.restarts_used = 0  # the last recovery held and the job got further
+            self.restarts_used = 0  # the last recovery held and the job got further (0130)
         self.last_failed_step = failed_step
         rate = att.steps.rate()
         if rate is not None and (att.incident_id is None or att.verified):
