@@ -1,5 +1,6 @@
 """The pure policy pieces `trainguard run` and the cluster reconciler share (0130):
-hang detection from the policy, where a hardware finding goes, the breaker verdict."""
+hang detection from the policy, where a hardware finding goes, the breaker verdict,
+the restart budget, and what the evidence isolates."""
 
 from __future__ import annotations
 
@@ -7,10 +8,20 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trainguard.model.findings import Culprit, Domain, Finding, Severity
-from trainguard.model.plan import RecoveryPolicy
+from trainguard.model.devices import Device
+from trainguard.model.findings import Attribution, Culprit, Domain, Finding, IncidentKind, Severity
+from trainguard.model.health import HealthState
+from trainguard.model.plan import (
+    DeviceStatus,
+    Mode,
+    Quarantine,
+    RecoveryPolicy,
+    RecoverySnapshot,
+)
+from trainguard.policy import decide
 from trainguard.policy.breaker import BreakerConfig, quarantine_verdict
 from trainguard.policy.budget import BudgetEntry, budget_refills, restarts_used
+from trainguard.policy.decide import evidence_resources
 from trainguard.policy.evidence import Route, route_finding
 from trainguard.policy.hang import hang_config, hang_detector
 
@@ -159,3 +170,62 @@ def test_the_budget_counts_restarts_since_the_last_refill(history: list[BudgetEn
     ]
     start = refills[-1] if refills else 0
     assert used == sum(e.restarts for e in history[start:])
+
+
+# --- isolation targets: one definition for decide() and the snapshot builder ---------
+
+_DEVICES = tuple(
+    Device(index=i, uuid=f"GPU-{i}", pci_bus_id=f"0000:{0x10 + i:02x}:00.0", host=f"h{i // 2}")
+    for i in range(8)
+)
+culprits = st.builds(
+    Culprit,
+    device_uuid=st.none() | st.sampled_from([d.uuid for d in _DEVICES] + ["GPU-elsewhere"]),
+    pci_bus_id=st.none() | st.sampled_from([d.pci_bus_id[:-2] for d in _DEVICES]),
+    host=st.none() | st.sampled_from(["h0", "h1", "h2", "h3", "far"]),
+)
+evidence = st.builds(
+    Finding,
+    kind=st.sampled_from(["xid", "node_down", "network_error", "crash"]),
+    domain=st.sampled_from([Domain.HARDWARE, Domain.NODE, Domain.NETWORK, Domain.UNKNOWN]),
+    at=st.just(1.0),
+    source=st.just("kernel"),
+    message=st.just("m"),
+    culprit=culprits,
+)
+
+
+@given(
+    st.sampled_from([Domain.HARDWARE, Domain.NODE, Domain.UNKNOWN]),
+    culprits,
+    st.lists(evidence, max_size=4),
+)
+def test_the_snapshot_builder_and_decide_agree_on_what_the_evidence_isolates(
+    domain: Domain, culprit: Culprit, findings: list[Finding]
+) -> None:
+    attribution = Attribution(
+        kind=IncidentKind.CRASH,
+        domain=domain,
+        culprit=culprit,
+        confidence=0.9,
+        summary="s",
+        findings=tuple(findings),
+    )
+    named_devices, named_hosts = evidence_resources(attribution, _DEVICES)
+    plan = decide(
+        RecoverySnapshot(
+            now=2.0,
+            job_id="j",
+            attempt=0,
+            restarts_used=0,
+            policy=RecoveryPolicy(need=1),
+            mode=Mode.ACT,
+            attribution=attribution,
+            devices=tuple(DeviceStatus(d, HealthState.HEALTHY) for d in _DEVICES),
+            assigned=tuple(d.uuid for d in _DEVICES),
+            checkpoints=(),
+        )
+    )
+    quarantined = [a for a in plan.actions if isinstance(a, Quarantine)]
+    assert {a.resource_id for a in quarantined if a.resource_kind == "device"} == named_devices
+    assert {a.resource_id for a in quarantined if a.resource_kind == "node"} == named_hosts

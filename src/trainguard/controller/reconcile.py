@@ -105,7 +105,7 @@ from trainguard.model.records import (
 from trainguard.policy import decide
 from trainguard.policy.approvals import approval_reason
 from trainguard.policy.budget import BudgetEntry, restarts_used
-from trainguard.policy.decide import NETWORK_EVIDENCE_KIND
+from trainguard.policy.decide import evidence_resources
 from trainguard.policy.evidence import Route, route_finding
 from trainguard.policy.hang import hang_detector
 from trainguard.schedulers.base import (
@@ -1205,26 +1205,9 @@ class Reconciler:
         never count as capacity — except what this incident already isolated (it is
         skipped there without being excluded), which is therefore not added.
         """
-        uuids: set[str] = set()
-        hosts: set[str] = set()
-        own = {d.uuid: d for d in (failed.devices if failed else ())}
-        own_pci = {d.pci_bus_id: d.uuid for d in own.values()}
-        candidates = [(attribution.domain, attribution.culprit, None)] + [
-            (f.domain, f.culprit, f.kind) for f in attribution.findings
-        ]
-        for domain, culprit, kind in candidates:
-            uuid = culprit.device_uuid if culprit.device_uuid in own else None
-            if uuid is None and culprit.pci_bus_id:
-                try:
-                    uuid = own_pci.get(normalize_pci_bus_id(culprit.pci_bus_id))
-                except ValueError:
-                    uuid = None
-            if domain is Domain.HARDWARE and uuid is not None:
-                uuids.add(uuid)
-            elif domain is Domain.NODE or kind == NETWORK_EVIDENCE_KIND:
-                host = culprit.host or (own[uuid].host if uuid is not None else None)
-                if host:
-                    hosts.add(host)
+        # decide()'s own rule for what the evidence isolates (one definition, 0130).
+        named_uuids, named_hosts = evidence_resources(attribution, failed.devices if failed else ())
+        uuids, hosts = set(named_uuids), set(named_hosts)
         out = set(isolated)
         uuids -= out
         hosts -= out
