@@ -29,6 +29,7 @@ from _fleet import Fleet  # noqa: E402
 
 from trainguard.controller.run import RunOptions, run_job  # noqa: E402
 from trainguard.controller.service import ControlPlane  # noqa: E402
+from trainguard.model.findings import Culprit, Domain, Finding, Severity  # noqa: E402
 from trainguard.model.health import HealthState  # noqa: E402
 from trainguard.store import Store  # noqa: E402
 from trainguard.store.fleet import FleetStore  # noqa: E402
@@ -64,11 +65,12 @@ class Policy:
 
 @dataclass(frozen=True)
 class Xid:
-    """An XID on the GPU of the running attempt, once the job's checkpoint at
-    ``after_checkpoint`` exists (the job is still running)."""
+    """An XID once the job's checkpoint at ``after_checkpoint`` exists (the job is still
+    running): on the GPU of the running attempt, or (``idle``) on a card no job holds."""
 
     after_checkpoint: int = 10
     xid: int = 79
+    idle: bool = False
 
 
 @dataclass
@@ -115,6 +117,28 @@ def _xid_line(pci_bus_id: str, xid: int) -> str:
     return f"NVRM: Xid (PCI:{pci_bus_id[:-2]}): {xid}, pid=1234, GPU has fallen off the bus."
 
 
+def _ingest_idle_xid(fleet: Fleet, held: set[str], xid: int) -> str:
+    """An agent reports an XID for a card no job holds (by PCI bus id on its host)."""
+    dev = next(d for d in fleet.cluster.observe().devices if d.uuid not in held)
+    line = _xid_line(dev.pci_bus_id, xid)
+    fleet.cp.ingest_finding(
+        Finding(
+            kind="xid",
+            domain=Domain.HARDWARE,
+            at=time.time(),
+            source="kernel",
+            message=line,
+            severity=Severity.FATAL,
+            evidence=(line,),
+            culprit=Culprit(pci_bus_id=dev.pci_bus_id),
+            xid=xid,
+            signature=f"xid:{xid}",
+        ),
+        host=dev.host,
+    )
+    return dev.uuid
+
+
 def _wait(pred: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not pred():
@@ -157,7 +181,10 @@ def run_mode(
             with Store.open(state) as store:
                 [job] = store.list_jobs()
                 [att] = store.list_attempts(job.id)
-                dev = store.get_device(att.device_uuids[0])
+                if xid.idle:
+                    dev = next(d for d in store.list_devices() if d.uuid not in att.device_uuids)
+                else:
+                    dev = store.get_device(att.device_uuids[0])
             named.append(dev.uuid)
             with kern.open("a") as fh:
                 fh.write(_xid_line(dev.device.pci_bus_id, xid.xid) + "\n")
@@ -195,8 +222,11 @@ def serve_mode(
                 fleet.cp.run_once()  # follow the job's progress meanwhile
                 assert time.monotonic() < deadline, "no checkpoint"
                 time.sleep(0.05)
-            named = fleet.xid(fj, device_index=0, xid=xid.xid)
-            assert named == oj.devices[0].uuid
+            if xid.idle:
+                named = _ingest_idle_xid(fleet, {d.uuid for d in oj.devices}, xid.xid)
+            else:
+                named = fleet.xid(fj, device_index=0, xid=xid.xid)
+                assert named == oj.devices[0].uuid
         finished = done or (lambda cp, job_id: fleet.store.get_job(job_id).state.terminal)
         fleet.run_until(lambda: finished(fleet.cp, fj.job_id), timeout=timeout)
         return _read(fleet.store, fj.job_id, named)

@@ -67,3 +67,22 @@ def test_a_fatal_xid_on_the_running_attempts_gpu_recovers_now_and_opens_a_repair
     assert out.attempts == ["failed", "completed"], out
     assert out.quarantined == [out.xid_device], out
     assert out.repairs == [out.xid_device], out
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_fatal_xid_on_an_idle_card_quarantines_it_and_leaves_the_job_alone(
+    mode: str, tmp_path: Path, sqlite_target: str
+) -> None:
+    # serve used to store such a finding and nothing more.
+    out = _scenario(
+        mode,
+        tmp_path,
+        sqlite_target,
+        ["--steps", "30"],
+        Policy(),
+        xid=Xid(after_checkpoint=10, idle=True),
+    )
+    assert out.xid_device is not None
+    assert out.incidents == [] and out.attempts == ["completed"], out
+    assert out.quarantined == [out.xid_device], out
+    assert out.repairs == [out.xid_device], out

@@ -54,6 +54,7 @@ from trainguard.controller.policies import DEFAULT_POLICY, merge, parse_policy, 
 from trainguard.controller.repair import (
     DeliveryConfig,
     deliver_due,
+    idle_card_repair,
     open_quarantine_repair,
     page_payload,
 )
@@ -106,7 +107,7 @@ from trainguard.policy import decide
 from trainguard.policy.approvals import approval_reason
 from trainguard.policy.budget import BudgetEntry, restarts_used
 from trainguard.policy.decide import evidence_resources
-from trainguard.policy.evidence import Route, route_finding
+from trainguard.policy.evidence import Route, idle_quarantine_reason, route_finding
 from trainguard.policy.hang import hang_detector
 from trainguard.schedulers.base import (
     ActionResult,
@@ -247,6 +248,10 @@ def resolve_mode(
     return EffectiveMode(default, None)
 
 
+# Idle-card evidence older than this is not acted on (0130): a card in use or looked at
+# since then is not judged again on it.
+IDLE_EVIDENCE_MAX_AGE_S = 3600.0
+
 # More changed devices than this in one pass: one read of all instead of one each.
 _REREAD_ALL_ABOVE = 256
 
@@ -341,6 +346,7 @@ class Reconciler:
         # restart of the controller: the new one starts from the stored last step with
         # the start-up allowance, so a restart can delay a hang verdict, never invent one.
         self._hangs: dict[tuple[str, int], HangDetector] = {}
+        self._idle_cursor = 0  # findings up to this id were judged as idle-card evidence
         self._progress = ProgressLineParser(self.config.progress_pattern)
         self.last_report: PassReport | None = None
         self._policy_cache: dict[str, PolicyDocument | None] = {}
@@ -391,6 +397,8 @@ class Reconciler:
                 except Exception as exc:  # one bad job must not stop the others
                     report.errors.append(f"job {fj.job_id}: {type(exc).__name__}: {exc}")
             phase("jobs")
+            self._quarantine_idle_cards(obs, fence)
+            phase("idle")
             obs = self.scheduler.observe() if report.opened else obs
             live = self._live_incidents()
             planned, broken = self._plan_new(live, obs, modes, fence, report)
@@ -1849,6 +1857,116 @@ class Reconciler:
             effects,
         )
 
+    def _hold_back(
+        self, rkind: str, rid: str, reason: str, *, trip: bool, at: float, incident_id: int | None
+    ) -> None:
+        """The breaker held a quarantine back: trip it (and page) when this check did,
+        and record the suppression (silenced, not forgotten). In the caller's transaction."""
+        if trip and self.fleet.get_breaker(QUARANTINE_BREAKER).state is BreakerState.CLOSED:
+            self.fleet.set_breaker(
+                QUARANTINE_BREAKER, BreakerState.OPEN, at=at, actor=self.identity, reason=reason
+            )
+            self.store.append_audit(
+                at,
+                self.identity,
+                AuditKind.ERROR,
+                f"breaker:{QUARANTINE_BREAKER}",
+                f"PAGE: quarantine breaker tripped: {reason}",
+                {"page": True, "incident_id": incident_id, "resource": f"{rkind}:{rid}"},
+                incident_id=incident_id,
+            )
+            if self.config.page_webhook:
+                self.fleet.enqueue_delivery(
+                    self.config.page_webhook,
+                    "page",
+                    page_payload(
+                        f"trainguard quarantine breaker tripped: {reason}",
+                        at,
+                        {"incident_id": incident_id, "resource": f"{rkind}:{rid}"},
+                    ),
+                    at=at,
+                )
+        self.fleet.record_suppression(
+            QUARANTINE_BREAKER,
+            rkind,
+            rid,
+            reason,
+            at=at,
+            actor=self.identity,
+            incident_id=incident_id,
+        )
+
+    def _quarantine_idle_cards(self, obs: Observation, fence: Fence) -> None:
+        """A fatal hardware finding on a card that no job and no live incident holds
+        quarantines it (and opens its repair record), as `trainguard run` does (0130).
+
+        Findings are read once each (a cursor by id; after a restart of the controller
+        they are read again, and the level checks below make that harmless): only
+        those younger than ``IDLE_EVIDENCE_MAX_AGE_S``, on a card whose health has not
+        changed since (a release or a validation after the finding wins).
+        """
+        rows = self.fleet.findings_after(self._idle_cursor)
+        if not rows:
+            return
+        self._idle_cursor = max(int(r["id"]) for r in rows)
+        now = self.clock()
+        held = {d.uuid for oj in obs.jobs.values() if not oj.phase.terminal for d in oj.devices}
+        for inc in self._live_incidents():
+            att = self._attempt_or_none(inc.job_id, inc.attempt)
+            held |= {d.uuid for d in (att.devices if att is not None else ())}
+        for row in rows:
+            try:
+                f = Finding.from_dict(row["finding"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            uuid = row.get("device_uuid") or f.culprit.device_uuid
+            if (
+                f.at < now - IDLE_EVIDENCE_MAX_AGE_S
+                or route_finding(f, attempt_devices=held, device_uuid=uuid)
+                is not Route.QUARANTINE_IDLE
+            ):
+                continue
+            assert uuid is not None
+            try:
+                dev = self.store.get_device(uuid)
+            except NotFound:
+                continue
+            if dev.state not in (HealthState.HEALTHY, HealthState.SUSPECT):
+                continue
+            if any(h.at > f.at for h in self.store.device_history(uuid)[1:]):
+                continue  # its health changed after the finding: that decision stands
+            verdict = check_quarantine(
+                self.fleet,
+                self.config.breaker,
+                resource_kind="device",
+                population=len(obs.devices),
+                now=now,
+            )
+            with self.fleet.fenced(fence, now):
+                if not verdict.allow:
+                    self._hold_back(
+                        "device",
+                        uuid,
+                        verdict.reason or "breaker",
+                        trip=verdict.tripped_now,
+                        at=now,
+                        incident_id=None,
+                    )
+                    continue
+                self.store.transition_device(
+                    uuid, HealthState.QUARANTINED, idle_quarantine_reason(f), self.identity, now
+                )
+                self.fleet.record_quarantine("device", uuid, at=now, incident_id=None)
+                idle_card_repair(
+                    self.fleet,
+                    f,
+                    uuid=uuid,
+                    host=dev.device.host,
+                    at=now,
+                    actor=self.identity,
+                    webhook=self.config.repair_webhook,
+                )
+
     def _suppress(
         self,
         inc: IncidentRecord,
@@ -1864,43 +1982,7 @@ class Reconciler:
         now = self.clock()
 
         def effects() -> None:
-            if trip and self.fleet.get_breaker(QUARANTINE_BREAKER).state is BreakerState.CLOSED:
-                self.fleet.set_breaker(
-                    QUARANTINE_BREAKER,
-                    BreakerState.OPEN,
-                    at=now,
-                    actor=self.identity,
-                    reason=reason,
-                )
-                self.store.append_audit(
-                    now,
-                    self.identity,
-                    AuditKind.ERROR,
-                    f"breaker:{QUARANTINE_BREAKER}",
-                    f"PAGE: quarantine breaker tripped: {reason}",
-                    {"page": True, "incident_id": inc.id, "resource": f"{rkind}:{rid}"},
-                    incident_id=inc.id,
-                )
-                if self.config.page_webhook:
-                    self.fleet.enqueue_delivery(
-                        self.config.page_webhook,
-                        "page",
-                        page_payload(
-                            f"trainguard quarantine breaker tripped: {reason}",
-                            now,
-                            {"incident_id": inc.id, "resource": f"{rkind}:{rid}"},
-                        ),
-                        at=now,
-                    )
-            self.fleet.record_suppression(
-                QUARANTINE_BREAKER,
-                rkind,
-                rid,
-                reason,
-                at=now,
-                actor=self.identity,
-                incident_id=inc.id,
-            )
+            self._hold_back(rkind, rid, reason, trip=trip, at=now, incident_id=inc.id)
             self.store.add_incident_action(
                 inc.id,
                 {

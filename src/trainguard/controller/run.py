@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainguard.checkpoints import scan, validate
-from trainguard.controller.repair import open_quarantine_repair
+from trainguard.controller.repair import idle_card_repair, open_quarantine_repair
 from trainguard.diagnose.attribution import DEFAULT_CORRELATION_WINDOW, attribute
 from trainguard.diagnose.detectors import (
     HangDetector,
@@ -90,7 +90,7 @@ from trainguard.model.plan import (
 from trainguard.model.records import AttemptState, AuditKind, IncidentState, JobState
 from trainguard.policy import decide
 from trainguard.policy.budget import budget_refills
-from trainguard.policy.evidence import Route, route_finding
+from trainguard.policy.evidence import Route, idle_quarantine_reason, route_finding
 from trainguard.policy.hang import hang_detector
 from trainguard.schedulers.local import (
     LaunchSpec,
@@ -1229,15 +1229,25 @@ class RunController:
         except Exception:
             return
         if state in (HealthState.HEALTHY, HealthState.SUSPECT):
-            self.db.transition_device(
-                uuid,
-                HealthState.QUARANTINED,
-                f"{f.kind} {f.xid or ''} on an idle device: {f.message}"[:400],
-                ACTOR,
-                self.clock(),
-                job_id=self.job_id,
-            )
-            self.say(f"device {uuid} quarantined (not in use): {f.message}")
+            now = self.clock()
+            with self.db.transaction():
+                self.db.transition_device(
+                    uuid,
+                    HealthState.QUARANTINED,
+                    idle_quarantine_reason(f),
+                    ACTOR,
+                    now,
+                    job_id=self.job_id,
+                )
+                repair = idle_card_repair(
+                    FleetStore(self.db),
+                    f,
+                    uuid=uuid,
+                    host=next((d.host for d in self.inventory if d.uuid == uuid), None),
+                    at=now,
+                    actor=ACTOR,
+                )
+            self.say(f"device {uuid} quarantined (not in use, repair {repair.id}): {f.message}")
 
     def _record_finding(self, att: _Attempt, f: Finding) -> None:
         att.findings.append(f)

@@ -53,4 +53,11 @@ def route_finding(
     return Route.OBSERVE
 
 
-__all__ = ["Route", "route_finding"]
+def idle_quarantine_reason(finding: Finding) -> str:
+    """Why an idle card is quarantined (``Route.QUARANTINE_IDLE``), said the same in
+    every mode."""
+    xid = f" {finding.xid}" if finding.xid is not None else ""
+    return f"{finding.kind}{xid} on an idle device: {finding.message}"[:400]
+
+
+__all__ = ["Route", "idle_quarantine_reason", "route_finding"]
