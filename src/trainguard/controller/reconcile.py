@@ -251,6 +251,9 @@ def resolve_mode(
 # Idle-card evidence older than this is not acted on (0130): a card in use or looked at
 # since then is not judged again on it.
 IDLE_EVIDENCE_MAX_AGE_S = 3600.0
+# New findings are read in batches of this many, at most this many batches a pass.
+FINDING_BATCH = 1000
+FINDING_BATCHES_PER_PASS = 10
 
 # More changed devices than this in one pass: one read of all instead of one each.
 _REREAD_ALL_ABOVE = 256
@@ -346,7 +349,12 @@ class Reconciler:
         # restart of the controller: the new one starts from the stored last step with
         # the start-up allowance, so a restart can delay a hang verdict, never invent one.
         self._hangs: dict[tuple[str, int], HangDetector] = {}
-        self._idle_cursor = 0  # findings up to this id were judged as idle-card evidence
+        # Findings up to this id were read by an earlier pass (None: none yet); each pass
+        # reads what is new once (_pass_findings) for the running attempts and idle cards.
+        self._finding_cursor: int | None = None
+        self._pass_findings: list[dict[str, Any]] = []
+        # Attempts whose whole evidence history was read once; later passes read the new.
+        self._evidence_read: set[tuple[str, int]] = set()
         self._progress = ProgressLineParser(self.config.progress_pattern)
         self.last_report: PassReport | None = None
         self._policy_cache: dict[str, PolicyDocument | None] = {}
@@ -383,6 +391,7 @@ class Reconciler:
         phase = _Phases(report.phases)
         if self.scheduler is not None:
             obs = self.scheduler.observe()
+            self._pass_findings = self._read_new_findings()
             phase("observe")
             self._sync_inventory(obs)
             phase("inventory")
@@ -694,6 +703,7 @@ class Reconciler:
         for number, att in attempts.items():
             if number < oj.attempt:
                 self._hangs.pop((job.id, number), None)
+                self._evidence_read.discard((job.id, number))
             if number < oj.attempt and not att.state.terminal:
                 self.store.finish_attempt(
                     job.id,
@@ -715,6 +725,7 @@ class Reconciler:
         att = self.store.get_attempt(job.id, att.number)
         if oj.phase is not JobPhase.RUNNING:
             self._hangs.pop((job.id, att.number), None)  # over: nothing left to time
+            self._evidence_read.discard((job.id, att.number))
         if oj.phase is JobPhase.COMPLETED:
             with self.fleet.fenced(fence, self.clock()):
                 self.store.finish_attempt(
@@ -760,7 +771,7 @@ class Reconciler:
         # Running: fatal hardware evidence on its GPUs (a kernel-log XID an agent sent), or
         # a fatal node finding on its hosts, fails it now instead of waiting for the job
         # to crash or hang on the card, as in `trainguard run` (policy/evidence.py, 0130).
-        evidence = self.fatal_evidence(job.id, att, now)
+        evidence = self._new_fatal_evidence(job.id, att, now)
         if evidence:
             self._hangs.pop((job.id, att.number), None)
             job = self.store.get_job(job.id)  # _start_attempt may have just made it running
@@ -931,9 +942,44 @@ class Reconciler:
     def _node_list(self, job_id: str, att: AttemptRecord, oj: ObservedJob) -> list[str]:
         return list(oj.nodes)
 
-    def fatal_evidence(self, job_id: str, att: AttemptRecord, until: float) -> list[Finding]:
+    def _read_new_findings(self) -> list[dict[str, Any]]:
+        """The findings stored since the last pass (by id: a late delivery counts too)."""
+        now = self.clock()
+        if self._finding_cursor is None:
+            # First pass (or a restart): what can still matter; each attempt's own
+            # history is read in full once by _new_fatal_evidence.
+            rows = self.fleet.findings_between(now - IDLE_EVIDENCE_MAX_AGE_S, now + 1.0)
+            self._finding_cursor = max((int(r["id"]) for r in rows), default=0)
+            return rows
+        out: list[dict[str, Any]] = []
+        for _ in range(FINDING_BATCHES_PER_PASS):
+            rows = self.fleet.findings_after(self._finding_cursor, FINDING_BATCH)
+            if rows:
+                self._finding_cursor = max(int(r["id"]) for r in rows)
+            out += rows
+            if len(rows) < FINDING_BATCH:
+                break
+        return out
+
+    def _new_fatal_evidence(self, job_id: str, att: AttemptRecord, now: float) -> list[Finding]:
+        """:meth:`fatal_evidence` over this pass's new findings; over the attempt's whole
+        history the first time this controller sees the attempt."""
+        key = (job_id, att.number)
+        if key not in self._evidence_read:
+            self._evidence_read.add(key)
+            return self.fatal_evidence(job_id, att, now)
+        return self.fatal_evidence(job_id, att, now, rows=self._pass_findings)
+
+    def fatal_evidence(
+        self,
+        job_id: str,
+        att: AttemptRecord,
+        until: float,
+        rows: Sequence[Mapping[str, Any]] | None = None,
+    ) -> list[Finding]:
         """Findings since the attempt started that fail it now (``Route.RECOVER``):
-        fatal hardware faults on its GPUs, fatal node faults on its hosts; oldest first."""
+        fatal hardware faults on its GPUs, fatal node faults on its hosts; oldest first.
+        ``rows``: judge these stored findings instead of reading the attempt's."""
         uuids = {d.uuid for d in att.devices}
         # A finding ingested before the inventory knew the card names it by PCI bus id
         # on its host: resolve it against the attempt's own devices.
@@ -942,7 +988,9 @@ class Reconciler:
         }
         hosts = self._hosts(job_id, att)
         out: list[Finding] = []
-        for row in self.fleet.findings_between(att.started_at, until + 1.0):
+        if rows is None:
+            rows = self.fleet.findings_between(att.started_at, until + 1.0)
+        for row in rows:
             try:
                 f = Finding.from_dict(row["finding"])
             except (KeyError, TypeError, ValueError):
@@ -1900,15 +1948,14 @@ class Reconciler:
         """A fatal hardware finding on a card that no job and no live incident holds
         quarantines it (and opens its repair record), as `trainguard run` does (0130).
 
-        Findings are read once each (a cursor by id; after a restart of the controller
-        they are read again, and the level checks below make that harmless): only
-        those younger than ``IDLE_EVIDENCE_MAX_AGE_S``, on a card whose health has not
-        changed since (a release or a validation after the finding wins).
+        Findings are judged once each (this pass's new ones; after a restart of the
+        controller the last hour's again, and the level checks below make that
+        harmless): only those younger than ``IDLE_EVIDENCE_MAX_AGE_S``, on a card whose
+        health has not changed since (a release or a validation after the finding wins).
         """
-        rows = self.fleet.findings_after(self._idle_cursor)
+        rows = self._pass_findings
         if not rows:
             return
-        self._idle_cursor = max(int(r["id"]) for r in rows)
         now = self.clock()
         held = {d.uuid for oj in obs.jobs.values() if not oj.phase.terminal for d in oj.devices}
         for inc in self._live_incidents():
