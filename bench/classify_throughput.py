@@ -103,6 +103,59 @@ def _noise_line(rng: random.Random, step: int) -> str:
     )
 
 
+def _chatter_line(rng: random.Random, step: int) -> str:
+    """Healthy lines that share words with failures (issue 15's second log)."""
+    host = f"node{rng.randrange(1, 65):02d}"
+    rank = rng.randrange(0, 64)
+    pid = f"{host}:{rng.randrange(1000, 99999)}:{rng.randrange(1000, 99999)} [{rank % 8}]"
+    gpu = rng.randrange(8)
+    r = rng.random()
+    if r < 0.40:
+        return rng.choice(
+            [
+                f"{pid} NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB ; "
+                f"OOB ib0:10.0.0.{rank}<0>",
+                f"{pid} NCCL INFO Channel {rng.randrange(32):02d}/0 : {rank}[{rank % 8}] -> "
+                f"{(rank + 1) % 64}[{(rank + 1) % 8}] [send] via NET/IB/0/GDRDMA",
+                f"{pid} NCCL INFO NCCL_IB_TIMEOUT set by environment to 22.",
+                f"{pid} NCCL INFO Connected all rings",
+                f"{pid} NCCL INFO [Service thread] Connection closed by localRank {rank % 8}",
+                f"{pid} NCCL INFO comm 0x{rng.getrandbits(40):x} rank {rank} nranks 64 cudaDev "
+                f"{rank % 8} busId 3a000 commId 0x{rng.getrandbits(60):x} - Init COMPLETE",
+                f"{pid} NCCL INFO NET/Plugin: No plugin found (libnccl-net.so)",
+                f"{pid} NCCL INFO Using network IB",
+            ]
+        )
+    if r < 0.50:
+        return rng.choice(
+            [
+                f"{pid} NCCL WARN NUMA auto balancing enabled which can lead to variability",
+                f"{pid} NCCL WARN Ignoring NCCL_P2P_LEVEL=NVL, NCCL_P2P_DISABLE is set",
+            ]
+        )
+    if r < 0.80:
+        return rng.choice(
+            [
+                f"GPU {gpu}: 0 uncorrectable ECC errors, {rng.randrange(5)} correctable",
+                f"[health] gpu={gpu} ECC errors: 0 retired pages: none",
+                f"[health] node={host} no XID errors in the last {rng.randrange(1, 60)} min",
+                f"dcgm gpu={gpu} xid_errors=0 pcie_replay=0 nvlink_crc_errors=0",
+                f"Volatile Uncorr. ECC: 0, Aggregate Uncorr. ECC: 0 (GPU {gpu})",
+                f"nvlink: link {rng.randrange(18)} replay errors=0 recovery errors=0",
+            ]
+        )
+    return rng.choice(
+        [
+            f"[rank{rank}]: eval step={step} Validation Error: {rng.uniform(0, 1):.4f}",
+            f"epoch {step // 1000} Top-1 Error: {rng.uniform(10, 40):.2f} "
+            f"Top-5 Error: {rng.uniform(1, 10):.2f}",
+            f"metrics: MeanSquaredError: {rng.uniform(0, 1):.4f} "
+            f"MeanAbsoluteError: {rng.uniform(0, 1):.4f}",
+            f"reconstruction Error: {rng.uniform(0, 0.01):.5f}",
+        ]
+    )
+
+
 def _failure_block(rng: random.Random, corpus: list[str]) -> list[str]:
     if rng.random() < 0.1:
         rank = rng.randrange(0, 64)
@@ -115,7 +168,8 @@ def _failure_block(rng: random.Random, corpus: list[str]) -> list[str]:
     return [rng.choice(corpus)]
 
 
-def generate(path: Path, lines: int, every: int, seed: int) -> dict[str, int]:
+def generate(path: Path, lines: int, every: int, seed: int, chatter: float = 0.0) -> dict[str, int]:
+    """The log; ``chatter`` is the share of lines from :func:`_chatter_line`."""
     import yaml
 
     corpus = [
@@ -132,7 +186,12 @@ def generate(path: Path, lines: int, every: int, seed: int) -> dict[str, int]:
                 block = _failure_block(rng, corpus)
                 failures += 1
             else:
-                block = [_noise_line(rng, written)]
+                line = (
+                    _chatter_line(rng, written)
+                    if chatter and rng.random() < chatter
+                    else _noise_line(rng, written)
+                )
+                block = [line]
             buf.extend(block)
             written += len(block)
             if len(buf) >= 50000:
@@ -221,16 +280,31 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--portable-repeat", type=int, default=1, help="runs of the slow fallback")
     ap.add_argument("--seed", type=int, default=4)
-    ap.add_argument("--keep", action="store_true", help="keep the generated log")
+    ap.add_argument("--keep", action="store_true", help="keep the generated logs")
+    ap.add_argument(
+        "--chatter", type=float, default=0.30, help="share of chatter lines in the second log"
+    )
     args = ap.parse_args()
 
     grep = shutil.which("grep")
     if grep is None:
         print("grep not found", file=sys.stderr)
         return 2
-    log = RESULTS / f"classify_log_{args.lines}.txt"
+    results: dict[str, object] = {
+        "env": {"LC_ALL": os.environ.get("LC_ALL"), "LANG": os.environ.get("LANG")}
+    }
+    for name, chatter in (("generated", 0.0), ("chatter30", args.chatter)):
+        print(f"--- log {name!r} ({chatter:.0%} NCCL chatter, zero counters, benign Error:)")
+        results[name] = _bench_log(args, grep, name, chatter)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "classify_throughput.json").write_text(json.dumps(results, indent=2))
+    return 0
+
+
+def _bench_log(args: argparse.Namespace, grep: str, name: str, chatter: float) -> dict:
+    log = RESULTS / f"classify_log_{name}_{args.lines}.txt"
     t0 = time.perf_counter()
-    info = generate(log, args.lines, args.every, args.seed)
+    info = generate(log, args.lines, args.every, args.seed, chatter)
     gen_s = time.perf_counter() - t0
     n = info["lines"]
     print(
@@ -241,7 +315,6 @@ def main() -> int:
     tg = [sys.executable, "-m", "trainguard.cli", "classify", "--json"]
     pats = grep_patterns()
     grep_cmd = [grep, "-c", "-E", *[a for p in pats for a in ("-e", p)], str(log)]
-    env_note = {"LC_ALL": os.environ.get("LC_ALL"), "LANG": os.environ.get("LANG")}
 
     rows = []
     grep_s, grep_out = _best(grep_cmd, args.repeat)
@@ -261,29 +334,27 @@ def main() -> int:
 
     print()
     print(f"{'command':44} {'seconds':>8} {'lines/s':>14} {'vs grep':>8} {'lines':>7}")
-    for name, s, count in rows:
+    for label, s, count in rows:
         rate = n / s
         ratio = grep_s / s
-        print(f"{name:44} {s:8.2f} {rate:14,.0f} {ratio:8.2f} {count:7d}")
-        key = name.split(" (")[0].replace(" ", "_").replace("-", "")
+        print(f"{label:44} {s:8.2f} {rate:14,.0f} {ratio:8.2f} {count:7d}")
+        key = label.split(" (")[0].replace(" ", "_").replace("-", "")
         results[key] = {"seconds": s, "lines_per_s": rate, "ratio_to_grep": ratio, "found": count}
     loop_rate = len(head) / loop_s
     print(
         f"{'python loop classify_line (first 500k lines)':44} {loop_s:8.2f} "
         f"{loop_rate:14,.0f} {loop_rate / (n / grep_s):8.2f} {loop_found:7d}"
     )
+    print()
     results["python_line_loop"] = {
         "lines": len(head),
         "seconds": loop_s,
         "lines_per_s": loop_rate,
         "ratio_to_grep": loop_rate / (n / grep_s),
     }
-    results["env"] = env_note
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "classify_throughput.json").write_text(json.dumps(results, indent=2))
     if not args.keep:
         log.unlink()
-    return 0
+    return results
 
 
 if __name__ == "__main__":

@@ -113,9 +113,14 @@ def test_dashboard_shows_an_incident_and_approves_an_action(tmp_path: Path) -> N
                 try:
                     page = browser.new_page()
                     page.goto(server.url + "/")
+                    # Before a token: how to sign in, not sections of zeros.
+                    page.wait_for_selector("#signin", state="visible")
+                    assert not page.is_visible("#jobs-card")
+                    assert not page.is_visible("#approvals-count")
                     page.fill("#token-input", OP)
                     page.click("#token-save")
                     page.wait_for_selector("#whoami:has-text('alice (operator)')")
+                    page.wait_for_selector("#signin", state="hidden")
                     page.wait_for_selector("#jobs tbody tr.job >> nth=1")
                     assert "No open incidents" in page.inner_text("#incidents")
 

@@ -70,7 +70,13 @@ def wait_for(
 class Proc:
     """A child process with its output in a file (read it when a test fails)."""
 
-    def __init__(self, args: Sequence[str], log: Path, env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        args: Sequence[str],
+        log: Path,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+    ):
         self.args = list(args)
         self.log = log
         self._fh = open(log, "ab")  # noqa: SIM115
@@ -80,6 +86,7 @@ class Proc:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=env or cli_env(),
+            cwd=cwd,
             start_new_session=True,
         )
 

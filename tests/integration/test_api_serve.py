@@ -213,6 +213,7 @@ def test_agent_xid_and_job_death_become_one_recovered_incident(tmp_path: Path) -
 
 @pytest.mark.slow
 def test_serve_creates_private_tokens_and_listens_on_loopback(tmp_path: Path) -> None:
+    (tmp_path / "db").mkdir()  # an explicit --database must be in a directory that exists
     proc = Proc(
         [
             sys.executable,

@@ -58,7 +58,7 @@ HEARTBEATS: list[tuple[str, str | None, Any]] = [
     ("n1", VIEW, {"seq": 1, "at": T0}),  # not an agent: 403
     ("n1", AGENT_N1, {"seq": -1, "at": T0}),
     ("n1", AGENT_N1, {"seq": 1, "at": T0, "extra": True}),
-    ("n1", AGENT_N1, {"seq": 1.0, "at": T0}),  # coerced by the framework
+    ("n1", AGENT_N1, {"seq": 1.0, "at": T0}),  # not an integer (strict), as True
     ("n1", AGENT_N1, {"seq": True, "at": T0}),
     ("n1", AGENT_N1, {"seq": 1, "at": "soon"}),
     ("n1", AGENT_N1, {"seq": 1, "at": T0, "gpus": {"GPU-a": {"fan": 1}}}),
@@ -85,7 +85,7 @@ def test_heartbeats_answer_the_same_through_both_paths(
         path = f"/v1/agents/{host}/heartbeat"
         a, b = _post(fast, path, token, body), _post(slow, path, token, body)
         assert (a.status_code, a.json()) == (b.status_code, b.json()), (host, token, body)
-    assert fctx.nodes.beats == sctx.nodes.beats == 5  # seq 1.0 is coerced by the route
+    assert fctx.nodes.beats == sctx.nodes.beats == 3  # strict: neither 1.0 nor True is an int
     fn, sn = fctx.nodes.nodes["n1"], sctx.nodes.nodes["n1"]
     assert (fn.seq, fn.agent_at, fn.buffered, fn.gpus) == (
         sn.seq,

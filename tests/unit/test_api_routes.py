@@ -268,11 +268,11 @@ def test_findings_are_recorded_once_per_id_and_acknowledged_in_order(api: Api) -
     r = api.post(
         "/v1/agents/n1/findings", {"findings": [dict(f, id="n1:1"), dict(f, id="n1:2")]}, AGENT_N1
     )
-    assert r.json() == {"acked": ["n1:1", "n1:2"], "new": 2, "duplicates": 0}
+    assert r.json() == {"acked": ["n1:1", "n1:2"], "new": 2, "duplicates": 0, "rejected": []}
     r = api.post(
         "/v1/agents/n1/findings", {"findings": [dict(f, id="n1:2"), dict(f, id="n1:3")]}, AGENT_N1
     )
-    assert r.json() == {"acked": ["n1:2", "n1:3"], "new": 1, "duplicates": 1}
+    assert r.json() == {"acked": ["n1:2", "n1:3"], "new": 1, "duplicates": 1, "rejected": []}
     rows = api.control.fleet.findings_after(0)
     assert len(rows) == 3
     assert rows[0]["device_uuid"] == "GPU-n1-0" and rows[0]["host"] == "n1"

@@ -34,6 +34,7 @@ checkpoints = st.builds(
     valid=st.booleans(),
     reason=st.none() | text,
     notes=st.lists(text, max_size=3).map(tuple),
+    manifest_sha256=st.none() | st.text("0123456789abcdef", min_size=64, max_size=64),
 )
 actions = st.one_of(
     st.builds(

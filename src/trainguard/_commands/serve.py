@@ -30,6 +30,13 @@ def register(subparsers: Any) -> None:
         help=f"SQLite file or postgresql:// URL (default {DEFAULT_STATE})",
     )
     parser.add_argument(
+        "--tls-cert",
+        metavar="FILE",
+        help="PEM certificate (chain): serve HTTPS (with --tls-key); without it plain HTTP, "
+        "meant for loopback",
+    )
+    parser.add_argument("--tls-key", metavar="FILE", help="the PEM private key of --tls-cert")
+    parser.add_argument(
         "--token-file",
         metavar="FILE",
         help="YAML/JSON token file: token -> {role, name} (default: tokens.yaml next to the "
@@ -86,7 +93,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from trainguard.api.auth import TokenFileError
-    from trainguard.api.server import ServeOptions, serve
+    from trainguard.api.server import ServeError, ServeOptions, serve
     from trainguard.store import StoreError
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
@@ -111,9 +118,14 @@ def run(args: argparse.Namespace) -> int:
         loop=args.loop,
         repair_webhook=args.repair_webhook,
         page_webhook=args.page_webhook,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        default_database=args.database == DEFAULT_STATE,
     )
     try:
         return serve(options, say=lambda m: print(m, flush=True))
+    except ServeError as exc:
+        return error(str(exc), 2)  # a usage error: nothing was started or created
     except (TokenFileError, StoreError, ValueError, ImportError) as exc:
         return error(str(exc))
     except OSError as exc:

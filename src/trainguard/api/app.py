@@ -19,7 +19,8 @@ from trainguard import __version__
 from trainguard.api import routes_ingest, routes_operate, routes_read
 from trainguard.api.context import ApiContext
 from trainguard.api.fastlane import FastLane
-from trainguard.api.middleware import BodyLimit, RouteTiming
+from trainguard.api.jsonbody import StrictJson, validation_error
+from trainguard.api.middleware import BodyLimit, RouteTiming, SecurityHeaders
 from trainguard.model.statemachine import IllegalTransition
 from trainguard.store import NotFound, StoreError
 
@@ -56,6 +57,19 @@ def create_app(ctx: ApiContext, *, serve_dashboard: bool = True, fast_lane: bool
     async def _illegal(_: Request, exc: IllegalTransition) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=409)
 
+    # A safety net behind the edge's bounds (schemas, jsonbody): input that still reaches a
+    # limit of Python or the store (a number past 64 bits, text that is not Unicode,
+    # recursion) is the client's error, answered like a validation error, never a 500.
+    @app.exception_handler(OverflowError)
+    @app.exception_handler(UnicodeError)
+    @app.exception_handler(RecursionError)
+    async def _bad_input(_: Request, exc: Exception) -> JSONResponse:
+        what = {
+            OverflowError: "a number is out of range",
+            RecursionError: "input nested too deeply",
+        }.get(type(exc), "text is not valid Unicode")
+        return JSONResponse(validation_error(what, ()), status_code=422)
+
     @app.exception_handler(StoreError)
     async def _store(_: Request, exc: StoreError) -> JSONResponse:
         return JSONResponse({"detail": f"state store: {exc}"}, status_code=503)
@@ -79,12 +93,15 @@ def create_app(ctx: ApiContext, *, serve_dashboard: bool = True, fast_lane: bool
         async def root() -> RedirectResponse:
             return RedirectResponse("/ui/")
 
-    # The last added runs first: the body limit, then the fast lane for the well-formed
+    # The last added runs first: security headers on every answer, the body limit, strict
+    # JSON (NaN, lone surrogates, deep nesting: 422), then the fast lane for the well-formed
     # heartbeat/progress case (decision 0092), then timing around the framework's routes.
     app.add_middleware(RouteTiming, metrics=ctx.metrics)
     if fast_lane:
         app.add_middleware(FastLane, ctx=ctx)
+    app.add_middleware(StrictJson, metrics=ctx.metrics)
     app.add_middleware(BodyLimit, max_bytes=ctx.max_body, metrics=ctx.metrics)
+    app.add_middleware(SecurityHeaders)
     return app
 
 

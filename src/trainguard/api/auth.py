@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import secrets
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -34,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+log = logging.getLogger("trainguard.auth")
 
 
 class Role(StrEnum):
@@ -155,6 +159,25 @@ class TokenTable:
         return cls.from_mapping(data or {}, str(p))
 
 
+def token_file_warning(path: str | os.PathLike[str]) -> str | None:
+    """A warning when users other than the owner may read the token file (``None`` if not).
+
+    Like ssh with a private key: a token file holds credentials, so any permission for
+    the group or others is worth saying (the file is still used: refusing would stop a
+    control plane over a chmod).
+    """
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return None
+    if mode & 0o077 == 0:
+        return None
+    return (
+        f"warning: token file {path} is readable by other users (mode {mode:04o}); "
+        f"restrict it: chmod 600 {path}"
+    )
+
+
 def new_token() -> str:
     return secrets.token_urlsafe(24)
 
@@ -166,7 +189,7 @@ def create_token_file(path: str | os.PathLike[str]) -> dict[str, str]:
     control plane is never open to anyone who can reach its port.
     """
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
+    p.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     tokens = {r.value: new_token() for r in Role}
     names = {Role.OPERATOR.value: "admin", Role.VIEWER.value: "viewer", Role.AGENT.value: ANY_HOST}
     lines = ["# trainguard tokens: token -> role and name (docs/api.md#authentication)"]
@@ -189,6 +212,8 @@ def read_token(path: str | os.PathLike[str]) -> str:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise TokenFileError(f"cannot read token file {p}: {exc.strerror or exc}") from exc
+    if (warning := token_file_warning(p)) is not None:
+        log.warning("%s", warning)  # stderr, also when logging is not configured
     lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
     if len(lines) == 1 and ":" not in lines[0] and "{" not in lines[0]:
         return lines[0]

@@ -23,9 +23,11 @@ from trainguard.api.ingest import (
     ProgressItem,
     ProgressPipeline,
     ProgressSink,
+    poison_check,
 )
 from trainguard.api.metrics import Metrics, StoreCollector
 from trainguard.api.middleware import DEFAULT_MAX_BODY
+from trainguard.model.records import AuditKind
 from trainguard.store import NotFound, Store
 from trainguard.store.fleet import FleetStore
 
@@ -116,6 +118,51 @@ def store_progress_sink(
     return sink
 
 
+def poison_recorder(
+    store: Store, metrics: Metrics, clock: Callable[[], float], actor: str = "trainguard-api"
+) -> Callable[[str, str, dict[str, Any], BaseException], None]:
+    """Drop a poison report visibly: counted in ``trainguard_ingest_poison_total{kind}`` and
+    kept in the audit log (kind ``error``) with what arrived and why it was refused."""
+
+    def record(kind: str, subject: str, data: dict[str, Any], exc: BaseException) -> None:
+        metrics.poison.labels(kind).inc()
+        reason = f"{type(exc).__name__}: {exc}"[:300]
+        log.warning("dropped a %s report (%s) that cannot be recorded: %s", kind, subject, reason)
+        try:
+            with store.transaction():
+                store.append_audit(
+                    clock(),
+                    actor,
+                    AuditKind.ERROR,
+                    subject,
+                    f"dropped a {kind} report that cannot be recorded: {reason}",
+                    {"kind": kind, "reason": reason, "record": _storable(data)},
+                    job_id=data.get("job_id") if isinstance(data.get("job_id"), str) else None,
+                )
+        except Exception:  # the count and the log line above still say it happened
+            log.exception("could not audit a dropped %s report", kind)
+
+    return record
+
+
+def _storable(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with numbers past 64 bits as text (the record is kept, not its overflow)."""
+
+    def fix(v: Any) -> Any:
+        if type(v) is int and not -(2**63) <= v < 2**63:
+            return str(v)
+        if isinstance(v, dict):
+            return {str(k): fix(x) for k, x in v.items()}
+        if isinstance(v, list | tuple):
+            return [fix(x) for x in v]
+        if isinstance(v, str):
+            return v.encode("utf-8", "backslashreplace").decode("utf-8")
+        return v
+
+    out: dict[str, Any] = fix(data)
+    return out
+
+
 def _control_finding_sink(control: Any) -> FindingSink:
     def sink(item: IncomingFinding) -> None:
         control.ingest_finding(item.finding, host=item.host)
@@ -145,14 +192,22 @@ def build_context(
         if control is not None and hasattr(control, "ingest_finding")
         else None
     )
+    is_poison = poison_check(store.dialect.record_errors)
+    on_poison = poison_recorder(store, metrics, clock)
     ctx = ApiContext(
         store=store,
         tokens=tokens,
         nodes=nodes,
         progress=ProgressPipeline(
-            progress_sink, flush_interval=progress_flush_interval, clock=clock
+            progress_sink,
+            flush_interval=progress_flush_interval,
+            clock=clock,
+            is_poison=is_poison,
+            on_poison=on_poison,
         ),
-        findings=FindingIngestor(store, finding_sink, clock=clock),
+        findings=FindingIngestor(
+            store, finding_sink, clock=clock, is_poison=is_poison, on_poison=on_poison
+        ),
         metrics=metrics,
         fleet=FleetStore(store),
         clock=clock,

@@ -9,11 +9,19 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Collection
 from typing import Annotated
 
-from fastapi import Depends, HTTPException, Request
+from annotated_types import Ge, Le
+from fastapi import Depends, HTTPException, Path, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from trainguard.api.auth import OPERATE_ROLES, READ_ROLES, REPORT_ROLES, Principal, Role
 from trainguard.api.context import ApiContext
+from trainguard.api.schemas import MAX_INT
+
+# Numeric ids in paths and queries: bounded like every integer of the API (a larger one
+# would overflow the store's 64-bit column and answer 500, issue 14; see schemas.MAX_INT).
+IdPath = Annotated[int, Path(description="a numeric id"), Ge(0), Le(MAX_INT)]
+IdQuery = Annotated[int | None, Query(), Ge(0), Le(MAX_INT)]
+EpochQuery = Annotated[float | None, Query(allow_inf_nan=False, description="epoch seconds")]
 
 bearer = HTTPBearer(auto_error=False, description="a token from the server's token file")
 ANONYMOUS = Principal(name="anonymous", role=Role.VIEWER)

@@ -29,11 +29,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trainguard.api.auth import Role
 from trainguard.api.context import ApiContext
+from trainguard.api.jsonbody import PARSED, BadJson, Malformed, parse
 from trainguard.api.schemas import (
     HOST_PATTERN,
     MAX_DEVICES_PER_HOST,
+    MAX_INT,
     MAX_PROGRESS_PER_BATCH,
     MAX_TEXT,
+    MIN_INT,
 )
 from trainguard.model.progress import EVENTS, ProgressEvent
 
@@ -47,7 +50,12 @@ _PROGRESS_ROUTE = "/v1/jobs/{job_id}/progress"
 
 
 def _is_int(v: Any) -> bool:
-    return type(v) is int  # bool is not an int here, as in pydantic's strict-ish lax mode
+    # bool is not an int (strict, as the schema); bounded as the schema (schemas.MAX_INT).
+    return type(v) is int and MIN_INT <= v <= MAX_INT
+
+
+def _is_count(v: Any) -> bool:
+    return type(v) is int and 0 <= v <= MAX_INT
 
 
 def _is_num(v: Any) -> bool:
@@ -63,10 +71,10 @@ def heartbeat_fields(
         return None
     seq: Any = data.get("seq")
     at: Any = data.get("at")
-    if not _is_int(seq) or seq < 0 or not _is_num(at):
+    if not _is_count(seq) or not _is_num(at):
         return None
     buffered: Any = data.get("buffered", 0)
-    if not _is_int(buffered) or buffered < 0:
+    if not _is_count(buffered):
         return None
     version: Any = data.get("agent_version")
     if version is not None and (type(version) is not str or len(version) > 100):
@@ -108,14 +116,13 @@ def progress_events(data: Any) -> list[ProgressEvent] | None:
         metrics = e.get("metrics", {})
         v = e.get("v", 1)
         if (
-            event not in EVENTS
-            or not _is_int(v)
-            or not _is_int(step)
-            or step < 0
+            type(event) is not str  # a list or object here is unhashable: no set lookup
+            or event not in EVENTS
+            or not _is_count(v)
+            or not _is_count(step)
             or not _is_num(t)
-            or not _is_int(rank)
-            or rank < 0
-            or (attempt is not None and (not _is_int(attempt) or attempt < 0))
+            or not _is_count(rank)
+            or (attempt is not None and not _is_count(attempt))
             or (pid is not None and not _is_int(pid))
             or (
                 checkpoint is not None
@@ -194,10 +201,12 @@ class FastLane:
             more = message.get("more_body", False)
         handled = False
         if principal is not None and principal.role is Role.AGENT:
-            try:
-                data = json.loads(body)
-            except ValueError:
-                data = None
+            data = scope.get(PARSED)  # parsed (and checked) by StrictJson before us
+            if data is None:
+                try:
+                    data = parse(body)
+                except (BadJson, Malformed):
+                    data = None
             if kind == "heartbeat" and principal.may_report_for(host):
                 handled = await self._heartbeat(host, data, send)
             elif kind == "progress":

@@ -20,7 +20,15 @@ Three kinds of report arrive at very different rates, so each takes its own path
   before they are acknowledged (:class:`FindingIngestor`), each under the id the
   agent gave it: the receipt (an audit record with subject ``finding:<id>``) and
   whatever the controller records are written in one transaction, so a finding
-  is recorded exactly once however often an agent resends it.
+  is recorded exactly once however often an agent resends it. De-duplication is
+  per reporting host: an id is one host's name for its finding, so another host's
+  agent (DCGM ids are predictable) cannot suppress it by sending the id first.
+
+A report that cannot be recorded because of what it contains (a number the store
+cannot hold, a value the controller refuses: a *poison* record) is dropped, audited
+and counted (``trainguard_ingest_poison_total``), never retried: retrying it would
+hold back every other report of its batch for good. A failure of the store itself
+keeps the reports for the next try, as before.
 """
 
 from __future__ import annotations
@@ -46,6 +54,30 @@ LOST_AFTER = 10.0
 RECEIPT_PREFIX = "finding:"
 RECEIPT_WINDOW_S = 7 * 24 * 3600.0
 MAX_PENDING_PROGRESS = 1_000_000
+
+# Errors a record itself causes (a value that cannot be stored or processed), as opposed
+# to the store being unavailable (locked, disconnected, disk full): only these make a
+# record poison. The store adds its driver's data errors (``Dialect.record_errors``).
+RECORD_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError,  # includes UnicodeError
+    TypeError,
+    ArithmeticError,  # includes OverflowError (an int past 64 bits)
+    LookupError,
+    RecursionError,
+)  # not AttributeError: that is a bug in trainguard, kept and retried, never blamed on data
+
+PoisonCheck = Callable[[BaseException], bool]
+PoisonHandler = Callable[[str, str, dict[str, Any], BaseException], None]
+
+
+def poison_check(extra: tuple[type[BaseException], ...] = ()) -> PoisonCheck:
+    """``True`` for an error caused by the record (see :data:`RECORD_ERRORS`)."""
+    errors = RECORD_ERRORS + tuple(extra)
+    return lambda exc: isinstance(exc, errors)
+
+
+def _log_poison(kind: str, subject: str, record: dict[str, Any], exc: BaseException) -> None:
+    log.warning("dropped a %s report for %s that cannot be recorded: %r", kind, subject, exc)
 
 
 # --- heartbeats ----------------------------------------------------------------------
@@ -163,8 +195,12 @@ class ProgressPipeline:
         flush_interval: float = 0.25,
         clock: Callable[[], float] = time.time,
         max_pending: int = MAX_PENDING_PROGRESS,
+        is_poison: PoisonCheck | None = None,
+        on_poison: PoisonHandler = _log_poison,
     ) -> None:
         self.sink = sink
+        self.is_poison = is_poison or poison_check()
+        self.on_poison = on_poison
         self.flush_interval = flush_interval
         self.clock = clock
         self.max_pending = max_pending
@@ -175,6 +211,7 @@ class ProgressPipeline:
         self.accepted = 0
         self.flushed = 0
         self.failed_flushes = 0
+        self.poisoned = 0
         self.last_flush_s = 0.0
 
     def offer(self, job_id: str, events: Iterable[ProgressEvent], received_at: float) -> int:
@@ -200,19 +237,43 @@ class ProgressPipeline:
             return 0
         items = coalesce(batch)
         t0 = time.perf_counter()
-        try:
-            self.sink(items)
-        except Exception:
-            # The store is briefly unavailable (locked, restarting): keep the batch for the
-            # next round rather than lose it; bounded by max_pending.
+        kept = self._deliver(items)
+        if kept:
+            # The store is briefly unavailable (locked, restarting): keep what did not land
+            # for the next round rather than lose it; bounded by max_pending.
             self.failed_flushes += 1
-            log.exception("progress flush failed; %d events kept for the next flush", len(items))
             with self._lock:
-                self._pending[:0] = items
-            return 0
+                self._pending[:0] = kept
+            return len(items) - len(kept)
         self.last_flush_s = time.perf_counter() - t0
         self.flushed += len(batch)
         return len(items)
+
+    def _deliver(self, items: list[ProgressItem]) -> list[ProgressItem]:
+        """Hand ``items`` to the sink; returns those to keep for the next flush.
+
+        A batch that fails because of a record (:attr:`is_poison`) is split in halves
+        until that record is alone: it is dropped (``on_poison``) and the rest land, in
+        order, at a cost of a few sink calls per poison record. A batch that fails
+        because of the store is kept whole.
+        """
+        try:
+            self.sink(items)
+            return []
+        except Exception as exc:
+            if not self.is_poison(exc):
+                log.warning("progress flush failed (%r); %d events kept", exc, len(items))
+                return list(items)
+            if len(items) == 1:
+                item = items[0]
+                self.poisoned += 1
+                self.on_poison("progress", f"job:{item.job_id}", _progress_record(item), exc)
+                return []
+        mid = len(items) // 2
+        kept = self._deliver(items[:mid])
+        if kept:
+            return kept + items[mid:]
+        return self._deliver(items[mid:])
 
     def start(self) -> ProgressPipeline:
         if self._thread is None:
@@ -230,6 +291,21 @@ class ProgressPipeline:
     def _run(self) -> None:
         while not self._stop.wait(self.flush_interval):
             self.flush()
+
+
+def _progress_record(item: ProgressItem) -> dict[str, Any]:
+    ev = item.event
+    return {
+        "job_id": item.job_id,
+        "received_at": item.received_at,
+        "event": ev.event,
+        "step": ev.step,
+        "time": ev.time,
+        "rank": ev.rank,
+        "attempt": ev.attempt,
+        "pid": ev.pid,
+        "checkpoint": ev.checkpoint,
+    }
 
 
 # --- findings ------------------------------------------------------------------------
@@ -318,17 +394,23 @@ class FindingIngestor:
         clock: Callable[[], float] = time.time,
         actor: str = "trainguard-api",
         max_remembered: int = 2_000_000,
+        is_poison: PoisonCheck | None = None,
+        on_poison: PoisonHandler = _log_poison,
     ) -> None:
         self.store = store
         self.sink = sink
+        self.is_poison = is_poison or poison_check()
+        self.on_poison = on_poison
         self.clock = clock
         self.actor = actor
         self.max_remembered = max_remembered
-        self._seen: OrderedDict[str, None] = OrderedDict()
+        # (reporting host, id): an id names a finding of one host only.
+        self._seen: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._lock = threading.Lock()
         self.new = 0
         self.duplicates = 0
         self.failed = 0
+        self.poisoned = 0
 
     def load_receipts(self, now: float | None = None) -> int:
         now = self.clock() if now is None else now
@@ -337,23 +419,29 @@ class FindingIngestor:
         )
         with self._lock:
             for ev in events:
-                self._remember(ev.subject[len(RECEIPT_PREFIX) :])
+                fid = ev.subject[len(RECEIPT_PREFIX) :]
+                self._remember(_receipt_host(ev), fid)
         return len(events)
 
-    def _remember(self, fid: str) -> None:
-        self._seen[fid] = None
+    def _remember(self, host: str, fid: str) -> None:
+        self._seen[(host, fid)] = None
         if len(self._seen) > self.max_remembered:
             self._seen.popitem(last=False)
 
-    def known(self, fid: str) -> bool:
+    def known(self, host: str, fid: str) -> bool:
         with self._lock:
-            return fid in self._seen
+            return (host, fid) in self._seen
 
-    def ingest(self, items: Sequence[IncomingFinding]) -> tuple[list[str], int, int]:
+    def ingest(
+        self, items: Sequence[IncomingFinding], rejected: list[str] | None = None
+    ) -> tuple[list[str], int, int]:
         """Record the items in order; returns (ids acknowledged, new, duplicates).
 
-        Stops at the first item that cannot be recorded (the store failed) and raises:
-        the ids before it are recorded, the rest are not, and the agent resends them.
+        An id is a duplicate only when the same host reported it before. A poison item
+        (:attr:`is_poison`) is dropped, audited and acknowledged (resending it cannot
+        help), and its id appended to ``rejected``. Otherwise stops at the first item
+        that cannot be recorded (the store failed) and raises: the ids before it are
+        recorded, the rest are not, and the agent resends them.
         """
         acked: list[str] = []
         new = dup = 0
@@ -361,16 +449,28 @@ class FindingIngestor:
         # otherwise, and findings are rare enough that this costs nothing.
         with self._lock:
             for item in items:
-                if item.id in self._seen:
+                if (item.host, item.id) in self._seen:
                     dup += 1
                     acked.append(item.id)
                     continue
                 try:
                     self._record(item)
-                except Exception:
-                    self.failed += 1
-                    raise
-                self._remember(item.id)
+                except Exception as exc:
+                    if not self.is_poison(exc):
+                        self.failed += 1
+                        raise
+                    self.poisoned += 1
+                    self.on_poison(
+                        "finding",
+                        f"host:{item.host}",
+                        {"id": item.id, "host": item.host, "finding": _finding_dict(item)},
+                        exc,
+                    )
+                    if rejected is not None:
+                        rejected.append(item.id)
+                    acked.append(item.id)
+                    continue
+                self._remember(item.host, item.id)
                 new += 1
                 acked.append(item.id)
         self.new += new
@@ -392,9 +492,27 @@ class FindingIngestor:
                 self.sink(item)
 
 
+def _receipt_host(ev: Any) -> str:
+    """The reporting host of a receipt: its data, else its actor (``agent:<host>``)."""
+    data = getattr(ev, "data", None) or {}
+    host = data.get("host") if isinstance(data, dict) else None
+    if isinstance(host, str):
+        return host
+    actor = str(getattr(ev, "actor", ""))
+    return actor.partition(":")[2] if actor.startswith("agent:") else actor
+
+
+def _finding_dict(item: IncomingFinding) -> dict[str, Any]:
+    try:
+        return item.finding.to_dict()
+    except Exception:  # the finding is what failed: keep what can be shown of it
+        return {"kind": repr(item.finding.kind)[:200], "message": repr(item.finding.message)[:500]}
+
+
 __all__ = [
     "LOST_AFTER",
     "RECEIPT_PREFIX",
+    "RECORD_ERRORS",
     "STALE_AFTER",
     "FindingIngestor",
     "FindingSink",
@@ -406,4 +524,5 @@ __all__ = [
     "ProgressSink",
     "coalesce",
     "finding_from_wire",
+    "poison_check",
 ]

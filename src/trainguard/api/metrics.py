@@ -208,6 +208,12 @@ class Metrics:
         self.progress = Counter(
             "trainguard_ingest_progress_events", "Progress events received", registry=r
         )
+        self.poison = Counter(
+            "trainguard_ingest_poison",
+            "Reports dropped because they could not be recorded (audited), by kind",
+            ["kind"],
+            registry=r,
+        )
         self.rejected = Counter(
             "trainguard_http_rejected",
             "Requests refused before they changed anything, by reason",

@@ -1,4 +1,4 @@
-"""Plain ASGI middleware: a request body limit and per-route timing.
+"""Plain ASGI middleware: security headers, a request body limit and per-route timing.
 
 Written against ASGI directly rather than Starlette's ``BaseHTTPMiddleware``,
 which costs a task and a stream per request: on the ingestion path (thousands
@@ -143,4 +143,61 @@ class RouteTiming:
                 self.metrics.rejected.labels("invalid").inc()
 
 
-__all__ = ["DEFAULT_MAX_BODY", "BodyLimit", "RouteTiming"]
+# The dashboard loads only its own files (no inline script or style) and must never be
+# framed (clickjacking of approve/deny); an API answer is data, never a document.
+DASHBOARD_CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
+    "frame-ancestors 'none'"
+)
+# FastAPI's /v1/docs page loads Swagger UI from its CDN and starts it with an inline script.
+DOCS_CSP = (
+    "default-src 'self'; script-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net; "
+    "style-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net; "
+    "img-src 'self' data: https://fastapi.tiangolo.com; "
+    "object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
+)
+API_CSP = "default-src 'none'; frame-ancestors 'none'"
+_COMMON = [
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"x-frame-options", b"DENY"),
+]
+
+
+_EXTRA = {
+    csp: [(b"content-security-policy", csp.encode()), *_COMMON]
+    for csp in (DASHBOARD_CSP, DOCS_CSP, API_CSP)
+}
+
+
+def csp_for(path: str) -> str:
+    if path.startswith("/ui") or path == "/":
+        return DASHBOARD_CSP
+    if path == "/v1/docs":
+        return DOCS_CSP
+    return API_CSP
+
+
+class SecurityHeaders:
+    """Add ``Content-Security-Policy`` (``frame-ancestors 'none'``), ``X-Content-Type-Options``,
+    ``Referrer-Policy`` and ``X-Frame-Options`` to every response."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        extra = _EXTRA[csp_for(scope.get("path", ""))]
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), *extra]}
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
+__all__ = ["DEFAULT_MAX_BODY", "BodyLimit", "RouteTiming", "SecurityHeaders", "csp_for"]

@@ -18,7 +18,7 @@ from trainguard.api.ingest import IncomingFinding, finding_from_wire
 from trainguard.model.devices import Device
 from trainguard.model.progress import ProgressEvent
 
-router = APIRouter(prefix="/v1", tags=["ingest"])
+router = APIRouter(prefix="/v1", tags=["ingest"], responses=S.INVALID_RESPONSES)
 
 HostParam = Annotated[
     str, Path(pattern=S.HOST_PATTERN, max_length=253, description="the agent's host name")
@@ -67,10 +67,20 @@ def post_inventory(
             )
     before = {d.uuid for d in ctx.store.list_devices(host=host)}
     control = ctx.control
-    if control is not None:
-        control.ingest_inventory(host, devices, actor=who.actor)  # the node and its devices
-    else:
-        ctx.store.register_devices(devices, at=ctx.clock(), actor=who.actor)
+    try:
+        if control is not None:
+            control.ingest_inventory(host, devices, actor=who.actor)  # the node, its devices
+        else:
+            ctx.store.register_devices(devices, at=ctx.clock(), actor=who.actor)
+    except Exception as exc:
+        if not ctx.findings.is_poison(exc):
+            raise  # the store is unavailable: the framework's 5xx, the agent retries
+        # A value the store cannot keep: refused for good (the agent stops resending),
+        # recorded and counted like every poison report.
+        ctx.findings.on_poison(
+            "inventory", f"host:{host}", {"host": host, "devices": body.model_dump()}, exc
+        )
+        raise HTTPException(422, f"inventory cannot be recorded: {exc}") from None
     ctx.nodes.inventoried.add(host)
     ctx.metrics.inventories.inc()
     return {
@@ -128,10 +138,11 @@ def post_findings(
         )
         for f in body.findings
     ]
-    acked, new, dup = ctx.findings.ingest(items)
+    rejected: list[str] = []
+    acked, new, dup = ctx.findings.ingest(items, rejected)
     ctx.metrics.findings.labels("new").inc(new)
     ctx.metrics.findings.labels("duplicate").inc(dup)
-    return {"acked": acked, "new": new, "duplicates": dup}
+    return {"acked": acked, "new": new, "duplicates": dup, "rejected": rejected}
 
 
 @router.post(

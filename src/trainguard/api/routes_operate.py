@@ -17,13 +17,13 @@ from fastapi import APIRouter, HTTPException, Query
 
 from trainguard.api import schemas as S
 from trainguard.api.context import ApiContext
-from trainguard.api.deps import Ctx, Operator, Viewer
+from trainguard.api.deps import Ctx, EpochQuery, IdPath, IdQuery, Operator, Viewer
 from trainguard.model.fleet import ApprovalState, RepairState, Scope
 from trainguard.model.plan import Mode
 from trainguard.model.records import iso_utc
 from trainguard.model.statemachine import IllegalTransition
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", responses=S.INVALID_RESPONSES)
 
 
 def control(ctx: ApiContext) -> Any:
@@ -126,13 +126,13 @@ def list_approvals(
     ctx: Ctx,
     _: Viewer,
     state: Annotated[ApprovalState | None, Query(description="e.g. `pending`")] = None,
-    incident_id: int | None = None,
+    incident_id: IdQuery = None,
 ) -> list[dict[str, Any]]:
     return [a.to_json() for a in ctx.fleet.list_approvals(state=state, incident_id=incident_id)]
 
 
 @router.get("/approvals/{approval_id}", response_model=S.ApprovalOut, tags=["approvals"])
-def get_approval(approval_id: int, ctx: Ctx, _: Viewer) -> dict[str, Any]:
+def get_approval(approval_id: IdPath, ctx: Ctx, _: Viewer) -> dict[str, Any]:
     return ctx.fleet.get_approval(approval_id).to_json()
 
 
@@ -151,13 +151,13 @@ def _decide(ctx: ApiContext, approval_id: int, verb: str, actor: str, reason: st
 
 
 @router.post("/approvals/{approval_id}/approve", response_model=S.ApprovalOut, tags=["approvals"])
-def approve(approval_id: int, body: S.ReasonIn, ctx: Ctx, who: Operator) -> dict[str, Any]:
+def approve(approval_id: IdPath, body: S.ReasonIn, ctx: Ctx, who: Operator) -> dict[str, Any]:
     """Let a held action go ahead; who and why are recorded."""
     return dict(_decide(ctx, approval_id, "approve", who.actor, body.reason).to_json())
 
 
 @router.post("/approvals/{approval_id}/deny", response_model=S.ApprovalOut, tags=["approvals"])
-def deny(approval_id: int, body: S.ReasonIn, ctx: Ctx, who: Operator) -> dict[str, Any]:
+def deny(approval_id: IdPath, body: S.ReasonIn, ctx: Ctx, who: Operator) -> dict[str, Any]:
     """Refuse a held action (it is skipped); who and why are recorded."""
     return dict(_decide(ctx, approval_id, "deny", who.actor, body.reason).to_json())
 
@@ -222,7 +222,7 @@ def reset_breaker(body: S.ReasonIn, ctx: Ctx, who: Operator) -> dict[str, Any]:
 
 
 @router.get("/suppressions", response_model=list[S.SuppressionOut], tags=["breaker"])
-def list_suppressions(ctx: Ctx, _: Viewer, since: float | None = None) -> list[dict[str, Any]]:
+def list_suppressions(ctx: Ctx, _: Viewer, since: EpochQuery = None) -> list[dict[str, Any]]:
     """Quarantines the breaker did not carry out, and why."""
     return [s.to_json() for s in ctx.fleet.list_suppressions(since=since)]
 
@@ -294,12 +294,12 @@ def list_repairs(
 
 
 @router.get("/repairs/{repair_id}", response_model=S.RepairOut, tags=["repairs"])
-def get_repair(repair_id: int, ctx: Ctx, _: Viewer) -> dict[str, Any]:
+def get_repair(repair_id: IdPath, ctx: Ctx, _: Viewer) -> dict[str, Any]:
     return ctx.fleet.get_repair(repair_id).to_json()
 
 
 @router.get("/repairs/{repair_id}/export", response_model=dict[str, Any], tags=["repairs"])
-def export_repair(repair_id: int, ctx: Ctx, _: Viewer) -> dict[str, Any]:
+def export_repair(repair_id: IdPath, ctx: Ctx, _: Viewer) -> dict[str, Any]:
     """The repair record as ticket systems get it (the repair webhook's payload)."""
     from trainguard.controller.repair import export_repair as repair_json
 

@@ -10,7 +10,7 @@ from fastapi import APIRouter, HTTPException, Query
 from trainguard import __version__
 from trainguard.api import schemas as S
 from trainguard.api.context import ApiContext
-from trainguard.api.deps import Ctx, Viewer
+from trainguard.api.deps import Ctx, IdPath, IdQuery, Viewer
 from trainguard.model.health import HealthState
 from trainguard.model.records import (
     AttemptRecord,
@@ -21,7 +21,7 @@ from trainguard.model.records import (
     parse_iso_utc,
 )
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", responses=S.INVALID_RESPONSES)
 
 MAX_PAGE = 1000
 _HEALTH_ORDER = [
@@ -173,7 +173,7 @@ def list_attempts(
 @router.get("/jobs/{job_id}/attempts/{number}", response_model=S.Attempt, tags=["jobs"])
 def get_attempt(
     job_id: str,
-    number: int,
+    number: IdPath,
     ctx: Ctx,
     _: Viewer,
 ) -> dict[str, Any]:
@@ -198,7 +198,7 @@ def list_incidents(
 
 @router.get("/incidents/{incident_id}", response_model=S.Incident, tags=["incidents"])
 def get_incident(
-    incident_id: int,
+    incident_id: IdPath,
     ctx: Ctx,
     _: Viewer,
 ) -> dict[str, Any]:
@@ -209,7 +209,7 @@ def get_incident(
     "/incidents/{incident_id}/timeline", response_model=list[S.TimelineItem], tags=["incidents"]
 )
 def incident_timeline(
-    incident_id: int,
+    incident_id: IdPath,
     ctx: Ctx,
     _: Viewer,
 ) -> list[dict[str, Any]]:
@@ -218,7 +218,7 @@ def incident_timeline(
 
 @router.get("/incidents/{incident_id}/evidence", response_model=S.Evidence, tags=["incidents"])
 def incident_evidence(
-    incident_id: int,
+    incident_id: IdPath,
     ctx: Ctx,
     _: Viewer,
 ) -> dict[str, Any]:
@@ -228,7 +228,7 @@ def incident_evidence(
 
 @router.get("/incidents/{incident_id}/report", response_model=dict[str, Any], tags=["incidents"])
 def incident_report(
-    incident_id: int,
+    incident_id: IdPath,
     ctx: Ctx,
     _: Viewer,
 ) -> dict[str, Any]:
@@ -242,7 +242,7 @@ def incident_report(
 def list_plans(
     ctx: Ctx,
     _: Viewer,
-    incident_id: int | None = None,
+    incident_id: IdQuery = None,
 ) -> list[dict[str, Any]]:
     """The latest recorded plan of each incident (its generation counts the plans recorded)."""
     incs = (
@@ -267,7 +267,7 @@ def list_plans(
 def list_actions(
     ctx: Ctx,
     _: Viewer,
-    incident_id: int | None = None,
+    incident_id: IdQuery = None,
 ) -> list[dict[str, Any]]:
     """The action ledger: each action of each plan generation, with its intent and result."""
     return [a.to_json() for a in ctx.fleet.list_actions(incident_id)]
@@ -385,7 +385,7 @@ def list_audit(
     kind: AuditKind | None = None,
     subject: Annotated[str | None, Query(description="exact, or a prefix ending in `*`")] = None,
     job_id: str | None = None,
-    incident_id: int | None = None,
+    incident_id: IdQuery = None,
     cursor: Annotated[str | None, Query(description="next_cursor of the previous page")] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
     order: Annotated[
@@ -403,7 +403,10 @@ def list_audit(
         raise HTTPException(422, str(exc)) from None
     after: int | None = None
     if cursor is not None:
-        if not cursor.isdigit():
+        # isascii: "²".isdigit() is true and int("²") fails; a cursor is an audit id
+        # (the length test first: int() refuses more than 4300 digits).
+        ok = cursor.isascii() and cursor.isdigit() and len(cursor) <= 16
+        if not ok or int(cursor) > S.MAX_INT:
             raise HTTPException(422, f"malformed cursor {cursor!r}")
         after = int(cursor)
     newest = order == "newest"

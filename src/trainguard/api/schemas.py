@@ -9,9 +9,10 @@ every list and string, so that a malformed or oversized request is refused with 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from annotated_types import Ge, Le
+from pydantic import BaseModel, ConfigDict, Field, Strict
 
 from trainguard.model.findings import Domain, Severity
 from trainguard.model.health import HealthState
@@ -21,6 +22,18 @@ MAX_PROGRESS_PER_BATCH = 2000
 MAX_DEVICES_PER_HOST = 4096
 MAX_TEXT = 4000
 HOST_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,252}$"
+# Every integer the API takes is within JSON's interoperable range (RFC 8259 section 6:
+# exact in every IEEE double, hence in JavaScript, the dashboard, and the OpenAPI
+# document, whose bounds FastAPI writes as floats) and so well inside the store's
+# signed 64-bit columns. An unbounded one passed validation and failed in the store
+# write, where it stopped a whole ingestion batch (issue 14).
+MAX_INT = 2**53 - 1
+MIN_INT = -MAX_INT
+# Strict: a boolean or a numeric string is not a number. Bounded: see MAX_INT.
+Int = Annotated[int, Strict(), Ge(MIN_INT), Le(MAX_INT)]
+Count = Annotated[int, Strict(), Ge(0), Le(MAX_INT)]
+# Finite: NaN and the infinities are refused (JSON has no such numbers).
+Float = Annotated[float, Strict(), Field(allow_inf_nan=False)]
 
 
 class _Request(BaseModel):
@@ -35,6 +48,26 @@ class ErrorBody(_Response):
     detail: Any = Field(description="what was wrong (a message, or validation errors)")
 
 
+class ValidationItem(_Response):
+    loc: list[str | int] = Field(description="where: body, query, path, then the field")
+    msg: str
+    type: str
+
+
+class InvalidBody(_Response):
+    """A 422: the framework's validation errors, or one message from a route that checked
+    more than the schema can say (a policy's field, an unknown policy name)."""
+
+    detail: list[ValidationItem] | str
+
+
+# Every router publishes this for 422 instead of FastAPI's list-only default, so that
+# every 422 the API answers matches the schema (checked by the schemathesis run).
+INVALID_RESPONSES: dict[int | str, dict[str, Any]] = {
+    422: {"model": InvalidBody, "description": "invalid input"}
+}
+
+
 # --- shared pieces -------------------------------------------------------------------
 
 
@@ -42,16 +75,16 @@ class CulpritModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
     device_uuid: str | None = Field(default=None, max_length=200)
     pci_bus_id: str | None = Field(default=None, max_length=64)
-    rank: int | None = Field(default=None, ge=0)
+    rank: Count | None = None
     host: str | None = Field(default=None, max_length=253)
 
 
 class DeviceIn(_Request):
-    index: int = Field(ge=0, le=65535)
+    index: Annotated[Count, Field(le=65535)]
     uuid: str = Field(min_length=1, max_length=200)
     pci_bus_id: str = Field(min_length=1, max_length=64)
     model: str = Field(default="unknown", max_length=200)
-    memory_mb: int = Field(default=0, ge=0)
+    memory_mb: Count = 0
 
 
 # --- agent ingestion -----------------------------------------------------------------
@@ -73,23 +106,23 @@ class InventoryOut(_Response):
 class GpuSample(_Request):
     """A few current figures of one GPU (from DCGM), shown on the health map."""
 
-    temp_c: float | None = None
-    power_w: float | None = None
-    util_pct: float | None = None
-    mem_used_mb: float | None = None
+    temp_c: Float | None = None
+    power_w: Float | None = None
+    util_pct: Float | None = None
+    mem_used_mb: Float | None = None
 
 
 class HeartbeatIn(_Request):
-    seq: int = Field(ge=0, description="increases by one per heartbeat of this agent run")
-    at: float = Field(description="agent clock, epoch seconds")
-    buffered: int = Field(default=0, ge=0, description="findings waiting in the agent's buffer")
+    seq: Count = Field(description="increases by one per heartbeat of this agent run")
+    at: Float = Field(description="agent clock, epoch seconds")
+    buffered: Count = Field(default=0, description="findings waiting in the agent's buffer")
     gpus: dict[str, GpuSample] = Field(default_factory=dict, max_length=MAX_DEVICES_PER_HOST)
     agent_version: str | None = Field(default=None, max_length=100)
 
 
 class HeartbeatOut(_Response):
     ok: bool
-    server_time: float
+    server_time: Float
     inventory_needed: bool = Field(description="the server has no inventory of this host")
 
 
@@ -99,15 +132,15 @@ class FindingIn(_Request):
     id: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:@/+=-]+$")
     kind: str = Field(min_length=1, max_length=100)
     domain: Domain
-    at: float
+    at: Float
     source: str = Field(min_length=1, max_length=200)
     message: str = Field(max_length=MAX_TEXT)
     severity: Severity = Severity.ERROR
     evidence: list[str] = Field(default_factory=list, max_length=50)
     culprit: CulpritModel = Field(default_factory=CulpritModel)
-    xid: int | None = None
-    exit_code: int | None = None
-    signal: int | None = None
+    xid: Int | None = None
+    exit_code: Int | None = None
+    signal: Int | None = None
     signature: str | None = Field(default=None, max_length=MAX_TEXT)
     details: dict[str, Any] = Field(default_factory=dict)
 
@@ -120,20 +153,26 @@ class FindingsOut(_Response):
     acked: list[str] = Field(description="ids now recorded (new or already known), in order")
     new: int
     duplicates: int
+    rejected: list[str] = Field(
+        default_factory=list,
+        description="acknowledged ids that could not be recorded (dropped and audited)",
+    )
 
 
 class ProgressIn(_Request):
     """One ``trainguard.model.progress.ProgressEvent`` (its wire form)."""
 
     model_config = ConfigDict(extra="ignore")  # newer jobs may send more fields
-    v: int = 1
+    v: Count = 1
     event: Literal["progress", "resumed", "checkpoint_saved"] = "progress"
-    step: int = Field(ge=0)
-    time: float
-    rank: int = Field(default=0, ge=0)
-    attempt: int | None = Field(default=None, ge=0)
-    pid: int | None = None
-    loss: float | str | None = None
+    step: Count
+    time: Float
+    rank: Count = 0
+    attempt: Count | None = None
+    pid: Int | None = None
+    loss: Float | Annotated[str, Field(max_length=100)] | None = Field(
+        default=None, description='a number, or its text ("nan" from a diverging run)'
+    )
     checkpoint: str | None = Field(default=None, max_length=MAX_TEXT)
     metrics: dict[str, Any] = Field(default_factory=dict)
 
@@ -159,8 +198,10 @@ class JobIn(_Request):
     scheduler_ref: str = Field(min_length=1, max_length=200)
     name: str = Field(min_length=1, max_length=200)
     command: list[str] = Field(min_length=1, max_length=1000)
-    need: int = Field(ge=0, le=1_000_000, description="devices the job needs")
-    min_need: int | None = Field(default=None, ge=1, description="fewer it accepts (elastic)")
+    need: Count = Field(le=1_000_000, description="devices the job needs")
+    min_need: Annotated[Count, Field(ge=1)] | None = Field(
+        default=None, description="fewer it accepts (elastic)"
+    )
     partition: str | None = Field(default=None, max_length=200)
     policy: str | None = Field(default=None, max_length=200, description="a stored policy's name")
     opted_in: bool = Field(default=True, description="false: observed only, never acted on")
@@ -173,12 +214,12 @@ class SubmitIn(_Request):
 
     name: str = Field(min_length=1, max_length=200)
     command: list[str] = Field(min_length=1, max_length=1000)
-    nodes: int = Field(default=1, ge=1, le=100_000)
-    devices_per_node: int = Field(default=1, ge=0, le=1024)
+    nodes: Count = Field(default=1, ge=1, le=100_000)
+    devices_per_node: Count = Field(default=1, le=1024)
     partition: str | None = Field(default=None, max_length=200)
     env: dict[str, str] = Field(default_factory=dict, max_length=1000)
     cwd: str | None = Field(default=None, max_length=MAX_TEXT)
-    min_need: int | None = Field(default=None, ge=1)
+    min_need: Annotated[Count, Field(ge=1)] | None = None
     policy: str | None = Field(default=None, max_length=200)
     opted_in: bool = True
     checkpoint_dir: str | None = Field(default=None, max_length=MAX_TEXT)

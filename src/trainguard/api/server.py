@@ -5,12 +5,19 @@ controller (the ``ControlPlane`` facade) and the API around it, runs the
 reconcile loop in a thread, and serves HTTP with uvicorn (uvloop and httptools
 when installed) on a socket it binds itself, so ``--port 0`` works and the real
 address is printed before the first request can arrive.
+
+Transport and files (issue 14): ``--tls-cert``/``--tls-key`` serve HTTPS with
+uvicorn's own TLS; plain HTTP on an address other than loopback gets a loud
+warning (tokens would cross the network in clear text); an explicit SQLite
+``--database`` in a directory that does not exist is refused rather than created;
+a token file that others may read is warned about.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import ipaddress
 import logging
 import os
 import socket
@@ -21,11 +28,63 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainguard.api.auth import TokenTable, create_token_file
+from trainguard.api.auth import TokenTable, create_token_file, token_file_warning
 from trainguard.api.context import ApiContext, build_context
 from trainguard.api.wiring import ServeOptions, build_control, load_scheduler, parse_nodes
 
 log = logging.getLogger("trainguard.serve")
+
+
+class ServeError(ValueError):
+    """A serve option that cannot work; the message says which and why."""
+
+
+def check_database(options: ServeOptions) -> None:
+    """Refuse a SQLite database whose directory does not exist, unless it is the default.
+
+    An explicit ``--database /srv/tg/state.db`` with a mistyped directory used to create
+    the whole path (from ``/``, as root); only trainguard's own default directory
+    (``.trainguard`` in the working directory) is created, and privately (0700).
+    """
+    db = options.database
+    if db == ":memory:" or db.startswith(("postgresql://", "postgres://")):
+        return
+    parent = Path(db).parent
+    if parent.is_dir():
+        return
+    if options.default_database:
+        return  # Store.open creates it, 0700
+    if parent.exists():
+        raise ServeError(f"--database {db}: {parent} is not a directory")
+    raise ServeError(
+        f"--database {db}: the directory {parent} does not exist "
+        "(create it first, or give another path)"
+    )
+
+
+def check_tls(options: ServeOptions) -> None:
+    if (options.tls_cert is None) != (options.tls_key is None):
+        raise ServeError("--tls-cert and --tls-key go together (a certificate and its key)")
+    for flag, path in (("--tls-cert", options.tls_cert), ("--tls-key", options.tls_key)):
+        if path is not None and not Path(path).is_file():
+            raise ServeError(f"{flag} {path}: no such file")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
+
+
+def plain_http_warning(host: str) -> str:
+    return (
+        f"WARNING: serving plain HTTP on {host}, which is not a loopback address: bearer "
+        "tokens and every report cross the network in clear text. Serve HTTPS with "
+        "--tls-cert FILE --tls-key FILE, or bind 127.0.0.1 behind a TLS proxy."
+    )
 
 
 def default_token_file(database: str) -> Path:
@@ -37,7 +96,10 @@ def default_token_file(database: str) -> Path:
 def load_tokens(options: ServeOptions, say: Callable[[str], None]) -> tuple[TokenTable, str]:
     if options.token_file:
         path = Path(options.token_file)
-        return TokenTable.load(path), str(path)
+        table = TokenTable.load(path)
+        if (warning := token_file_warning(path)) is not None:
+            say(warning)
+        return table, str(path)
     path = default_token_file(options.database)
     if not path.exists():
         create_token_file(path)
@@ -45,6 +107,8 @@ def load_tokens(options: ServeOptions, say: Callable[[str], None]) -> tuple[Toke
             f"created {path} with an operator, a viewer and an agent token (mode 0600); "
             "give each holder their token"
         )
+    elif (warning := token_file_warning(path)) is not None:
+        say(warning)
     return TokenTable.load(path), str(path)
 
 
@@ -106,6 +170,8 @@ def serve(options: ServeOptions, say: Callable[[str], None] = print) -> int:
     from trainguard.api.app import create_app
     from trainguard.store import open_store
 
+    check_database(options)
+    check_tls(options)
     clock = time.time
     store = open_store(options.database, at=clock())
     tokens, token_path = load_tokens(options, say)
@@ -127,6 +193,8 @@ def serve(options: ServeOptions, say: Callable[[str], None] = print) -> int:
         heartbeat_interval=options.heartbeat_interval,
     )
     app = create_app(ctx)
+    if options.tls_cert is None and not is_loopback(options.host):
+        say(plain_http_warning(options.host))  # before the bind: said even if it fails
     sock = bind(options.host, options.port)
     host, port = sock.getsockname()[:2]
     ctx.start()
@@ -149,10 +217,13 @@ def serve(options: ServeOptions, say: Callable[[str], None] = print) -> int:
         lifespan="off",
         proxy_headers=False,  # no proxy is trusted: the client address is the peer's
         server_header=False,
+        ssl_certfile=options.tls_cert,
+        ssl_keyfile=options.tls_key,
     )
     server = uvicorn.Server(config)
+    scheme = "https" if options.tls_cert else "http"
     say(
-        f"trainguard serve: listening on http://{_url_host(host)}:{port} "
+        f"trainguard serve: listening on {scheme}://{_url_host(host)}:{port} "
         f"(mode {options.mode}, database {_describe(options.database)}, tokens {token_path})"
     )
     with contextlib.suppress(Exception):
@@ -209,9 +280,13 @@ def _describe(database: str) -> str:
 
 __all__ = [
     "ReconcileLoop",
+    "ServeError",
     "ServeOptions",
     "bind",
     "build_control",
+    "check_database",
+    "check_tls",
+    "is_loopback",
     "load_scheduler",
     "parse_nodes",
     "serve",

@@ -38,6 +38,9 @@ class ServeOptions:
     repair_webhook: str | None = None
     page_webhook: str | None = None
     loop: str = "process"  # "process": the reconcile loop in a child (0095); "thread"
+    tls_cert: str | None = None  # PEM certificate (chain); with tls_key: serve HTTPS
+    tls_key: str | None = None
+    default_database: bool = False  # the database is the default path (its dir may be made)
 
 
 def parse_nodes(text: str) -> dict[str, int]:

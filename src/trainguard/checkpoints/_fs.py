@@ -161,6 +161,42 @@ def walk_files(root: Path, limit: int = 100_000) -> Iterator[WalkedFile]:
             yield WalkedFile(rel=rel, path=p, size=st.st_size, mtime=st.st_mtime)
 
 
+def is_inside(root: Path, path: Path) -> bool:
+    """Whether ``path``, every symlink resolved, is ``root`` or below it."""
+    base = os.path.realpath(root)
+    target = os.path.realpath(path)
+    return target == base or target.startswith(base.rstrip(os.sep) + os.sep)
+
+
+def escaping_link(root: Path, limit: int = 100_000) -> str | None:
+    """The first symlink below ``root`` that resolves outside it, as a reason; else None.
+
+    A checkpoint is the bytes inside its directory: a link out of it (to another
+    run's weights, to ``/dev/zero``, to a file an attacker controls) would make the
+    catalog vouch for, and a job restore, data that is not part of the checkpoint.
+    Links that stay inside (deduplicated shards, ``latest -> step_...``) are allowed
+    (decision 0160). Broken links that would point outside are refused too.
+    """
+    count = 0
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        dirnames.sort()
+        base = Path(dirpath)
+        for name in sorted(filenames) + dirnames:
+            p = base / name
+            count += 1
+            if count > limit:
+                return f"more than {limit} entries: not treated as a checkpoint"
+            if not p.is_symlink() or is_inside(root, p):
+                continue
+            rel = p.relative_to(root).as_posix()
+            try:
+                dest = os.readlink(p)
+            except OSError:
+                dest = "?"
+            return f"symlink {rel} -> {dest} points outside the checkpoint"
+    return None
+
+
 def tree_size_and_mtime(root: Path) -> tuple[int, float | None]:
     """Total bytes and newest mtime of the files below ``root``; best effort, never raises."""
     total = 0

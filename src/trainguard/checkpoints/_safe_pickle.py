@@ -8,13 +8,30 @@ anything else is refused with :class:`UnsafePickle` (or, with ``stub_all``,
 also becomes a stub: still inert, used to walk arbitrary ``torch.save`` pickles).
 The result is a tree of plain Python values and stubs that the format checkers
 read by attribute name.
+
+Inert is not yet safe: every load is bounded by :mod:`._pickle_bounds` (nesting
+checked before the C unpickler runs, every allocation by an allowed callable or a
+stub charged to a budget proportional to the stream's size), and any failure of a
+load, hostile or merely damaged, surfaces as :class:`UnsafePickle` with a reason.
 """
 
 from __future__ import annotations
 
 import io
 import pickle
+from collections.abc import Callable
 from typing import Any, ClassVar
+
+from trainguard.checkpoints._pickle_bounds import (
+    MAX_GLOBALS,
+    Budget,
+    PickleMalformed,
+    PickleRefused,
+    active,
+    charging,
+    check_nesting,
+    hash_depth,
+)
 
 # Globals that build ordinary containers; nothing here runs user code.
 _SAFE_GLOBALS: dict[tuple[str, str], Any] = {
@@ -40,7 +57,53 @@ _STUB_PREFIXES = ("torch", "pathlib", "numpy", "_codecs")
 
 
 class UnsafePickle(pickle.UnpicklingError):
-    """The stream names a global outside the allow-list."""
+    """The stream names a global outside the allow-list, exceeds a bound (its message
+    starts with "refused"), or does not load; the only error a load raises."""
+
+
+class DamagedPickle(UnsafePickle):
+    """The stream is not hostile as far as we can tell, just truncated or garbage."""
+
+
+def _bounded(kind: type, budget: Budget) -> Callable[..., Any]:
+    """The allowed builtin ``kind`` with every allocation charged to ``budget`` first.
+
+    Sizes are known before the call: an integer size for bytes/bytearray, the length
+    of a sized argument for copies and conversions. Arguments whose result size is
+    not known in advance (``str(obj)`` of a container: its repr) are refused.
+    """
+    name = kind.__name__
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if kwargs:
+            raise PickleRefused(f"refused: {name}() with keyword arguments")
+        first = args[0] if args else None
+        if kind in (bytes, bytearray) and isinstance(first, int):
+            budget.charge(first, f"{name}({first})")
+        elif kind is str and args and not isinstance(first, str | bytes | bytearray):
+            if not isinstance(first, int | float | complex | bool):
+                raise PickleRefused(f"refused: str() of a {type(first).__name__}")
+        elif kind in (int, float, complex) and args:
+            if not isinstance(first, int | float | complex | str | bytes | bytearray):
+                raise PickleRefused(f"refused: {name}() of a {type(first).__name__}")
+        elif args:
+            try:
+                n = len(first)  # type: ignore[arg-type]
+            except TypeError:
+                raise PickleRefused(f"refused: {name}() of an unsized argument") from None
+            # str(b, encoding) may widen each byte to 4; containers hold pointers.
+            wide = kind is str or isinstance(first, str)
+            budget.charge(4 * n if wide else n, f"{name}() of {n} items")
+            if kind in (dict, list, tuple, set, frozenset):
+                budget.slots(n, f"{name}() of {n} items")
+        result = kind(*args)
+        if kind in (tuple, frozenset, set, dict):
+            for item in result if kind is not dict else result.keys():
+                hash_depth(item)  # set/dict members were hashed: keep them shallow
+            hash_depth(result)
+        return result
+
+    return call
 
 
 class Stub:
@@ -53,6 +116,9 @@ class Stub:
     qualname: ClassVar[str] = "?"
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Stub:
+        budget = active()
+        if budget is not None:  # the arguments are copied into the stub
+            budget.slots(len(args) + 2 * len(kwargs) + 8, f"{cls.qualname}(...)")
         obj = super().__new__(cls)
         obj.__dict__["_args"] = args
         obj.__dict__["_kwargs"] = kwargs
@@ -65,6 +131,11 @@ class Stub:
     def __setstate__(self, state: Any) -> None:
         # dataclasses pickle as a dict, slotted classes as (dict | None, slots dict).
         self.__dict__["_state"] = state
+        budget = active()
+        if budget is not None:  # a state dict is copied into the stub's fields
+            parts = state if isinstance(state, tuple) else (state,)
+            n = sum(len(p) for p in parts if isinstance(p, dict))
+            budget.slots(2 * n, f"{self.qualname} state of {n} fields")
         if isinstance(state, tuple) and len(state) == 2:
             for part in state:
                 if isinstance(part, dict):
@@ -85,13 +156,17 @@ class Stub:
 
 
 _STUB_CACHE: dict[str, type[Stub]] = {}
+_STUB_CACHE_LIMIT = 10_000
 
 
 def stub_class(qualname: str) -> type[Stub]:
     cls = _STUB_CACHE.get(qualname)
     if cls is None:
         cls = type(qualname.rsplit(".", 1)[-1], (Stub,), {"qualname": qualname})
-        _STUB_CACHE[qualname] = cls
+        # Hostile streams may name endless globals: the cache, which outlives a
+        # load, stops growing (stubs compare by qualname, not by class identity).
+        if len(_STUB_CACHE) < _STUB_CACHE_LIMIT:
+            _STUB_CACHE[qualname] = cls
     return cls
 
 
@@ -109,14 +184,40 @@ class StubUnpickler(pickle.Unpickler):
 
     def __init__(self, data: bytes, *, stub_all: bool = False, allow_persistent: bool = False):
         super().__init__(io.BytesIO(data))
+        self._data = data
         self._stub_all = stub_all
         self._allow_persistent = allow_persistent
+        self._budget = Budget.for_stream(len(data))
+        self._globals: set[tuple[str, str]] = set()
         self.persistent_ids: list[Any] = []
 
+    def load(self) -> Any:
+        """Load the stream within the bounds; raises only :class:`UnsafePickle`."""
+        try:
+            check_nesting(self._data)
+            with charging(self._budget):
+                return super().load()
+        except UnsafePickle:
+            raise
+        except PickleRefused as exc:
+            raise UnsafePickle(str(exc)) from exc
+        except PickleMalformed as exc:
+            raise DamagedPickle(str(exc)) from exc
+        except (RecursionError, MemoryError) as exc:
+            raise UnsafePickle(f"refused: {type(exc).__name__} while loading") from exc
+        except Exception as exc:  # a damaged stream can raise nearly anything
+            raise DamagedPickle(f"{type(exc).__name__}: {exc}"[:300]) from exc
+
     def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in self._globals:
+            if len(self._globals) >= MAX_GLOBALS:
+                raise PickleRefused(f"refused: more than {MAX_GLOBALS} distinct globals")
+            self._globals.add((module, name))
         safe = _SAFE_GLOBALS.get((module, name))
         if safe is not None:
-            return safe
+            if safe in (object, slice):
+                return safe
+            return _bounded(safe, self._budget)
         if self._stub_all or module.split(".", 1)[0] in _STUB_PREFIXES:
             return stub_class(f"{module}.{name}")
         if (module, name) == ("copyreg", "_reconstructor"):

@@ -18,10 +18,11 @@ from trainguard.checkpoints._fs import (
     VerifyMode,
     check_verify_mode,
     describe_os_error,
+    escaping_link,
     mtime_or_none,
     tree_size_and_mtime,
 )
-from trainguard.checkpoints.base import Format, invalid
+from trainguard.checkpoints.base import Format, invalid, step_from_name
 from trainguard.checkpoints.formats.dcp import DcpFormat
 from trainguard.checkpoints.formats.hf_trainer import DIR_PATTERN as HF_PATTERN
 from trainguard.checkpoints.formats.hf_trainer import HfTrainerFormat
@@ -88,6 +89,12 @@ def _classify(path: Path, verify: VerifyMode) -> CheckpointInfo | None:
         try:
             if not fmt.detect(path):
                 continue
+            # Before the format reads anything: a link out of the checkpoint makes it
+            # invalid, whatever the format (decision 0160).
+            outside = escaping_link(path) if is_dir else None
+            if outside is not None:
+                size, mtime = tree_size_and_mtime(path)
+                return invalid(path, fmt.name, step_from_name(path.name), outside, size, mtime)
             return fmt.inspect(path, verify)
         except Exception as exc:  # last line of defence: a verdict, never a crash
             return invalid(path, fmt.name, None, f"could not be checked: {type(exc).__name__}")

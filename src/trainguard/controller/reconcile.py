@@ -67,7 +67,7 @@ from trainguard.diagnose.detectors import (
     line_finding,
 )
 from trainguard.diagnose.signatures import Classifier
-from trainguard.model.checkpoint import CheckpointInfo
+from trainguard.model.checkpoint import RESUME_DIGEST_ENV, CheckpointInfo
 from trainguard.model.devices import normalize_pci_bus_id
 from trainguard.model.findings import Attribution, Culprit, Domain, Finding, Severity
 from trainguard.model.fleet import (
@@ -2108,6 +2108,8 @@ class Reconciler:
                 )
             )
             env = {str(k): str(v) for k, v in (action.get("env") or {}).items()}
+            if isinstance(ckpt, dict) and ckpt.get("manifest_sha256"):
+                env[RESUME_DIGEST_ENV] = str(ckpt["manifest_sha256"])  # verified: decision 0162
             got, error = self._call(
                 lambda: self.scheduler.requeue(  # type: ignore[union-attr]
                     fj.scheduler_ref,

@@ -70,7 +70,7 @@ from trainguard.diagnose.detectors import (
     rank_prefix,
 )
 from trainguard.diagnose.signatures import Classifier, classify_line
-from trainguard.model.checkpoint import CheckpointInfo
+from trainguard.model.checkpoint import CheckpointInfo, resume_digest_env
 from trainguard.model.devices import Device
 from trainguard.model.findings import Attribution, Culprit, Domain, Finding, Severity
 from trainguard.model.health import HealthState
@@ -734,7 +734,7 @@ class RunController:
             progress_url=self.progress_url,
             log_path=log_path,
             resume_from=checkpoint.path if checkpoint else None,
-            extra_env=env,
+            extra_env={**env, **resume_digest_env(checkpoint)},
             echo=o.echo,
             job_id=self.job_id,
             grace=o.grace,

@@ -19,12 +19,20 @@ Pure (no I/O, no clock). Rules, strongest first (decision 0053):
 
 Torchrun's own ``ChildFailedError`` traceback is the launcher's summary of a
 failure, never the failure itself, and is ignored as evidence of a cause.
+
+One ranking with ``trainguard diagnose`` (:mod:`trainguard.diagnose.correlate`,
+decision 0167): the same evidence tiers decide here, so storage and network
+infrastructure evidence (a parallel filesystem losing its servers, a NIC port
+down) beats the application errors it causes; trainguard's own stop of an
+attempt and what follows it is never evidence; and collective errors without a
+crash name the rank the NCCL sequence numbers say the others waited for.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from trainguard.diagnose.correlate import is_own_stop, stuck_rank, tier
 from trainguard.model.devices import Device
 from trainguard.model.findings import (
     Attribution,
@@ -116,7 +124,8 @@ def attribute(
     the failure was detected. Hardware findings count when they fall within
     ``window`` seconds of it, before or after.
     """
-    ordered = sorted(findings, key=lambda f: f.at)
+    # trainguard's own stop and what it caused are never evidence (docs/diagnosis.md).
+    ordered = sorted((f for f in findings if not is_own_stop(f)), key=lambda f: f.at)
 
     # 1. Hardware evidence on the attempt's devices.
     hardware = []
@@ -154,8 +163,42 @@ def attribute(
             signature=first.signature or (f"xid:{first.xid}" if first.xid is not None else None),
         )
 
-    # 2. The root rank: the first process to die badly.
+    # 1b. Storage and network infrastructure evidence (correlate's first tier) beats the
+    #     application errors it causes; a node failure counts here when no rank crashed.
     root_crash = crashes[0] if crashes else None
+    infra = [
+        f
+        for f in ordered
+        if tier(f) == 0 and abs(f.at - failed_at) <= window
+        if f.domain in (Domain.STORAGE, Domain.NETWORK)
+        or (f.domain is Domain.NODE and root_crash is None)
+    ]
+    if infra:
+        first = infra[0]
+        base = first.culprit
+        if base.rank is None and root_crash is not None:
+            base = Culprit(
+                device_uuid=base.device_uuid,
+                pci_bus_id=base.pci_bus_id,
+                rank=root_crash.culprit.rank,
+                host=base.host,
+            )
+        culprit = _complete_culprit(base, devices)
+        support = [first, *([root_crash] if root_crash else [])]
+        return Attribution(
+            kind=IncidentKind.COLLECTIVE_ERROR
+            if first.kind == "network_error"
+            else IncidentKind.CRASH,
+            domain=first.domain,
+            culprit=culprit,
+            confidence=0.9,
+            summary=f"{first.kind.replace('_', ' ')}: {first.message}",
+            evidence=_evidence(support),
+            findings=tuple(support),
+            signature=_signature_text(first),
+        )
+
+    # 2. The root rank: the first process to die badly.
     root_rank = _rank_of(root_crash) if root_crash else None
     errors = [
         f
@@ -235,6 +278,19 @@ def attribute(
     collective = [f for f in errors if f.kind in _COLLECTIVE]
     if collective:
         first = collective[0]
+        stuck = stuck_rank(collective, expected_ranks=range(len(devices)))
+        if stuck is not None:
+            # The NCCL sequence numbers name the rank the others waited for (as diagnose).
+            return Attribution(
+                kind=IncidentKind.COLLECTIVE_TIMEOUT,
+                domain=Domain.NETWORK,
+                culprit=_complete_culprit(Culprit(rank=stuck.rank), devices),
+                confidence=stuck.confidence,
+                summary=f"collective timeout; {stuck.reason}",
+                evidence=_evidence(collective),
+                findings=tuple(collective),
+                signature=_signature_text(first),
+            )
         return Attribution(
             kind=_COLLECTIVE[first.kind],
             domain=Domain.NETWORK,

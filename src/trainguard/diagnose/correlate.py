@@ -71,7 +71,15 @@ SCHEDULER_KINDS = frozenset({"time_limit", "preempted", "cancelled"})
 APP_KINDS = frozenset({"cuda_oom", "cuda_error", "app_error", "nan_loss", "segfault"})
 SYMPTOM_KINDS = frozenset({"collective_timeout", "collective_error", "killed"})
 
-_TIER_NAMES = {0: "infrastructure", 1: "scheduler", 2: "application", 3: "symptom", 4: "warning"}
+_TIER_NAMES = {
+    0: "infrastructure",
+    1: "scheduler",
+    2: "application",
+    3: "symptom",
+    4: "warning",
+    5: "trainguard's own stop",
+}
+STOP_TIER = 5
 
 _INCIDENT_KIND = {
     "xid": IncidentKind.XID,
@@ -187,14 +195,25 @@ def is_wrapper(f: Finding) -> bool:
     )
 
 
+def is_own_stop(f: Finding) -> bool:
+    """trainguard's stop marker, or a kill/timeout/wrapper line after it in that log."""
+    return bool(f.details.get("trainguard_stop") or f.details.get("after_trainguard_stop"))
+
+
 def is_sympathetic_xid(f: Finding) -> bool:
     return f.kind == "xid" and (
-        f.xid == 45 or "caused_by_xid" in f.details or f.details.get("sympathetic_to") is not None
+        f.xid == 45
+        or "caused_by_xid" in f.details
+        or f.details.get("sympathetic_to") is not None
+        or bool(f.details.get("sympathetic"))  # XID 74 with only secondary register bits
     )
 
 
 def tier(f: Finding) -> int:
-    """0 infrastructure, 1 scheduler, 2 application, 3 symptom, 4 monitor-only warning."""
+    """0 infrastructure, 1 scheduler, 2 application, 3 symptom, 4 monitor-only warning,
+    5 trainguard's own stop of the attempt and what it caused (never a root cause)."""
+    if is_own_stop(f):
+        return STOP_TIER
     if is_sympathetic_xid(f) or is_wrapper(f) or f.kind in SYMPTOM_KINDS:
         return 3
     if f.severity is Severity.WARNING and f.kind in INFRA_KINDS | {"sxid"}:
@@ -382,6 +401,8 @@ def correlate(
     placements = placements or {}
     incidents = []
     for group in _group(list(findings), window, symptom_window):
+        if all(is_own_stop(f) for f in group):
+            continue  # trainguard stopped the attempt and nothing else failed: no incident
         incidents.append(_incident(_mark_sympathetic(group), placements))
     return incidents
 
@@ -392,7 +413,7 @@ def _incident(group: list[Finding], placements: Mapping[int, Placement]) -> Inci
     root = next(f for f, t in zip(group, tiers, strict=True) if t == top)
     stuck = stuck_rank(group, expected_ranks=placements.keys())
     symptoms = tuple(f for f, t in zip(group, tiers, strict=True) if f is not root and t < 4)
-    context = tuple(f for f, t in zip(group, tiers, strict=True) if f is not root and t == 4)
+    context = tuple(f for f, t in zip(group, tiers, strict=True) if f is not root and t >= 4)
     job = next((j for j in map(_job, group) if j is not None), None)
 
     culprit = root.culprit

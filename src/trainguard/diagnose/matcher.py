@@ -1,14 +1,17 @@
-"""Multi-pattern prefilters: find the few lines of a large buffer worth a closer look.
+"""Multi-pattern matchers: find the few lines of a large buffer worth a closer look.
 
 Classifying a log line by line with Python regexes runs at a twentieth of
 ``grep``. Instead a prefilter scans a whole buffer of complete lines at once
-and returns the start offsets of lines that *may* carry a signature; only those
-lines are decoded and checked by the precise rules
-(:mod:`trainguard.diagnose.rules`). Two implementations, one contract:
+and returns the start offsets of lines that *may* carry a signature, each with
+the set of rules (a bit mask over :data:`~trainguard.diagnose.rules.RULES`, bit
+``MARKER_BIT`` for the traceback marker) that may match it. Only those lines are
+decoded, and only the rules in their mask are tried by Python (with the guards
+and fields of :mod:`trainguard.diagnose.signatures`): a line of NCCL chatter that
+one pattern matches costs one regex, not one per rule. Two implementations:
 
-* :class:`HyperscanPrefilter` compiles every rule pattern and marker into one
-  Hyperscan block-mode database; a match's end offset names its line. It
-  reports exactly the lines some pattern matches.
+* :class:`HyperscanPrefilter` compiles every full rule pattern and marker into one
+  Hyperscan block-mode database; a match's end offset names its line and its id
+  the rule. It reports exactly the lines and rules some pattern matches.
 * :class:`PortablePrefilter` needs nothing but the standard library: it finds
   each rule's lower-case literal anchors with ``bytes.find`` over the
   lower-cased buffer, and runs the rule's own regex over the buffer for rules
@@ -38,16 +41,41 @@ class PrefilterCache(Protocol):
     def store(self, key: str, data: bytes) -> None: ...
 
 
+MARKER_BIT = len(RULES)  # the traceback marker's bit in a line's rule mask
+ALL_RULES = (1 << (len(RULES) + 1)) - 1
+
+
 class Prefilter(Protocol):
     name: str
+
+    def scan(self, buf: bytes) -> list[tuple[int, int]]:
+        """Sorted ``(line start, rule mask)`` of the lines in ``buf`` that may match."""
+        ...
 
     def candidates(self, buf: bytes) -> list[int]:
         """Sorted, distinct start offsets of lines in ``buf`` that may match."""
         ...
 
 
-def _line_start(buf: bytes, offset: int) -> int:
-    return buf.rfind(b"\n", 0, offset) + 1
+def _group_by_line(buf: bytes, hits: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``(offset, bit)`` hits (any order) -> sorted ``(line start, mask)``, one per line."""
+    hits.sort()
+    out: list[tuple[int, int]] = []
+    line_end = -1
+    rfind, find = buf.rfind, buf.find
+    for off, bit in hits:
+        if off <= line_end:  # same line as the previous hit
+            start, mask = out[-1]
+            out[-1] = (start, mask | bit)
+            continue
+        start = rfind(b"\n", 0, off) + 1
+        if out and out[-1][0] == start:  # an end offset just past the previous line's end
+            out[-1] = (start, out[-1][1] | bit)
+        else:
+            out.append((start, bit))
+        nl = find(b"\n", off)
+        line_end = len(buf) if nl == -1 else nl
+    return out
 
 
 def _bytes_regex(rule: Rule) -> re.Pattern[bytes]:
@@ -62,41 +90,50 @@ class PortablePrefilter:
     name = "portable"
 
     def __init__(self, rules: tuple[Rule, ...] = RULES) -> None:
-        anchors: set[bytes] = set()
-        regexes: list[re.Pattern[bytes]] = []
-        for rule in rules:
+        owners: dict[bytes, int] = {}  # anchor -> mask of the rules that name it
+        regexes: list[tuple[re.Pattern[bytes], int]] = []
+        for i, rule in enumerate(rules):
             if rule.anchors:
-                anchors.update(a.lower().encode() for a in rule.anchors)
+                for a in rule.anchors:
+                    key = a.lower().encode()
+                    owners[key] = owners.get(key, 0) | (1 << i)
             else:
-                regexes.append(_bytes_regex(rule))
+                regexes.append((_bytes_regex(rule), 1 << i))
         for _pattern, anchor in MARKERS:
-            anchors.add(anchor.encode())
-        # Drop anchors that contain a shorter anchor: the shorter one finds their lines too.
-        ordered = sorted(anchors, key=len)
-        kept: list[bytes] = []
-        for a in ordered:
-            if not any(k in a for k in kept):
-                kept.append(a)
-        self._anchors = tuple(kept)
+            key = anchor.encode()
+            owners[key] = owners.get(key, 0) | (1 << MARKER_BIT)
+        # Drop anchors that contain a shorter anchor: the shorter one finds their lines too,
+        # and so stands for their rules as well.
+        kept: dict[bytes, int] = {}
+        for lit in sorted(owners, key=len):
+            shorter = next((k for k in kept if k in lit), None)
+            if shorter is None:
+                kept[lit] = owners[lit]
+            else:
+                kept[shorter] |= owners[lit]
+        self._anchors = tuple(kept.items())
         self._regexes = tuple(regexes)
 
-    def candidates(self, buf: bytes) -> list[int]:
-        starts: set[int] = set()
+    def scan(self, buf: bytes) -> list[tuple[int, int]]:
+        hits: list[tuple[int, int]] = []
+        append = hits.append
         low = buf.lower()
-        for anchor in self._anchors:
-            find = low.find
+        find, nl = low.find, low.find
+        for anchor, mask in self._anchors:
             pos = find(anchor)
             while pos != -1:
-                start = _line_start(low, pos)
-                starts.add(start)
-                end = low.find(b"\n", pos)
+                append((pos, mask))
+                end = nl(b"\n", pos)
                 if end == -1:
                     break
                 pos = find(anchor, end + 1)
-        for rx in self._regexes:
+        for rx, mask in self._regexes:
             for m in rx.finditer(buf):
-                starts.add(_line_start(buf, m.start()))
-        return sorted(starts)
+                append((m.start(), mask))
+        return _group_by_line(buf, hits)
+
+    def candidates(self, buf: bytes) -> list[int]:
+        return [start for start, _mask in self.scan(buf)]
 
 
 class HyperscanPrefilter:
@@ -111,13 +148,17 @@ class HyperscanPrefilter:
 
         expressions: list[bytes] = []
         flags: list[int] = []
-        for rule in rules:
+        bits: list[int] = []  # pattern id -> its rule's bit
+        for i, rule in enumerate(rules):
             for pattern in rule.patterns:
                 expressions.append(pattern.encode())
                 flags.append(hyperscan.HS_FLAG_CASELESS if rule.caseless else 0)
+                bits.append(1 << i)
         for pattern, _anchor in MARKERS:
             expressions.append(pattern.encode())
             flags.append(0)
+            bits.append(1 << MARKER_BIT)
+        self._bits = tuple(bits)
         digest = hashlib.sha256(
             repr((getattr(hyperscan, "__version__", "?"), expressions, flags)).encode()
         )
@@ -144,27 +185,20 @@ class HyperscanPrefilter:
                 cache.store(self.key, hyperscan.dumpb(db))
         self._db = db
 
-    def candidates(self, buf: bytes) -> list[int]:
-        ends: list[int] = []
-        append = ends.append
+    def scan(self, buf: bytes) -> list[tuple[int, int]]:
+        hits: list[tuple[int, int]] = []
+        append = hits.append
+        bits = self._bits
 
-        def on_match(_id: int, _start: int, end: int, _flags: int, _ctx: Any) -> None:
-            append(end)
+        def on_match(pid: int, _start: int, end: int, _flags: int, _ctx: Any) -> None:
+            # ``end`` is one past the match: step back so a match ending a line names it.
+            append((end - 1, bits[pid]))
 
         self._db.scan(buf, match_event_handler=on_match)
-        if not ends:
-            return []
-        starts: set[int] = set()
-        last_line_end = -1
-        for end in sorted(set(ends)):
-            # Several ends on one line: compute its start only once.
-            if end <= last_line_end:
-                continue
-            start = _line_start(buf, end)
-            starts.add(start)
-            nl = buf.find(b"\n", end)
-            last_line_end = len(buf) if nl == -1 else nl
-        return sorted(starts)
+        return _group_by_line(buf, hits) if hits else []
+
+    def candidates(self, buf: bytes) -> list[int]:
+        return [start for start, _mask in self.scan(buf)]
 
 
 _CACHE: dict[str, Prefilter] = {}

@@ -52,9 +52,35 @@ class Rule:
         )
 
     def matches(self, line: str) -> bool:
-        if self.regex.search(line) is None:
+        """A pattern matches somewhere not negated (:func:`negated`) and ``exclude`` does not."""
+        for m in self.regex.finditer(line):
+            if not negated(line, m.start(), m.end()):
+                break
+        else:
             return False
         return self.exclude_regex is None or self.exclude_regex.search(line) is None
+
+
+# The negation / zero-count guard (docs/signatures.md, "Severity and negation"). Healthy
+# reports quote the very words a failure does: "0 uncorrectable ECC errors", "no XID
+# errors", "Input/output errors: 0", "retired pages: none". A match is void when a zero
+# quantifier stands right before it (at most three words between) or the rest of its word
+# is followed by ``: 0`` / ``=0`` / ``: none`` / ``: no``. Only the matched phrase is
+# judged, so "no kernel image is available" after "CUDA error: " stays a failure.
+_ZERO_BEFORE = re.compile(
+    r"(?<![\w.+-])(?:0+|no|zero|none of the|without)[ \t]+(?:[\w./()-]+[ \t]+){0,3}$",
+    re.IGNORECASE,
+)
+_ZERO_AFTER = re.compile(
+    r"\w*\)?[ \t]*[:=][ \t]*(?:0+|none|no|false|n/a)(?=[ \t,;]|$)", re.IGNORECASE
+)
+
+
+def negated(text: str, start: int, end: int) -> bool:
+    """Whether the match ``text[start:end]`` is a zero or negated count, not an event."""
+    if start and _ZERO_BEFORE.search(text, max(0, start - 80), start):
+        return True
+    return _ZERO_AFTER.match(text, end) is not None
 
 
 H, N, S, ND, APP, CFG, SCH, UNK = (
@@ -76,6 +102,10 @@ MARKERS: tuple[tuple[str, str], ...] = (
 )
 
 RULES: tuple[Rule, ...] = (
+    # --- trainguard's own stop of an attempt (model.signature.STOP_MARKER) -----------
+    Rule("trainguard_stop", "killed", UNK, WARN, Action.IGNORE,
+         (r"# trainguard stopped attempt \d+",),
+         ("# trainguard stopped attempt",)),
     # --- GPU driver ---------------------------------------------------------------
     Rule("xid", "xid", H, ERROR, Action.INVESTIGATE,
          (r"\bXid \((?:PCI:)?[0-9a-fA-F]{2,8}:[0-9a-fA-F]{2}",),
@@ -94,11 +124,12 @@ RULES: tuple[Rule, ...] = (
     Rule("slurm_node_fail", "node_failure", ND, FATAL, Action.DRAIN_NODE,
          (r"\*\*\* (?:JOB|STEP) \S+ (?:ON \S+ )?CANCELLED AT \S+ DUE TO NODE FAIL",
           r"\*\*\* (?:JOB|STEP) \S+ STEPD TERMINATED ON \S+ AT \S+ DUE TO JOB NOT ENDING",
-          r"srun: error: Node failure on ",
+          r"\bNode failure on [\w.\[-]",
           r"\bNODE_FAIL\b",
-          r"\bNodes? \S+ not responding"),
-         ("cancelled at", "stepd terminated", "node failure on", "node_fail",
-          "not responding")),
+          r"\bNodes? \S+ not responding",
+          r"due to (?:node failure|failure of node)"),
+         ("cancelled at", "stepd terminated", "node failure", "node_fail",
+          "not responding", "failure of node")),
     Rule("slurm_cancelled", "cancelled", SCH, FATAL, Action.INVESTIGATE,
          (r"\*\*\* (?:JOB|STEP) \S+ (?:ON \S+ )?CANCELLED AT ",),
          ("cancelled at",)),
@@ -137,17 +168,29 @@ RULES: tuple[Rule, ...] = (
           r"RESOURCE_EXHAUSTED: Out of memory"),
          ("out of memory", "outofmemoryerror", "memoryallocation", "alloc_failed",
           "out_of_memory")),
+    # A DataLoader worker killed by SIGBUS: /dev/shm is full (a host resource, not a crash).
+    Rule("shm", "host_oom", CFG, FATAL, Action.FIX_CONFIG,
+         (r"DataLoader worker \(pid(?:\(s\))? [0-9, ]+\) is killed by signal: Bus error",
+          r"[Uu]nexpected bus error encountered in worker",
+          r"insufficient shared memory",
+          r"workers are out of shared memory",
+          r"unable to (?:write to file|open shared memory object|mmap \d+ bytes from file)"
+          r" </?torch_",
+          r"No space left on device\S*:? \S*/dev/shm"),
+         ("bus error", "shared memory", "</torch_", "<torch_", "/dev/shm"), True),
     Rule("host_oom", "host_oom", CFG, FATAL, Action.FIX_CONFIG,
          (r"Out of memory: Kill",
           r"Killed process \d+ \(.*\) total-vm",
           r"oom-kill:constraint=",
           r"invoked oom-killer",
           r"Memory cgroup out of memory",
-          r"\d+ oom[-_]kill events?",
+          r"[1-9]\d* oom[-_]kill events?",
+          r"DataLoader worker \(pid(?:\(s\))? [0-9, ]+\) is killed by signal: Killed",
           r"Exceeded (?:job|step) memory limit",
           r"oom_reaper: reaped process",
           r"srun: error: \S+: tasks? [0-9,-]+: Out Of Memory"),
-         ("out of memory", "total-vm", "oom-kill", "oom_", "memory limit")),
+         ("out of memory", "total-vm", "oom-kill", "oom_", "memory limit",
+          "killed by signal: killed")),
     # --- CUDA ---------------------------------------------------------------------
     Rule("cuda_error", "cuda_error", APP, FATAL, Action.RESTART_APP,
          (r"CUDA error: ",
@@ -199,10 +242,20 @@ RULES: tuple[Rule, ...] = (
           r"mlx5_core .*Cable unplugged",
           r"\bPort:? \d+ .*[Ll]ink (?:[Dd]own|DOWN)",
           r"NIC Link is Down",
+          r"[Pp]ort module event\[error\]",
+          r"[Pp]ort module event: module \d+, (?:Cable unplugged|Cable error|status: unplugged)",
+          r"module_event:.*Module \d+, status: (?:unplugged|[A-Za-z ]*[Ee]rror)",
+          r"\bIBV_EVENT_(?:PORT_ERR|DEVICE_FATAL|QP_FATAL|CQ_ERR|QP_ACCESS_ERR)\b",
+          r"\b(?:mlx[45]_\w+|ib\d+|ibp\w+|en[ops]\w+|eth\d+)(?: port \d+)?:? "
+          r"[Ll]ink (?:is )?(?:[Dd]own|DOWN)\b",
+          r"link status definitely down for interface",
+          r": (?:lost carrier|carrier lost)\b",
           r"NETDEV WATCHDOG",
           r"UCX +ERROR"),
          ("net/", "got completion from peer", "ibv_", "retry count", "link down",
-          "link is down", "cable unplugged", "netdev watchdog", "ucx")),
+          "link is down", "cable unplugged", "netdev watchdog", "ucx", "port module event",
+          "status: unplugged", "rror", "ibv_event_", "definitely down", "lost carrier",
+          "carrier lost")),
     Rule("collective_error", "collective_error", N, ERROR, Action.INVESTIGATE,
          (r"NCCL error",
           r"\bnccl(?:SystemError|InternalError|RemoteError|InvalidUsage|InvalidArgument)\b",
@@ -214,12 +267,17 @@ RULES: tuple[Rule, ...] = (
           r"pair\.cc:\d+\] (?:Read|Write) error",
           r"NCCL WARN .*(?:fail|rror|bort)",
           r"Some NCCL operations have failed or timed out",
-          r"client socket has failed to connect"),
+          r"client socket has failed to connect",
+          r"server socket on \S+ is not yet listening",
+          r"\bRendezvousConnectionError\b",
+          r"connection to the C10d store has failed"),
          ("nccl error", "ncclsystemerror", "ncclinternalerror", "ncclremoteerror",
           "ncclinvalid", "system error", "remote process exited", "was aborted",
           "distbackenderror", "distnetworkerror", "by peer", "read error", "write error",
-          "nccl warn", "timed out", "failed to connect"),
-         exclude=r"NCCL INFO"),
+          "nccl warn", "timed out", "failed to connect", "not yet listening",
+          "rendezvousconnectionerror", "c10d store"),
+         exclude=r"NCCL INFO|NET/Plugin ?: (?:Plugin load|No plugin|Could not find|Failed to find)"
+                 r"|Could not find real path of"),
     # --- host hardware ------------------------------------------------------------------
     Rule("pcie", "pcie_error", H, ERROR, Action.DRAIN_AND_RESET,
          (r"AER: (?:Multiple )?(?:Uncorrect|Correct)(?:ed|able)",
@@ -243,6 +301,18 @@ RULES: tuple[Rule, ...] = (
           r"Disk quota exceeded",
           r"nfs: server \S+ not responding",
           r"LustreError",
+          r"LNetError",
+          r"LNet: .*Timed out (?:tx|RDMA)",
+          r"[Cc]onnection to \S+ \(at \S+\) was lost",
+          r"\b(?:This client|client|node) (?:was|has been) evicted\b",
+          r"@@@ Request sent has (?:failed|timed out)",
+          r"Lost membership in cluster \S+",
+          r"mmfs daemon is shutting down abnormally",
+          r"\b6027-\d{3,4} \[[EXSAC]\]",
+          r"Close connection to \S+ \S+ Attempting reconnect",
+          r"is being expelled\b",
+          r"[Bb]ee[Gg][Ff][Ss].*(?:[Cc]ommunication error|[Cc]onnection (?:lost|failed|refused)|"
+          r"[Dd]isconnected from|[Uu]nreachable|timed out)",
           r"Stale file handle",
           r"EXT4-fs error",
           r"Remounting filesystem read-only",
@@ -255,7 +325,9 @@ RULES: tuple[Rule, ...] = (
           r"nvme nvme\d+: .*(?:timeout, (?:aborting|reset)|controller is down)"),
          ("no space left", "read-only", "input/output error", "quota exceeded",
           "not responding", "lustreerror", "stale file handle", "ext4-fs error", "xfs (",
-          "i/o error", "transport endpoint", "pytorchstreamwriter", "nvme nvme")),
+          "i/o error", "transport endpoint", "pytorchstreamwriter", "nvme nvme", "lneterror",
+          "lnet: ", "was lost", "evicted", "request sent has", "lost membership",
+          "shutting down abnormally", "6027-", "attempting reconnect", "expelled", "beegfs")),
     # --- node ---------------------------------------------------------------------------
     Rule("node", "node_failure", ND, FATAL, Action.DRAIN_NODE,
          (r"Kernel panic",
@@ -301,10 +373,16 @@ RULES: tuple[Rule, ...] = (
           r"NaN or Inf found in input tensor",
           r"\bis non-finite\b",
           r"non-finite (?:loss|grad)",
-          r"returned nan values in its"),
+          r"returned nan values in its",
+          r"\b(?:nan|inf)s? (?:values? )?(?:detected |found )?in (?:the )?"
+          r"(?:local |global |total )?grad(?:ient)?s?\b",
+          r"\b(?:inf or nan|nan or inf) values in (?:the )?grad",
+          r"\bgrad(?:ient)?s? (?:of|for) (?:\S+ ){1,3}(?:is|are|became|contains?) (?:nan|inf)\b",
+          r"\bgrad(?:ient)?s? (?:contains?|has|have|had) (?:nan|inf)\b"),
          # "inf" alone would hit every INFO line: list what can stand right before it.
          ("nan", "non-finite", ":inf", "=inf", "'inf", '"inf', "-inf", "+inf", ": inf",
-          "= inf", "s inf", "e inf", ":\tinf", "=\tinf", "s\tinf", "e\tinf", "sinf", "einf"),
+          "= inf", "s inf", "e inf", ":\tinf", "=\tinf", "s\tinf", "e\tinf", "sinf", "einf",
+          "contain inf", "contains inf", "has inf", "have inf", "had inf"),
          True),
     # --- launcher wrappers and uncaught exceptions -----------------------------------
     Rule("launcher", "app_error", APP, ERROR, Action.INVESTIGATE,
@@ -313,6 +391,14 @@ RULES: tuple[Rule, ...] = (
           r"srun: error: \S+: tasks? [0-9,-]+: Exited with exit code [1-9]",
           r"terminate called after throwing an instance of"),
          ("childfailederror", "exitcode", "exited with exit code", "terminate called")),
+    # Any ``Name(Error|Exception): message`` (the line that ends a Python traceback) and a
+    # traceback's head; a metric such as ``MeanSquaredError: 0.012`` is not an exception.
+    Rule("exception", "app_error", APP, ERROR, Action.RESTART_APP,
+         (r"\b[A-Z]\w*(?:Error|Exception): \S",
+          r"\bException: \S",
+          r"Traceback \(most recent call last\)"),
+         ("error: ", "exception: ", "traceback (most recent call last)"),
+         exclude=r"(?:Error|Exception): [-+]?\d[\d.]*(?:e[-+]?\d+)?%?(?:[ ,;]|$)"),
 )  # fmt: skip
 
 RULES_BY_NAME: dict[str, Rule] = {r.name: r for r in RULES}

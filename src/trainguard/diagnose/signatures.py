@@ -32,9 +32,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from trainguard.diagnose.matcher import Prefilter, PrefilterCache, get_prefilter
+from trainguard.diagnose.matcher import ALL_RULES, Prefilter, PrefilterCache, get_prefilter
+from trainguard.diagnose.nvlink import decode_xid74, sxid_info
 from trainguard.diagnose.prefix import Prefix, split_prefix
 from trainguard.diagnose.rules import RULES, TRACEBACK_HEADER, Rule
 from trainguard.diagnose.xid import (
@@ -61,7 +62,7 @@ _XID_RE = re.compile(
 _SXID_RE = re.compile(r"\bSXid \((?:PCI:)?(?P<pci>[0-9a-fA-F:.]+)\): (?P<sxid>\d+)")
 _PCI_RE = re.compile(
     r"(?<![0-9a-fA-F:])(?:PCI:)?(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)"
-    r"(?![0-9a-fA-F:])"
+    r"(?![0-9a-fA-F]|:[0-9a-fA-F])"
 )
 _RANK_RES = (
     re.compile(r"(?<![\w])(?:global[ _])?[Rr]ank[ \t]*[:=]?[ \t]*(?P<rank>\d+)"),
@@ -100,6 +101,30 @@ _EXCEPTION_RE = re.compile(
     r"^(?P<name>(?:[A-Za-z_]\w*\.)*(?P<last>[A-Za-z_]\w*))(?::(?: (?P<msg>.*))?)?$"
 )
 _EXC_SUFFIX_RE = re.compile(r"(?:Error|Exception|Exit|Interrupt|Failure|Fault|Warning)$")
+
+_C10D_RETRY_RE = re.compile(
+    r"client socket has failed to connect to (?!any network address)|not yet listening|retrying"
+)
+_STORAGE_RETRY_RE = re.compile(r"Attempting reconnect")
+_EXC_LINE_RE = re.compile(
+    r"(?P<name>(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)|\bException): (?P<msg>.*)$"
+)
+_PORT_RES = (
+    re.compile(r"\b(?P<port>mlx\d_\d+:? port \d+|mlx\d_\d+:\d+)"),
+    re.compile(r"\b[Mm]odule (?P<port>\d+)\b"),
+    re.compile(r"\b(?P<port>Port:? \d+)"),
+    re.compile(r"\b(?P<port>(?:ib|ibp|en[ops]|eth|bond)\w*)(?=:? )"),
+)
+
+
+def _port_of(text: str) -> str | None:
+    """The NIC port a network line names: ``mlx5_0 port 1``, ``module 0``, ``enp1s0f0``."""
+    for i, rx in enumerate(_PORT_RES):
+        m = rx.search(text)
+        if m:
+            return f"module {m.group('port')}" if i == 1 else m.group("port")
+    return None
+
 
 _SIGNAL_NAMES = {
     1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 7: "SIGBUS", 9: "SIGKILL",
@@ -185,15 +210,37 @@ def _refine(rule: Rule, text: str, f: _Fields, details: dict[str, object]) -> No
                 details["recovery_action_name"] = name
                 details["quarantine"] = quarantine
                 f.action, f.severity = action.value, severity
+        elif xid == 74 and (decoded := decode_xid74(text)) is not None:
+            details["nvlink_link"] = decoded.link
+            details["nvlink_registers"] = [f"0x{r:x}" for r in decoded.registers]
+            if decoded.verdict is not None:
+                details["nvlink_bits"] = list(decoded.bits)
+                details["nvlink_verdict"] = decoded.verdict
+                details["advice"] = decoded.advice
+                details["quarantine"] = decoded.quarantine
+                assert decoded.severity is not None and decoded.action is not None
+                f.severity, f.action = decoded.severity, decoded.action.value
+                if decoded.verdict == "sympathetic":
+                    details["sympathetic"] = True
         elif is_nvlink5_nonfatal(xid, text):
             f.severity, f.action = Severity.WARNING, Action.IGNORE.value
             details["quarantine"] = "repeat"
     elif rule.name == "sxid":
         m = _SXID_RE.search(text)
+        sx = None
         if m:
             details["sxid"] = int(m.group("sxid"))
             f.pci = _norm_pci(m.group("pci"))
-        if re.search(r"\bFatal\b", text) and not re.search(r"Non-?fatal", text, re.I):
+            sx = sxid_info(int(m.group("sxid")))
+        m_link = re.search(r"\bLink (\d+)", text)
+        if m_link:
+            details["nvlink_link"] = int(m_link.group(1))
+        if sx is not None:
+            details["sxid_name"] = sx.name
+            details["sxid_category"] = sx.category
+            details["advice"] = sx.advice
+            f.severity, f.action = sx.severity, sx.action.value
+        elif re.search(r"\bFatal\b", text) and not re.search(r"Non-?fatal", text, re.I):
             f.severity, f.action = Severity.FATAL, Action.DRAIN_NODE.value
     elif rule.name == "pcie":
         # The port logs the line; the device that sent the error is named after "received".
@@ -245,6 +292,11 @@ def _refine(rule: Rule, text: str, f: _Fields, details: dict[str, object]) -> No
             details["exit_code"] = int(m_exit.group("code"))
         details["wrapper"] = True
     elif rule.name == "collective_timeout" or rule.name == "collective_error":
+        if rule.name == "collective_error" and _C10D_RETRY_RE.search(text):
+            # One address refused or timed out during rendezvous: c10d retries by itself
+            # until its timeout; only "any network address" / a timeout is the failure.
+            f.severity, f.action = Severity.WARNING, Action.INVESTIGATE.value
+            details["retry"] = True
         m_pg = _NCCL_PG_RE.search(text)
         if m_pg:
             details["pg"] = m_pg.group("pg")
@@ -269,6 +321,30 @@ def _refine(rule: Rule, text: str, f: _Fields, details: dict[str, object]) -> No
         if m_enq:
             details["last_enqueued"] = int(m_enq.group("enq"))
             details["last_completed"] = int(m_enq.group("done"))
+    elif rule.name == "trainguard_stop":
+        details["trainguard_stop"] = True
+        details["signal"], details["signal_name"] = 15, "SIGTERM"
+    elif rule.name == "shm":
+        details["resource"] = "shm"
+        details["hint"] = (
+            "/dev/shm is exhausted: raise it (docker --shm-size, --ipc=host) or use fewer "
+            "DataLoader workers"
+        )
+    elif rule.name == "storage":
+        if _STORAGE_RETRY_RE.search(text):
+            f.severity = Severity.WARNING  # the client is reconnecting by itself
+    elif rule.name == "network":
+        port = _port_of(text)
+        if port:
+            details["port"] = port
+    elif rule.name == "exception":
+        m_exc = _EXC_LINE_RE.search(text)
+        if m_exc:
+            details["exception"] = m_exc.group("name")
+            if m_exc.group("msg"):
+                details["exception_message"] = m_exc.group("msg")
+        else:
+            details["traceback_head"] = True
     elif rule.name == "segfault":
         if re.search(r"Bus error|SIGBUS", text):
             details["hint"] = "SIGBUS in data loading is often a too small /dev/shm"
@@ -343,9 +419,13 @@ def _build(rule: Rule, text: str, prefix: Prefix, lineno: int | None) -> LineMat
     )
 
 
-def _match_rules(text: str) -> Rule | None:
-    for rule in RULES:
-        if rule.matches(text):
+_RULE_BITS = tuple((1 << i, rule) for i, rule in enumerate(RULES))
+
+
+def _match_rules(text: str, mask: int = ALL_RULES) -> Rule | None:
+    """The first rule (in catalog order) among ``mask`` whose patterns match ``text``."""
+    for bit, rule in _RULE_BITS:
+        if mask & bit and rule.matches(text):
             return rule
     return None
 
@@ -355,7 +435,12 @@ def classify_line(line: str, lineno: int | None = None) -> LineMatch | None:
     text = line.rstrip("\r\n")
     if len(text) > MAX_LINE_BYTES:
         text = text[:MAX_LINE_BYTES]
-    rule = _match_rules(text)
+    # The multi-pattern matcher says which rules may match: one scan, not a regex per rule.
+    data = text.replace("\n", " ").encode("utf-8", "surrogatepass")
+    mask = 0
+    for _start, m in get_prefilter("auto").scan(data):
+        mask |= m
+    rule = _match_rules(text, mask) if mask else None
     if rule is None:
         return None
     return _build(rule, text, split_prefix(text), lineno)
@@ -379,6 +464,7 @@ def _exception_line(body: str) -> re.Match[str] | None:
 class _Traceback:
     opened: int  # line number of the header
     stray: int = 0
+    head: LineMatch | None = None  # the header's own finding, reported if no final line comes
 
 
 @dataclass
@@ -404,6 +490,7 @@ class Classifier:
         self._lines_done = 0
         self._tracebacks: dict[str, _Traceback] = {}
         self._summaries: dict[str, _Summary] = {}
+        self._stopped_at: int | None = None  # line of trainguard's stop marker, if seen
 
     @property
     def engine(self) -> str:
@@ -448,11 +535,14 @@ class Classifier:
         return out
 
     def finish(self) -> list[LineMatch]:
-        """Classify a last line that had no newline."""
-        if not self._pending:
-            return []
-        data, self._pending = self._pending + b"\n", b""
-        return self._scan(data, 0, len(data))
+        """Classify a last line that had no newline; report tracebacks left without one."""
+        out: list[LineMatch] = []
+        if self._pending:
+            data, self._pending = self._pending + b"\n", b""
+            out = self._scan(data, 0, len(data))
+        for stream in sorted(self._tracebacks, key=lambda s: self._tracebacks[s].opened):
+            self._drop_traceback(stream, out)
+        return out
 
     def feed_all(self, chunks: Iterable[bytes | str]) -> list[LineMatch]:
         out: list[LineMatch] = []
@@ -467,8 +557,8 @@ class Classifier:
         """The lines of ``block[begin:stop]`` (which ends with a newline). Visit candidate
         lines, and every line while a traceback or elastic summary is open."""
         out: list[LineMatch] = []
-        cands = [c for c in self._prefilter.candidates(block) if begin <= c < stop]
-        cand_set = set(cands)
+        masks = {c: m for c, m in self._prefilter.scan(block) if begin <= c < stop}
+        cands = sorted(masks)
         off = begin
         lineno = self._lines_done + 1  # the number of the line starting at `off`
         ci = 0
@@ -484,7 +574,7 @@ class Classifier:
             end = block.find(b"\n", off, stop)
             if end == -1:
                 end = stop
-            self._line(block[off:end], lineno, off in cand_set, out)
+            self._line(block[off:end], lineno, masks.get(off, 0), out)
             off = end + 1
             lineno += 1
         if off < stop:
@@ -492,36 +582,57 @@ class Classifier:
         self._lines_done = lineno - 1
         return out
 
-    def _line(self, raw: bytes, lineno: int, candidate: bool, out: list[LineMatch]) -> None:
+    def _line(self, raw: bytes, lineno: int, mask: int, out: list[LineMatch]) -> None:
         if len(raw) > MAX_LINE_BYTES:
             raw = raw[:MAX_LINE_BYTES]
         text = raw.decode("utf-8", "replace").rstrip("\r")
-        rule = _match_rules(text) if candidate else None
+        rule = _match_rules(text, mask) if mask else None
         stateful = bool(self._tracebacks or self._summaries)
         if rule is None and not stateful and TRACEBACK_HEADER not in text:
             return
         prefix = split_prefix(text)
         match = _build(rule, text, prefix, lineno) if rule is not None else None
-        match = self._walk(text, prefix, lineno, match)
+        match = self._walk(text, prefix, lineno, match, out)
         if match is not None:
+            if match.details.get("trainguard_stop"):
+                self._stopped_at = lineno
+            elif self._stopped_at is not None and _stop_consequence(match):
+                match = _after_stop(match, self._stopped_at)
             out.append(match)
 
+    def _drop_traceback(self, stream: str, out: list[LineMatch]) -> None:
+        """Close a traceback without a final line: its header is the evidence."""
+        tb = self._tracebacks.pop(stream)
+        if tb.head is not None:
+            out.append(tb.head)
+
     def _walk(
-        self, text: str, prefix: Prefix, lineno: int, match: LineMatch | None
+        self,
+        text: str,
+        prefix: Prefix,
+        lineno: int,
+        match: LineMatch | None,
+        out: list[LineMatch],
     ) -> LineMatch | None:
-        """Traceback and elastic-summary state; may turn a line into ``app_error``."""
+        """Traceback and elastic-summary state; may turn a line into ``app_error``.
+
+        A traceback is one finding: its final line when one comes (with the exception
+        type), else its header (when the traceback is dropped or the stream ends).
+        """
         stream = prefix.stream
         body = prefix.body
         if TRACEBACK_HEADER in body:
-            self._tracebacks[stream] = _Traceback(opened=lineno)
-            return match
+            if stream in self._tracebacks:
+                self._drop_traceback(stream, out)
+            self._tracebacks[stream] = _Traceback(opened=lineno, head=match)
+            return None
         summary = self._summaries.get(stream)
         if summary is not None:
             match = self._summary_line(summary, stream, body, lineno, match)
         tb = self._tracebacks.get(stream)
         if tb is not None:
             if lineno - tb.opened > TRACEBACK_MAX_LINES:
-                del self._tracebacks[stream]
+                self._drop_traceback(stream, out)
             elif not body.strip() or body[:1] in (" ", "\t"):
                 pass  # a frame, a source line, a caret line
             elif match is not None:
@@ -534,7 +645,7 @@ class Classifier:
                 else:
                     tb.stray += 1
                     if tb.stray > TRACEBACK_MAX_STRAY:
-                        del self._tracebacks[stream]
+                        self._drop_traceback(stream, out)
         if (
             match is not None
             and match.details.get("rule") == "launcher"
@@ -609,6 +720,24 @@ class Classifier:
             timestamp=prefix.timestamp,
             details=details,
         )
+
+
+_SIGTERM_RE = re.compile(r"SIGTERM|got signal: 15|[Ss]ignal 15\b|exitcode: -15|Terminated")
+
+
+def _stop_consequence(m: LineMatch) -> bool:
+    """Whether a line after trainguard's stop marker can be that stop's doing."""
+    return (
+        m.kind in ("killed", "collective_timeout", "collective_error")
+        or bool(m.details.get("wrapper"))
+        or bool(_SIGTERM_RE.search(m.text))
+    )
+
+
+def _after_stop(m: LineMatch, marker_line: int) -> LineMatch:
+    details = dict(m.details)
+    details["after_trainguard_stop"] = marker_line
+    return replace(m, severity=Severity.WARNING, details=details)
 
 
 def classify_text(text: str | bytes, engine: str = "auto") -> list[LineMatch]:

@@ -10,6 +10,7 @@ training library (:mod:`trainguard.train`) writes it. Both use the records here.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -17,6 +18,15 @@ from typing import Any
 
 MANIFEST_NAME = "trainguard-manifest.json"
 MANIFEST_FORMAT_VERSION = 1
+# The sha256 of the manifest the supervisor verified, given to the attempt beside
+# TRAINGUARD_RESUME_FROM: the job checks it instead of re-verifying (decision 0162).
+RESUME_DIGEST_ENV = "TRAINGUARD_RESUME_DIGEST"
+
+
+def manifest_digest(raw: bytes) -> str:
+    """The digest a supervisor passes in ``TRAINGUARD_RESUME_DIGEST``: sha256 of the
+    manifest file's bytes, exactly as read."""
+    return hashlib.sha256(raw).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -101,6 +111,9 @@ class CheckpointInfo:
     # Observations that do not change the verdict (e.g. files the manifest does not
     # list, or "quick mode: contents not hashed"), for people reading the listing.
     notes: tuple[str, ...] = ()
+    # trainguard format, verified in full: sha256 of the manifest bytes that were
+    # checked (what the supervisor passes as TRAINGUARD_RESUME_DIGEST).
+    manifest_sha256: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -112,6 +125,7 @@ class CheckpointInfo:
             "valid": self.valid,
             "reason": self.reason,
             "notes": list(self.notes),
+            **({"manifest_sha256": self.manifest_sha256} if self.manifest_sha256 else {}),
         }
 
     @classmethod
@@ -130,6 +144,17 @@ class CheckpointInfo:
                 valid=bool(d["valid"]),
                 reason=None if d.get("reason") is None else str(d["reason"]),
                 notes=tuple(str(n) for n in d.get("notes") or ()),
+                manifest_sha256=None
+                if d.get("manifest_sha256") is None
+                else str(d["manifest_sha256"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed checkpoint record: {exc!r}") from exc
+
+
+def resume_digest_env(info: CheckpointInfo | None) -> dict[str, str]:
+    """The environment that tells an attempt which manifest the supervisor verified
+    (empty when it did not verify one in full)."""
+    if info is None or not info.manifest_sha256:
+        return {}
+    return {RESUME_DIGEST_ENV: info.manifest_sha256}

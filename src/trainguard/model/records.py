@@ -18,6 +18,7 @@ forms write them as ISO 8601 UTC strings (``null`` when not reached) because
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -41,9 +42,13 @@ def parse_iso_utc(text: str) -> float:
     """Parse an ISO 8601 time (``Z`` or an offset; naive means UTC) or epoch seconds."""
     text = text.strip()
     try:
-        return float(text)
+        seconds = float(text)
     except ValueError:
         pass
+    else:
+        if not math.isfinite(seconds):  # "nan", "inf", "1e999": no time at all
+            raise ValueError(f"not a time: {text!r} (epoch seconds must be finite)")
+        return seconds
     try:
         dt = datetime.fromisoformat(text)
     except ValueError as exc:

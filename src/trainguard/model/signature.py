@@ -40,6 +40,11 @@ class Action(StrEnum):
     CONTACT_SUPPORT = "contact_support"  # hardware vendor ticket (RMA candidate)
 
 
+# The line trainguard writes into an attempt's log right before it stops the attempt
+# (schedulers/local.py). diagnose reads what follows it as the consequence of that stop,
+# never as a root cause (docs/diagnosis.md).
+STOP_MARKER = "# trainguard stopped attempt"
+
 # Every kind the classifier emits; extend only with good reason and document it.
 KINDS: tuple[str, ...] = (
     "xid",

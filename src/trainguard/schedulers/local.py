@@ -33,6 +33,7 @@ signal, so a recycled pid is never hit.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import os
 import signal
@@ -46,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from trainguard.model.devices import Device
+from trainguard.model.signature import STOP_MARKER
 from trainguard.signals.output import LogFile, OutputFollower
 from trainguard.signals.process import LauncherWatcher, RankWatcher, descendants, read_environ
 
@@ -93,6 +95,7 @@ def attempt_env(spec: LaunchSpec, base: Mapping[str, str]) -> dict[str, str]:
         env["TRAINGUARD_RESUME_FROM"] = spec.resume_from
     else:
         env.pop("TRAINGUARD_RESUME_FROM", None)
+    env.pop("TRAINGUARD_RESUME_DIGEST", None)  # only ever from extra_env: never stale
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.update(spec.extra_env)
     return env
@@ -144,6 +147,13 @@ class LocalAttempt:
     def stop(self, grace: float = DEFAULT_GRACE_SECONDS) -> int | None:
         """Terminate the whole tree (SIGTERM, then SIGKILL after ``grace``); returns the code."""
         with self._stop_lock:
+            if self.log is not None and self.running():
+                # Say in the attempt's own log that what follows is our doing (diagnose).
+                at = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+                self.log.write(
+                    f"{STOP_MARKER} {self.spec.attempt}: SIGTERM to process group "
+                    f"{self.pgid} at {at}\n".encode()
+                )
             pidfds: dict[int, int] = {}
             for pid in [self.proc.pid, *descendants(self.proc.pid)]:
                 with contextlib.suppress(OSError):

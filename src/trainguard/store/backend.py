@@ -27,6 +27,10 @@ class Dialect:
     begin: tuple[str, ...]  # statements that start an outermost (write) transaction
     integrity_errors: tuple[type[BaseException], ...]
     no_limit: int | None  # the LIMIT parameter meaning "all rows"
+    # Driver errors a written value causes (out of range, wrong type, a violated key), as
+    # opposed to the database being unavailable: ingestion drops such a record, audited,
+    # instead of retrying its batch forever (api/ingest.py).
+    record_errors: tuple[type[BaseException], ...] = ()
     # errors meaning "this database is not usable" while opening and migrating it
     database_errors: tuple[type[BaseException], ...] = ()
 

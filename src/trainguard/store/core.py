@@ -1071,8 +1071,12 @@ class Store:
             if row is not None:
                 return self._device(row)
             rows: list[tuple[Any, ...]] = []
-            if ident.isdigit():
-                rows = self._all(sql.SELECT_DEVICES_BY_INDEX, {"idx": int(ident), "host": host})
+            # isascii: "²".isdigit() is true but int("²") fails; an index past 64 bits
+            # cannot be stored, so it matches nothing rather than overflowing the query.
+            if ident.isascii() and ident.isdigit() and len(ident) <= 19:
+                idx = int(ident)
+                if idx < 2**63:
+                    rows = self._all(sql.SELECT_DEVICES_BY_INDEX, {"idx": idx, "host": host})
             else:
                 try:
                     pci = normalize_pci_bus_id(ident)

@@ -110,6 +110,7 @@ def _dialect() -> Dialect:
         begin=("BEGIN", f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})"),
         integrity_errors=(psycopg.errors.IntegrityError,),
         no_limit=None,  # LIMIT NULL is "no limit"; PostgreSQL refuses LIMIT -1
+        record_errors=(psycopg.errors.DataError, psycopg.errors.IntegrityError),
     )
 
 

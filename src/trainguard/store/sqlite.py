@@ -13,6 +13,7 @@ The backend-neutral :class:`~trainguard.store.core.Store` lives in
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
 
@@ -27,14 +28,39 @@ SQLITE = Dialect(
     begin=("BEGIN IMMEDIATE",),
     integrity_errors=(sqlite3.IntegrityError,),
     no_limit=sql.NO_LIMIT,
+    record_errors=(sqlite3.IntegrityError, sqlite3.DataError, sqlite3.InterfaceError),
     database_errors=(sqlite3.DatabaseError,),
 )
+
+
+def _create_private(p: Path) -> None:
+    """Create the database's directory (0700) and file (0600) when they do not exist.
+
+    The state database holds the fleet's incidents, audit log and device history; it is
+    nobody else's to read. SQLite creates its ``-wal`` and ``-shm`` files with the
+    database file's permissions, so creating the file first, 0600, covers them too.
+    Existing directories and files keep their permissions (an operator chose them).
+    """
+    missing: list[Path] = []
+    d = p.parent
+    while not d.exists() and d != d.parent:
+        missing.append(d)
+        d = d.parent
+    for d in reversed(missing):  # each one trainguard creates is private, not only the last
+        d.mkdir(mode=0o700, exist_ok=True)
+    try:
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    except OSError:
+        return  # unwritable or odd: sqlite3.connect gives the error with the path
+    os.close(fd)
 
 
 def connect(path: Path, busy_timeout_s: float) -> tuple[sqlite3.Connection, Dialect]:
     """Open (creating) the file at ``path``; raises :class:`StoreError` on failure."""
     if str(path) != ":memory:":
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _create_private(path)
     try:
         conn = sqlite3.connect(
             str(path),

@@ -63,6 +63,17 @@ class DistContext:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's ``value``, in rank order, on every rank (``[value]`` without
+        collectives)."""
+        if not self.collectives:
+            return [value]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, value)
+        return out
+
     def temp_token(self, step: int) -> str:
         """A token naming this save's temporary directory, the same on every rank.
 

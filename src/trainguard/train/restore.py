@@ -15,9 +15,19 @@ Order of choice:
    order, newest first; each candidate is verified before it is used);
 4. else a fresh start.
 
-With a process group, rank 0 chooses and broadcasts its choice so that every rank
-restores the same checkpoint. The choice is logged in one line and sent as a
-``resumed`` progress event.
+With a process group, rank 0 chooses and broadcasts its choice, with the manifest
+bytes it read, so that every rank restores the same checkpoint against the same
+manifest. The choice is logged in one line and sent as a ``resumed`` progress event.
+
+**One pass** (decision 0162). Verification is not a separate read: each rank reads
+each file it restores once, checks its size and sha256 against the manifest and
+``torch.load``s those same bytes (:mod:`trainguard.train._oneload`), so what was
+hashed is what is loaded. The ranks then agree: if any rank's file failed, no rank
+restores anything; a ``latest`` choice falls back to the next older checkpoint, a
+requested one raises. When the supervisor verified the checkpoint it passes the
+sha256 of the manifest it verified (``TRAINGUARD_RESUME_DIGEST``, or the resume
+request's ``env``): the job checks that the manifest it reads has that digest
+(refusing to resume otherwise) and then needs no pass of its own before loading.
 """
 
 from __future__ import annotations
@@ -29,12 +39,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import torch
-
 from trainguard.checkpoints import scan, validate
-from trainguard.model.checkpoint import MANIFEST_NAME, CheckpointInfo, Manifest
+from trainguard.checkpoints._fs import CheckFailed, read_small
+from trainguard.model.checkpoint import (
+    MANIFEST_NAME,
+    RESUME_DIGEST_ENV,
+    Manifest,
+    ManifestFile,
+    manifest_digest,
+)
 from trainguard.model.resume_request import RESUME_REQUEST_NAME, ResumeRequest
 from trainguard.train._dist import DistContext
+from trainguard.train._oneload import FileRejected, Loaded, load_files, torch_loader
 from trainguard.train._split import join
 from trainguard.train.manager import META_KEY, CheckpointManager
 from trainguard.train.progress import ATTEMPT_ENV, emit
@@ -64,6 +80,10 @@ class ResumeResult:
     saved_world_size: int | None = None
     values: dict[str, Any] = field(default_factory=dict)  # saved plain (non-stateful) values
     skipped: tuple[str, ...] = ()  # newer checkpoints passed over, with the reason
+    manifest_sha256: str | None = None  # sha256 of the manifest restored against
+    # True when the supervisor's TRAINGUARD_RESUME_DIGEST named that manifest.
+    digest_matched: bool = False
+    hashed_bytes: int = 0  # bytes this rank hashed while loading (0 with verify="quick")
 
     @property
     def resumed(self) -> bool:
@@ -76,6 +96,8 @@ class _Choice:
     path: str | None
     error: str | None = None
     skipped: tuple[str, ...] = ()
+    manifest: bytes = b""  # the manifest as rank 0 read it: every rank checks against it
+    digest_matched: bool = False
 
 
 def _current_attempt() -> tuple[int | None, str | None]:
@@ -118,8 +140,34 @@ def _resume_request(root: Path) -> ResumeRequest | None:
     return request
 
 
-def _requested(source: Source, path: str, what: str, verify: str) -> _Choice:
-    info = validate(path, verify=verify)
+def _read_manifest(path: Path) -> bytes:
+    try:
+        return read_small(path / MANIFEST_NAME, MANIFEST_NAME)
+    except CheckFailed as exc:
+        raise ResumeError(f"cannot read the manifest of {path}: {exc}") from exc
+
+
+def _requested(source: Source, path: str, what: str, verify: str, expected: str | None) -> _Choice:
+    """The checkpoint the supervisor named. With its digest, the manifest read here must
+    be the one it verified, and no pass of our own precedes the load; without, a quick
+    check (structure, sizes, links) first: the load hashes every byte it uses."""
+    where = Path(path).absolute()
+    if expected:
+        try:
+            raw = read_small(where / MANIFEST_NAME, MANIFEST_NAME)
+        except CheckFailed as exc:
+            return _Choice(source, path, f"{what}={path} is not a valid checkpoint: {exc}")
+        got = manifest_digest(raw)
+        if got != expected.lower():
+            return _Choice(
+                source,
+                path,
+                f"{what}={path}: its manifest changed since the supervisor verified it "
+                f"(sha256 {got[:12]}…, {RESUME_DIGEST_ENV} says {expected[:12]}…); "
+                "refusing to resume from a checkpoint nobody verified",
+            )
+        return _Choice(source, str(where), manifest=raw, digest_matched=True)
+    info = validate(path, verify="quick")
     if not info.valid:
         return _Choice(source, path, f"{what}={path} is not a valid checkpoint: {info.reason}")
     if info.format != "trainguard":
@@ -129,32 +177,37 @@ def _requested(source: Source, path: str, what: str, verify: str) -> _Choice:
             f"{what}={path} is a valid {info.format} checkpoint, not a trainguard one; "
             "restore it with the code that wrote it",
         )
-    return _Choice(source, str(Path(path).absolute()))
+    return _Choice(source, str(where), manifest=_read_manifest(where))
 
 
-def _choose(root: Path, verify: str) -> _Choice:
+def _choose(root: Path, verify: str, passed: tuple[str, ...], skipped: tuple[str, ...]) -> _Choice:
+    """Rank 0's choice; ``passed`` are paths already tried this call (they failed to load)."""
     env = os.environ.get(RESUME_ENV, "")
     if env:
-        return _requested("env", env, RESUME_ENV, verify)
+        return _requested("env", env, RESUME_ENV, verify, os.environ.get(RESUME_DIGEST_ENV))
     request = _resume_request(root) if root.is_dir() else None
     if request is not None:
-        return _requested("request", request.checkpoint, RESUME_REQUEST_NAME, verify)
+        # Only the request's own digest: the environment may be a stale earlier attempt's.
+        digest = request.env.get(RESUME_DIGEST_ENV)
+        return _requested("request", request.checkpoint, RESUME_REQUEST_NAME, verify, digest)
     if not root.is_dir():
-        return _Choice("fresh", None)
-    skipped: list[str] = []
+        return _Choice("fresh", None, skipped=skipped)
+    out = list(skipped)
     for info in scan(root, verify="quick"):
         name = Path(info.path).name
+        if info.path in passed:
+            continue
         if not info.valid:
-            skipped.append(f"{name}: {info.reason}")
+            out.append(f"{name}: {info.reason}")
             continue
         if info.format != "trainguard":
-            skipped.append(f"{name}: {info.format} checkpoint, not restorable by trainguard.train")
+            out.append(f"{name}: {info.format} checkpoint, not restorable by trainguard.train")
             continue
-        checked: CheckpointInfo = validate(info.path, verify=verify) if verify == "full" else info
-        if checked.valid:
-            return _Choice("latest", checked.path, skipped=tuple(skipped))
-        skipped.append(f"{name}: {checked.reason}")
-    return _Choice("fresh", None, skipped=tuple(skipped))
+        # Full verification happens while loading (one pass), on every rank.
+        return _Choice(
+            "latest", info.path, skipped=tuple(out), manifest=_read_manifest(Path(info.path))
+        )
+    return _Choice("fresh", None, skipped=tuple(out))
 
 
 def _say(message: str) -> None:
@@ -164,36 +217,98 @@ def _say(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
-def _load(path: Path, name: str, weights_only: bool, map_location: Any) -> Any:
-    try:
-        return torch.load(path / name, map_location=map_location, weights_only=weights_only)
-    except Exception as exc:
-        hint = (
-            " (the state holds objects torch.load(weights_only=True) refuses; pass "
-            "weights_only=False if you trust this checkpoint)"
-            if weights_only and "weights_only" in str(exc)
-            else ""
-        )
-        raise ResumeError(f"cannot load {path / name}: {type(exc).__name__}: {exc}{hint}") from exc
+def _load_error(path: Path, name: str, exc: BaseException, weights_only: bool) -> ResumeError:
+    hint = (
+        " (the state holds objects torch.load(weights_only=True) refuses; pass "
+        "weights_only=False if you trust this checkpoint)"
+        if weights_only and "weights_only" in str(exc)
+        else ""
+    )
+    return ResumeError(f"cannot load {path / name}: {type(exc).__name__}: {exc}{hint}")
 
 
-def _load_tree(
-    path: Path, name: str, listed: set[str], weights_only: bool, map_location: Any
-) -> Any:
-    """Load ``name`` and the part files it refers to (written in parallel by the manager)."""
-    tree = _load(path, name, weights_only, map_location)
+def _rank_files(manifest: Manifest, rank: int, world_size: int) -> list[ManifestFile]:
+    """The files this rank restores: the replicated file, its own, and their parts."""
+    mains = [REPLICATED_FILE]
+    if rank_file(rank) in {f.path for f in manifest.files}:
+        mains.append(rank_file(rank))
+    stems = tuple(m.removesuffix(".pt") + ".part" for m in mains)
+    return [
+        f
+        for f in manifest.files
+        if f.path in mains or (f.path.startswith(stems) and f.path.endswith(".pt"))
+    ]
+
+
+def _assemble(path: Path, name: str, loaded: dict[str, Loaded]) -> Any:
+    """``name``'s tree with its part files joined back (written in parallel by the manager)."""
+    tree = loaded[name].obj
     meta = tree.get(META_KEY) if isinstance(tree, dict) else None
     names = list(meta.get("parts") or []) if isinstance(meta, dict) else []
     if not names:
         return tree
-    missing = [n for n in names if n not in listed]
+    missing = [n for n in names if n not in loaded]
     if missing:
         raise ResumeError(f"{path}/{name} refers to parts the manifest does not list: {missing}")
-    parts = [_load(path, n, weights_only, map_location) for n in names]
     try:
-        return join(tree, parts)
+        return join(tree, [loaded[n].obj for n in names])
     except ValueError as exc:
         raise ResumeError(f"{path}/{name}: {exc}") from exc
+
+
+@dataclass
+class _Attempt:
+    """One rank's outcome of loading the chosen checkpoint (nothing restored yet)."""
+
+    error: str | None = None
+    replicated: Any = None
+    per_rank: Any = None
+    hashed: int = 0
+    # The checkpoint is fine but does not fit this job (world size, not ours): no
+    # older checkpoint would be chosen instead, the caller must decide.
+    mismatch: bool = False
+
+
+def _load_checkpoint(
+    path: Path,
+    manifest: Manifest,
+    dist: DistContext,
+    verify: str,
+    weights_only: bool,
+    map_location: Any,
+) -> _Attempt:
+    files = _rank_files(manifest, dist.rank, dist.world_size)
+    listed = {f.path for f in manifest.files}
+    if REPLICATED_FILE not in listed:
+        return _Attempt(
+            f"{path} was not written by trainguard.train (no {REPLICATED_FILE})", mismatch=True
+        )
+    if rank_file(dist.rank) not in listed and manifest.world_size == dist.world_size:
+        return _Attempt(f"{path} has no {rank_file(dist.rank)} for rank {dist.rank}")
+    load = torch_loader(weights_only, map_location)
+    try:
+        loaded = load_files(
+            path, files, verify=verify == "full", load=load, weights_only=weights_only
+        )
+    except FileRejected as exc:
+        return _Attempt(str(exc))
+    except Exception as exc:  # torch.load on bytes that matched the manifest
+        bad = next((f.path for f in files if f.path in str(exc)), files[0].path)
+        return _Attempt(str(_load_error(path, bad, exc, weights_only)))
+    try:
+        replicated = _assemble(path, REPLICATED_FILE, loaded)
+        per_rank = None
+        if rank_file(dist.rank) in loaded:
+            per_rank = _assemble(path, rank_file(dist.rank), loaded)
+    except ResumeError as exc:
+        return _Attempt(str(exc))
+    meta = replicated.get(META_KEY, {}) if isinstance(replicated, dict) else {}
+    if meta.get("step") != manifest.step:
+        return _Attempt(
+            f"{path}: state says step {meta.get('step')}, manifest says {manifest.step}"
+        )
+    hashed = sum(x.nbytes for x in loaded.values()) if verify == "full" else 0
+    return _Attempt(None, replicated, per_rank, hashed)
 
 
 def resume(
@@ -208,61 +323,63 @@ def resume(
     """Restore ``state`` from ``TRAINGUARD_RESUME_FROM``, else the newest valid checkpoint
     of ``target`` (a manager or its directory), else leave it as is (fresh start).
 
-    Every rank must call it. ``verify="full"`` re-hashes the chosen checkpoint first.
-    A checkpoint written by a different number of ranks is refused unless
+    Every rank must call it. ``verify="full"`` hashes every byte it restores while
+    loading it (one read per file, files in parallel) and restores nothing unless
+    every rank's files match the manifest; ``"quick"`` checks sizes only. A
+    checkpoint written by a different number of ranks is refused unless
     ``allow_world_size_change`` (then replicated state is restored everywhere, and
     per-rank state only on ranks that existed before).
     """
+    if verify not in ("full", "quick"):
+        raise ValueError(f"verify must be 'full' or 'quick', not {verify!r}")
     if isinstance(target, CheckpointManager):
         root, dist = target.root, target.dist
     else:
         root, dist = Path(target).absolute(), DistContext.detect()
     ts = TrainState.coerce(state)
-    choice: _Choice
-    if dist.rank == 0 or not dist.collectives:
-        try:
-            choice = _choose(root, verify)
-        except Exception as exc:
-            choice = _Choice("fresh", None, f"cannot choose a checkpoint in {root}: {exc}")
-    else:
-        choice = _Choice("fresh", None)
-    choice = dist.broadcast(choice)
-    if choice.error:
-        raise ResumeError(choice.error)
+    passed: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()
+    while True:
+        choice: _Choice
+        if dist.rank == 0 or not dist.collectives:
+            try:
+                choice = _choose(root, verify, passed, skipped)
+            except ResumeError as exc:
+                choice = _Choice("fresh", None, str(exc))
+            except Exception as exc:
+                choice = _Choice("fresh", None, f"cannot choose a checkpoint in {root}: {exc}")
+        else:
+            choice = _Choice("fresh", None)
+        choice = dist.broadcast(choice)
+        if choice.error:
+            raise ResumeError(choice.error)
+        if choice.path is None:
+            for item in choice.skipped if dist.rank == 0 else ():
+                log.warning("trainguard: passed over %s", item)
+            _say(f"trainguard: starting fresh (no valid checkpoint in {root})")
+            emit("resumed", 0, metrics={"source": "fresh"})
+            return ResumeResult(source="fresh", path=None, step=0, skipped=choice.skipped)
+        path = Path(choice.path)
+        attempt = _try(
+            path, choice, dist, verify, weights_only, map_location, allow_world_size_change
+        )
+        outcomes = dist.gather((attempt.error, attempt.mismatch))
+        errors = [e for e, _ in outcomes if e]
+        if not errors:
+            break
+        mismatch = [e for e, m in outcomes if e and m]
+        if mismatch:
+            raise ResumeError(mismatch[0])
+        if choice.source != "latest":
+            what = RESUME_ENV if choice.source == "env" else RESUME_REQUEST_NAME
+            raise ResumeError(f"{what}={choice.path} is not a valid checkpoint: {errors[0]}")
+        passed += (choice.path,)
+        skipped = (*choice.skipped, f"{path.name}: {errors[0]}")
     for item in choice.skipped if dist.rank == 0 else ():
         log.warning("trainguard: passed over %s", item)
-    if choice.path is None:
-        _say(f"trainguard: starting fresh (no valid checkpoint in {root})")
-        emit("resumed", 0, metrics={"source": "fresh"})
-        return ResumeResult(source="fresh", path=None, step=0, skipped=choice.skipped)
-
-    path = Path(choice.path)
+    manifest = Manifest.from_json(choice.manifest.decode())
     try:
-        manifest = Manifest.from_json((path / MANIFEST_NAME).read_text())
-    except (OSError, ValueError) as exc:
-        raise ResumeError(f"cannot read the manifest of {path}: {exc}") from exc
-    listed = {f.path for f in manifest.files}
-    if REPLICATED_FILE not in listed:
-        raise ResumeError(f"{path} was not written by trainguard.train (no {REPLICATED_FILE})")
-    if manifest.world_size != dist.world_size and not allow_world_size_change:
-        raise ResumeError(
-            f"{path} was saved by {manifest.world_size} rank(s), this job has "
-            f"{dist.world_size}; pass allow_world_size_change=True to restore the "
-            "replicated state anyway"
-        )
-    replicated = _load_tree(path, REPLICATED_FILE, listed, weights_only, map_location)
-    per_rank = None
-    if rank_file(dist.rank) in listed:
-        per_rank = _load_tree(path, rank_file(dist.rank), listed, weights_only, map_location)
-    elif manifest.world_size == dist.world_size:
-        raise ResumeError(f"{path} has no {rank_file(dist.rank)} for rank {dist.rank}")
-    meta = replicated.get(META_KEY, {}) if isinstance(replicated, dict) else {}
-    if meta.get("step") != manifest.step:
-        raise ResumeError(
-            f"{path}: state says step {meta.get('step')}, manifest says {manifest.step}"
-        )
-    try:
-        values = ts.restore(replicated, per_rank)
+        values = ts.restore(attempt.replicated, attempt.per_rank)
     except (KeyError, RuntimeError, ValueError) as exc:
         raise ResumeError(
             f"restoring {path} into this job failed (state partly restored; do not "
@@ -270,9 +387,14 @@ def resume(
         ) from exc
     source: Source = choice.source
     described = {"env": RESUME_ENV, "request": RESUME_REQUEST_NAME}
+    checked = (
+        "manifest digest matches the supervisor's, files hashed while loading"
+        if choice.digest_matched
+        else ("files hashed while loading" if verify == "full" else "sizes checked only")
+    )
     _say(
         f"trainguard: resumed from {path} (step {manifest.step}, "
-        f"source={described.get(source, 'newest valid checkpoint')})"
+        f"source={described.get(source, 'newest valid checkpoint')}; {checked})"
     )
     emit(
         "resumed",
@@ -288,4 +410,35 @@ def resume(
         saved_world_size=manifest.world_size,
         values=values,
         skipped=choice.skipped,
+        manifest_sha256=manifest_digest(choice.manifest),
+        digest_matched=choice.digest_matched,
+        hashed_bytes=attempt.hashed,
     )
+
+
+def _try(
+    path: Path,
+    choice: _Choice,
+    dist: DistContext,
+    verify: str,
+    weights_only: bool,
+    map_location: Any,
+    allow_world_size_change: bool,
+) -> _Attempt:
+    """Load (never restore) the chosen checkpoint on this rank; the error, if any, is
+    agreed on by all ranks before anything is restored."""
+    try:
+        manifest = Manifest.from_json(choice.manifest.decode())
+    except (UnicodeDecodeError, ValueError) as exc:
+        return _Attempt(f"manifest damaged: {exc}")
+    if manifest.world_size != dist.world_size and not allow_world_size_change:
+        return _Attempt(
+            f"{path} was saved by {manifest.world_size} rank(s), this job has "
+            f"{dist.world_size}; pass allow_world_size_change=True to restore the "
+            "replicated state anyway",
+            mismatch=True,
+        )
+    try:
+        return _load_checkpoint(path, manifest, dist, verify, weights_only, map_location)
+    except Exception as exc:  # a verdict for every rank, never a lone crash
+        return _Attempt(f"cannot load {path}: {type(exc).__name__}: {exc}")

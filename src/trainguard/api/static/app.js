@@ -63,11 +63,18 @@ async function api(path, options = {}) {
 
 // --- token --------------------------------------------------------------------------
 
+function signedIn(yes) {
+  // Signed out, the sections stay hidden: their counts would read 0, which is not known.
+  document.body.classList.toggle("signed-out", !yes);
+  if (!yes) $("#server-status").textContent = "not signed in";
+}
+
 async function checkToken() {
   if (!state.token) {
     state.role = null;
+    signedIn(false);
     $("#whoami").textContent = "no token";
-    banner("Paste a viewer or operator token to see the control plane.", "info");
+    banner("");
     return false;
   }
   try {
@@ -75,10 +82,12 @@ async function checkToken() {
     state.role = who.role;
     state.name = who.name;
     $("#whoami").textContent = who.name + " (" + who.role + ")";
+    signedIn(true);
     banner("");
     return true;
   } catch (e) {
     state.role = null;
+    signedIn(false);
     $("#whoami").textContent = "token refused";
     banner("The server refused this token: " + e.message, "error");
     return false;

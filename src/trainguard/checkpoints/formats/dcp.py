@@ -27,7 +27,13 @@ from trainguard.checkpoints._fs import (
     read_small,
     tree_size_and_mtime,
 )
-from trainguard.checkpoints._safe_pickle import Stub, UnsafePickle, safe_loads, stub_name
+from trainguard.checkpoints._safe_pickle import (
+    DamagedPickle,
+    Stub,
+    UnsafePickle,
+    safe_loads,
+    stub_name,
+)
 from trainguard.checkpoints.base import invalid, step_from_name, valid
 from trainguard.model.checkpoint import CheckpointInfo
 
@@ -92,9 +98,11 @@ class DcpFormat:
                 raise CheckFailed(".metadata is empty (0 bytes): write incomplete")
             try:
                 metadata = safe_loads(raw)
+            except (DamagedPickle, EOFError) as exc:
+                raise CheckFailed(f".metadata damaged: truncated or not a pickle ({exc})") from exc
             except UnsafePickle as exc:
                 raise CheckFailed(f".metadata damaged or hostile: {exc}") from exc
-            except (pickle.UnpicklingError, EOFError) as exc:
+            except pickle.UnpicklingError as exc:
                 raise CheckFailed(f".metadata damaged: truncated or not a pickle ({exc})") from exc
             except Exception as exc:  # a garbage stream can raise nearly anything
                 raise CheckFailed(

@@ -15,6 +15,7 @@ A ``step_<8 digits>`` directory without a manifest is this format's incomplete w
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +31,13 @@ from trainguard.checkpoints._fs import (
     walk_files,
 )
 from trainguard.checkpoints.base import invalid, valid
-from trainguard.model.checkpoint import MANIFEST_NAME, CheckpointInfo, Manifest, ManifestFile
+from trainguard.model.checkpoint import (
+    MANIFEST_NAME,
+    CheckpointInfo,
+    Manifest,
+    ManifestFile,
+    manifest_digest,
+)
 
 NAME = "trainguard"
 DIR_PATTERN = re.compile(r"^step_(\d{8,})$")
@@ -70,7 +77,8 @@ class TrainguardFormat:
         if not manifest_path.exists() and not manifest_path.is_symlink():
             return invalid(path, NAME, name_step, "manifest absent: write incomplete", size, mtime)
         try:
-            manifest = Manifest.from_json(read_small(manifest_path, MANIFEST_NAME).decode())
+            raw = read_small(manifest_path, MANIFEST_NAME)
+            manifest = Manifest.from_json(raw.decode())
         except CheckFailed as exc:
             return invalid(path, NAME, name_step, f"manifest unreadable: {exc}", size, mtime)
         except (UnicodeDecodeError, ValueError) as exc:
@@ -102,7 +110,11 @@ class TrainguardFormat:
                 return invalid(path, NAME, step, _summarise(problems), size, created, tuple(notes))
         else:
             notes.append("quick mode: sizes checked, contents not hashed")
-        return valid(path, NAME, step, size, created, tuple(notes))
+            return valid(path, NAME, step, size, created, tuple(notes))
+        # Verified in full against these manifest bytes: their digest lets the job
+        # skip its own pass (TRAINGUARD_RESUME_DIGEST, decision 0162).
+        info = valid(path, NAME, step, size, created, tuple(notes))
+        return dataclasses.replace(info, manifest_sha256=manifest_digest(raw))
 
     @staticmethod
     def _check_size(root: Path, entry: ManifestFile) -> str | None:

@@ -1,0 +1,51 @@
+"""A real attempt stopped by the local scheduler: its log says so, and diagnose names no cause.
+
+The job behaves like torchrun on SIGTERM (it prints the death-signal line and the
+launcher's exit summary); trainguard's marker in the attempt log makes those lines
+the consequence of its own stop (issue 15).
+"""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from trainguard.model.signature import STOP_MARKER
+from trainguard.schedulers.local import LaunchSpec, LocalScheduler
+
+JOB = r"""
+import signal, sys, time
+def on_term(signum, frame):
+    print("Received 15 death signal, shutting down workers", flush=True)
+    print("failed (exitcode: -15) local_rank: 0 (pid: 1234) of binary: python3", flush=True)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, on_term)
+print("step=1 loss=2.0", flush=True)
+time.sleep(60)
+"""
+
+
+def test_stopped_attempt_log_has_the_marker_and_no_incident(tmp_path: Path) -> None:
+    log = tmp_path / "attempt-0.log"
+    sched = LocalScheduler(sink=lambda ev: None, stdout=io.BytesIO(), stderr=io.BytesIO())
+    job = tmp_path / "job.py"
+    job.write_text(JOB)
+    att = sched.launch(LaunchSpec((sys.executable, str(job)), 0, (), None, str(log)))
+    deadline = time.monotonic() + 30
+    while b"step=1 loss" not in log.read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    att.stop(5.0)
+    att.wait_closed(5.0)
+    text = log.read_text()
+    assert f"{STOP_MARKER} 0: SIGTERM to process group {att.pgid}" in text
+    assert text.index(STOP_MARKER) < text.index("Received 15 death signal")
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainguard.cli", "diagnose", "--json", str(log)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # 1 = no incident
