@@ -1,5 +1,8 @@
 # Two commands do all the set-up on a fresh machine: `make demo` and `make test`.
-PYTHON ?= python3.11
+# The first Python >= 3.11 on PATH; `make PYTHON=/path/to/python3.x` chooses another.
+PYTHON ?= $(shell for p in python3.11 python3.12 python3.13 python3.14 python3; do \
+	  command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+	  2>/dev/null && { command -v $$p; break; }; done)
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
@@ -13,6 +16,7 @@ venv: $(STAMP)
 # is already satisfied, and every install runs under constraints-torch.txt so that no
 # dependency (transformers, lightning, ...) can upgrade it to a multi-GB CUDA build.
 $(STAMP): pyproject.toml constraints-torch.txt
+	@test -n "$(PYTHON)" || { echo "make: no Python >= 3.11 on PATH; install one or give PYTHON=/path/to/python3.x" >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -c constraints-torch.txt torch numpy

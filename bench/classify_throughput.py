@@ -161,7 +161,7 @@ def _failure_block(rng: random.Random, corpus: list[str]) -> list[str]:
         rank = rng.randrange(0, 64)
         return [
             f"[rank{rank}]: Traceback (most recent call last):",
-            f'[rank{rank}]:   File "/work/train.py", line {rng.randrange(10, 900)}, in <module>',
+            f'[rank{rank}]:   File "/home/u/train.py", line {rng.randrange(10, 900)}, in <module>',
             f"[rank{rank}]:     main()",
             f"[rank{rank}]: ValueError: batch {rng.randrange(99999)} has no labels",
         ]

@@ -17,7 +17,7 @@ Faults: ``crash`` SIGKILLs rank 1; ``xid`` only appends an XID 79 line for rank 
 device to the kernel log (trainguard must act on the line itself); ``hang`` makes
 rank 1 sleep forever (tiny_train ``--hang-at-step``; the fault time is when the job
 announces it). The same crash is run under plain ``torchrun --max-restarts 3``
-(``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, see FIELD-NOTES), and the ratio of the
+(``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, see docs/field-notes.md), and the ratio of the
 medians of fault -> first progress is reported.
 
     .venv/bin/python bench/recovery_latency.py [--trials 3] [--kinds crash,xid,hang]

@@ -218,6 +218,22 @@ def damage_checkpoint(job: Job) -> tuple[Path, Path]:
     return newest, previous
 
 
+DEMO_COMMANDS = ("incidents", "report 1", "devices", "audit --limit 20")
+
+
+def next_commands(state: Path, cwd: Path, exe: str | None = None) -> list[str]:
+    """The commands that show what the demo recorded, exactly as a user types them in
+    ``cwd``: ``--state`` (the demo's database is not the default one) relative to ``cwd``
+    when it lies below it; ``trainguard`` itself by its path when it is not on PATH."""
+    if exe is None:
+        exe = "trainguard"
+        if shutil.which(exe) is None:
+            local = Path(sys.executable).parent / "trainguard"
+            exe = os.path.relpath(local, cwd) if local.is_relative_to(cwd) else str(local)
+    where = os.path.relpath(state, cwd) if state.is_relative_to(cwd) else str(state)
+    return [f"{exe} {cmd} --state {where}" for cmd in DEMO_COMMANDS]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--dir", default=str(ROOT / "demo-run" / "recovery"))
@@ -291,6 +307,10 @@ def main() -> int:
         f"{bad['uuid']} quarantined and never used again, the hang restarted, the damaged "
         f"checkpoint {newest.name} skipped for {previous.name}.\n  State: {state}"
     )
+    banner("See it yourself")
+    print("  The demo recorded everything in its own state database; these show it:")
+    for command in next_commands(job.state, Path.cwd()):
+        print(f"    {command}")
     return 0
 
 

@@ -16,7 +16,7 @@
 # The cluster: slurmctld on 127.0.0.1, logical compute nodes n1..n$NODES (default 4), one
 # `slurmd -N nX` each (NodeHostname=localhost, NodeAddr=127.0.0.1, ports 17001...), each with
 # 4 CPUs and gres gpu:4 backed by stand-in character devices /run/fakegpu/nvidia0..3 (GRES
-# needs char devices: FIELD-NOTES). A private munged (own key and socket). Jobs are
+# needs char devices: docs/field-notes.md). A private munged (own key and socket). Jobs are
 # requeueable by default (JobRequeue=1), a dead node is noticed quickly (SlurmdTimeout=10),
 # a requeued job may start again after 5 s (AuthInfo cred_expire=5 instead of 120).
 #

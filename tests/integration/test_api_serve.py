@@ -187,7 +187,7 @@ def test_agent_xid_and_job_death_become_one_recovered_incident(tmp_path: Path) -
             out = cli("approve", *token)
             assert f"{approval['id']}\tretire\tdevice:GPU-n1-0" in out.stdout
             out = cli("approve", str(approval["id"]), *token)
-            assert out.returncode == 1 and "--reason" in out.stderr
+            assert out.returncode == 2 and "--reason" in out.stderr  # a usage error
             viewer = tmp_path / "viewer.token"
             viewer.write_text(VIEW)
             out = cli(

@@ -201,9 +201,10 @@ def test_report_text_and_errors(state: str) -> None:
     assert proc.returncode == 0
     assert "Lost work: 5 step(s), about 2.5 s" in proc.stdout
     assert "Checkpoint restored: step 40" in proc.stdout
-    for bad in ("99", "abc"):
+    # An unknown incident is an operational "not found" (1); a malformed id is input (2).
+    for bad, code in (("99", 1), ("abc", 2)):
         proc = cli("report", bad, "--state", state)
-        assert proc.returncode == 1
+        assert proc.returncode == code
         assert proc.stderr.startswith("trainguard: ") and "Traceback" not in proc.stderr
 
 
@@ -240,7 +241,7 @@ def test_devices_release(tmp_path: Path, state: str) -> None:
     proc = cli("devices", "release", "GPU-nope", "--reason", "x", "--state", p)
     assert proc.returncode == 1 and "no device 'GPU-nope'" in proc.stderr
     proc = cli("devices", "release", "1", "--reason", " ", "--state", p)
-    assert proc.returncode == 1 and "--reason" in proc.stderr
+    assert proc.returncode == 2 and "--reason" in proc.stderr  # a usage error
     proc = cli("devices", "release", "1", "--state", p)  # --reason is required
     assert proc.returncode == 2
     # --state before the sub-command works too.
@@ -282,7 +283,7 @@ def test_audit(state: str) -> None:
     assert cli_json("audit", "--state", state, "--subject", "job:*", "--job", "j2")
     for bad in (["--since", "yesterday"], ["--kind", "gossip"], ["--limit", "-1"]):
         proc = cli("audit", "--state", state, *bad)
-        assert proc.returncode == 1 and "Traceback" not in proc.stderr
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr  # usage errors
     proc = cli("audit", "--state", state, "--limit", "1")
     assert proc.returncode == 0 and "verifying -> recovered" not in proc.stdout
 

@@ -68,7 +68,7 @@ def _state(w: dict[str, Any], uuid: str) -> HealthState:
 @pytest.mark.slow
 def test_pass_returns_the_device_with_its_measurements(world: dict[str, Any]) -> None:
     uuid = world["devs"][1].uuid
-    proc = _validate(world, "1", *QUICK, "--json")
+    proc = _validate(world, "1", *QUICK, "--json", "--accept-partial")  # CPU stand-in here
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert (out["previous_state"], out["state"], out["passed"]) == ("quarantined", "healthy", True)
@@ -144,7 +144,7 @@ def test_kernel_events_before_the_quarantine_do_not_fail_validation(world: dict[
         f"{before} node1 kernel: NVRM: Xid (PCI:0000:11:00): 79, pid=1, name=x, GPU has "
         "fallen off the bus.\n"
     )
-    proc = _validate(world, uuid, *NO_COMPUTE, "--skip", "memory")
+    proc = _validate(world, uuid, *NO_COMPUTE, "--skip", "memory", "--accept-partial")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert _state(world, uuid) is HealthState.HEALTHY
 
@@ -232,7 +232,7 @@ def test_healthy_device_interrupted_validation_and_bad_ids(world: dict[str, Any]
     with Store.open(world["db"]) as store:
         store.transition_device(d1.uuid, HealthState.VALIDATING, "validation requested", "t",
                                 time.time())  # fmt: skip
-    proc = _validate(world, "1", *NO_COMPUTE, "--skip", "memory")
+    proc = _validate(world, "1", *NO_COMPUTE, "--skip", "memory", "--accept-partial")
     assert proc.returncode == 0, proc.stderr
     assert _state(world, d1.uuid) is HealthState.HEALTHY
     assert _validate(world, "GPU-nope", *NO_COMPUTE).returncode == 1
@@ -242,3 +242,31 @@ def test_healthy_device_interrupted_validation_and_bad_ids(world: dict[str, Any]
     with Store.open(world["db"]) as store:
         (repair,) = FleetStore(store).list_repairs(resource_kind="device", resource_id=d1.uuid)
     assert repair.outcome == "validated"  # the resumed validation got its repair record
+
+
+def test_checks_that_could_not_see_the_gpu_do_not_return_it(world: dict[str, Any]) -> None:
+    # No NVIDIA driver here: the device's counters cannot be read and compute runs on the
+    # CPU stand-in. Passing such checks says nothing about the GPU that had the XID.
+    uuid = world["devs"][1].uuid
+    for _ in range(2):  # inconclusive twice, with --max-failures 1: still no retirement
+        proc = _validate(world, "1", *NO_COMPUTE, "--skip", "memory", "--max-failures", "1")
+        assert proc.returncode == 1, proc.stderr
+        assert "PASSED" not in proc.stdout, proc.stdout
+        assert "INCONCLUSIVE" in proc.stdout and "--accept-partial" in proc.stdout
+        assert "not checked: " in proc.stdout and "error counters" in proc.stdout
+        assert "checked: kernel_log/events" in proc.stdout
+        assert _state(world, uuid) is HealthState.REPAIR
+    with Store.open(world["db"]) as store:
+        (repair,) = FleetStore(store).list_repairs(resource_kind="device", resource_id=uuid)
+        results = store.list_audit(kind=AuditKind.RESULT, subject=f"device:{uuid}")
+        pending = FleetStore(store).list_approvals(state=ApprovalState.PENDING)
+    assert repair.failed_validations == 0 and repair.outcome != "validated"
+    assert all(r.data["inconclusive"] and r.data["not_checked"] for r in results)
+    assert not [a for a in pending if a.kind == "retire"]
+    # An operator may accept the partial evidence, on record.
+    proc = _validate(world, "1", *NO_COMPUTE, "--skip", "memory", "--accept-partial")
+    assert proc.returncode == 0, proc.stderr
+    assert "PARTIAL" in proc.stdout and _state(world, uuid) is HealthState.HEALTHY
+    with Store.open(world["db"]) as store:
+        last = store.list_audit(kind=AuditKind.RESULT, subject=f"device:{uuid}")[-1]
+    assert "partial evidence accepted by tester" in last.message

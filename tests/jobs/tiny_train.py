@@ -241,7 +241,10 @@ def main(argv: list[str] | None = None) -> int:
         for step in range(start + 1, args.steps + 1):
             _inject(args, step, rank)
             value = train_step(job, net, args.batch_size)
-            print(f"step={step} loss={value:.6f}", flush=True)
+            # One write per line: under PYTHONUNBUFFERED print() writes the text and the
+            # newline separately, and two ranks sharing a pipe then glue their lines.
+            sys.stdout.write(f"step={step} loss={value:.6f}\n")
+            sys.stdout.flush()
             if losses is not None:
                 losses.write(f"{step}\t{value.hex()}\n")
                 losses.flush()

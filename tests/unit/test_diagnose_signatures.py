@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import random
+from pathlib import Path
+
 import pytest
+import yaml
 
 from trainguard.diagnose.signatures import Classifier, classify_line, classify_text, to_finding
 from trainguard.model.findings import Domain, Severity
@@ -138,15 +142,8 @@ def test_garbage_does_not_crash() -> None:
     assert c.lines == 4
 
 
-def test_engines_and_chunkings_agree_on_a_generated_log() -> None:
-    """Random noise, corpus lines and interleaved tracebacks, fed in random pieces."""
-    import random
-    from pathlib import Path
-
-    import yaml
-
-    from trainguard.diagnose.matcher import hyperscan_available
-
+def _generated_log(rng: random.Random) -> bytes:
+    """Random noise, corpus lines and interleaved tracebacks."""
     corpus = Path(__file__).resolve().parents[1] / "corpus"
     failures = [e["text"] for e in yaml.safe_load((corpus / "signatures.yaml").read_text())]
     noise = [
@@ -154,7 +151,6 @@ def test_engines_and_chunkings_agree_on_a_generated_log() -> None:
         for ln in (corpus / "noise.txt").read_text(encoding="utf-8").splitlines()
         if ln and not ln.startswith("# ")
     ]
-    rng = random.Random(7)
     lines: list[str] = []
     for _ in range(3000):
         r = rng.random()
@@ -166,7 +162,15 @@ def test_engines_and_chunkings_agree_on_a_generated_log() -> None:
             lines.append(f"[rank{k}]: KeyError: 'k{rng.randrange(9)}'")
         else:
             lines.append(rng.choice(noise))
-    data = ("\n".join(lines) + "\n").encode()
+    return ("\n".join(lines) + "\n").encode()
+
+
+def test_engines_and_chunkings_agree_on_a_generated_log() -> None:
+    """The generated log fed whole and in random pieces, to every engine."""
+    from trainguard.diagnose.matcher import hyperscan_available
+
+    rng = random.Random(7)
+    data = _generated_log(rng)
 
     def run(engine: str, sizes: list[int]) -> list[tuple[int | None, str, str]]:
         c = Classifier(engine)
@@ -184,3 +188,27 @@ def test_engines_and_chunkings_agree_on_a_generated_log() -> None:
         assert run("hyperscan", []) == whole
         assert run("hyperscan", pieces) == whole
     assert sum(1 for _, kind, _ in whole if kind == "app_error") > 10
+
+
+@pytest.mark.parametrize("seed", [7, 11])
+def test_portable_anchor_search_methods_agree(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Aho-Corasick (pyahocorasick) and the stdlib ``bytes.find`` passes classify alike."""
+    pytest.importorskip("ahocorasick")
+    from trainguard.diagnose import matcher
+
+    data = _generated_log(random.Random(seed))
+    found: dict[str, list[tuple[int | None, str, str]]] = {}
+    for automaton in (True, False):
+        prefilter = matcher.PortablePrefilter(automaton=automaton)
+        monkeypatch.setitem(matcher._CACHE, "portable", prefilter)
+        c = Classifier("portable")
+        out = c.feed(data) + c.finish()
+        found[prefilter.method] = [(m.lineno, m.kind, m.signature) for m in out]
+        # Every line the automaton names is a line the find passes name, with no more rules.
+        if automaton:
+            ac_masks = dict(prefilter.scan(data))
+        else:
+            find_masks = dict(prefilter.scan(data))
+    assert found["aho-corasick"] == found["bytes.find"] and found["bytes.find"]
+    assert set(ac_masks) <= set(find_masks)
+    assert all(mask & ~find_masks[line] == 0 for line, mask in ac_masks.items())

@@ -1,4 +1,15 @@
-"""Helpers shared by sub-commands: the ``--state`` option and output formatting."""
+"""Helpers shared by sub-commands: the ``--state`` option, output formatting, exit codes.
+
+Exit codes, the same for every command (README, "Exit codes"):
+
+* ``0`` success (for ``classify``/``diagnose``/``checkpoints --latest``: something found);
+* ``1`` an operational failure, or nothing found (like ``grep``);
+* ``2`` a usage or input error: bad arguments, a file that cannot be read or parsed;
+* ``130`` interrupted.
+
+Human output goes through :func:`visible` (terminal control characters made
+visible); ``--json`` output is exact JSON.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +17,43 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
+
+from trainguard.model.text import visible
 
 DEFAULT_STATE = ".trainguard/state.db"
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+__all__ = [
+    "DEFAULT_STATE",
+    "EXIT_FAILURE",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "ArgumentParser",
+    "UsageError",
+    "add_log_level_option",
+    "add_state_option",
+    "error",
+    "print_json",
+    "print_table",
+    "usage_error",
+    "visible",
+]
+
+
+class UsageError(Exception):
+    """Bad arguments or input found inside a handler: one line on stderr, exit 2."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with a one-line error (``trainguard run: error: ...``) instead of the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{self.prog}: error: {visible(message)} (see `{self.prog} --help`)\n")
+        raise SystemExit(EXIT_USAGE)
 
 
 def add_state_option(parser: argparse.ArgumentParser) -> None:
@@ -20,31 +65,75 @@ def add_state_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_log_level_option(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument(
+        "--log-level",
+        default=default,
+        choices=("debug", "info", "warning", "error"),
+        help=f"least severe log messages shown on stderr (default: {default})",
+    )
+
+
 def print_json(data: Any) -> None:
     json.dump(data, sys.stdout, indent=2, default=str)
     sys.stdout.write("\n")
 
 
+def _cell(value: Any) -> str:
+    return "" if value is None else visible(value)
+
+
 def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    """A rich table on a terminal, tab-separated plain text otherwise."""
+    """A rich table on a terminal, tab-separated plain text otherwise; cells made visible."""
     if sys.stdout.isatty():
         from rich.console import Console
         from rich.table import Table
+        from rich.text import Text
 
-        table = Table(title=title)
+        # Text(), not str: a cell such as "[bold]" or "[/x]" from a log line is data, not
+        # rich markup (a stray closing tag would even raise).
+        table = Table(title=None if title is None else Text(visible(title)))
         for col in columns:
             table.add_column(col)
         for row in rows:
-            table.add_row(*("" if v is None else str(v) for v in row))
+            table.add_row(*(Text(_cell(v)) for v in row))
         Console().print(table)
         return
     if title:
-        print(title)
+        print(visible(title))
     print("\t".join(columns))
     for row in rows:
-        print("\t".join("" if v is None else str(v) for v in row))
+        print("\t".join(_cell(v) for v in row))
 
 
-def error(message: str, code: int = 1) -> int:
-    print(f"trainguard: {message}", file=sys.stderr)
+def error(message: str, code: int = EXIT_FAILURE) -> int:
+    """Print ``trainguard: MESSAGE`` (one line, made visible) on stderr; returns ``code``."""
+    print(f"trainguard: {visible(message)}", file=sys.stderr)
     return code
+
+
+def usage_error(message: str) -> int:
+    """A usage or input error: the message, exit status 2."""
+    return error(message, EXIT_USAGE)
+
+
+# Magic numbers of files that are often handed to a log reader by mistake.
+_MAGIC = (
+    (b"\x1f\x8b", "gzip-compressed: decompress it first (zcat FILE | trainguard ... -)"),
+    (b"(\xb5/\xfd", "zstd-compressed: decompress it first (zstdcat FILE | trainguard ... -)"),
+    (b"\xfd7zXZ\x00", "xz-compressed: decompress it first (xzcat FILE | trainguard ... -)"),
+    (b"BZh", "bzip2-compressed: decompress it first (bzcat FILE | trainguard ... -)"),
+    (b"LPKSHHRH", "a binary systemd journal: export it first (journalctl -k --file FILE)"),
+    (b"PK\x03\x04", "a zip archive (a torch checkpoint?), not a text log"),
+    (b"\x7fELF", "an executable, not a text log"),
+)
+
+
+def binary_reason(head: bytes) -> str | None:
+    """Why the first bytes of a file are not text a log reader can use, or ``None``."""
+    for magic, why in _MAGIC:
+        if head.startswith(magic):
+            return why
+    if b"\x00" in head[:8192]:
+        return "binary (NUL bytes), not a text log"
+    return None

@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from trainguard._commands._common import error
+from trainguard._commands._common import add_log_level_option, error, usage_error
 
 
 def register(subparsers: Any) -> None:
@@ -51,9 +51,27 @@ def register(subparsers: Any) -> None:
     devices = parser.add_mutually_exclusive_group()
     devices.add_argument("--devices", type=int, metavar="N", help="simulate N GPUs (no driver)")
     devices.add_argument("--inventory", metavar="FILE", help="JSON inventory file")
-    parser.add_argument("--heartbeat-interval", type=float, default=1.0, metavar="S")
-    parser.add_argument("--metrics-interval", type=float, default=5.0, metavar="S")
-    parser.add_argument("--temp-threshold", type=float, default=90.0, metavar="C")
+    parser.add_argument(
+        "--heartbeat-interval",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="seconds between heartbeats to the server (default 1)",
+    )
+    parser.add_argument(
+        "--metrics-interval",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="seconds between reads of --metrics-url/--metrics-file (default 5)",
+    )
+    parser.add_argument(
+        "--temp-threshold",
+        type=float,
+        default=90.0,
+        metavar="C",
+        help="GPU temperature in °C reported as a thermal finding (default 90)",
+    )
     parser.add_argument(
         "--retry-max",
         type=float,
@@ -61,9 +79,7 @@ def register(subparsers: Any) -> None:
         metavar="S",
         help="longest wait between retries while the server is unreachable (default 30)",
     )
-    parser.add_argument(
-        "--log-level", default="info", choices=("debug", "info", "warning", "error")
-    )
+    add_log_level_option(parser, "info")
     parser.set_defaults(func=run)
 
 
@@ -75,13 +91,15 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
     if args.heartbeat_interval <= 0 or args.metrics_interval <= 0:
-        return error("intervals must be positive")
+        return usage_error("intervals must be positive")
     if args.devices is not None and args.devices < 0:
-        return error("--devices must be 0 or more")
+        return usage_error("--devices must be 0 or more")
     try:
         token = read_token_file(args.token_file)
+    except UnicodeDecodeError:
+        return usage_error(f"token file {args.token_file} is not a text (UTF-8) file")
     except (OSError, AgentError) as exc:
-        return error(f"token file: {exc}")
+        return usage_error(f"token file: {exc}")
     host = args.host_name or socket.gethostname()
     try:
         agent = Agent(

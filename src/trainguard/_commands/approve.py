@@ -12,7 +12,13 @@ import argparse
 import getpass
 from typing import Any
 
-from trainguard._commands._common import add_state_option, error, print_json, print_table
+from trainguard._commands._common import (
+    add_state_option,
+    error,
+    print_json,
+    print_table,
+    usage_error,
+)
 from trainguard._commands._remote import RemoteError, add_server_option, get_json, post_json
 
 
@@ -70,7 +76,7 @@ def _local(args: argparse.Namespace) -> tuple[list[dict[str, Any]] | dict[str, A
 
 def run(args: argparse.Namespace) -> int:
     if args.id is not None and not (args.reason or "").strip():
-        return error("--reason is required: say why (it is recorded with your decision)")
+        return usage_error("--reason is required: say why (it is recorded with your decision)")
     if args.server:
         try:
             if args.id is None:

@@ -9,7 +9,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from trainguard._commands._common import add_state_option, error, print_json, print_table
+from trainguard._commands._common import (
+    add_state_option,
+    error,
+    print_json,
+    print_table,
+    usage_error,
+)
 from trainguard._commands._remote import add_server_option
 
 
@@ -53,15 +59,15 @@ def run(args: argparse.Namespace) -> int:
         try:
             since = parse_iso_utc(args.since)
         except ValueError as exc:
-            return error(f"--since: {exc}")
+            return usage_error(f"--since: {exc}")
     if args.kind is not None:
         try:
             AuditKind(args.kind)
         except ValueError:
             kinds = ", ".join(k.value for k in AuditKind)
-            return error(f"--kind: unknown kind {args.kind!r} (one of {kinds})")
+            return usage_error(f"--kind: unknown kind {args.kind!r} (one of {kinds})")
     if args.limit is not None and args.limit < 0:
-        return error("--limit must not be negative")
+        return usage_error("--limit must not be negative")
     if args.server:
         from trainguard._commands._remote import RemoteError, audit
 

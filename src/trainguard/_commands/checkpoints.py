@@ -9,9 +9,14 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from trainguard._commands._common import error, print_json, print_table
+from trainguard._commands._progress import tree_bytes, while_reading
+from trainguard._commands._progress import wanted as progress_wanted
+
+T = TypeVar("T")
 
 
 def register(subparsers: Any) -> None:
@@ -59,12 +64,26 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
+# Below this much data a full verification takes well under a second: no bar.
+LARGE_BYTES = 64 << 20
+
+
+def _reading(args: argparse.Namespace, work: Callable[[], T]) -> T:
+    """``work`` (a scan that hashes), with a bar of the bytes read on a terminal."""
+    if args.verify != "full" or not progress_wanted(args):
+        return work()
+    total = tree_bytes(args.dir)
+    if total < LARGE_BYTES:
+        return work()
+    return while_reading(work, f"verifying {args.dir}", total, enabled=True)
+
+
 def run(args: argparse.Namespace) -> int:
     from trainguard.checkpoints import latest_valid, scan
 
     try:
         if args.latest:
-            found = latest_valid(args.dir, verify=args.verify)
+            found = _reading(args, lambda: latest_valid(args.dir, verify=args.verify))
             if found is None:
                 return error(f"no valid checkpoint in {args.dir}", 1)
             if args.json:
@@ -72,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
             else:
                 print(found.path)
             return 0
-        infos = scan(args.dir, verify=args.verify)
+        infos = _reading(args, lambda: scan(args.dir, verify=args.verify))
     except (FileNotFoundError, NotADirectoryError) as exc:
         return error(str(exc), 2)
     except PermissionError as exc:

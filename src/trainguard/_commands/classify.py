@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from trainguard._commands._common import error
+from trainguard._commands._common import binary_reason, error, visible
 
 CHUNK_BYTES = 16 << 20
 
@@ -115,10 +115,10 @@ def _emit(out: Any, name: str, matches: list[Any], as_json: bool) -> None:
                 )
                 if v is not None
             )
-            out.write(
-                f"{where}\t{m.kind}\t{m.severity.value}\t{m.domain.value}\t{m.action}"
-                f"\t{extra}\t{m.text.strip()}\n"
-            )
+            # Every field may come from the log line: each is made visible (control
+            # characters escaped, tabs included, so the columns stay columns).
+            fields = (where, m.kind, m.severity.value, m.domain.value, m.action, extra)
+            out.write("\t".join(visible(f) for f in fields) + f"\t{visible(m.text.strip())}\n")
 
 
 def classify_stream(stream: BinaryIO, name: str, engine: str, as_json: bool, out: Any) -> int:
@@ -127,16 +127,24 @@ def classify_stream(stream: BinaryIO, name: str, engine: str, as_json: bool, out
 
     classifier = Classifier(engine, cache=prefilter_cache())
     found = 0
+    head: bytes | None = None
     while True:
         chunk = stream.read(CHUNK_BYTES)
         if not chunk:
             break
+        if head is None:
+            head = chunk[:8192]
         matches = classifier.feed(chunk)
         found += len(matches)
         _emit(out, name, matches, as_json)
     matches = classifier.finish()
     found += len(matches)
     _emit(out, name, matches, as_json)
+    if not found:
+        # Say why nothing was found when the reason is the input itself.
+        why = "empty" if head is None else binary_reason(head)
+        if why:
+            error(f"{name}: nothing classified: the file is {why}")
     return found
 
 

@@ -22,6 +22,7 @@ from trainguard._commands._common import (
     error,
     print_json,
     print_table,
+    usage_error,
 )
 from trainguard._commands._remote import RemoteError, add_server_option, get_json, post_json
 
@@ -70,7 +71,9 @@ def register(subparsers: Any) -> None:
     release.add_argument("--host", default=None, help="host of an index ID (default: any)")
     _sub_state_option(release)
     add_server_option(release, sub=True)
-    release.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
+    release.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON"
+    )
     release.set_defaults(func=run_release)
 
     history = sub.add_parser("history", help="a device's health history")
@@ -78,7 +81,9 @@ def register(subparsers: Any) -> None:
     history.add_argument("--host", default=None, help="host of an index ID (default: any)")
     _sub_state_option(history)
     add_server_option(history, sub=True)
-    history.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
+    history.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON"
+    )
     history.set_defaults(func=run_history)
 
 
@@ -133,7 +138,7 @@ def run_release(args: argparse.Namespace) -> int:
 
     reason = (args.reason or "").strip()
     if not reason:
-        return error("--reason must not be empty: say why the device is safe to use again")
+        return usage_error("--reason must not be empty: say why the device is safe to use again")
     if getattr(args, "server", None):
         # Through the API the actor is the token's holder (operator:<name>), not --actor.
         try:

@@ -17,7 +17,7 @@ import os
 import sys
 from typing import Any
 
-from trainguard._commands._common import error, print_json
+from trainguard._commands._common import binary_reason, error, print_json, visible
 
 CHUNK_BYTES = 16 << 20
 
@@ -51,7 +51,12 @@ def register(subparsers: Any) -> None:
         default=None,
         help="year for timestamps that omit it (syslog, glog); default: each file's mtime year",
     )
-    parser.add_argument("--engine", choices=("auto", "hyperscan", "portable"), default="auto")
+    parser.add_argument(
+        "--engine",
+        choices=("auto", "hyperscan", "portable"),
+        default="auto",
+        help="multi-pattern matcher (default: hyperscan when installed)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -64,6 +69,8 @@ def load_rank_map(path: str) -> dict[int, Any]:
     with open(path, encoding="utf-8") as fh:
         try:
             data = yaml.safe_load(fh)  # JSON is YAML
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{path}: not a text (UTF-8) file") from exc
         except yaml.YAMLError as exc:
             raise ValueError(f"{path}: not JSON/YAML: {exc}") from exc
     items: list[tuple[int, dict[str, Any]]] = []
@@ -83,18 +90,24 @@ def _read_findings(name: str, engine: str, year: int | None) -> list[Any]:
 
     classifier = Classifier(engine, cache=prefilter_cache())
     matches = []
+    head = b""
     if name == "-":
         stream = sys.stdin.buffer
         file_year = year or dt.datetime.now(dt.UTC).year
         while chunk := stream.read(CHUNK_BYTES):
+            head = head or chunk[:8192]
             matches.extend(classifier.feed(chunk))
     else:
         file_year = year or dt.datetime.fromtimestamp(os.stat(name).st_mtime, dt.UTC).year
         with open(name, "rb") as fh:
             while chunk := fh.read(CHUNK_BYTES):
+                head = head or chunk[:8192]
                 matches.extend(classifier.feed(chunk))
     matches.extend(classifier.finish())
     matches.sort(key=lambda m: m.lineno or 0)  # finish() adds unfinished tracebacks' heads
+    why = binary_reason(head) if not matches and head else None
+    if why:
+        error(f"{name}: nothing recognised: the file is {why}")
     return timeline(matches, source=name, year=file_year)
 
 
@@ -109,6 +122,27 @@ def _describe(culprit: Any) -> str:
     if culprit.device_uuid:
         parts.append(culprit.device_uuid)
     return ", ".join(parts) or "not named by the evidence"
+
+
+def _print_incidents(incidents: list[Any]) -> None:
+    """The human rendering; every line goes through visible() (log text is untrusted)."""
+
+    def say(line: str) -> None:
+        print(visible(line))
+
+    if not incidents:
+        say("no failure signatures found")
+    for i, inc in enumerate(incidents, 1):
+        say(f"incident {i}: {inc.kind} ({inc.domain.value}), confidence {inc.confidence:.2f}")
+        say(f"  culprit: {_describe(inc.culprit)}")
+        say(f"  action:  {inc.action}")
+        say(f"  why:     {inc.summary}")
+        say(f"  root:    {inc.root.source}: {inc.root.message}")
+        shown = (*inc.symptoms, *inc.context)
+        for f in shown[:12]:
+            say(f"  also:    {f.source}: [{f.kind}] {f.message[:200]}")
+        if len(shown) > 12:
+            say(f"  ... and {len(shown) - 12} more lines")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -142,19 +176,7 @@ def run(args: argparse.Namespace) -> int:
             out.append(d)
         print_json(out)
     else:
-        if not incidents:
-            print("no failure signatures found")
-        for i, inc in enumerate(incidents, 1):
-            print(f"incident {i}: {inc.kind} ({inc.domain.value}), confidence {inc.confidence:.2f}")
-            print(f"  culprit: {_describe(inc.culprit)}")
-            print(f"  action:  {inc.action}")
-            print(f"  why:     {inc.summary}")
-            print(f"  root:    {inc.root.source}: {inc.root.message}")
-            shown = (*inc.symptoms, *inc.context)
-            for f in shown[:12]:
-                print(f"  also:    {f.source}: [{f.kind}] {f.message[:200]}")
-            if len(shown) > 12:
-                print(f"  ... and {len(shown) - 12} more lines")
+        _print_incidents(incidents)
     if failed:
         return 2
     return 0 if incidents else 1

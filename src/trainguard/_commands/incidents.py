@@ -35,6 +35,8 @@ def _culprit_text(c: dict[str, Any]) -> str:
         parts.append(str(c.get("device_uuid") or c.get("pci_bus_id")))
     if c.get("rank") is not None:
         parts.append(f"rank {c['rank']}")
+    if c.get("host"):
+        parts.append(f"host {c['host']}")
     return ", ".join(parts) or "-"
 
 

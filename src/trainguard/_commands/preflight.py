@@ -11,14 +11,17 @@ See ``docs/preflight.md``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from trainguard._commands._common import error, print_json, print_table
+from trainguard._commands._progress import Bar
+from trainguard._commands._progress import wanted as progress_wanted
 
 if TYPE_CHECKING:
     from trainguard.model.devices import Device
@@ -206,7 +209,11 @@ def _threshold(r: CheckResult) -> str:
     return f"{r.comparison} {t:.4g}" if isinstance(t, float) else f"{r.comparison} {t}"
 
 
-def print_report(report: PreflightReport, *, title: str | None = None) -> None:
+def print_report(
+    report: PreflightReport, *, title: str | None = None, verdict: str | None = None
+) -> None:
+    """The checks as a table and a verdict line; ``verdict`` replaces PASSED (e.g. PARTIAL
+    when a passing report could not look at the GPU itself)."""
     index = {d.uuid: str(d.index) for d in report.devices}
     print_table(
         title,
@@ -222,7 +229,7 @@ def print_report(report: PreflightReport, *, title: str | None = None) -> None:
     )  # fmt: skip
     for note in report.notes:
         print(f"note: {note}")
-    verdict = "PASSED" if report.passed else "FAILED"
+    verdict = "FAILED" if not report.passed else (verdict or "PASSED")
     failed = report.failed_devices()
     print(
         f"preflight {report.level} {verdict} on {report.host}: {len(report.devices)} device(s), "
@@ -240,6 +247,26 @@ def write_report(path: str, report: PreflightReport) -> None:
         json.dump(report.to_json(), fh, indent=2, default=str)
         fh.write("\n")
     os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def checks_bar(
+    args: argparse.Namespace, title: str
+) -> Iterator[Callable[[Sequence[Any]], None] | None]:
+    """A bar of the checks done so far (their number is known only as they run), for
+    ``run_preflight(on_results=...)``; ``None`` (no callback) on a pipe or with --json."""
+    if not progress_wanted(args):
+        yield None
+        return
+    with Bar(title, None, enabled=True) as bar:
+        done = 0
+
+        def on_results(results: Sequence[Any]) -> None:
+            nonlocal done
+            done += len(results)
+            bar.update(done, description=f"{title}: {results[-1].key}")
+
+        yield on_results
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -270,7 +297,8 @@ def handle(args: argparse.Namespace) -> int:
     options = replace(options, dry_run_command=tuple(command), dry_run_timeout=args.dry_run_timeout)
     if not args.json:
         print(f"preflight {args.level}: {source}", file=sys.stderr)
-    report = run_preflight(devices, options)
+    with checks_bar(args, f"preflight checks ({args.level})") as on_results:
+        report = run_preflight(devices, options, on_results=on_results)
     if args.report:
         try:
             write_report(args.report, report)

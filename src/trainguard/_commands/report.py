@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from trainguard._commands._common import add_state_option, error, print_json
+from trainguard._commands._common import add_state_option, error, print_json, usage_error
 from trainguard._commands._remote import add_server_option
 
 
@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         incident_id = int(str(args.id).strip())
     except ValueError:
-        return error(f"incident id must be a number, not {args.id!r}")
+        return usage_error(f"incident id must be a number, not {args.id!r}")
     if args.server:
         from trainguard._commands._remote import RemoteError, get_json
 

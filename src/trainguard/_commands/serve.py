@@ -6,7 +6,7 @@ import argparse
 import logging
 from typing import Any
 
-from trainguard._commands._common import DEFAULT_STATE, error
+from trainguard._commands._common import DEFAULT_STATE, add_log_level_option, error, usage_error
 
 
 def register(subparsers: Any) -> None:
@@ -85,9 +85,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--repair-webhook", metavar="URL", help="POST repair records here")
     parser.add_argument("--page-webhook", metavar="URL", help="POST pages (breaker trips) here")
-    parser.add_argument(
-        "--log-level", default="warning", choices=("debug", "info", "warning", "error")
-    )
+    add_log_level_option(parser, "warning")
     parser.set_defaults(func=run)
 
 
@@ -98,9 +96,9 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
     if args.port < 0 or args.port > 65535:
-        return error(f"--port {args.port} is not a port number")
+        return usage_error(f"--port {args.port} is not a port number")
     if args.reconcile_interval <= 0:
-        return error("--reconcile-interval must be positive")
+        return usage_error("--reconcile-interval must be positive")
     options = ServeOptions(
         host=args.host,
         port=args.port,

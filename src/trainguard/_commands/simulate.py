@@ -12,6 +12,8 @@ import argparse
 import sys
 
 from trainguard._commands._common import error, print_json, print_table
+from trainguard._commands._progress import Bar
+from trainguard._commands._progress import wanted as progress_wanted
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -71,7 +73,16 @@ def run(args: argparse.Namespace) -> int:
         scenario = load_scenario(args.file or args.scenario)
     except ScenarioError as exc:
         return error(f"invalid scenario: {exc}", 2)
-    report = simulate(scenario, seed=args.seed, trials=args.trials, policies=args.policies)
+    with Bar("simulating", None, enabled=progress_wanted(args)) as bar:
+        report = simulate(
+            scenario,
+            seed=args.seed,
+            trials=args.trials,
+            policies=args.policies,
+            on_progress=lambda done, total, label: bar.update(
+                done, total=total, description=f"simulating {label}"
+            ),
+        )
     plot_path = None
     if args.plot:
         try:

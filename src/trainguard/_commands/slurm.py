@@ -9,7 +9,14 @@ import signal
 import threading
 from typing import Any
 
-from trainguard._commands._common import DEFAULT_STATE, error, print_json, print_table
+from trainguard._commands._common import (
+    DEFAULT_STATE,
+    add_log_level_option,
+    error,
+    print_json,
+    print_table,
+    usage_error,
+)
 
 
 def _cluster_options(parser: argparse.ArgumentParser) -> None:
@@ -100,9 +107,7 @@ def register(subparsers: Any) -> None:
     watch.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds/pass")
     watch.add_argument("--identity", metavar="NAME", help="name in the leader lease and audit")
     watch.add_argument("--once", action="store_true", help="one pass, print its report, exit")
-    watch.add_argument(
-        "--log-level", default="warning", choices=("debug", "info", "warning", "error")
-    )
+    add_log_level_option(watch, "warning")
     watch.set_defaults(func=run_watch)
 
     status = sub.add_parser("status", help="nodes and jobs as trainguard sees them")
@@ -131,6 +136,13 @@ def _scheduler(args: argparse.Namespace) -> Any:
         partition=args.partition,
         inventory=args.inventory or None,
     )
+
+
+def _require_tools(scheduler: Any) -> None:
+    """Stop before the first pass when Slurm's commands are missing: without them every
+    pass would fail the same way, forever. Raises ``SchedulerError``."""
+    for tool in ("squeue", "sinfo", "scontrol"):
+        scheduler.cmd.tool(tool)
 
 
 def run_status(args: argparse.Namespace) -> int:
@@ -228,10 +240,14 @@ def run_watch(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
     if args.interval <= 0:
-        return error("--interval must be positive")
+        return usage_error("--interval must be positive")
     try:
         kernel_logs = kernel_logs_from_spec(args.kernel_log)
+    except ValueError as exc:
+        return usage_error(str(exc))
+    try:
         scheduler = _scheduler(args)
+        _require_tools(scheduler)
         store = Store.open(args.state)
     except (ValueError, SchedulerError, StoreError, OSError) as exc:
         return error(str(exc))
@@ -252,7 +268,7 @@ def run_watch(args: argparse.Namespace) -> int:
             with open(args.policy, encoding="utf-8") as fh:
                 watch.cp.put_policy(fh.read(), actor="operator:cli")
         except (OSError, PolicyError, ValueError) as exc:
-            return error(f"--policy {args.policy}: {exc}")
+            return usage_error(f"--policy {args.policy}: {exc}")
     if args.once:
         report = watch.run_once()
         print_json(

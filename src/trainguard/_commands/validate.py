@@ -18,8 +18,13 @@ health history, the audit log and approvals stay one story:
    default, 2) a ``retire`` approval is requested; retiring happens only when a
    person approves it (``trainguard approve ID --reason ...``; decision 0072).
 
-Exit status: 0 the device passed (now healthy); 1 it failed or cannot be
-validated; 2 usage error. :func:`validate_device` is the API behind the command.
+When the checks that judge the GPU could not run (the CPU stand-in, no NVIDIA
+driver, no DCGM), passing checks are *inconclusive*: the device goes back to
+``repair`` (not counted as a failure) unless ``--accept-partial`` is given, and the
+output says what was and was not checked.
+
+Exit status: 0 the device passed (now healthy); 1 it failed, was inconclusive or
+cannot be validated; 2 usage error. :func:`validate_device` is the API behind the command.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import getpass
 import socket
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +42,7 @@ from trainguard._commands._common import add_state_option, error, print_json
 from trainguard._commands.preflight import (
     add_check_options,
     build_options,
+    checks_bar,
     print_report,
     write_report,
 )
@@ -53,7 +60,10 @@ the measurements, then healthy when every check passed, else back to repair.
 After --max-failures failed validations of one repair (default: the control
 plane's, 2) a retire approval is requested; `trainguard approve ID --reason ...`
 retires the device. A device left in validating by an interrupted run is resumed.
-Exit status: 0 passed (healthy), 1 failed or cannot be validated, 2 usage error.
+When the GPU checks could not run here (CPU stand-in, no driver), passing checks
+are inconclusive: the device stays in repair unless --accept-partial is given.
+Exit status: 0 passed (healthy), 1 failed, inconclusive or cannot be validated,
+2 usage error.
 """
 
 # States validation starts from (validating: an interrupted validation, resumed).
@@ -86,6 +96,13 @@ def register(subparsers: Any) -> None:
         help="failed validations of one repair before a retire approval is requested "
         "(default: the control plane's, 2)",
     )
+    p.add_argument(
+        "--accept-partial",
+        action="store_true",
+        help="return the device to service even when the GPU checks could not run here "
+        "(CPU stand-in, no NVIDIA driver, no DCGM); without it such a validation is "
+        "inconclusive and the device stays in repair",
+    )
     add_check_options(p, default_level="standard")
     p.set_defaults(func=handle)
 
@@ -102,6 +119,8 @@ class ValidationResult:
     repair_id: int | None
     retire_approval: int | None  # a pending ``retire`` approval, when one was requested
     report: PreflightReport
+    not_checked: tuple[str, ...] = ()  # what the checks could not look at (partial evidence)
+    inconclusive: bool = False  # the checks passed, but on partial evidence not accepted
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -112,8 +131,27 @@ class ValidationResult:
             "failures": self.failures,
             "repair_id": self.repair_id,
             "retire_approval": self.retire_approval,
+            "not_checked": list(self.not_checked),
+            "inconclusive": self.inconclusive,
             "report": self.report.to_json(),
         }
+
+
+def not_checked(report: PreflightReport, uuid: str) -> tuple[str, ...]:
+    """What about the device the checks could not look at. Evidence from the CPU stand-in
+    or without the driver says nothing about the GPU that had the XID."""
+    from trainguard.preflight.results import CheckStatus
+
+    out: list[str] = []
+    if report.backend == "cpu":
+        out.append("the GPU itself (compute and memory checks ran on the CPU stand-in)")
+    for r in report.results:
+        if r.device in (uuid, None) and r.status is CheckStatus.NOT_APPLICABLE:
+            if r.check == "device_query":
+                out.append(f"the device's error counters (ECC, remapped rows): {r.reason}")
+            elif r.check == "dcgm":
+                out.append(f"DCGM diagnostics: {r.reason}")
+    return tuple(out)
 
 
 class CannotValidate(ValueError):
@@ -142,6 +180,8 @@ def validate_device(
     max_failures: int | None = None,
     clock: Any = time.time,
     local_hosts: frozenset[str] | None = None,
+    accept_partial: bool = False,
+    on_results: Callable[[Sequence[Any]], None] | None = None,
 ) -> ValidationResult:
     """Validate one device through the control plane (see the module docstring)."""
     from trainguard.controller.service import ControlConfig, ControlPlane
@@ -196,12 +236,25 @@ def validate_device(
             if r.uuid != uuid and r.state is HealthState.HEALTHY
         ]
         options = replace(options, peers=tuple(peers[:1]))
-    report = run_preflight([rec.device], replace(options, dry_run_command=()))
-    passed = report.device_passed(uuid)
+    report = run_preflight(
+        [rec.device], replace(options, dry_run_command=()), on_results=on_results
+    )
+    checks_passed = report.device_passed(uuid)
+    missing = not_checked(report, uuid)
+    # Passing checks that could not see the GPU do not return it (the XID it had may be
+    # the GPU's own); an operator may accept that evidence, on record.
+    inconclusive = checks_passed and bool(missing) and not accept_partial
+    passed = checks_passed and not inconclusive
     summary = report.summary(uuid)
+    if inconclusive:
+        summary = f"inconclusive: checks passed, but not checked: {'; '.join(missing)}"
+    elif checks_passed and missing:
+        summary += f" (partial evidence accepted by {actor}; not checked: {'; '.join(missing)})"
     data = {
         "level": report.level,
         "passed": passed,
+        "inconclusive": inconclusive,
+        "not_checked": list(missing),
         "summary": summary,
         "backend": report.backend,
         "host": report.host,
@@ -219,7 +272,9 @@ def validate_device(
             clock(), actor, AuditKind.RESULT, f"device:{uuid}",
             f"validation {'passed' if passed else 'failed'}: {summary}", data,
         )  # fmt: skip
-        repair = control.record_validation(f"device:{uuid}", passed, actor, details=data)
+        repair = control.record_validation(
+            f"device:{uuid}", passed, actor, details=data, inconclusive=inconclusive
+        )
     approval = next(
         (
             a.id
@@ -232,7 +287,22 @@ def validate_device(
     return ValidationResult(
         uuid, previous.value, final.state.value, passed,
         0 if passed else repair.failed_validations, repair.id, approval, report,
+        missing, inconclusive,
     )  # fmt: skip
+
+
+def _checked_text(report: PreflightReport, uuid: str) -> str:
+    from trainguard.preflight.results import CheckStatus
+
+    done = sorted(
+        {
+            f"{r.check}/{r.name}"
+            for r in report.results
+            if r.device in (uuid, None) and r.status is not CheckStatus.NOT_APPLICABLE
+        }
+    )
+    where = " on the CPU stand-in" if report.backend == "cpu" else ""
+    return (", ".join(done) or "nothing") + where
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -261,9 +331,16 @@ def handle(args: argparse.Namespace) -> int:
                     f" {rec.state.value}, level {args.level}",
                     file=sys.stderr,
                 )
-            result = validate_device(
-                store, rec.uuid, options, actor=actor, max_failures=args.max_failures
-            )
+            with checks_bar(args, f"validating {rec.uuid}") as on_results:
+                result = validate_device(
+                    store,
+                    rec.uuid,
+                    options,
+                    actor=actor,
+                    max_failures=args.max_failures,
+                    accept_partial=args.accept_partial,
+                    on_results=on_results,
+                )
         except (NotFound, CannotValidate, IllegalTransition) as exc:
             return error(str(exc))
     if args.report:
@@ -274,9 +351,18 @@ def handle(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result.to_json())
     else:
-        print_report(result.report)
+        print_report(result.report, verdict="PARTIAL" if result.not_checked else None)
         line = f"device {result.uuid}: {result.previous_state} -> validating -> {result.state}"
-        if not result.passed:
+        if result.not_checked:
+            print("checked: " + _checked_text(result.report, result.uuid))
+            print("not checked: " + "; ".join(result.not_checked))
+        if result.inconclusive:
+            line += (
+                " (INCONCLUSIVE: the checks passed, but could not see the GPU; it stays out "
+                "of service. Validate it on its host with the NVIDIA driver, or give "
+                "--accept-partial to return it on this evidence)"
+            )
+        elif not result.passed:
             line += f" (failed validation {result.failures} of repair {result.repair_id})"
         if result.retire_approval is not None:
             line += (

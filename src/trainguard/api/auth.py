@@ -148,6 +148,8 @@ class TokenTable:
         p = Path(path)
         try:
             text = p.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise TokenFileError(f"token file {p} is not a text (UTF-8) file") from exc
         except OSError as exc:
             raise TokenFileError(f"cannot read token file {p}: {exc.strerror or exc}") from exc
         try:
@@ -210,6 +212,8 @@ def read_token(path: str | os.PathLike[str]) -> str:
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise TokenFileError(f"token file {p} is not a text (UTF-8) file") from exc
     except OSError as exc:
         raise TokenFileError(f"cannot read token file {p}: {exc.strerror or exc}") from exc
     if (warning := token_file_warning(p)) is not None:

@@ -129,6 +129,22 @@ def crash_point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def no_progress_hint(pattern: str | None) -> str:
+    """What a user can do when a job never showed progress: it may be training fine in a
+    form trainguard cannot see, and will then be restarted as hung again and again."""
+    matched = (
+        f"no output line matched --progress-pattern {pattern!r}"
+        if pattern
+        else "no output line looked like progress (step=N, step N, iteration N, [N/M])"
+    )
+    return (
+        f"{matched} and no trainguard.train progress report arrived; if the job does make "
+        "progress, give --progress-pattern REGEX with a group for the step, or report it "
+        "with trainguard.train.report_progress(step) or a trainguard.integrations callback "
+        "(Hugging Face Trainer, Lightning); docs/run.md"
+    )
+
+
 @dataclass(frozen=True)
 class RunOptions:
     """What ``trainguard run`` was asked to do (one field per CLI option)."""
@@ -782,7 +798,9 @@ class RunController:
             },
             incident_id,
         )
-        hang = hang_detector(self.policy(), started_at=started)
+        hang = hang_detector(
+            self.policy(), started_at=started, no_progress_hint=no_progress_hint(o.progress_pattern)
+        )
         att = _Attempt(
             number=number,
             devices=devices,

@@ -598,12 +598,15 @@ class ControlPlane:
         passed: bool,
         actor: str,
         details: Mapping[str, Any] | None = None,
+        inconclusive: bool = False,
     ) -> RepairRecord:
         """The result of validating a resource in ``validating``.
 
         Pass: -> healthy, repair closed (``validated``), the measurements recorded.
         Fail: -> repair, the repair record open again; after
         ``validation_failures_to_retire`` failures a ``retire`` approval is requested.
+        Inconclusive (``passed=False, inconclusive=True``: the checks that judge the
+        hardware could not run): -> repair, recorded, not counted as a failure.
         """
         res = self.resolve_resource(resource)
         now = self.clock()
@@ -615,6 +618,17 @@ class ControlPlane:
             if rec is None:
                 raise NotFound(f"no open repair record for {res[0]} {res[1]}")
             entry = {"at": now, "passed": bool(passed), "by": actor, "details": dict(details or {})}
+            if inconclusive and not passed:
+                entry["inconclusive"] = True
+                self._transition(res, HealthState.REPAIR, "validation inconclusive", actor, now)
+                return self.fleet.update_repair(
+                    rec.id,
+                    at=now,
+                    actor=actor,
+                    state=RepairState.OPEN,
+                    validation=entry,
+                    note="validation inconclusive: the hardware checks could not run",
+                )
             if passed:
                 self._transition(res, HealthState.HEALTHY, "validation passed", actor, now)
                 return self.fleet.update_repair(

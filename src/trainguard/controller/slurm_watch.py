@@ -55,7 +55,13 @@ from trainguard.model.findings import Culprit, Domain, Finding, Severity
 from trainguard.model.fleet import ActionState, FleetJob
 from trainguard.model.plan import ActionKind, DeviceStatus
 from trainguard.model.records import AttemptRecord, AuditKind, IncidentState, JobState
-from trainguard.schedulers.base import JobPhase, NodePhase, Observation, ObservedJob
+from trainguard.schedulers.base import (
+    JobPhase,
+    NodePhase,
+    Observation,
+    ObservedJob,
+    SchedulerError,
+)
 from trainguard.schedulers.slurm import SlurmObservedJob, SlurmObservedNode, SlurmScheduler
 from trainguard.signals.kernel_log import FileFollower, KernelLine
 from trainguard.store import NotFound, Store
@@ -511,6 +517,10 @@ class SlurmWatch:
                 report = self.run_once()
                 for error in report.errors:
                     log.warning("slurm watch: %s", error)
+            except SchedulerError as exc:
+                # The cluster did not answer (slurmctld down, a command timed out): one
+                # line per pass, the next pass tries again; a traceback tells nothing more.
+                log.warning("slurm watch pass failed: %s", exc)
             except Exception:
                 log.exception("slurm watch pass failed")
             stop.wait(max(0.0, period - (time.monotonic() - started)))

@@ -149,7 +149,7 @@ def attribute(
         supporting = [f for f in crashes if f.culprit.rank == culprit.rank] or crashes[:1]
         kind = IncidentKind.XID if first.xid is not None else IncidentKind.CUDA_ERROR
         what = f"XID {first.xid}" if first.xid is not None else first.kind.replace("_", " ")
-        summary = f"{what} on device {culprit.device_uuid} (rank {culprit.rank}): {first.message}"
+        summary = f"{what} on {culprit.describe()}: {first.message}"
         if supporting:
             summary += f"; {supporting[0].message}"
         return Attribution(
@@ -236,7 +236,7 @@ def attribute(
             domain=domain,
             culprit=culprit,
             confidence=0.85,
-            summary=f"{incident_kind.value} on rank {culprit.rank}: {first.message}",
+            summary=f"{incident_kind.value} on {culprit.describe()}: {first.message}",
             evidence=_evidence(support),
             findings=tuple(support),
             signature=_signature_text(first),

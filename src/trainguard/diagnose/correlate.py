@@ -440,7 +440,7 @@ def _incident(group: list[Finding], placements: Mapping[int, Placement]) -> Inci
         summary += f"; NCCL: {stuck.reason}"
     culprit = _complete(culprit, placements)
     if kind == "collective_timeout" and culprit.host:
-        where = f"rank {culprit.rank} on {culprit.host}"
+        where = Culprit(rank=culprit.rank, host=culprit.host).describe()
         if culprit.pci_bus_id:
             where += f" device {culprit.pci_bus_id}"
         summary += f" ({where})"

@@ -201,9 +201,12 @@ class HangConfig:
 class HangDetector:
     """No progress for the hang timeout -> one ``hang`` finding (then quiet until progress)."""
 
-    def __init__(self, config: HangConfig, started_at: float) -> None:
+    def __init__(self, config: HangConfig, started_at: float, no_progress_hint: str = "") -> None:
         self.config = config
         self.started_at = started_at
+        # Said when no progress was ever seen: the job may be moving in a way we cannot
+        # see, and the caller knows how the user can make it visible.
+        self.no_progress_hint = no_progress_hint
         self.last_step: int | None = None
         self.last_progress_at: float | None = None
         self.points = 0
@@ -256,6 +259,8 @@ class HangDetector:
                 culprit = Culprit(rank=slowest_rank)
         if self.last_step is None:
             message = f"no progress within {timeout:g} s of the start"
+            if self.no_progress_hint:
+                message += f": {self.no_progress_hint}"
         else:
             message = (
                 f"no progress for {now - since:.1f} s (timeout {timeout:g} s); "

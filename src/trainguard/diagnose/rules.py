@@ -254,7 +254,7 @@ RULES: tuple[Rule, ...] = (
           r"UCX +ERROR"),
          ("net/", "got completion from peer", "ibv_", "retry count", "link down",
           "link is down", "cable unplugged", "netdev watchdog", "ucx", "port module event",
-          "status: unplugged", "rror", "ibv_event_", "definitely down", "lost carrier",
+          "status: unplugged", "module_event:", "ibv_event_", "definitely down", "lost carrier",
           "carrier lost")),
     Rule("collective_error", "collective_error", N, ERROR, Action.INVESTIGATE,
          (r"NCCL error",

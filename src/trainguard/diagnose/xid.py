@@ -5,7 +5,7 @@ Sources: NVIDIA's XID catalog for Ampere and later
 immediate and investigatory action), NVIDIA's legacy "XID errors" table of
 possible causes (application / driver / hardware), and the default
 application-error list of NVIDIA/k8s-device-plugin (13, 31, 43, 45, 68, 109).
-The summary the project relies on is /work/shared/REFERENCE.md §4.
+The summary the project relies on is docs/reference.md §4.
 
 ``quarantine`` says when the device leaves scheduling:
 

@@ -56,6 +56,20 @@ class Culprit:
     rank: int | None = None
     host: str | None = None
 
+    def describe(self) -> str:
+        """Where, as far as the evidence says and no further (never "rank None"):
+        "device GPU-... (rank 1)", "rank 3 on node7", "host node7 (rank not named)", or
+        "a rank the evidence does not name"."""
+        rank = None if self.rank is None else f"rank {self.rank}"
+        device = self.device_uuid or self.pci_bus_id
+        if device:  # a device id names the card wherever it is
+            return f"device {device}" + (f" ({rank})" if rank else "")
+        if rank:
+            return rank + (f" on {self.host}" if self.host else "")
+        if self.host:
+            return f"host {self.host} (rank not named)"
+        return "a rank the evidence does not name"
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "device_uuid": self.device_uuid,

@@ -520,11 +520,13 @@ class RepairRecord:
     outcome: str | None = None
     closed_at: float | None = None
     closed_by: str | None = None
-    validations: tuple[dict[str, Any], ...] = ()  # {"at", "passed", "by", "details"}
+    # {"at", "passed", "by", "details"} and "inconclusive" when the checks could not judge
+    validations: tuple[dict[str, Any], ...] = ()
 
     @property
     def failed_validations(self) -> int:
-        return sum(1 for v in self.validations if not v.get("passed"))
+        # An inconclusive validation (the GPU checks could not run) is not a failure.
+        return sum(1 for v in self.validations if not v.get("passed") and not v.get("inconclusive"))
 
     def to_json(self) -> dict[str, Any]:
         return {

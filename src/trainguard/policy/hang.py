@@ -25,9 +25,14 @@ def hang_config(policy: RecoveryPolicy) -> HangConfig:
     )
 
 
-def hang_detector(policy: RecoveryPolicy, started_at: float) -> HangDetector:
-    """A fresh detector for an attempt that started at ``started_at``."""
-    return HangDetector(hang_config(policy), started_at=started_at)
+def hang_detector(
+    policy: RecoveryPolicy, started_at: float, no_progress_hint: str = ""
+) -> HangDetector:
+    """A fresh detector for an attempt that started at ``started_at``; ``no_progress_hint``
+    is what its finding tells a user when no progress was ever seen."""
+    return HangDetector(
+        hang_config(policy), started_at=started_at, no_progress_hint=no_progress_hint
+    )
 
 
 __all__ = ["hang_config", "hang_detector"]

@@ -1,6 +1,6 @@
 """Closed-form expectations the simulator is validated against.
 
-Notation (docs/simulate.md, REFERENCE §3): δ blocking checkpoint cost, τ compute
+Notation (docs/simulate.md, docs/reference.md §3): δ blocking checkpoint cost, τ compute
 between checkpoints, M job MTBF, R time from failure to training again
 (detection + restart + restore).
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from statistics import fmean, stdev
 from typing import Any
@@ -148,8 +149,11 @@ def simulate(
     trials: int | None = None,
     policies: tuple[str, ...] | list[str] | None = None,
     record_timeline: bool = True,
+    on_progress: Callable[[int, int, str], None] | None = None,
 ) -> SimulationReport:
-    """Run every policy on the same trace, for each trial (seeds ``seed .. seed+trials-1``)."""
+    """Run every policy on the same trace, for each trial (seeds ``seed .. seed+trials-1``).
+
+    ``on_progress(done, total, label)`` is called after each (trial, policy) run."""
     t0 = time.perf_counter()
     first = scenario.seed if seed is None else seed
     n = scenario.trials if trials is None else trials
@@ -163,9 +167,11 @@ def simulate(
         trace = generate_trace(scenario, s)
         trace_seconds += time.perf_counter() - t1
         counts.append(trace.primary_counts(scenario))
-        for p in names:
+        for j, p in enumerate(names):
             # Keep the timeline of the first trial only: it is what the plot shows.
             runs[p].append(run_policy(scenario, trace, p, s, record_timeline and i == 0))
+            if on_progress is not None:
+                on_progress(i * len(names) + j + 1, n * len(names), f"trial {i + 1}/{n}: {p}")
     report = SimulationReport(
         scenario=scenario,
         seeds=seeds,

@@ -668,9 +668,17 @@ def load_scenario(path_or_name: str | Path) -> Scenario:
     path = Path(path_or_name)
     if path.suffix in (".yaml", ".yml") or path.exists():
         try:
-            text = path.read_text()
+            raw = path.read_bytes()
         except OSError as exc:
             raise ScenarioError("", f"cannot read {path}: {exc.strerror or exc}") from exc
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ScenarioError(
+                "", f"{path} is not a text (UTF-8 YAML) file: undecodable byte at {exc.start}"
+            ) from exc
+        if "\x00" in text:
+            raise ScenarioError("", f"{path} is a binary file (NUL bytes), not YAML")
         source = str(path)
     else:
         name = str(path_or_name)

@@ -27,6 +27,7 @@ from typing import Any
 from trainguard.model.devices import Device
 from trainguard.model.findings import Domain, IncidentKind
 from trainguard.model.records import AttemptRecord, IncidentRecord, iso_utc
+from trainguard.model.text import visible
 from trainguard.store.core import NotFound, Store
 
 
@@ -155,7 +156,7 @@ def build_report(store: Store, incident_id: int) -> dict[str, Any]:
         "summary": inc.summary,
         "reason": inc.reason,
         "culprit": culprit,
-        "evidence": list(inc.evidence),
+        "evidence": dedupe_evidence(list(inc.evidence)),
         "timeline": [t.to_json() for t in sorted(inc.timeline, key=lambda t: t.at)],
         "affected": {
             "devices": [_device_json(d, store) for d in failed.devices] if failed else [],
@@ -195,11 +196,79 @@ def build_report(store: Store, incident_id: int) -> dict[str, Any]:
     }
 
 
+# Keys of a recorded action that are bookkeeping, shown elsewhere, or said by its summary.
+_ACTION_HIDDEN = {"type", "at", "summary", "intent_id", "resource_kind", "env"}
+_ACTION_LABELS = {
+    "checkpoint_step": "from step",
+    "delay_seconds": "after",
+    "skipped_checkpoints": "skipped",
+    "resource_id": "on",
+}
+
+
+def _readable(value: Any) -> str:
+    """A value as text for people: lists joined, a skipped checkpoint as "PATH (REASON)"."""
+    if isinstance(value, dict):
+        if "path" in value and "reason" in value:
+            return f"{value['path']} ({value['reason']})"
+        return ", ".join(f"{k} {_readable(v)}" for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return ", ".join(_readable(v) for v in value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def _action_text(action: dict[str, Any]) -> str:
+    kind = str(action.get("type", "action"))
+    summary = action.get("summary")
+    return f"{kind}: {summary}" if summary else kind
+
+
+def _action_details(action: dict[str, Any]) -> str:
+    """What the summary does not say, as ``label value; ...`` (empty values left out)."""
+    summary = str(action.get("summary") or "")
+    parts = []
+    for key, value in action.items():
+        if key in _ACTION_HIDDEN or value in (None, "", [], {}):
+            continue
+        if key == "delay_seconds" and not value:
+            continue
+        text = _readable(value)
+        if key == "delay_seconds":
+            text += " s"
+        if text in summary or (key == "reason" and summary and text.startswith(summary)):
+            continue  # already said
+        parts.append(f"{_ACTION_LABELS.get(key, key.replace('_', ' '))} {text}")
+    return "; ".join(parts)
+
+
+def dedupe_evidence(lines: list[str]) -> list[str]:
+    """Evidence lines once each, in order. ``[source] TEXT`` and a bare ``TEXT`` are the
+    same line (the one recorded with its source is kept), as are repeats."""
+    tagged: set[str] = set()
+    for line in lines:
+        if line.startswith("[") and "] " in line:
+            tagged.add(line.split("] ", 1)[1])
+    out: list[str] = []
+    seen: set[str] = set()
+    for line in lines:
+        if not line.strip() or line in seen or line in tagged:
+            continue
+        seen.add(line)
+        out.append(line)
+    return out
+
+
 def format_report(report: dict[str, Any]) -> str:
     """A plain-text rendering of :func:`build_report`'s dict, for people."""
     r = report
     lines: list[str] = []
-    add = lines.append
+
+    def add(line: str) -> None:
+        # Evidence, summaries and reasons come from log lines: one visible line each.
+        lines.append(visible(line))
+
     add(f"Incident {r['id']}  job {r['job_id']}" + (f" ({r['job_name']})" if r["job_name"] else ""))
     add(f"  {r['kind']} / {r['domain']}: {r['summary']}")
     add(f"  outcome: {r['outcome']}" + (f" ({r['reason']})" if r.get("reason") else ""))
@@ -253,8 +322,10 @@ def format_report(report: dict[str, Any]) -> str:
         add("")
         add("Actions")
         for a in r["actions"]:
-            rest = ", ".join(f"{k}={v}" for k, v in a.items() if k not in ("type", "at"))
-            add(f"  {a.get('at', '')}  {a.get('type', 'action')}" + (f": {rest}" if rest else ""))
+            add(f"  {a.get('at', '')}  {_action_text(a)}")
+            details = _action_details(a)
+            if details:
+                add(f"      {details}")
     add("")
     add(f"Repair: {r['repair']}")
     return "\n".join(lines)

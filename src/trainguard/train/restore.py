@@ -210,11 +210,16 @@ def _choose(root: Path, verify: str, passed: tuple[str, ...], skipped: tuple[str
     return _Choice("fresh", None, skipped=tuple(out))
 
 
-def _say(message: str) -> None:
-    """The one line saying what resume did: logged, and on stderr when logging is unset."""
+def _say(message: str, rank: int) -> None:
+    """The one line saying what resume did: logged, and on stderr when logging is unset.
+
+    On stderr by rank 0 only: every rank restores the same checkpoint (the supervisor
+    checks that each one did, from its ``resumed`` event), so N copies of the line would
+    say nothing more; one event, one line."""
     log.info(message)
-    if not logging.getLogger().hasHandlers() and not log.handlers:
-        print(message, file=sys.stderr, flush=True)
+    if rank == 0 and not logging.getLogger().hasHandlers() and not log.handlers:
+        sys.stderr.write(message + "\n")  # one write: a whole line, never glued to another
+        sys.stderr.flush()
 
 
 def _load_error(path: Path, name: str, exc: BaseException, weights_only: bool) -> ResumeError:
@@ -356,7 +361,7 @@ def resume(
         if choice.path is None:
             for item in choice.skipped if dist.rank == 0 else ():
                 log.warning("trainguard: passed over %s", item)
-            _say(f"trainguard: starting fresh (no valid checkpoint in {root})")
+            _say(f"trainguard: starting fresh (no valid checkpoint in {root})", dist.rank)
             emit("resumed", 0, metrics={"source": "fresh"})
             return ResumeResult(source="fresh", path=None, step=0, skipped=choice.skipped)
         path = Path(choice.path)
@@ -394,7 +399,8 @@ def resume(
     )
     _say(
         f"trainguard: resumed from {path} (step {manifest.step}, "
-        f"source={described.get(source, 'newest valid checkpoint')}; {checked})"
+        f"source={described.get(source, 'newest valid checkpoint')}; {checked})",
+        dist.rank,
     )
     emit(
         "resumed",

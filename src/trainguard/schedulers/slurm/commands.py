@@ -47,10 +47,15 @@ class SlurmCommands:
 
     def tool(self, name: str) -> str:
         if self.bindir:
-            return os.path.join(self.bindir, name)
+            path = os.path.join(self.bindir, name)
+            if not os.access(path, os.X_OK):
+                raise SlurmCommandError([path], f"{name} not found in --slurm-bin {self.bindir}")
+            return path
         found = shutil.which(name)
         if found is None:
-            raise SlurmCommandError([name], f"{name} is not installed (not on PATH)")
+            raise SlurmCommandError(
+                [name], f"Slurm is not installed here ({name} not on PATH; see --slurm-bin)"
+            )
         return found
 
     def env(self) -> dict[str, str]:
