@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from trainguard.controller.approvals import approval_reason
 from trainguard.controller.breaker import BreakerConfig
 from trainguard.controller.reconcile import CrashPoints, isolated_for_incident, resolve_mode
 from trainguard.model.fleet import (
@@ -27,6 +26,7 @@ from trainguard.model.fleet import (
 )
 from trainguard.model.plan import Mode
 from trainguard.model.statemachine import IllegalTransition
+from trainguard.policy.approvals import approval_reason
 
 ACT, OBS = Mode.ACT, Mode.OBSERVE
 

@@ -47,8 +47,8 @@ def _die_with_parent() -> None:
 
 def child_main(config: dict[str, Any]) -> int:
     """Run passes until SIGTERM or the parent goes; one JSON line per pass on stdout."""
-    from trainguard.api.server import ServeOptions, build_control, load_scheduler
-    from trainguard.store.backend import open_store
+    from trainguard.api.wiring import ServeOptions, build_control, load_scheduler
+    from trainguard.store import open_store
 
     _die_with_parent()
     # The loop yields the CPU to the API under contention: a pass that takes a little

@@ -25,41 +25,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trainguard.api.auth import TokenTable, create_token_file, token_file_warning
 from trainguard.api.context import ApiContext, build_context
-from trainguard.api.middleware import DEFAULT_MAX_BODY
+from trainguard.api.wiring import ServeOptions, build_control, load_scheduler, parse_nodes
 
 log = logging.getLogger("trainguard.serve")
-
-
-@dataclass
-class ServeOptions:
-    host: str = "127.0.0.1"
-    port: int = 8470
-    database: str = ".trainguard/state.db"
-    token_file: str | None = None
-    mode: str = "observe"
-    public_read: bool = False
-    reconcile_interval: float = 1.0
-    heartbeat_interval: float = 1.0
-    max_body: int = DEFAULT_MAX_BODY
-    log_level: str = "warning"
-    controller: bool = True
-    holder: str | None = None  # leader-lease identity (default host:pid:random)
-    scheduler: str | None = None  # "procs" or MODULE:FACTORY of a ClusterScheduler
-    procs_root: str | None = None
-    procs_nodes: str = "n1=2"
-    repair_webhook: str | None = None
-    page_webhook: str | None = None
-    loop: str = "process"  # "process": the reconcile loop in a child (0095); "thread"
-    tls_cert: str | None = None  # PEM certificate (chain); with tls_key: serve HTTPS
-    tls_key: str | None = None
-    default_database: bool = False  # the database is the default path (its dir may be made)
-    keep_rejected_in_place: bool = False  # do not move damaged checkpoints aside (0146)
 
 
 class ServeError(ValueError):
@@ -139,76 +112,6 @@ def load_tokens(options: ServeOptions, say: Callable[[str], None]) -> tuple[Toke
     return TokenTable.load(path), str(path)
 
 
-def parse_nodes(text: str) -> dict[str, int]:
-    """``n1=2,n2=4`` -> ``{"n1": 2, "n2": 4}`` (nodes and their simulated devices)."""
-    out: dict[str, int] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        name, sep, count = part.partition("=")
-        if not sep or not name.strip() or not count.strip().isdigit():
-            raise ValueError(f"--procs-nodes: expected NAME=COUNT[,NAME=COUNT...], got {part!r}")
-        out[name.strip()] = int(count)
-    if not out:
-        raise ValueError("--procs-nodes: no nodes given")
-    return out
-
-
-def load_scheduler(spec: str | None, options: ServeOptions | None = None) -> Any | None:
-    """The cluster scheduler named by ``--scheduler``.
-
-    ``procs``: the stand-in :class:`~trainguard.schedulers.procs.ProcessCluster`
-    (jobs as local process groups; ``--procs-root``, ``--procs-nodes``). Otherwise
-    ``package.module:factory`` or ``path/to/file.py:factory``, where ``factory()``
-    returns a ``ClusterScheduler``.
-    """
-    if not spec:
-        return None
-    if spec == "procs":
-        from trainguard.schedulers.procs import ProcessCluster
-
-        opts = options or ServeOptions()
-        root = opts.procs_root or str(Path(opts.database).parent / "cluster")
-        return ProcessCluster(root, nodes=parse_nodes(opts.procs_nodes))
-    target, sep, attr = spec.rpartition(":")
-    if not sep or not target or not attr:
-        raise ValueError(f"--scheduler {spec!r}: expected MODULE:FACTORY or FILE.py:FACTORY")
-    if target.endswith(".py"):
-        import importlib.util
-
-        mod_spec = importlib.util.spec_from_file_location(Path(target).stem, target)
-        if mod_spec is None or mod_spec.loader is None:
-            raise ValueError(f"--scheduler: cannot load {target}")
-        module = importlib.util.module_from_spec(mod_spec)
-        sys.modules[mod_spec.name] = module
-        mod_spec.loader.exec_module(module)
-    else:
-        import importlib
-
-        module = importlib.import_module(target)
-    factory = getattr(module, attr, None)
-    if factory is None:
-        raise ValueError(f"--scheduler: {target} has no {attr!r}")
-    return factory()
-
-
-def build_control(
-    store: Any, options: ServeOptions, clock: Callable[[], float], scheduler: Any | None = None
-) -> Any | None:
-    """The controller facade for this server (``None`` with ``controller=False``)."""
-    if not options.controller:
-        return None
-    from trainguard.controller.service import ControlConfig, ControlPlane
-    from trainguard.model.plan import Mode
-
-    config = ControlConfig(
-        default_mode=Mode(options.mode),
-        interval=options.reconcile_interval,
-        repair_webhook=options.repair_webhook,
-        page_webhook=options.page_webhook,
-        keep_rejected_in_place=options.keep_rejected_in_place,
-    )
-    return ControlPlane(store, scheduler, clock, config=config, identity=options.holder)
-
-
 class ReconcileLoop:
     """Call ``control.run_once()`` every ``interval`` seconds in a thread, timing each pass."""
 
@@ -265,7 +168,7 @@ def serve(options: ServeOptions, say: Callable[[str], None] = print) -> int:
     import uvicorn
 
     from trainguard.api.app import create_app
-    from trainguard.store.backend import open_store
+    from trainguard.store import open_store
 
     check_database(options)
     check_tls(options)

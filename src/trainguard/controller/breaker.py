@@ -18,32 +18,11 @@ hardware for its next attempt; only the fleet-wide quarantine is not made.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from trainguard.model.fleet import BreakerState
+from trainguard.policy.breaker import BreakerConfig, BreakerVerdict, quarantine_verdict
 from trainguard.store.fleet import FleetStore
 
 QUARANTINE_BREAKER = "quarantine"
-
-
-@dataclass(frozen=True)
-class BreakerConfig:
-    max_share: float = 0.25  # trip when the quarantined share would exceed this
-    window_seconds: float = 3600.0
-    min_population: int = 4  # below this many resources of a kind the share rule is off
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.max_share <= 1.0:
-            raise ValueError("breaker max_share must be in (0, 1]")
-        if self.window_seconds <= 0:
-            raise ValueError("breaker window_seconds must be > 0")
-
-
-@dataclass(frozen=True)
-class BreakerVerdict:
-    allow: bool
-    reason: str | None = None
-    tripped_now: bool = False  # this check tripped the breaker (page once)
 
 
 def check_quarantine(
@@ -54,27 +33,25 @@ def check_quarantine(
     population: int,
     now: float,
 ) -> BreakerVerdict:
-    """May one more ``resource_kind`` be quarantined now? (Read-only: the caller trips.)"""
+    """May one more ``resource_kind`` be quarantined now? (Read-only: the caller trips.)
+
+    Reads the breaker's state and the recent quarantines; the verdict itself is
+    :func:`trainguard.policy.breaker.quarantine_verdict`.
+    """
     status = fleet.get_breaker(QUARANTINE_BREAKER)
-    if status.state is BreakerState.OPEN:
-        return BreakerVerdict(
-            False,
-            f"the quarantine breaker is open since it tripped ({status.reason}); "
-            "an operator must reset it",
-        )
-    if population < config.min_population:
-        return BreakerVerdict(True)
-    recent = fleet.quarantined_since(resource_kind, now - config.window_seconds)
-    share = (recent + 1) / population
-    if share > config.max_share:
-        return BreakerVerdict(
-            False,
-            f"{recent + 1} of {population} {resource_kind}s would be quarantined within "
-            f"{config.window_seconds:g} s ({share:.0%} > {config.max_share:.0%}): "
-            "a shared cause is likelier than that many failures",
-            tripped_now=True,
-        )
-    return BreakerVerdict(True)
+    open_reason = str(status.reason) if status.state is BreakerState.OPEN else None
+    recent = (
+        fleet.quarantined_since(resource_kind, now - config.window_seconds)
+        if open_reason is None and population >= config.min_population
+        else 0
+    )
+    return quarantine_verdict(
+        config,
+        resource_kind=resource_kind,
+        population=population,
+        recent=recent,
+        open_reason=open_reason,
+    )
 
 
 __all__ = ["QUARANTINE_BREAKER", "BreakerConfig", "BreakerVerdict", "check_quarantine"]

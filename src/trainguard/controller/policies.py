@@ -12,7 +12,10 @@ format (every field optional)::
     futile_after: 2                     # integer >= 1
     allow_quarantine: true
     devices: 8                          # fixed count, or {min: 4, max: 8} (elastic)
-    hang_timeout_seconds: 600           # number > 0, or "adaptive"
+    hang_timeout_seconds: 600           # number > 0, or "adaptive" (the default)
+    hang_floor_seconds: 60              # adaptive: max(floor, multiple x slowest step
+    hang_multiple: 10                   #   interval); start-up allowance until two
+    hang_startup_seconds: 600           #   progress points are seen (numbers > 0)
     verify_window_seconds: 60           # number > 0
     verify_min_rate_ratio: 0.3          # 0 < x <= 1
     placement: node                     # "device" (any healthy devices) or "node" (whole hosts)
@@ -48,6 +51,9 @@ _FIELDS = (
     "allow_quarantine",
     "devices",
     "hang_timeout_seconds",
+    "hang_floor_seconds",
+    "hang_multiple",
+    "hang_startup_seconds",
     "verify_window_seconds",
     "verify_min_rate_ratio",
     "placement",
@@ -205,6 +211,9 @@ def parse_policy(data: Any, *, name: str | None = None) -> PolicyDocument:
         out["hang_timeout_seconds"] = _number(
             hang, "hang_timeout_seconds", pname, minimum=0, strict=True
         )
+    for key in ("hang_floor_seconds", "hang_multiple", "hang_startup_seconds"):
+        if data.get(key) is not None:
+            out[key] = _number(data[key], key, pname, minimum=0, strict=True)
     if data.get("verify_window_seconds") is not None:
         out["verify_window_seconds"] = _number(
             data["verify_window_seconds"], "verify_window_seconds", pname, minimum=0, strict=True
@@ -292,6 +301,9 @@ def resolve(
         ("futile_after", "futile_after"),
         ("allow_quarantine", "allow_quarantine"),
         ("hang_timeout_seconds", "hang_timeout_seconds"),
+        ("hang_floor_seconds", "hang_floor_seconds"),
+        ("hang_multiple", "hang_multiple"),
+        ("hang_startup_seconds", "hang_startup_seconds"),
         ("verify_window_seconds", "verify_window_seconds"),
         ("verify_min_rate_ratio", "verify_min_rate_ratio"),
         ("placement", "placement"),

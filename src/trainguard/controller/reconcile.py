@@ -39,23 +39,29 @@ the N-th time (default 1st) it reaches ``<point>`` (:data:`CRASH_POINTS`);
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from trainguard.controller.approvals import approval_reason
 from trainguard.controller.breaker import QUARANTINE_BREAKER, BreakerConfig, check_quarantine
 from trainguard.controller.checkpoint_care import move_aside, select_checkpoints
 from trainguard.controller.lease import CONTROLLER_LEASE, DEFAULT_TTL_SECONDS, LeaderElector
 from trainguard.controller.policies import DEFAULT_POLICY, merge, parse_policy, resolve
-from trainguard.controller.repair import DeliveryConfig, deliver_due, export_repair, page_payload
-from trainguard.controller.repair import recommend as recommend_repair
+from trainguard.controller.repair import (
+    DeliveryConfig,
+    deliver_due,
+    idle_card_repair,
+    open_quarantine_repair,
+    page_payload,
+)
 from trainguard.diagnose.attribution import DEFAULT_CORRELATION_WINDOW, attribute
 from trainguard.diagnose.detectors import (
+    HangDetector,
     ProcessExit,
     ProgressLineParser,
     crash_finding,
@@ -80,11 +86,13 @@ from trainguard.model.fleet import (
 )
 from trainguard.model.health import HealthState
 from trainguard.model.plan import (
+    ActionKind,
     DeviceStatus,
     Mode,
     PriorFailure,
     RecoveryPolicy,
     RecoverySnapshot,
+    action_kind,
 )
 from trainguard.model.records import (
     AttemptRecord,
@@ -97,7 +105,11 @@ from trainguard.model.records import (
     JobState,
 )
 from trainguard.policy import decide
-from trainguard.policy.decide import NETWORK_EVIDENCE_KIND
+from trainguard.policy.approvals import approval_reason
+from trainguard.policy.budget import BudgetEntry, restarts_used
+from trainguard.policy.decide import evidence_resources
+from trainguard.policy.evidence import Route, idle_quarantine_reason, route_finding
+from trainguard.policy.hang import hang_detector
 from trainguard.policy.verify import (
     DEFAULT_STEP_WINDOW,
     RestartObservation,
@@ -248,6 +260,13 @@ def resolve_mode(
     return EffectiveMode(default, None)
 
 
+# Idle-card evidence older than this is not acted on (0130): a card in use or looked at
+# since then is not judged again on it.
+IDLE_EVIDENCE_MAX_AGE_S = 3600.0
+# New findings are read in batches of this many, at most this many batches a pass.
+FINDING_BATCH = 1000
+FINDING_BATCHES_PER_PASS = 10
+
 # More changed devices than this in one pass: one read of all instead of one each.
 _REREAD_ALL_ABOVE = 256
 
@@ -302,7 +321,7 @@ def isolated_for_incident(ledger: Iterable[ActionRecord]) -> tuple[str, ...]:
     """
     out: set[str] = set()
     for a in ledger:
-        if a.type != "quarantine" or a.data.get("resource_id") is None:
+        if a.type != ActionKind.QUARANTINE or a.data.get("resource_id") is None:
             continue
         result = a.result or {}
         if a.state is ActionState.DONE or (
@@ -338,6 +357,16 @@ class Reconciler:
         self._seen_nodes: dict[str, tuple[str | None, tuple[tuple[str, str], ...]]] = {}
         self._health = _HealthView()
         self._outputs: dict[tuple[str, int], _OutputState] = {}
+        # One hang detector per live attempt, fed the progress the store holds. Lost on a
+        # restart of the controller: the new one starts from the stored last step with
+        # the start-up allowance, so a restart can delay a hang verdict, never invent one.
+        self._hangs: dict[tuple[str, int], HangDetector] = {}
+        # Findings up to this id were read by an earlier pass (None: none yet); each pass
+        # reads what is new once (_pass_findings) for the running attempts and idle cards.
+        self._finding_cursor: int | None = None
+        self._pass_findings: list[dict[str, Any]] = []
+        # Attempts whose whole evidence history was read once; later passes read the new.
+        self._evidence_read: set[tuple[str, int]] = set()
         self._progress = ProgressLineParser(self.config.progress_pattern)
         self.last_report: PassReport | None = None
         self._policy_cache: dict[str, PolicyDocument | None] = {}
@@ -374,6 +403,7 @@ class Reconciler:
         phase = _Phases(report.phases)
         if self.scheduler is not None:
             obs = self.scheduler.observe()
+            self._pass_findings = self._read_new_findings()
             phase("observe")
             self._sync_inventory(obs)
             phase("inventory")
@@ -388,6 +418,8 @@ class Reconciler:
                 except Exception as exc:  # one bad job must not stop the others
                     report.errors.append(f"job {fj.job_id}: {type(exc).__name__}: {exc}")
             phase("jobs")
+            self._quarantine_idle_cards(obs, fence)
+            phase("idle")
             obs = self.scheduler.observe() if report.opened else obs
             live = self._live_incidents()
             planned, broken = self._plan_new(live, obs, modes, fence, report)
@@ -638,7 +670,7 @@ class Reconciler:
         return {
             str(a.data.get("resource_id"))
             for a in self.fleet.intended_actions()
-            if a.type == "quarantine"
+            if a.type == ActionKind.QUARANTINE
         }
 
     def _sync_call(
@@ -681,6 +713,9 @@ class Reconciler:
         now = self.clock()
         # Attempts the scheduler has moved past end here (a requeue superseded them).
         for number, att in attempts.items():
+            if number < oj.attempt:
+                self._hangs.pop((job.id, number), None)
+                self._evidence_read.discard((job.id, number))
             if number < oj.attempt and not att.state.terminal:
                 self.store.finish_attempt(
                     job.id,
@@ -695,9 +730,14 @@ class Reconciler:
         found = attempts.get(oj.attempt)
         att = found if found is not None else self._start_attempt(job, oj, fence)
         if att.state.terminal:
+            if oj.phase.terminal and not job.state.terminal:
+                self._stop_if_observed(job, att, fence)
             return
         self._follow_output(job.id, att, oj)
         att = self.store.get_attempt(job.id, att.number)
+        if oj.phase is not JobPhase.RUNNING:
+            self._hangs.pop((job.id, att.number), None)  # over: nothing left to time
+            self._evidence_read.discard((job.id, att.number))
         if oj.phase is JobPhase.COMPLETED:
             with self.fleet.fenced(fence, self.clock()):
                 self.store.finish_attempt(
@@ -740,12 +780,71 @@ class Reconciler:
         if oj.phase is JobPhase.FAILED:
             self._attempt_failed(fj, job, att, oj, fence, report, hang_since=None)
             return
-        # Running: a hang is no progress for the policy's hang timeout.
-        policy = self._policy(fj, job)
-        if policy.hang_timeout_seconds is not None:
-            since = att.last_step_at or att.started_at
-            if now - since > policy.hang_timeout_seconds:
-                self._attempt_failed(fj, job, att, oj, fence, report, hang_since=since)
+        # Running: fatal hardware evidence on its GPUs (a kernel-log XID an agent sent), or
+        # a fatal node finding on its hosts, fails it now instead of waiting for the job
+        # to crash or hang on the card, as in `trainguard run` (policy/evidence.py, 0130).
+        evidence = self._new_fatal_evidence(job.id, att, now)
+        if evidence:
+            self._hangs.pop((job.id, att.number), None)
+            job = self.store.get_job(job.id)  # _start_attempt may have just made it running
+            failed = self._failed_view(oj, att, job.id, evidence)
+            self._attempt_failed(fj, job, att, failed, fence, report, hang_since=None)
+            return
+        # Running: a hang is no progress for the policy's hang allowance, adaptive unless
+        # a fixed timeout is configured; the same detector as `trainguard run` (0130).
+        key = (job.id, att.number)
+        hang = self._hangs.get(key)
+        if hang is None:
+            hang = self._hangs[key] = hang_detector(self._policy(fj, job), att.started_at)
+        # The first step seen and the last: two progress points once the job moved past
+        # its first step, however many steps one pass saw (a pass samples progress).
+        if att.first_step is not None and att.first_step_at is not None:
+            hang.observe(att.first_step, att.first_step_at)
+        if att.last_step is not None and att.last_step_at is not None:
+            hang.observe(att.last_step, att.last_step_at)
+        if hang.check(now) is not None:
+            del self._hangs[key]
+            since = hang.last_progress_at if hang.last_progress_at is not None else att.started_at
+            self._attempt_failed(fj, job, att, oj, fence, report, hang_since=since)
+
+    def _restarts_used(self, inc: IncidentRecord, ledger: Sequence[ActionRecord]) -> int:
+        """The job's restarts that count against this incident's budget (0130): the
+        earlier incidents' too, until a recovery verified and the job got further."""
+
+        def done(actions: Sequence[ActionRecord]) -> int:
+            return sum(
+                1 for a in actions if a.type == ActionKind.RESTART and a.state is ActionState.DONE
+            )
+
+        earlier = sorted(
+            (i for i in self.store.list_incidents(job_id=inc.job_id) if i.id < inc.id),
+            key=lambda i: i.id,
+        )
+        entries = [
+            BudgetEntry(
+                failed_step=i.failed_step,
+                restarts=done(self.fleet.list_actions(i.id)),
+                recovered=i.state is IncidentState.RECOVERED,
+            )
+            for i in earlier
+        ]
+        entries.append(BudgetEntry(inc.failed_step, done(ledger), recovered=False))
+        return restarts_used(entries)
+
+    def _stop_if_observed(self, job: JobRecord, att: AttemptRecord, fence: Fence) -> None:
+        """Observe mode ended the attempt on evidence while it still ran (an XID on its
+        card, 0130); now its processes are gone too, and nothing restarts them."""
+        inc = self._incident_for_attempt(job.id, att.number)
+        if inc is None or inc.state is not IncidentState.OBSERVED:
+            return
+        with self.fleet.fenced(fence, self.clock()):
+            self.store.update_job_state(
+                job.id,
+                JobState.STOPPED,
+                at=self.clock(),
+                reason="observe mode: the job failed and nothing was restarted",
+                actor=self.identity,
+            )
 
     def _start_attempt(self, job: JobRecord, oj: ObservedJob, fence: Fence) -> AttemptRecord:
         assert oj.started_at is not None
@@ -758,7 +857,7 @@ class Reconciler:
             and (
                 i.recovery_attempt == oj.attempt
                 or any(
-                    a.type == "restart" and a.state is ActionState.INTENDED
+                    a.type == ActionKind.RESTART and a.state is ActionState.INTENDED
                     for a in self.fleet.list_actions(i.id)
                 )
             )
@@ -845,6 +944,107 @@ class Reconciler:
             if inc.attempt == number or inc.recovery_attempt == number:
                 return inc
         return None
+
+    # --- evidence against a running attempt ------------------------------------------
+
+    def _hosts(self, job_id: str, att: AttemptRecord) -> set[str]:
+        """The hosts whose fatal node findings fail the attempt."""
+        return {d.host for d in att.devices}
+
+    def _node_list(self, job_id: str, att: AttemptRecord, oj: ObservedJob) -> list[str]:
+        return list(oj.nodes)
+
+    def _read_new_findings(self) -> list[dict[str, Any]]:
+        """The findings stored since the last pass (by id: a late delivery counts too)."""
+        now = self.clock()
+        if self._finding_cursor is None:
+            # First pass (or a restart): what can still matter; each attempt's own
+            # history is read in full once by _new_fatal_evidence.
+            rows = self.fleet.findings_between(now - IDLE_EVIDENCE_MAX_AGE_S, now + 1.0)
+            self._finding_cursor = max((int(r["id"]) for r in rows), default=0)
+            return rows
+        out: list[dict[str, Any]] = []
+        for _ in range(FINDING_BATCHES_PER_PASS):
+            rows = self.fleet.findings_after(self._finding_cursor, FINDING_BATCH)
+            if rows:
+                self._finding_cursor = max(int(r["id"]) for r in rows)
+            out += rows
+            if len(rows) < FINDING_BATCH:
+                break
+        return out
+
+    def _new_fatal_evidence(self, job_id: str, att: AttemptRecord, now: float) -> list[Finding]:
+        """:meth:`fatal_evidence` over this pass's new findings; over the attempt's whole
+        history the first time this controller sees the attempt."""
+        key = (job_id, att.number)
+        if key not in self._evidence_read:
+            self._evidence_read.add(key)
+            return self.fatal_evidence(job_id, att, now)
+        return self.fatal_evidence(job_id, att, now, rows=self._pass_findings)
+
+    def fatal_evidence(
+        self,
+        job_id: str,
+        att: AttemptRecord,
+        until: float,
+        rows: Sequence[Mapping[str, Any]] | None = None,
+    ) -> list[Finding]:
+        """Findings since the attempt started that fail it now (``Route.RECOVER``):
+        fatal hardware faults on its GPUs, fatal node faults on its hosts; oldest first.
+        ``rows``: judge these stored findings instead of reading the attempt's."""
+        uuids = {d.uuid for d in att.devices}
+        # A finding ingested before the inventory knew the card names it by PCI bus id
+        # on its host: resolve it against the attempt's own devices.
+        by_pci: dict[tuple[str | None, str], str] = {
+            (d.host, d.pci_bus_id): d.uuid for d in att.devices
+        }
+        hosts = self._hosts(job_id, att)
+        out: list[Finding] = []
+        if rows is None:
+            rows = self.fleet.findings_between(att.started_at, until + 1.0)
+        for row in rows:
+            try:
+                f = Finding.from_dict(row["finding"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            if f.at < att.started_at:
+                continue
+            host = row.get("host") or f.culprit.host
+            uuid = row.get("device_uuid") or f.culprit.device_uuid
+            if uuid is None and f.culprit.pci_bus_id:
+                try:
+                    uuid = by_pci.get((host, normalize_pci_bus_id(f.culprit.pci_bus_id)))
+                except ValueError:
+                    uuid = None
+            route = route_finding(
+                f, attempt_devices=uuids, attempt_hosts=hosts, device_uuid=uuid, host=host
+            )
+            if route is Route.RECOVER:
+                out.append(f)
+        return sorted(out, key=lambda f: f.at)
+
+    def _failed_view(
+        self, oj: ObservedJob, att: AttemptRecord, job_id: str, evidence: list[Finding]
+    ) -> ObservedJob:
+        """The observation as it will be once the attempt is over: failed at the first
+        evidence, the node the evidence names first (it is the attribution's culprit)."""
+        first = evidence[0]
+        bad = first.culprit.host
+        hosts = self._node_list(job_id, att, oj)
+        if bad and bad in hosts:
+            hosts = [bad] + [h for h in hosts if h != bad]
+        where = f" on {bad}" if bad else ""
+        return dataclasses.replace(
+            oj,
+            phase=JobPhase.FAILED,
+            attempt=att.number,
+            nodes=tuple(hosts),
+            ended_at=first.at,
+            exit_code=None,
+            signal=None,
+            reason=f"{first.kind}{where}: {first.message}"[:300],
+            output_path=att.log_path or oj.output_path,
+        )
 
     def failure_attribution(
         self,
@@ -1073,26 +1273,9 @@ class Reconciler:
         never count as capacity — except what this incident already isolated (it is
         skipped there without being excluded), which is therefore not added.
         """
-        uuids: set[str] = set()
-        hosts: set[str] = set()
-        own = {d.uuid: d for d in (failed.devices if failed else ())}
-        own_pci = {d.pci_bus_id: d.uuid for d in own.values()}
-        candidates = [(attribution.domain, attribution.culprit, None)] + [
-            (f.domain, f.culprit, f.kind) for f in attribution.findings
-        ]
-        for domain, culprit, kind in candidates:
-            uuid = culprit.device_uuid if culprit.device_uuid in own else None
-            if uuid is None and culprit.pci_bus_id:
-                try:
-                    uuid = own_pci.get(normalize_pci_bus_id(culprit.pci_bus_id))
-                except ValueError:
-                    uuid = None
-            if domain is Domain.HARDWARE and uuid is not None:
-                uuids.add(uuid)
-            elif domain is Domain.NODE or kind == NETWORK_EVIDENCE_KIND:
-                host = culprit.host or (own[uuid].host if uuid is not None else None)
-                if host:
-                    hosts.add(host)
+        # decide()'s own rule for what the evidence isolates (one definition, 0130).
+        named_uuids, named_hosts = evidence_resources(attribution, failed.devices if failed else ())
+        uuids, hosts = set(named_uuids), set(named_hosts)
         out = set(isolated)
         uuids -= out
         hosts -= out
@@ -1171,14 +1354,14 @@ class Reconciler:
         """The current plan has run out while the incident is still live: what now?"""
         plan = inc.plan or {}
         actions = plan.get("actions") or []
-        last = actions[-1]["type"] if actions else None
+        last = action_kind(actions[-1]) if actions else None
         ledger = {
             a.index: a
             for a in self.fleet.list_actions(inc.id)
             if a.generation == inc.plan_generation
         }
         restart_done = any(
-            a.type == "restart" and a.state is ActionState.DONE for a in ledger.values()
+            a.type == ActionKind.RESTART and a.state is ActionState.DONE for a in ledger.values()
         )
         if restart_done and inc.recovery_attempt is not None:
             # The restart did not verify (its attempt failed): plan again for that failure.
@@ -1188,7 +1371,7 @@ class Reconciler:
             return self._plan(
                 inc, fj, obs, modes, fence, report, failed_attempt=inc.recovery_attempt
             )
-        if last == "waitforcapacity":
+        if last is ActionKind.WAIT_FOR_CAPACITY:
             return self._plan(
                 inc,
                 fj,
@@ -1268,9 +1451,7 @@ class Reconciler:
         ]
         ledger = self.fleet.list_actions(inc.id)
         isolated = isolated_for_incident(ledger)
-        restarts_used = sum(
-            1 for a in ledger if a.type == "restart" and a.state is ActionState.DONE
-        )
+        restarts_used = self._restarts_used(inc, ledger)
         failed_rec = self._attempt_or_none(inc.job_id, failed_attempt)
         devices = self._device_statuses(obs, fj.scheduler_ref)
         devices += self._held_evidence(
@@ -1293,10 +1474,8 @@ class Reconciler:
         )
         plan = decide(snapshot)
         plan_dict = plan.to_dict()
-        if only_if_changed:
-            kinds = [a["type"] for a in plan_dict["actions"]]
-            if kinds and kinds[-1] == "waitforcapacity":
-                return inc  # still no capacity: keep waiting, record nothing new
+        if only_if_changed and plan.last_kind is ActionKind.WAIT_FOR_CAPACITY:
+            return inc  # still no capacity: keep waiting, record nothing new
         plan_dict.update(
             attempt=failed_attempt,
             planned_at=now,
@@ -1413,7 +1592,7 @@ class Reconciler:
                         )
                         report.applied.append(key)
                         continue
-                if kind == "restart":
+                if kind == ActionKind.RESTART:
                     delay = float(action.get("delay_seconds") or 0.0)
                     if self.clock() < float(plan.get("planned_at", 0.0)) + delay:
                         raise _Hold()  # backoff: come back on a later pass
@@ -1449,24 +1628,24 @@ class Reconciler:
 
     @staticmethod
     def _subject(action: Mapping[str, Any], inc: IncidentRecord) -> str:
-        if action.get("type") == "quarantine":
+        if action.get("type") == ActionKind.QUARANTINE:
             return f"{action.get('resource_kind')}:{action.get('resource_id')}"
         return f"job:{inc.job_id}"
 
     @staticmethod
     def _describe(action: Mapping[str, Any], inc: IncidentRecord) -> str:
         kind = action.get("type")
-        if kind == "quarantine":
+        if kind == ActionKind.QUARANTINE:
             return (
                 f"quarantine {action.get('resource_kind')} {action.get('resource_id')}: "
                 f"{action.get('reason')}"
             )
-        if kind == "restart":
+        if kind == ActionKind.RESTART:
             ckpt = action.get("checkpoint") or {}
             return f"restart job {inc.job_id}" + (
                 f" from step {ckpt.get('step')}" if ckpt else " from the beginning"
             )
-        if kind == "stop":
+        if kind == ActionKind.STOP:
             return f"stop job {inc.job_id}: {action.get('reason')}"
         return f"{kind} for job {inc.job_id}: {action.get('reason', '')}"
 
@@ -1517,13 +1696,13 @@ class Reconciler:
     ) -> IncidentRecord:
         assert self.scheduler is not None
         kind = rec.type
-        if kind == "quarantine":
+        if kind == ActionKind.QUARANTINE:
             self._quarantine(inc, obs, rec, action, fence)
-        elif kind == "restart":
+        elif kind == ActionKind.RESTART:
             self._restart(inc, fj, obs, rec, action, fence)
-        elif kind == "stop":
+        elif kind == ActionKind.STOP:
             self._stop(inc, fj, obs, rec, action, fence)
-        elif kind == "waitforcapacity":
+        elif kind == ActionKind.WAIT_FOR_CAPACITY:
             self._wait(inc, rec, action, fence)
         else:
             self._finish(
@@ -1681,28 +1860,23 @@ class Reconciler:
                         incident_id=inc.id,
                     )
             self.fleet.record_quarantine(rkind, rid, at=now, incident_id=inc.id)
-            repair = self.fleet.open_repair(
+            repair = open_quarantine_repair(
+                self.fleet,
+                inc,
                 resource_kind=rkind,
                 resource_id=rid,
-                what_failed=f"{inc.kind.value} ({inc.domain.value}): {inc.summary}"[:500],
-                recommended=recommend_repair(inc.attribution, rkind),
-                evidence=list(inc.evidence[:20]),
+                host=host,
                 at=now,
                 actor=self.identity,
-                host=host,
-                incident_id=inc.id,
+                webhook=self.config.repair_webhook,
             )
-            if self.config.repair_webhook:
-                self.fleet.enqueue_delivery(
-                    self.config.repair_webhook, "repair", export_repair(repair), at=now
-                )
             self.store.update_incident(
                 inc.id, at=now, repair=repair.recommended, actor=self.identity
             )
             self.store.add_incident_action(
                 inc.id,
                 {
-                    "type": "quarantine",
+                    "type": ActionKind.QUARANTINE.value,
                     "resource_kind": rkind,
                     "resource_id": rid,
                     "reason": reason,
@@ -1726,6 +1900,115 @@ class Reconciler:
             effects,
         )
 
+    def _hold_back(
+        self, rkind: str, rid: str, reason: str, *, trip: bool, at: float, incident_id: int | None
+    ) -> None:
+        """The breaker held a quarantine back: trip it (and page) when this check did,
+        and record the suppression (silenced, not forgotten). In the caller's transaction."""
+        if trip and self.fleet.get_breaker(QUARANTINE_BREAKER).state is BreakerState.CLOSED:
+            self.fleet.set_breaker(
+                QUARANTINE_BREAKER, BreakerState.OPEN, at=at, actor=self.identity, reason=reason
+            )
+            self.store.append_audit(
+                at,
+                self.identity,
+                AuditKind.ERROR,
+                f"breaker:{QUARANTINE_BREAKER}",
+                f"PAGE: quarantine breaker tripped: {reason}",
+                {"page": True, "incident_id": incident_id, "resource": f"{rkind}:{rid}"},
+                incident_id=incident_id,
+            )
+            if self.config.page_webhook:
+                self.fleet.enqueue_delivery(
+                    self.config.page_webhook,
+                    "page",
+                    page_payload(
+                        f"trainguard quarantine breaker tripped: {reason}",
+                        at,
+                        {"incident_id": incident_id, "resource": f"{rkind}:{rid}"},
+                    ),
+                    at=at,
+                )
+        self.fleet.record_suppression(
+            QUARANTINE_BREAKER,
+            rkind,
+            rid,
+            reason,
+            at=at,
+            actor=self.identity,
+            incident_id=incident_id,
+        )
+
+    def _quarantine_idle_cards(self, obs: Observation, fence: Fence) -> None:
+        """A fatal hardware finding on a card that no job and no live incident holds
+        quarantines it (and opens its repair record), as `trainguard run` does (0130).
+
+        Findings are judged once each (this pass's new ones; after a restart of the
+        controller the last hour's again, and the level checks below make that
+        harmless): only those younger than ``IDLE_EVIDENCE_MAX_AGE_S``, on a card whose
+        health has not changed since (a release or a validation after the finding wins).
+        """
+        rows = self._pass_findings
+        if not rows:
+            return
+        now = self.clock()
+        held = {d.uuid for oj in obs.jobs.values() if not oj.phase.terminal for d in oj.devices}
+        for inc in self._live_incidents():
+            att = self._attempt_or_none(inc.job_id, inc.attempt)
+            held |= {d.uuid for d in (att.devices if att is not None else ())}
+        for row in rows:
+            try:
+                f = Finding.from_dict(row["finding"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            uuid = row.get("device_uuid") or f.culprit.device_uuid
+            if (
+                f.at < now - IDLE_EVIDENCE_MAX_AGE_S
+                or route_finding(f, attempt_devices=held, device_uuid=uuid)
+                is not Route.QUARANTINE_IDLE
+            ):
+                continue
+            assert uuid is not None
+            try:
+                dev = self.store.get_device(uuid)
+            except NotFound:
+                continue
+            if dev.state not in (HealthState.HEALTHY, HealthState.SUSPECT):
+                continue
+            if any(h.at > f.at for h in self.store.device_history(uuid)[1:]):
+                continue  # its health changed after the finding: that decision stands
+            verdict = check_quarantine(
+                self.fleet,
+                self.config.breaker,
+                resource_kind="device",
+                population=len(obs.devices),
+                now=now,
+            )
+            with self.fleet.fenced(fence, now):
+                if not verdict.allow:
+                    self._hold_back(
+                        "device",
+                        uuid,
+                        verdict.reason or "breaker",
+                        trip=verdict.tripped_now,
+                        at=now,
+                        incident_id=None,
+                    )
+                    continue
+                self.store.transition_device(
+                    uuid, HealthState.QUARANTINED, idle_quarantine_reason(f), self.identity, now
+                )
+                self.fleet.record_quarantine("device", uuid, at=now, incident_id=None)
+                idle_card_repair(
+                    self.fleet,
+                    f,
+                    uuid=uuid,
+                    host=dev.device.host,
+                    at=now,
+                    actor=self.identity,
+                    webhook=self.config.repair_webhook,
+                )
+
     def _suppress(
         self,
         inc: IncidentRecord,
@@ -1741,47 +2024,11 @@ class Reconciler:
         now = self.clock()
 
         def effects() -> None:
-            if trip and self.fleet.get_breaker(QUARANTINE_BREAKER).state is BreakerState.CLOSED:
-                self.fleet.set_breaker(
-                    QUARANTINE_BREAKER,
-                    BreakerState.OPEN,
-                    at=now,
-                    actor=self.identity,
-                    reason=reason,
-                )
-                self.store.append_audit(
-                    now,
-                    self.identity,
-                    AuditKind.ERROR,
-                    f"breaker:{QUARANTINE_BREAKER}",
-                    f"PAGE: quarantine breaker tripped: {reason}",
-                    {"page": True, "incident_id": inc.id, "resource": f"{rkind}:{rid}"},
-                    incident_id=inc.id,
-                )
-                if self.config.page_webhook:
-                    self.fleet.enqueue_delivery(
-                        self.config.page_webhook,
-                        "page",
-                        page_payload(
-                            f"trainguard quarantine breaker tripped: {reason}",
-                            now,
-                            {"incident_id": inc.id, "resource": f"{rkind}:{rid}"},
-                        ),
-                        at=now,
-                    )
-            self.fleet.record_suppression(
-                QUARANTINE_BREAKER,
-                rkind,
-                rid,
-                reason,
-                at=now,
-                actor=self.identity,
-                incident_id=inc.id,
-            )
+            self._hold_back(rkind, rid, reason, trip=trip, at=now, incident_id=inc.id)
             self.store.add_incident_action(
                 inc.id,
                 {
-                    "type": "quarantine",
+                    "type": ActionKind.QUARANTINE.value,
                     "resource_kind": rkind,
                     "resource_id": rid,
                     "result": "suppressed",
@@ -1833,13 +2080,15 @@ class Reconciler:
             # when the breaker suppressed it (the job avoids the suspect card anyway), and
             # what the other live incidents' plans quarantine (planned in this pass, not
             # yet carried out: a card that just failed another job, decision 0120).
-            targets = [a for a in plan.get("actions") or () if a.get("type") == "quarantine"]
+            targets = [
+                a for a in plan.get("actions") or () if action_kind(a) is ActionKind.QUARANTINE
+            ]
             for other in self._live_incidents():
                 if other.id != inc.id:
                     targets += [
                         a
                         for a in (other.plan or {}).get("actions") or ()
-                        if isinstance(a, dict) and a.get("type") == "quarantine"
+                        if isinstance(a, dict) and a.get("type") == ActionKind.QUARANTINE
                     ]
             exclude_devices = tuple(
                 sorted(
@@ -1908,7 +2157,7 @@ class Reconciler:
             self.store.add_incident_action(
                 inc.id,
                 {
-                    "type": "restart",
+                    "type": ActionKind.RESTART.value,
                     "attempt": new_attempt,
                     "devices": list(action.get("devices") or []),
                     "checkpoint": resume,
@@ -1977,7 +2226,7 @@ class Reconciler:
             self.store.add_incident_action(
                 inc.id,
                 {
-                    "type": "stop",
+                    "type": ActionKind.STOP.value,
                     "reason": reason,
                     "advice": advice,
                     "key": rec.key,

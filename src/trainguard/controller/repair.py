@@ -19,13 +19,14 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from trainguard.diagnose.xid import xid_info
+from trainguard.model.findings import Finding
 from trainguard.model.fleet import Delivery, RepairRecord
-from trainguard.model.records import iso_utc
+from trainguard.model.records import IncidentRecord, iso_utc
 from trainguard.store.fleet import FleetStore
 
 USER_AGENT = "trainguard-controller"
@@ -54,6 +55,91 @@ def recommend(attribution: Mapping[str, Any] | None, resource_kind: str) -> str:
     return (
         base + "; then run validation (`trainguard validate`, DCGM diag level 3 where "
         "available) before it returns to service"
+    )
+
+
+def open_repair_for(
+    fleet: FleetStore,
+    *,
+    resource_kind: str,
+    resource_id: str,
+    host: str | None,
+    what_failed: str,
+    attribution: Mapping[str, Any] | None,
+    evidence: Sequence[str],
+    at: float,
+    actor: str,
+    incident_id: int | None = None,
+    webhook: str | None = None,
+) -> RepairRecord:
+    """Step 10 for a quarantined resource: its repair record (the open one when it has
+    one), queued for the repair webhook when one is configured. The one place both
+    ``trainguard run`` and the reconciler open repair records (0130)."""
+    repair = fleet.open_repair(
+        resource_kind=resource_kind,
+        resource_id=resource_id,
+        what_failed=what_failed[:500],
+        recommended=recommend(attribution, resource_kind),
+        evidence=list(evidence[:20]),
+        at=at,
+        actor=actor,
+        host=host,
+        incident_id=incident_id,
+    )
+    if webhook:
+        fleet.enqueue_delivery(webhook, "repair", export_repair(repair), at=at)
+    return repair
+
+
+def open_quarantine_repair(
+    fleet: FleetStore,
+    inc: IncidentRecord,
+    *,
+    resource_kind: str,
+    resource_id: str,
+    host: str | None,
+    at: float,
+    actor: str,
+    webhook: str | None = None,
+) -> RepairRecord:
+    """The repair record of a resource an incident quarantined."""
+    return open_repair_for(
+        fleet,
+        resource_kind=resource_kind,
+        resource_id=resource_id,
+        host=host,
+        what_failed=f"{inc.kind.value} ({inc.domain.value}): {inc.summary}",
+        attribution=inc.attribution,
+        evidence=inc.evidence,
+        at=at,
+        actor=actor,
+        incident_id=inc.id,
+        webhook=webhook,
+    )
+
+
+def idle_card_repair(
+    fleet: FleetStore,
+    finding: Finding,
+    *,
+    uuid: str,
+    host: str | None,
+    at: float,
+    actor: str,
+    webhook: str | None = None,
+) -> RepairRecord:
+    """The repair record of an idle card a fatal hardware finding took out (0130)."""
+    return open_repair_for(
+        fleet,
+        resource_kind="device",
+        resource_id=uuid,
+        host=host,
+        what_failed=f"{finding.kind} on an idle device: {finding.message}",
+        attribution={"kind": finding.kind, "findings": [finding.to_dict()]},
+        evidence=finding.evidence or (finding.message,),
+        at=at,
+        actor=actor,
+        webhook=webhook,
     )
 
 
@@ -128,4 +214,13 @@ def page_payload(reason: str, at: float, data: Mapping[str, Any]) -> dict[str, A
     }
 
 
-__all__ = ["DeliveryConfig", "deliver_due", "export_repair", "page_payload", "recommend"]
+__all__ = [
+    "DeliveryConfig",
+    "deliver_due",
+    "export_repair",
+    "idle_card_repair",
+    "open_quarantine_repair",
+    "open_repair_for",
+    "page_payload",
+    "recommend",
+]

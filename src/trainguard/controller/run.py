@@ -60,9 +60,9 @@ from typing import Any
 
 from trainguard.checkpoints import scan
 from trainguard.controller.checkpoint_care import move_aside, select_checkpoints
+from trainguard.controller.repair import idle_card_repair, open_quarantine_repair
 from trainguard.diagnose.attribution import DEFAULT_CORRELATION_WINDOW, attribute
 from trainguard.diagnose.detectors import (
-    HangConfig,
     HangDetector,
     ProcessExit,
     ProgressLineParser,
@@ -79,6 +79,7 @@ from trainguard.model.devices import Device
 from trainguard.model.findings import Attribution, Culprit, Domain, Finding, Severity
 from trainguard.model.health import HealthState
 from trainguard.model.plan import (
+    ActionKind,
     DeviceStatus,
     Mode,
     Plan,
@@ -92,6 +93,9 @@ from trainguard.model.plan import (
 )
 from trainguard.model.records import AttemptState, AuditKind, IncidentState, JobState
 from trainguard.policy import decide
+from trainguard.policy.budget import budget_refills
+from trainguard.policy.evidence import Route, idle_quarantine_reason, route_finding
+from trainguard.policy.hang import hang_detector
 from trainguard.policy.verify import (
     DEFAULT_STEP_WINDOW,
     RESUME_FIXES,
@@ -118,6 +122,7 @@ from trainguard.signals.output import OutputClosed, OutputLine
 from trainguard.signals.process import AttemptProcessExit
 from trainguard.signals.progress import ProgressListener, ProgressReceived, short_socket_dir
 from trainguard.store import Store
+from trainguard.store.fleet import FleetStore
 
 ACTOR = "trainguard-run"
 EXIT_STOPPED = 1
@@ -469,6 +474,9 @@ class RunController:
             need=self.need,
             min_need=o.min_need,
             hang_timeout_seconds=o.hang_timeout,
+            hang_floor_seconds=o.hang_floor,
+            hang_multiple=o.hang_multiple,
+            hang_startup_seconds=o.startup_timeout,
             verify_window_seconds=o.verify_window,
             verify_min_rate_ratio=o.verify_min_rate_ratio,
         )
@@ -668,7 +676,7 @@ class RunController:
                 continue
             actions = (inc.plan or {}).get("actions", []) if mode == Mode.ACT.value else []
             for a in actions:
-                if not isinstance(a, dict) or a.get("type") != "quarantine":
+                if not isinstance(a, dict) or a.get("type") != ActionKind.QUARANTINE:
                     continue
                 q = Quarantine(
                     str(a.get("resource_kind", "device")),
@@ -842,15 +850,8 @@ class RunController:
             },
             incident_id,
         )
-        hang = HangDetector(
-            HangConfig(
-                timeout=o.hang_timeout,
-                floor=o.hang_floor,
-                multiple=o.hang_multiple,
-                startup=o.startup_timeout,
-            ),
-            started_at=started,
-            no_progress_hint=no_progress_hint(o.progress_pattern),
+        hang = hang_detector(
+            self.policy(), started_at=started, no_progress_hint=no_progress_hint(o.progress_pattern)
         )
         att = _Attempt(
             number=number,
@@ -1306,16 +1307,18 @@ class RunController:
         if m is None:
             return
         f = line_finding(m, m.text, ev.at, "kernel_log", att.devices, self.inventory)
-        assigned = {d.uuid for d in att.devices}
-        if f.culprit.device_uuid in assigned:
+        if f.culprit.device_uuid in {d.uuid for d in att.devices}:
             f = self._culprit_from_device_map(att, f)
+        # The same routing as the cluster reconciler (policy/evidence.py, 0130).
+        route = route_finding(f, attempt_devices={d.uuid for d in att.devices})
+        if route in (Route.RECOVER, Route.EVIDENCE):
             self._record_finding(att, f)
             # A fatal hardware fault on the job's own device: act now, do not wait for
             # the job to crash or hang on it.
-            if f.domain is Domain.HARDWARE and f.severity is Severity.FATAL:
+            if route is Route.RECOVER:
                 self._trigger(att, f)
         elif f.domain is Domain.HARDWARE and f.culprit.device_uuid is not None:
-            self._quarantine_unassigned(f)
+            self._quarantine_unassigned(f, route)
         else:
             if f.domain is Domain.NETWORK and f.culprit.host is None:
                 # This machine's kernel log: a NIC/link event names this host (0110).
@@ -1385,27 +1388,37 @@ class RunController:
             evidence=(*attribution.evidence, *(x for x in lines if x not in attribution.evidence)),
         )
 
-    def _quarantine_unassigned(self, f: Finding) -> None:
+    def _quarantine_unassigned(self, f: Finding, route: Route) -> None:
         """Hardware evidence on a device the job is not using: keep it out of future plans."""
         uuid = f.culprit.device_uuid
         assert uuid is not None
         self.audit(AuditKind.OBSERVATION, f"device:{uuid}", f"kernel log: {f.message}", f.to_dict())
-        if f.severity is not Severity.FATAL:
+        if route is not Route.QUARANTINE_IDLE:
             return
         try:
             state = self.db.get_device_state(uuid)
         except Exception:
             return
         if state in (HealthState.HEALTHY, HealthState.SUSPECT):
-            self.db.transition_device(
-                uuid,
-                HealthState.QUARANTINED,
-                f"{f.kind} {f.xid or ''} on an idle device: {f.message}"[:400],
-                ACTOR,
-                self.clock(),
-                job_id=self.job_id,
-            )
-            self.say(f"device {uuid} quarantined (not in use): {f.message}")
+            now = self.clock()
+            with self.db.transaction():
+                self.db.transition_device(
+                    uuid,
+                    HealthState.QUARANTINED,
+                    idle_quarantine_reason(f),
+                    ACTOR,
+                    now,
+                    job_id=self.job_id,
+                )
+                repair = idle_card_repair(
+                    FleetStore(self.db),
+                    f,
+                    uuid=uuid,
+                    host=next((d.host for d in self.inventory if d.uuid == uuid), None),
+                    at=now,
+                    actor=ACTOR,
+                )
+            self.say(f"device {uuid} quarantined (not in use, repair {repair.id}): {f.message}")
 
     def _record_finding(self, att: _Attempt, f: Finding) -> None:
         att.findings.append(f)
@@ -1456,13 +1469,12 @@ class RunController:
         failed_step = max(before) if before else None
         if failed_step is None and not att.steps.history:
             failed_step = att.steps.last_step
-        if (
-            att.incident_id is not None
-            and att.verified
-            and failed_step is not None
-            and (self.last_failed_step is None or failed_step > self.last_failed_step)
+        if budget_refills(
+            recovered=att.incident_id is not None and att.verified,
+            previous_failed_step=self.last_failed_step,
+            failed_step=failed_step,
         ):
-            self.restarts_used = 0  # the last recovery held and the job got further
+            self.restarts_used = 0  # the last recovery held and the job got further (0130)
         self.last_failed_step = failed_step
         rate = att.steps.rate()
         if rate is not None and (att.incident_id is None or att.verified):
@@ -1625,26 +1637,39 @@ class RunController:
             crash_point("after_quarantine_intent")
             state = self.db.get_device_state(uuid)
             if state in (HealthState.HEALTHY, HealthState.SUSPECT):
-                self.db.transition_device(
-                    uuid,
-                    HealthState.QUARANTINED,
-                    action.reason[:400],
-                    ACTOR,
-                    self.clock(),
-                    job_id=job_id,
-                    incident_id=incident_id,
-                )
-                result = "quarantined"
+                with self.db.transaction():
+                    self.db.transition_device(
+                        uuid,
+                        HealthState.QUARANTINED,
+                        action.reason[:400],
+                        ACTOR,
+                        self.clock(),
+                        job_id=job_id,
+                        incident_id=incident_id,
+                    )
+                    # Step 10, as the reconciler does it: a repair record in the same
+                    # transaction as the quarantine (0130).
+                    repair = open_quarantine_repair(
+                        FleetStore(self.db),
+                        self.db.get_incident(incident_id),
+                        resource_kind="device",
+                        resource_id=uuid,
+                        host=next((d.host for d in self.inventory if d.uuid == uuid), None),
+                        at=self.clock(),
+                        actor=ACTOR,
+                    )
+                result, repair_id = "quarantined", repair.id
             else:
-                result = f"already {state.value}"
+                result, repair_id = f"already {state.value}", None
             self.db.add_incident_action(
                 incident_id,
                 {
-                    "type": "quarantine",
+                    "type": ActionKind.QUARANTINE.value,
                     "resource_kind": "device",
                     "resource_id": uuid,
                     "reason": action.reason,
                     "result": result,
+                    "repair_id": repair_id,
                     "summary": f"device {uuid} {result}{note}",
                     "intent_id": intent,
                 },
@@ -1749,7 +1774,7 @@ class RunController:
         self.db.add_incident_action(
             incident_id,
             {
-                "type": "restart",
+                "type": ActionKind.RESTART.value,
                 "attempt": number,
                 "devices": list(action.devices),
                 "checkpoint": ckpt.path if ckpt else None,
@@ -1831,7 +1856,7 @@ class RunController:
             )
         self.db.add_incident_action(
             incident_id,
-            {"type": "stop", "reason": reason, "advice": advice, "summary": reason},
+            {"type": ActionKind.STOP.value, "reason": reason, "advice": advice, "summary": reason},
             at=self.clock(),
             actor=ACTOR,
             audit_kind=AuditKind.RESULT,

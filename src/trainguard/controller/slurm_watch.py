@@ -53,7 +53,7 @@ from trainguard.diagnose.detectors import line_finding
 from trainguard.diagnose.signatures import classify_line
 from trainguard.model.findings import Culprit, Domain, Finding, Severity
 from trainguard.model.fleet import ActionState, FleetJob
-from trainguard.model.plan import DeviceStatus
+from trainguard.model.plan import ActionKind, DeviceStatus
 from trainguard.model.records import AttemptRecord, AuditKind, IncidentState, JobState
 from trainguard.schedulers.base import (
     JobPhase,
@@ -94,55 +94,11 @@ class SlurmReconciler(Reconciler):
     # --- evidence ------------------------------------------------------------------
 
     def _hosts(self, job_id: str, att: AttemptRecord) -> set[str]:
-        hosts = {d.host for d in att.devices}
-        hosts |= set(self._attempt_nodes.get((job_id, att.number), ()))
-        return hosts
+        return super()._hosts(job_id, att) | set(self._attempt_nodes.get((job_id, att.number), ()))
 
-    def fatal_evidence(self, job_id: str, att: AttemptRecord, until: float) -> list[Finding]:
-        """Fatal hardware findings on the attempt's GPUs and node findings on its nodes,
-        since it started, oldest first."""
-        uuids = {d.uuid for d in att.devices}
-        hosts = self._hosts(job_id, att)
-        out: list[Finding] = []
-        for row in self.fleet.findings_between(att.started_at, until + 1.0):
-            try:
-                f = Finding.from_dict(row["finding"])
-            except (KeyError, TypeError, ValueError):
-                continue
-            if f.severity is not Severity.FATAL or f.at < att.started_at:
-                continue
-            if f.domain is Domain.HARDWARE:
-                uuid = row.get("device_uuid") or f.culprit.device_uuid
-                if uuid in uuids:
-                    out.append(f)
-            elif f.domain is Domain.NODE:
-                host = row.get("host") or f.culprit.host
-                if host in hosts:
-                    out.append(f)
-        return sorted(out, key=lambda f: f.at)
-
-    def _failed_view(
-        self, oj: ObservedJob, att: AttemptRecord, job_id: str, evidence: list[Finding]
-    ) -> ObservedJob:
-        """The observation as it will be once the attempt is over: failed at the first
-        evidence, the node the evidence names first (it is the attribution's culprit)."""
-        first = evidence[0]
-        bad = first.culprit.host
-        hosts = list(self._attempt_nodes.get((job_id, att.number)) or oj.nodes)
-        if bad and bad in hosts:
-            hosts = [bad] + [h for h in hosts if h != bad]
-        where = f" on {bad}" if bad else ""
-        return dataclasses.replace(
-            oj,
-            phase=JobPhase.FAILED,
-            attempt=att.number,
-            nodes=tuple(hosts),
-            ended_at=first.at,
-            exit_code=None,
-            signal=None,
-            reason=f"{first.kind}{where}: {first.message}"[:300],
-            output_path=att.log_path or oj.output_path,
-        )
+    def _node_list(self, job_id: str, att: AttemptRecord, oj: ObservedJob) -> list[str]:
+        # The nodes Slurm gave the attempt when it started (a requeue moves the job).
+        return list(self._attempt_nodes.get((job_id, att.number)) or oj.nodes)
 
     def _ours(self, job_id: str, attempt: int) -> bool:
         """Whether trainguard made ``attempt`` (a restart of an incident of this job)."""
@@ -150,7 +106,7 @@ class SlurmReconciler(Reconciler):
             if inc.recovery_attempt == attempt:
                 return True
             if not inc.state.terminal and any(
-                a.type == "restart" and a.state is ActionState.INTENDED
+                a.type == ActionKind.RESTART and a.state is ActionState.INTENDED
                 for a in self.fleet.list_actions(inc.id)
             ):
                 return True
@@ -225,19 +181,7 @@ class SlurmReconciler(Reconciler):
                 self._attempt_failed(fj, job, att, failed, fence, report, hang_since=None)
                 job = self.store.get_job(job.id)
         self._seed_output(job.id, oj)
-        att_now = attempts.get(oj.attempt)
-        if (
-            oj.phase is JobPhase.RUNNING
-            and att_now is not None
-            and not att_now.state.terminal
-            and oj.attempt in attempts
-        ):
-            evidence = self.fatal_evidence(job.id, att_now, now)
-            if evidence:
-                self._follow_output(job.id, att_now, oj)
-                failed = self._failed_view(oj, att_now, job.id, evidence)
-                self._attempt_failed(fj, job, att_now, failed, fence, report, hang_since=None)
-                return
+        # Fatal evidence on the running attempt: the generic sync acts on it (0130).
         super()._sync_job(fj, obs, fence, report)
 
     # --- output files: truncated or appended on requeue ----------------------------

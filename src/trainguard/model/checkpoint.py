@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,6 +136,29 @@ class CheckpointInfo:
             "notes": list(self.notes),
             **({"manifest_sha256": self.manifest_sha256} if self.manifest_sha256 else {}),
         }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> CheckpointInfo:
+        """The inverse of :meth:`to_dict` (a stored Plan's checkpoint); ``ValueError``
+        names the field when the record is malformed."""
+        try:
+            step = d["step"]
+            created = d.get("created_at")
+            return cls(
+                path=str(d["path"]),
+                format=str(d["format"]),
+                step=None if step is None else int(step),
+                size_bytes=int(d.get("size_bytes") or 0),
+                created_at=None if created is None else float(created),
+                valid=bool(d["valid"]),
+                reason=None if d.get("reason") is None else str(d["reason"]),
+                notes=tuple(str(n) for n in d.get("notes") or ()),
+                manifest_sha256=None
+                if d.get("manifest_sha256") is None
+                else str(d["manifest_sha256"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"malformed checkpoint record: {exc!r}") from exc
 
 
 def resume_digest_env(info: CheckpointInfo | None) -> dict[str, str]:

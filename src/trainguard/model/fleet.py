@@ -200,6 +200,9 @@ class PolicyDocument:
     min_devices: int | None = None
     max_devices: int | None = None
     hang_timeout_seconds: float | None = None
+    hang_floor_seconds: float | None = None
+    hang_multiple: float | None = None
+    hang_startup_seconds: float | None = None
     verify_window_seconds: float | None = None
     verify_min_rate_ratio: float | None = None
     placement: str | None = None  # "device" | "node" (model.plan.PLACEMENTS)
@@ -222,6 +225,9 @@ class PolicyDocument:
             ("allow_quarantine", self.allow_quarantine),
             ("devices", elastic),
             ("hang_timeout_seconds", self.hang_timeout_seconds),
+            ("hang_floor_seconds", self.hang_floor_seconds),
+            ("hang_multiple", self.hang_multiple),
+            ("hang_startup_seconds", self.hang_startup_seconds),
             ("verify_window_seconds", self.verify_window_seconds),
             ("verify_min_rate_ratio", self.verify_min_rate_ratio),
             ("placement", self.placement),

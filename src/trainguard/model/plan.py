@@ -8,9 +8,10 @@ decision code exercised everywhere is one and the same.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar
 
 from trainguard.model.checkpoint import CheckpointInfo
 from trainguard.model.devices import Device
@@ -40,7 +41,12 @@ class RecoveryPolicy:
     allow_quarantine: bool = True
     need: int = 1  # devices the job wants
     min_need: int | None = None  # fewer devices the job accepts (elastic); None = exactly `need`
-    hang_timeout_seconds: float | None = None  # None = adaptive
+    hang_timeout_seconds: float | None = None  # None = adaptive (every mode, decision 0130)
+    # The adaptive hang allowance: max(floor, multiple x the slowest recent step interval);
+    # until two progress points are seen (start-up, restore) the start-up allowance.
+    hang_floor_seconds: float = 60.0
+    hang_multiple: float = 10.0
+    hang_startup_seconds: float = 600.0
     verify_window_seconds: float = 10.0
     verify_min_rate_ratio: float = 0.3  # restarted step rate vs pre-failure baseline
     placement: str = "device"  # one of PLACEMENTS
@@ -99,8 +105,32 @@ class RecoverySnapshot:
 # --- actions -------------------------------------------------------------------------
 
 
+class ActionKind(StrEnum):
+    """The kind of a Plan action; its value is the ``type`` a stored Plan and the action
+    ledger carry (a StrEnum, so a ledger row's ``type`` string compares equal)."""
+
+    QUARANTINE = "quarantine"
+    RESTART = "restart"
+    STOP = "stop"
+    WAIT_FOR_CAPACITY = "waitforcapacity"
+
+
+class PlanFormatError(ValueError):
+    """A stored Plan (or one of its actions) that cannot be read back."""
+
+
+def action_kind(action: Mapping[str, Any]) -> ActionKind | None:
+    """The kind of a stored action (``{"type": ...}``); ``None`` for a kind this
+    version does not know (the caller records it as failed instead of guessing)."""
+    try:
+        return ActionKind(str(action.get("type")))
+    except ValueError:
+        return None
+
+
 @dataclass(frozen=True)
 class Quarantine:
+    kind: ClassVar[ActionKind] = ActionKind.QUARANTINE
     resource_kind: str  # "device" or "node"
     resource_id: str  # device uuid or host name
     reason: str
@@ -108,6 +138,7 @@ class Quarantine:
 
 @dataclass(frozen=True)
 class Restart:
+    kind: ClassVar[ActionKind] = ActionKind.RESTART
     devices: tuple[str, ...]  # device uuids for the next attempt
     checkpoint: CheckpointInfo | None  # None: start fresh
     delay_seconds: float = 0.0
@@ -116,12 +147,14 @@ class Restart:
 
 @dataclass(frozen=True)
 class Stop:
+    kind: ClassVar[ActionKind] = ActionKind.STOP
     reason: str
     advice: str | None = None
 
 
 @dataclass(frozen=True)
 class WaitForCapacity:
+    kind: ClassVar[ActionKind] = ActionKind.WAIT_FOR_CAPACITY
     reason: str
     needed: int
     available: int
@@ -141,7 +174,7 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         def action_dict(a: Action) -> dict[str, Any]:
-            d: dict[str, Any] = {"type": type(a).__name__.lower()}
+            d: dict[str, Any] = {"type": a.kind.value}
             if isinstance(a, Restart):
                 d.update(
                     devices=list(a.devices),
@@ -159,3 +192,63 @@ class Plan:
             "reasons": list(self.reasons),
             "skipped_checkpoints": [c.to_dict() for c in self.skipped_checkpoints],
         }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Plan:
+        """The inverse of :meth:`to_dict`: a stored Plan with its types back.
+
+        Keys the controllers add beside a Plan (``attempt``, ``planned_at``,
+        ``failures`` ...) are ignored; a missing or unknown field raises
+        :class:`PlanFormatError` naming it.
+        """
+        try:
+            actions = tuple(action_from_dict(a) for a in d.get("actions") or ())
+            return cls(
+                actions=actions,
+                reasons=tuple(str(r) for r in d.get("reasons") or ()),
+                mode=Mode(d.get("mode", Mode.ACT.value)),
+                skipped_checkpoints=tuple(
+                    CheckpointInfo.from_dict(c) for c in d.get("skipped_checkpoints") or ()
+                ),
+            )
+        except PlanFormatError:
+            raise
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise PlanFormatError(f"malformed plan: {exc}") from exc
+
+    @property
+    def last_kind(self) -> ActionKind | None:
+        """The kind of the plan's last action (``None`` for an empty plan)."""
+        return self.actions[-1].kind if self.actions else None
+
+
+def action_from_dict(d: Mapping[str, Any]) -> Action:
+    """One stored action (``Plan.to_dict()["actions"][i]``) back as its typed record."""
+    if not isinstance(d, Mapping):
+        raise PlanFormatError(f"an action must be a mapping, got {type(d).__name__}")
+    kind = action_kind(d)
+    try:
+        if kind is ActionKind.QUARANTINE:
+            return Quarantine(
+                resource_kind=str(d["resource_kind"]),
+                resource_id=str(d["resource_id"]),
+                reason=str(d["reason"]),
+            )
+        if kind is ActionKind.RESTART:
+            ckpt = d.get("checkpoint")
+            return Restart(
+                devices=tuple(str(u) for u in d.get("devices") or ()),
+                checkpoint=None if ckpt is None else CheckpointInfo.from_dict(ckpt),
+                delay_seconds=float(d.get("delay_seconds") or 0.0),
+                env={str(k): str(v) for k, v in (d.get("env") or {}).items()},
+            )
+        if kind is ActionKind.STOP:
+            advice = d.get("advice")
+            return Stop(reason=str(d["reason"]), advice=None if advice is None else str(advice))
+        if kind is ActionKind.WAIT_FOR_CAPACITY:
+            return WaitForCapacity(
+                reason=str(d["reason"]), needed=int(d["needed"]), available=int(d["available"])
+            )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PlanFormatError(f"malformed {kind} action: missing or bad {exc}") from exc
+    raise PlanFormatError(f"unknown action type {d.get('type')!r}")

@@ -40,11 +40,12 @@ with tens of thousands of devices per call.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from trainguard.model.checkpoint import CheckpointInfo
-from trainguard.model.devices import normalize_pci_bus_id
-from trainguard.model.findings import Culprit, Domain, IncidentKind
+from trainguard.model.devices import Device, normalize_pci_bus_id
+from trainguard.model.findings import Attribution, Culprit, Domain, IncidentKind
 from trainguard.model.health import HealthState
 from trainguard.model.plan import (
     Action,
@@ -149,6 +150,65 @@ def _same_culprit(a: tuple[str | None, str | None], b: tuple[str | None, str | N
     return a[1] is not None and a[1] == b[1]
 
 
+def _evidence_targets(
+    attribution: Attribution,
+    by_uuid: dict[str, DeviceStatus],
+    by_pci: dict[str, DeviceStatus],
+) -> tuple[dict[tuple[str, str], _Target], bool]:
+    """What the evidence itself names (rule 1 without the network-repeat rule), in
+    evidence order, and whether network evidence named a link or NIC."""
+    found: dict[tuple[str, str], _Target] = {}
+    strong_network = False
+    candidates: list[tuple[Domain, Culprit, str, str | None]] = [
+        (attribution.domain, attribution.culprit, attribution.summary, None)
+    ]
+    candidates += [(f.domain, f.culprit, f.message, f.kind) for f in attribution.findings]
+    for domain, culprit, why, kind in candidates:
+        if domain is Domain.HARDWARE:
+            uuid = _resolve(culprit.device_uuid, culprit.pci_bus_id, by_uuid, by_pci)
+            if uuid is not None:
+                found.setdefault(
+                    ("device", uuid),
+                    _Target("device", uuid, why, f"hardware evidence on device {uuid}"),
+                )
+        elif domain is Domain.NODE and culprit.host:
+            found.setdefault(
+                ("node", culprit.host),
+                _Target("node", culprit.host, why, f"node evidence on host {culprit.host}"),
+            )
+        elif kind == NETWORK_EVIDENCE_KIND:
+            strong_network = True
+            _uuid, host = _culprit_resource(culprit, by_uuid, by_pci)
+            if host is not None:
+                found.setdefault(
+                    ("node", host),
+                    _Target("node", host, why, f"network evidence (link/NIC) on host {host}"),
+                )
+    return found, strong_network
+
+
+def evidence_resources(
+    attribution: Attribution, devices: Iterable[Device]
+) -> tuple[frozenset[str], frozenset[str]]:
+    """``(device uuids, hosts)`` that ``decide()``'s evidence rule isolates for this
+    attribution, resolved against ``devices`` (the failed attempt's).
+
+    The one definition of those targets (0130): whoever builds a snapshot uses it to
+    know which cards decide() must be shown even when another job holds them by now
+    (the reconciler, 0120), instead of guessing decide()'s rule a second time.
+    """
+    by_uuid: dict[str, DeviceStatus] = {}
+    by_pci: dict[str, DeviceStatus] = {}
+    for dev in devices:
+        status = DeviceStatus(dev, HealthState.HEALTHY)  # health plays no part here
+        by_uuid[dev.uuid] = status
+        by_pci[dev.pci_bus_id] = status
+    found, _strong = _evidence_targets(attribution, by_uuid, by_pci)
+    uuids = frozenset(t.rid for t in found.values() if t.kind == "device")
+    hosts = frozenset(t.rid for t in found.values() if t.kind == "node")
+    return uuids, hosts
+
+
 def _isolation_targets(
     snapshot: RecoverySnapshot,
     by_uuid: dict[str, DeviceStatus],
@@ -169,28 +229,11 @@ def _isolation_targets(
     """
     attribution = snapshot.attribution
     policy = snapshot.policy
-    found: dict[tuple[str, str], _Target] = {}
+    found, strong_network = _evidence_targets(attribution, by_uuid, by_pci)
 
     def add(kind: str, rid: str, reason: str, why: str) -> None:
         found.setdefault((kind, rid), _Target(kind, rid, reason, why))
 
-    strong_network = False
-    candidates: list[tuple[Domain, Culprit, str, str | None]] = [
-        (attribution.domain, attribution.culprit, attribution.summary, None)
-    ]
-    candidates += [(f.domain, f.culprit, f.message, f.kind) for f in attribution.findings]
-    for domain, culprit, why, kind in candidates:
-        if domain is Domain.HARDWARE:
-            uuid = _resolve(culprit.device_uuid, culprit.pci_bus_id, by_uuid, by_pci)
-            if uuid is not None:
-                add("device", uuid, why, f"hardware evidence on device {uuid}")
-        elif domain is Domain.NODE and culprit.host:
-            add("node", culprit.host, why, f"node evidence on host {culprit.host}")
-        elif kind == NETWORK_EVIDENCE_KIND:
-            strong_network = True
-            _uuid, host = _culprit_resource(culprit, by_uuid, by_pci)
-            if host is not None:
-                add("node", host, why, f"network evidence (link/NIC) on host {host}")
     if strong_network or attribution.domain is not Domain.NETWORK:
         return list(found.values())
 

@@ -5,21 +5,17 @@ a :class:`Dialect` says only what cannot be shared: the column types behind the
 ``{id_pk}``/``{float}``/``{json}`` placeholders, how an outermost write transaction
 starts, which exception means a unique key was violated, how "no limit" is
 written, and the statements only that dialect can say (append-only triggers).
-
-``open_store(target)`` opens either: a ``postgresql://`` (or ``postgres://``) URL
-gives the PostgreSQL backend, anything else is a SQLite file path.
+Each dialect lives in its own module (:mod:`~trainguard.store.sqlite`,
+:mod:`~trainguard.store.postgres`) and the backend-neutral
+:class:`~trainguard.store.core.Store` picks one; this module imports neither, so
+core -> dialect -> backend has no cycle.
 """
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 from trainguard.store import sql
-
-if TYPE_CHECKING:
-    from trainguard.store.sqlite import Store
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
@@ -35,6 +31,8 @@ class Dialect:
     # opposed to the database being unavailable: ingestion drops such a record, audited,
     # instead of retrying its batch forever (api/ingest.py).
     record_errors: tuple[type[BaseException], ...] = ()
+    # errors meaning "this database is not usable" while opening and migrating it
+    database_errors: tuple[type[BaseException], ...] = ()
 
     def extra_statements(self, migration: sql.Migration) -> tuple[str, ...]:
         if self.name == "postgresql":
@@ -42,26 +40,8 @@ class Dialect:
         return migration.sqlite_only
 
 
-SQLITE = Dialect(
-    name="sqlite",
-    types=dict(sql.SQLITE_TYPES),
-    # IMMEDIATE takes the write lock up front: writers queue instead of deadlocking.
-    begin=("BEGIN IMMEDIATE",),
-    integrity_errors=(sqlite3.IntegrityError,),
-    no_limit=sql.NO_LIMIT,
-    record_errors=(sqlite3.IntegrityError, sqlite3.DataError, sqlite3.InterfaceError),
-)
-
-
 def is_postgres_url(target: object) -> bool:
     return isinstance(target, str) and target.startswith(POSTGRES_SCHEMES)
 
 
-def open_store(target: Any, **kwargs: Any) -> Store:
-    """Open the store at ``target``: a PostgreSQL URL or a SQLite path (see ``Store.open``)."""
-    from trainguard.store.sqlite import Store
-
-    return Store.open(target, **kwargs)
-
-
-__all__ = ["POSTGRES_SCHEMES", "SQLITE", "Dialect", "is_postgres_url", "open_store"]
+__all__ = ["POSTGRES_SCHEMES", "Dialect", "is_postgres_url"]

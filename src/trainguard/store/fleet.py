@@ -1,7 +1,7 @@
 """The control plane's tables: lease, nodes, managed jobs, policies, scope modes,
 findings, the action ledger, approvals, the breaker, repairs and the webhook outbox.
 
-:class:`FleetStore` wraps a :class:`~trainguard.store.sqlite.Store` (either
+:class:`FleetStore` wraps a :class:`~trainguard.store.core.Store` (either
 backend) and shares its connection, lock and transactions, so a fleet write and
 a store write (an incident update, a device quarantine, an audit record) can be
 one atomic transaction. Like the Store it reads no clock: every time is an
@@ -48,7 +48,7 @@ from trainguard.model.health import HealthState, check_health_transition
 from trainguard.model.plan import Mode
 from trainguard.model.records import AuditKind
 from trainguard.store import sql
-from trainguard.store.sqlite import NotFound, Store, StoreError
+from trainguard.store.core import NotFound, Store, StoreError
 
 _SCHEDULABLE = ", ".join(f"'{s.value}'" for s in HealthState if s.schedulable)
 _SELECT_UNSCHEDULABLE_DEVICES = (

@@ -1,6 +1,6 @@
 """The PostgreSQL backend: a psycopg 3 connection made to look like the SQLite one.
 
-:class:`~trainguard.store.sqlite.Store` talks to its connection through
+:class:`~trainguard.store.core.Store` talks to its connection through
 ``execute(query, params)`` returning a cursor with ``fetchone``/``fetchall``/
 ``rowcount``. :class:`PgConnection` gives exactly that over psycopg, so the same
 Store code and the same SQL run on both databases (decision 0080):
@@ -29,6 +29,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from trainguard.store import sql
 from trainguard.store.backend import Dialect
+from trainguard.store.errors import StoreError
 
 # Arbitrary but fixed: the key of the advisory lock every write transaction takes
 # (ASCII "tguard" as a number).
@@ -114,9 +115,7 @@ def _dialect() -> Dialect:
 
 
 def connect(url: str, busy_timeout_s: float) -> tuple[PgConnection, Dialect]:
-    """Connect to ``url``; raises :class:`~trainguard.store.sqlite.StoreError` on failure."""
-    from trainguard.store.sqlite import StoreError
-
+    """Connect to ``url``; raises :class:`~trainguard.store.errors.StoreError` on failure."""
     try:
         import psycopg
     except ImportError as exc:  # pragma: no cover - depends on the installation

@@ -28,7 +28,7 @@ from trainguard.model.devices import Device
 from trainguard.model.findings import Domain, IncidentKind
 from trainguard.model.records import AttemptRecord, IncidentRecord, iso_utc
 from trainguard.model.text import visible
-from trainguard.store.sqlite import NotFound, Store
+from trainguard.store.core import NotFound, Store
 
 
 def _seconds(end: float | None, start: float | None) -> float | None:

@@ -12,7 +12,9 @@ Rules (decision 0084):
 * ``stop`` and ``waitforcapacity`` never wait: stopping is the safe direction,
   and waiting does nothing.
 
-An approval is a row with a state machine (``pending -> approved | denied``,
+A pure function of the action and the failure history (decision 0130 moved it
+from ``controller/`` to ``policy/``): no store, no clock. An approval is a row
+with a state machine (``pending -> approved | denied``,
 :mod:`trainguard.model.fleet`); the reconciler creates it for the action's
 idempotency key and goes on with other work until it is decided.
 """
@@ -22,9 +24,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from trainguard.model.findings import Domain
+from trainguard.model.plan import ActionKind
 
 DESTRUCTIVE = frozenset({"reboot", "power_cycle", "retire"})
-NEVER = frozenset({"stop", "waitforcapacity"})
+NEVER = frozenset({ActionKind.STOP, ActionKind.WAIT_FOR_CAPACITY})
 
 
 def approval_reason(

@@ -1,0 +1,234 @@
+"""One failure scenario, run in each mode on real parts, reduced to what both must agree on.
+
+* ``run``: the local supervisor behind ``trainguard run`` (``run_job`` in this
+  process, simulated devices, a real kernel-log file the test appends XID lines to);
+* ``serve``: the cluster reconciler (``ControlPlane`` over the procs stand-in
+  cluster, passes driven by the test, XIDs ingested as an agent sends them).
+
+Both run the same job (``tests/jobs/cluster_job.py``: ``step=N`` lines, a
+checkpoint every 5 steps, failures on cue) under the same recovery policy, and
+each returns an :class:`Outcome` read from the state database, so a parity test
+asserts one expectation for both.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB = ROOT / "tests" / "jobs" / "cluster_job.py"
+sys.path.insert(0, str(ROOT / "tests" / "integration"))
+
+from _fleet import Fleet  # noqa: E402
+
+from trainguard.controller.run import RunOptions, run_job  # noqa: E402
+from trainguard.controller.service import ControlPlane  # noqa: E402
+from trainguard.model.findings import Culprit, Domain, Finding, Severity  # noqa: E402
+from trainguard.model.health import HealthState  # noqa: E402
+from trainguard.store import Store  # noqa: E402
+from trainguard.store.fleet import FleetStore  # noqa: E402
+
+MODES = ("run", "serve")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The recovery policy of a scenario, said once for both modes."""
+
+    hang_timeout: float | None = None  # None: adaptive
+    hang_floor: float = 1.0
+    hang_multiple: float = 3.0
+    hang_startup: float = 30.0
+    verify_window: float = 0.5
+    max_restarts: int = 3
+
+    def document(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "name": "scenario",
+            "hang_floor_seconds": self.hang_floor,
+            "hang_multiple": self.hang_multiple,
+            "hang_startup_seconds": self.hang_startup,
+            "verify_window_seconds": self.verify_window,
+            "max_restarts": self.max_restarts,
+            "backoff": 0.0,
+        }
+        if self.hang_timeout is not None:
+            doc["hang_timeout_seconds"] = self.hang_timeout
+        return doc
+
+
+@dataclass(frozen=True)
+class Xid:
+    """An XID once the job's checkpoint at ``after_checkpoint`` exists (the job is still
+    running): on the GPU of the running attempt, or (``idle``) on a card no job holds."""
+
+    after_checkpoint: int = 10
+    xid: int = 79
+    idle: bool = False
+
+
+@dataclass
+class Outcome:
+    incidents: list[dict[str, Any]]  # kind, domain, state, failed/checkpoint step, culprit
+    attempts: list[str]  # attempt states, in order
+    attempt0_reason: str | None
+    quarantined: list[str]  # device uuids out of service
+    repairs: list[str]  # resource ids with a repair record
+    xid_device: str | None = None  # the card the XID named
+    resumed_steps: list[int | None] = field(default_factory=list)  # each attempt's first step
+
+
+def _read(store: Store, job_id: str, xid_device: str | None) -> Outcome:
+    incidents = [
+        {
+            "kind": i.kind.value,
+            "domain": i.domain.value,
+            "state": i.state.value,
+            "failed_step": i.failed_step,
+            "checkpoint_step": i.checkpoint_step,
+            "culprit": i.culprit.device_uuid,
+            "actions": [a["type"] for a in i.actions],
+        }
+        for i in store.list_incidents(job_id=job_id)
+    ]
+    attempts = store.list_attempts(job_id)
+    return Outcome(
+        incidents=incidents,
+        attempts=[a.state.value for a in attempts],
+        attempt0_reason=attempts[0].reason if attempts else None,
+        quarantined=sorted(
+            d.uuid
+            for d in store.list_devices()
+            if d.state in (HealthState.QUARANTINED, HealthState.REPAIR)
+        ),
+        repairs=sorted(r.resource_id for r in FleetStore(store).list_repairs()),
+        xid_device=xid_device,
+        resumed_steps=[a.first_step for a in attempts],
+    )
+
+
+def _xid_line(pci_bus_id: str, xid: int) -> str:
+    return f"NVRM: Xid (PCI:{pci_bus_id[:-2]}): {xid}, pid=1234, GPU has fallen off the bus."
+
+
+def _ingest_idle_xid(fleet: Fleet, held: set[str], xid: int) -> str:
+    """An agent reports an XID for a card no job holds (by PCI bus id on its host)."""
+    dev = next(d for d in fleet.cluster.observe().devices if d.uuid not in held)
+    line = _xid_line(dev.pci_bus_id, xid)
+    fleet.cp.ingest_finding(
+        Finding(
+            kind="xid",
+            domain=Domain.HARDWARE,
+            at=time.time(),
+            source="kernel",
+            message=line,
+            severity=Severity.FATAL,
+            evidence=(line,),
+            culprit=Culprit(pci_bus_id=dev.pci_bus_id),
+            xid=xid,
+            signature=f"xid:{xid}",
+        ),
+        host=dev.host,
+    )
+    return dev.uuid
+
+
+def _wait(pred: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def run_mode(
+    tmp: Path, job_args: Sequence[str], policy: Policy, *, xid: Xid | None = None
+) -> Outcome:
+    """The scenario under ``trainguard run`` (the supervisor in this process)."""
+    ckpt = tmp / "ckpt"
+    kern = tmp / "kern.log"
+    kern.write_text("")
+    state = tmp / "state.db"
+    options = RunOptions(
+        command=(sys.executable, str(JOB), *job_args, "--ckpt", str(ckpt)),
+        state=str(state),
+        checkpoint_dir=str(ckpt),
+        need=1,
+        simulate_devices=2,
+        kernel_log=str(kern),
+        hang_timeout=policy.hang_timeout,
+        hang_floor=policy.hang_floor,
+        hang_multiple=policy.hang_multiple,
+        startup_timeout=policy.hang_startup,
+        max_restarts=policy.max_restarts,
+        backoff_base=0.0,
+        verify_window=policy.verify_window,
+        grace=1.0,
+        echo=False,
+    )
+    named: list[str] = []
+    injector = None
+    if xid is not None:
+
+        def inject() -> None:
+            _wait(lambda: (ckpt / f"step_{xid.after_checkpoint:08d}").is_dir(), 60, "checkpoint")
+            with Store.open(state) as store:
+                [job] = store.list_jobs()
+                [att] = store.list_attempts(job.id)
+                if xid.idle:
+                    dev = next(d for d in store.list_devices() if d.uuid not in att.device_uuids)
+                else:
+                    dev = store.get_device(att.device_uuids[0])
+            named.append(dev.uuid)
+            with kern.open("a") as fh:
+                fh.write(_xid_line(dev.device.pci_bus_id, xid.xid) + "\n")
+
+        injector = threading.Thread(target=inject, daemon=True)
+        injector.start()
+    result = run_job(options)
+    if injector is not None:
+        injector.join(5)
+    with Store.open(state) as store:
+        return _read(store, result.job_id, named[0] if named else None)
+
+
+def serve_mode(
+    store_target: str,
+    tmp: Path,
+    job_args: Sequence[str],
+    policy: Policy,
+    *,
+    xid: Xid | None = None,
+    done: Callable[[ControlPlane, str], bool] | None = None,
+    timeout: float = 60.0,
+) -> Outcome:
+    """The scenario under the cluster reconciler (``serve`` over procs)."""
+    fleet = Fleet(store_target, tmp, verify_window=policy.verify_window)
+    try:
+        fleet.cp.put_policy(policy.document(), "operator:test")
+        fj = fleet.submit(*job_args, devices_per_node=1, policy="scenario")
+        named = None
+        if xid is not None:
+            oj = fleet.wait_running(fj)
+            ckpt = Path(str(fleet.store.get_job(fj.job_id).checkpoint_dir or ""))
+            deadline = time.monotonic() + 60
+            while not (ckpt / f"step_{xid.after_checkpoint:08d}").is_dir():
+                fleet.cp.run_once()  # follow the job's progress meanwhile
+                assert time.monotonic() < deadline, "no checkpoint"
+                time.sleep(0.05)
+            if xid.idle:
+                named = _ingest_idle_xid(fleet, {d.uuid for d in oj.devices}, xid.xid)
+            else:
+                named = fleet.xid(fj, device_index=0, xid=xid.xid)
+                assert named == oj.devices[0].uuid
+        finished = done or (lambda cp, job_id: fleet.store.get_job(job_id).state.terminal)
+        fleet.run_until(lambda: finished(fleet.cp, fj.job_id), timeout=timeout)
+        return _read(fleet.store, fj.job_id, named)
+    finally:
+        fleet.close()

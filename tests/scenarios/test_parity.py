@@ -1,0 +1,88 @@
+"""Parity: the same failure gets the same recovery under ``trainguard run`` and under
+the cluster reconciler (``serve`` over procs). Each scenario is one expectation,
+parametrised over the mode (issue 12; decision 0130 lists what used to differ)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from _modes import MODES, Outcome, Policy, Xid, run_mode, serve_mode
+
+pytestmark = pytest.mark.slow
+
+
+def _scenario(
+    mode: str, tmp: Path, store_target: str, job_args: list[str], policy: Policy, **kw: object
+) -> Outcome:
+    if mode == "run":
+        return run_mode(tmp, job_args, policy, **kw)  # type: ignore[arg-type]
+    return serve_mode(store_target, tmp, job_args, policy, **kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def sqlite_target(tmp_path: Path) -> str:
+    return str(tmp_path / "state" / "state.db")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_hang_is_detected_by_the_adaptive_detector_by_default(
+    mode: str, tmp_path: Path, sqlite_target: str
+) -> None:
+    # No hang_timeout_seconds anywhere: the adaptive rule (floor 1 s, 3 x the slowest
+    # step interval) must notice that attempt 0 stopped at step 6 while still running.
+    out = _scenario(
+        mode,
+        tmp_path,
+        sqlite_target,
+        ["--fail-attempts", "0", "--fail-at", "6", "--hang", "--steps", "15"],
+        Policy(),
+    )
+    [inc] = out.incidents
+    assert (inc["kind"], inc["state"]) == ("hang", "recovered"), out
+    assert (inc["failed_step"], inc["checkpoint_step"]) == (6, 5), out
+    assert inc["actions"] == ["restart"], out
+    assert out.attempts == ["failed", "completed"], out
+    assert "no progress" in (out.attempt0_reason or ""), out
+    assert out.quarantined == [] and out.repairs == [], out
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_fatal_xid_on_the_running_attempts_gpu_recovers_now_and_opens_a_repair(
+    mode: str, tmp_path: Path, sqlite_target: str
+) -> None:
+    # The job itself never fails: only the XID on its card can end attempt 0, and it
+    # must (serve used to wait for the job to crash on the card; run never opened a
+    # repair record).
+    out = _scenario(
+        mode, tmp_path, sqlite_target, ["--steps", "30"], Policy(), xid=Xid(after_checkpoint=10)
+    )
+    [inc] = out.incidents
+    assert (inc["kind"], inc["domain"], inc["state"]) == ("xid", "hardware", "recovered"), out
+    assert inc["culprit"] == out.xid_device and out.xid_device is not None, out
+    assert inc["actions"] == ["quarantine", "restart"], out
+    assert inc["checkpoint_step"] is not None and inc["checkpoint_step"] >= 10, out
+    # Attempt 0 ended on the evidence, long before its 30th step.
+    assert inc["failed_step"] is not None and inc["failed_step"] < 30, out
+    assert out.attempts == ["failed", "completed"], out
+    assert out.quarantined == [out.xid_device], out
+    assert out.repairs == [out.xid_device], out
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_fatal_xid_on_an_idle_card_quarantines_it_and_leaves_the_job_alone(
+    mode: str, tmp_path: Path, sqlite_target: str
+) -> None:
+    # serve used to store such a finding and nothing more.
+    out = _scenario(
+        mode,
+        tmp_path,
+        sqlite_target,
+        ["--steps", "30"],
+        Policy(),
+        xid=Xid(after_checkpoint=10, idle=True),
+    )
+    assert out.xid_device is not None
+    assert out.incidents == [] and out.attempts == ["completed"], out
+    assert out.quarantined == [out.xid_device], out
+    assert out.repairs == [out.xid_device], out
