@@ -3,8 +3,10 @@
 * A rank reports a broken InfiniBand link (``NCCL WARN NET/IB : Got completion
   from peer ... with error``): the host of its device is quarantined at once and
   the job continues on the other host's devices.
-* A collective keeps timing out on the same rank: the first time it is only
-  restarted; the second time its device is isolated.
+* A collective keeps timing out waiting for the same rank: the first time it is only
+  restarted; the second time the device of the rank the others waited for is isolated.
+  As NCCL's watchdog reports it, the ranks that time out are the ones that waited; a
+  rank that never reports is the one they waited for (``stuck_rank``, decision 0167).
 """
 
 from __future__ import annotations
@@ -61,12 +63,13 @@ RANK = """
                 print("[rank1]: NCCL WARN NET/IB : Got completion from peer 10.0.0.2<42424> "
                       "with error 12, opcode 0, len 0, vendor err 129", flush=True)
                 sys.exit(1)
+            # rank 1's all-reduce never completes: its peer (rank 0) never joined it.
             print("[rank1]: Watchdog caught collective operation timeout: "
                   "WorkNCCL(SeqNum=5, OpType=ALLREDUCE) ran for 600000 milliseconds "
                   "before timing out.", flush=True)
-            time.sleep(600)  # stuck in the collective: no more progress
+            time.sleep(600)
         if rank == 0 and broken and fault == "timeout" and step == 5:
-            time.sleep(600)  # its peer never joins the all-reduce: rank 0 waits too
+            time.sleep(600)  # stuck before the collective (silent): the one rank 1 waits for
         if rank == 0:
             print(f"step={step}", flush=True)
         time.sleep(0.1)
@@ -120,7 +123,7 @@ def test_a_broken_ib_link_quarantines_the_host_and_the_job_moves(tmp_path: Path)
                             for r in inc.plan["reasons"])  # fmt: skip
 
 
-def test_a_repeated_collective_timeout_on_one_rank_isolates_its_device(tmp_path: Path) -> None:
+def test_a_repeated_collective_timeout_isolates_the_rank_it_waited_for(tmp_path: Path) -> None:
     res = run(tmp_path, "timeout", 2, "--hang-timeout", "1.5")
     assert res.returncode == 0, res.stderr[-3000:]
     with Store.open(tmp_path / "state.db") as store:
@@ -133,12 +136,13 @@ def test_a_repeated_collective_timeout_on_one_rank_isolates_its_device(tmp_path:
     assert all(inc.kind.value == "collective_timeout" for inc in incidents), plans
     # First occurrence: restarted on the same devices; second: the culprit's device out.
     assert kinds[0] == ["restart"] and kinds[-1] == ["quarantine", "restart"]
-    assert states["GPU-hosta1"] is HealthState.QUARANTINED
+    assert all(inc.culprit.rank == 0 for inc in incidents), [i.summary for i in incidents]
+    assert states["GPU-hosta0"] is HealthState.QUARANTINED
     assert sum(s is HealthState.QUARANTINED for s in states.values()) == 1
     assert [a.device_uuids for a in attempts] == [
         ("GPU-hosta0", "GPU-hosta1"),
         ("GPU-hosta0", "GPU-hosta1"),
-        ("GPU-hosta0", "GPU-hostb2"),
+        ("GPU-hosta1", "GPU-hostb2"),
     ]
 
 

@@ -112,6 +112,12 @@ def _signature_text(f: Finding) -> str:
     return f.signature or f"{f.kind}:{f.message}"
 
 
+def _from_the_job(f: Finding) -> bool:
+    """A line the job itself printed (``output``, ``output:<stream>``, or one naming a rank),
+    not a line of a host's kernel log."""
+    return f.source == "output" or f.source.startswith("output:") or f.culprit.rank is not None
+
+
 def attribute(
     findings: Sequence[Finding],
     devices: Sequence[Device],
@@ -165,12 +171,16 @@ def attribute(
 
     # 1b. Storage and network infrastructure evidence (correlate's first tier) beats the
     #     application errors it causes; a node failure counts here when no rank crashed.
+    #     A link/NIC event from a host's kernel log counts only when the job's own output
+    #     shows network or collective trouble too: alone it is a coincidence in time (0110).
     root_crash = crashes[0] if crashes else None
+    job_network_trouble = any(_from_the_job(f) and f.domain is Domain.NETWORK for f in ordered)
     infra = [
         f
         for f in ordered
         if tier(f) == 0 and abs(f.at - failed_at) <= window
-        if f.domain in (Domain.STORAGE, Domain.NETWORK)
+        if f.domain is Domain.STORAGE
+        or (f.domain is Domain.NETWORK and (_from_the_job(f) or job_network_trouble))
         or (f.domain is Domain.NODE and root_crash is None)
     ]
     if infra:
