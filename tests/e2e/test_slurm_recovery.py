@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 __all__ = ["slurm", "slurm_cluster"]  # fixtures, re-exported for pytest
 
-RESUMED_RE = re.compile(r"trainguard: resumed from (\S+) \(step (\d+), source=([^)]+)\)")
+RESUMED_RE = re.compile(r"trainguard: resumed from (\S+) \(step (\d+), source=([^;)]+)[;)]")
 
 
 @pytest.fixture
