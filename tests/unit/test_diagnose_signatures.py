@@ -192,23 +192,23 @@ def test_engines_and_chunkings_agree_on_a_generated_log() -> None:
 
 @pytest.mark.parametrize("seed", [7, 11])
 def test_portable_anchor_search_methods_agree(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Aho-Corasick (pyahocorasick) and the stdlib ``bytes.find`` passes classify alike."""
-    pytest.importorskip("ahocorasick")
+    """RE2 (google-re2) and the stdlib ``bytes.find`` passes classify alike."""
+    pytest.importorskip("re2")
     from trainguard.diagnose import matcher
 
     data = _generated_log(random.Random(seed))
     found: dict[str, list[tuple[int | None, str, str]]] = {}
-    for automaton in (True, False):
-        prefilter = matcher.PortablePrefilter(automaton=automaton)
+    for use_re2 in (True, False):
+        prefilter = matcher.PortablePrefilter(use_re2=use_re2)
         monkeypatch.setitem(matcher._CACHE, "portable", prefilter)
         c = Classifier("portable")
         out = c.feed(data) + c.finish()
         found[prefilter.method] = [(m.lineno, m.kind, m.signature) for m in out]
-        # Every line the automaton names is a line the find passes name, with no more rules.
-        if automaton:
+        # Every line RE2 names is a line the find passes name, with no more rules.
+        if use_re2:
             ac_masks = dict(prefilter.scan(data))
         else:
             find_masks = dict(prefilter.scan(data))
-    assert found["aho-corasick"] == found["bytes.find"] and found["bytes.find"]
+    assert found["re2"] == found["bytes.find"] and found["bytes.find"]
     assert set(ac_masks) <= set(find_masks)
     assert all(mask & ~find_masks[line] == 0 for line, mask in ac_masks.items())

@@ -14,11 +14,11 @@ one pattern matches costs one regex, not one per rule. Two implementations:
   the rule. It reports exactly the lines and rules some pattern matches.
 * :class:`PortablePrefilter` finds each rule's lower-case literal anchors in the
   lower-cased buffer, and runs the rule's own regex over the buffer for rules
-  without anchors. With ``pyahocorasick`` (wheels for far more platforms than
-  Hyperscan) all anchors are one Aho-Corasick automaton, one pass over the
-  buffer, and each hit names exactly the rules whose anchor it is; with nothing
-  but the standard library it makes one ``bytes.find`` pass per anchor. It
-  reports a superset of the lines some pattern matches.
+  without anchors. With ``google-re2`` (wheels for far more platforms than
+  Hyperscan) all anchors are one RE2 automaton, one pass over the buffer, and
+  a line's mask names exactly the rules whose anchor it holds; with nothing but
+  the standard library it makes one ``bytes.find`` pass per anchor. It reports
+  a superset of the lines some pattern matches.
 
 Because the precise rules decide, both give identical classifications (tested
 on the corpus and on generated logs). No I/O happens here.
@@ -87,27 +87,54 @@ def _bytes_regex(rule: Rule) -> re.Pattern[bytes]:
     return re.compile(joined.encode(), flags)
 
 
-def _automaton(owners: dict[bytes, int]) -> Any | None:
-    """An Aho-Corasick automaton of the anchors (value: their rules' mask), if available."""
+class _Re2Anchors:
+    """Every anchor in one RE2 automaton (google-re2): one linear pass over the lowered
+    buffer finds the next line that holds an anchor, and an RE2 set names every anchor in
+    that line (overlapping ones too), so its mask holds exactly the rules whose anchor it
+    holds. RE2 runs a DFA, so 170 literals cost about what one does."""
+
+    def __init__(self, re2: Any, owners: dict[bytes, int]) -> None:
+        self._masks = tuple(owners.values())
+        escaped = [re2.escape(anchor) for anchor in owners]
+        self._any = re2.compile(b"|".join(escaped))
+        self._set = re2.Set.SearchSet()
+        for pattern in escaped:
+            self._set.Add(pattern)
+        self._set.Compile()
+
+    def lines(self, low: bytes) -> list[tuple[int, int]]:
+        """``(line start, mask)`` of each line of the lowered buffer holding an anchor."""
+        out: list[tuple[int, int]] = []
+        search, match_set, masks = self._any.search, self._set.Match, self._masks
+        rfind, find, n = low.rfind, low.find, len(low)
+        pos = 0
+        while (m := search(low, pos)) is not None:
+            start = rfind(b"\n", 0, m.start()) + 1
+            end = find(b"\n", m.end())
+            if end == -1:
+                end = n
+            mask = 0
+            for i in match_set(low[start:end]):
+                mask |= masks[i]
+            out.append((start, mask))
+            pos = end + 1
+        return out
+
+
+def _re2_anchors(owners: dict[bytes, int]) -> _Re2Anchors | None:
     try:
-        import ahocorasick
+        import re2
     except ImportError:
         return None
-    automaton = ahocorasick.Automaton()
-    for anchor, mask in owners.items():
-        # latin-1 maps each byte to one character, so offsets in the decoded buffer are
-        # byte offsets; the anchors are lower-case ASCII like the lowered buffer.
-        automaton.add_word(anchor.decode("latin-1"), mask)
-    automaton.make_automaton()
-    return automaton
+    return _Re2Anchors(re2, owners)
 
 
 class PortablePrefilter:
-    """Literal anchors (Aho-Corasick, else ``bytes.find``); a rule's own regex where it has none."""
+    """Literal anchors (RE2, else ``bytes.find``); a rule's own regex where it has none."""
 
     name = "portable"
 
-    def __init__(self, rules: tuple[Rule, ...] = RULES, *, automaton: bool = True) -> None:
+    def __init__(self, rules: tuple[Rule, ...] = RULES, *, use_re2: bool = True) -> None:
         owners: dict[bytes, int] = {}  # anchor -> mask of the rules that name it
         regexes: list[tuple[re.Pattern[bytes], int]] = []
         for i, rule in enumerate(rules):
@@ -131,20 +158,22 @@ class PortablePrefilter:
                 kept[shorter] |= owners[lit]
         self._anchors = tuple(kept.items())
         self._regexes = tuple(regexes)
-        # The automaton keeps every anchor: one pass finds them all at once, and a line's
-        # mask names only the rules whose own anchor it holds (fewer rules tried in Python).
-        self._automaton = _automaton(owners) if automaton else None
-        self.method = "aho-corasick" if self._automaton is not None else "bytes.find"
+        # RE2 keeps every anchor: one pass finds them all at once, and a line's mask names
+        # only the rules whose own anchor it holds (fewer rules tried in Python).
+        self._re2 = _re2_anchors(owners) if use_re2 else None
+        self.method = "re2" if self._re2 is not None else "bytes.find"
 
     def scan(self, buf: bytes) -> list[tuple[int, int]]:
         hits: list[tuple[int, int]] = []
         append = hits.append
-        if self._automaton is not None:
-            # ``end`` is the offset of a hit's last byte: inside the line that holds it.
-            hits = list(self._automaton.iter(buf.lower().decode("latin-1")))
+        if self._re2 is not None:
+            lines = self._re2.lines(buf.lower())
+            if not self._regexes:
+                return lines
+            hits = [(start, mask) for start, mask in lines]
             for rx, mask in self._regexes:
                 hits.extend((m.start(), mask) for m in rx.finditer(buf))
-            return _group_by_line(buf, hits) if hits else []
+            return _group_by_line(buf, hits)
         low = buf.lower()
         find, nl = low.find, low.find
         for anchor, mask in self._anchors:
