@@ -198,5 +198,8 @@ def test_lightning_own_launcher_rank0_killed_is_found_at_once_and_blamed_on_rank
 
     [inc] = case.incidents()
     assert inc["kind"] == "crash" and inc["culprit"]["rank"] == 0, inc
-    assert parse_iso_utc(inc["detected_at"]) - killed_at < 1.0
+    # Found through its own pidfd like any rank (well under a second on an idle machine:
+    # bench/framework_recovery.py); the bound only rules out a fallback timeout on a
+    # loaded CI machine, the rank above is what the old tree mapping got wrong.
+    assert parse_iso_utc(inc["detected_at"]) - killed_at < 10.0
     assert inc["outcome"] == "recovered"
