@@ -3,6 +3,8 @@ below the offered checkpoint, liveness, and never "verified" without progress.""
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -212,3 +214,19 @@ def test_never_verified_without_progress_after_the_restart(
         assert o.last_step > o.first_step
         assert o.first_at is not None and o.last_at is not None
         assert o.last_at >= o.first_at + r.window_seconds
+
+
+def test_a_newer_valid_checkpoint_there_at_the_restart_is_a_correct_restore() -> None:
+    # The old attempt trained on to step 110 while a dead node was awaited; the job picks
+    # its own newest valid checkpoint (110), not the offered one (15).
+    seen = RestartObservation(
+        now=100.0, started_at=0.0, restored_step=15, first_step=111, first_at=10.0,
+        last_step=140, last_at=60.0, newer_valid_steps=(110,),
+    )  # fmt: skip
+    assert verify_restart(seen, VerifyRules(window_seconds=10.0)).recovered
+    # The same first step with no such checkpoint is a restore of something else.
+    jumped = dataclasses.replace(seen, newer_valid_steps=())
+    assert verify_restart(jumped, VerifyRules(window_seconds=10.0)).verdict is Verdict.FAILED
+    # A newer checkpoint far below the first step does not explain it either.
+    far = dataclasses.replace(seen, newer_valid_steps=(20,))
+    assert verify_restart(far, VerifyRules(window_seconds=10.0)).verdict is Verdict.FAILED

@@ -2281,8 +2281,8 @@ class Reconciler:
         )
 
     @staticmethod
-    def _saves_since(root: str | None, since: float) -> list[tuple[int | None, float]]:
-        """Valid checkpoints written into ``root`` since ``since``: ``(step, mtime)``."""
+    def _valid_checkpoints(root: str | None) -> list[tuple[int | None, float]]:
+        """Valid checkpoints in ``root`` (quick check): ``(step, mtime)``."""
         if not root or not os.path.isdir(root):
             return []
         from trainguard.checkpoints import scan
@@ -2294,7 +2294,7 @@ class Reconciler:
         return [
             (i.step if i.step_unit == "step" else None, float(i.created_at))
             for i in found
-            if i.valid and i.created_at is not None and i.created_at >= since
+            if i.valid and i.created_at is not None
         ]
 
     def _move_rejected_aside(self, inc: IncidentRecord, fj: FleetJob) -> None:
@@ -2360,7 +2360,16 @@ class Reconciler:
         others = [a for a in self.store.list_attempts(inc.job_id) if a.number != att.number]
         restored = inc.checkpoint_step if inc.checkpoint_path is not None else None
         running = att.state is not AttemptState.COMPLETED
-        saves = self._saves_since(job.checkpoint_dir, att.started_at)
+        valid = self._valid_checkpoints(job.checkpoint_dir)
+        saves = [(step, t) for step, t in valid if t >= att.started_at]
+        # Checkpoints newer than the offered one that were there when the restart began
+        # (the old attempt trained on while a dead node was awaited): a job that picks
+        # its own newest restores one of them, and loses less.
+        newer = tuple(
+            step
+            for step, t in valid
+            if step is not None and restored is not None and step > restored and t < att.started_at
+        )
         v = verify_restart(
             RestartObservation(
                 now=now,
@@ -2382,6 +2391,7 @@ class Reconciler:
                 alive_until=max((t for _, t in saves), default=None),
                 alive_evidence=f"{len(saves)} checkpoint(s) written",
                 saved_steps=tuple(step for step, _ in saves if step is not None),
+                newer_valid_steps=newer,
                 completed=not running,
             ),
             VerifyRules(

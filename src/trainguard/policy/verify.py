@@ -20,7 +20,10 @@ The rules (decision 0145):
   ``verified`` with ``resumed_below`` set, so the caller records it as such,
   counts lost work from where the job really restarted and tells the user how to
   wire the resume. A first step *above* the window (or a reported restored step
-  that is not the offered one) fails: the job restored something else.
+  that is not the offered one) fails: the job restored something else — unless
+  a valid checkpoint newer than the offered one was already there when the
+  restart began (``newer_valid_steps``: the old attempt trained on while a dead
+  node was awaited) and the job resumed from it, which loses less.
 * The step rate after the restart is at least ``min_rate_ratio`` x the
   pre-failure baseline; every rank that reported before reports again (one more
   window for a late rank).
@@ -86,6 +89,10 @@ class RestartObservation:
     # checkpoint_saved, or new checkpoints in the checkpoint directory): a job that
     # prints no step still shows where it is when it saves.
     saved_steps: tuple[int, ...] = ()
+    # Steps of valid checkpoints newer than the offered one that existed when the restart
+    # began (written while the failure was being handled): a job that picks its own
+    # newest checkpoint restores one of them, which is a correct restore, not a jump.
+    newer_valid_steps: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -132,7 +139,12 @@ def _placement(
     if resumed_from < offered:
         return None, True, resumed_from
     high = offered if exact else offered + rules.step_window
-    if resumed_from > high:
+    newer = [
+        s
+        for s in o.newer_valid_steps
+        if s <= resumed_from <= (s if exact else s + rules.step_window)
+    ]
+    if resumed_from > high and not newer:
         what = "restored" if exact else "first progress at"
         expected = f"step {offered}" if exact else f"a step in [{offered}, {high}]"
         return (
