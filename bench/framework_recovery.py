@@ -6,7 +6,7 @@ For each framework script of tests/jobs/frameworks/ (the DDP tutorial's
 fault (``crash``: SIGKILL rank 1; ``xid``: an XID 79 for rank 1's device in the kernel
 log, then SIGKILL rank 1, as the driver's fault kills the process on it), it runs the
 job under ``trainguard run --devices 4 --need 2`` and, interleaved, under plain
-``torchrun --max-restarts 3`` (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, FIELD-NOTES),
+``torchrun --max-restarts 3`` (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, see docs/field-notes.md),
 and reports:
 
 * detected / isolated (trainguard: the incident's kind and the quarantined device;

@@ -47,6 +47,9 @@ RANK = """
     import json, os, sys, time
     fault, bad_attempts, kern = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     rank, attempt = int(os.environ["RANK"]), int(os.environ["TRAINGUARD_ATTEMPT"])
+    def say(text):  # one write per line: two ranks printing at once never glue lines
+        sys.stdout.write(text + "\\n")
+        sys.stdout.flush()
     device = json.loads(os.environ["TRAINGUARD_DEVICES"])[rank]["uuid"]
     broken = "hosta" in device if fault != "timeout" else attempt < bad_attempts
     for step in range(1, 16):
@@ -56,22 +59,22 @@ RANK = """
                     fh.write("mlx5_core 0000:c1:00.0: Port module event: Link down\\n")
                 time.sleep(0.3)
                 if fault == "kern+peer":
-                    print("[rank1]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/"
-                          "pair.cc:534] Connection closed by peer [10.0.0.2]:29500", flush=True)
+                    say("[rank1]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/"
+                        "pair.cc:534] Connection closed by peer [10.0.0.2]:29500")
                 sys.exit(1)
             if fault == "ib":  # the link of hosta is broken: every start there fails
-                print("[rank1]: NCCL WARN NET/IB : Got completion from peer 10.0.0.2<42424> "
-                      "with error 12, opcode 0, len 0, vendor err 129", flush=True)
+                say("[rank1]: NCCL WARN NET/IB : Got completion from peer 10.0.0.2<42424> "
+                    "with error 12, opcode 0, len 0, vendor err 129")
                 sys.exit(1)
             # rank 1's all-reduce never completes: its peer (rank 0) never joined it.
-            print("[rank1]: Watchdog caught collective operation timeout: "
-                  "WorkNCCL(SeqNum=5, OpType=ALLREDUCE) ran for 600000 milliseconds "
-                  "before timing out.", flush=True)
+            say("[rank1]: Watchdog caught collective operation timeout: "
+                "WorkNCCL(SeqNum=5, OpType=ALLREDUCE) ran for 600000 milliseconds "
+                "before timing out.")
             time.sleep(600)
         if rank == 0 and broken and fault == "timeout" and step == 5:
             time.sleep(600)  # stuck before the collective (silent): the one rank 1 waits for
         if rank == 0:
-            print(f"step={step}", flush=True)
+            say(f"step={step}")
         time.sleep(0.1)
 """
 

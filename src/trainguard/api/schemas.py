@@ -330,6 +330,8 @@ class Incident(_Response):
     checkpoint_step: int | None
     failed_step: int | None
     lost_steps: int | None
+    resumed_step: int | None
+    warnings: list[str]
     recovery_attempt: int | None
     signature: str | None
     actions: list[dict[str, Any]]

@@ -290,6 +290,8 @@ class HangDetector:
             message = (
                 f"no progress and no sign of life for {now - since:.1f} s (timeout {timeout:g} s)"
             )
+            if self.no_progress_hint:
+                message += f": {self.no_progress_hint}"
         elif self.last_step is None:
             message = f"no progress within {timeout:g} s of the start"
             if self.no_progress_hint:
