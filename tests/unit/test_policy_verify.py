@@ -230,3 +230,15 @@ def test_a_newer_valid_checkpoint_there_at_the_restart_is_a_correct_restore() ->
     # A newer checkpoint far below the first step does not explain it either.
     far = dataclasses.replace(seen, newer_valid_steps=(20,))
     assert verify_restart(far, VerifyRules(window_seconds=10.0)).verdict is Verdict.FAILED
+
+
+def test_a_failed_attempt_that_trained_on_explains_a_later_first_step() -> None:
+    # Slurm: the attempt trained on to step 118 while a dead node was awaited; its newest
+    # checkpoint (110) is gone to retention by the time the restart is verified.
+    seen = RestartObservation(
+        now=100.0, started_at=0.0, restored_step=15, first_step=111, first_at=10.0,
+        last_step=140, last_at=60.0, trained_on_to=118,
+    )  # fmt: skip
+    assert verify_restart(seen, VerifyRules(window_seconds=10.0)).recovered
+    beyond = dataclasses.replace(seen, first_step=400, last_step=420, trained_on_to=118)
+    assert verify_restart(beyond, VerifyRules(window_seconds=10.0)).verdict is Verdict.FAILED

@@ -2280,6 +2280,13 @@ class Reconciler:
             rec, ActionState.DONE, {"summary": "waiting for capacity"}, inc, action, fence, effects
         )
 
+    def _trained_on_to(self, inc: IncidentRecord) -> int | None:
+        """The failed attempt's last step when it trained on past the failed step."""
+        failed = self._attempt_or_none(inc.job_id, inc.attempt)
+        if failed is None or failed.last_step is None or inc.failed_step is None:
+            return None
+        return failed.last_step if failed.last_step > inc.failed_step else None
+
     @staticmethod
     def _valid_checkpoints(root: str | None) -> list[tuple[int | None, float]]:
         """Valid checkpoints in ``root`` (quick check): ``(step, mtime)``."""
@@ -2392,6 +2399,7 @@ class Reconciler:
                 alive_evidence=f"{len(saves)} checkpoint(s) written",
                 saved_steps=tuple(step for step, _ in saves if step is not None),
                 newer_valid_steps=newer,
+                trained_on_to=self._trained_on_to(inc),
                 completed=not running,
             ),
             VerifyRules(

@@ -22,8 +22,10 @@ The rules (decision 0145):
   wire the resume. A first step *above* the window (or a reported restored step
   that is not the offered one) fails: the job restored something else — unless
   a valid checkpoint newer than the offered one was already there when the
-  restart began (``newer_valid_steps``: the old attempt trained on while a dead
-  node was awaited) and the job resumed from it, which loses less.
+  restart began (``newer_valid_steps``), or the failed attempt trained on past the
+  offered step after the failure was detected (``trained_on_to``: Slurm, while a
+  dead node was awaited) and the job resumed no further than that: it restored a
+  checkpoint written meanwhile, which loses less.
 * The step rate after the restart is at least ``min_rate_ratio`` x the
   pre-failure baseline; every rank that reported before reports again (one more
   window for a late rank).
@@ -93,6 +95,10 @@ class RestartObservation:
     # began (written while the failure was being handled): a job that picks its own
     # newest checkpoint restores one of them, which is a correct restore, not a jump.
     newer_valid_steps: tuple[int, ...] = ()
+    # The furthest step the failed attempt reached when it trained on after the failure
+    # was detected (Slurm: while a dead node was awaited): it may have saved up to there,
+    # and a job that picks its own newest checkpoint resumes from one of those.
+    trained_on_to: int | None = None
 
 
 @dataclass(frozen=True)
@@ -144,7 +150,10 @@ def _placement(
         for s in o.newer_valid_steps
         if s <= resumed_from <= (s if exact else s + rules.step_window)
     ]
-    if resumed_from > high and not newer:
+    trained_on = o.trained_on_to is not None and resumed_from <= o.trained_on_to + (
+        0 if exact else rules.step_window
+    )
+    if resumed_from > high and not newer and not trained_on:
         what = "restored" if exact else "first progress at"
         expected = f"step {offered}" if exact else f"a step in [{offered}, {high}]"
         return (
