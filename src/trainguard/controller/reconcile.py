@@ -2137,6 +2137,19 @@ class Reconciler:
             if isinstance(ckpt, dict) and ckpt.get("step_unit", "step") == "step"
             else None
         )
+        job_dir = self.store.get_job(inc.job_id).checkpoint_dir
+        if outcome.get("resume_request_withheld") and job_dir:
+            # The old attempt trained on while a dead node was awaited, so no stale resume
+            # request was written: the job restores its newest valid checkpoint, and that
+            # (not the plan's) is what is offered, verified against and counted from.
+            newest = next((c for c in select_checkpoints(job_dir, verify="full") if c.valid), None)
+            if (
+                newest is not None
+                and newest.step is not None
+                and newest.step_unit == "step"
+                and (ckpt_step is None or newest.step > int(ckpt_step))
+            ):
+                resume, ckpt_step = newest.path, newest.step
 
         def effects() -> None:
             lost = None

@@ -897,6 +897,8 @@ class SlurmScheduler:
                     f"not written: the attempt ran on while {waited.split(' ')[0]} was "
                     f"declared down; newer checkpoints than {resume_from} may exist"
                 )
+                # The caller's offered point is now "the newest valid checkpoint".
+                detail["resume_request_withheld"] = True
                 resume_from = None
             cur = self.slurm_job(jid)
             if cur is None:
