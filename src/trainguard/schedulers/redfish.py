@@ -1,0 +1,473 @@
+"""Out-of-band access to a node through its BMC, over Redfish (decision 0240).
+
+The one place trainguard talks to baseboard management controllers. It reads a
+node's power state, health roll-up, thermal/power sensors and system event log
+(:meth:`RedfishBmc.read`, a :class:`~trainguard.model.bmc.BmcReading`; an
+unreachable BMC or refused credentials is a reading with ``reachable=False``
+and the reason) and carries out power actions (:meth:`RedfishBmc.act`):
+``graceful_restart``, ``force_restart``, ``power_cycle`` and ``power_off``.
+
+The client is the OpenStack ``sushy`` library (optional extra ``bmc``; importing
+this module does not need it, reading a BMC does). The SEL has no sushy
+resource, so it is read through sushy's own authenticated connection, following
+the system's ``LogServices`` link.
+
+Configuration is per node (:func:`load_bmc_config`, a TOML file)::
+
+    [nodes.n1]
+    address = "https://10.0.0.11"       # the BMC's base URL
+    credentials = "bmc/n1.cred"         # relative to the config file; mode 0600
+    verify = true                       # TLS verification (default); or a CA bundle path
+    system = "1"                        # optional: the system id when there are several
+
+A credentials file holds the user name on its first line and the password on
+its second; one readable by group or others is refused (:class:`BmcConfigError`).
+
+Actions follow the scheduler contract of :mod:`trainguard.schedulers.base`: each
+carries an idempotency ``key`` and the leader's fencing ``token``. The ledger
+(``<state_dir>/<node>.json`` under an ``flock``) records the key *before* the
+request goes out: a key seen before is not sent again (a crash between the
+request and its result leaves a ``pending`` key, whose replay only re-verifies
+from a fresh read: a power cycle is never sent twice for one key), and a token
+below the highest seen raises :class:`~trainguard.schedulers.base.FencingRejected`.
+Every action is verified from fresh reads until its effect shows (power off:
+off; the restarts and the cycle: on again) or ``action_timeout`` passes
+(``verified=False``). A BMC without ``PowerCycle`` gets ``ForceOff``, a verified
+off, then ``On``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import stat
+import time
+import tomllib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainguard.model.bmc import (
+    BmcActionResult,
+    BmcHealth,
+    BmcReading,
+    PowerState,
+    SelEntry,
+    SensorReading,
+)
+from trainguard.schedulers.base import FencingRejected, SchedulerError
+
+ACTIONS = ("graceful_restart", "force_restart", "power_cycle", "power_off")
+_MAX_EVENTS = 200  # the newest SEL entries kept per reading (a SEL can hold thousands)
+
+
+class BmcConfigError(SchedulerError):
+    """The BMC configuration or a credentials file is unusable (missing, too open, malformed)."""
+
+
+class BmcError(SchedulerError):
+    """A BMC could not carry out an action (unreachable, refused, unsupported)."""
+
+
+@dataclass(frozen=True)
+class BmcEndpoint:
+    """How to reach one node's BMC."""
+
+    node: str
+    address: str
+    credentials: Path
+    verify: bool | str = True
+    system: str | None = None
+    timeout: float = 10.0
+
+
+def read_credentials(path: str | os.PathLike[str]) -> tuple[str, str]:
+    """``(user, password)`` from a 0600 file; a file others may read is refused."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError as exc:
+        raise BmcConfigError(f"BMC credentials file {p}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise BmcConfigError(f"BMC credentials file {p} is not a regular file")
+    if st.st_mode & 0o077:
+        raise BmcConfigError(
+            f"BMC credentials file {p} has mode {stat.S_IMODE(st.st_mode):04o}: it must be "
+            f"readable by its owner only (chmod 600 {p})"
+        )
+    lines = p.read_text().splitlines()
+    if len(lines) < 2 or not lines[0].strip():
+        raise BmcConfigError(
+            f"BMC credentials file {p}: expected the user on line 1, the password on line 2"
+        )
+    return lines[0].strip(), lines[1]
+
+
+def load_bmc_config(path: str | os.PathLike[str]) -> dict[str, BmcEndpoint]:
+    """The per-node BMC endpoints of a TOML file (see the module docstring)."""
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text())
+    except OSError as exc:
+        raise BmcConfigError(f"BMC config {p}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise BmcConfigError(f"BMC config {p}: {exc}") from None
+    nodes = data.get("nodes")
+    if not isinstance(nodes, dict) or not nodes:
+        raise BmcConfigError(f"BMC config {p}: no [nodes.<name>] tables")
+    out: dict[str, BmcEndpoint] = {}
+    for name, table in nodes.items():
+        if not isinstance(table, dict) or "address" not in table or "credentials" not in table:
+            raise BmcConfigError(f"BMC config {p}: node {name!r} needs address and credentials")
+        verify = table.get("verify", True)
+        if not isinstance(verify, bool | str):
+            raise BmcConfigError(f"BMC config {p}: node {name!r}: verify is true/false/a path")
+        cred = Path(str(table["credentials"]))
+        out[str(name)] = BmcEndpoint(
+            node=str(name),
+            address=str(table["address"]).rstrip("/"),
+            credentials=cred if cred.is_absolute() else p.parent / cred,
+            verify=verify,
+            system=None if table.get("system") is None else str(table["system"]),
+            timeout=float(table.get("timeout", 10.0)),
+        )
+    return out
+
+
+_POWER = {
+    "on": PowerState.ON,
+    "off": PowerState.OFF,
+    "powering on": PowerState.POWERING_ON,
+    "powering off": PowerState.POWERING_OFF,
+}
+
+
+def _power(value: Any) -> PowerState:
+    text = str(getattr(value, "value", value) or "").lower()
+    return _POWER.get(text, PowerState.UNKNOWN)
+
+
+def _health(value: Any) -> BmcHealth:
+    text = str(getattr(value, "value", value) or "").lower()
+    try:
+        return BmcHealth(text)
+    except ValueError:
+        return BmcHealth.UNKNOWN
+
+
+class _Ledger:
+    """Keys and the highest fencing token of one node's BMC actions, in a locked JSON file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[dict[str, Any]]:
+        with open(self.path.with_suffix(".lock"), "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                state = json.loads(self.path.read_text())
+            except FileNotFoundError:
+                state = {"max_token": 0, "keys": {}}
+            yield state
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(state, sort_keys=True))
+            os.replace(tmp, self.path)
+
+
+class RedfishBmc:
+    """One node's BMC. ``connect`` builds the sushy client (tests may pass their own)."""
+
+    def __init__(
+        self,
+        endpoint: BmcEndpoint,
+        *,
+        state_dir: str | os.PathLike[str],
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+        poll: float = 0.5,
+        action_timeout: float = 120.0,
+    ) -> None:
+        self.endpoint = endpoint
+        self.clock = clock
+        self.sleep = sleep
+        self.poll = poll
+        self.action_timeout = action_timeout
+        self._ledger = _Ledger(Path(state_dir) / f"{endpoint.node}.json")
+
+    # --- connection ------------------------------------------------------------------
+
+    def _client(self) -> Any:
+        try:
+            import sushy
+            from sushy import auth as sushy_auth
+            from sushy import connector as sushy_connector
+        except ImportError:  # pragma: no cover - the extra is missing
+            raise BmcError(
+                "reading a BMC needs the sushy library: pip install 'trainguard[bmc]'"
+            ) from None
+        user, password = read_credentials(self.endpoint.credentials)
+        base = self.endpoint.address + "/redfish/v1"
+        conn = sushy_connector.Connector(
+            base,
+            verify=self.endpoint.verify,
+            default_request_timeout=self.endpoint.timeout,
+            connect_timeout=min(self.endpoint.timeout, 5.0),
+        )
+        # Basic auth on every request: no session to leak or expire mid-recovery.
+        return sushy.Sushy(
+            base,
+            verify=self.endpoint.verify,
+            auth=sushy_auth.BasicAuth(user, password),
+            connector=conn,
+        )
+
+    def _system(self, client: Any) -> Any:
+        if self.endpoint.system is not None:
+            ident = self.endpoint.system
+            if not ident.startswith("/"):
+                ident = f"/redfish/v1/Systems/{ident}"
+            return client.get_system(ident)
+        members = sorted(client.get_system_collection().members_identities)
+        if not members:
+            raise BmcError(f"the BMC of {self.endpoint.node} reports no system")
+        return client.get_system(members[0])
+
+    def _explain(self, exc: Exception) -> str:
+        """One clear sentence for a failed BMC call (no traceback reaches the operator)."""
+        from sushy import exceptions as sx
+
+        where = f"the BMC of {self.endpoint.node} at {self.endpoint.address}"
+        if isinstance(exc, sx.AccessError):
+            return (
+                f"{where} refused the credentials in {self.endpoint.credentials} "
+                f"(HTTP {exc.status_code}): check the user and password"
+            )
+        if isinstance(exc, sx.ConnectionError):
+            return f"{where} is unreachable: {str(exc).splitlines()[0][:200]}"
+        return f"{where}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+
+    # --- reads -----------------------------------------------------------------------
+
+    def read(self) -> BmcReading:
+        """A fresh reading; never raises for a BMC that cannot be read (see ``error``)."""
+        from sushy import exceptions as sx
+
+        try:
+            client = self._client()
+            system = self._system(client)
+            sensors = self._sensors(client)
+            events = self._events(client, system)
+        except (sx.SushyError, BmcError) as exc:
+            detail = str(exc) if isinstance(exc, BmcError) else self._explain(exc)
+            return BmcReading(
+                node=self.endpoint.node, at=self.clock(), reachable=False, error=detail
+            )
+        status = system.status
+        return BmcReading(
+            node=self.endpoint.node,
+            at=self.clock(),
+            reachable=True,
+            power=_power(system.power_state),
+            health=_health(getattr(status, "health", None)),
+            health_rollup=_health(getattr(status, "health_rollup", None)),
+            sensors=sensors,
+            events=events,
+        )
+
+    def power(self) -> PowerState:
+        """Only the power state (the verification loop's fresh read)."""
+        from sushy import exceptions as sx
+
+        try:
+            return _power(self._system(self._client()).power_state)
+        except sx.SushyError as exc:
+            raise BmcError(self._explain(exc)) from None
+
+    def _sensors(self, client: Any) -> tuple[SensorReading, ...]:
+        from sushy import exceptions as sx
+
+        out: list[SensorReading] = []
+        for chassis in client.get_chassis_collection().get_members():
+            with contextlib.suppress(sx.MissingAttributeError, sx.ResourceNotFoundError):
+                for t in chassis.thermal.temperatures or ():
+                    out.append(
+                        SensorReading(
+                            name=str(t.name),
+                            kind="temperature",
+                            reading=t.reading_celsius,
+                            units="Cel",
+                            health=_health(getattr(t.status, "health", None)).value,
+                            critical=t.upper_threshold_critical,
+                        )
+                    )
+            with contextlib.suppress(sx.MissingAttributeError, sx.ResourceNotFoundError):
+                for ps in chassis.power.power_supplies or ():
+                    out.append(
+                        SensorReading(
+                            name=str(ps.name or ps.identity),
+                            kind="power",
+                            reading=ps.last_power_output_watts,
+                            units="W",
+                            health=_health(getattr(ps.status, "health", None)).value,
+                        )
+                    )
+        return tuple(out)
+
+    def _events(self, client: Any, system: Any) -> tuple[SelEntry, ...]:
+        """The system's event log entries, newest last (every LogService the system links)."""
+        from sushy import exceptions as sx
+
+        conn = client._conn  # sushy's authenticated connection: the SEL has no resource class
+        link = (system.json.get("LogServices") or {}).get("@odata.id")
+        if not link:
+            return ()
+        out: list[SelEntry] = []
+        try:
+            services = conn.get(link).json().get("Members") or []
+            for svc in services:
+                service = conn.get(svc["@odata.id"]).json()
+                entries_link = (service.get("Entries") or {}).get("@odata.id")
+                if not entries_link:
+                    continue
+                for e in conn.get(entries_link).json().get("Members") or []:
+                    out.append(
+                        SelEntry(
+                            id=f"{service.get('Id', '')}/{e.get('Id', '')}",
+                            message=str(e.get("Message") or ""),
+                            severity=str(e.get("Severity") or "OK"),
+                            message_id=e.get("MessageId"),
+                            created=e.get("Created"),
+                            sensor_type=e.get("SensorType"),
+                        )
+                    )
+        except (sx.ResourceNotFoundError, KeyError, ValueError):
+            return tuple(out[-_MAX_EVENTS:])
+        return tuple(out[-_MAX_EVENTS:])
+
+    # --- actions ---------------------------------------------------------------------
+
+    def act(self, action: str, *, key: str, token: int) -> BmcActionResult:
+        """Carry out ``action`` (one of :data:`ACTIONS`) once per ``key``, fenced by ``token``."""
+        if action not in ACTIONS:
+            raise BmcError(f"unknown BMC action {action!r} (one of {', '.join(ACTIONS)})")
+        with self._ledger.locked() as state:
+            if token < state["max_token"]:
+                raise FencingRejected(
+                    f"fencing token {token} is older than {state['max_token']}: refused"
+                )
+            state["max_token"] = max(state["max_token"], int(token))
+            seen = state["keys"].get(key)
+            if seen is None:
+                state["keys"][key] = {"action": action, "state": "pending", "at": self.clock()}
+        if seen is not None and seen.get("state") == "done":
+            return BmcActionResult(
+                node=self.endpoint.node,
+                action=seen["action"],
+                key=key,
+                applied=False,
+                verified=bool(seen["verified"]),
+                power_after=PowerState(seen["power_after"]),
+                detail=dict(seen.get("detail") or {}),
+            )
+        # A pending key was sent before a crash: never send it again, only verify it.
+        detail = self._send(action) if seen is None else {"replayed": True}
+        verified, power_after = self._verify(action)
+        with self._ledger.locked() as state:
+            state["keys"][key] = {
+                "action": action,
+                "state": "done",
+                "verified": verified,
+                "power_after": power_after.value,
+                "detail": detail,
+                "at": self.clock(),
+            }
+        return BmcActionResult(
+            node=self.endpoint.node,
+            action=action,
+            key=key,
+            applied=seen is None,
+            verified=verified,
+            power_after=power_after,
+            detail=detail,
+        )
+
+    def _send(self, action: str) -> dict[str, Any]:
+        import sushy
+        from sushy import exceptions as sx
+
+        reset = sushy.ResetType
+        try:
+            system = self._system(self._client())
+            allowed = set(system.get_allowed_reset_system_values())
+            before = _power(system.power_state)
+            if action == "power_off":
+                if before is not PowerState.OFF:
+                    system.reset_system(reset.FORCE_OFF)
+                return {"sent": ["ForceOff"] if before is not PowerState.OFF else []}
+            if before is PowerState.OFF:  # nothing to restart: switch it on
+                system.reset_system(reset.ON)
+                return {"sent": ["On"], "was": "off"}
+            if action == "graceful_restart":
+                system.reset_system(reset.GRACEFUL_RESTART)
+                return {"sent": ["GracefulRestart"]}
+            if action == "force_restart":
+                system.reset_system(reset.FORCE_RESTART)
+                return {"sent": ["ForceRestart"]}
+            if reset.POWER_CYCLE in allowed:
+                system.reset_system(reset.POWER_CYCLE)
+                return {"sent": ["PowerCycle"]}
+            system.reset_system(reset.FORCE_OFF)
+            if not self._wait_for(PowerState.OFF):
+                raise BmcError(
+                    f"power cycle of {self.endpoint.node}: the BMC did not report it off "
+                    f"within {self.action_timeout:.0f}s; not switching it on"
+                )
+            system.refresh()
+            system.reset_system(reset.ON)
+            return {"sent": ["ForceOff", "On"]}
+        except sx.SushyError as exc:
+            raise BmcError(self._explain(exc)) from None
+
+    def _wait_for(self, want: PowerState) -> bool:
+        deadline = self.clock() + self.action_timeout
+        while True:
+            try:
+                if self.power() is want:
+                    return True
+            except BmcError:
+                pass  # a BMC busy with the reset may not answer for a moment
+            if self.clock() >= deadline:
+                return False
+            self.sleep(self.poll)
+
+    def _verify(self, action: str) -> tuple[bool, PowerState]:
+        want = PowerState.OFF if action == "power_off" else PowerState.ON
+        ok = self._wait_for(want)
+        try:
+            return ok, self.power()
+        except BmcError:
+            return False, PowerState.UNKNOWN
+
+
+def bmcs_from_config(
+    config: Mapping[str, BmcEndpoint], *, state_dir: str | os.PathLike[str], **kwargs: Any
+) -> dict[str, RedfishBmc]:
+    """One :class:`RedfishBmc` per configured node."""
+    return {name: RedfishBmc(ep, state_dir=state_dir, **kwargs) for name, ep in config.items()}
+
+
+__all__ = [
+    "ACTIONS",
+    "BmcConfigError",
+    "BmcEndpoint",
+    "BmcError",
+    "RedfishBmc",
+    "bmcs_from_config",
+    "load_bmc_config",
+    "read_credentials",
+]
