@@ -173,7 +173,10 @@ class _Ledger:
                 state = json.loads(self.path.read_text())
             except FileNotFoundError:
                 state = {"max_token": 0, "keys": {}}
+            before = json.dumps(state, sort_keys=True)
             yield state
+            if json.dumps(state, sort_keys=True) == before:
+                return  # a read: nothing to write
             tmp = self.path.with_suffix(".tmp")
             tmp.write_text(json.dumps(state, sort_keys=True))
             os.replace(tmp, self.path)
@@ -395,6 +398,12 @@ class RedfishBmc:
             power_after=power_after,
             detail=detail,
         )
+
+    def recorded(self, key: str) -> dict[str, Any] | None:
+        """What the ledger holds for ``key`` (``state`` pending/done, ``at``, ``verified``)."""
+        with self._ledger.locked() as state:
+            hit = state["keys"].get(key)
+        return None if hit is None else dict(hit)
 
     def _send(self, action: str) -> dict[str, Any]:
         import sushy

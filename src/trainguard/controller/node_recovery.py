@@ -1,0 +1,391 @@
+"""The control plane's step for lost nodes: gather facts, decide purely, act, verify.
+
+:class:`NodeRecovery` is self-contained: the engine calls
+:meth:`NodeRecovery.run_once` once per pass with the pass's observation, its
+fencing token and the time (decision 0242). Each call re-reads what it needs
+(level-based): in-band answering (the ``probe``; default: the scheduler does
+not report the node ``down``), the node's health and repair record in the
+store, the BMC (only for a node that does not answer or that this recovery
+holds), the approval of the next power cycle, and the BMC ledger's cycles. It
+asks :func:`trainguard.policy.node_recovery.decide_node` and carries the step out:
+
+* ``isolate``: drain through the scheduler, quarantine in the store, open the
+  repair record with the BMC evidence (controller/repair.py), audit the
+  route; the node's health reason starts with :data:`MARK`, which is how later
+  passes know the isolation is this recovery's.
+* ``request_approval``: an approval row for the power cycle's action key.
+* ``power_cycle``: intent audit, the BMC action (keyed, fenced, verified from a
+  fresh read), result audit, the result on the repair record.
+* ``validate``: quarantined -> validating, the validation (``validate``), its
+  result on the repair record; ``return``: resume the node, validating ->
+  healthy, the repair closed as ``validated``; ``repair``: -> repair, record open.
+
+Keys are per repair episode (``node-recovery:<node>:r<repair id>:...``), so a
+restarted controller neither repeats a cycle nor asks twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from trainguard.controller.repair import open_repair_for
+from trainguard.model.bmc import BmcActionResult, BmcReading
+from trainguard.model.fleet import ApprovalState, RepairRecord, RepairState
+from trainguard.model.health import HealthState
+from trainguard.model.records import AuditKind
+from trainguard.policy.node_recovery import (
+    Approval,
+    NodeDecision,
+    NodeFacts,
+    NodeRecoveryPolicy,
+    NodeStep,
+    decide_node,
+)
+from trainguard.schedulers.base import ClusterScheduler, JobPhase, NodePhase, Observation
+from trainguard.store.errors import NotFound
+from trainguard.store.fleet import Fence, FleetStore
+
+MARK = "node recovery: "
+
+
+class Bmc(Protocol):
+    """What the step needs of a node's BMC (:class:`~trainguard.schedulers.redfish.RedfishBmc`)."""
+
+    def read(self) -> BmcReading: ...
+
+    def act(self, action: str, *, key: str, token: int) -> BmcActionResult: ...
+
+    def recorded(self, key: str) -> dict[str, Any] | None: ...
+
+
+@dataclass(frozen=True)
+class Validation:
+    passed: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class NodeOutcome:
+    """What one pass did for one node (for logs, the CLI and the demo)."""
+
+    node: str
+    step: NodeStep
+    reason: str
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class NodeRecovery:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        fleet: FleetStore,
+        scheduler: ClusterScheduler,
+        bmcs: Mapping[str, Bmc],
+        *,
+        validate: Callable[[str], Validation],
+        probe: Callable[[str], bool] | None = None,
+        policy: NodeRecoveryPolicy | None = None,
+        actor: str = "trainguard",
+        webhook: str | None = None,
+    ) -> None:
+        self.fleet = fleet
+        self.scheduler = scheduler
+        self.bmcs = dict(bmcs)
+        self.validate = validate
+        self.probe = probe
+        self.policy = policy or NodeRecoveryPolicy()
+        self.actor = actor
+        self.webhook = webhook
+
+    # --- facts -----------------------------------------------------------------------
+
+    def _answering(self, obs: Observation, node: str) -> bool:
+        if self.probe is not None:
+            return self.probe(node)
+        return obs.nodes[node].phase is not NodePhase.DOWN
+
+    def _drained(self, obs: Observation, node: str) -> bool:
+        """Isolated by the scheduler with no running or pending work on it."""
+        if obs.nodes[node].phase is NodePhase.UP:
+            return False
+        return not any(
+            node in j.nodes and j.phase in (JobPhase.RUNNING, JobPhase.PENDING)
+            for j in obs.jobs.values()
+        )
+
+    @staticmethod
+    def key(node: str, repair_id: int, what: str) -> str:
+        return f"node-recovery:{node}:r{repair_id}:{what}"
+
+    def _cycles(self, node: str, repair: RepairRecord | None) -> tuple[int, float | None]:
+        """Power cycles sent in this repair episode and when the last one finished."""
+        bmc = self.bmcs.get(node)
+        if bmc is None or repair is None:
+            return 0, None
+        n, last = 0, None
+        while (hit := bmc.recorded(self.key(node, repair.id, f"power_cycle:{n + 1}"))) is not None:
+            n, last = n + 1, float(hit.get("at") or 0.0)
+        return n, last
+
+    def facts(
+        self, obs: Observation, node: str, now: float
+    ) -> tuple[NodeFacts, RepairRecord | None]:
+        """Everything :func:`decide_node` needs about ``node``, read fresh."""
+        try:
+            rec = self.fleet.get_node(node)
+        except NotFound:
+            rec = self.fleet.register_node(
+                node, at=now, partition=obs.nodes[node].partition, actor=self.actor
+            )
+        answering = self._answering(obs, node)
+        ours = (rec.reason or "").startswith(MARK)
+        repair = self.fleet.open_repair_for("node", node) if ours else None
+        reading = None
+        bmc = self.bmcs.get(node)
+        held = ours and rec.state in (HealthState.QUARANTINED, HealthState.VALIDATING)
+        if bmc is not None and ((not answering and rec.state.schedulable) or held):
+            reading = bmc.read()
+        cycles, last = self._cycles(node, repair)
+        approval = Approval.NONE
+        if repair is not None:
+            got = self.fleet.approval_for(self.key(node, repair.id, f"power_cycle:{cycles + 1}"))
+            if got is not None:
+                approval = Approval(got.state.value)
+        validation = None
+        if repair is not None and repair.validations:
+            last_v = repair.validations[-1]
+            if last_v.get("by") == "node-recovery" and last_v.get("after_cycle") == cycles:
+                validation = bool(last_v.get("passed"))
+        return (
+            NodeFacts(
+                node=node,
+                answering=answering,
+                health=rec.state,
+                reading=reading,
+                drained=self._drained(obs, node),
+                approval=approval,
+                power_cycles=cycles,
+                last_cycle_at=last,
+                validation=validation,
+                ours=ours,
+                now=now,
+            ),
+            repair,
+        )
+
+    # --- the pass --------------------------------------------------------------------
+
+    def run_once(self, obs: Observation, fence: Fence, now: float) -> list[NodeOutcome]:
+        """One pass over every node of ``obs`` (nodes with nothing to do are not listed)."""
+        self.fleet.check_fence(fence, now)
+        out: list[NodeOutcome] = []
+        for node in sorted(obs.nodes):
+            facts, repair = self.facts(obs, node, now)
+            decision = decide_node(facts, self.policy)
+            if decision.step is NodeStep.NOTHING and (
+                not facts.ours or facts.health in (HealthState.REPAIR, HealthState.RETIRED)
+            ):
+                continue
+            out.append(self._carry_out(decision, facts, repair, fence, now))
+        return out
+
+    def _audit(
+        self, kind: AuditKind, node: str, message: str, data: dict[str, Any], now: float
+    ) -> None:
+        self.fleet.store.append_audit(now, self.actor, kind, f"node:{node}", message, data)
+
+    def _carry_out(
+        self,
+        d: NodeDecision,
+        facts: NodeFacts,
+        repair: RepairRecord | None,
+        fence: Fence,
+        now: float,
+    ) -> NodeOutcome:
+        node, step = d.node, d.step
+        detail: dict[str, Any] = {"route": d.route.value if d.route else None}
+        if facts.reading is not None:
+            detail["bmc"] = {
+                "power": facts.reading.power.value,
+                "reachable": facts.reading.reachable,
+                "error": facts.reading.error,
+            }
+        if step is NodeStep.ISOLATE:
+            repair = self._isolate(d, fence, now)
+            detail["repair"] = repair.id
+        elif step is NodeStep.REQUEST_APPROVAL:
+            assert repair is not None
+            key = self.key(node, repair.id, f"power_cycle:{facts.power_cycles + 1}")
+            approval = self.fleet.request_approval(
+                kind="power_cycle",
+                subject=f"node:{node}",
+                why=d.needs_approval or d.reason,
+                at=now,
+                actor=self.actor,
+                action_key=key,
+                data={"node": node, "reason": d.reason, "evidence": list(d.evidence)},
+                fence=fence,
+            )
+            detail.update(approval=approval.id, key=key)
+        elif step is NodeStep.POWER_CYCLE:
+            assert repair is not None
+            result = self._power_cycle(d, facts, repair, fence, now)
+            detail.update(result.to_dict())
+        elif step is NodeStep.VALIDATE:
+            assert repair is not None
+            detail.update(self._validate(d, facts, repair, fence, now))
+        elif step is NodeStep.RETURN:
+            assert repair is not None
+            self._return(node, repair, fence, now)
+        elif step is NodeStep.REPAIR:
+            self._to_repair(d, facts, repair, now)
+        return NodeOutcome(node=node, step=step, reason=d.reason, detail=detail)
+
+    def _isolate(self, d: NodeDecision, fence: Fence, now: float) -> RepairRecord:
+        node = d.node
+        reason = MARK + d.reason
+        self._audit(
+            AuditKind.DECISION,
+            node,
+            f"node {node}: {d.reason}",
+            {"route": d.route.value if d.route else None, "evidence": list(d.evidence)},
+            now,
+        )
+        self.scheduler.drain(
+            node, reason[:200], key=f"node-recovery:{node}:drain:{now:.3f}", token=fence.token
+        )
+        with self.fleet.fenced(fence, now):
+            self.fleet.transition_node(node, HealthState.QUARANTINED, reason, self.actor, now)
+            return open_repair_for(
+                self.fleet,
+                resource_kind="node",
+                resource_id=node,
+                host=node,
+                what_failed=f"node lost: {d.reason}",
+                attribution={"kind": "node", "findings": [f.to_dict() for f in d.findings]},
+                evidence=d.evidence,
+                at=now,
+                actor=self.actor,
+                webhook=self.webhook,
+            )
+
+    def _power_cycle(
+        self, d: NodeDecision, facts: NodeFacts, repair: RepairRecord, fence: Fence, now: float
+    ) -> BmcActionResult:
+        node = d.node
+        key = self.key(node, repair.id, f"power_cycle:{facts.power_cycles + 1}")
+        approval = self.fleet.approval_for(key)
+        why = (
+            f"approved by {approval.decided_by}"
+            if approval is not None and approval.state is ApprovalState.APPROVED
+            else "allowed by policy for a drained node"
+        )
+        self._audit(
+            AuditKind.INTENT,
+            node,
+            f"power cycle {node} ({why}): {d.reason}",
+            {"key": key, "type": "power_cycle", "token": fence.token},
+            now,
+        )
+        result = self.bmcs[node].act("power_cycle", key=key, token=fence.token)
+        self._audit(
+            AuditKind.RESULT,
+            node,
+            f"power cycle {node}: "
+            + ("verified on" if result.verified else "NOT verified")
+            + f" (power {result.power_after.value})",
+            {"key": key, "type": "power_cycle", **result.to_dict()},
+            now,
+        )
+        self.fleet.update_repair(
+            repair.id,
+            at=now,
+            actor=self.actor,
+            evidence=[
+                f"power cycle {facts.power_cycles + 1} ({why}): "
+                + (
+                    "verified, power on"
+                    if result.verified
+                    else f"not verified, power {result.power_after.value}"
+                )
+            ],
+        )
+        return result
+
+    def _validate(
+        self, d: NodeDecision, facts: NodeFacts, repair: RepairRecord, fence: Fence, now: float
+    ) -> dict[str, Any]:
+        node = d.node
+        with self.fleet.fenced(fence, now):
+            if facts.health is HealthState.QUARANTINED:
+                self.fleet.transition_node(
+                    node, HealthState.VALIDATING, MARK + d.reason, self.actor, now
+                )
+            if repair.state is RepairState.OPEN:
+                self.fleet.update_repair(
+                    repair.id, at=now, actor=self.actor, state=RepairState.VALIDATING
+                )
+        v = self.validate(node)
+        self.fleet.update_repair(
+            repair.id,
+            at=now,
+            actor=self.actor,
+            validation={
+                "by": "node-recovery",
+                "after_cycle": facts.power_cycles,
+                "passed": v.passed,
+                "detail": v.detail,
+                "at": now,
+            },
+        )
+        # Decide again on the result in the same pass: back to service or to repair.
+        again = decide_node(
+            NodeFacts(
+                **{**facts.__dict__, "health": HealthState.VALIDATING, "validation": v.passed}
+            ),
+            self.policy,
+        )
+        fresh = self.fleet.get_repair(repair.id)
+        if again.step is NodeStep.RETURN:
+            self._return(node, fresh, fence, now)
+        elif again.step is NodeStep.REPAIR:
+            self._to_repair(again, facts, fresh, now)
+        return {"validation": {"passed": v.passed, "detail": v.detail}, "then": again.step.value}
+
+    def _return(self, node: str, repair: RepairRecord, fence: Fence, now: float) -> None:
+        self.scheduler.resume_node(
+            node,
+            "validated after a power cycle",
+            key=self.key(node, repair.id, "resume"),
+            token=fence.token,
+        )
+        with self.fleet.fenced(fence, now):
+            self.fleet.transition_node(
+                node, HealthState.HEALTHY, "validated after a power cycle", self.actor, now
+            )
+            self.fleet.update_repair(
+                repair.id, at=now, actor=self.actor, state=RepairState.CLOSED, outcome="validated"
+            )
+
+    def _to_repair(
+        self, d: NodeDecision, facts: NodeFacts, repair: RepairRecord | None, now: float
+    ) -> None:
+        node = d.node
+        current = self.fleet.get_node(node).state
+        if current in (HealthState.QUARANTINED, HealthState.VALIDATING):
+            self.fleet.transition_node(node, HealthState.REPAIR, MARK + d.reason, self.actor, now)
+        if repair is not None:
+            self.fleet.update_repair(
+                repair.id,
+                at=now,
+                actor=self.actor,
+                state=RepairState.OPEN if repair.state is RepairState.VALIDATING else None,
+                evidence=[d.reason],
+                note="automatic recovery gave up: a person repairs it",
+            )
+
+
+__all__ = ["MARK", "Bmc", "NodeOutcome", "NodeRecovery", "Validation"]

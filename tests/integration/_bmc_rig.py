@@ -1,0 +1,73 @@
+"""A procs cluster whose every node has a real Redfish BMC (sushy-emulator), a store, a lease.
+
+Shared by the node-recovery tests and ``examples/demo_fleet.py``: the in-band
+probe of node ``n`` is its emulator's ``/_host`` (powered on and not hung), the
+validation after a power cycle is that probe answering again.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from _bmc_emulator import Emulator, write_htpasswd
+
+from trainguard.controller.node_recovery import NodeRecovery, Validation
+from trainguard.policy.node_recovery import NodeRecoveryPolicy
+from trainguard.schedulers.procs import ProcessCluster
+from trainguard.schedulers.redfish import BmcEndpoint, RedfishBmc
+from trainguard.store import Store
+from trainguard.store.fleet import Fence, FleetStore
+
+USER, PASSWORD = "admin", "s3cret"
+T0 = 1_800_000_000.0
+
+
+class BmcRig:
+    def __init__(
+        self,
+        tmp: Path,
+        nodes: tuple[str, ...] = ("n1", "n2"),
+        policy: NodeRecoveryPolicy | None = None,
+    ) -> None:
+        self.tmp = tmp
+        self.cluster = ProcessCluster(tmp / "cluster", nodes={n: 1 for n in nodes}, grace=1.0)
+        self.store = Store.open(tmp / "tg.db")
+        self.fleet = FleetStore(self.store)
+        lease = self.fleet.acquire_lease("controller", "rig", 3600.0, T0)
+        assert lease is not None
+        self.fence = Fence("controller", "rig", lease.token)
+        auth = write_htpasswd(tmp / "htpasswd", USER, PASSWORD)
+        self.emulators = {n: Emulator(tmp / f"bmc-{n}", auth=auth) for n in nodes}
+        for emu in self.emulators.values():
+            emu.start()
+        self.bmcs = {n: self.bmc(n) for n in nodes}
+        self.recovery = NodeRecovery(
+            self.fleet,
+            self.cluster,
+            self.bmcs,
+            validate=self.validate,
+            probe=lambda n: self.emulators[n].answering(),
+            policy=policy or NodeRecoveryPolicy(boot_grace=120.0),
+            actor="rig",
+        )
+
+    def bmc(self, node: str, password: str = PASSWORD) -> RedfishBmc:
+        cred = self.tmp / f"{node}-{password}.cred"
+        cred.write_text(f"{USER}\n{password}\n")
+        os.chmod(cred, 0o600)
+        ep = BmcEndpoint(node=node, address=self.emulators[node].url, credentials=cred)
+        return RedfishBmc(ep, state_dir=self.tmp / "bmc-ledger", poll=0.2, action_timeout=30.0)
+
+    def validate(self, node: str) -> Validation:
+        ok = self.emulators[node].answering()
+        return Validation(ok, "the host answers its probe" if ok else "the host does not answer")
+
+    def step(self, now: float) -> list:  # type: ignore[type-arg]
+        return self.recovery.run_once(self.cluster.observe(), self.fence, now)
+
+    def close(self) -> None:
+        for emu in self.emulators.values():
+            emu.stop()
+        self.cluster.shutdown()
+        self.store.close()

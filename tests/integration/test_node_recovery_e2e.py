@@ -1,0 +1,169 @@
+"""NodeRecovery end to end: a procs cluster, one real Redfish BMC (sushy-emulator) per node,
+a real store. Each fault of issue #17: power loss, a PSU alarm in the SEL, a hung node a
+power cycle brings back (after approval, then validated), an unreachable BMC, wrong
+credentials. The assertions are on the world: node health, drain state, repair records,
+approvals, the BMC's power state and ledger."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("sushy")
+pytest.importorskip("sushy_tools")
+
+from _bmc_rig import T0, BmcRig
+
+from trainguard.model.bmc import PowerState
+from trainguard.model.fleet import ApprovalState, RepairState
+from trainguard.model.health import HealthState
+from trainguard.policy.node_recovery import NodeRecoveryPolicy, NodeStep
+from trainguard.schedulers.base import FencingRejected, NodePhase
+from trainguard.store.fleet import Fence, Fenced
+
+PSU = {
+    "Severity": "Critical",
+    "Message": "Power Supply 1: failure detected",
+    "MessageId": "PSU0001",
+    "Created": "2026-12-02T03:00:00Z",
+}
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[BmcRig]:
+    r = BmcRig(tmp_path)
+    try:
+        yield r
+    finally:
+        r.close()
+
+
+def _isolated_for_repair(rig: BmcRig, node: str) -> str:
+    assert rig.fleet.get_node(node).state is HealthState.QUARANTINED
+    assert rig.cluster.observe().nodes[node].phase is NodePhase.DRAINED
+    [rec] = rig.fleet.list_repairs(resource_kind="node", resource_id=node)
+    assert rec.state is RepairState.OPEN
+    return "\n".join((rec.what_failed, *rec.evidence))
+
+
+def _no_power_action(rig: BmcRig, node: str) -> None:
+    """The BMC ledger holds no action for the node (every action is keyed there first)."""
+    path = rig.tmp / "bmc-ledger" / f"{node}.json"
+    assert not path.exists() or not json.loads(path.read_text())["keys"]
+
+
+def test_healthy_nodes_are_left_alone_and_their_bmcs_not_asked(rig: BmcRig) -> None:
+    assert rig.step(T0) == []
+    assert all(n.state is HealthState.HEALTHY for n in rig.fleet.list_nodes())
+
+
+def test_power_loss_isolates_the_node_for_repair(rig: BmcRig) -> None:
+    rig.emulators["n1"].fault(power="Off")
+    [out] = rig.step(T0)
+    assert out.step is NodeStep.ISOLATE and out.detail["route"] == "repair"
+    text = _isolated_for_repair(rig, "n1")
+    assert "powered off" in text and "BMC: power off" in text
+    assert rig.step(T0 + 10)[0].step is NodeStep.NOTHING  # waits for a person
+    _no_power_action(rig, "n1")
+    assert rig.fleet.get_node("n2").state is HealthState.HEALTHY
+
+
+def test_psu_alarm_in_the_sel_isolates_for_repair_without_a_power_cycle(rig: BmcRig) -> None:
+    rig.emulators["n2"].fault(hung=True, health="Critical", sel=[PSU])
+    [out] = rig.step(T0)
+    assert out.step is NodeStep.ISOLATE and out.detail["route"] == "repair"
+    text = _isolated_for_repair(rig, "n2")
+    assert "hardware alarm" in text and "Power Supply 1: failure detected" in text
+    rig.step(T0 + 10)
+    _no_power_action(rig, "n2")
+    assert rig.fleet.list_approvals() == []
+
+
+def test_hung_node_power_cycled_after_approval_validated_and_returned(rig: BmcRig) -> None:
+    rig.emulators["n1"].fault(hung=True)
+    assert rig.step(T0)[0].step is NodeStep.ISOLATE
+    assert rig.fleet.get_node("n1").state is HealthState.QUARANTINED
+    out = rig.step(T0 + 1)[0]
+    assert out.step is NodeStep.REQUEST_APPROVAL
+    [approval] = rig.fleet.list_approvals()
+    assert approval.state is ApprovalState.PENDING and approval.kind == "power_cycle"
+    assert rig.step(T0 + 2)[0].step is NodeStep.WAIT_APPROVAL
+    _no_power_action(rig, "n1")
+    assert not rig.emulators["n1"].answering()
+    rig.fleet.decide_approval(
+        approval.id, ApprovalState.APPROVED, actor="alice", reason="hung, BMC clean", at=T0 + 3
+    )
+    out = rig.step(T0 + 4)[0]
+    assert out.step is NodeStep.POWER_CYCLE and out.detail["verified"] is True
+    assert rig.emulators["n1"].answering()
+    assert rig.bmcs["n1"].read().power is PowerState.ON
+    out = rig.step(T0 + 5)[0]
+    assert out.step is NodeStep.VALIDATE and out.detail["then"] == "return"
+    assert rig.fleet.get_node("n1").state is HealthState.HEALTHY
+    assert rig.cluster.observe().nodes["n1"].phase is NodePhase.UP
+    [rec] = rig.fleet.list_repairs(resource_kind="node", resource_id="n1")
+    assert rec.state is RepairState.CLOSED and rec.outcome == "validated"
+    assert rec.validations[-1]["passed"] is True
+    assert any("power cycle 1 (approved by alice): verified" in e for e in rec.evidence)
+    assert rig.step(T0 + 6) == []  # back in service: nothing more, exactly one cycle
+    ledger = rig.bmcs["n1"].recorded(f"node-recovery:n1:r{rec.id}:power_cycle:1")
+    assert ledger is not None and ledger["state"] == "done"
+    assert rig.bmcs["n1"].recorded(f"node-recovery:n1:r{rec.id}:power_cycle:2") is None
+
+
+def test_a_deposed_leader_cannot_power_cycle(rig: BmcRig) -> None:
+    rig.emulators["n1"].fault(hung=True)
+    rig.step(T0)
+    rig.step(T0 + 1)
+    [approval] = rig.fleet.list_approvals()
+    rig.fleet.decide_approval(
+        approval.id, ApprovalState.APPROVED, actor="alice", reason="ok", at=T0 + 2
+    )
+    with rig.bmcs["n1"]._ledger.locked() as state:  # a newer leader has used this BMC
+        state["max_token"] = rig.fence.token + 1
+    with pytest.raises(FencingRejected):
+        rig.step(T0 + 3)
+    assert not rig.emulators["n1"].answering()  # no cycle was sent
+
+
+def test_drained_node_cycled_without_approval_when_the_policy_allows(tmp_path: Path) -> None:
+    rig = BmcRig(tmp_path, policy=NodeRecoveryPolicy(cycle_drained_without_approval=True))
+    try:
+        rig.emulators["n2"].fault(hung=True)
+        rig.step(T0)
+        out = rig.step(T0 + 1)[0]
+        assert out.step is NodeStep.POWER_CYCLE and out.detail["verified"]
+        assert rig.fleet.list_approvals() == []
+        assert rig.step(T0 + 2)[0].detail["then"] == "return"
+        assert rig.fleet.get_node("n2").state is HealthState.HEALTHY
+    finally:
+        rig.close()
+
+
+def test_unreachable_bmc_isolates_and_says_so(rig: BmcRig) -> None:
+    rig.emulators["n1"].stop()  # the server and its BMC are gone (the probe fails too)
+    [out] = rig.step(T0)
+    assert out.step is NodeStep.ISOLATE and out.detail["bmc"]["reachable"] is False
+    text = _isolated_for_repair(rig, "n1")
+    assert "cannot be read" in text and "unreachable" in text
+    _no_power_action(rig, "n1")
+
+
+def test_wrong_credentials_isolate_with_a_clear_error(rig: BmcRig) -> None:
+    rig.recovery.bmcs["n2"] = rig.bmc("n2", password="wrong")
+    rig.emulators["n2"].fault(hung=True)
+    [out] = rig.step(T0)
+    assert out.step is NodeStep.ISOLATE and out.detail["route"] == "repair"
+    text = _isolated_for_repair(rig, "n2")
+    assert "refused the credentials" in text and "HTTP 401" in text
+
+
+def test_stale_fence_is_refused_before_anything(rig: BmcRig) -> None:
+    rig.emulators["n1"].fault(hung=True)
+    with pytest.raises(Fenced):
+        rig.recovery.run_once(rig.cluster.observe(), Fence("controller", "old", 0), T0)
+    assert rig.fleet.list_nodes() == []  # nothing was written, not even a registration
+    assert rig.cluster.observe().nodes["n1"].phase is NodePhase.UP
