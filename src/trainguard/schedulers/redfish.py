@@ -98,7 +98,10 @@ def read_credentials(path: str | os.PathLike[str]) -> tuple[str, str]:
             f"BMC credentials file {p} has mode {stat.S_IMODE(st.st_mode):04o}: it must be "
             f"readable by its owner only (chmod 600 {p})"
         )
-    lines = p.read_text().splitlines()
+    try:
+        lines = p.read_bytes().decode("utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BmcConfigError(f"BMC credentials file {p}: unreadable ({exc})") from None
     if len(lines) < 2 or not lines[0].strip():
         raise BmcConfigError(
             f"BMC credentials file {p}: expected the user on line 1, the password on line 2"
@@ -110,11 +113,13 @@ def load_bmc_config(path: str | os.PathLike[str]) -> dict[str, BmcEndpoint]:
     """The per-node BMC endpoints of a TOML file (see the module docstring)."""
     p = Path(path)
     try:
-        data = tomllib.loads(p.read_text())
+        data = tomllib.loads(p.read_bytes().decode("utf-8"))
     except OSError as exc:
         raise BmcConfigError(f"BMC config {p}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise BmcConfigError(f"BMC config {p}: not a UTF-8 text (TOML) file") from None
     except tomllib.TOMLDecodeError as exc:
-        raise BmcConfigError(f"BMC config {p}: {exc}") from None
+        raise BmcConfigError(f"BMC config {p}: not valid TOML: {exc}") from None
     nodes = data.get("nodes")
     if not isinstance(nodes, dict) or not nodes:
         raise BmcConfigError(f"BMC config {p}: no [nodes.<name>] tables")
@@ -163,10 +168,10 @@ class _Ledger:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[dict[str, Any]]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path.with_suffix(".lock"), "a+b") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
