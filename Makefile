@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test test-fast lint bench openapi clean
+.PHONY: venv demo demo-fleet test test-fast lint bench openapi clean
 
 venv: $(STAMP)
 
@@ -25,6 +25,11 @@ $(STAMP): pyproject.toml constraints-torch.txt
 
 demo: $(STAMP)
 	$(PY) examples/demo.py
+
+# Issue #17: a lost node, its BMC (a real Redfish emulator) asked, a power cycle
+# approved and verified, the node validated and returned to service.
+demo-fleet: $(STAMP)
+	$(PY) examples/demo_fleet.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples
