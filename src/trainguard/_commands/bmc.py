@@ -48,7 +48,7 @@ def run_status(args: argparse.Namespace) -> int:
     import tempfile
 
     from trainguard.diagnose.bmc_events import bmc_findings
-    from trainguard.schedulers.redfish import BmcConfigError, RedfishBmc, load_bmc_config
+    from trainguard.schedulers.redfish import BmcConfigError, BmcError, RedfishBmc, load_bmc_config
 
     try:
         config = load_bmc_config(args.config)
@@ -63,7 +63,7 @@ def run_status(args: argparse.Namespace) -> int:
         for name in names:
             try:
                 reading = RedfishBmc(config[name], state_dir=ledger).read()
-            except BmcConfigError as exc:
+            except (BmcConfigError, BmcError) as exc:
                 return error(str(exc))
             findings = bmc_findings(reading)
             results.append({**reading.to_dict(), "findings": [f.to_dict() for f in findings]})

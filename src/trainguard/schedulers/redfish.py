@@ -163,6 +163,20 @@ def _health(value: Any) -> BmcHealth:
         return BmcHealth.UNKNOWN
 
 
+def _sushy() -> Any:
+    """The sushy package, or :class:`BmcError` saying how to install it."""
+    try:
+        import sushy
+        import sushy.auth
+        import sushy.connector
+        import sushy.exceptions
+    except ImportError:
+        raise BmcError(
+            "talking to a BMC needs the sushy library: pip install 'trainguard[bmc]'"
+        ) from None
+    return sushy
+
+
 class _Ledger:
     """Keys and the highest fencing token of one node's BMC actions, in a locked JSON file."""
 
@@ -188,7 +202,7 @@ class _Ledger:
 
 
 class RedfishBmc:
-    """One node's BMC. ``connect`` builds the sushy client (tests may pass their own)."""
+    """One node's BMC; ``clock``/``sleep`` are injected, ``state_dir`` holds the action ledger."""
 
     def __init__(
         self,
@@ -210,17 +224,10 @@ class RedfishBmc:
     # --- connection ------------------------------------------------------------------
 
     def _client(self) -> Any:
-        try:
-            import sushy
-            from sushy import auth as sushy_auth
-            from sushy import connector as sushy_connector
-        except ImportError:  # pragma: no cover - the extra is missing
-            raise BmcError(
-                "reading a BMC needs the sushy library: pip install 'trainguard[bmc]'"
-            ) from None
+        sushy = _sushy()
         user, password = read_credentials(self.endpoint.credentials)
         base = self.endpoint.address + "/redfish/v1"
-        conn = sushy_connector.Connector(
+        conn = sushy.connector.Connector(
             base,
             verify=self.endpoint.verify,
             default_request_timeout=self.endpoint.timeout,
@@ -230,7 +237,7 @@ class RedfishBmc:
         return sushy.Sushy(
             base,
             verify=self.endpoint.verify,
-            auth=sushy_auth.BasicAuth(user, password),
+            auth=sushy.auth.BasicAuth(user, password),
             connector=conn,
         )
 
@@ -247,7 +254,7 @@ class RedfishBmc:
 
     def _explain(self, exc: Exception) -> str:
         """One clear sentence for a failed BMC call (no traceback reaches the operator)."""
-        from sushy import exceptions as sx
+        sx = _sushy().exceptions
 
         where = f"the BMC of {self.endpoint.node} at {self.endpoint.address}"
         if isinstance(exc, sx.AccessError):
@@ -262,8 +269,10 @@ class RedfishBmc:
     # --- reads -----------------------------------------------------------------------
 
     def read(self) -> BmcReading:
-        """A fresh reading; never raises for a BMC that cannot be read (see ``error``)."""
-        from sushy import exceptions as sx
+        """A fresh reading; never raises for a BMC that cannot be read (see ``error``).
+        Raises :class:`BmcConfigError` for unusable credentials and :class:`BmcError`
+        when sushy is not installed: those are this side's faults, not the node's."""
+        sx = _sushy().exceptions
 
         try:
             client = self._client()
@@ -289,7 +298,7 @@ class RedfishBmc:
 
     def power(self) -> PowerState:
         """Only the power state (the verification loop's fresh read)."""
-        from sushy import exceptions as sx
+        sx = _sushy().exceptions
 
         try:
             return _power(self._system(self._client()).power_state)
@@ -297,7 +306,7 @@ class RedfishBmc:
             raise BmcError(self._explain(exc)) from None
 
     def _sensors(self, client: Any) -> tuple[SensorReading, ...]:
-        from sushy import exceptions as sx
+        sx = _sushy().exceptions
 
         out: list[SensorReading] = []
         for chassis in client.get_chassis_collection().get_members():
@@ -328,7 +337,7 @@ class RedfishBmc:
 
     def _events(self, client: Any, system: Any) -> tuple[SelEntry, ...]:
         """The system's event log entries, newest last (every LogService the system links)."""
-        from sushy import exceptions as sx
+        sx = _sushy().exceptions
 
         conn = client._conn  # sushy's authenticated connection: the SEL has no resource class
         link = (system.json.get("LogServices") or {}).get("@odata.id")
@@ -411,8 +420,8 @@ class RedfishBmc:
         return None if hit is None else dict(hit)
 
     def _send(self, action: str) -> dict[str, Any]:
-        import sushy
-        from sushy import exceptions as sx
+        sushy = _sushy()
+        sx = sushy.exceptions
 
         reset = sushy.ResetType
         try:
