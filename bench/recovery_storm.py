@@ -223,10 +223,21 @@ def phase(
                 for j in jobs
             ]
             in_flight: list[InFlight] = []
+            shown = False
             while waiting or in_flight:
                 poll_done()
                 in_flight = [f for f in in_flight if f.job not in done]
                 d = admit(waiting, in_flight, policy, time.time())
+                if not shown and d.waiting:  # the line, as an operator would see it
+                    shown = True
+                    print(f"capped: admitted {[a.job for a in d.admitted]}; waiting:")
+                    for w in d.waiting[:5]:
+                        j = by_name[w.job]
+                        print(
+                            f"  #{w.place} {w.job} ({j['gpus']} GPUs, "
+                            f"{j['bytes'] / 1e6:.0f} MB): {w.reason}"
+                        )
+                    print(f"  ... {len(d.waiting)} waiting in all", flush=True)
                 for a in d.admitted:
                     cluster.requeue(
                         refs[a.job],
