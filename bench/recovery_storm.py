@@ -273,6 +273,7 @@ def main() -> int:
     parser.add_argument("--cap", type=int, default=4, help="concurrent restores per target")
     parser.add_argument("--bandwidth", type=float, default=40e6, help="storage bytes/s")
     parser.add_argument("--seed", type=int, default=17)
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where the JSON goes")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     jobs = [
@@ -310,8 +311,8 @@ def main() -> int:
     ok = all(r["recovered"] == args.jobs for r in rows)
     capped = rows[1]
     ok = ok and capped["peak_concurrent_restores"] <= args.cap
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(
         json.dumps(
             {
                 "jobs": args.jobs,
@@ -329,7 +330,7 @@ def main() -> int:
     print(
         f"peak concurrent restores capped {capped['peak_concurrent_restores']} <= {args.cap}: "
         f"{'yes' if capped['peak_concurrent_restores'] <= args.cap else 'NO'}; "
-        f"wrote {RESULTS.relative_to(ROOT)}"
+        f"wrote {args.out}"
     )
     return 0 if ok else 1
 
