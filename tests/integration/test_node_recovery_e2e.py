@@ -167,3 +167,29 @@ def test_stale_fence_is_refused_before_anything(rig: BmcRig) -> None:
         rig.recovery.run_once(rig.cluster.observe(), Fence("controller", "old", 0), T0)
     assert rig.fleet.list_nodes() == []  # nothing was written, not even a registration
     assert rig.cluster.observe().nodes["n1"].phase is NodePhase.UP
+
+
+def test_from_config_builds_one_bmc_per_configured_node(rig: BmcRig) -> None:
+    from trainguard.controller.node_recovery import NodeRecovery
+
+    cfg = rig.tmp / "bmc.toml"
+    cfg.write_text(
+        "".join(
+            f'[nodes.{n}]\naddress = "{e.url}"\ncredentials = "{n}-s3cret.cred"\n'
+            for n, e in rig.emulators.items()
+        )
+    )
+    for n in rig.emulators:
+        rig.bmc(n)  # writes <node>-s3cret.cred (0600)
+    step = NodeRecovery.from_config(
+        rig.fleet,
+        rig.cluster,
+        cfg,
+        ledger_dir=rig.tmp / "ledger2",
+        validate=rig.validate,
+        probe=lambda n: rig.emulators[n].answering(),
+    )
+    assert sorted(step.bmcs) == ["n1", "n2"]
+    rig.emulators["n2"].fault(power="Off")
+    [out] = step.run_once(rig.cluster.observe(), rig.fence, T0)
+    assert out.node == "n2" and out.step is NodeStep.ISOLATE and "powered off" in out.reason

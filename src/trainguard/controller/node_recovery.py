@@ -26,6 +26,7 @@ restarted controller neither repeats a cycle nor asks twice.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -99,6 +100,24 @@ class NodeRecovery:
         self.policy = policy or NodeRecoveryPolicy()
         self.actor = actor
         self.webhook = webhook
+
+    @classmethod
+    def from_config(
+        cls,
+        fleet: FleetStore,
+        scheduler: ClusterScheduler,
+        bmc_config: str | os.PathLike[str],
+        *,
+        ledger_dir: str | os.PathLike[str],
+        validate: Callable[[str], Validation],
+        **kwargs: Any,
+    ) -> NodeRecovery:
+        """The step for the nodes of a BMC config file (``schedulers.redfish.load_bmc_config``);
+        ``ledger_dir`` keeps the BMC action ledger (next to the state database)."""
+        from trainguard.schedulers.redfish import bmcs_from_config, load_bmc_config
+
+        bmcs = bmcs_from_config(load_bmc_config(bmc_config), state_dir=ledger_dir)
+        return cls(fleet, scheduler, bmcs, validate=validate, **kwargs)
 
     # --- facts -----------------------------------------------------------------------
 
