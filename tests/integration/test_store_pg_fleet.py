@@ -39,7 +39,7 @@ def fleet(store_target: str) -> Iterator[FleetStore]:
 
 def test_the_schema_has_the_control_plane_migration(fleet: FleetStore) -> None:
     # 1: jobs, attempts, incidents; 2: the control plane; 3: resumed_step and warnings.
-    assert fleet.store.schema_version() == store_sql.LATEST_VERSION == 3
+    assert fleet.store.schema_version() == store_sql.LATEST_VERSION == 4
 
 
 def test_lease_takeover_increments_the_token_and_fences_the_old_holder(fleet: FleetStore) -> None:
