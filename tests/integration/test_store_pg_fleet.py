@@ -38,7 +38,8 @@ def fleet(store_target: str) -> Iterator[FleetStore]:
 
 
 def test_the_schema_has_the_control_plane_migration(fleet: FleetStore) -> None:
-    # 1: jobs, attempts, incidents; 2: the control plane; 3: resumed_step and warnings.
+    # 1: jobs, attempts, incidents; 2: the control plane; 3: resumed_step and warnings;
+    # 4: node health history.
     assert fleet.store.schema_version() == store_sql.LATEST_VERSION == 4
 
 
