@@ -191,7 +191,7 @@ def test_breaker_share_window_trip_and_suppressions(fleet: FleetStore) -> None:
     assert closed.state is BreakerState.CLOSED and closed.suppressed == 0
     # Suppressions and the quarantine log are append-only.
     with pytest.raises(Exception, match="append-only"), fleet.store.transaction():
-        fleet.store._conn.execute("DELETE FROM suppressions")
+        fleet.store.execute("DELETE FROM suppressions")
     assert len(fleet.list_suppressions()) == 1
 
 
