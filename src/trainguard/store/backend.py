@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainguard.store import sql
+from trainguard.store import schema
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
@@ -34,7 +34,7 @@ class Dialect:
     # errors meaning "this database is not usable" while opening and migrating it
     database_errors: tuple[type[BaseException], ...] = ()
 
-    def extra_statements(self, migration: sql.Migration) -> tuple[str, ...]:
+    def extra_statements(self, migration: schema.Migration) -> tuple[str, ...]:
         if self.name == "postgresql":
             return migration.postgres_only
         return migration.sqlite_only

@@ -18,6 +18,7 @@ from trainguard.store.schema import (  # noqa: F401 - re-exported: one module fo
     LATEST_VERSION,
     MIGRATIONS,
     MIGRATIONS_TABLE,
+    NO_LIMIT,
     POSTGRES_TYPES,
     SELECT_SCHEMA_VERSION,
     SQLITE_TYPES,
@@ -213,7 +214,6 @@ SELECT_AUDIT_NEWEST = (
 )
 COUNT_AUDIT = "SELECT COUNT(*) FROM audit"
 SELECT_LAST_AUDIT_ID = "SELECT MAX(id) FROM audit"
-NO_LIMIT = -1
 
 # --- control plane (migration 2; the FleetStore's modules) ---------------------------
 
