@@ -1,6 +1,6 @@
 """The PostgreSQL backend: a psycopg 3 connection made to look like the SQLite one.
 
-:class:`~trainguard.store.core.Store` talks to its connection through
+:class:`~trainguard.store.database.Database` talks to its connection through
 ``execute(query, params)`` returning a cursor with ``fetchone``/``fetchall``/
 ``rowcount``. :class:`PgConnection` gives exactly that over psycopg, so the same
 Store code and the same SQL run on both databases (decision 0080):

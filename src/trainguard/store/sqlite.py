@@ -7,8 +7,9 @@ connection is opened (the default backend; see ``docs/store.md``).
 * write transactions start with ``BEGIN IMMEDIATE`` so they queue instead of
   failing with "database is locked".
 
-The backend-neutral :class:`~trainguard.store.core.Store` lives in
-:mod:`trainguard.store.core` (import it from :mod:`trainguard.store`).
+The connection is wrapped by :class:`~trainguard.store.database.Database`, under the
+backend-neutral :class:`~trainguard.store.core.Store` (import it from
+:mod:`trainguard.store`).
 """
 
 from __future__ import annotations
