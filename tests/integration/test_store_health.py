@@ -66,7 +66,7 @@ def test_a_legal_change_writes_state_audit_and_history_together(
 def test_an_illegal_change_raises_and_writes_nothing(fleet: FleetStore, kind: str) -> None:
     key = "GPU-a" if kind == "device" else "n1"
     audit = fleet.store.count_audit()
-    with pytest.raises(IllegalTransition):
+    with pytest.raises(IllegalTransition, match=f"{kind} health"):
         # healthy -> validating is not in the table
         transition_health(
             fleet.store,

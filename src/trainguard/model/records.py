@@ -445,7 +445,7 @@ class AuditKind(StrEnum):
     INTENT = "intent"  # about to act (write-ahead)
     ACTION = "action"  # an action taken that has no separate result
     RESULT = "result"  # the result of an intended action
-    HEALTH = "health"  # a device health transition
+    HEALTH = "health"  # a device or node health transition
     STATE = "state"  # a job/attempt/incident state change
     ERROR = "error"  # something went wrong in trainguard itself
     NOTE = "note"  # anything else worth keeping

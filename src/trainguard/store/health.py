@@ -116,7 +116,7 @@ def transition_health(
         if row is None:
             raise NotFound(f"no {resource.kind} {key!r}")
         old = HealthState(row[0])
-        check_health_transition(old, new_state)
+        check_health_transition(old, new_state, f"{resource.kind} health")
         log.execute(
             resource.update_state,
             {"key": key, "state": new_state.value, "reason": reason, "at": float(at)},
