@@ -38,8 +38,9 @@ def fleet(store_target: str) -> Iterator[FleetStore]:
 
 
 def test_the_schema_has_the_control_plane_migration(fleet: FleetStore) -> None:
-    # 1: jobs, attempts, incidents; 2: the control plane; 3: resumed_step and warnings.
-    assert fleet.store.schema_version() == store_sql.LATEST_VERSION == 3
+    # 1: jobs, attempts, incidents; 2: the control plane; 3: resumed_step and warnings;
+    # 4: node health history.
+    assert fleet.store.schema_version() == store_sql.LATEST_VERSION == 4
 
 
 def test_lease_takeover_increments_the_token_and_fences_the_old_holder(fleet: FleetStore) -> None:
@@ -190,7 +191,7 @@ def test_breaker_share_window_trip_and_suppressions(fleet: FleetStore) -> None:
     assert closed.state is BreakerState.CLOSED and closed.suppressed == 0
     # Suppressions and the quarantine log are append-only.
     with pytest.raises(Exception, match="append-only"), fleet.store.transaction():
-        fleet.store._conn.execute("DELETE FROM suppressions")
+        fleet.store.execute("DELETE FROM suppressions")
     assert len(fleet.list_suppressions()) == 1
 
 

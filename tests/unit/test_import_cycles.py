@@ -118,9 +118,9 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 
 def test_the_graph_sees_lazy_imports() -> None:
-    # The store's core opens PostgreSQL through a function-level import.
+    # The store's database opens PostgreSQL through a function-level import.
     graph = _graph()
-    assert "trainguard.store.postgres" in graph["trainguard.store.core"]
+    assert "trainguard.store.postgres" in graph["trainguard.store.database"]
     assert "trainguard.store.core" in graph["trainguard.store"]
 
 

@@ -46,9 +46,12 @@ HEALTH_TRANSITIONS: dict[HealthState, frozenset[HealthState]] = {
 }
 
 
-def check_health_transition(old: HealthState, new: HealthState) -> HealthState:
-    """Validate a health transition; raises :class:`IllegalTransition`."""
-    return check_transition("device health", HEALTH_TRANSITIONS, old, new)
+def check_health_transition(
+    old: HealthState, new: HealthState, what: str = "device health"
+) -> HealthState:
+    """Validate a health transition (of a device, or ``what`` says of which resource);
+    raises :class:`IllegalTransition`."""
+    return check_transition(what, HEALTH_TRANSITIONS, old, new)
 
 
 __all__ = ["HEALTH_TRANSITIONS", "HealthState", "IllegalTransition", "check_health_transition"]

@@ -390,7 +390,13 @@ class DeviceRecord:
 
 @dataclass(frozen=True)
 class HealthChange:
-    """One row of a device's health history."""
+    """One row of a device's or a node's health history.
+
+    ``device_uuid`` is the resource's id: the device's UUID, or for
+    ``resource_kind == "node"`` the node's name (the field keeps its name because
+    the device history's JSON is a public interface; :attr:`resource_id` says it
+    for both).
+    """
 
     id: int
     device_uuid: str
@@ -402,11 +408,21 @@ class HealthChange:
     job_id: str | None = None
     incident_id: int | None = None
     audit_id: int | None = None
+    resource_kind: str = "device"  # "device" | "node"
+
+    @property
+    def resource_id(self) -> str:
+        return self.device_uuid
 
     def to_json(self) -> dict[str, Any]:
+        ident = (
+            {"device_uuid": self.device_uuid}
+            if self.resource_kind == "device"
+            else {"resource_kind": self.resource_kind, "node": self.device_uuid}
+        )
         return {
             "id": self.id,
-            "device_uuid": self.device_uuid,
+            **ident,
             "at": iso_utc(self.at),
             "old_state": None if self.old_state is None else self.old_state.value,
             "new_state": self.new_state.value,
@@ -429,7 +445,7 @@ class AuditKind(StrEnum):
     INTENT = "intent"  # about to act (write-ahead)
     ACTION = "action"  # an action taken that has no separate result
     RESULT = "result"  # the result of an intended action
-    HEALTH = "health"  # a device health transition
+    HEALTH = "health"  # a device or node health transition
     STATE = "state"  # a job/attempt/incident state change
     ERROR = "error"  # something went wrong in trainguard itself
     NOTE = "note"  # anything else worth keeping

@@ -1,10 +1,14 @@
 """Store: SQLite (default) or PostgreSQL, with an append-only audit log.
 
 ``Store.open(path)`` gives typed access to jobs, attempts, incidents, device
-health (with history) and the audit log; see ``docs/store.md``. The backend-neutral
-``Store`` is in :mod:`trainguard.store.core`, the dialects in
-:mod:`trainguard.store.sqlite` and :mod:`trainguard.store.postgres`. All SQL lives
-in :mod:`trainguard.store.sql`; ``Store.open("postgresql://...")`` (or
+health (with history) and the audit log; see ``docs/store.md``. The store is split
+by concept (decision 0200): the backend-neutral ``Store`` (:mod:`trainguard.store.core`)
+is a :class:`~trainguard.store.database.Database` (connection, transactions,
+migrations; the dialects :mod:`~trainguard.store.sqlite` and
+:mod:`~trainguard.store.postgres` below it) with :mod:`~trainguard.store.audit`,
+:mod:`~trainguard.store.jobs`, :mod:`~trainguard.store.incidents` and
+:mod:`~trainguard.store.health` mixed in. All SQL lives in :mod:`trainguard.store.sql`
+(the schema in :mod:`trainguard.store.schema`); ``Store.open("postgresql://...")`` (or
 ``open_store(target)``) runs the same schema and SQL on PostgreSQL
 (``docs/control-plane.md``, decision 0080). The control plane's own tables are
 in :mod:`trainguard.store.fleet`.

@@ -1,21 +1,22 @@
 """What differs between the store's two databases, isolated in one record.
 
-The schema, the migrations and every query are shared (:mod:`trainguard.store.sql`);
+The schema, the migrations (:mod:`trainguard.store.schema`) and every query
+(:mod:`trainguard.store.sql`) are shared;
 a :class:`Dialect` says only what cannot be shared: the column types behind the
 ``{id_pk}``/``{float}``/``{json}`` placeholders, how an outermost write transaction
 starts, which exception means a unique key was violated, how "no limit" is
 written, and the statements only that dialect can say (append-only triggers).
 Each dialect lives in its own module (:mod:`~trainguard.store.sqlite`,
-:mod:`~trainguard.store.postgres`) and the backend-neutral
-:class:`~trainguard.store.core.Store` picks one; this module imports neither, so
-core -> dialect -> backend has no cycle.
+:mod:`~trainguard.store.postgres`) and the
+:class:`~trainguard.store.database.Database` under the store picks one; this module
+imports neither, so database -> dialect -> backend has no cycle.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainguard.store import sql
+from trainguard.store import schema
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
@@ -34,7 +35,7 @@ class Dialect:
     # errors meaning "this database is not usable" while opening and migrating it
     database_errors: tuple[type[BaseException], ...] = ()
 
-    def extra_statements(self, migration: sql.Migration) -> tuple[str, ...]:
+    def extra_statements(self, migration: schema.Migration) -> tuple[str, ...]:
         if self.name == "postgresql":
             return migration.postgres_only
         return migration.sqlite_only

@@ -1,6 +1,6 @@
 """The PostgreSQL backend: a psycopg 3 connection made to look like the SQLite one.
 
-:class:`~trainguard.store.core.Store` talks to its connection through
+:class:`~trainguard.store.database.Database` talks to its connection through
 ``execute(query, params)`` returning a cursor with ``fetchone``/``fetchall``/
 ``rowcount``. :class:`PgConnection` gives exactly that over psycopg, so the same
 Store code and the same SQL run on both databases (decision 0080):
@@ -27,7 +27,7 @@ from functools import lru_cache
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from trainguard.store import sql
+from trainguard.store import schema
 from trainguard.store.backend import Dialect
 from trainguard.store.errors import StoreError
 
@@ -106,7 +106,7 @@ def _dialect() -> Dialect:
 
     return Dialect(
         name="postgresql",
-        types=dict(sql.POSTGRES_TYPES),
+        types=dict(schema.POSTGRES_TYPES),
         begin=("BEGIN", f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})"),
         integrity_errors=(psycopg.errors.IntegrityError,),
         no_limit=None,  # LIMIT NULL is "no limit"; PostgreSQL refuses LIMIT -1

@@ -7,8 +7,9 @@ connection is opened (the default backend; see ``docs/store.md``).
 * write transactions start with ``BEGIN IMMEDIATE`` so they queue instead of
   failing with "database is locked".
 
-The backend-neutral :class:`~trainguard.store.core.Store` lives in
-:mod:`trainguard.store.core` (import it from :mod:`trainguard.store`).
+The connection is wrapped by :class:`~trainguard.store.database.Database`, under the
+backend-neutral :class:`~trainguard.store.core.Store` (import it from
+:mod:`trainguard.store`).
 """
 
 from __future__ import annotations
@@ -17,17 +18,17 @@ import os
 import sqlite3
 from pathlib import Path
 
-from trainguard.store import sql
+from trainguard.store import schema
 from trainguard.store.backend import Dialect
 from trainguard.store.errors import StoreError
 
 SQLITE = Dialect(
     name="sqlite",
-    types=dict(sql.SQLITE_TYPES),
+    types=dict(schema.SQLITE_TYPES),
     # IMMEDIATE takes the write lock up front: writers queue instead of deadlocking.
     begin=("BEGIN IMMEDIATE",),
     integrity_errors=(sqlite3.IntegrityError,),
-    no_limit=sql.NO_LIMIT,
+    no_limit=schema.NO_LIMIT,
     record_errors=(sqlite3.IntegrityError, sqlite3.DataError, sqlite3.InterfaceError),
     database_errors=(sqlite3.DatabaseError,),
 )
@@ -66,7 +67,7 @@ def connect(path: Path, busy_timeout_s: float) -> tuple[sqlite3.Connection, Dial
             str(path),
             timeout=busy_timeout_s,
             isolation_level=None,  # the store issues BEGIN/COMMIT itself
-            check_same_thread=False,  # guarded by Store._lock
+            check_same_thread=False,  # guarded by Database._lock
         )
     except sqlite3.Error as exc:
         raise StoreError(f"cannot open state database {path}: {exc}") from exc

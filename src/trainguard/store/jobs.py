@@ -1,0 +1,304 @@
+"""Jobs and their attempts: creation, state machines, progress and restored checkpoints.
+
+Part of the backend-neutral :class:`~trainguard.store.core.Store`. Every state change
+is validated against its transition table (:mod:`trainguard.model.records`) and
+audited in the same transaction; progress reports are the hot path and not audited.
+"""
+
+from __future__ import annotations
+
+import uuid as uuidlib
+from collections.abc import Iterable, Sequence
+
+from trainguard.model.devices import Device
+from trainguard.model.records import (
+    AttemptRecord,
+    AttemptState,
+    AuditKind,
+    JobRecord,
+    JobState,
+    check_attempt_transition,
+    check_job_transition,
+)
+from trainguard.store import rows, sql
+from trainguard.store.audit import AuditLog
+from trainguard.store.errors import NotFound, StoreError
+
+
+class JobStore(AuditLog):
+    """Jobs and attempts."""
+
+    # --- jobs ------------------------------------------------------------------------
+
+    def create_job(
+        self,
+        *,
+        name: str,
+        command: Sequence[str],
+        need: int,
+        at: float,
+        mode: str = "act",
+        min_need: int | None = None,
+        checkpoint_dir: str | None = None,
+        job_id: str | None = None,
+        actor: str = "trainguard",
+    ) -> JobRecord:
+        """Record a new job in state ``pending``; ``job_id`` defaults to a random short id."""
+        job = JobRecord(
+            id=job_id or f"job-{uuidlib.uuid4().hex[:12]}",
+            name=name,
+            command=tuple(command),
+            need=int(need),
+            min_need=min_need,
+            created_at=float(at),
+            state=JobState.PENDING,
+            mode=str(mode),
+            checkpoint_dir=checkpoint_dir,
+            updated_at=float(at),
+        )
+        with self.transaction():
+            try:
+                self.execute(
+                    sql.INSERT_JOB,
+                    {
+                        "id": job.id,
+                        "name": job.name,
+                        "command": rows.dumps(list(job.command)),
+                        "need": job.need,
+                        "min_need": job.min_need,
+                        "mode": job.mode,
+                        "checkpoint_dir": job.checkpoint_dir,
+                        "state": job.state.value,
+                        "created_at": job.created_at,
+                        "updated_at": job.updated_at,
+                        "ended_at": None,
+                        "reason": None,
+                    },
+                )
+            except self.dialect.integrity_errors as exc:
+                raise StoreError(f"job {job.id!r} already exists") from exc
+            self.append_audit(
+                at,
+                actor,
+                AuditKind.STATE,
+                f"job:{job.id}",
+                f"job {job.id} created: {' '.join(job.command)}",
+                {"need": job.need, "min_need": job.min_need, "mode": job.mode},
+                job_id=job.id,
+            )
+        return job
+
+    def get_job(self, job_id: str) -> JobRecord:
+        row = self.fetch_one(sql.SELECT_JOB, {"id": job_id})
+        if row is None:
+            raise NotFound(f"no job {job_id!r}")
+        return rows.job(row)
+
+    def list_jobs(self) -> list[JobRecord]:
+        return [rows.job(r) for r in self.fetch_all(sql.SELECT_JOBS, {})]
+
+    def update_job_state(
+        self,
+        job_id: str,
+        state: JobState,
+        *,
+        at: float,
+        reason: str | None = None,
+        actor: str = "trainguard",
+    ) -> JobRecord:
+        """Move a job along its state machine (raises ``IllegalTransition``); audited."""
+        state = JobState(state)
+        with self.transaction():
+            job = self.get_job(job_id)
+            check_job_transition(job.state, state)
+            ended_at = float(at) if state.terminal else None
+            self.execute(
+                sql.UPDATE_JOB_STATE,
+                {
+                    "id": job_id,
+                    "state": state.value,
+                    "at": float(at),
+                    "ended_at": ended_at,
+                    "reason": reason,
+                },
+            )
+            self.append_audit(
+                at,
+                actor,
+                AuditKind.STATE,
+                f"job:{job_id}",
+                f"job {job.state.value} -> {state.value}" + (f": {reason}" if reason else ""),
+                {"old": job.state.value, "new": state.value, "reason": reason},
+                job_id=job_id,
+            )
+            return self.get_job(job_id)
+
+    # --- attempts --------------------------------------------------------------------
+
+    def start_attempt(
+        self,
+        job_id: str,
+        number: int,
+        devices: Iterable[Device],
+        *,
+        at: float,
+        checkpoint_path: str | None = None,
+        checkpoint_step: int | None = None,
+        log_path: str | None = None,
+        actor: str = "trainguard",
+    ) -> AttemptRecord:
+        """Record attempt ``number`` of a job as ``starting`` on ``devices``; audited."""
+        devs = tuple(devices)
+        with self.transaction():
+            self.get_job(job_id)
+            try:
+                self.execute(
+                    sql.INSERT_ATTEMPT,
+                    {
+                        "job_id": job_id,
+                        "number": int(number),
+                        "devices": rows.dumps([d.to_dict() for d in devs]),
+                        "state": AttemptState.STARTING.value,
+                        "started_at": float(at),
+                        "checkpoint_path": checkpoint_path,
+                        "checkpoint_step": checkpoint_step,
+                        "log_path": log_path,
+                    },
+                )
+            except self.dialect.integrity_errors as exc:
+                raise StoreError(f"attempt {number} of job {job_id!r} already exists") from exc
+            self.append_audit(
+                at,
+                actor,
+                AuditKind.ACTION,
+                f"attempt:{job_id}/{number}",
+                f"attempt {number} started on {len(devs)} device(s)"
+                + (f", restoring step {checkpoint_step}" if checkpoint_step is not None else ""),
+                {
+                    "devices": [{"uuid": d.uuid, "pci_bus_id": d.pci_bus_id} for d in devs],
+                    "checkpoint_path": checkpoint_path,
+                    "checkpoint_step": checkpoint_step,
+                    "log_path": log_path,
+                },
+                job_id=job_id,
+            )
+            return self.get_attempt(job_id, number)
+
+    def get_attempt(self, job_id: str, number: int) -> AttemptRecord:
+        row = self.fetch_one(sql.SELECT_ATTEMPT, {"job_id": job_id, "number": int(number)})
+        if row is None:
+            raise NotFound(f"no attempt {number} of job {job_id!r}")
+        return rows.attempt(row)
+
+    def list_attempts(self, job_id: str) -> list[AttemptRecord]:
+        return [rows.attempt(r) for r in self.fetch_all(sql.SELECT_ATTEMPTS, {"job_id": job_id})]
+
+    def update_attempt_progress(self, job_id: str, number: int, step: int, *, at: float) -> None:
+        """Note a progress report: the first one sets ``first_step``; not audited (hot path)."""
+        with self.transaction():
+            changed = self.execute(
+                sql.UPDATE_ATTEMPT_PROGRESS,
+                {"job_id": job_id, "number": int(number), "step": int(step), "at": float(at)},
+            )
+            if changed == 0:
+                raise NotFound(f"no attempt {number} of job {job_id!r}")
+
+    def set_attempt_checkpoint(
+        self, job_id: str, number: int, *, checkpoint_path: str | None, checkpoint_step: int | None
+    ) -> AttemptRecord:
+        """Record which checkpoint the attempt actually restored (from its ``resumed`` event)."""
+        with self.transaction():
+            changed = self.execute(
+                sql.UPDATE_ATTEMPT_CHECKPOINT,
+                {
+                    "job_id": job_id,
+                    "number": int(number),
+                    "checkpoint_path": checkpoint_path,
+                    "checkpoint_step": checkpoint_step,
+                },
+            )
+            if changed == 0:
+                raise NotFound(f"no attempt {number} of job {job_id!r}")
+            return self.get_attempt(job_id, number)
+
+    def transition_attempt(
+        self,
+        job_id: str,
+        number: int,
+        state: AttemptState,
+        *,
+        at: float,
+        reason: str | None = None,
+        exit_code: int | None = None,
+        signal: int | None = None,
+        actor: str = "trainguard",
+    ) -> AttemptRecord:
+        """Move an attempt along its state machine (raises ``IllegalTransition``); audited.
+
+        A terminal state stamps ``ended_at``; :meth:`finish_attempt` is the same
+        call restricted to terminal states.
+        """
+        state = AttemptState(state)
+        with self.transaction():
+            att = self.get_attempt(job_id, number)
+            check_attempt_transition(att.state, state)
+            self.execute(
+                sql.UPDATE_ATTEMPT_STATE,
+                {
+                    "job_id": job_id,
+                    "number": int(number),
+                    "state": state.value,
+                    "ended_at": float(at) if state.terminal else None,
+                    "exit_code": exit_code,
+                    "signal": signal,
+                    "reason": reason,
+                },
+            )
+            self.append_audit(
+                at,
+                actor,
+                AuditKind.STATE,
+                f"attempt:{job_id}/{number}",
+                f"attempt {number} {att.state.value} -> {state.value}"
+                + (f": {reason}" if reason else ""),
+                {
+                    "old": att.state.value,
+                    "new": state.value,
+                    "exit_code": exit_code,
+                    "signal": signal,
+                    "reason": reason,
+                    "last_step": att.last_step,
+                },
+                job_id=job_id,
+            )
+            return self.get_attempt(job_id, number)
+
+    def finish_attempt(
+        self,
+        job_id: str,
+        number: int,
+        state: AttemptState,
+        *,
+        at: float,
+        exit_code: int | None = None,
+        signal: int | None = None,
+        reason: str | None = None,
+        actor: str = "trainguard",
+    ) -> AttemptRecord:
+        """End an attempt: ``failed``, ``stopped`` or ``completed``, with its exit status."""
+        state = AttemptState(state)
+        if not state.terminal:
+            raise ValueError(f"finish_attempt needs a terminal state, not {state.value!r}")
+        return self.transition_attempt(
+            job_id,
+            number,
+            state,
+            at=at,
+            reason=reason,
+            exit_code=exit_code,
+            signal=signal,
+            actor=actor,
+        )
+
+
+__all__ = ["JobStore"]
