@@ -11,6 +11,7 @@ from trainguard import __version__
 from trainguard.api import schemas as S
 from trainguard.api.context import ApiContext
 from trainguard.api.deps import Ctx, IdPath, IdQuery, Viewer
+from trainguard.api.operations import job_protection
 from trainguard.model.health import HealthState
 from trainguard.model.records import (
     AttemptRecord,
@@ -49,10 +50,13 @@ def attempt_progress(att: AttemptRecord) -> dict[str, Any] | None:
 def job_detail(ctx: ApiContext, job: JobRecord) -> dict[str, Any]:
     attempts = ctx.store.list_attempts(job.id)
     latest = attempts[-1] if attempts else None
+    # A finished job's checkpoints protect nothing any more: not looked at (0251).
+    protection = None if job.state.terminal else job_protection(ctx.fleet, job, ctx.clock())
     return {
         **job.to_json(),
         "attempts": [a.to_json() for a in attempts],
         "progress": None if latest is None else attempt_progress(latest),
+        "checkpoint_protection": None if protection is None else protection.to_json(),
     }
 
 

@@ -299,10 +299,39 @@ class Attempt(_Response):
     reason: str | None
 
 
+class CheckpointProtectionOut(_Response):
+    """How much work a live job would lose now, and whether its checkpoints survive the
+    loss of its node (decision 0251)."""
+
+    directory: str
+    newest_step: int | None = None
+    newest_path: str | None = None
+    newest_at: Float | None = Field(
+        default=None, description="when the newest valid checkpoint was written (epoch s)"
+    )
+    age_seconds: Float | None = Field(
+        default=None, description="age of the newest valid checkpoint; null: none valid"
+    )
+    last_save_seconds: Float | None = Field(
+        default=None, description="how long that save took, when its manifest records it"
+    )
+    fstype: str | None = Field(default=None, description="filesystem holding the directory")
+    mount_point: str | None = None
+    unprotected: bool = Field(description="on node-local storage: lost with the node that computes")
+    max_age_seconds: Float | None = Field(
+        default=None, description="the job policy's max_checkpoint_age_seconds"
+    )
+    overdue: bool = Field(description="older than max_age_seconds, or no valid checkpoint")
+    error: str | None = None
+
+
 class JobDetail(Job):
     attempts: list[Attempt]
     progress: dict[str, Any] | None = Field(
         default=None, description="latest step, its time and the step rate, when known"
+    )
+    checkpoint_protection: CheckpointProtectionOut | None = Field(
+        default=None, description="live jobs with a checkpoint directory only"
     )
 
 

@@ -251,6 +251,27 @@ async function drawIncidents(all, ledger) {
 
 // --- jobs ---------------------------------------------------------------------------
 
+function duration(s) {
+  if (s < 120) return s.toFixed(0) + " s";
+  if (s < 7200) return (s / 60).toFixed(0) + " min";
+  if (s < 172800) return (s / 3600).toFixed(1) + " h";
+  return (s / 86400).toFixed(1) + " d";
+}
+
+// Age of the newest valid checkpoint, red when older than the job policy allows, and a
+// "node-local" mark when the directory shares the compute's failure domain (0251).
+function checkpointCell(p) {
+  if (!p) return "–";
+  const age = p.age_seconds === null ? "none valid" : duration(p.age_seconds) + " old";
+  const limit = p.max_age_seconds !== null ? ` (limit ${duration(p.max_age_seconds)})` : "";
+  const title = `${p.directory} on ${p.fstype || "?"}` +
+    (p.newest_step !== null ? `, step ${p.newest_step}` : "") +
+    (p.last_save_seconds !== null ? `, saved in ${p.last_save_seconds.toFixed(1)} s` : "") +
+    (p.error ? ", " + p.error : "");
+  return `<span class="ckpt${p.overdue ? " overdue" : ""}" title="${esc(title)}">${esc(age + limit)}</span>` +
+    (p.unprotected ? ' <span class="pill unprotected" title="node-local storage: lost with the node">node-local</span>' : "");
+}
+
 function drawJobs(jobs) {
   $("#jobs-count").textContent = jobs.length;
   const rows = [];
@@ -264,18 +285,18 @@ function drawJobs(jobs) {
       <td>${latest ? latest.number + " " + esc(latest.state) : "–"}</td>
       <td>${p.step !== undefined ? p.step : "–"}</td>
       <td>${p.steps_per_s !== null && p.steps_per_s !== undefined ? p.steps_per_s.toFixed(2) : "–"}</td>
-      <td>${Math.max(0, j.attempts.length - 1)}</td></tr>`);
+      <td>${Math.max(0, j.attempts.length - 1)}</td><td>${checkpointCell(j.checkpoint_protection)}</td></tr>`);
     if (open) {
       for (const a of j.attempts) {
         const restored = a.checkpoint_restored ? "from step " + a.checkpoint_restored.step : "fresh";
         rows.push(`<tr class="attempt"><td>attempt ${a.number}</td><td>${esc(a.state)}</td>
           <td colspan="2">${a.devices.length} devices · ${esc(restored)}</td>
-          <td>${a.last_step !== null ? a.last_step : "–"}</td><td colspan="2">${shortTime(a.started_at)}` +
+          <td>${a.last_step !== null ? a.last_step : "–"}</td><td colspan="3">${shortTime(a.started_at)}` +
           (a.reason ? " · " + esc(a.reason) : "") + `</td></tr>`);
       }
     }
   }
-  $("#jobs tbody").innerHTML = rows.join("") || '<tr><td colspan="7" class="empty">No jobs yet.</td></tr>';
+  $("#jobs tbody").innerHTML = rows.join("") || '<tr><td colspan="8" class="empty">No jobs yet.</td></tr>';
 }
 
 // --- health map ---------------------------------------------------------------------
