@@ -13,12 +13,18 @@ from __future__ import annotations
 from typing import Any
 
 from trainguard.api.metrics import OperationsCollector
-from trainguard.checkpoints.protection import CheckpointProtection, Mount, checkpoint_protection
+from trainguard.checkpoints.catalog import scan
+from trainguard.checkpoints.protection import (
+    CheckpointProtection,
+    Mount,
+    checkpoint_protection,
+    manifest_save_seconds,
+)
 from trainguard.controller.breaker import QUARANTINE_BREAKER
 from trainguard.model.fleet import BreakerState
 from trainguard.model.records import JobRecord, JobState
 from trainguard.store import NotFound
-from trainguard.store.analytics import FindingTally
+from trainguard.store.analytics import DAY, FindingTally, fleet_report
 
 DEFAULT_POLICY = "default"  # controller.policies.DEFAULT_POLICY: the operator defaults
 LIMIT_FIELD = "max_checkpoint_age_seconds"
@@ -94,6 +100,44 @@ def progress_ages(store: Any, now: float) -> dict[str, float]:
     return out
 
 
+def checkpoint_saves(store: Any, since: float, until: float) -> list[tuple[float, float]]:
+    """``(written_at, save_seconds)`` of the trainguard-format checkpoints, in every job's
+    checkpoint directory, written in ``[since, until]`` (for the write-time trend)."""
+    out: list[tuple[float, float]] = []
+    seen: set[str] = set()
+    for job in store.list_jobs():
+        if not job.checkpoint_dir or job.checkpoint_dir in seen:
+            continue
+        seen.add(job.checkpoint_dir)
+        try:
+            infos = scan(job.checkpoint_dir, "quick")
+        except OSError:
+            continue  # gone or unreadable: nothing to count
+        for info in infos:
+            at = info.created_at
+            if not info.valid or info.format != "trainguard" or at is None:
+                continue
+            if since <= at <= until:
+                took = manifest_save_seconds(info.path)
+                if took is not None:
+                    out.append((at, took))
+    return sorted(out)
+
+
+def report(
+    store: Any, fleet: Any, *, since: float, until: float, bucket_s: float = DAY
+) -> dict[str, Any]:
+    """The fleet report (store.analytics.fleet_report) with the checkpoint write times."""
+    return fleet_report(
+        store,
+        fleet,
+        since=since,
+        until=until,
+        checkpoint_saves=checkpoint_saves(store, since, until),
+        bucket_s=bucket_s,
+    )
+
+
 def operations_collector(ctx: Any) -> OperationsCollector:
     """The ``/metrics`` collector of the alerting figures, reading one API context."""
 
@@ -111,8 +155,10 @@ def operations_collector(ctx: Any) -> OperationsCollector:
 
 
 __all__ = [
+    "checkpoint_saves",
     "job_protection",
     "job_protections",
     "operations_collector",
     "progress_ages",
+    "report",
 ]

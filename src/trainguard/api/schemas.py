@@ -325,6 +325,54 @@ class CheckpointProtectionOut(_Response):
     error: str | None = None
 
 
+class FleetGroup(_Response):
+    key: str
+    incidents: int
+    gpu_hours: Float
+
+
+class RepeatCard(FleetGroup):
+    model: str
+    node: str
+
+
+class TrendPoint(_Response):
+    start: str = Field(description="bucket start, ISO 8601 UTC")
+    count: int
+    median_s: Float
+    p90_s: Float
+    max_s: Float
+
+
+class FirstRestart(_Response):
+    restarted: int = Field(description="incidents whose job was restarted")
+    succeeded: int = Field(description="... whose first restart reached verified recovery")
+    rate: Float | None
+
+
+class FleetReport(_Response):
+    """Interrupted GPU-hours and recovery figures over the incidents of a window (0252)."""
+
+    since: str
+    until: str
+    bucket_seconds: Float
+    incidents: int
+    recovered: int
+    gpu_hours: Float = Field(description="GPUs of the failed attempt x fault-to-recovery hours")
+    by_cause: list[FleetGroup]
+    by_domain: list[FleetGroup]
+    by_model: list[FleetGroup]
+    by_node: list[FleetGroup]
+    by_rack: list[FleetGroup]
+    first_restart: FirstRestart
+    time_to_detect: list[TrendPoint]
+    time_to_act: list[TrendPoint]
+    time_to_recover: list[TrendPoint]
+    checkpoint_write: list[TrendPoint]
+    repeat_nodes: list[FleetGroup]
+    repeat_cards: list[RepeatCard]
+
+
 class JobDetail(Job):
     attempts: list[Attempt]
     progress: dict[str, Any] | None = Field(

@@ -165,7 +165,8 @@ class CheckpointProtection:
         }
 
 
-def _save_seconds(path: str) -> float | None:
+def manifest_save_seconds(path: str) -> float | None:
+    """The save duration a trainguard manifest records (None: other formats, unrecorded)."""
     try:
         text = (Path(path) / MANIFEST_NAME).read_text(encoding="utf-8")
         return Manifest.from_json(text).save_seconds
@@ -207,7 +208,7 @@ def checkpoint_protection(
         newest_path=info.path,
         newest_at=info.created_at,
         age_seconds=age,
-        last_save_seconds=_save_seconds(info.path) if info.format == "trainguard" else None,
+        last_save_seconds=manifest_save_seconds(info.path) if info.format == "trainguard" else None,
         overdue=max_age_seconds is not None and age > max_age_seconds,
     )
 
@@ -219,6 +220,7 @@ __all__ = [
     "Mount",
     "checkpoint_protection",
     "is_shared_fstype",
+    "manifest_save_seconds",
     "mount_of",
     "parse_mounts",
     "read_mounts",
