@@ -207,8 +207,30 @@ def test_dashboard_plots_the_fleet_report(tmp_path: Path) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
     from test_fleet_report import fill
 
+    from trainguard.store import Store
+    from trainguard.store.fleet import FleetStore
+
     write_tokens(tmp_path)
-    fill(tmp_path / "state.db", t0=time.time() - 2 * 86400)
+    now = time.time()
+    fill(tmp_path / "state.db", t0=now - 2 * 86400)
+    # A live job whose newest checkpoint (an hour old) is older than the policy allows.
+    ckdir = tmp_path / "ckpt" / "iter_0000100"
+    ckdir.mkdir(parents=True)
+    (ckdir / "model.pt").write_bytes(b"\x80\x04K\x01.")  # pickle of 1
+    for p in (ckdir / "model.pt", ckdir):
+        os.utime(p, (now - 3600, now - 3600))
+    with Store.open(tmp_path / "state.db") as store:
+        store.create_job(
+            name="llm",
+            command=["python", "t.py"],
+            need=1,
+            at=now,
+            checkpoint_dir=str(ckdir.parent),
+            job_id="j-ckpt",
+        )
+        FleetStore(store).put_policy(
+            "default", {"name": "default", "max_checkpoint_age_seconds": 600}, at=now, actor="t"
+        )
     server = Server(tmp_path, free_port(), "--no-controller")
     try:
         with playwright.sync_playwright() as pw:
@@ -243,6 +265,10 @@ def test_dashboard_plots_the_fleet_report(tmp_path: Path) -> None:
                     "recover",
                 ):
                     assert text in plots, text
+                # The jobs table: the checkpoint's age, red past the policy's limit.
+                cell = page.wait_for_selector("tr.job[data-id='j-ckpt'] .ckpt.overdue")
+                assert cell is not None
+                assert cell.inner_text() == "60 min old (limit 10 min)"
                 # Both nodes were hit twice: drawn as repeat offenders.
                 assert page.locator("#fleet-plots rect.bar.repeat").count() == 2
                 RESULTS.mkdir(parents=True, exist_ok=True)
