@@ -124,5 +124,5 @@ def plot_report(data: dict[str, Any], path: str) -> None:
         )
         fig.text(0.01, 0.005, f"Repeat-offender cards: {cards}", fontsize=9, color=REPEAT)
     fig.tight_layout(rect=(0, 0.02, 1, 0.95))
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, format="png")  # exactly PATH, whatever its suffix
     plt.close(fig)
