@@ -268,7 +268,9 @@ def test_dashboard_plots_the_fleet_report(tmp_path: Path) -> None:
                 # The jobs table: the checkpoint's age, red past the policy's limit.
                 cell = page.wait_for_selector("tr.job[data-id='j-ckpt'] .ckpt.overdue")
                 assert cell is not None
-                assert cell.inner_text() == "60 min old (limit 10 min)"
+                # An hour old when the server started (the page rounds; slow machines lag).
+                age, rest = cell.inner_text().split(" ", 1)
+                assert 60 <= int(age) <= 63 and rest == "min old (limit 10 min)"
                 # Both nodes were hit twice: drawn as repeat offenders.
                 assert page.locator("#fleet-plots rect.bar.repeat").count() == 2
                 RESULTS.mkdir(parents=True, exist_ok=True)
