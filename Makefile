@@ -37,9 +37,11 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 # The tests start their own real services (PostgreSQL, a local Slurm cluster) through
-# scripts/*-local.sh fixtures; the browser test needs Debian's chromium.
+# scripts/*-local.sh fixtures; the browser test needs Debian's chromium, the alerting
+# tests Debian's prometheus (scripts/prometheus-local.sh).
 test: lint
 	scripts/install-chromium.sh
+	scripts/prometheus-local.sh >/dev/null
 	$(VENV)/bin/pytest -q
 
 test-fast: $(STAMP)

@@ -199,3 +199,83 @@ def test_dashboard_shows_an_incident_and_approves_an_action(tmp_path: Path) -> N
     finally:
         server.stop()
         kill_cluster_jobs(cluster)
+
+
+def test_dashboard_plots_the_fleet_report(tmp_path: Path) -> None:
+    """Fleet analytics on the page: the figures of a store with four incidents (the
+    unit tests' data, moved two days back), drawn as SVG bars and trends."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+    from test_fleet_report import fill
+
+    from trainguard.store import Store
+    from trainguard.store.fleet import FleetStore
+
+    write_tokens(tmp_path)
+    now = time.time()
+    fill(tmp_path / "state.db", t0=now - 2 * 86400)
+    # A live job whose newest checkpoint (an hour old) is older than the policy allows.
+    ckdir = tmp_path / "ckpt" / "iter_0000100"
+    ckdir.mkdir(parents=True)
+    (ckdir / "model.pt").write_bytes(b"\x80\x04K\x01.")  # pickle of 1
+    for p in (ckdir / "model.pt", ckdir):
+        os.utime(p, (now - 3600, now - 3600))
+    with Store.open(tmp_path / "state.db") as store:
+        store.create_job(
+            name="llm",
+            command=["python", "t.py"],
+            need=1,
+            at=now,
+            checkpoint_dir=str(ckdir.parent),
+            job_id="j-ckpt",
+        )
+        FleetStore(store).put_policy(
+            "default", {"name": "default", "max_checkpoint_age_seconds": 600}, at=now, actor="t"
+        )
+    server = Server(tmp_path, free_port(), "--no-controller")
+    try:
+        with playwright.sync_playwright() as pw:
+            browser = pw.chromium.launch_persistent_context(
+                str(tmp_path / "chromium-profile"),
+                executable_path=CHROMIUM,
+                headless=True,
+                args=FLAGS,
+                viewport={"width": 1400, "height": 1300},
+            )
+            try:
+                page = browser.new_page()
+                page.goto(server.url + "/")
+                page.fill("#token-input", OP)
+                page.click("#token-save")
+                page.wait_for_selector("#fleet-plots svg.bars >> nth=3")
+                summary = page.inner_text("#fleet-summary")
+                # 4 GPU-hours closed, plus the crash still open until now (2 GPUs).
+                hours = float(summary.split(" interrupted GPU-hours")[0])
+                opened = time.time() - 2 * 86400 + 90_000
+                assert abs(hours - (4.0 + 2 * (time.time() - opened) / 3600)) < 0.2
+                assert "4 incidents (3 recovered)" in summary
+                assert "first restart succeeded 1/3 (33%)" in summary
+                assert "card GPU-a · NVIDIA H100 80GB HBM3 on n1 (2)" in summary
+                plots = page.inner_text("#fleet-plots")
+                for text in (
+                    "GPU-hours by cause",
+                    "xid",
+                    "3.0 h · 2",
+                    "1.0 h · 1",
+                    "r1",
+                    "recover",
+                ):
+                    assert text in plots, text
+                # The jobs table: the checkpoint's age, red past the policy's limit.
+                cell = page.wait_for_selector("tr.job[data-id='j-ckpt'] .ckpt.overdue")
+                assert cell is not None
+                # An hour old when the server started (the page rounds; slow machines lag).
+                age, rest = cell.inner_text().split(" ", 1)
+                assert 60 <= int(age) <= 63 and rest == "min old (limit 10 min)"
+                # Both nodes were hit twice: drawn as repeat offenders.
+                assert page.locator("#fleet-plots rect.bar.repeat").count() == 2
+                RESULTS.mkdir(parents=True, exist_ok=True)
+                page.locator("#fleet-card").screenshot(path=str(RESULTS / "dashboard-fleet.png"))
+            finally:
+                browser.close()
+    finally:
+        server.stop()

@@ -27,6 +27,7 @@ from trainguard.api.ingest import (
 )
 from trainguard.api.metrics import Metrics, StoreCollector
 from trainguard.api.middleware import DEFAULT_MAX_BODY
+from trainguard.api.operations import operations_collector
 from trainguard.model.records import AuditKind
 from trainguard.store import NotFound, Store
 from trainguard.store.fleet import FleetStore
@@ -219,6 +220,7 @@ def build_context(
         progress_dropped=dropped,
     )
     metrics.add_store_collector(StoreCollector(store, node_counts=lambda: nodes.counts(clock())))
+    metrics.add_store_collector(operations_collector(ctx))
     return ctx
 
 

@@ -187,6 +187,142 @@ class StoreCollector(Collector):
         return out
 
 
+class OperationsCollector(Collector):
+    """The figures the shipped alerting rules watch (decision 0250), at scrape time.
+
+    * ``trainguard_gpu_temperature_celsius{host,gpu}``: from the agents' heartbeats;
+    * ``trainguard_gpu_findings_total{host,gpu,kind}`` and
+      ``trainguard_gpu_xid_errors_total{host,gpu,xid}``: findings recorded so far
+      (``ecc_error`` covers ECC and row-remap failures), counted incrementally;
+    * ``trainguard_breaker_open{breaker}``: 1 while a circuit breaker is tripped;
+    * ``trainguard_job_progress_age_seconds{job}``: since a running job's last step;
+    * ``trainguard_job_checkpoint_age_seconds{job}``,
+      ``trainguard_job_checkpoint_last_save_timestamp_seconds{job}``,
+      ``trainguard_job_checkpoint_last_save_duration_seconds{job}``,
+      ``trainguard_job_checkpoint_max_age_seconds{job}`` (when the policy sets it),
+      ``trainguard_job_checkpoint_unprotected{job}`` (decision 0251).
+    """
+
+    def __init__(
+        self,
+        *,
+        gpus: Callable[[], dict[str, dict[str, dict[str, Any]]]],
+        tally: Any,
+        breakers: Callable[[], dict[str, bool]],
+        progress_ages: Callable[[], dict[str, float]],
+        protections: Callable[[], dict[str, Any]],
+        ttl_s: float = 5.0,
+    ) -> None:
+        self.gpus = gpus
+        self.tally = tally
+        self.breakers = breakers
+        self.progress_ages = progress_ages
+        self.protections = protections
+        self.ttl_s = ttl_s
+        self._lock = threading.Lock()
+        self._cached: list[Metric] = []
+        self._cached_at = -1e18
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._cached_at > self.ttl_s:
+                self._cached = self._compute()
+                self._cached_at = now
+            yield from self._cached
+
+    def _compute(self) -> list[Metric]:
+        temp = GaugeMetricFamily(
+            "trainguard_gpu_temperature_celsius",
+            "GPU temperature from the host agent's last heartbeat",
+            labels=["host", "gpu"],
+        )
+        for host, gpus in sorted(self.gpus().items()):
+            for gpu, fig in sorted(gpus.items()):
+                t = fig.get("temp_c")
+                if isinstance(t, int | float):
+                    temp.add_metric([host, gpu], float(t))
+        self.tally.refresh()
+        kinds = CounterMetricFamily(
+            "trainguard_gpu_findings",
+            "Findings recorded per host, GPU (empty: the host) and kind",
+            labels=["host", "gpu", "kind"],
+        )
+        for (host, gpu, kind), n in sorted(self.tally.by_kind.items()):
+            kinds.add_metric([host, gpu, kind], n)
+        xids = CounterMetricFamily(
+            "trainguard_gpu_xid_errors",
+            "XID errors recorded per host, GPU and XID number",
+            labels=["host", "gpu", "xid"],
+        )
+        for (host, gpu, xid), n in sorted(self.tally.by_xid.items()):
+            xids.add_metric([host, gpu, str(xid)], n)
+        breaker = GaugeMetricFamily(
+            "trainguard_breaker_open",
+            "1 while the circuit breaker is open (its actions suppressed)",
+            labels=["breaker"],
+        )
+        for name, is_open in sorted(self.breakers().items()):
+            breaker.add_metric([name], 1.0 if is_open else 0.0)
+        progress = GaugeMetricFamily(
+            "trainguard_job_progress_age_seconds",
+            "Seconds since a running job's last progress step (or its attempt's start)",
+            labels=["job_id"],
+        )
+        for job, age in sorted(self.progress_ages().items()):
+            progress.add_metric([job], age)
+        out: list[Metric] = [temp, kinds, xids, breaker, progress]
+        out += self._checkpoints()
+        return out
+
+    def _checkpoints(self) -> list[Metric]:
+        age = GaugeMetricFamily(
+            "trainguard_job_checkpoint_age_seconds",
+            "Age of the job's newest valid checkpoint",
+            labels=["job_id"],
+        )
+        saved = GaugeMetricFamily(
+            "trainguard_job_checkpoint_last_save_timestamp_seconds",
+            "When the job's newest valid checkpoint was written (epoch seconds)",
+            labels=["job_id"],
+        )
+        took = GaugeMetricFamily(
+            "trainguard_job_checkpoint_last_save_duration_seconds",
+            "How long the newest checkpoint took to save, when its manifest records it",
+            labels=["job_id"],
+        )
+        limit = GaugeMetricFamily(
+            "trainguard_job_checkpoint_max_age_seconds",
+            "The job policy's max_checkpoint_age_seconds",
+            labels=["job_id"],
+        )
+        missing = GaugeMetricFamily(
+            "trainguard_job_checkpoint_missing",
+            "1 while the job's checkpoint directory holds no valid checkpoint",
+            labels=["job_id"],
+        )
+        unprotected = GaugeMetricFamily(
+            "trainguard_job_checkpoint_unprotected",
+            "1 when the checkpoint directory is on node-local storage (the compute's "
+            "failure domain)",
+            labels=["job_id"],
+        )
+        for job, p in sorted(self.protections().items()):
+            if p.age_seconds is not None:
+                age.add_metric([job], p.age_seconds)
+                saved.add_metric([job], p.newest_at)
+            if p.last_save_seconds is not None:
+                took.add_metric([job], p.last_save_seconds)
+            if p.max_age_seconds is not None:
+                limit.add_metric([job], p.max_age_seconds)
+            missing.add_metric([job], 1.0 if p.age_seconds is None else 0.0)
+            unprotected.add_metric([job], 1.0 if p.unprotected else 0.0)
+        return [age, saved, took, limit, missing, unprotected]
+
+
 class Metrics:
     """The registry of one server, and the instruments the API and the loop update."""
 
@@ -242,7 +378,7 @@ class Metrics:
             registry=r,
         )
 
-    def add_store_collector(self, collector: StoreCollector) -> None:
+    def add_store_collector(self, collector: Collector) -> None:
         self.registry.register(collector)
 
 
@@ -250,6 +386,7 @@ __all__ = [
     "DETECTION_BUCKETS",
     "RECOVERY_BUCKETS",
     "Metrics",
+    "OperationsCollector",
     "StoreCollector",
     "detection_latency",
     "recovery_latency",

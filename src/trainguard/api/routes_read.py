@@ -11,6 +11,7 @@ from trainguard import __version__
 from trainguard.api import schemas as S
 from trainguard.api.context import ApiContext
 from trainguard.api.deps import Ctx, IdPath, IdQuery, Viewer
+from trainguard.api.operations import job_protection, report
 from trainguard.model.health import HealthState
 from trainguard.model.records import (
     AttemptRecord,
@@ -49,10 +50,13 @@ def attempt_progress(att: AttemptRecord) -> dict[str, Any] | None:
 def job_detail(ctx: ApiContext, job: JobRecord) -> dict[str, Any]:
     attempts = ctx.store.list_attempts(job.id)
     latest = attempts[-1] if attempts else None
+    # A finished job's checkpoints protect nothing any more: not looked at (0251).
+    protection = None if job.state.terminal else job_protection(ctx.fleet, job, ctx.clock())
     return {
         **job.to_json(),
         "attempts": [a.to_json() for a in attempts],
         "progress": None if latest is None else attempt_progress(latest),
+        "checkpoint_protection": None if protection is None else protection.to_json(),
     }
 
 
@@ -429,4 +433,36 @@ def list_audit(
     }
 
 
-__all__ = ["attempt_progress", "job_detail", "node_views", "router"]
+# --- fleet analytics ---------------------------------------------------------------
+
+DEFAULT_REPORT_WINDOW_S = 30 * 86400.0
+
+
+@router.get("/fleet/report", response_model=S.FleetReport, tags=["fleet"])
+def fleet_report(
+    ctx: Ctx,
+    _: Viewer,
+    since: Annotated[
+        str | None,
+        Query(description="ISO 8601 (naive = UTC) or epoch seconds; default 30 days ago"),
+    ] = None,
+    until: Annotated[
+        str | None, Query(description="ISO 8601 or epoch seconds; default now")
+    ] = None,
+    bucket: Annotated[
+        float, Query(ge=60, le=366 * 86400, description="trend bucket in seconds (default a day)")
+    ] = 86400.0,
+) -> dict[str, Any]:
+    """Where interrupted GPU-hours go (by cause, domain, card model, node, rack), first-restart
+    success, detect/act/recover and checkpoint-write trends, repeat offenders (0252)."""
+    try:
+        until_f = ctx.clock() if until is None else parse_iso_utc(until)
+        since_f = until_f - DEFAULT_REPORT_WINDOW_S if since is None else parse_iso_utc(since)
+    except ValueError as exc:
+        raise HTTPException(422, str(exc)) from None
+    if since_f > until_f:
+        raise HTTPException(422, "since is after until")
+    return report(ctx.store, ctx.fleet, since=since_f, until=until_f, bucket_s=bucket)
+
+
+__all__ = ["attempt_progress", "fleet_report", "job_detail", "node_views", "router"]

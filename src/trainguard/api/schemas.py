@@ -299,10 +299,87 @@ class Attempt(_Response):
     reason: str | None
 
 
+class CheckpointProtectionOut(_Response):
+    """How much work a live job would lose now, and whether its checkpoints survive the
+    loss of its node (decision 0251)."""
+
+    directory: str
+    newest_step: int | None = None
+    newest_path: str | None = None
+    newest_at: Float | None = Field(
+        default=None, description="when the newest valid checkpoint was written (epoch s)"
+    )
+    age_seconds: Float | None = Field(
+        default=None, description="age of the newest valid checkpoint; null: none valid"
+    )
+    last_save_seconds: Float | None = Field(
+        default=None, description="how long that save took, when its manifest records it"
+    )
+    fstype: str | None = Field(default=None, description="filesystem holding the directory")
+    mount_point: str | None = None
+    unprotected: bool = Field(description="on node-local storage: lost with the node that computes")
+    max_age_seconds: Float | None = Field(
+        default=None, description="the job policy's max_checkpoint_age_seconds"
+    )
+    overdue: bool = Field(description="older than max_age_seconds, or no valid checkpoint")
+    error: str | None = None
+
+
+class FleetGroup(_Response):
+    key: str
+    incidents: int
+    gpu_hours: Float
+
+
+class RepeatCard(FleetGroup):
+    model: str
+    node: str
+
+
+class TrendPoint(_Response):
+    start: str = Field(description="bucket start, ISO 8601 UTC")
+    count: int
+    median_s: Float
+    p90_s: Float
+    max_s: Float
+
+
+class FirstRestart(_Response):
+    restarted: int = Field(description="incidents whose job was restarted")
+    succeeded: int = Field(description="... whose first restart reached verified recovery")
+    rate: Float | None
+
+
+class FleetReport(_Response):
+    """Interrupted GPU-hours and recovery figures over the incidents of a window (0252)."""
+
+    since: str
+    until: str
+    bucket_seconds: Float
+    incidents: int
+    recovered: int
+    gpu_hours: Float = Field(description="GPUs of the failed attempt x fault-to-recovery hours")
+    by_cause: list[FleetGroup]
+    by_domain: list[FleetGroup]
+    by_model: list[FleetGroup]
+    by_node: list[FleetGroup]
+    by_rack: list[FleetGroup]
+    first_restart: FirstRestart
+    time_to_detect: list[TrendPoint]
+    time_to_act: list[TrendPoint]
+    time_to_recover: list[TrendPoint]
+    checkpoint_write: list[TrendPoint]
+    repeat_nodes: list[FleetGroup]
+    repeat_cards: list[RepeatCard]
+
+
 class JobDetail(Job):
     attempts: list[Attempt]
     progress: dict[str, Any] | None = Field(
         default=None, description="latest step, its time and the step rate, when known"
+    )
+    checkpoint_protection: CheckpointProtectionOut | None = Field(
+        default=None, description="live jobs with a checkpoint directory only"
     )
 
 

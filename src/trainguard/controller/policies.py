@@ -58,6 +58,7 @@ _FIELDS = (
     "verify_min_rate_ratio",
     "placement",
     "isolate_network_after",
+    "max_checkpoint_age_seconds",
 )
 
 
@@ -239,6 +240,15 @@ def parse_policy(data: Any, *, name: str | None = None) -> PolicyDocument:
     if data.get("isolate_network_after") is not None:
         out["isolate_network_after"] = _int(
             data["isolate_network_after"], "isolate_network_after", pname, 1
+        )
+    if data.get("max_checkpoint_age_seconds") is not None:
+        # Read by the checkpoint-protection view and alert, not by decide() (0251).
+        out["max_checkpoint_age_seconds"] = _number(
+            data["max_checkpoint_age_seconds"],
+            "max_checkpoint_age_seconds",
+            pname,
+            minimum=0,
+            strict=True,
         )
     return PolicyDocument(**out)
 

@@ -208,6 +208,7 @@ class PolicyDocument:
     placement: str | None = None  # "device" | "node" (model.plan.PLACEMENTS)
     description: str | None = None
     isolate_network_after: int | None = None  # RecoveryPolicy.isolate_network_after (0110)
+    max_checkpoint_age_seconds: float | None = None  # checkpoint protection alert (0251)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name}
@@ -232,6 +233,7 @@ class PolicyDocument:
             ("verify_min_rate_ratio", self.verify_min_rate_ratio),
             ("placement", self.placement),
             ("isolate_network_after", self.isolate_network_after),
+            ("max_checkpoint_age_seconds", self.max_checkpoint_age_seconds),
         ):
             if value is not None:
                 out[key] = value

@@ -251,6 +251,27 @@ async function drawIncidents(all, ledger) {
 
 // --- jobs ---------------------------------------------------------------------------
 
+function duration(s) {
+  if (s < 120) return s.toFixed(0) + " s";
+  if (s < 7200) return (s / 60).toFixed(0) + " min";
+  if (s < 172800) return (s / 3600).toFixed(1) + " h";
+  return (s / 86400).toFixed(1) + " d";
+}
+
+// Age of the newest valid checkpoint, red when older than the job policy allows, and a
+// "node-local" mark when the directory shares the compute's failure domain (0251).
+function checkpointCell(p) {
+  if (!p) return "–";
+  const age = p.age_seconds === null ? "none valid" : duration(p.age_seconds) + " old";
+  const limit = p.max_age_seconds !== null ? ` (limit ${duration(p.max_age_seconds)})` : "";
+  const title = `${p.directory} on ${p.fstype || "?"}` +
+    (p.newest_step !== null ? `, step ${p.newest_step}` : "") +
+    (p.last_save_seconds !== null ? `, saved in ${p.last_save_seconds.toFixed(1)} s` : "") +
+    (p.error ? ", " + p.error : "");
+  return `<span class="ckpt${p.overdue ? " overdue" : ""}" title="${esc(title)}">${esc(age + limit)}</span>` +
+    (p.unprotected ? ' <span class="pill unprotected" title="node-local storage: lost with the node">node-local</span>' : "");
+}
+
 function drawJobs(jobs) {
   $("#jobs-count").textContent = jobs.length;
   const rows = [];
@@ -264,18 +285,18 @@ function drawJobs(jobs) {
       <td>${latest ? latest.number + " " + esc(latest.state) : "–"}</td>
       <td>${p.step !== undefined ? p.step : "–"}</td>
       <td>${p.steps_per_s !== null && p.steps_per_s !== undefined ? p.steps_per_s.toFixed(2) : "–"}</td>
-      <td>${Math.max(0, j.attempts.length - 1)}</td></tr>`);
+      <td>${Math.max(0, j.attempts.length - 1)}</td><td>${checkpointCell(j.checkpoint_protection)}</td></tr>`);
     if (open) {
       for (const a of j.attempts) {
         const restored = a.checkpoint_restored ? "from step " + a.checkpoint_restored.step : "fresh";
         rows.push(`<tr class="attempt"><td>attempt ${a.number}</td><td>${esc(a.state)}</td>
           <td colspan="2">${a.devices.length} devices · ${esc(restored)}</td>
-          <td>${a.last_step !== null ? a.last_step : "–"}</td><td colspan="2">${shortTime(a.started_at)}` +
+          <td>${a.last_step !== null ? a.last_step : "–"}</td><td colspan="3">${shortTime(a.started_at)}` +
           (a.reason ? " · " + esc(a.reason) : "") + `</td></tr>`);
       }
     }
   }
-  $("#jobs tbody").innerHTML = rows.join("") || '<tr><td colspan="7" class="empty">No jobs yet.</td></tr>';
+  $("#jobs tbody").innerHTML = rows.join("") || '<tr><td colspan="8" class="empty">No jobs yet.</td></tr>';
 }
 
 // --- health map ---------------------------------------------------------------------
@@ -382,6 +403,72 @@ async function drawAudit() {
   $("#audit tbody").innerHTML = rows.join("") || '<tr><td colspan="6" class="empty">No matching records.</td></tr>';
 }
 
+// --- fleet analytics (GET /v1/fleet/report, decision 0252) --------------------------
+
+function barsSvg(title, groups, repeat) {
+  const top = groups.slice(0, 8);
+  const H = 22 * Math.max(1, top.length) + 28, W = 360, L = 130, R = 96;
+  const max = Math.max(1e-9, ...top.map((g) => g.gpu_hours));
+  const parts = [`<svg class="bars" viewBox="0 0 ${W} ${H}" role="img" aria-label="${esc(title)}">`,
+    `<text class="title" x="0" y="14">${esc(title)}</text>`];
+  if (!top.length) parts.push(`<text x="0" y="40">none</text>`);
+  top.forEach((g, k) => {
+    const y = 24 + k * 22, w = (W - L - R) * g.gpu_hours / max;
+    const cls = repeat && repeat.has(g.key) ? "bar repeat" : "bar";
+    parts.push(`<text x="${L - 6}" y="${y + 14}" text-anchor="end">${esc(g.key.slice(0, 20))}</text>`,
+      `<rect class="${cls}" x="${L}" y="${y + 3}" width="${Math.max(1, w)}" height="15"><title>${esc(g.key)}: ${g.gpu_hours} GPU-hours, ${g.incidents} incidents</title></rect>`,
+      `<text x="${L + w + 4}" y="${y + 14}">${g.gpu_hours.toFixed(1)} h · ${g.incidents}</text>`);
+  });
+  parts.push("</svg>");
+  return parts.join("");
+}
+
+function trendSvg(title, series) {
+  const W = 360, H = 150, L = 44, R = 10, T = 22, B = 22;
+  const all = series.flatMap((s) => s.points.map((p) => ({ t: Date.parse(p.start), v: p.median_s })));
+  const parts = [`<svg class="trend" viewBox="0 0 ${W} ${H}" role="img" aria-label="${esc(title)}">`,
+    `<text class="title" x="0" y="14">${esc(title)}</text>`];
+  if (!all.length) { parts.push(`<text x="0" y="40">no data</text></svg>`); return parts.join(""); }
+  const t0 = Math.min(...all.map((p) => p.t)), t1 = Math.max(...all.map((p) => p.t));
+  const vmax = niceMax(Math.max(...all.map((p) => p.v)));
+  const x = (t) => t1 === t0 ? (L + W - R) / 2 : L + (W - L - R) * (t - t0) / (t1 - t0);
+  const y = (v) => T + (H - T - B) * (1 - v / vmax);
+  parts.push(`<line class="axis" x1="${L}" x2="${W - R}" y1="${H - B}" y2="${H - B}"/>`,
+    `<text x="${L - 4}" y="${T + 4}" text-anchor="end">${vmax}</text><text x="${L - 4}" y="${H - B}" text-anchor="end">0 s</text>`,
+    `<text x="${L}" y="${H - 6}">${esc(new Date(t0).toISOString().slice(0, 10))}</text>`,
+    `<text x="${W - R}" y="${H - 6}" text-anchor="end">${esc(new Date(t1).toISOString().slice(0, 10))}</text>`);
+  series.forEach((s, k) => {
+    const pts = s.points.map((p) => `${x(Date.parse(p.start)).toFixed(1)},${y(p.median_s).toFixed(1)}`);
+    if (pts.length) parts.push(`<polyline class="line s${k}" points="${pts.join(" ")}"><title>${esc(s.label)} (median)</title></polyline>`);
+    for (const p of s.points) parts.push(`<circle class="dot s${k}" cx="${x(Date.parse(p.start))}" cy="${y(p.median_s)}" r="2.5"><title>${esc(s.label)} ${esc(p.start.slice(0, 10))}: median ${p.median_s} s, p90 ${p.p90_s} s, ${p.count}</title></circle>`);
+    parts.push(`<text class="legend s${k}" x="${W - R - 4}" y="${T + 14 + 12 * k}" text-anchor="end">${esc(s.label)}</text>`);
+  });
+  parts.push("</svg>");
+  return parts.join("");
+}
+
+function drawFleet(r) {
+  const fr = r.first_restart;
+  const rate = fr.rate === null ? "–" : Math.round(fr.rate * 100) + "%";
+  const repeat = new Set(r.repeat_nodes.map((g) => g.key));
+  const offenders = r.repeat_nodes.map((g) => `node ${g.key} (${g.incidents})`)
+    .concat(r.repeat_cards.map((c) => `card ${c.key} · ${c.model} on ${c.node} (${c.incidents})`));
+  $("#fleet-summary").innerHTML =
+    `<b>${r.gpu_hours.toFixed(1)}</b> interrupted GPU-hours · <b>${r.incidents}</b> incidents ` +
+    `(${r.recovered} recovered) · first restart succeeded <b>${fr.succeeded}/${fr.restarted}</b> (${rate})` +
+    (offenders.length ? `<br><span class="repeat-text">Repeat offenders: ${esc(offenders.join(", "))}</span>` : "");
+  $("#fleet-plots").innerHTML = [
+    barsSvg("GPU-hours by cause", r.by_cause),
+    barsSvg("GPU-hours by card model", r.by_model),
+    barsSvg("GPU-hours by node (red: repeat)", r.by_node, repeat),
+    barsSvg("GPU-hours by rack", r.by_rack),
+    trendSvg("Time to detect / act / recover (median per day)", [
+      { label: "detect", points: r.time_to_detect }, { label: "act", points: r.time_to_act },
+      { label: "recover", points: r.time_to_recover }]),
+    trendSvg("Checkpoint write time (median per day)", [{ label: "write", points: r.checkpoint_write }]),
+  ].map((svg) => `<div class="plot">${svg}</div>`).join("");
+}
+
 // --- loop ---------------------------------------------------------------------------
 
 let tick = 0;
@@ -399,6 +486,7 @@ async function refresh() {
     drawJobs(jobs);
     drawChart(incidents);
     if (slow) drawHealth(await api("/v1/nodes"));
+    if (tick % 15 === 0) drawFleet(await api("/v1/fleet/report"));  // every 30 s
     tick += 1;
   } catch (e) {
     if (e.status === 401 || e.status === 403) { state.role = null; await checkToken(); }

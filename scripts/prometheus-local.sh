@@ -1,0 +1,31 @@
+#!/bin/sh
+# Install Debian's Prometheus server, promtool and Alertmanager when missing, for the
+# alerting-rule tests (tests/integration/test_prometheus_alerts.py) and for trying
+# deploy/prometheus/ by hand. Prints the directory holding `prometheus` and `promtool`.
+# The packages' systemd units are never started: the tests run their own server on
+# loopback with a private data directory.
+set -eu
+find_dir() {
+    for d in /usr/bin /usr/local/bin; do
+        if [ -x "$d/prometheus" ] && [ -x "$d/promtool" ]; then
+            echo "$d"
+            return 0
+        fi
+    done
+    return 1
+}
+if find_dir; then
+    exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+    SUDO=sudo
+else
+    SUDO=
+fi
+export DEBIAN_FRONTEND=noninteractive
+echo "prometheus-local: installing Debian's prometheus ..." >&2
+# policy-rc.d 101 keeps the package scripts from starting the system services.
+$SUDO apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >&2 \
+    || { $SUDO apt-get update -qq >&2 \
+        && $SUDO apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >&2; }
+find_dir
