@@ -24,8 +24,18 @@ else
 fi
 export DEBIAN_FRONTEND=noninteractive
 echo "prometheus-local: installing Debian's prometheus ..." >&2
-# policy-rc.d 101 keeps the package scripts from starting the system services.
+# policy-rc.d 101 keeps the package scripts from starting the system services; a
+# machine without one gets a temporary one for the install.
+cleanup=
+if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
+    $SUDO chmod 755 /usr/sbin/policy-rc.d
+    cleanup=1
+fi
 $SUDO apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >&2 \
     || { $SUDO apt-get update -qq >&2 \
         && $SUDO apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >&2; }
-find_dir
+status=0
+find_dir || status=$?
+if [ -n "$cleanup" ]; then $SUDO rm -f /usr/sbin/policy-rc.d; fi
+exit $status
