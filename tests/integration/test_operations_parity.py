@@ -37,6 +37,7 @@ from trainguard.controller.service import ControlPlane
 from trainguard.model.devices import Device
 from trainguard.model.fleet import BreakerState
 from trainguard.model.health import HealthState
+from trainguard.signals.inventory import simulated
 from trainguard.store import Store
 from trainguard.store.fleet import FleetStore
 
@@ -345,12 +346,14 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 def test_cli_release_closes_the_repair_record_locally_and_through_the_server(
     tmp_path: Path,
 ) -> None:
-    """The bug that started it: a local ``devices release`` left the repair record open."""
+    """The bug that started it: a local ``devices release`` left the repair record open.
+    Also ``mode`` and ``breaker reset`` both ways, and ``validate --server``."""
     local, remote = tmp_path / "local", tmp_path / "remote"
     for d in (local, remote):
         d.mkdir()
         seed(d / "state.db")
     write_tokens(remote)
+    (remote / "operator.token").chmod(0o600)  # else each CLI call warns about it
     uuid = uuid_of("release")
     proc = _cli("devices", "release", uuid, "--reason", "diag passed", "--actor", ACTOR,
                 "--state", str(local / "state.db"), "--json")  # fmt: skip
@@ -375,8 +378,48 @@ def test_cli_release_closes_the_repair_record_locally_and_through_the_server(
         approvals = _cli("approve", "--server", server.url, "--token-file",
                          str(remote / "operator.token"), "--json")  # fmt: skip
         assert approvals.returncode == 0 and json.loads(approvals.stdout) == []
+        for where in (
+            ("--state", str(local / "state.db"), "--actor", ACTOR),
+            ("--server", server.url, "--token-file", str(remote / "operator.token")),
+        ):
+            mode = _cli("mode", "partition:parity", "act", "--reason", "drill", *where)
+            assert mode.returncode == 0 and f"act (set by {ACTOR})" in mode.stdout, mode.stderr
+            reset = _cli("breaker", "reset", "--reason", "false alarm", *where)
+            assert reset.returncode == 0 and "closed since" in reset.stdout, reset.stderr
+            again = _cli("breaker", "reset", "--reason", "again", *where)
+            assert again.returncode == 1 and "illegal transition" in again.stderr, again.stderr
+        # validate through the server: the checks run here, the server keeps the result.
+        # A simulated device of this host (the parity devices live on made-up hosts).
+        here = simulated(8)[7]
+        with Store.open(remote / "state.db") as store:
+            store.register_devices([here], at=time.time() - 60)
+            store.transition_device(
+                here.uuid, HealthState.QUARANTINED, "XID 79", "trainguard", time.time()
+            )
+        (remote / "kern.log").write_text("")
+        proc = _cli("validate", here.uuid, "--level", "quick", "--skip", "dcgm",
+                    "--skip", "compute", "--skip", "memory", "--accept-partial", "--json",
+                    "--kernel-log", str(remote / "kern.log"), "--server", server.url,
+                    "--token-file", str(remote / "operator.token"))  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        out = json.loads(proc.stdout)
+        assert (out["previous_state"], out["state"], out["passed"]) == (
+            "quarantined",
+            "healthy",
+            True,
+        )
     finally:
         server.stop()
+    with Store.open(remote / "state.db") as store:
+        (result,) = store.list_audit(kind="result", subject=f"device:{here.uuid}")
+        (rec,) = FleetStore(store).list_repairs(resource_id=here.uuid)
+    assert result.actor == ACTOR and f"partial evidence accepted by {ACTOR}" in result.message
+    assert (rec.state.value, rec.outcome) == ("closed", "validated")
+    for db in (local, remote):
+        with Store.open(db / "state.db") as store:
+            fleet = FleetStore(store)
+            assert [m.scope.key for m in fleet.list_scope_modes()] == ["partition:parity"]
+            assert fleet.get_breaker(QUARANTINE_BREAKER).state is BreakerState.CLOSED
     assert observe(local / "state.db", "release", 0) == observe(remote / "state.db", "release", 0)
     with Store.open(local / "state.db") as store:
         (rec,) = FleetStore(store).list_repairs(resource_kind="device", resource_id=uuid)
