@@ -116,10 +116,6 @@ def get_json(args: argparse.Namespace, path: str, **params: Any) -> Any:
     return _call(args, "get", path, **params)
 
 
-def post_json(args: argparse.Namespace, path: str, body: dict[str, Any]) -> Any:
-    return _call(args, "post", path, body=body)
-
-
 def audit(args: argparse.Namespace, limit: int | None, **filters: Any) -> list[dict[str, Any]]:
     """Audit records oldest first; ``limit`` keeps the most recent N (as the CLI does)."""
     from trainguard.api.client import ApiError
@@ -146,5 +142,4 @@ __all__ = [
     "default_actor",
     "get_json",
     "operations",
-    "post_json",
 ]
