@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _api_procs import OP, Server, cli_env, free_port, write_tokens
+from _api_procs import OP, VIEW, Server, cli_env, free_port, write_tokens
 
 from trainguard.api.client import ApiClient, RemoteOperations
 from trainguard.controller.breaker import QUARANTINE_BREAKER
@@ -233,6 +233,17 @@ def worlds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]
     try:
         with ApiClient(server.url, OP) as client:
             remote = play(remote_dir / "state.db", RemoteOperations(client))
+        with ApiClient(server.url, VIEW) as client:
+            viewer = RemoteOperations(client)
+            target = Target.device(uuid_of("release_refused"))
+            remote["viewer"] = (
+                {
+                    "release": error_kind(lambda: viewer.release(target, "x")),
+                    "mode": error_kind(lambda: viewer.set_mode("cluster", "act", "x")),
+                    "whoami": viewer.whoami(),
+                },
+                observe(remote_dir / "state.db", "release_refused", 0),
+            )
     finally:
         server.stop()
     return {"local": local, "remote": remote}
@@ -424,3 +435,9 @@ def test_cli_release_closes_the_repair_record_locally_and_through_the_server(
     with Store.open(local / "state.db") as store:
         (rec,) = FleetStore(store).list_repairs(resource_kind="device", resource_id=uuid)
     assert (rec.state.value, rec.outcome) == ("closed", "released")
+
+
+def test_a_viewer_token_is_denied_and_changes_nothing(worlds: dict[str, dict[str, Any]]) -> None:
+    answered, world = worlds["remote"]["viewer"]
+    assert answered == {"release": "denied", "mode": "denied", "whoami": "viewer:grafana"}
+    assert world["state"] == "repair" and world["repairs"][0][0] == "open"
