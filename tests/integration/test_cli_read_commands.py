@@ -262,7 +262,7 @@ def test_devices_release(tmp_path: Path, state: str) -> None:
         dev = s.find_device("1")
         assert dev.state is HealthState.HEALTHY
         last = s.device_history(dev.uuid)[-1]
-        assert (last.actor, last.reason) == ("ana", "diag passed")
+        assert (last.actor, last.reason) == ("ana", "released: diag passed")
         (audit,) = s.list_audit(kind="health", subject=f"device:{dev.uuid}", newest=True, limit=1)
         assert audit.actor == "ana" and audit.data["new"] == "healthy"
 

@@ -25,6 +25,7 @@ DRIVERS = {
 }
 API_MAY_IMPORT_FROM_CONTROLLER = {
     "trainguard.controller.service",
+    "trainguard.controller.operations",  # the operations interface (0230)
     "trainguard.controller.breaker",
     "trainguard.controller.repair",
     "trainguard.controller.lease",

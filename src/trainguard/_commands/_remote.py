@@ -1,18 +1,34 @@
-"""``--server URL``: the read commands and ``approve`` go through the HTTP API instead of
-the state database. The token comes from ``--token-file`` or ``TRAINGUARD_TOKEN``;
-the server from ``--server`` or ``TRAINGUARD_SERVER``."""
+"""``--server URL``: the read commands and the operator commands go through the HTTP API
+instead of the state database. The token comes from ``--token-file`` or
+``TRAINGUARD_TOKEN``; the server from ``--server`` or ``TRAINGUARD_SERVER``.
+
+:func:`operations` gives an operator command its
+:class:`~trainguard.controller.operations.Operations`: remote with ``--server``, else
+local on ``--state`` (the same control-plane code the API runs), so a command has
+one code path and the same effects either way (decision 0230).
+"""
 
 from __future__ import annotations
 
 import argparse
+import getpass
 import os
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainguard.controller.operations import Operations
 
 SERVER_ENV = "TRAINGUARD_SERVER"
 
 
 class RemoteError(Exception):
     """A request through the API failed; the message is ready to print."""
+
+
+class NoDatabase(RemoteError):
+    """``--state`` names no database: nothing was recorded there yet."""
 
 
 def add_server_option(parser: argparse.ArgumentParser, *, sub: bool = False) -> None:
@@ -31,6 +47,46 @@ def add_server_option(parser: argparse.ArgumentParser, *, sub: bool = False) -> 
         metavar="FILE",
         help="token for --server (default: $TRAINGUARD_TOKEN)",
     )
+
+
+def default_actor() -> str:
+    """``operator:<user name>``: who acts on a local state database."""
+    try:
+        return f"operator:{getpass.getuser()}"
+    except Exception:  # no user name in this environment (containers)
+        return "operator"
+
+
+@contextmanager
+def operations(args: argparse.Namespace, actor: str | None = None) -> Iterator[Operations]:
+    """The operations interface the command's options name: ``--server`` (the actor is
+    the token's holder) or ``--state`` (acting as ``actor``, default
+    ``operator:<user>``). A missing database or token raises :class:`RemoteError`."""
+    if getattr(args, "server", None):
+        from trainguard.api.client import RemoteOperations
+
+        client = _client(args)
+        try:
+            yield RemoteOperations(client)
+        finally:
+            client.close()
+        return
+    from trainguard.controller.operations import LocalOperations
+    from trainguard.controller.service import ControlPlane
+    from trainguard.store import Store, StoreError
+
+    try:
+        store = Store.open_existing(args.state)
+    except StoreError as exc:
+        raise RemoteError(str(exc)) from exc
+    if store is None:
+        raise NoDatabase(f"no state database at {args.state}")
+    with store:
+        control = ControlPlane(store, None)
+        try:
+            yield LocalOperations(control, actor or default_actor())
+        finally:
+            control.close()
 
 
 def _client(args: argparse.Namespace) -> Any:
@@ -60,10 +116,6 @@ def get_json(args: argparse.Namespace, path: str, **params: Any) -> Any:
     return _call(args, "get", path, **params)
 
 
-def post_json(args: argparse.Namespace, path: str, body: dict[str, Any]) -> Any:
-    return _call(args, "post", path, body=body)
-
-
 def audit(args: argparse.Namespace, limit: int | None, **filters: Any) -> list[dict[str, Any]]:
     """Audit records oldest first; ``limit`` keeps the most recent N (as the CLI does)."""
     from trainguard.api.client import ApiError
@@ -81,4 +133,13 @@ def audit(args: argparse.Namespace, limit: int | None, **filters: Any) -> list[d
         client.close()
 
 
-__all__ = ["SERVER_ENV", "RemoteError", "add_server_option", "audit", "get_json", "post_json"]
+__all__ = [
+    "SERVER_ENV",
+    "NoDatabase",
+    "RemoteError",
+    "add_server_option",
+    "audit",
+    "default_actor",
+    "get_json",
+    "operations",
+]

@@ -1,15 +1,14 @@
 """``trainguard approve``: list pending approvals, approve or deny one (with a reason).
 
 Through the control plane's API with ``--server URL`` (the decision is recorded
-under the token's holder, ``operator:<name>``), or directly in the state database
-with ``--state PATH`` (recorded as ``operator:<user>``; the leader's next pass
-acts on it).
+under the token's holder, ``operator:<name>``), or on the state database with
+``--state PATH`` (recorded as ``operator:<user>``; the leader's next pass acts on
+it). Both go through the operations interface: the same control-plane code.
 """
 
 from __future__ import annotations
 
 import argparse
-import getpass
 from typing import Any
 
 from trainguard._commands._common import (
@@ -19,7 +18,13 @@ from trainguard._commands._common import (
     print_table,
     usage_error,
 )
-from trainguard._commands._remote import RemoteError, add_server_option, get_json, post_json
+from trainguard._commands._remote import (
+    NoDatabase,
+    RemoteError,
+    add_server_option,
+    operations,
+)
+from trainguard.controller.operations import OperationError
 
 
 def register(subparsers: Any) -> None:
@@ -38,60 +43,25 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def _actor() -> str:
-    try:
-        return f"operator:{getpass.getuser()}"
-    except Exception:  # no user name in this environment
-        return "operator"
-
-
-def _local(args: argparse.Namespace) -> tuple[list[dict[str, Any]] | dict[str, Any] | None, str]:
-    from trainguard.controller.service import ControlPlane
-    from trainguard.model.fleet import ApprovalState
-    from trainguard.store import NotFound, Store, StoreError
-
-    try:
-        store = Store.open_existing(args.state)
-    except StoreError as exc:
-        return None, str(exc)
-    if store is None:
-        if args.id is None:
-            return [], ""
-        return None, f"no approval {args.id}: no state database at {args.state}"
-    with store:
-        control = ControlPlane(store, None)
-        if args.id is None:
-            return [a.to_json() for a in control.approvals(ApprovalState.PENDING)], ""
-        try:
-            current = control.approval(args.id)
-            if current.state is not ApprovalState.PENDING:
-                return None, f"approval {args.id} is already {current.state.value}"
-            verb = control.deny if args.deny else control.approve
-            return verb(args.id, _actor(), args.reason).to_json(), ""
-        except NotFound as exc:
-            return None, str(exc)
-        except ValueError as exc:
-            return None, str(exc)
-
-
 def run(args: argparse.Namespace) -> int:
     if args.id is not None and not (args.reason or "").strip():
         return usage_error("--reason is required: say why (it is recorded with your decision)")
-    if args.server:
-        try:
+    result: list[dict[str, Any]] | dict[str, Any]
+    try:
+        with operations(args) as ops:
             if args.id is None:
-                result: Any = get_json(args, "/v1/approvals", state="pending")
+                result = ops.approvals("pending")
             else:
-                verb = "deny" if args.deny else "approve"
-                result = post_json(
-                    args, f"/v1/approvals/{args.id}/{verb}", {"reason": args.reason.strip()}
-                )
-        except RemoteError as exc:
-            return error(str(exc))
-    else:
-        result, problem = _local(args)
-        if result is None:
-            return error(problem)
+                decide = ops.deny if args.deny else ops.approve
+                result = decide(args.id, args.reason.strip())
+    except NoDatabase as exc:
+        if args.id is not None:
+            return error(f"no approval {args.id}: {exc}")
+        result = []  # nothing recorded yet: nothing pending
+    except RemoteError as exc:
+        return error(str(exc))
+    except OperationError as exc:
+        return error(str(exc))
     if args.json:
         print_json(result)
         return 0

@@ -1,19 +1,22 @@
-"""``trainguard devices``: device health as the state database records it.
+"""``trainguard devices``: device health as the state database (or ``--server``) records it.
 
 * ``trainguard devices [--json]`` lists every device with its health state;
 * ``trainguard devices release ID --reason TEXT`` returns a quarantined or
-  suspect device to service (recorded in its health history and the audit log);
+  suspect device to service (recorded in its health history and the audit log;
+  its open repair record is closed, outcome ``released``);
+* ``trainguard devices retire ID --reason TEXT`` asks to retire a device for good
+  (a ``retire`` approval; ``trainguard approve`` decides it);
 * ``trainguard devices history ID [--json]`` shows a device's health history.
 
 ID is a device UUID, a PCI bus id (any spelling: ``0000:c1:00.0``,
-``00000000:C1:00.0``, ``PCI:0000:c1:00``) or a local device index.
+``00000000:C1:00.0``, ``PCI:0000:c1:00``) or a local device index. Every command
+goes through the operations interface (:func:`trainguard._commands._remote.operations`):
+the same control-plane code whether on ``--state`` or ``--server``.
 """
 
 from __future__ import annotations
 
 import argparse
-import getpass
-import time
 from typing import Any
 
 from trainguard._commands._common import (
@@ -24,7 +27,13 @@ from trainguard._commands._common import (
     print_table,
     usage_error,
 )
-from trainguard._commands._remote import RemoteError, add_server_option, get_json, post_json
+from trainguard._commands._remote import (
+    NoDatabase,
+    RemoteError,
+    add_server_option,
+    operations,
+)
+from trainguard.controller.operations import OperationError
 
 
 def _sub_state_option(parser: argparse.ArgumentParser) -> None:
@@ -36,13 +45,6 @@ def _sub_state_option(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help=f"SQLite state database (default: {DEFAULT_STATE})",
     )
-
-
-def _default_actor() -> str:
-    try:
-        return f"operator:{getpass.getuser()}"
-    except Exception:  # no user name in this environment (containers)
-        return "operator"
 
 
 def register(subparsers: Any) -> None:
@@ -76,6 +78,21 @@ def register(subparsers: Any) -> None:
     )
     release.set_defaults(func=run_release)
 
+    retire = sub.add_parser(
+        "retire",
+        help="ask to retire a device for good (an approval a person decides)",
+        description="Request the retirement of a device in quarantine or repair: a retire "
+        "approval is created; `trainguard approve ID --reason ...` carries it out.",
+    )
+    retire.add_argument("id", metavar="ID", help="device UUID, PCI bus id or index")
+    retire.add_argument("--reason", required=True, help="why it should leave the fleet")
+    retire.add_argument("--actor", default=None, help="who asks (default: operator:<user name>)")
+    retire.add_argument("--host", default=None, help="host of an index ID (default: any)")
+    _sub_state_option(retire)
+    add_server_option(retire, sub=True)
+    retire.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
+    retire.set_defaults(func=run_retire)
+
     history = sub.add_parser("history", help="a device's health history")
     history.add_argument("id", metavar="ID", help="device UUID, PCI bus id or index")
     history.add_argument("--host", default=None, help="host of an index ID (default: any)")
@@ -87,25 +104,35 @@ def register(subparsers: Any) -> None:
     history.set_defaults(func=run_history)
 
 
-def run_list(args: argparse.Namespace) -> int:
-    from trainguard.store import Store, StoreError
+def _history_table(title: str, history: list[dict[str, Any]]) -> None:
+    print_table(
+        title,
+        ["AT", "FROM", "TO", "ACTOR", "INCIDENT", "REASON"],
+        [
+            [
+                h["at"],
+                h["old_state"] or "-",
+                h["new_state"],
+                h["actor"],
+                h["incident_id"] or "-",
+                h["reason"],
+            ]
+            for h in history
+        ],
+    )
 
-    if args.server:
-        try:
-            devices = get_json(args, "/v1/devices")
-        except RemoteError as exc:
-            return error(str(exc))
-        where = ""
-    else:
-        try:
-            store = Store.open_existing(args.state)
-        except StoreError as exc:
-            return error(str(exc))
-        where = "" if store is not None else f" (no state database at {args.state})"
-        devices = []
-        if store is not None:
-            with store:
-                devices = [d.to_json() for d in store.list_devices()]
+
+def run_list(args: argparse.Namespace) -> int:
+    where = ""
+    devices: list[dict[str, Any]] = []
+    try:
+        with operations(args) as ops:
+            devices = ops.devices()
+    except NoDatabase:
+        # Listing an absent database is not an error: nothing is recorded yet.
+        where = f" (no state database at {args.state})"
+    except (RemoteError, OperationError) as exc:
+        return error(str(exc))
     if args.json:
         print_json(devices)
         return 0
@@ -133,111 +160,68 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_release(args: argparse.Namespace) -> int:
-    from trainguard.model.statemachine import IllegalTransition
-    from trainguard.store import NotFound, Store, StoreError
+    from trainguard.controller.operations import ErrorKind, Target
 
     reason = (args.reason or "").strip()
     if not reason:
         return usage_error("--reason must not be empty: say why the device is safe to use again")
-    if getattr(args, "server", None):
-        # Through the API the actor is the token's holder (operator:<name>), not --actor.
-        try:
-            rec_json = post_json(
-                args,
-                f"/v1/devices/{args.id}/release" + (f"?host={args.host}" if args.host else ""),
-                {"reason": reason},
-            )
-        except RemoteError as exc:
-            return error(str(exc))
-        if getattr(args, "json", False):
-            print_json(rec_json)
-        else:
-            print(f"released device {rec_json['index']} {rec_json['uuid']}: -> {rec_json['state']}")
-        return 0
     try:
-        store = Store.open_existing(args.state)
-    except StoreError as exc:
+        with operations(args, args.actor) as ops:
+            before = ops.device(args.id, host=args.host)  # for its state before
+            try:
+                dev = ops.release(Target.device(before["uuid"], args.host), reason)
+            except OperationError as exc:
+                if exc.kind is not ErrorKind.CONFLICT:
+                    raise
+                return error(
+                    f"device {before['uuid']} is {before['state']}; only a quarantined or "
+                    "suspect device can be released (a device in repair returns through "
+                    "validation)"
+                )
+    except (RemoteError, OperationError) as exc:
         return error(str(exc))
-    if store is None:
-        return error(f"no device {args.id!r}: no state database at {args.state}")
-    with store:
-        try:
-            dev = store.find_device(args.id, host=args.host)
-            rec = store.release_device(
-                dev.uuid, reason, args.actor or _default_actor(), time.time()
-            )
-        except NotFound as exc:
-            return error(str(exc))
-        except IllegalTransition:
-            return error(
-                f"device {dev.uuid} is {dev.state.value}; only a quarantined or suspect device "
-                "can be released (a device in repair returns through validation)"
-            )
     if getattr(args, "json", False):
-        print_json(rec.to_json())
+        print_json(dev)
     else:
         print(
-            f"released device {rec.device.index} {rec.uuid} ({rec.device.pci_bus_id}): "
-            f"{dev.state.value} -> {rec.state.value}"
+            f"released device {dev['index']} {dev['uuid']} ({dev['pci_bus_id']}): "
+            f"{before['state']} -> {dev['state']}"
+        )
+    return 0
+
+
+def run_retire(args: argparse.Namespace) -> int:
+    from trainguard.controller.operations import Target
+
+    reason = (args.reason or "").strip()
+    if not reason:
+        return usage_error("--reason must not be empty: say why the device should be retired")
+    try:
+        with operations(args, args.actor) as ops:
+            dev = ops.device(args.id, host=args.host)
+            approval = ops.request_retire(Target.device(dev["uuid"], args.host), reason)
+    except (RemoteError, OperationError) as exc:
+        return error(str(exc))
+    if getattr(args, "json", False):
+        print_json(approval)
+    else:
+        print(
+            f"retirement of device {dev['index']} {dev['uuid']} requested: approval "
+            f"{approval['id']} {approval['state']} "
+            f"(`trainguard approve {approval['id']} --reason ...`)"
         )
     return 0
 
 
 def run_history(args: argparse.Namespace) -> int:
-    from trainguard.store import NotFound, Store, StoreError
-
-    if getattr(args, "server", None):
-        try:
-            history = get_json(args, f"/v1/devices/{args.id}/history", host=args.host)
-        except RemoteError as exc:
-            return error(str(exc))
-        if getattr(args, "json", False):
-            print_json(history)
-        else:
-            print_table(
-                f"Health history of {args.id}",
-                ["AT", "FROM", "TO", "ACTOR", "INCIDENT", "REASON"],
-                [
-                    [
-                        h["at"],
-                        h["old_state"] or "-",
-                        h["new_state"],
-                        h["actor"],
-                        h["incident_id"] or "-",
-                        h["reason"],
-                    ]
-                    for h in history
-                ],
-            )
-        return 0
     try:
-        store = Store.open_existing(args.state)
-    except StoreError as exc:
+        with operations(args) as ops:
+            dev = ops.device(args.id, host=args.host)
+            history = ops.device_history(dev["uuid"], host=args.host)
+    except (RemoteError, OperationError) as exc:
         return error(str(exc))
-    if store is None:
-        return error(f"no device {args.id!r}: no state database at {args.state}")
-    with store:
-        try:
-            dev = store.find_device(args.id, host=args.host)
-        except NotFound as exc:
-            return error(str(exc))
-        history = [h.to_json() for h in store.device_history(dev.uuid)]
     if getattr(args, "json", False):
         print_json(history)
         return 0
-    print_table(
-        f"Health history of {dev.uuid} ({dev.device.pci_bus_id})",
-        ["AT", "FROM", "TO", "ACTOR", "INCIDENT", "REASON"],
-        [
-            [
-                h["at"],
-                h["old_state"] or "-",
-                h["new_state"],
-                h["actor"],
-                h["incident_id"] or "-",
-                h["reason"],
-            ]
-            for h in history
-        ],
-    )
+    _history_table(f"Health history of {dev['uuid']} ({dev['pci_bus_id']})", history)
     return 0

@@ -1,9 +1,10 @@
 """``trainguard validate ID``: run the pre-flight checks on a quarantined or repaired device.
 
 The way back to service for a device in repair (a quarantined one may also be
-released by an operator, on record). It goes through the control plane
-(:class:`trainguard.controller.service.ControlPlane`), so the repair record, the
-health history, the audit log and approvals stay one story:
+released by an operator, on record). It goes through the operations interface
+(:mod:`trainguard.controller.operations`: the control plane on ``--state``, or its
+HTTP API with ``--server URL``, the same code either way), so the repair record,
+the health history, the audit log and approvals stay one story:
 
 1. ``request_validation``: ``quarantined`` or ``repair`` -> ``validating``, the
    repair record follows (a device left in ``validating`` by an interrupted run is
@@ -11,7 +12,8 @@ health history, the audit log and approvals stay one story:
 2. the checks of ``--level`` (default ``standard``) run on the device; kernel events
    count from the moment the device entered the state it is validated from, and one
    healthy device of the same host joins the all-reduce (not judged itself);
-3. an audit ``result`` record with the measurements, then ``record_validation``:
+3. ``record_validation``, in one transaction: an audit ``result`` record with the
+   measurements, and
    ``validating -> healthy`` (repair closed, ``validated``) or ``validating ->
    repair`` (the measurements kept in the repair record);
 4. after ``--max-failures`` failed validations of one repair (the control plane's
@@ -30,7 +32,6 @@ cannot be validated; 2 usage error. :func:`validate_device` is the API behind th
 from __future__ import annotations
 
 import argparse
-import getpass
 import socket
 import sys
 import time
@@ -39,6 +40,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from trainguard._commands._common import add_state_option, error, print_json
+from trainguard._commands._remote import NoDatabase, RemoteError, add_server_option, operations
 from trainguard._commands.preflight import (
     add_check_options,
     build_options,
@@ -46,11 +48,12 @@ from trainguard._commands.preflight import (
     print_report,
     write_report,
 )
+from trainguard.controller.operations import OperationError
 
 if TYPE_CHECKING:
-    from trainguard.model.records import DeviceRecord
+    from trainguard.controller.operations import Json, Operations
+    from trainguard.model.devices import Device
     from trainguard.preflight import PreflightOptions, PreflightReport
-    from trainguard.store import Store
 
 DESCRIPTION = """\
 Validate a quarantined or repaired device: move it to validating, run the
@@ -70,13 +73,6 @@ Exit status: 0 passed (healthy), 1 failed, inconclusive or cannot be validated,
 VALIDATABLE = ("quarantined", "repair", "validating")
 
 
-def _default_actor() -> str:
-    try:
-        return f"operator:{getpass.getuser()}"
-    except Exception:  # no user name in this environment (containers)
-        return "operator"
-
-
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "validate",
@@ -86,8 +82,14 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("id", metavar="ID", help="device UUID, PCI bus id or index")
     add_state_option(p)
+    add_server_option(p)
     p.add_argument("--host", default=None, help="host of an index ID (default: any)")
-    p.add_argument("--actor", default=None, help="who validates (default: operator:<user>)")
+    p.add_argument(
+        "--actor",
+        default=None,
+        help="who validates on --state (default: operator:<user>; with --server: the "
+        "token's holder)",
+    )
     p.add_argument(
         "--max-failures",
         type=int,
@@ -158,86 +160,80 @@ class CannotValidate(ValueError):
     """The device is in a state validation does not apply to, or on another host."""
 
 
-def _window_start(store: Store, rec: DeviceRecord) -> float:
+def _window_start(ops: Operations, dev: Json) -> float:
     """When the device entered the state it is validated from (kernel events count after)."""
-    from trainguard.model.health import HealthState
+    from trainguard.model.records import parse_iso_utc
 
-    if rec.state is not HealthState.VALIDATING:
-        return rec.since
-    history = store.device_history(rec.uuid)
+    if dev["state"] != "validating":
+        return parse_iso_utc(dev["since"])
+    history = ops.device_history(dev["uuid"])
     for i in range(len(history) - 1, 0, -1):
-        if history[i].new_state is HealthState.VALIDATING:
-            return history[i - 1].at
-    return rec.since
+        if history[i]["new_state"] == "validating":
+            return parse_iso_utc(history[i - 1]["at"])
+    return parse_iso_utc(dev["since"])
+
+
+def _device(d: Json) -> Device:
+    from trainguard.model.devices import Device
+
+    return Device(
+        int(d["index"]), d["uuid"], d["pci_bus_id"], d["model"], int(d["memory_mb"]), d["host"]
+    )
 
 
 def validate_device(
-    store: Store,
+    ops: Operations,
     uuid: str,
     options: PreflightOptions,
     *,
-    actor: str,
     max_failures: int | None = None,
-    clock: Any = time.time,
     local_hosts: frozenset[str] | None = None,
     accept_partial: bool = False,
     on_results: Callable[[Sequence[Any]], None] | None = None,
 ) -> ValidationResult:
-    """Validate one device through the control plane (see the module docstring)."""
-    from trainguard.controller.service import ControlConfig, ControlPlane
-    from trainguard.model.fleet import ApprovalState
+    """Validate one device through the operations interface (see the module docstring):
+    on a state database or through ``--server``, the same control-plane code."""
+    from trainguard.controller.operations import Target
     from trainguard.model.health import HealthState
-    from trainguard.model.records import AuditKind
     from trainguard.preflight import run_preflight
     from trainguard.preflight.results import measurements
 
-    config = ControlConfig()
-    if max_failures is not None:
-        config = replace(config, validation_failures_to_retire=max_failures)
-    control = ControlPlane(store, None, clock, config=config)
-    rec = store.get_device(uuid)
-    previous = rec.state
-    if previous.value not in VALIDATABLE:
+    rec = ops.device(uuid)
+    previous = str(rec["state"])
+    if previous not in VALIDATABLE:
         hint = (
             "it is in service; check it with `trainguard preflight`"
-            if previous.schedulable
+            if HealthState(previous).schedulable
             else "a retired device does not return"
         )
         raise CannotValidate(
-            f"device {uuid} is {previous.value}: only a quarantined or repair device is "
+            f"device {uuid} is {previous}: only a quarantined or repair device is "
             f"validated ({hint})"
         )
     hosts = local_hosts or frozenset({"localhost", socket.gethostname()})
-    if rec.device.host not in hosts:
+    if rec["host"] not in hosts:
         raise CannotValidate(
-            f"device {uuid} is on host {rec.device.host!r}; run `trainguard validate` there"
+            f"device {uuid} is on host {rec['host']!r}; run `trainguard validate` there"
         )
-    since = _window_start(store, rec)
-    if previous is not HealthState.VALIDATING:
-        control.request_validation(
-            f"device:{uuid}", actor, f"validation requested (level {options.level}) by {actor}"
-        )
-    elif control.fleet.open_repair_for("device", uuid) is None:
-        # Put into validating by hand or by an older version: give it its repair record.
-        control.fleet.open_repair(
-            resource_kind="device", resource_id=uuid,
-            what_failed="validation resumed without a recorded failure",
-            recommended="run validation", evidence=[], at=clock(), actor=actor,
-            host=rec.device.host,
-        )  # fmt: skip
+    target = Target.device(uuid)
+    actor = ops.whoami()
+    since = _window_start(ops, rec)
+    # Idempotent in validating: a validation interrupted half-way is resumed (and a device
+    # put there by hand gets its repair record).
+    ops.request_validation(target, f"validation requested (level {options.level}) by {actor}")
     if options.kernel_since is None:
         options = replace(options, kernel_since=since)
     if not options.peers:
         # One healthy device of the same host joins the all-reduce, so that the
         # device's collective path is exercised (the peer itself is not judged).
         peers = [
-            r.device
-            for r in store.list_devices(host=rec.device.host)
-            if r.uuid != uuid and r.state is HealthState.HEALTHY
+            _device(d)
+            for d in ops.devices(host=rec["host"])
+            if d["uuid"] != uuid and d["state"] == "healthy"
         ]
         options = replace(options, peers=tuple(peers[:1]))
     report = run_preflight(
-        [rec.device], replace(options, dry_run_command=()), on_results=on_results
+        [_device(rec)], replace(options, dry_run_command=()), on_results=on_results
     )
     checks_passed = report.device_passed(uuid)
     missing = not_checked(report, uuid)
@@ -267,27 +263,24 @@ def validate_device(
         "injected_faults": list(report.injected_faults),
         "notes": list(report.notes),
     }
-    with store.transaction():
-        store.append_audit(
-            clock(), actor, AuditKind.RESULT, f"device:{uuid}",
-            f"validation {'passed' if passed else 'failed'}: {summary}", data,
-        )  # fmt: skip
-        repair = control.record_validation(
-            f"device:{uuid}", passed, actor, details=data, inconclusive=inconclusive
-        )
+    # The control plane keeps the result (an audit ``result`` record with ``data``) and
+    # moves the device and its repair record on, in one transaction.
+    repair = ops.record_validation(
+        target, passed, data, inconclusive=inconclusive, failures_to_retire=max_failures
+    )
     approval = next(
         (
-            a.id
-            for a in control.approvals(ApprovalState.PENDING)
-            if a.kind == "retire" and a.subject == f"device:{uuid}"
+            a["id"]
+            for a in ops.approvals("pending")
+            if a["kind"] == "retire" and a["subject"] == f"device:{uuid}"
         ),
         None,
     )
-    final = store.get_device(uuid)
+    final = ops.device(uuid)
     return ValidationResult(
-        uuid, previous.value, final.state.value, passed,
-        0 if passed else repair.failed_validations, repair.id, approval, report,
-        missing, inconclusive,
+        uuid, previous, str(final["state"]), passed,
+        0 if passed else int(repair["failed_validations"]), int(repair["id"]), approval,
+        report, missing, inconclusive,
     )  # fmt: skip
 
 
@@ -306,9 +299,6 @@ def _checked_text(report: PreflightReport, uuid: str) -> str:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from trainguard.model.statemachine import IllegalTransition
-    from trainguard.store import NotFound, Store, StoreError
-
     if args.max_failures is not None and args.max_failures < 1:
         return error("--max-failures must be at least 1", 2)
     try:
@@ -316,33 +306,27 @@ def handle(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return error(str(exc), 2)
     try:
-        store = Store.open_existing(args.state)
-    except StoreError as exc:
-        return error(str(exc))
-    if store is None:
-        return error(f"no device {args.id!r}: no state database at {args.state}")
-    actor = args.actor or _default_actor()
-    with store:
-        try:
-            rec = store.find_device(args.id, host=args.host)
+        with operations(args, args.actor) as ops:
+            rec = ops.device(args.id, host=args.host)
             if not args.json:
                 print(
-                    f"validating device {rec.device.index} {rec.uuid} ({rec.device.pci_bus_id}),"
-                    f" {rec.state.value}, level {args.level}",
+                    f"validating device {rec['index']} {rec['uuid']} ({rec['pci_bus_id']}),"
+                    f" {rec['state']}, level {args.level}",
                     file=sys.stderr,
                 )
-            with checks_bar(args, f"validating {rec.uuid}") as on_results:
+            with checks_bar(args, f"validating {rec['uuid']}") as on_results:
                 result = validate_device(
-                    store,
-                    rec.uuid,
+                    ops,
+                    rec["uuid"],
                     options,
-                    actor=actor,
                     max_failures=args.max_failures,
                     accept_partial=args.accept_partial,
                     on_results=on_results,
                 )
-        except (NotFound, CannotValidate, IllegalTransition) as exc:
-            return error(str(exc))
+    except NoDatabase as exc:
+        return error(f"no device {args.id!r}: {exc}")
+    except (RemoteError, OperationError, CannotValidate) as exc:
+        return error(str(exc))
     if args.report:
         try:
             write_report(args.report, result.report)

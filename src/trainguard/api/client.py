@@ -2,16 +2,21 @@
 
 The token comes from ``--token-file`` or the ``TRAINGUARD_TOKEN`` environment
 variable. Errors carry the server's message, so a CLI can print it as is.
+:class:`RemoteOperations` is the operations interface
+(:class:`~trainguard.controller.operations.Operations`) over this client.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
 from trainguard.api.auth import read_token
+from trainguard.controller.operations import ErrorKind, Json, OperationError, Target
 
 TOKEN_ENV = "TRAINGUARD_TOKEN"
 SERVER_ENV = "TRAINGUARD_SERVER"
@@ -68,8 +73,13 @@ class ApiClient:
     def get(self, path: str, **params: Any) -> Any:
         return self._do("GET", path, params={k: v for k, v in params.items() if v is not None})
 
-    def post(self, path: str, body: dict[str, Any]) -> Any:
-        return self._do("POST", path, json=body)
+    def post(self, path: str, body: dict[str, Any], **params: Any) -> Any:
+        return self._do(
+            "POST", path, json=body, params={k: v for k, v in params.items() if v is not None}
+        )
+
+    def delete(self, path: str, **params: Any) -> Any:
+        return self._do("DELETE", path, params={k: v for k, v in params.items() if v is not None})
 
     def put(self, path: str, body: dict[str, Any]) -> Any:
         return self._do("PUT", path, json=body)
@@ -86,4 +96,117 @@ class ApiClient:
                 return out
 
 
-__all__ = ["SERVER_ENV", "TOKEN_ENV", "ApiClient", "ApiError", "resolve_token"]
+_KINDS = {
+    0: ErrorKind.UNAVAILABLE,
+    400: ErrorKind.INVALID,
+    401: ErrorKind.DENIED,
+    403: ErrorKind.DENIED,
+    404: ErrorKind.NOT_FOUND,
+    409: ErrorKind.CONFLICT,
+    422: ErrorKind.INVALID,
+}
+
+
+class RemoteOperations:
+    """:class:`~trainguard.controller.operations.Operations` over the HTTP API.
+
+    The actor is the token's holder (``operator:<name>``); the server's control
+    plane does the rest, exactly as for a local one.
+    """
+
+    def __init__(self, client: ApiClient) -> None:
+        self.client = client
+
+    def _call(self, method: str, path: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return getattr(self.client, method)(path, *args, **kwargs)
+        except ApiError as exc:
+            kind = _KINDS.get(exc.status, ErrorKind.UNAVAILABLE)
+            raise OperationError(kind, str(exc)) from exc
+
+    @staticmethod
+    def _path(target: Target) -> str:
+        return f"/v1/{target.kind}s/{quote(target.ident, safe='')}"
+
+    def whoami(self) -> str:
+        me = self._call("get", "/v1/whoami")
+        return f"{me['role']}:{me['name']}"
+
+    def devices(self, host: str | None = None) -> list[Json]:
+        return list(self._call("get", "/v1/devices", host=host))
+
+    def device(self, ident: str, host: str | None = None) -> Json:
+        return dict(self._call("get", self._path(Target.device(ident)), host=host))
+
+    def device_history(self, ident: str, host: str | None = None) -> list[Json]:
+        return list(self._call("get", self._path(Target.device(ident)) + "/history", host=host))
+
+    def approvals(self, state: str | None = "pending") -> list[Json]:
+        return list(self._call("get", "/v1/approvals", state=state))
+
+    def breaker(self) -> Json:
+        return dict(self._call("get", "/v1/breaker"))
+
+    def release(self, target: Target, reason: str) -> Json:
+        return dict(
+            self._call(
+                "post", self._path(target) + "/release", {"reason": reason}, host=target.host
+            )
+        )
+
+    def request_validation(self, target: Target, reason: str) -> Json:
+        return dict(
+            self._call(
+                "post", self._path(target) + "/validation", {"reason": reason}, host=target.host
+            )
+        )
+
+    def record_validation(
+        self,
+        target: Target,
+        passed: bool,
+        details: Mapping[str, Any],
+        *,
+        inconclusive: bool = False,
+        failures_to_retire: int | None = None,
+    ) -> Json:
+        body = {
+            "passed": passed,
+            "details": dict(details),
+            "inconclusive": inconclusive,
+            "failures_to_retire": failures_to_retire,
+        }
+        return dict(self._call("post", self._path(target) + "/validation", body, host=target.host))
+
+    def request_retire(self, target: Target, reason: str) -> Json:
+        return dict(
+            self._call("post", self._path(target) + "/retire", {"reason": reason}, host=target.host)
+        )
+
+    def approve(self, approval_id: int, reason: str) -> Json:
+        path = f"/v1/approvals/{int(approval_id)}/approve"
+        return dict(self._call("post", path, {"reason": reason}))
+
+    def deny(self, approval_id: int, reason: str) -> Json:
+        path = f"/v1/approvals/{int(approval_id)}/deny"
+        return dict(self._call("post", path, {"reason": reason}))
+
+    def set_mode(self, scope: str, mode: str | None, reason: str) -> Json | None:
+        if mode is None:
+            self._call("delete", "/v1/modes", scope=scope, reason=reason)
+            return None
+        body = {"scope": scope, "mode": mode, "reason": reason}
+        return dict(self._call("put", "/v1/modes", body))
+
+    def reset_breaker(self, reason: str) -> Json:
+        return dict(self._call("post", "/v1/breaker/reset", {"reason": reason}))
+
+
+__all__ = [
+    "SERVER_ENV",
+    "TOKEN_ENV",
+    "ApiClient",
+    "ApiError",
+    "RemoteOperations",
+    "resolve_token",
+]

@@ -5,7 +5,10 @@ change needs ``operator`` and is recorded in the audit log with the token's name
 
 Changes go through the controller (the ``ControlPlane`` facade): they change the
 store (intent) and the leader's next reconcile pass carries them out, fenced.
-A server started without a controller answers 503 to changes.
+A server started without a controller answers 503 to changes. Release, validation,
+retirement, approvals, modes and the breaker reset go through
+:class:`~trainguard.controller.operations.LocalOperations`, the same code the CLI
+runs on a state database (decision 0230).
 """
 
 from __future__ import annotations
@@ -16,10 +19,16 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query
 
 from trainguard.api import schemas as S
+from trainguard.api.auth import Principal
 from trainguard.api.context import ApiContext
 from trainguard.api.deps import Ctx, EpochQuery, IdPath, IdQuery, Operator, Viewer
-from trainguard.model.fleet import ApprovalState, RepairState, Scope
-from trainguard.model.plan import Mode
+from trainguard.controller.operations import (
+    ErrorKind,
+    LocalOperations,
+    OperationError,
+    Target,
+)
+from trainguard.model.fleet import ApprovalState, RepairState
 from trainguard.model.records import iso_utc
 from trainguard.model.statemachine import IllegalTransition
 
@@ -37,6 +46,27 @@ def _refuse(exc: Exception) -> HTTPException:
     if isinstance(exc, IllegalTransition):
         return HTTPException(409, str(exc))
     return HTTPException(422, str(exc))
+
+
+_STATUS = {
+    ErrorKind.NOT_FOUND: 404,
+    ErrorKind.CONFLICT: 409,
+    ErrorKind.INVALID: 422,
+    ErrorKind.DENIED: 403,
+    ErrorKind.UNAVAILABLE: 503,
+}
+
+
+def _ops(ctx: ApiContext, who: Principal) -> LocalOperations:
+    return LocalOperations(control(ctx), who.actor)
+
+
+def _do(call: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run one operation; its refusal as the HTTP status its kind names."""
+    try:
+        return call(*args, **kwargs)
+    except OperationError as exc:
+        raise HTTPException(_STATUS[exc.kind], str(exc)) from None
 
 
 # --- jobs ----------------------------------------------------------------------------
@@ -136,30 +166,16 @@ def get_approval(approval_id: IdPath, ctx: Ctx, _: Viewer) -> dict[str, Any]:
     return ctx.fleet.get_approval(approval_id).to_json()
 
 
-def _decide(ctx: ApiContext, approval_id: int, verb: str, actor: str, reason: str) -> Any:
-    current = ctx.fleet.get_approval(approval_id)
-    if current.state is not ApprovalState.PENDING:
-        raise HTTPException(
-            409,
-            f"approval {approval_id} is already {current.state.value}"
-            + (f" by {current.decided_by}" if current.decided_by else ""),
-        )
-    try:
-        return getattr(control(ctx), verb)(approval_id, actor=actor, reason=reason)
-    except ValueError as exc:
-        raise _refuse(exc) from None
-
-
 @router.post("/approvals/{approval_id}/approve", response_model=S.ApprovalOut, tags=["approvals"])
 def approve(approval_id: IdPath, body: S.ReasonIn, ctx: Ctx, who: Operator) -> dict[str, Any]:
     """Let a held action go ahead; who and why are recorded."""
-    return dict(_decide(ctx, approval_id, "approve", who.actor, body.reason).to_json())
+    return dict(_do(_ops(ctx, who).approve, approval_id, body.reason))
 
 
 @router.post("/approvals/{approval_id}/deny", response_model=S.ApprovalOut, tags=["approvals"])
 def deny(approval_id: IdPath, body: S.ReasonIn, ctx: Ctx, who: Operator) -> dict[str, Any]:
     """Refuse a held action (it is skipped); who and why are recorded."""
-    return dict(_decide(ctx, approval_id, "deny", who.actor, body.reason).to_json())
+    return dict(_do(_ops(ctx, who).deny, approval_id, body.reason))
 
 
 # --- modes ---------------------------------------------------------------------------
@@ -178,12 +194,7 @@ def list_modes(ctx: Ctx, _: Viewer) -> dict[str, Any]:
 @router.put("/modes", response_model=S.ScopeModeOut, tags=["modes"])
 def set_mode(body: S.ModeIn, ctx: Ctx, who: Operator) -> dict[str, Any]:
     """Set the mode of ``cluster``, ``partition:NAME`` or ``job:ID``; recorded in the audit log."""
-    try:
-        scope = Scope.parse(body.scope)
-        result = control(ctx).set_mode(scope, Mode(body.mode), who.actor, reason=body.reason)
-    except ValueError as exc:
-        raise _refuse(exc) from None
-    return dict(result.to_json())
+    return dict(_do(_ops(ctx, who).set_mode, body.scope, body.mode, body.reason) or {})
 
 
 @router.delete("/modes", response_model=S.ModesOut, tags=["modes"])
@@ -194,10 +205,7 @@ def clear_mode(
     who: Operator,
 ) -> dict[str, Any]:
     """Remove a scope's mode: it inherits again (recorded)."""
-    try:
-        control(ctx).set_mode(Scope.parse(scope), None, who.actor, reason=reason)
-    except ValueError as exc:
-        raise _refuse(exc) from None
+    _do(_ops(ctx, who).set_mode, scope, None, reason)
     return _modes(ctx)
 
 
@@ -215,10 +223,7 @@ def get_breaker(ctx: Ctx, _: Viewer) -> dict[str, Any]:
 @router.post("/breaker/reset", response_model=S.BreakerOut, tags=["breaker"])
 def reset_breaker(body: S.ReasonIn, ctx: Ctx, who: Operator) -> dict[str, Any]:
     """Close a tripped breaker (manual reset only); recorded with who and why."""
-    try:
-        return dict(control(ctx).reset_breaker(who.actor, body.reason).to_json())
-    except ValueError as exc:
-        raise _refuse(exc) from None
+    return dict(_do(_ops(ctx, who).reset_breaker, body.reason))
 
 
 @router.get("/suppressions", response_model=list[S.SuppressionOut], tags=["breaker"])
@@ -315,36 +320,18 @@ def list_deliveries(ctx: Ctx, _: Viewer, event: str | None = None) -> list[dict[
 # --- release, retirement, validation -------------------------------------------------
 
 
-def _resource(ctx: ApiContext, kind: str, ident: str, host: str | None) -> str:
-    if kind == "device":
-        return f"device:{ctx.store.find_device(ident, host=host).uuid}"
-    return f"node:{ctx.fleet.get_node(ident).name}"
-
-
-def _release(ctx: ApiContext, resource: str, actor: str, reason: str) -> None:
-    try:
-        control(ctx).release(resource, actor, reason)
-    except ValueError as exc:
-        raise _refuse(exc) from None
-
-
-def _retire(ctx: ApiContext, resource: str, actor: str, reason: str) -> dict[str, Any]:
-    try:
-        return dict(control(ctx).request_retire(resource, actor, reason).to_json())
-    except ValueError as exc:
-        raise _refuse(exc) from None
-
-
-def _validation(ctx: ApiContext, resource: str, body: S.ValidationIn, actor: str) -> dict[str, Any]:
-    ctl = control(ctx)
-    try:
-        if body.passed is None:
-            rec = ctl.request_validation(resource, actor, body.reason or "validation requested")
-        else:
-            rec = ctl.record_validation(resource, body.passed, actor, details=body.details)
-    except ValueError as exc:
-        raise _refuse(exc) from None
-    return dict(rec.to_json())
+def _validation(ctx: ApiContext, who: Principal, target: Target, body: S.ValidationIn) -> Any:
+    ops = _ops(ctx, who)
+    if body.passed is None:
+        return _do(ops.request_validation, target, body.reason or "validation requested")
+    return _do(
+        ops.record_validation,
+        target,
+        body.passed,
+        body.details,
+        inconclusive=body.inconclusive,
+        failures_to_retire=body.failures_to_retire,
+    )
 
 
 @router.post("/devices/{ident}/release", response_model=S.DeviceOut, tags=["devices"])
@@ -352,9 +339,7 @@ def release_device(
     ident: str, body: S.ReasonIn, ctx: Ctx, who: Operator, host: str | None = None
 ) -> dict[str, Any]:
     """Return a quarantined or suspect device to service (recorded; closes its repair record)."""
-    resource = _resource(ctx, "device", ident, host)
-    _release(ctx, resource, who.actor, body.reason)
-    return ctx.store.get_device(resource.split(":", 1)[1]).to_json()
+    return dict(_do(_ops(ctx, who).release, Target.device(ident, host), body.reason))
 
 
 @router.post("/devices/{ident}/retire", response_model=S.ApprovalOut, tags=["devices"])
@@ -362,7 +347,7 @@ def retire_device(
     ident: str, body: S.ReasonIn, ctx: Ctx, who: Operator, host: str | None = None
 ) -> dict[str, Any]:
     """Ask to retire a device for good: creates a ``retire`` approval (destructive)."""
-    return _retire(ctx, _resource(ctx, "device", ident, host), who.actor, body.reason)
+    return dict(_do(_ops(ctx, who).request_retire, Target.device(ident, host), body.reason))
 
 
 @router.post("/devices/{ident}/validation", response_model=S.RepairOut, tags=["devices"])
@@ -370,29 +355,30 @@ def validate_device(
     ident: str, body: S.ValidationIn, ctx: Ctx, who: Operator, host: str | None = None
 ) -> dict[str, Any]:
     """Without ``passed``: move the device to ``validating``. With it: record the result
-    (pass: back to service; fail: back to repair)."""
-    return _validation(ctx, _resource(ctx, "device", ident, host), body, who.actor)
+    (pass: back to service; fail: back to repair; ``inconclusive``: back to repair,
+    not counted)."""
+    return dict(_validation(ctx, who, Target.device(ident, host), body))
 
 
 @router.post("/nodes/{host}/release", response_model=S.NodeOut, tags=["devices"])
 def release_node(host: str, body: S.ReasonIn, ctx: Ctx, who: Operator) -> dict[str, Any]:
-    """Return a quarantined or suspect node to service (recorded)."""
+    """Return a quarantined or suspect node to service (recorded; closes its repair record)."""
     from trainguard.api.routes_read import node_views
 
-    _release(ctx, _resource(ctx, "node", host, None), who.actor, body.reason)
-    return node_views(ctx, host)[0]
+    node = _do(_ops(ctx, who).release, Target.node(host), body.reason)
+    return node_views(ctx, str(node["name"]))[0]
 
 
 @router.post("/nodes/{host}/retire", response_model=S.ApprovalOut, tags=["devices"])
 def retire_node(host: str, body: S.ReasonIn, ctx: Ctx, who: Operator) -> dict[str, Any]:
     """Ask to retire a node for good: creates a ``retire`` approval (destructive)."""
-    return _retire(ctx, _resource(ctx, "node", host, None), who.actor, body.reason)
+    return dict(_do(_ops(ctx, who).request_retire, Target.node(host), body.reason))
 
 
 @router.post("/nodes/{host}/validation", response_model=S.RepairOut, tags=["devices"])
 def validate_node(host: str, body: S.ValidationIn, ctx: Ctx, who: Operator) -> dict[str, Any]:
     """Like the device validation, for a node."""
-    return _validation(ctx, _resource(ctx, "node", host, None), body, who.actor)
+    return dict(_validation(ctx, who, Target.node(host), body))
 
 
 __all__ = ["router"]

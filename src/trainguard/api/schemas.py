@@ -237,6 +237,18 @@ class ValidationIn(_Request):
     passed: bool | None = None
     reason: str | None = Field(default=None, max_length=MAX_TEXT)
     details: dict[str, Any] = Field(default_factory=dict)
+    inconclusive: bool = Field(
+        default=False,
+        description="with `passed: false`: the checks that judge the hardware could not run "
+        "(back to repair, not counted as a failed validation)",
+    )
+    failures_to_retire: int | None = Field(
+        default=None,
+        ge=1,
+        le=1000,
+        description="failed validations of one repair before a retire approval is requested "
+        "(default: the controller's)",
+    )
 
 
 class ModeIn(_Request):
@@ -521,6 +533,9 @@ class RepairOut(_Response):
     closed_at: str | None
     closed_by: str | None
     validations: list[dict[str, Any]]
+    failed_validations: int = Field(
+        default=0, description="failed validations (inconclusive ones not counted)"
+    )
 
 
 class BreakerOut(_Response):

@@ -572,19 +572,27 @@ class ControlPlane:
     ) -> RepairRecord:
         """quarantined | repair -> validating; the repair record follows. The checks
         themselves run elsewhere (``trainguard validate``, an agent) and report back
-        through :meth:`record_validation`."""
+        through :meth:`record_validation`.
+
+        Idempotent in ``validating`` (a validation interrupted half-way is resumed):
+        no transition, and a resource put there without a repair record gets one.
+        """
         res = self.resolve_resource(resource)
         now = self.clock()
         with self.store.transaction():
-            self._transition(res, HealthState.VALIDATING, reason, actor, now)
+            resumed = self._state(res) is HealthState.VALIDATING
+            if not resumed:
+                self._transition(res, HealthState.VALIDATING, reason, actor, now)
             rec = self.fleet.open_repair_for(*res) or self.fleet.open_repair(
                 resource_kind=res[0],
                 resource_id=res[1],
-                what_failed="validation requested without a recorded failure",
+                what_failed=f"validation {'resumed' if resumed else 'requested'} "
+                "without a recorded failure",
                 recommended="run validation",
                 evidence=[],
                 at=now,
                 actor=actor,
+                host=self.store.get_device(res[1]).device.host if res[0] == "device" else res[1],
             )
             if rec.state is RepairState.OPEN:
                 rec = self.fleet.update_repair(
@@ -599,15 +607,20 @@ class ControlPlane:
         actor: str,
         details: Mapping[str, Any] | None = None,
         inconclusive: bool = False,
+        failures_to_retire: int | None = None,
     ) -> RepairRecord:
         """The result of validating a resource in ``validating``.
 
         Pass: -> healthy, repair closed (``validated``), the measurements recorded.
-        Fail: -> repair, the repair record open again; after
-        ``validation_failures_to_retire`` failures a ``retire`` approval is requested.
-        Inconclusive (``passed=False, inconclusive=True``: the checks that judge the
-        hardware could not run): -> repair, recorded, not counted as a failure.
+        Fail: -> repair, the repair record open again; after ``failures_to_retire``
+        (default: ``validation_failures_to_retire``) failures a ``retire`` approval is
+        requested. Inconclusive (``passed=False, inconclusive=True``: the checks that
+        judge the hardware could not run): -> repair, recorded, not counted as a failure.
+        Each result is kept in the audit log as a ``result`` record with its details
+        (``details["summary"]`` is its message).
         """
+        if failures_to_retire is not None and failures_to_retire < 1:
+            raise ValueError("failures_to_retire must be at least 1")
         res = self.resolve_resource(resource)
         now = self.clock()
         with self.store.transaction():
@@ -617,7 +630,19 @@ class ControlPlane:
             rec = self.fleet.open_repair_for(*res)
             if rec is None:
                 raise NotFound(f"no open repair record for {res[0]} {res[1]}")
-            entry = {"at": now, "passed": bool(passed), "by": actor, "details": dict(details or {})}
+            info: dict[str, Any] = dict(details or {})
+            entry = {"at": now, "passed": bool(passed), "by": actor, "details": info}
+            summary = str(info.get("summary") or "")
+            if not summary:
+                summary = "inconclusive" if inconclusive and not passed else "no details given"
+            self.store.append_audit(
+                now,
+                actor,
+                AuditKind.RESULT,
+                f"{res[0]}:{res[1]}",
+                f"validation {'passed' if passed else 'failed'}: {summary}",
+                info,
+            )
             if inconclusive and not passed:
                 entry["inconclusive"] = True
                 self._transition(res, HealthState.REPAIR, "validation inconclusive", actor, now)
@@ -648,7 +673,8 @@ class ControlPlane:
                 validation=entry,
                 note="validation failed",
             )
-            if rec.failed_validations >= self.config.validation_failures_to_retire:
+            limit = failures_to_retire or self.config.validation_failures_to_retire
+            if rec.failed_validations >= limit:
                 self.request_retire(
                     f"{res[0]}:{res[1]}",
                     actor,

@@ -547,6 +547,7 @@ class RepairRecord:
             "closed_at": iso_utc(self.closed_at),
             "closed_by": self.closed_by,
             "validations": [dict(v) for v in self.validations],
+            "failed_validations": self.failed_validations,
         }
 
 
