@@ -108,6 +108,7 @@ from trainguard.policy.verify import (
     verify_restart,
 )
 from trainguard.schedulers.local import (
+    DEFAULT_KILL_GRACE_SECONDS,
     LaunchSpec,
     LocalAttempt,
     LocalScheduler,
@@ -187,6 +188,9 @@ class RunOptions:
     verify_min_rate_ratio: float = 0.3
     settle: float = 0.3
     grace: float = 5.0
+    # A failed attempt's tree is killed directly: SIGTERM to the ranks, SIGKILL after
+    # this (decision 0270); --grace is for the gentle stop of an interrupt.
+    kill_grace: float = DEFAULT_KILL_GRACE_SECONDS
     correlation_window: float = DEFAULT_CORRELATION_WINDOW
     checkpoint_verify: str = "full"
     echo: bool = True
@@ -1686,12 +1690,17 @@ class RunController:
         subject = f"attempt:{self.job_id}/{att.number}"
         if att.launch.running():
             intent = self.audit(AuditKind.INTENT, subject, f"stop attempt {att.number}: {reason}")
-            code = att.launch.stop(self.opt.grace)
+            if state is AttemptState.FAILED:
+                code = att.launch.kill(self.opt.kill_grace)
+            else:
+                code = att.launch.stop(self.opt.grace)
+            took = att.launch.stop_seconds
             self.audit(
                 AuditKind.RESULT,
                 subject,
-                f"attempt {att.number} stopped (exit {code})",
-                {"intent_id": intent},
+                f"attempt {att.number} stopped (exit {code})"
+                + (f" in {took:.2f} s" if took is not None else ""),
+                {"intent_id": intent, "stop_seconds": took},
             )
         att.launch.wait_closed(2.0)
         if att.steps.last_step is not None and att.steps.last_at is not None:

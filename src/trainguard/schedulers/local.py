@@ -24,9 +24,17 @@
   through :class:`~trainguard.signals.process.LauncherWatcher` and every rank's
   death through :class:`~trainguard.signals.process.RankWatcher`.
 
-``LocalAttempt.stop`` sends SIGTERM to the process group and to every descendant
-(torchrun starts each rank in a session of its own), waits ``grace`` seconds,
-then SIGKILLs whatever is left. Signals go through pidfds taken before the first
+``LocalAttempt.stop`` (the gentle path: an interrupt, the end of a job) sends
+SIGTERM to the process group and to every descendant (torchrun starts each rank
+in a session of its own), waits ``grace`` seconds, then SIGKILLs whatever is
+left. ``LocalAttempt.kill`` (the fast path of a restart or a failed job, decision
+0270) does not go through the torchrun agent's SIGTERM path, which costs 0.5–2.25 s
+of agent teardown: it freezes the launcher (SIGSTOP, unless the launcher is a
+rank itself), gives the ranks SIGTERM and at most ``kill_grace`` seconds (0.2 by
+default: time enough for a rank that snapshots on the way down), then SIGKILLs the
+whole tree. Both write the stop marker into the attempt's log before the first
+signal (diagnose never names trainguard's own stop as the cause) and, after it,
+how long the stop took. Signals go through pidfds taken before the first
 signal, so a recycled pid is never hit.
 """
 
@@ -51,7 +59,10 @@ from trainguard.model.signature import STOP_MARKER
 from trainguard.signals.output import LogFile, OutputFollower
 from trainguard.signals.process import LauncherWatcher, RankWatcher, descendants, read_environ
 
+STOPPED_LINE = "# trainguard: attempt {attempt} stopped in {seconds:.3f} s ({how})\n"
+
 DEFAULT_GRACE_SECONDS = 5.0
+DEFAULT_KILL_GRACE_SECONDS = 0.2  # fast kill: SIGTERM to the ranks -> SIGKILL to the tree
 REAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_reaper.py")
 REPORT_TIMEOUT_SECONDS = 30.0
 # Every process of an attempt carries it (the job contract): how leftovers of a dead
@@ -124,6 +135,7 @@ class LocalAttempt:
         self.launcher_pid = launcher_pid if launcher_pid is not None else proc.pid
         self._lifeline = lifeline
         self._stop_lock = threading.Lock()
+        self.stop_seconds: float | None = None  # how long the last stop/kill took
 
     @property
     def pid(self) -> int:
@@ -147,36 +159,80 @@ class LocalAttempt:
     def stop(self, grace: float = DEFAULT_GRACE_SECONDS) -> int | None:
         """Terminate the whole tree (SIGTERM, then SIGKILL after ``grace``); returns the code."""
         with self._stop_lock:
-            if self.log is not None and self.running():
-                # Say in the attempt's own log that what follows is our doing (diagnose).
-                at = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-                self.log.write(
-                    f"{STOP_MARKER} {self.spec.attempt}: SIGTERM to process group "
-                    f"{self.pgid} at {at}\n".encode()
-                )
-            pidfds: dict[int, int] = {}
-            for pid in [self.proc.pid, *descendants(self.proc.pid)]:
-                with contextlib.suppress(OSError):
-                    pidfds[pid] = os.pidfd_open(pid)
+            began = time.monotonic()
+            self._mark(f"SIGTERM to process group {self.pgid}")
+            pidfds = self._pin({})
             try:
                 self._signal_all(pidfds, signal.SIGTERM)
                 deadline = time.monotonic() + grace
                 while time.monotonic() < deadline and self._alive(pidfds):
                     time.sleep(0.02)
                 if self._alive(pidfds):
-                    # New descendants may have been spawned meanwhile: take them too.
-                    for pid in descendants(self.proc.pid):
-                        if pid not in pidfds:
-                            with contextlib.suppress(OSError):
-                                pidfds[pid] = os.pidfd_open(pid)
-                    self._signal_all(pidfds, signal.SIGKILL)
+                    self._signal_all(self._pin(pidfds), signal.SIGKILL)  # new ones too
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     self.proc.wait(max(grace, 5.0))
             finally:
-                for fd in pidfds.values():
-                    with contextlib.suppress(OSError):
-                        os.close(fd)
+                _close_all(pidfds)
+            self._stopped(began, f"SIGTERM, SIGKILL after {grace:g} s")
             return self.proc.returncode
+
+    def kill(self, grace: float = DEFAULT_KILL_GRACE_SECONDS) -> int | None:
+        """Stop the tree fast, not through the launcher (decision 0270); returns the code.
+
+        The launcher is frozen first (SIGSTOP) so that it neither restarts the
+        ranks nor starts its own slow teardown; the ranks and helpers get SIGTERM
+        and up to ``grace`` seconds; then everything, the reaper included, gets
+        SIGKILL. A launcher that is a rank itself (Lightning, decision 0147) is
+        treated as a rank.
+        """
+        with self._stop_lock:
+            began = time.monotonic()
+            self._mark(f"SIGKILL to process group {self.pgid} after {grace:g} s")
+            pidfds = self._pin({})
+            try:
+                frozen = {self.proc.pid}
+                launcher = self.launcher_pid
+                if launcher in pidfds and read_environ(launcher).get("LOCAL_RANK") is None:
+                    with contextlib.suppress(OSError):
+                        signal.pidfd_send_signal(pidfds[launcher], signal.SIGSTOP)
+                    frozen.add(launcher)
+                if grace > 0:
+                    others = {p: fd for p, fd in pidfds.items() if p not in frozen}
+                    for fd in others.values():
+                        with contextlib.suppress(OSError):
+                            signal.pidfd_send_signal(fd, signal.SIGTERM)
+                    deadline = time.monotonic() + grace
+                    while time.monotonic() < deadline and self._alive(others):
+                        time.sleep(0.01)
+                self._signal_all(self._pin(pidfds), signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(5.0)
+            finally:
+                _close_all(pidfds)
+            self._stopped(began, f"SIGKILL after {grace:g} s")
+            return self.proc.returncode
+
+    def _mark(self, what: str) -> None:
+        """Say in the attempt's own log that what follows is our doing (diagnose)."""
+        if self.log is not None and self.running():
+            at = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            self.log.write(f"{STOP_MARKER} {self.spec.attempt}: {what} at {at}\n".encode())
+
+    def _stopped(self, began: float, how: str) -> None:
+        self.stop_seconds = time.monotonic() - began
+        if self.log is not None:
+            line = STOPPED_LINE.format(
+                attempt=self.spec.attempt, seconds=self.stop_seconds, how=how
+            )
+            self.log.write(line.encode())
+
+    def _pin(self, pidfds: dict[int, int]) -> dict[int, int]:
+        """Take a pidfd on the reaper and every descendant not yet pinned."""
+        for pid in [self.proc.pid, *descendants(self.proc.pid)]:
+            if pid not in pidfds:
+                with contextlib.suppress(OSError):
+                    pidfds[pid] = os.pidfd_open(pid)
+        return pidfds
 
     def _signal_all(self, pidfds: dict[int, int], sig: int) -> None:
         with contextlib.suppress(OSError):
@@ -271,6 +327,12 @@ class LocalScheduler:
         ranks = RankWatcher(proc.pid, spec.attempt, self.sink, self.clock).start()
         LauncherWatcher(proc, spec.attempt, self.sink, self.clock).start()
         return LocalAttempt(spec, proc, followers, ranks, log, started_at, launcher_pid, lifeline)
+
+
+def _close_all(fds: Mapping[int, int]) -> None:
+    for fd in fds.values():
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def _start_with_reaper(
@@ -473,6 +535,7 @@ def visible_devices(devices: Sequence[Device]) -> str:
 
 __all__ = [
     "DEFAULT_GRACE_SECONDS",
+    "DEFAULT_KILL_GRACE_SECONDS",
     "JOB_ID_ENV",
     "LaunchSpec",
     "LocalAttempt",
