@@ -138,6 +138,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "(default 0.2; 0: SIGKILL at once)",
     )
     p.add_argument(
+        "--warm-standby",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep a torchrun agent with torch already imported parked at idle priority "
+        "(no GPU) while the job trains; a restart hands it the new attempt instead of "
+        "starting a new interpreter; commands other than torchrun / python -m "
+        "torch.distributed.run start cold, and the attempt log says why (default: on)",
+    )
+    p.add_argument(
         "--backoff",
         type=float,
         default=1.0,
@@ -203,6 +212,7 @@ def handle(args: argparse.Namespace) -> int:
             verify_window=args.verify_window,
             grace=args.grace,
             kill_grace=args.kill_grace,
+            warm_standby=args.warm_standby,
             backoff_base=args.backoff,
             echo=not args.quiet,
             preflight=args.preflight,

@@ -191,6 +191,8 @@ class RunOptions:
     # A failed attempt's tree is killed directly: SIGTERM to the ranks, SIGKILL after
     # this (decision 0270); --grace is for the gentle stop of an interrupt.
     kill_grace: float = DEFAULT_KILL_GRACE_SECONDS
+    # A parked torchrun agent with torch imported becomes the next attempt (decision 0271).
+    warm_standby: bool = True
     correlation_window: float = DEFAULT_CORRELATION_WINDOW
     checkpoint_verify: str = "full"
     echo: bool = True
@@ -414,7 +416,7 @@ class RunController:
         self.baseline_ranks: set[int] = set()
         self.baseline_devices = 0
         self.progress_parser = ProgressLineParser(options.progress_pattern)
-        self.scheduler = LocalScheduler(self.events.put, clock)
+        self.scheduler = LocalScheduler(self.events.put, clock, warm_standby=options.warm_standby)
         self.user_env_alloc = os.environ.get(ALLOC_CONF)
         self.need = options.need or 0
         self.progress_url: str | None = None
@@ -560,6 +562,7 @@ class RunController:
                 return self._stop_job(None, "the command could not be started", EXIT_STOPPED)
             return self._loop(att)
         finally:
+            self.scheduler.close()  # the parked standby, if any, goes with the job
             restore_signals()
             if kernel is not None:
                 kernel.stop()
@@ -851,6 +854,7 @@ class RunController:
                 "pgid": launch.pgid,
                 "watchdog_pid": launch.pid,
                 "supervisor_pid": os.getpid(),
+                "start": launch.start_note,  # warm or cold, and why (decision 0271)
             },
             incident_id,
         )

@@ -41,6 +41,7 @@ signal, so a recycled pid is never hit.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -56,6 +57,7 @@ from typing import IO, Any
 
 from trainguard.model.devices import Device
 from trainguard.model.signature import STOP_MARKER
+from trainguard.schedulers import standby
 from trainguard.signals.output import LogFile, OutputFollower
 from trainguard.signals.process import LauncherWatcher, RankWatcher, descendants, read_environ
 
@@ -136,6 +138,8 @@ class LocalAttempt:
         self._lifeline = lifeline
         self._stop_lock = threading.Lock()
         self.stop_seconds: float | None = None  # how long the last stop/kill took
+        # "warm start: ..." / "cold start: <why not warm>"; None without --warm-standby
+        self.start_note: str | None = None
 
     @property
     def pid(self) -> int:
@@ -277,15 +281,26 @@ class LocalScheduler:
         base_env: Mapping[str, str] | None = None,
         stdout: IO[bytes] | None = None,
         stderr: IO[bytes] | None = None,
+        warm_standby: bool = False,
     ) -> None:
         self.sink = sink
         self.clock = clock
         self.base_env = dict(os.environ if base_env is None else base_env)
         self.stdout = stdout if stdout is not None else sys.stdout.buffer
         self.stderr = stderr if stderr is not None else sys.stderr.buffer
+        self.warm_standby = warm_standby
+        self._parked: standby.Parked | None = None
+        self._parking: threading.Thread | None = None
+        self._park_lock = threading.Lock()
+        self._closed = False
 
     def launch(self, spec: LaunchSpec) -> LocalAttempt:
-        """Start the attempt; raises ``OSError`` when the command cannot be started."""
+        """Start the attempt; raises ``OSError`` when the command cannot be started.
+
+        With ``warm_standby`` the parked standby becomes the attempt's torchrun agent
+        when it can (decision 0271), else the attempt starts cold and the log says why;
+        either way a new standby is parked for the next attempt.
+        """
         env = attempt_env(spec, self.base_env)
         log = LogFile(spec.log_path) if spec.log_path else None
         if log is not None:
@@ -296,13 +311,19 @@ class LocalScheduler:
                 + "\n"
             )
             log.write(header.encode())
+        note: str | None = None
         try:
-            proc, launcher_pid, lifeline = _start_with_reaper(spec, env)
+            warm: tuple[subprocess.Popen[bytes], int, int] | None = None
+            if self.warm_standby:
+                warm, note = self._take_standby(spec, env)
+            proc, launcher_pid, lifeline = warm or _start_with_reaper(spec, env)
         except OSError:
             if log is not None:
                 log.close()
             raise
         started_at = self.clock()
+        if log is not None and note is not None:
+            log.write(f"# trainguard: {note}\n".encode())
         assert proc.stdout is not None and proc.stderr is not None
         followers = [
             OutputFollower(
@@ -326,7 +347,126 @@ class LocalScheduler:
         ]
         ranks = RankWatcher(proc.pid, spec.attempt, self.sink, self.clock).start()
         LauncherWatcher(proc, spec.attempt, self.sink, self.clock).start()
-        return LocalAttempt(spec, proc, followers, ranks, log, started_at, launcher_pid, lifeline)
+        attempt = LocalAttempt(
+            spec, proc, followers, ranks, log, started_at, launcher_pid, lifeline
+        )
+        attempt.start_note = note
+        if self.warm_standby:
+            self._park_next(spec, env)
+        return attempt
+
+    # --- the warm standby (decision 0271) ----------------------------------------------
+
+    def _park_next(self, spec: LaunchSpec, env: Mapping[str, str]) -> None:
+        """Park a standby for the next attempt, in the background (launch must not wait)."""
+        if isinstance(standby.warm_command(spec.command, env), str):
+            return
+        with self._park_lock:
+            if self._closed or self._parked is not None or self._parking is not None:
+                return
+            thread = threading.Thread(
+                target=self._park, args=(spec, dict(env)), name="standby", daemon=True
+            )
+            self._parking = thread
+        thread.start()
+
+    def _park(self, spec: LaunchSpec, env: dict[str, str]) -> None:
+        parked: standby.Parked | None = None
+        try:
+            what = standby.warm_command(spec.command, env)
+            if isinstance(what, str):
+                return
+            interpreter = what[0]
+            park_env = dict(env)
+            for key in ("TRAINGUARD_RESUME_FROM", "TRAINGUARD_RESUME_DIGEST", "TRAINGUARD_ATTEMPT"):
+                park_env.pop(key, None)
+            park_env["TRAINGUARD_STANDBY"] = "1"
+            park_env["CUDA_VISIBLE_DEVICES"] = ""  # no GPU while parked; the attempt's at wake
+            ours, theirs = socket.socketpair()
+            try:
+                command = (interpreter, standby.STANDBY, "--channel", str(theirs.fileno()))
+                proc, pid, lifeline = _start_with_reaper(
+                    dataclasses.replace(spec, command=command), park_env, (theirs.fileno(),)
+                )
+            except OSError:
+                ours.close()
+                return
+            finally:
+                theirs.close()
+            standby.idle(pid)  # at once: the standby sets it too, after its start-up
+            parked = standby.Parked(
+                proc, pid, lifeline, ours, interpreter, standby.interpreter_env(env),
+                time.monotonic(),
+            )  # fmt: skip
+        finally:
+            with self._park_lock:
+                self._parking = None
+                if parked is not None and not self._closed and self._parked is None:
+                    self._parked, parked = parked, None
+        if parked is not None:
+            parked.dismiss()
+
+    def _take_standby(
+        self, spec: LaunchSpec, env: Mapping[str, str]
+    ) -> tuple[tuple[subprocess.Popen[bytes], int, int] | None, str]:
+        """The parked standby turned into this attempt's agent, or ``None`` and why not."""
+        what = standby.warm_command(spec.command, env)
+        if isinstance(what, str):
+            return None, f"cold start: {what}"
+        parking = self._parking
+        if parking is not None:
+            parking.join(REPORT_TIMEOUT_SECONDS)
+        with self._park_lock:
+            parked, self._parked = self._parked, None
+        if parked is None:
+            return None, "cold start: no standby was parked (first attempt, or it failed to start)"
+        interpreter, args, script_dir = what
+        try:
+            if parked.proc.poll() is not None:
+                return None, f"cold start: the standby died (exit {parked.proc.returncode})"
+            if parked.interpreter != interpreter:
+                return None, (
+                    f"cold start: the standby runs {parked.interpreter}, the attempt {interpreter}"
+                )
+            if parked.interp_env != standby.interpreter_env(env):
+                changed = sorted(
+                    set(parked.interp_env.items()) ^ set(standby.interpreter_env(env).items())
+                )
+                names = ", ".join(sorted({k for k, _ in changed}))
+                return None, f"cold start: environment differs from the standby's ({names})"
+            waited = time.monotonic()
+            problem = parked.wait_ready(standby.READY_SECONDS)
+            if problem is not None:
+                return None, f"cold start: {problem}"
+            waited = time.monotonic() - waited
+            cwd = os.path.abspath(spec.cwd or os.getcwd())
+            line = standby.request_line(
+                ("torchrun", *args), env, cwd, script_dir if script_dir is not None else cwd
+            )
+            problem = parked.hand_over(line)
+            if problem is not None:
+                return None, f"cold start: {problem}"
+            taken, parked = parked, None
+            return (taken.proc, taken.launcher_pid, taken.take_lifeline()), (
+                f"warm start: standby pid {taken.launcher_pid} (parked "
+                f"{time.monotonic() - taken.parked_at:.1f} s before, waited {waited:.2f} s "
+                "for its imports) is this attempt's torchrun agent"
+            )
+        finally:
+            if parked is not None:
+                parked.dismiss()
+
+    def close(self) -> None:
+        """Dismiss the parked standby (the job is over); launch no more after this."""
+        with self._park_lock:
+            self._closed = True
+            parking = self._parking
+        if parking is not None:
+            parking.join(REPORT_TIMEOUT_SECONDS)
+        with self._park_lock:
+            parked, self._parked = self._parked, None
+        if parked is not None:
+            parked.dismiss(wait=5.0)
 
 
 def _close_all(fds: Mapping[int, int]) -> None:
@@ -336,7 +476,7 @@ def _close_all(fds: Mapping[int, int]) -> None:
 
 
 def _start_with_reaper(
-    spec: LaunchSpec, env: Mapping[str, str]
+    spec: LaunchSpec, env: Mapping[str, str], extra_fds: Sequence[int] = ()
 ) -> tuple[subprocess.Popen[bytes], int, int]:
     """Start the reaper in a new session; it starts the command. Raises ``OSError``.
 
@@ -359,7 +499,7 @@ def _start_with_reaper(
             env=dict(env),
             cwd=spec.cwd,
             start_new_session=True,
-            pass_fds=(life_r, report_w),
+            pass_fds=(life_r, report_w, *extra_fds),
         )
     except OSError:
         for fd in (life_r, life_w, report_r, report_w):
