@@ -57,7 +57,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY_TRAIN = ROOT / "tests" / "jobs" / "tiny_train.py"
 RESULTS = ROOT / "bench" / "results" / "recovery_latency.json"
 STEP_RE = re.compile(r"^step=(\d+) ")
-STOPPED_RE = re.compile(r"^# trainguard stopped attempt \d+ in ([0-9.]+) s")
+STOPPED_RE = re.compile(r"^# trainguard: attempt \d+ stopped in ([0-9.]+) s")
 SCHEMA = "trainguard.recovery_latency/1"
 SAVE_EVERY = 5
 STEPS = 40
