@@ -175,6 +175,15 @@ def stop_seconds(state: Path) -> float | None:
     return None
 
 
+def start_note(state: Path) -> str | None:
+    """How attempt 1 started: ``warm start: ... waited X s ...`` or ``cold start: why``."""
+    for log in sorted((state.parent / "logs").glob("*/attempt-1.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith(("# trainguard: warm start", "# trainguard: cold start")):
+                return line[len("# trainguard: ") :]
+    return None
+
+
 def trainguard_trial(
     kind: str, fault_step: int, workdir: Path, run_args: list[str]
 ) -> dict[str, Any]:
@@ -243,6 +252,7 @@ def trainguard_trial(
         "first_progress_s": None if first is None else first - t_fault,
         "verified_s": None if recovered is None else recovered - t_fault,
         "stop_s": stop_seconds(state),
+        "attempt1_start": start_note(state),
         "lost_steps": inc["lost_steps"],
         "min_lost_steps": minimum,
         "failed_step": failed,
