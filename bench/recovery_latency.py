@@ -13,16 +13,25 @@ injects the fault in attempt 0 at step ``--fault-step``, and measures:
 * lost steps: the incident's ``lost_steps`` against the minimum possible (the steps
   since the newest checkpoint that was complete when the fault hit).
 
+* stop: how long trainguard took to stop the old process tree (the ``stopped in``
+  line it writes into the attempt's log after its stop marker; absent on versions
+  that do not write it).
+
 Faults: ``crash`` SIGKILLs rank 1; ``xid`` only appends an XID 79 line for rank 1's
 device to the kernel log (trainguard must act on the line itself); ``hang`` makes
 rank 1 sleep forever (tiny_train ``--hang-at-step``; the fault time is when the job
 announces it). The same crash is run under plain ``torchrun --max-restarts 3``
-(``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, see docs/field-notes.md), and the ratio of the
-medians of fault -> first progress is reported.
+(``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, see docs/field-notes.md); plain torchrun
+never notices an XID or a hang, so it has no figure for those. Trials are
+**interleaved**: each round runs one trial of every kind and then the torchrun crash,
+so slow phases of a shared machine hit both sides alike. The ratio trainguard /
+torchrun of the medians of fault -> first progress (crash) is reported.
 
     .venv/bin/python bench/recovery_latency.py [--trials 3] [--kinds crash,xid,hang]
+        [--run-args '--warm-standby --kill-grace 0.2'] [--out PATH]
 
-Prints a table; writes bench/results/recovery_latency.json.
+Prints a table; writes bench/results/recovery_latency.json (schema in
+bench/results/README.md: the simulator reads it).
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import signal
 import statistics
@@ -47,6 +57,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY_TRAIN = ROOT / "tests" / "jobs" / "tiny_train.py"
 RESULTS = ROOT / "bench" / "results" / "recovery_latency.json"
 STEP_RE = re.compile(r"^step=(\d+) ")
+STOPPED_RE = re.compile(r"^# trainguard: attempt \d+ stopped in ([0-9.]+) s")
+SCHEMA = "trainguard.recovery_latency/1"
 SAVE_EVERY = 5
 STEPS = 40
 STEP_SLEEP = 0.1
@@ -154,7 +166,27 @@ def job_args(ckpt: Path, extra: list[str]) -> list[str]:
     ]  # fmt: skip
 
 
-def trainguard_trial(kind: str, fault_step: int, workdir: Path) -> dict[str, Any]:
+def stop_seconds(state: Path) -> float | None:
+    """How long trainguard's stop of attempt 0 took, from the line it writes into the log."""
+    for log in sorted((state.parent / "logs").glob("*/attempt-0.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            if m := STOPPED_RE.match(line):
+                return float(m.group(1))
+    return None
+
+
+def start_note(state: Path) -> str | None:
+    """How attempt 1 started: ``warm start: ... waited X s ...`` or ``cold start: why``."""
+    for log in sorted((state.parent / "logs").glob("*/attempt-1.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith(("# trainguard: warm start", "# trainguard: cold start")):
+                return line[len("# trainguard: ") :]
+    return None
+
+
+def trainguard_trial(
+    kind: str, fault_step: int, workdir: Path, run_args: list[str]
+) -> dict[str, Any]:
     ckpt = workdir / "ckpt"
     kernel_log = workdir / "kern.log"
     kernel_log.write_text("")
@@ -167,7 +199,7 @@ def trainguard_trial(kind: str, fault_step: int, workdir: Path) -> dict[str, Any
         "--devices", "4", "--need", "2", "--checkpoint-dir", str(ckpt),
         "--kernel-log", str(kernel_log),
         "--hang-timeout", str(HANG_TIMEOUT if kind == "hang" else OTHER_HANG_TIMEOUT),
-        "--startup-timeout", "120", "--verify-window", "2",
+        "--startup-timeout", "120", "--verify-window", "2", *run_args,
         "--", sys.executable, "-m", "torch.distributed.run", "--standalone",
         "--nproc-per-node", "2", *job_args(ckpt, extra),
     ]  # fmt: skip
@@ -200,9 +232,11 @@ def trainguard_trial(kind: str, fault_step: int, workdir: Path) -> dict[str, Any
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     incidents = json.loads(out.stdout)
-    if rc != 0 or len(incidents) != 1:
+    if rc != 0 or not incidents:
         raise RuntimeError(f"{kind}: rc={rc}, {len(incidents)} incidents\n{s.tail()}")
-    inc = incidents[0]
+    # The injected fault's incident is the first; a later one (a restarted attempt judged
+    # hung on a loaded machine) is counted, not measured.
+    inc = min(incidents, key=lambda i: i["id"])
     detected, acted, recovered = (
         iso(inc["detected_at"]),
         iso(inc["acted_at"]),
@@ -217,11 +251,14 @@ def trainguard_trial(kind: str, fault_step: int, workdir: Path) -> dict[str, Any
         "decide_s": None if acted is None or detected is None else acted - detected,
         "first_progress_s": None if first is None else first - t_fault,
         "verified_s": None if recovered is None else recovered - t_fault,
+        "stop_s": stop_seconds(state),
+        "attempt1_start": start_note(state),
         "lost_steps": inc["lost_steps"],
         "min_lost_steps": minimum,
         "failed_step": failed,
         "restored_step": inc["checkpoint_step"],
         "incident_kind": inc["kind"],
+        "incidents": len(incidents),
     }
 
 
@@ -245,7 +282,17 @@ def torchrun_trial(fault_step: int, workdir: Path) -> dict[str, Any]:
     first = first_progress_after(s, t_fault)
     if rc != 0 or first is None:
         raise RuntimeError(f"torchrun: rc={rc}, first progress {first}\n{s.tail()}")
-    return {"kind": "torchrun-crash", "first_progress_s": first - t_fault}
+    failed = max((int(m.group(1)) for at, t in s.snapshot() if at <= t_fault
+                  if (m := STEP_RE.match(t))), default=0)  # fmt: skip
+    restored = next(
+        (int(m.group(1)) - 1 for at, t in s.snapshot() if at > t_fault
+         if (m := STEP_RE.match(t))), None,
+    )  # fmt: skip
+    return {
+        "kind": "torchrun-crash",
+        "first_progress_s": first - t_fault,
+        "lost_steps": None if restored is None else max(0, failed - restored),
+    }
 
 
 def summarize(values: list[float | None]) -> dict[str, float | None]:
@@ -259,45 +306,79 @@ def fmt(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
+def median(values: list[Any]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def simulator_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One fault kind's medians in the names ``trainguard simulate --measured`` reads."""
+    detect = median([r.get("detect_s") for r in rows])
+    first = median([r.get("first_progress_s") for r in rows])
+    return {
+        "trials": len(rows),
+        "detection_s": detect,
+        # fault -> first progress, less detection: stop, plan, launch, start-up, restore
+        "restart_s": None if first is None else first - (detect or 0.0),
+        "first_progress_s": first,
+        "verified_s": median([r.get("verified_s") for r in rows]),
+        "stop_s": median([r.get("stop_s") for r in rows]),
+        "lost_steps": median([r.get("lost_steps") for r in rows]),
+        "min_lost_steps": median([r.get("min_lost_steps") for r in rows]),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--kinds", default="crash,xid,hang")
     parser.add_argument("--fault-step", type=int, default=13)
     parser.add_argument("--no-torchrun", action="store_true")
+    parser.add_argument(
+        "--run-args", default="", help="extra `trainguard run` options (shell-split)"
+    )
+    parser.add_argument("--label", default="", help="a name for this run in the result file")
+    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     kinds = [k for k in args.kinds.split(",") if k]
+    run_args = shlex.split(args.run_args)
     trials: list[dict[str, Any]] = []
     base = Path(tempfile.mkdtemp(prefix="tg-bench-"))
     load_before = os.getloadavg()
     try:
-        for kind in kinds:
-            for i in range(args.trials):
+        # Interleaved: one trial of each kind, then plain torchrun, round after round.
+        for i in range(args.trials):
+            for kind in kinds:
                 wd = base / f"{kind}-{i}"
                 wd.mkdir()
-                r = trainguard_trial(kind, args.fault_step, wd)
+                r = trainguard_trial(kind, args.fault_step, wd, run_args)
+                r["round"] = i
                 trials.append(r)
                 print(
                     f"  {kind} #{i + 1}: detect {fmt(r['detect_s'])} s, decide "
-                    f"{fmt(r['decide_s'])} s, first progress {fmt(r['first_progress_s'])} s, "
-                    f"verified {fmt(r['verified_s'])} s, lost {r['lost_steps']} "
-                    f"(min {r['min_lost_steps']})",
+                    f"{fmt(r['decide_s'])} s, stop {fmt(r['stop_s'])} s, first progress "
+                    f"{fmt(r['first_progress_s'])} s, verified {fmt(r['verified_s'])} s, "
+                    f"lost {r['lost_steps']} (min {r['min_lost_steps']})",
                     flush=True,
                 )
-        if not args.no_torchrun:
-            for i in range(args.trials):
+            if not args.no_torchrun:
                 wd = base / f"torchrun-{i}"
                 wd.mkdir()
                 r = torchrun_trial(args.fault_step, wd)
+                r["round"] = i
                 trials.append(r)
-                print(f"  torchrun crash #{i + 1}: first progress {fmt(r['first_progress_s'])} s")
+                print(
+                    f"  torchrun crash #{i + 1}: first progress "
+                    f"{fmt(r['first_progress_s'])} s, lost {r['lost_steps']}",
+                    flush=True,
+                )
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
     table: dict[str, dict[str, Any]] = {}
     print()
     header = (
-        f"{'fault':<16}{'detect med/worst':>18}{'decide med/worst':>18}"
+        f"{'fault':<16}{'detect med/worst':>18}{'stop med/worst':>16}"
         f"{'1st progress med/worst':>24}{'verified med/worst':>20}   {'lost steps (min)'}"
     )
     print(header)
@@ -306,7 +387,7 @@ def main() -> int:
         rows = [t for t in trials if t["kind"] == kind]
         entry = {
             name: summarize([t.get(name) for t in rows])
-            for name in ("detect_s", "decide_s", "first_progress_s", "verified_s")
+            for name in ("detect_s", "decide_s", "stop_s", "first_progress_s", "verified_s")
         }
         entry["lost_steps"] = [t.get("lost_steps") for t in rows]
         entry["min_lost_steps"] = [t.get("min_lost_steps") for t in rows]
@@ -325,7 +406,7 @@ def main() -> int:
         )
         label = kind if kind != "torchrun-crash" else "crash, torchrun"
         print(
-            f"{label:<16}{mw('detect_s'):>18}{mw('decide_s'):>18}"
+            f"{label:<16}{mw('detect_s'):>18}{mw('stop_s'):>16}"
             f"{mw('first_progress_s'):>24}{mw('verified_s'):>20}   {lost}"
         )
     ratio = None
@@ -333,41 +414,46 @@ def main() -> int:
         tg = table["crash"]["first_progress_s"]["median"]
         tr = table["torchrun-crash"]["first_progress_s"]["median"]
         if tg and tr:
-            ratio = tr / tg
+            ratio = tg / tr
             print(
-                f"\nfault -> first progress, crash: torchrun --max-restarts {tr:.2f} s vs "
-                f"trainguard run {tg:.2f} s (torchrun / trainguard = {ratio:.2f}x)"
+                f"\nfault -> first progress, crash: trainguard run {tg:.2f} s vs torchrun "
+                f"--max-restarts {tr:.2f} s (trainguard / torchrun = {ratio:.2f}x)"
             )
     load_after = os.getloadavg()
     print(
         f"load average before/after: {load_before[0]:.2f}/{load_after[0]:.2f} on "
         f"{os.cpu_count()} CPUs (other work on the machine skews the timings)"
     )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
-        json.dumps(
-            {
-                "trials": trials,
-                "summary": table,
-                "torchrun_over_trainguard_first_progress": ratio,
-                "config": {
-                    "trials": args.trials,
-                    "fault_step": args.fault_step,
-                    "save_every": SAVE_EVERY,
-                    "step_sleep": STEP_SLEEP,
-                    "hang_timeout": HANG_TIMEOUT,
-                },
-                "machine": {
-                    "cpus": os.cpu_count(),
-                    "python": platform.python_version(),
-                    "load_before": load_before,
-                    "load_after": load_after,
-                },
-            },
-            indent=2,
-        )
-    )
-    print(f"wrote {RESULTS.relative_to(ROOT)}")
+    torchrun_rows = [t for t in trials if t["kind"] == "torchrun-crash"]
+    result = {
+        "schema": SCHEMA,
+        "label": args.label,
+        "run_args": run_args,
+        "kinds": {k: simulator_figures([t for t in trials if t["kind"] == k]) for k in kinds},
+        "baseline": {"torchrun": {"crash": simulator_figures(torchrun_rows)}}
+        if torchrun_rows
+        else {},
+        "ratio_first_progress": {"crash": ratio},
+        "trials": trials,
+        "summary": table,
+        "config": {
+            "trials": args.trials,
+            "fault_step": args.fault_step,
+            "save_every": SAVE_EVERY,
+            "step_sleep": STEP_SLEEP,
+            "hang_timeout": HANG_TIMEOUT,
+            "interleaved": True,
+        },
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_before": load_before,
+            "load_after": load_after,
+        },
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
     return 0
 
 

@@ -32,6 +32,7 @@ def main() -> None:
         attempt = os.environ.get("TRAINGUARD_ATTEMPT", "x")
         record = {
             "pid": os.getpid(),
+            "ppid": os.getppid(),
             "rank": rank,
             "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
             "env": {k: os.environ.get(k) for k in KEYS},

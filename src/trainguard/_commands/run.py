@@ -23,6 +23,13 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be >= 0: {text}")
+    return value
+
+
 def _non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -122,6 +129,24 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="SIGTERM -> SIGKILL grace when stopping an attempt (default 5)",
     )
     p.add_argument(
+        "--kill-grace",
+        type=_non_negative_float,
+        default=0.2,
+        metavar="S",
+        help="a failed attempt (crash, XID, hang) is killed directly, not through its "
+        "launcher: SIGTERM to its ranks, SIGKILL to the whole tree after S seconds "
+        "(default 0.2; 0: SIGKILL at once)",
+    )
+    p.add_argument(
+        "--warm-standby",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep a torchrun agent with torch already imported parked at idle priority "
+        "(no GPU) while the job trains; a restart hands it the new attempt instead of "
+        "starting a new interpreter; commands other than torchrun / python -m "
+        "torch.distributed.run start cold, and the attempt log says why (default: on)",
+    )
+    p.add_argument(
         "--backoff",
         type=float,
         default=1.0,
@@ -186,6 +211,8 @@ def handle(args: argparse.Namespace) -> int:
             log_dir=args.log_dir,
             verify_window=args.verify_window,
             grace=args.grace,
+            kill_grace=args.kill_grace,
+            warm_standby=args.warm_standby,
             backoff_base=args.backoff,
             echo=not args.quiet,
             preflight=args.preflight,

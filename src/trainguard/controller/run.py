@@ -108,6 +108,7 @@ from trainguard.policy.verify import (
     verify_restart,
 )
 from trainguard.schedulers.local import (
+    DEFAULT_KILL_GRACE_SECONDS,
     LaunchSpec,
     LocalAttempt,
     LocalScheduler,
@@ -187,6 +188,11 @@ class RunOptions:
     verify_min_rate_ratio: float = 0.3
     settle: float = 0.3
     grace: float = 5.0
+    # A failed attempt's tree is killed directly: SIGTERM to the ranks, SIGKILL after
+    # this (decision 0270); --grace is for the gentle stop of an interrupt.
+    kill_grace: float = DEFAULT_KILL_GRACE_SECONDS
+    # A parked torchrun agent with torch imported becomes the next attempt (decision 0271).
+    warm_standby: bool = True
     correlation_window: float = DEFAULT_CORRELATION_WINDOW
     checkpoint_verify: str = "full"
     echo: bool = True
@@ -410,7 +416,7 @@ class RunController:
         self.baseline_ranks: set[int] = set()
         self.baseline_devices = 0
         self.progress_parser = ProgressLineParser(options.progress_pattern)
-        self.scheduler = LocalScheduler(self.events.put, clock)
+        self.scheduler = LocalScheduler(self.events.put, clock, warm_standby=options.warm_standby)
         self.user_env_alloc = os.environ.get(ALLOC_CONF)
         self.need = options.need or 0
         self.progress_url: str | None = None
@@ -556,6 +562,7 @@ class RunController:
                 return self._stop_job(None, "the command could not be started", EXIT_STOPPED)
             return self._loop(att)
         finally:
+            self.scheduler.close()  # the parked standby, if any, goes with the job
             restore_signals()
             if kernel is not None:
                 kernel.stop()
@@ -847,6 +854,7 @@ class RunController:
                 "pgid": launch.pgid,
                 "watchdog_pid": launch.pid,
                 "supervisor_pid": os.getpid(),
+                "start": launch.start_note,  # warm or cold, and why (decision 0271)
             },
             incident_id,
         )
@@ -1686,12 +1694,17 @@ class RunController:
         subject = f"attempt:{self.job_id}/{att.number}"
         if att.launch.running():
             intent = self.audit(AuditKind.INTENT, subject, f"stop attempt {att.number}: {reason}")
-            code = att.launch.stop(self.opt.grace)
+            if state is AttemptState.FAILED:
+                code = att.launch.kill(self.opt.kill_grace)
+            else:
+                code = att.launch.stop(self.opt.grace)
+            took = att.launch.stop_seconds
             self.audit(
                 AuditKind.RESULT,
                 subject,
-                f"attempt {att.number} stopped (exit {code})",
-                {"intent_id": intent},
+                f"attempt {att.number} stopped (exit {code})"
+                + (f" in {took:.2f} s" if took is not None else ""),
+                {"intent_id": intent, "stop_seconds": took},
             )
         att.launch.wait_closed(2.0)
         if att.steps.last_step is not None and att.steps.last_at is not None:

@@ -24,15 +24,24 @@
   through :class:`~trainguard.signals.process.LauncherWatcher` and every rank's
   death through :class:`~trainguard.signals.process.RankWatcher`.
 
-``LocalAttempt.stop`` sends SIGTERM to the process group and to every descendant
-(torchrun starts each rank in a session of its own), waits ``grace`` seconds,
-then SIGKILLs whatever is left. Signals go through pidfds taken before the first
+``LocalAttempt.stop`` (the gentle path: an interrupt, the end of a job) sends
+SIGTERM to the process group and to every descendant (torchrun starts each rank
+in a session of its own), waits ``grace`` seconds, then SIGKILLs whatever is
+left. ``LocalAttempt.kill`` (the fast path of a restart or a failed job, decision
+0270) does not go through the torchrun agent's SIGTERM path, which costs 0.5–2.25 s
+of agent teardown: it freezes the launcher (SIGSTOP, unless the launcher is a
+rank itself), gives the ranks SIGTERM and at most ``kill_grace`` seconds (0.2 by
+default: time enough for a rank that snapshots on the way down), then SIGKILLs the
+whole tree. Both write the stop marker into the attempt's log before the first
+signal (diagnose never names trainguard's own stop as the cause) and, after it,
+how long the stop took. Signals go through pidfds taken before the first
 signal, so a recycled pid is never hit.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -48,10 +57,14 @@ from typing import IO, Any
 
 from trainguard.model.devices import Device
 from trainguard.model.signature import STOP_MARKER
+from trainguard.schedulers import standby
 from trainguard.signals.output import LogFile, OutputFollower
 from trainguard.signals.process import LauncherWatcher, RankWatcher, descendants, read_environ
 
+STOPPED_LINE = "# trainguard: attempt {attempt} stopped in {seconds:.3f} s ({how})\n"
+
 DEFAULT_GRACE_SECONDS = 5.0
+DEFAULT_KILL_GRACE_SECONDS = 0.2  # fast kill: SIGTERM to the ranks -> SIGKILL to the tree
 REAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_reaper.py")
 REPORT_TIMEOUT_SECONDS = 30.0
 # Every process of an attempt carries it (the job contract): how leftovers of a dead
@@ -124,6 +137,9 @@ class LocalAttempt:
         self.launcher_pid = launcher_pid if launcher_pid is not None else proc.pid
         self._lifeline = lifeline
         self._stop_lock = threading.Lock()
+        self.stop_seconds: float | None = None  # how long the last stop/kill took
+        # "warm start: ..." / "cold start: <why not warm>"; None without --warm-standby
+        self.start_note: str | None = None
 
     @property
     def pid(self) -> int:
@@ -147,36 +163,80 @@ class LocalAttempt:
     def stop(self, grace: float = DEFAULT_GRACE_SECONDS) -> int | None:
         """Terminate the whole tree (SIGTERM, then SIGKILL after ``grace``); returns the code."""
         with self._stop_lock:
-            if self.log is not None and self.running():
-                # Say in the attempt's own log that what follows is our doing (diagnose).
-                at = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-                self.log.write(
-                    f"{STOP_MARKER} {self.spec.attempt}: SIGTERM to process group "
-                    f"{self.pgid} at {at}\n".encode()
-                )
-            pidfds: dict[int, int] = {}
-            for pid in [self.proc.pid, *descendants(self.proc.pid)]:
-                with contextlib.suppress(OSError):
-                    pidfds[pid] = os.pidfd_open(pid)
+            began = time.monotonic()
+            self._mark(f"SIGTERM to process group {self.pgid}")
+            pidfds = self._pin({})
             try:
                 self._signal_all(pidfds, signal.SIGTERM)
                 deadline = time.monotonic() + grace
                 while time.monotonic() < deadline and self._alive(pidfds):
                     time.sleep(0.02)
                 if self._alive(pidfds):
-                    # New descendants may have been spawned meanwhile: take them too.
-                    for pid in descendants(self.proc.pid):
-                        if pid not in pidfds:
-                            with contextlib.suppress(OSError):
-                                pidfds[pid] = os.pidfd_open(pid)
-                    self._signal_all(pidfds, signal.SIGKILL)
+                    self._signal_all(self._pin(pidfds), signal.SIGKILL)  # new ones too
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     self.proc.wait(max(grace, 5.0))
             finally:
-                for fd in pidfds.values():
-                    with contextlib.suppress(OSError):
-                        os.close(fd)
+                _close_all(pidfds)
+            self._stopped(began, f"SIGTERM, SIGKILL after {grace:g} s")
             return self.proc.returncode
+
+    def kill(self, grace: float = DEFAULT_KILL_GRACE_SECONDS) -> int | None:
+        """Stop the tree fast, not through the launcher (decision 0270); returns the code.
+
+        The launcher is frozen first (SIGSTOP) so that it neither restarts the
+        ranks nor starts its own slow teardown; the ranks and helpers get SIGTERM
+        and up to ``grace`` seconds; then everything, the reaper included, gets
+        SIGKILL. A launcher that is a rank itself (Lightning, decision 0147) is
+        treated as a rank.
+        """
+        with self._stop_lock:
+            began = time.monotonic()
+            self._mark(f"SIGKILL to process group {self.pgid} after {grace:g} s")
+            pidfds = self._pin({})
+            try:
+                frozen = {self.proc.pid}
+                launcher = self.launcher_pid
+                if launcher in pidfds and read_environ(launcher).get("LOCAL_RANK") is None:
+                    with contextlib.suppress(OSError):
+                        signal.pidfd_send_signal(pidfds[launcher], signal.SIGSTOP)
+                    frozen.add(launcher)
+                if grace > 0:
+                    others = {p: fd for p, fd in pidfds.items() if p not in frozen}
+                    for fd in others.values():
+                        with contextlib.suppress(OSError):
+                            signal.pidfd_send_signal(fd, signal.SIGTERM)
+                    deadline = time.monotonic() + grace
+                    while time.monotonic() < deadline and self._alive(others):
+                        time.sleep(0.01)
+                self._signal_all(self._pin(pidfds), signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(5.0)
+            finally:
+                _close_all(pidfds)
+            self._stopped(began, f"SIGKILL after {grace:g} s")
+            return self.proc.returncode
+
+    def _mark(self, what: str) -> None:
+        """Say in the attempt's own log that what follows is our doing (diagnose)."""
+        if self.log is not None and self.running():
+            at = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            self.log.write(f"{STOP_MARKER} {self.spec.attempt}: {what} at {at}\n".encode())
+
+    def _stopped(self, began: float, how: str) -> None:
+        self.stop_seconds = time.monotonic() - began
+        if self.log is not None:
+            line = STOPPED_LINE.format(
+                attempt=self.spec.attempt, seconds=self.stop_seconds, how=how
+            )
+            self.log.write(line.encode())
+
+    def _pin(self, pidfds: dict[int, int]) -> dict[int, int]:
+        """Take a pidfd on the reaper and every descendant not yet pinned."""
+        for pid in [self.proc.pid, *descendants(self.proc.pid)]:
+            if pid not in pidfds:
+                with contextlib.suppress(OSError):
+                    pidfds[pid] = os.pidfd_open(pid)
+        return pidfds
 
     def _signal_all(self, pidfds: dict[int, int], sig: int) -> None:
         with contextlib.suppress(OSError):
@@ -221,15 +281,26 @@ class LocalScheduler:
         base_env: Mapping[str, str] | None = None,
         stdout: IO[bytes] | None = None,
         stderr: IO[bytes] | None = None,
+        warm_standby: bool = False,
     ) -> None:
         self.sink = sink
         self.clock = clock
         self.base_env = dict(os.environ if base_env is None else base_env)
         self.stdout = stdout if stdout is not None else sys.stdout.buffer
         self.stderr = stderr if stderr is not None else sys.stderr.buffer
+        self.warm_standby = warm_standby
+        self._parked: standby.Parked | None = None
+        self._parking: threading.Thread | None = None
+        self._park_lock = threading.Lock()
+        self._closed = False
 
     def launch(self, spec: LaunchSpec) -> LocalAttempt:
-        """Start the attempt; raises ``OSError`` when the command cannot be started."""
+        """Start the attempt; raises ``OSError`` when the command cannot be started.
+
+        With ``warm_standby`` the parked standby becomes the attempt's torchrun agent
+        when it can (decision 0271), else the attempt starts cold and the log says why;
+        either way a new standby is parked for the next attempt.
+        """
         env = attempt_env(spec, self.base_env)
         log = LogFile(spec.log_path) if spec.log_path else None
         if log is not None:
@@ -240,13 +311,19 @@ class LocalScheduler:
                 + "\n"
             )
             log.write(header.encode())
+        note: str | None = None
         try:
-            proc, launcher_pid, lifeline = _start_with_reaper(spec, env)
+            warm: tuple[subprocess.Popen[bytes], int, int] | None = None
+            if self.warm_standby:
+                warm, note = self._take_standby(spec, env)
+            proc, launcher_pid, lifeline = warm or _start_with_reaper(spec, env)
         except OSError:
             if log is not None:
                 log.close()
             raise
         started_at = self.clock()
+        if log is not None and note is not None:
+            log.write(f"# trainguard: {note}\n".encode())
         assert proc.stdout is not None and proc.stderr is not None
         followers = [
             OutputFollower(
@@ -270,11 +347,136 @@ class LocalScheduler:
         ]
         ranks = RankWatcher(proc.pid, spec.attempt, self.sink, self.clock).start()
         LauncherWatcher(proc, spec.attempt, self.sink, self.clock).start()
-        return LocalAttempt(spec, proc, followers, ranks, log, started_at, launcher_pid, lifeline)
+        attempt = LocalAttempt(
+            spec, proc, followers, ranks, log, started_at, launcher_pid, lifeline
+        )
+        attempt.start_note = note
+        if self.warm_standby:
+            self._park_next(spec, env)
+        return attempt
+
+    # --- the warm standby (decision 0271) ----------------------------------------------
+
+    def _park_next(self, spec: LaunchSpec, env: Mapping[str, str]) -> None:
+        """Park a standby for the next attempt, in the background (launch must not wait)."""
+        if isinstance(standby.warm_command(spec.command, env), str):
+            return
+        with self._park_lock:
+            if self._closed or self._parked is not None or self._parking is not None:
+                return
+            thread = threading.Thread(
+                target=self._park, args=(spec, dict(env)), name="standby", daemon=True
+            )
+            self._parking = thread
+        thread.start()
+
+    def _park(self, spec: LaunchSpec, env: dict[str, str]) -> None:
+        parked: standby.Parked | None = None
+        try:
+            what = standby.warm_command(spec.command, env)
+            if isinstance(what, str):
+                return
+            interpreter = what[0]
+            park_env = dict(env)
+            for key in ("TRAINGUARD_RESUME_FROM", "TRAINGUARD_RESUME_DIGEST", "TRAINGUARD_ATTEMPT"):
+                park_env.pop(key, None)
+            park_env["TRAINGUARD_STANDBY"] = "1"
+            park_env["CUDA_VISIBLE_DEVICES"] = ""  # no GPU while parked; the attempt's at wake
+            ours, theirs = socket.socketpair()
+            try:
+                command = (interpreter, standby.STANDBY, "--channel", str(theirs.fileno()))
+                proc, pid, lifeline = _start_with_reaper(
+                    dataclasses.replace(spec, command=command), park_env, (theirs.fileno(),)
+                )
+            except OSError:
+                ours.close()
+                return
+            finally:
+                theirs.close()
+            standby.idle(pid)  # at once: the standby sets it too, after its start-up
+            parked = standby.Parked(
+                proc, pid, lifeline, ours, interpreter, standby.interpreter_env(env),
+                time.monotonic(),
+            )  # fmt: skip
+        finally:
+            with self._park_lock:
+                self._parking = None
+                if parked is not None and not self._closed and self._parked is None:
+                    self._parked, parked = parked, None
+        if parked is not None:
+            parked.dismiss()
+
+    def _take_standby(
+        self, spec: LaunchSpec, env: Mapping[str, str]
+    ) -> tuple[tuple[subprocess.Popen[bytes], int, int] | None, str]:
+        """The parked standby turned into this attempt's agent, or ``None`` and why not."""
+        what = standby.warm_command(spec.command, env)
+        if isinstance(what, str):
+            return None, f"cold start: {what}"
+        parking = self._parking
+        if parking is not None:
+            parking.join(REPORT_TIMEOUT_SECONDS)
+        with self._park_lock:
+            parked, self._parked = self._parked, None
+        if parked is None:
+            return None, "cold start: no standby was parked (first attempt, or it failed to start)"
+        interpreter, args, script_dir = what
+        try:
+            if parked.proc.poll() is not None:
+                return None, f"cold start: the standby died (exit {parked.proc.returncode})"
+            if parked.interpreter != interpreter:
+                return None, (
+                    f"cold start: the standby runs {parked.interpreter}, the attempt {interpreter}"
+                )
+            if parked.interp_env != standby.interpreter_env(env):
+                changed = sorted(
+                    set(parked.interp_env.items()) ^ set(standby.interpreter_env(env).items())
+                )
+                names = ", ".join(sorted({k for k, _ in changed}))
+                return None, f"cold start: environment differs from the standby's ({names})"
+            waited = time.monotonic()
+            problem = parked.wait_ready(standby.READY_SECONDS)
+            if problem is not None:
+                return None, f"cold start: {problem}"
+            waited = time.monotonic() - waited
+            cwd = os.path.abspath(spec.cwd or os.getcwd())
+            line = standby.request_line(
+                ("torchrun", *args), env, cwd, script_dir if script_dir is not None else cwd
+            )
+            problem = parked.hand_over(line)
+            if problem is not None:
+                return None, f"cold start: {problem}"
+            taken, parked = parked, None
+            return (taken.proc, taken.launcher_pid, taken.take_lifeline()), (
+                f"warm start: standby pid {taken.launcher_pid} (parked "
+                f"{time.monotonic() - taken.parked_at:.1f} s before, waited {waited:.2f} s "
+                "for its imports) is this attempt's torchrun agent"
+            )
+        finally:
+            if parked is not None:
+                parked.dismiss()
+
+    def close(self) -> None:
+        """Dismiss the parked standby (the job is over); launch no more after this."""
+        with self._park_lock:
+            self._closed = True
+            parking = self._parking
+        if parking is not None:
+            parking.join(REPORT_TIMEOUT_SECONDS)
+        with self._park_lock:
+            parked, self._parked = self._parked, None
+        if parked is not None:
+            parked.dismiss(wait=5.0)
+
+
+def _close_all(fds: Mapping[int, int]) -> None:
+    for fd in fds.values():
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def _start_with_reaper(
-    spec: LaunchSpec, env: Mapping[str, str]
+    spec: LaunchSpec, env: Mapping[str, str], extra_fds: Sequence[int] = ()
 ) -> tuple[subprocess.Popen[bytes], int, int]:
     """Start the reaper in a new session; it starts the command. Raises ``OSError``.
 
@@ -297,7 +499,7 @@ def _start_with_reaper(
             env=dict(env),
             cwd=spec.cwd,
             start_new_session=True,
-            pass_fds=(life_r, report_w),
+            pass_fds=(life_r, report_w, *extra_fds),
         )
     except OSError:
         for fd in (life_r, life_w, report_r, report_w):
@@ -473,6 +675,7 @@ def visible_devices(devices: Sequence[Device]) -> str:
 
 __all__ = [
     "DEFAULT_GRACE_SECONDS",
+    "DEFAULT_KILL_GRACE_SECONDS",
     "JOB_ID_ENV",
     "LaunchSpec",
     "LocalAttempt",

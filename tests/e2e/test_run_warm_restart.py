@@ -1,0 +1,129 @@
+"""Warm restarts end to end (decision 0271): real torchrun, real faults, one host.
+
+While attempt 0 trains, ``trainguard run`` parks a standby torchrun agent (torch
+imported, idle priority, no GPU). A crash, an XID or a hang must restart the job
+*through that standby*: the parked process is attempt 1's agent, its ranks get the
+new attempt's environment (devices, attempt number, resume path), and training
+completes. When the standby cannot be used (here: it died), the attempt starts cold
+and its log says why; the job recovers all the same.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _run_e2e import RunCase, _processes_with, devices_of
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+TRAIN = ["--steps", "20", "--save-every", "3", "--step-sleep", "0.1", "--pg-timeout", "60"]
+
+
+@pytest.fixture
+def case(tmp_path: Path):  # type: ignore[no-untyped-def]
+    c = RunCase(tmp_path)
+    yield c
+    c.kill()
+
+
+def _standby(case: RunCase, timeout: float = 90.0) -> int:
+    """The parked standby of this case's job (its environment says so)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = _processes_with(TG_TEST_RECORD_DIR=str(case.records), TRAINGUARD_STANDBY="1")
+        for pid, env in found:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                argv = fh.read().split(b"\0")
+                if len(argv) > 1 and argv[1].endswith(b"standby.py"):  # not its watchdog
+                    assert env["CUDA_VISIBLE_DEVICES"] == ""  # no GPU while parked
+                    return pid
+        time.sleep(0.1)
+    raise AssertionError(f"no standby parked:\n{case.output()[-3000:]}")
+
+
+def _start(case: RunCase, kind: str, run_args: list[str] | None = None) -> None:
+    extra = ["--hang-at-step", "8", "--fault-rank", "1", "--fault-attempt", "0"]
+    case.start(
+        [*TRAIN, *(extra if kind == "hang" else [])],
+        run_args=run_args,
+        # 8 s, not 4: on a loaded machine a restarted attempt may pause that long.
+        hang_timeout=8.0 if kind == "hang" else 30.0,
+    )
+
+
+def _fault(case: RunCase, kind: str) -> dict[str, Any]:
+    rank1 = case.record(0, 1)
+    if kind == "hang":
+        return rank1
+    case.wait_step(8)
+    if kind == "xid":
+        case.xid79_on(devices_of(rank1)[1]["pci_bus_id"], rank1["pid"])
+    else:
+        os.kill(rank1["pid"], signal.SIGKILL)
+    return rank1
+
+
+def _attempt_log(case: RunCase, attempt: int) -> str:
+    [log] = (case.tmp / "logs").glob(f"*/attempt-{attempt}.log")
+    return log.read_text(errors="replace")
+
+
+@pytest.mark.parametrize("kind", ["crash", "xid", "hang"])
+def test_a_fault_restarts_through_the_parked_standby(case: RunCase, kind: str) -> None:
+    _start(case, kind)
+    parked = _standby(case)
+    deadline = time.monotonic() + 10
+    while os.sched_getscheduler(parked) != os.SCHED_IDLE and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert os.sched_getscheduler(parked) == os.SCHED_IDLE  # costs the training nothing
+    rank1 = _fault(case, kind)
+    assert case.finish(200) == 0, case.output()[-3000:]
+
+    [inc] = case.incidents()
+    assert inc["kind"] == kind and inc["outcome"] == "recovered"
+    log = _attempt_log(case, 1)
+    assert f"# trainguard: warm start: standby pid {parked} " in log, log[:2000]
+    # The standby became attempt 1's agent: its ranks are its children, with attempt 1's
+    # contract (devices without the XID'd one, the resume path), not the parked one's.
+    r0, r1 = case.record(1, 0), case.record(1, 1)
+    assert r0["ppid"] == parked and r1["ppid"] == parked
+    assert r0["env"]["TRAINGUARD_ATTEMPT"] == "1"
+    assert r0["env"]["TRAINGUARD_RESUME_FROM"].endswith(f"step_{inc['checkpoint_step']:08d}")
+    used = {d["uuid"] for d in devices_of(r0) + devices_of(r1)}
+    if kind == "xid":
+        assert devices_of(rank1)[1]["uuid"] not in used
+        assert r0["env"]["CUDA_VISIBLE_DEVICES"] != case.record(0, 0)["env"]["CUDA_VISIBLE_DEVICES"]
+    # The failed tree was killed directly, and quickly (decision 0270).
+    first = _attempt_log(case, 0)
+    assert "# trainguard stopped attempt 0: SIGKILL to process group" in first or kind == "crash"
+    job, attempts = case.job()
+    assert job.state.value == "completed" and len(attempts) == 2
+
+
+def test_a_dead_standby_falls_back_to_a_cold_start_and_says_why(case: RunCase) -> None:
+    _start(case, "crash")
+    parked = _standby(case)
+    os.kill(parked, signal.SIGKILL)
+    _fault(case, "crash")
+    assert case.finish(200) == 0, case.output()[-3000:]
+    [inc] = case.incidents()
+    assert inc["outcome"] == "recovered"
+    log = _attempt_log(case, 1)
+    assert "# trainguard: cold start: the standby died" in log, log[:2000]
+    assert case.record(1, 0)["ppid"] != parked
+    job, attempts = case.job()
+    assert job.state.value == "completed" and len(attempts) == 2
+
+
+def test_no_warm_standby_parks_nothing(case: RunCase) -> None:
+    _start(case, "crash", run_args=["--no-warm-standby"])
+    case.wait_step(4)
+    assert not _processes_with(TG_TEST_RECORD_DIR=str(case.records), TRAINGUARD_STANDBY="1")
+    _fault(case, "crash")
+    assert case.finish(200) == 0, case.output()[-3000:]
+    assert "warm start" not in _attempt_log(case, 1)
