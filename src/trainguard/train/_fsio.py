@@ -82,8 +82,9 @@ class HashingWriter:
     ``writer.abort()`` (closes without fsync; the caller removes the directory).
     """
 
-    def __init__(self, path: Path, rel: str) -> None:
+    def __init__(self, path: Path, rel: str, *, crash_phase: str = "during_write") -> None:
         self.path = path
+        self._crash_phase = crash_phase
         self.rel = rel
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         self._hash = hashlib.sha256()
@@ -152,7 +153,7 @@ class HashingWriter:
         first = self._written == 0
         self._written += view.nbytes
         if first:
-            _hooks.crash_point("during_write")
+            _hooks.crash_point(self._crash_phase)
         if _sync_file_range is not None and self._written - self._writeback_from >= (
             _WRITEBACK_BYTES
         ):

@@ -1,0 +1,316 @@
+"""In-memory snapshots: each rank's latest state in host shared memory, cheap enough every step.
+
+``CheckpointManager(..., memory_snapshots=True)`` and ``ckpt.snapshot(step, state)``
+(docs/train.md, decision 0260). Each rank keeps its state (replicated *and* per-rank:
+a rank on another host cannot read rank 0's memory) in two **slots** under
+``<base>/trainguard-<job key>/rank_<r>/``, where ``<base>`` is ``/dev/shm`` (or
+``TRAINGUARD_SNAPSHOT_DIR``) and the job key is derived from the checkpoint
+directory, so that the next attempt of the same job finds them. Files in
+``/dev/shm`` outlive the process that wrote them, not the host.
+
+A slot is written exactly like a disk checkpoint, and read back by the same rules:
+``state.pt`` + ``rank_<r>.pt`` (+ parts), each hashed while written, and the
+manifest (sizes, sha256) written last. The slots are written alternately: the one
+being written is first removed, so the other always holds the newest complete
+snapshot, and a writer killed halfway leaves a slot without a manifest (or one
+whose files do not hash to it), which is never valid. ``resume()`` restores the
+newest step for which *every* rank has a valid slot, when that step is newer than
+the newest valid disk checkpoint (:mod:`trainguard.train.restore`).
+
+One snapshot costs the training loop a copy of every tensor into reused host
+staging buffers (:class:`~trainguard.train.state.HostStager`); serialising and
+hashing into the slot happens in a background thread. A snapshot waits for the
+previous one to finish: every rank then has a snapshot of every step it was asked
+for, so that the ranks' slots have a step in common (skipping a busy snapshot on
+one rank and not on another could leave none).
+
+Host memory per rank: staging buffers (1x the state) + two slots (2x) = 3x the
+rank's tensor bytes, in RAM; the slots count as shared memory (``Shmem`` in
+``/proc/meminfo``). The first snapshot refuses (:class:`SnapshotMemoryError`) when
+``MemAvailable`` or the free space of the slot directory cannot hold that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trainguard
+from trainguard.checkpoints import validate
+from trainguard.model.checkpoint import MANIFEST_NAME, Manifest, ManifestFile
+from trainguard.train import _hooks
+from trainguard.train._fsio import WrittenFile, write_small_durable
+from trainguard.train._split import _nbytes, _tensors
+from trainguard.train.state import REPLICATED_FILE, HostStager, rank_file
+
+log = logging.getLogger("trainguard.train")
+
+SNAPSHOT_DIR_ENV = "TRAINGUARD_SNAPSHOT_DIR"
+SNAPSHOT_KEY_ENV = "TRAINGUARD_SNAPSHOT_KEY"
+DEFAULT_BASE = "/dev/shm"
+SLOTS = ("slot0", "slot1")
+KIND = "memory_snapshot"
+# Host RAM one rank's snapshots need, in multiples of its state's tensor bytes.
+RAM_FACTOR = 3
+SHM_FACTOR = 2
+# Non-tensor state (pickled dicts, RNG states) is not counted in the tensor bytes.
+_SLACK_BYTES = 64 << 20
+
+SaveTree = Callable[..., list[WrittenFile]]
+
+
+class SnapshotMemoryError(RuntimeError):
+    """The host cannot hold this rank's memory snapshots; nothing was allocated."""
+
+
+@dataclass(frozen=True)
+class SnapshotResult:
+    """One ``snapshot()`` call as seen by the training loop."""
+
+    step: int
+    slot: str  # the slot directory being written
+    state_bytes: int  # tensor bytes staged
+    stall_seconds: float  # how long snapshot() blocked (wait for the previous + copy)
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A valid slot (manifest present, sizes right; hashes are checked while loading)."""
+
+    path: Path
+    step: int
+    manifest: bytes
+
+
+def job_key(root: Path) -> str:
+    """What names a job's snapshots: ``TRAINGUARD_SNAPSHOT_KEY``, else the checkpoint
+    directory (the next attempt of the job uses the same one)."""
+    explicit = os.environ.get(SNAPSHOT_KEY_ENV, "")
+    if explicit:
+        return "".join(c if c.isalnum() or c in "-_." else "_" for c in explicit)[:64]
+    return hashlib.sha256(str(root.absolute()).encode()).hexdigest()[:16]
+
+
+def snapshot_base(rank: int, base: str | os.PathLike[str] | None = None) -> Path:
+    """Where snapshots live: ``base``, else ``TRAINGUARD_SNAPSHOT_DIR``, else /dev/shm.
+
+    ``{rank}`` in it is replaced by the rank (tests give ranks separate "hosts")."""
+    raw = str(base) if base is not None else os.environ.get(SNAPSHOT_DIR_ENV, "") or DEFAULT_BASE
+    return Path(raw.replace("{rank}", str(rank)))
+
+
+def tree_bytes(tree: Any) -> int:
+    """Bytes of the distinct tensors in ``tree``: what staging and each slot hold."""
+    found: dict[int, Any] = {}
+    _tensors(tree, found)
+    return sum(_nbytes(t) for t in found.values())
+
+
+def mem_available() -> int | None:
+    """``MemAvailable`` of /proc/meminfo in bytes (None where there is no such file)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_memory(state_bytes: int, where: Path, held: int) -> None:
+    """Refuse (SnapshotMemoryError) unless the host can hold this rank's snapshots.
+
+    ``held``: bytes our own slots already occupy (they are replaced, not added)."""
+    need_ram = RAM_FACTOR * state_bytes + _SLACK_BYTES
+    need_shm = SHM_FACTOR * state_bytes + _SLACK_BYTES
+    gib = 1 << 30
+    available = mem_available()
+    if available is not None and available + held < need_ram:
+        raise SnapshotMemoryError(
+            f"memory snapshots need {need_ram / gib:.2f} GiB of host RAM on this rank "
+            f"({RAM_FACTOR}x its {state_bytes / gib:.2f} GiB of state: staging + two slots), "
+            f"MemAvailable is {(available + held) / gib:.2f} GiB; snapshot less often is no "
+            "help: turn memory_snapshots off or give the job more memory"
+        )
+    st = os.statvfs(where)
+    free = st.f_bavail * st.f_frsize
+    if free + held < need_shm:
+        raise SnapshotMemoryError(
+            f"memory snapshots need {need_shm / gib:.2f} GiB free in {where} "
+            f"(two slots of {state_bytes / gib:.2f} GiB), it has {(free + held) / gib:.2f} GiB; "
+            f"enlarge it (docker --shm-size) or point {SNAPSHOT_DIR_ENV} elsewhere"
+        )
+
+
+def _dir_bytes(path: Path) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
+
+
+def read_slot(path: Path, world_size: int | None = None) -> Slot | None:
+    """``path`` as a valid slot, or None: the catalog's quick rules (manifest written
+    last and parseable, every listed file there with its size) plus its kind."""
+    if not (path / MANIFEST_NAME).is_file():
+        return None
+    info = validate(path, verify="quick")
+    if not info.valid or info.format != "trainguard":
+        return None
+    try:
+        raw = (path / MANIFEST_NAME).read_bytes()
+        manifest = Manifest.from_json(raw.decode())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    if manifest.extra.get("kind") != KIND:
+        return None
+    if world_size is not None and manifest.world_size != world_size:
+        return None
+    return Slot(path, manifest.step, raw)
+
+
+class Snapshots:
+    """One rank's two snapshot slots and the background writer that fills them."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        rank: int,
+        world_size: int,
+        save_tree: SaveTree,
+        base: str | os.PathLike[str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.job_dir = snapshot_base(rank, base) / f"trainguard-{job_key(root)}"
+        self.dir = self.job_dir / f"rank_{rank:05d}"
+        self._save_tree = save_tree
+        self._clock = clock
+        self._stager = HostStager()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._checked_bytes: int | None = None
+        self._next_slot: int | None = None
+        self.last_written: int | None = None  # step of the newest slot this process wrote
+
+    # --- reading --------------------------------------------------------------------
+    def slots(self) -> list[Slot]:
+        """This rank's valid slots, newest step first."""
+        found = [read_slot(self.dir / name, self.world_size) for name in SLOTS]
+        return sorted((s for s in found if s is not None), key=lambda s: -s.step)
+
+    def discard_newer_than(self, step: int) -> None:
+        """Drop slots ahead of ``step`` (a timeline the job just abandoned by resuming)."""
+        self.wait()
+        for slot in self.slots():
+            if slot.step > step:
+                shutil.rmtree(slot.path, ignore_errors=True)
+
+    # --- writing --------------------------------------------------------------------
+    def take(self, step: int, replicated: dict[str, Any], per_rank: dict[str, Any]) -> int:
+        """Wait for the previous snapshot, stage this one, start writing it; returns the
+        bytes staged. Raises SnapshotMemoryError before the first allocation."""
+        self.wait()
+        nbytes = tree_bytes(replicated) + tree_bytes(per_rank)
+        if self._checked_bytes is None or nbytes > self._checked_bytes:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            check_memory(nbytes, self.dir, _dir_bytes(self.dir))
+            self._checked_bytes = nbytes
+        if self._next_slot is None:
+            newest = self.slots()
+            # Keep the newest valid slot (a restart may need it) and write the other.
+            self._next_slot = 0 if not newest or newest[0].path.name != SLOTS[0] else 1
+        staged = self._stager.stage({"replicated": replicated, "per_rank": per_rank})
+        index = self._next_slot
+        self._next_slot = 1 - index
+        thread = threading.Thread(
+            target=self._run,
+            args=(step, index, staged["replicated"], staged["per_rank"]),
+            name=f"trainguard-snapshot-{step}",
+            daemon=True,  # a half-written slot is never valid: no need to hold the exit
+        )
+        self._thread = thread
+        thread.start()
+        return nbytes
+
+    @property
+    def next_slot(self) -> int | None:
+        """Index of the slot the next snapshot goes to (None before the first)."""
+        return self._next_slot
+
+    def slot_path(self, index: int) -> Path:
+        return self.dir / SLOTS[index]
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the snapshot being written; False if still writing after ``timeout``.
+
+        A failed snapshot is logged when it fails and not raised: the previous slot
+        stays valid, and a snapshot is an optimisation over the disk checkpoint."""
+        thread = self._thread
+        if thread is None:
+            return True
+        thread.join(timeout)
+        if thread.is_alive():
+            return False
+        self._thread = None
+        return True
+
+    def _run(self, step: int, index: int, replicated: Any, per_rank: Any) -> None:
+        try:
+            self._write(step, index, replicated, per_rank)
+        except BaseException as exc:
+            log.error(
+                "trainguard: memory snapshot of step %d failed (the previous one stays): %s: %s",
+                step,
+                type(exc).__name__,
+                exc,
+            )
+            self._error = exc
+
+    def _write(self, step: int, index: int, replicated: Any, per_rank: Any) -> None:
+        final = self.slot_path(index)
+        tmp = self.dir / f".{SLOTS[index]}.writing"
+        # Removing the slot first is what makes the alternation safe: from here on,
+        # only the other slot is valid, until this one's manifest is in place.
+        shutil.rmtree(final, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        started = self._clock()
+        phase = "snapshot_during_write"
+        files = self._save_tree(replicated, tmp, REPLICATED_FILE, crash_phase=phase)
+        files += self._save_tree(per_rank, tmp, rank_file(self.rank), crash_phase=phase)
+        _hooks.crash_point("snapshot_before_manifest")
+        manifest = Manifest(
+            step=step,
+            world_size=self.world_size,
+            created_at=time.time(),
+            trainguard_version=trainguard.__version__,
+            files=tuple(ManifestFile(f.path, f.size, f.sha256) for f in files),
+            save_seconds=round(self._clock() - started, 6),
+            extra={"kind": KIND, "rank": self.rank, "layout": "trainguard.train/1"},
+        )
+        write_small_durable(tmp / MANIFEST_NAME, manifest.to_json().encode())
+        os.rename(tmp, final)
+        self.last_written = step
+
+    # --- end of the job -------------------------------------------------------------
+    def remove(self) -> None:
+        """The job completed: its snapshots are of no further use (frees the memory)."""
+        self.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            self.job_dir.rmdir()  # the last rank of this host removes the job directory
