@@ -209,3 +209,59 @@ def test_a_rank_killed_while_writing_leaves_no_valid_torn_slot(tmp_path: Path, p
     result = resume(_manager(tmp_path), {"w": torch.zeros(1), "note": "y"})
     assert (result.source, result.step) == ("memory", 1)
     assert torch.equal(result.values["w"], torch.arange(1 << 20, dtype=torch.float32))
+
+
+_HUNG_JOB = textwrap.dedent(
+    """
+    import signal, sys, threading, torch
+    from trainguard.train import CheckpointManager
+    root, shm = sys.argv[1:3]
+    ckpt = CheckpointManager(root, memory_snapshots=True, snapshot_dir=shm)
+    state = {"w": torch.zeros(16 << 20)}
+    ckpt.snapshot(1, state)
+    ckpt.snapshots.wait()
+    state["w"] += 1
+    ckpt.snapshot(2, state)  # written in the background while the loop "hangs"
+    # The training thread is stuck where Python never runs its signal handlers (a
+    # collective): only the wakeup fd and the watcher thread can see the signal.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    print("hung", flush=True)
+    threading.Event().wait()
+    """
+)
+
+
+def test_the_flush_signal_completes_the_newest_snapshot_of_a_hung_rank(tmp_path: Path) -> None:
+    import json
+    import signal
+    import time
+
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    env.pop("TRAINGUARD_SNAPSHOT_SIGNAL", None)
+    shm = tmp_path / "shm"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HUNG_JOB, str(tmp_path / "ck"), str(shm)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "hung"
+        proc.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 90
+        flushed = list(shm.glob("trainguard-*/rank_00000/flushed.json"))
+        while not flushed and time.monotonic() < deadline:
+            time.sleep(0.05)
+            flushed = list(shm.glob("trainguard-*/rank_00000/flushed.json"))
+        assert flushed, "no flush within 90 s"
+        record = json.loads(flushed[0].read_text())
+        assert (record["step"], record["complete"]) == (2, True)
+    finally:
+        proc.kill()  # the supervisor's SIGKILL after its bounded wait
+        _, err = proc.communicate(timeout=60)
+    assert "SIGUSR1: rank 0 memory snapshot complete (step 2)" in err
+    result = resume(_manager(tmp_path), {"w": torch.zeros(1)})
+    assert (result.source, result.step) == ("memory", 2)
+    assert torch.equal(result.values["w"], torch.ones(16 << 20))

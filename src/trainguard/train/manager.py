@@ -65,7 +65,7 @@ from trainguard.train.retention import (
     final_name,
     write_writer_record,
 )
-from trainguard.train.snapshot import SnapshotResult, Snapshots
+from trainguard.train.snapshot import FlushOnSignal, SnapshotResult, Snapshots, flush_signal
 from trainguard.train.state import REPLICATED_FILE, HostStager, TrainState, rank_file
 
 log = logging.getLogger("trainguard.train")
@@ -162,6 +162,7 @@ class CheckpointManager:
         if self.dist.rank == 0:
             clean_stale(self.root, now=time.time(), stale_seconds=stale_seconds)
         self.snapshots: Snapshots | None = None
+        self._flush: FlushOnSignal | None = None
         if memory_snapshots:
             self.snapshots = Snapshots(
                 self.root,
@@ -171,6 +172,10 @@ class CheckpointManager:
                 base=snapshot_dir,
                 clock=clock,
             )
+            signum = flush_signal()
+            if signum is not None:
+                self._flush = FlushOnSignal(self.snapshots, signum)
+                self._flush.install()
 
     # --- public ------------------------------------------------------------------
     @property
@@ -321,6 +326,8 @@ class CheckpointManager:
             self.wait()
         finally:
             self._closed = True
+            if self._flush is not None:
+                self._flush.uninstall()
             if self.snapshots is not None:
                 if keep_snapshots:
                     self.snapshots.wait()

@@ -28,15 +28,26 @@ Host memory per rank: staging buffers (1x the state) + two slots (2x) = 3x the
 rank's tensor bytes, in RAM; the slots count as shared memory (``Shmem`` in
 ``/proc/meminfo``). The first snapshot refuses (:class:`SnapshotMemoryError`) when
 ``MemAvailable`` or the free space of the slot directory cannot hold that.
+
+**Flush on the way down** (:class:`FlushOnSignal`, decision 0261). When the
+supervisor stops a job (a hang), it first sends ``SIGUSR1``
+(``TRAINGUARD_SNAPSHOT_SIGNAL``) to every rank: the rank makes sure its newest
+snapshot (the last completed step it was asked for) is complete in its slot, from a
+thread of its own, so this works while the training thread is stuck in a collective,
+and then writes ``flushed.json`` beside its slots and logs one line. The
+supervisor waits a bounded time, then kills as before.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import shutil
+import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -56,6 +67,9 @@ log = logging.getLogger("trainguard.train")
 
 SNAPSHOT_DIR_ENV = "TRAINGUARD_SNAPSHOT_DIR"
 SNAPSHOT_KEY_ENV = "TRAINGUARD_SNAPSHOT_KEY"
+SNAPSHOT_SIGNAL_ENV = "TRAINGUARD_SNAPSHOT_SIGNAL"
+DEFAULT_SIGNAL = "SIGUSR1"
+FLUSHED_FILE = "flushed.json"
 DEFAULT_BASE = "/dev/shm"
 SLOTS = ("slot0", "slot1")
 KIND = "memory_snapshot"
@@ -314,3 +328,136 @@ class Snapshots:
         shutil.rmtree(self.dir, ignore_errors=True)
         with contextlib.suppress(OSError):
             self.job_dir.rmdir()  # the last rank of this host removes the job directory
+
+
+def flush_signal() -> signal.Signals | None:
+    """The signal that asks for a flush: ``TRAINGUARD_SNAPSHOT_SIGNAL`` (a name such as
+    ``SIGUSR2``, or ``none``), default SIGUSR1."""
+    raw = os.environ.get(SNAPSHOT_SIGNAL_ENV, "").strip().upper() or DEFAULT_SIGNAL
+    if raw in ("NONE", "0", "OFF"):
+        return None
+    name = raw if raw.startswith("SIG") else f"SIG{raw}"
+    try:
+        return signal.Signals[name]
+    except KeyError:
+        log.warning(
+            "trainguard: %s=%s is not a signal; flush on signal off", SNAPSHOT_SIGNAL_ENV, raw
+        )
+        return None
+
+
+class FlushOnSignal:
+    """On the flush signal, complete the newest snapshot and say so (decision 0261).
+
+    Python runs a signal handler only in the main thread, between bytecodes: a main
+    thread stuck inside a collective never gets there. So the handler is also
+    reached through ``signal.set_wakeup_fd`` (written by the C-level handler at
+    delivery, whatever the main thread does) and a watcher thread; whichever comes
+    first starts the flush, once. Installed only from the main thread, only over
+    the default disposition (a job's own handler is left alone, and said so), and
+    the wakeup fd only when nobody else (asyncio) holds it.
+    """
+
+    def __init__(self, snaps: Snapshots, signum: signal.Signals, timeout: float = 60.0) -> None:
+        self.snaps = snaps
+        self.signum = signum
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._flusher: threading.Thread | None = None
+        self._pair: tuple[socket.socket, socket.socket] | None = None
+        self._watcher: threading.Thread | None = None
+        self.installed = False
+
+    def install(self) -> bool:
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        current = signal.getsignal(self.signum)
+        if current not in (signal.SIG_DFL, None):
+            log.warning(
+                "trainguard: %s already has a handler; memory snapshots will not flush on it",
+                self.signum.name,
+            )
+            return False
+        signal.signal(self.signum, self._handler)
+        self.installed = True
+        reader, writer = socket.socketpair()
+        writer.setblocking(False)
+        previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        if previous != -1:  # someone else's (asyncio): give it back, handler only
+            signal.set_wakeup_fd(previous)
+            reader.close()
+            writer.close()
+            return True
+        self._pair = (reader, writer)
+        self._watcher = threading.Thread(
+            target=self._watch, name="trainguard-flush-signal", daemon=True
+        )
+        self._watcher.start()
+        return True
+
+    def uninstall(self) -> None:
+        if not self.installed or threading.current_thread() is not threading.main_thread():
+            return
+        signal.signal(self.signum, signal.SIG_DFL)
+        self.installed = False
+        if self._pair is not None:
+            signal.set_wakeup_fd(-1)
+            for sock in self._pair:
+                sock.close()  # the watcher's recv fails and it ends
+            self._pair = None
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        self.trigger()
+
+    def _watch(self) -> None:
+        assert self._pair is not None
+        reader = self._pair[0]
+        while True:
+            try:
+                data = reader.recv(64)
+            except OSError:
+                return
+            if not data:
+                return
+            if self.signum.value in data:
+                self.trigger()
+
+    def trigger(self) -> None:
+        """Start the flush (once at a time)."""
+        with self._lock:
+            if self._flusher is not None and self._flusher.is_alive():
+                return
+            self._flusher = threading.Thread(
+                target=self._flush, name="trainguard-flush", daemon=True
+            )
+            self._flusher.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        flusher = self._flusher
+        if flusher is not None:
+            flusher.join(timeout)
+
+    def _flush(self) -> None:
+        started = time.monotonic()
+        complete = self.snaps.wait(self.timeout)
+        step = self.snaps.last_written
+        record = {
+            "step": step,
+            "complete": complete,
+            "pid": os.getpid(),
+            "time": time.time(),
+            "seconds": round(time.monotonic() - started, 6),
+        }
+        with contextlib.suppress(OSError):
+            self.snaps.dir.mkdir(parents=True, exist_ok=True)
+            tmp = self.snaps.dir / f".{FLUSHED_FILE}.{os.getpid()}"
+            tmp.write_text(json.dumps(record))
+            os.replace(tmp, self.snaps.dir / FLUSHED_FILE)
+        log.warning(
+            "trainguard: %s: rank %d memory snapshot %s (step %s) in %.3f s",
+            self.signum.name,
+            self.snaps.rank,
+            "complete" if complete else "still being written",
+            step,
+            record["seconds"],
+        )
