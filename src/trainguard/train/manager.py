@@ -46,7 +46,7 @@ import torch
 import trainguard
 from trainguard.checkpoints import validate
 from trainguard.model.checkpoint import MANIFEST_NAME, Manifest, ManifestFile
-from trainguard.train import _hooks
+from trainguard.train import _buddy, _hooks
 from trainguard.train._dist import DistContext
 from trainguard.train._fsio import (
     HashingWriter,
@@ -172,10 +172,26 @@ class CheckpointManager:
                 base=snapshot_dir,
                 clock=clock,
             )
+            if _buddy.wanted(self.world_size):
+                self._link_buddy(self.snapshots)
             signum = flush_signal()
             if signum is not None:
                 self._flush = FlushOnSignal(self.snapshots, signum)
                 self._flush.install()
+
+    def _link_buddy(self, snaps: Snapshots) -> None:
+        """Exchange buddy endpoints and the job's secret (every rank builds the manager
+        at the same point, so this is the one collective of the constructor)."""
+        if not self.dist.collectives:
+            log.warning("trainguard: buddy copies of snapshots need a process group; off")
+            return
+        secret = bytes(self.dist.broadcast(secrets.token_bytes(16)))
+        link = _buddy.BuddyLink(snaps.job_dir, self.rank, self.world_size, secret)
+        endpoints = self.dist.gather(link.endpoint)
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
+        buddy = _buddy.buddy_of(self.rank, self.world_size, local)
+        link.connect_to(buddy, endpoints[buddy])
+        snaps.buddy = link
 
     # --- public ------------------------------------------------------------------
     @property

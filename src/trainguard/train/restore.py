@@ -457,15 +457,36 @@ def _from_memory(
     newer than ``disk_step``; None (and one line saying why) to go on with the disk."""
     try:
         mine = snaps.slots()
+        held = snaps.buddy.held() if snaps.buddy is not None else {}
     except Exception as exc:  # an unreadable slot directory: as good as no snapshot
         log.warning("trainguard: cannot read memory snapshots in %s: %s", snaps.dir, exc)
-        mine = []
-    held = dist.gather(sorted({s.step for s in mine}))
-    common = set(held[0]).intersection(*held[1:]) if held else set()
-    newer = sorted((s for s in common if s > disk_step), reverse=True)
+        mine, held = [], {}
+    views = dist.gather(
+        (sorted({s.step for s in mine}), {o: sorted({s.step for s in v}) for o, v in held.items()})
+    )
+    own = [set(v[0]) for v in views]
+
+    def holder(rank: int, step: int) -> int | None:
+        return next((h for h, v in enumerate(views) if step in v[1].get(rank, ())), None)
+
+    everywhere = set().union(*own, *(set(x) for v in views for x in v[1].values()))
+    complete = {
+        s
+        for s in everywhere
+        if all(s in own[r] or holder(r, s) is not None for r in range(len(views)))
+    }
+    newer = sorted((s for s in complete if s > disk_step), reverse=True)
+    held_steps = [set(v[0]) for v in views]
+    common = set(held_steps[0]).intersection(*held_steps[1:]) if held_steps else set()
+    if newer and any(newer[0] not in own[r] for r in range(len(views))):
+        mine = _fetch_from_buddies(snaps, dist, views, newer[0], holder, held)
     reasons: list[str] = []
     for step in newer:
-        slot = next(s for s in mine if s.step == step)
+        slot = next((s for s in mine if s.step == step), None)
+        if slot is None:  # a buddy copy that did not arrive: no complete set at this step
+            errors = [e for e in dist.gather(f"rank {dist.rank}: no slot of step {step}") if e]
+            reasons.append(f"step {step}: {errors[0]}")
+            continue
         manifest = Manifest.from_json(slot.manifest.decode())
         try:
             attempt = _load_checkpoint(
@@ -477,6 +498,7 @@ def _from_memory(
         if errors:
             reasons.append(f"step {step}: {errors[0]}")
             continue
+        fetched = [r for r in range(dist.world_size) if step not in own[r]]
         try:
             values = ts.restore(attempt.replicated, attempt.per_rank)
         except (KeyError, RuntimeError, ValueError) as exc:
@@ -486,9 +508,11 @@ def _from_memory(
             ) from exc
         checked = "files hashed while loading" if verify == "full" else "sizes checked only"
         disk = f"step {disk_step}" if disk_step >= 0 else "none"
+        via = f"; rank(s) {fetched} from their buddy's copy" if fetched else ""
         _say(
             f"trainguard: restored step {step} from memory snapshot ({snaps.job_dir}, "
-            f"all {dist.world_size} rank(s) valid; {checked}; newest disk checkpoint: {disk})",
+            f"all {dist.world_size} rank(s) valid{via}; {checked}; newest disk checkpoint: "
+            f"{disk})",
             dist.rank,
         )
         emit(
@@ -509,10 +533,11 @@ def _from_memory(
             hashed_bytes=attempt.hashed,
         )
     if not newer:
-        missing = [r for r, steps in enumerate(held) if not steps]
-        if missing and len(missing) < len(held):
-            why = f"rank(s) {missing} have no valid memory snapshot (host lost?)"
-        elif not any(held):
+        missing = [r for r, steps in enumerate(own) if not steps]
+        copies = " and no buddy copy" if snaps.buddy is not None else ""
+        if missing and len(missing) < len(own):
+            why = f"rank(s) {missing} have no valid memory snapshot{copies} (host lost?)"
+        elif not any(own):
             why = "no memory snapshot"
         elif common and max(common) <= disk_step:
             why = f"memory snapshots (step {max(common)}) are not newer than the disk"
@@ -522,3 +547,40 @@ def _from_memory(
         why = "no complete valid set of memory snapshots: " + "; ".join(reasons)
     _say(f"trainguard: not restoring from memory: {why}; using the disk", dist.rank)
     return None
+
+
+def _fetch_from_buddies(
+    snaps: Snapshots,
+    dist: DistContext,
+    views: list[Any],
+    step: int,
+    holder: Any,
+    held: dict[int, list[Any]],
+) -> list[Any]:
+    """Ranks without their own slot of ``step`` receive it from the rank holding its
+    buddy copy (over the process group, every rank walking the same plan in rank
+    order) and install it as their own; returns this rank's slots afterwards."""
+    import torch.distributed as tdist
+
+    from trainguard.train._buddy import install, read_files
+
+    for rank in range(len(views)):
+        if step in views[rank][0]:
+            continue
+        source = holder(rank, step)
+        if source is None:
+            continue
+        if dist.rank == source:
+            copy = next(s for s in held[rank] if s.step == step)
+            tdist.send_object_list([copy.path.name, read_files(copy.path)], dst=rank)
+        elif dist.rank == rank:
+            box: list[Any] = [None, None]
+            tdist.recv_object_list(box, src=source)
+            install(snaps.dir / str(box[0]), box[1])
+            log.warning(
+                "trainguard: rank %d's memory snapshot of step %d restored from rank %d's copy",
+                rank,
+                step,
+                source,
+            )
+    return snaps.slots()

@@ -76,6 +76,8 @@ KIND = "memory_snapshot"
 # Host RAM one rank's snapshots need, in multiples of its state's tensor bytes.
 RAM_FACTOR = 3
 SHM_FACTOR = 2
+# With buddy copies: the copy's two slots (shm) + one file in flight on each side.
+BUDDY_EXTRA = (3, 2)
 # Non-tensor state (pickled dicts, RNG states) is not counted in the tensor bytes.
 _SLACK_BYTES = 64 << 20
 
@@ -141,18 +143,25 @@ def mem_available() -> int | None:
     return None
 
 
-def check_memory(state_bytes: int, where: Path, held: int) -> None:
+def check_memory(
+    state_bytes: int,
+    where: Path,
+    held: int,
+    ram_factor: int = RAM_FACTOR,
+    shm_factor: int = SHM_FACTOR,
+) -> None:
     """Refuse (SnapshotMemoryError) unless the host can hold this rank's snapshots.
 
     ``held``: bytes our own slots already occupy (they are replaced, not added)."""
-    need_ram = RAM_FACTOR * state_bytes + _SLACK_BYTES
-    need_shm = SHM_FACTOR * state_bytes + _SLACK_BYTES
+    need_ram = ram_factor * state_bytes + _SLACK_BYTES
+    need_shm = shm_factor * state_bytes + _SLACK_BYTES
     gib = 1 << 30
     available = mem_available()
     if available is not None and available + held < need_ram:
         raise SnapshotMemoryError(
             f"memory snapshots need {need_ram / gib:.2f} GiB of host RAM on this rank "
-            f"({RAM_FACTOR}x its {state_bytes / gib:.2f} GiB of state: staging + two slots), "
+            f"({ram_factor}x its {state_bytes / gib:.2f} GiB of state: staging, two slots"
+            f"{', a buddy copy and transfer buffers' if ram_factor > RAM_FACTOR else ''}), "
             f"MemAvailable is {(available + held) / gib:.2f} GiB; snapshot less often is no "
             "help: turn memory_snapshots off or give the job more memory"
         )
@@ -161,7 +170,8 @@ def check_memory(state_bytes: int, where: Path, held: int) -> None:
     if free + held < need_shm:
         raise SnapshotMemoryError(
             f"memory snapshots need {need_shm / gib:.2f} GiB free in {where} "
-            f"(two slots of {state_bytes / gib:.2f} GiB), it has {(free + held) / gib:.2f} GiB; "
+            f"({shm_factor} slots of {state_bytes / gib:.2f} GiB), "
+            f"it has {(free + held) / gib:.2f} GiB; "
             f"enlarge it (docker --shm-size) or point {SNAPSHOT_DIR_ENV} elsewhere"
         )
 
@@ -220,6 +230,8 @@ class Snapshots:
         self._checked_bytes: int | None = None
         self._next_slot: int | None = None
         self.last_written: int | None = None  # step of the newest slot this process wrote
+        # Buddy copies (trainguard.train._buddy.BuddyLink), set by the manager.
+        self.buddy: Any = None
 
     # --- reading --------------------------------------------------------------------
     def slots(self) -> list[Slot]:
@@ -242,7 +254,14 @@ class Snapshots:
         nbytes = tree_bytes(replicated) + tree_bytes(per_rank)
         if self._checked_bytes is None or nbytes > self._checked_bytes:
             self.dir.mkdir(parents=True, exist_ok=True)
-            check_memory(nbytes, self.dir, _dir_bytes(self.dir))
+            extra = BUDDY_EXTRA if self.buddy is not None else (0, 0)
+            check_memory(
+                nbytes,
+                self.dir,
+                _dir_bytes(self.dir),
+                RAM_FACTOR + extra[0],
+                SHM_FACTOR + extra[1],
+            )
             self._checked_bytes = nbytes
         if self._next_slot is None:
             newest = self.slots()
@@ -320,12 +339,25 @@ class Snapshots:
         write_small_durable(tmp / MANIFEST_NAME, manifest.to_json().encode())
         os.rename(tmp, final)
         self.last_written = step
+        if self.buddy is not None:
+            try:
+                self.buddy.send(final)
+            except Exception as exc:  # the own slot is fine; only the copy is missing
+                log.warning(
+                    "trainguard: buddy copy of the step-%d snapshot not sent: %s: %s",
+                    step,
+                    type(exc).__name__,
+                    exc,
+                )
 
     # --- end of the job -------------------------------------------------------------
     def remove(self) -> None:
         """The job completed: its snapshots are of no further use (frees the memory)."""
         self.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
+        if self.buddy is not None:
+            self.buddy.close()
+            self.buddy.remove_held()
         with contextlib.suppress(OSError):
             self.job_dir.rmdir()  # the last rank of this host removes the job directory
 
