@@ -505,31 +505,42 @@ class CheckpointManager:
             log.warning("trainguard: retention failed: %s: %s", type(exc).__name__, exc)
 
     def _save_tree(
-        self, tree: dict[str, Any], tmp: Path, name: str, *, crash_phase: str = "during_write"
+        self,
+        tree: dict[str, Any],
+        tmp: Path,
+        name: str,
+        *,
+        crash_phase: str = "during_write",
+        reuse: bool = False,
     ) -> list[WrittenFile]:
         """Write ``tree`` as ``name``, its large tensors spread over parallel part files."""
         cut = split(tree, max_parts=self.writers, part_bytes=PART_BYTES)
         if not cut.parts:
-            return [self._torch_save(tree, tmp, name, crash_phase)]
+            return [self._torch_save(tree, tmp, name, crash_phase, reuse)]
         stem = name.removesuffix(".pt")
         names = [f"{stem}.part{i}.pt" for i in range(len(cut.parts))]
         skeleton = dict(cut.skeleton)
         skeleton[META_KEY] = {**skeleton[META_KEY], "parts": names}
         with ThreadPoolExecutor(len(names), thread_name_prefix="trainguard-part") as pool:
             futures = [
-                pool.submit(self._torch_save, part, tmp, part_name, crash_phase)
+                pool.submit(self._torch_save, part, tmp, part_name, crash_phase, reuse)
                 for part, part_name in zip(cut.parts, names, strict=True)
             ]
             try:
-                main = self._torch_save(skeleton, tmp, name, crash_phase)
+                main = self._torch_save(skeleton, tmp, name, crash_phase, reuse)
             finally:
                 done = [f.result() for f in futures]  # raises the first part's failure
         return [main, *done]
 
     def _torch_save(
-        self, obj: Any, tmp: Path, name: str, crash_phase: str = "during_write"
+        self,
+        obj: Any,
+        tmp: Path,
+        name: str,
+        crash_phase: str = "during_write",
+        reuse: bool = False,
     ) -> WrittenFile:
-        writer = HashingWriter(tmp / name, name, crash_phase=crash_phase)
+        writer = HashingWriter(tmp / name, name, crash_phase=crash_phase, reuse=reuse)
         try:
             _save_without_crc(obj, writer)
             return writer.close()
