@@ -266,3 +266,17 @@ def test_the_flush_signal_completes_the_newest_snapshot_of_a_hung_rank(tmp_path:
     result = resume(_manager(tmp_path), {"w": torch.zeros(1)})
     assert (result.source, result.step) == ("memory", 2)
     assert torch.equal(result.values["w"], torch.ones(16 << 20))
+
+
+def test_a_new_manager_takes_the_flush_signal_over_from_an_unclosed_one(tmp_path: Path) -> None:
+    import signal
+
+    first = _manager(tmp_path)
+    second = _manager(tmp_path)
+    try:
+        assert first._flush is not None and second._flush is not None
+        assert second._flush.installed and not first._flush.installed
+        assert signal.getsignal(signal.SIGUSR1) == second._flush._handler
+    finally:
+        second.close()
+    assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL

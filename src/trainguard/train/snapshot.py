@@ -417,6 +417,12 @@ class FlushOnSignal:
         if threading.current_thread() is not threading.main_thread():
             return False
         current = signal.getsignal(self.signum)
+        owner = getattr(current, "__self__", None)
+        if isinstance(owner, FlushOnSignal):
+            # An earlier manager of this process that was never closed: this one
+            # takes over (its sockets must not be garbage-collected while registered).
+            owner.uninstall()
+            current = signal.getsignal(self.signum)
         if current not in (signal.SIG_DFL, None):
             log.warning(
                 "trainguard: %s already has a handler; memory snapshots will not flush on it",
