@@ -7,6 +7,7 @@ logged a step, its loss must equal the uninterrupted run's loss of that step.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -160,3 +161,81 @@ def test_sync_resume_from_env_with_progress_events(tmp_path: Path, reference: Pa
     assert saved[0].metrics["save_seconds"] > 0 and saved[0].metrics["stall_seconds"] > 0
     assert _valid_steps(ck) == [6, 3]
     _assert_matches(losses, reference, range(1, 9))
+
+
+@pytest.mark.timeout(600)  # four 2-rank torchrun runs; ~50 s each on a loaded 2-core host
+def test_memory_snapshots_resume_and_a_lost_host_falls_back_to_disk(
+    tmp_path: Path, reference: Path
+) -> None:
+    """Each rank's snapshots in its own directory (two "hosts"); a crash loses no step;
+    a host lost with its snapshots sends the job back to the disk, and says so."""
+    ck, losses = tmp_path / "ck", tmp_path / "losses.txt"
+    common = ["--steps", str(STEPS), "--ckpt-dir", str(ck), "--losses-out", str(losses)]
+    common += ["--save-every", "4", "--memory-snapshots", "--fault-rank", "1"]
+    hosts = str(tmp_path / "host{rank}")
+
+    first = _torchrun(*common, "--fail-at-step", "7", env=_env(TRAINGUARD_SNAPSHOT_DIR=hosts))
+    assert first.returncode != 0 and "injected failure at step 7" in first.stderr
+    assert _valid_steps(ck) == [4]
+
+    # Attempt 1 restores step 6 from the ranks' memory, newer than the disk's step 4.
+    second = _torchrun(
+        *common,
+        *("--fail-at-step", "10", "--fault-attempt", "1"),
+        env=_env(TRAINGUARD_SNAPSHOT_DIR=hosts, TRAINGUARD_ATTEMPT="1"),
+    )
+    assert second.returncode != 0 and "injected failure at step 10" in second.stderr
+    assert "restored step 6 from memory snapshot" in second.stderr, second.stderr[-3000:]
+    assert _valid_steps(ck) == [8, 4]
+
+    # Rank 1's host is gone with its snapshots (of step 9): back to the disk's step 8.
+    shutil.rmtree(tmp_path / "host1")
+    third = _torchrun(
+        *common,
+        *("--fail-at-step", "10", "--fault-attempt", "1"),
+        env=_env(TRAINGUARD_SNAPSHOT_DIR=hosts, TRAINGUARD_ATTEMPT="2"),
+    )
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert "rank(s) [1] have no valid memory snapshot" in third.stderr
+    assert "resumed from" in third.stderr and "step 8" in third.stderr
+    _assert_matches(losses, reference, range(1, STEPS + 1))
+    # The job completed: its snapshots are removed.
+    assert not list((tmp_path / "host0").rglob("*.pt"))
+
+
+@pytest.mark.timeout(600)
+def test_buddy_copy_survives_a_lost_host_and_a_buddy_lost_with_it_falls_back(
+    tmp_path: Path, reference: Path
+) -> None:
+    """Two "hosts" (a snapshot directory per rank) with buddy copies over TCP: losing
+    rank 1's host restores its snapshot from rank 0's copy; losing the copy as well
+    sends the job to the disk, and it says so."""
+    ck, losses = tmp_path / "ck", tmp_path / "losses.txt"
+    common = ["--steps", str(STEPS), "--ckpt-dir", str(ck), "--losses-out", str(losses)]
+    common += ["--save-every", "4", "--memory-snapshots", "--fault-rank", "1"]
+    hosts = {"TRAINGUARD_SNAPSHOT_DIR": str(tmp_path / "host{rank}")}
+    hosts["TRAINGUARD_SNAPSHOT_BUDDY"] = "1"
+
+    first = _torchrun(*common, "--fail-at-step", "7", env=_env(**hosts))
+    assert first.returncode != 0 and "injected failure at step 7" in first.stderr
+    assert list((tmp_path / "host0").glob("trainguard-*/buddy_of_rank_00001/slot*"))
+
+    shutil.rmtree(tmp_path / "host1")  # rank 1's host is lost with its own snapshots
+    second = _torchrun(
+        *common,
+        *("--fail-at-step", "10", "--fault-attempt", "1"),
+        env=_env(**hosts, TRAINGUARD_ATTEMPT="1"),
+    )
+    assert second.returncode != 0 and "injected failure at step 10" in second.stderr
+    assert "restored step 6 from memory snapshot" in second.stderr, second.stderr[-3000:]
+    assert "rank(s) [1] from their buddy's copy" in second.stderr
+
+    # Now the host and the buddy's copy are lost together: the disk's step 8.
+    shutil.rmtree(tmp_path / "host1")
+    for copy in (tmp_path / "host0").glob("trainguard-*/buddy_of_rank_00001"):
+        shutil.rmtree(copy)
+    third = _torchrun(*common, env=_env(**hosts, TRAINGUARD_ATTEMPT="2"))
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert "rank(s) [1] have no valid memory snapshot and no buddy copy" in third.stderr
+    assert "resumed from" in third.stderr and "step 8" in third.stderr
+    _assert_matches(losses, reference, range(1, STEPS + 1))

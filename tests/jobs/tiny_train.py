@@ -29,6 +29,7 @@ Options:
   --pg-timeout S       process-group (collective) timeout in seconds (default 30)
   --seed S             base seed (default 1234)
   --verify MODE        checkpoint verification on resume: full or quick (default full)
+  --memory-snapshots   a memory snapshot after every step (TRAINGUARD_SNAPSHOT_DIR: where)
 
 Output: ``step=N loss=X`` per step on stdout (flushed), ``done steps=N`` at the end.
 A fault is announced on stderr before it happens (``tiny_train: injecting ...``).
@@ -181,6 +182,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--verify", choices=("full", "quick"), default="full")
     p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--memory-snapshots", action="store_true")
     return p.parse_args(argv)
 
 
@@ -232,7 +234,12 @@ def main(argv: list[str] | None = None) -> int:
         name = args.losses_out if rank == 0 else Path(f"{args.losses_out}.rank{rank}")
         losses = name.open("a", encoding="utf-8")
 
-    with CheckpointManager(ckpt_dir, keep=args.keep, async_save=args.async_save) as ckpt:
+    with CheckpointManager(
+        ckpt_dir,
+        keep=args.keep,
+        async_save=args.async_save,
+        memory_snapshots=args.memory_snapshots,
+    ) as ckpt:
         start = resume(ckpt, state, verify=args.verify).step
         net: nn.Module = job.model
         if distributed:
@@ -251,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
             report_progress(step, loss=value, lr=job.scheduler.get_last_lr()[0])
             if args.save_every and step % args.save_every == 0:
                 ckpt.save(step, state, epoch=job.sampler.epoch)
+            if args.memory_snapshots:
+                ckpt.snapshot(step, state, epoch=job.sampler.epoch)
             if args.step_sleep:
                 time.sleep(args.step_sleep)
     if losses is not None:

@@ -82,10 +82,18 @@ class HashingWriter:
     ``writer.abort()`` (closes without fsync; the caller removes the directory).
     """
 
-    def __init__(self, path: Path, rel: str) -> None:
+    def __init__(
+        self, path: Path, rel: str, *, crash_phase: str = "during_write", reuse: bool = False
+    ) -> None:
         self.path = path
+        self._crash_phase = crash_phase
         self.rel = rel
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        # ``reuse``: overwrite an existing file's pages in place (a memory snapshot
+        # slot: on tmpfs, fresh pages cost as much as the write itself) and cut it to
+        # size at close; otherwise a file is written exactly once.
+        self._reuse = reuse
+        flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (0 if reuse else os.O_EXCL)
+        self._fd = os.open(path, flags, 0o644)
         self._hash = hashlib.sha256()
         self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainguard-sha256")
         self._pending: Future[None] | None = None
@@ -152,7 +160,7 @@ class HashingWriter:
         first = self._written == 0
         self._written += view.nbytes
         if first:
-            _hooks.crash_point("during_write")
+            _hooks.crash_point(self._crash_phase)
         if _sync_file_range is not None and self._written - self._writeback_from >= (
             _WRITEBACK_BYTES
         ):
@@ -178,6 +186,8 @@ class HashingWriter:
         try:
             self._flush_buffer()
             self._wait_hasher()
+            if self._reuse:
+                os.ftruncate(self._fd, self._written)
             _hooks.crash_point("before_fsync")
             os.fsync(self._fd)
         except BaseException:

@@ -16,7 +16,10 @@ make a real write fail, without mocking anything. Both are inert unless set.
     - ``after_manifest_before_rename``: manifest written and fsynced, directory
       still under its temporary name (rank 0);
     - ``after_rename_before_dir_fsync``: renamed into place, parent not fsynced;
-    - ``during_retention``: one old checkpoint hidden for deletion, not yet removed.
+    - ``during_retention``: one old checkpoint hidden for deletion, not yet removed;
+    - ``snapshot_during_write``: the first bytes of a memory snapshot's state file
+      are in its slot (:mod:`trainguard.train.snapshot`);
+    - ``snapshot_before_manifest``: a memory snapshot's files written, its manifest not.
 
 ``TRAINGUARD_TEST_FAIL_WRITE_AFTER_BYTES=<n>``
     a state-file write that would take the file past ``n`` bytes raises
@@ -40,6 +43,8 @@ PHASES = (
     "after_manifest_before_rename",
     "after_rename_before_dir_fsync",
     "during_retention",
+    "snapshot_during_write",
+    "snapshot_before_manifest",
 )
 
 

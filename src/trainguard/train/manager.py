@@ -46,7 +46,7 @@ import torch
 import trainguard
 from trainguard.checkpoints import validate
 from trainguard.model.checkpoint import MANIFEST_NAME, Manifest, ManifestFile
-from trainguard.train import _hooks
+from trainguard.train import _buddy, _hooks
 from trainguard.train._dist import DistContext
 from trainguard.train._fsio import (
     HashingWriter,
@@ -65,6 +65,7 @@ from trainguard.train.retention import (
     final_name,
     write_writer_record,
 )
+from trainguard.train.snapshot import FlushOnSignal, SnapshotResult, Snapshots, flush_signal
 from trainguard.train.state import REPLICATED_FILE, HostStager, TrainState, rank_file
 
 log = logging.getLogger("trainguard.train")
@@ -117,6 +118,9 @@ class CheckpointManager:
     (another host, no record) counts as abandoned.
     ``writers``: how many files a large state is split into, written and hashed in
     parallel (default: the CPU count, at most 4); states under 256 MiB stay one file.
+    ``memory_snapshots``: enable :meth:`snapshot` (host shared memory, 3x the rank's
+    state; :mod:`trainguard.train.snapshot`); ``snapshot_dir``: where (default
+    ``TRAINGUARD_SNAPSHOT_DIR``, else ``/dev/shm``).
     """
 
     def __init__(
@@ -131,6 +135,8 @@ class CheckpointManager:
         retention_verify: str = "quick",
         stale_seconds: float = 3600.0,
         writers: int | None = None,
+        memory_snapshots: bool = False,
+        snapshot_dir: str | os.PathLike[str] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if keep < 1:
@@ -155,6 +161,37 @@ class CheckpointManager:
         self.root.mkdir(parents=True, exist_ok=True)
         if self.dist.rank == 0:
             clean_stale(self.root, now=time.time(), stale_seconds=stale_seconds)
+        self.snapshots: Snapshots | None = None
+        self._flush: FlushOnSignal | None = None
+        if memory_snapshots:
+            self.snapshots = Snapshots(
+                self.root,
+                rank=self.rank,
+                world_size=self.world_size,
+                save_tree=self._save_tree,
+                base=snapshot_dir,
+                clock=clock,
+            )
+            if _buddy.wanted(self.world_size):
+                self._link_buddy(self.snapshots)
+            signum = flush_signal()
+            if signum is not None:
+                self._flush = FlushOnSignal(self.snapshots, signum)
+                self._flush.install()
+
+    def _link_buddy(self, snaps: Snapshots) -> None:
+        """Exchange buddy endpoints and the job's secret (every rank builds the manager
+        at the same point, so this is the one collective of the constructor)."""
+        if not self.dist.collectives:
+            log.warning("trainguard: buddy copies of snapshots need a process group; off")
+            return
+        secret = bytes(self.dist.broadcast(secrets.token_bytes(16)))
+        link = _buddy.BuddyLink(snaps.job_dir, self.rank, self.world_size, secret)
+        endpoints = self.dist.gather(link.endpoint)
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
+        buddy = _buddy.buddy_of(self.rank, self.world_size, local)
+        link.connect_to(buddy, endpoints[buddy])
+        snaps.buddy = link
 
     # --- public ------------------------------------------------------------------
     @property
@@ -237,6 +274,43 @@ class CheckpointManager:
             raise previous
         return None
 
+    def snapshot(
+        self, step: int, state: TrainState | Mapping[str, Any], *, epoch: int | None = None
+    ) -> SnapshotResult:
+        """Keep ``state`` of ``step`` in this rank's memory snapshot; every rank calls it.
+
+        Returns once the state is copied to host staging buffers (after the previous
+        snapshot finished writing); the slot is written in the background. Needs no
+        collective. Raises :class:`~trainguard.train.snapshot.SnapshotMemoryError` on
+        the first call when the host cannot hold the snapshots.
+        """
+        if self.snapshots is None:
+            raise RuntimeError("snapshot() needs CheckpointManager(..., memory_snapshots=True)")
+        if self._closed:
+            raise RuntimeError("CheckpointManager is closed")
+        if step < 0:
+            raise ValueError("step must be >= 0")
+        started = self._clock()
+        replicated, per_rank = TrainState.coerce(state).collect()
+        meta = {
+            "step": int(step),
+            "epoch": epoch,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "trainguard_version": trainguard.__version__,
+            "layout": LAYOUT,
+            "kind": "memory_snapshot",
+        }
+        replicated[META_KEY] = meta
+        per_rank[META_KEY] = meta
+        nbytes = self.snapshots.take(int(step), replicated, per_rank)
+        return SnapshotResult(
+            step=int(step),
+            slot=str(self.snapshots.slot_path(1 - (self.snapshots.next_slot or 0))),
+            state_bytes=int(nbytes),
+            stall_seconds=self._clock() - started,
+        )
+
     def wait(self) -> SaveResult | None:
         """Wait for a pending asynchronous save (or retention); raise a save's failure."""
         error = self._join_pending()
@@ -257,14 +331,24 @@ class CheckpointManager:
             error, self._error = self._error, None
         return error
 
-    def close(self) -> None:
-        """Wait for a pending save (raising its failure); further saves are refused."""
+    def close(self, *, keep_snapshots: bool = False) -> None:
+        """Wait for a pending save (raising its failure); further saves are refused.
+
+        Memory snapshots are removed (the job is done with them) unless
+        ``keep_snapshots``; leaving a ``with`` block on an exception keeps them."""
         if self._closed:
             return
         try:
             self.wait()
         finally:
             self._closed = True
+            if self._flush is not None:
+                self._flush.uninstall()
+            if self.snapshots is not None:
+                if keep_snapshots:
+                    self.snapshots.wait()
+                else:
+                    self.snapshots.remove()
 
     def __enter__(self) -> CheckpointManager:
         return self
@@ -273,9 +357,10 @@ class CheckpointManager:
         if exc_type is None:
             self.close()
             return
-        # Already failing: finish the pending save but do not mask the original error.
+        # Already failing: finish the pending save but do not mask the original error;
+        # the memory snapshots are what the next attempt restores from.
         try:
-            self.close()
+            self.close(keep_snapshots=True)
         except CheckpointWriteError as err:
             log.error("trainguard: %s", err)
 
@@ -419,28 +504,43 @@ class CheckpointManager:
         except Exception as exc:  # retention trouble never fails a good save
             log.warning("trainguard: retention failed: %s: %s", type(exc).__name__, exc)
 
-    def _save_tree(self, tree: dict[str, Any], tmp: Path, name: str) -> list[WrittenFile]:
+    def _save_tree(
+        self,
+        tree: dict[str, Any],
+        tmp: Path,
+        name: str,
+        *,
+        crash_phase: str = "during_write",
+        reuse: bool = False,
+    ) -> list[WrittenFile]:
         """Write ``tree`` as ``name``, its large tensors spread over parallel part files."""
         cut = split(tree, max_parts=self.writers, part_bytes=PART_BYTES)
         if not cut.parts:
-            return [self._torch_save(tree, tmp, name)]
+            return [self._torch_save(tree, tmp, name, crash_phase, reuse)]
         stem = name.removesuffix(".pt")
         names = [f"{stem}.part{i}.pt" for i in range(len(cut.parts))]
         skeleton = dict(cut.skeleton)
         skeleton[META_KEY] = {**skeleton[META_KEY], "parts": names}
         with ThreadPoolExecutor(len(names), thread_name_prefix="trainguard-part") as pool:
             futures = [
-                pool.submit(self._torch_save, part, tmp, part_name)
+                pool.submit(self._torch_save, part, tmp, part_name, crash_phase, reuse)
                 for part, part_name in zip(cut.parts, names, strict=True)
             ]
             try:
-                main = self._torch_save(skeleton, tmp, name)
+                main = self._torch_save(skeleton, tmp, name, crash_phase, reuse)
             finally:
                 done = [f.result() for f in futures]  # raises the first part's failure
         return [main, *done]
 
-    def _torch_save(self, obj: Any, tmp: Path, name: str) -> WrittenFile:
-        writer = HashingWriter(tmp / name, name)
+    def _torch_save(
+        self,
+        obj: Any,
+        tmp: Path,
+        name: str,
+        crash_phase: str = "during_write",
+        reuse: bool = False,
+    ) -> WrittenFile:
+        writer = HashingWriter(tmp / name, name, crash_phase=crash_phase, reuse=reuse)
         try:
             _save_without_crc(obj, writer)
             return writer.close()

@@ -56,11 +56,12 @@ from trainguard.train.locate import RESUME_ENV, ResumeError
 from trainguard.train.locate import resume_request as _resume_request
 from trainguard.train.manager import META_KEY, CheckpointManager
 from trainguard.train.progress import emit
+from trainguard.train.snapshot import Snapshots
 from trainguard.train.state import REPLICATED_FILE, TrainState, rank_file
 
 log = logging.getLogger("trainguard.train")
 
-Source = Literal["env", "request", "latest", "fresh"]
+Source = Literal["env", "request", "latest", "fresh", "memory"]
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ class ResumeResult:
     """What :func:`resume` did."""
 
     # "env": TRAINGUARD_RESUME_FROM; "request": .trainguard-resume.json; "latest": newest
-    # valid; "fresh"
+    # valid; "memory": the ranks' memory snapshots (newer than any of those); "fresh"
     source: Source
     path: str | None  # the checkpoint restored; None for a fresh start
     step: int  # the restored step (0 for a fresh start): continue with step + 1
@@ -298,6 +299,26 @@ def resume(
     else:
         root, dist = Path(target).absolute(), DistContext.detect()
     ts = TrainState.coerce(state)
+    snaps = target.snapshots if isinstance(target, CheckpointManager) else None
+    result = _resume(
+        root, dist, ts, snaps, verify, weights_only, map_location, allow_world_size_change
+    )
+    if isinstance(target, CheckpointManager) and target.snapshots is not None:
+        # Slots ahead of the restored step belong to a timeline the job left behind.
+        target.snapshots.discard_newer_than(result.step)
+    return result
+
+
+def _resume(
+    root: Path,
+    dist: DistContext,
+    ts: TrainState,
+    snaps: Snapshots | None,
+    verify: str,
+    weights_only: bool,
+    map_location: Any,
+    allow_world_size_change: bool,
+) -> ResumeResult:
     passed: tuple[str, ...] = ()
     skipped: tuple[str, ...] = ()
     while True:
@@ -314,6 +335,13 @@ def resume(
         choice = dist.broadcast(choice)
         if choice.error:
             raise ResumeError(choice.error)
+        if snaps is not None and not passed:
+            from_memory = _from_memory(
+                snaps, ts, dist, _disk_step(choice), verify, weights_only, map_location
+            )
+            snaps = None  # one look: a fallback to older disk checkpoints stays on disk
+            if from_memory is not None:
+                return from_memory
         if choice.path is None:
             for item in choice.skipped if dist.rank == 0 else ():
                 log.warning("trainguard: passed over %s", item)
@@ -404,3 +432,155 @@ def _try(
         return _load_checkpoint(path, manifest, dist, verify, weights_only, map_location)
     except Exception as exc:  # a verdict for every rank, never a lone crash
         return _Attempt(f"cannot load {path}: {type(exc).__name__}: {exc}")
+
+
+def _disk_step(choice: _Choice) -> int:
+    """The step of rank 0's disk choice (-1 for a fresh start)."""
+    if choice.path is None:
+        return -1
+    try:
+        return Manifest.from_json(choice.manifest.decode()).step
+    except (UnicodeDecodeError, ValueError):
+        return -1
+
+
+def _from_memory(
+    snaps: Snapshots,
+    ts: TrainState,
+    dist: DistContext,
+    disk_step: int,
+    verify: str,
+    weights_only: bool,
+    map_location: Any,
+) -> ResumeResult | None:
+    """Restore the newest step every rank has a valid memory snapshot of, when it is
+    newer than ``disk_step``; None (and one line saying why) to go on with the disk."""
+    try:
+        mine = snaps.slots()
+        held = snaps.buddy.held() if snaps.buddy is not None else {}
+    except Exception as exc:  # an unreadable slot directory: as good as no snapshot
+        log.warning("trainguard: cannot read memory snapshots in %s: %s", snaps.dir, exc)
+        mine, held = [], {}
+    views = dist.gather(
+        (sorted({s.step for s in mine}), {o: sorted({s.step for s in v}) for o, v in held.items()})
+    )
+    own = [set(v[0]) for v in views]
+
+    def holder(rank: int, step: int) -> int | None:
+        return next((h for h, v in enumerate(views) if step in v[1].get(rank, ())), None)
+
+    everywhere = set().union(*own, *(set(x) for v in views for x in v[1].values()))
+    complete = {
+        s
+        for s in everywhere
+        if all(s in own[r] or holder(r, s) is not None for r in range(len(views)))
+    }
+    newer = sorted((s for s in complete if s > disk_step), reverse=True)
+    held_steps = [set(v[0]) for v in views]
+    common = set(held_steps[0]).intersection(*held_steps[1:]) if held_steps else set()
+    if newer and any(newer[0] not in own[r] for r in range(len(views))):
+        mine = _fetch_from_buddies(snaps, dist, views, newer[0], holder, held)
+    reasons: list[str] = []
+    for step in newer:
+        slot = next((s for s in mine if s.step == step), None)
+        if slot is None:  # a buddy copy that did not arrive: no complete set at this step
+            errors = [e for e in dist.gather(f"rank {dist.rank}: no slot of step {step}") if e]
+            reasons.append(f"step {step}: {errors[0]}")
+            continue
+        manifest = Manifest.from_json(slot.manifest.decode())
+        try:
+            attempt = _load_checkpoint(
+                slot.path, manifest, dist, verify, weights_only, map_location
+            )
+        except Exception as exc:
+            attempt = _Attempt(f"cannot load {slot.path}: {type(exc).__name__}: {exc}")
+        errors = [e for e in dist.gather(attempt.error) if e]
+        if errors:
+            reasons.append(f"step {step}: {errors[0]}")
+            continue
+        fetched = [r for r in range(dist.world_size) if step not in own[r]]
+        try:
+            values = ts.restore(attempt.replicated, attempt.per_rank)
+        except (KeyError, RuntimeError, ValueError) as exc:
+            raise ResumeError(
+                f"restoring the memory snapshot {slot.path} into this job failed (state "
+                f"partly restored; do not train on): {type(exc).__name__}: {exc}"
+            ) from exc
+        checked = "files hashed while loading" if verify == "full" else "sizes checked only"
+        disk = f"step {disk_step}" if disk_step >= 0 else "none"
+        via = f"; rank(s) {fetched} from their buddy's copy" if fetched else ""
+        _say(
+            f"trainguard: restored step {step} from memory snapshot ({snaps.job_dir}, "
+            f"all {dist.world_size} rank(s) valid{via}; {checked}; newest disk checkpoint: "
+            f"{disk})",
+            dist.rank,
+        )
+        emit(
+            "resumed",
+            step,
+            checkpoint=str(slot.path),
+            metrics={"source": "memory", "epoch": manifest.epoch, "disk_step": disk_step},
+        )
+        return ResumeResult(
+            source="memory",
+            path=str(slot.path),
+            step=step,
+            epoch=manifest.epoch,
+            saved_world_size=manifest.world_size,
+            values=values,
+            skipped=tuple(reasons),
+            manifest_sha256=manifest_digest(slot.manifest),
+            hashed_bytes=attempt.hashed,
+        )
+    if not newer:
+        missing = [r for r, steps in enumerate(own) if not steps]
+        copies = " and no buddy copy" if snaps.buddy is not None else ""
+        if missing and len(missing) < len(own):
+            why = f"rank(s) {missing} have no valid memory snapshot{copies} (host lost?)"
+        elif not any(own):
+            why = "no memory snapshot"
+        elif common and max(common) <= disk_step:
+            why = f"memory snapshots (step {max(common)}) are not newer than the disk"
+        else:
+            why = "the ranks' memory snapshots have no step in common"
+    else:
+        why = "no complete valid set of memory snapshots: " + "; ".join(reasons)
+    _say(f"trainguard: not restoring from memory: {why}; using the disk", dist.rank)
+    return None
+
+
+def _fetch_from_buddies(
+    snaps: Snapshots,
+    dist: DistContext,
+    views: list[Any],
+    step: int,
+    holder: Any,
+    held: dict[int, list[Any]],
+) -> list[Any]:
+    """Ranks without their own slot of ``step`` receive it from the rank holding its
+    buddy copy (over the process group, every rank walking the same plan in rank
+    order) and install it as their own; returns this rank's slots afterwards."""
+    import torch.distributed as tdist
+
+    from trainguard.train._buddy import install, read_files
+
+    for rank in range(len(views)):
+        if step in views[rank][0]:
+            continue
+        source = holder(rank, step)
+        if source is None:
+            continue
+        if dist.rank == source:
+            copy = next(s for s in held[rank] if s.step == step)
+            tdist.send_object_list([copy.path.name, read_files(copy.path)], dst=rank)
+        elif dist.rank == rank:
+            box: list[Any] = [None, None]
+            tdist.recv_object_list(box, src=source)
+            install(snaps.dir / str(box[0]), box[1])
+            log.warning(
+                "trainguard: rank %d's memory snapshot of step %d restored from rank %d's copy",
+                rank,
+                step,
+                source,
+            )
+    return snaps.slots()

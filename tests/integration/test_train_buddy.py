@@ -1,0 +1,80 @@
+"""Buddy copies over the real TCP side channel (127.0.0.1): a copy is valid by the rules
+of the original, a stranger without the job's secret writes nothing."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainguard.train import CheckpointManager
+from trainguard.train._buddy import BuddyLink, buddy_of, wanted
+from trainguard.train.snapshot import read_slot
+
+
+def test_buddy_is_the_same_local_rank_on_the_next_host() -> None:
+    assert [buddy_of(r, 8, 4) for r in range(8)] == [4, 5, 6, 7, 0, 1, 2, 3]
+    assert [buddy_of(r, 2, 2) for r in range(2)] == [1, 0]  # one host: the next rank
+
+
+def test_buddy_copies_by_default_only_across_hosts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRAINGUARD_SNAPSHOT_BUDDY", raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert wanted(8) and not wanted(4)
+    monkeypatch.setenv("TRAINGUARD_SNAPSHOT_BUDDY", "1")
+    assert wanted(4) and not wanted(1)
+    monkeypatch.setenv("TRAINGUARD_SNAPSHOT_BUDDY", "0")
+    assert not wanted(8)
+
+
+def _wait_for(predicate: object, timeout: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_slot_sent_to_the_buddy_is_a_valid_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TRAINGUARD_SNAPSHOT_BUDDY", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    # Rank 0 of 2 without a process group: no buddy link of its own (this test makes one).
+    ckpt = CheckpointManager(
+        tmp_path / "ck",
+        rank=0,
+        world_size=2,
+        memory_snapshots=True,
+        snapshot_dir=tmp_path / "host0",
+    )
+    assert ckpt.snapshots is not None
+    ckpt.snapshot(3, {"w": torch.arange(1000.0)})
+    ckpt.snapshots.wait()
+    (slot,) = ckpt.snapshots.slots()
+
+    secret = b"s" * 16
+    holder = BuddyLink(tmp_path / "host1" / "job", rank=1, world_size=2, secret=secret)
+    sender = BuddyLink(tmp_path / "host0" / "job", rank=0, world_size=2, secret=secret)
+    try:
+        sender.connect_to(1, holder.endpoint)
+        sender.send(slot.path)
+        assert _wait_for(lambda: 0 in holder.held())
+        (copy,) = holder.held()[0]
+        assert copy.step == 3 and copy.manifest == slot.manifest
+        assert read_slot(copy.path, 2) is not None  # the original's own rules
+        assert read_slot(copy.path, 4) is None  # a copy for another world size is not ours
+
+        # A stranger (no secret) is refused and writes nothing.
+        with socket.create_connection((holder.endpoint.host, holder.endpoint.port)) as s:
+            s.sendall(b"x" * 16 + b"\0\0\0\2{}")
+        time.sleep(0.5)
+        assert list(holder.held()) == [0]
+    finally:
+        sender.close()
+        holder.close()
+        ckpt.close(keep_snapshots=True)
