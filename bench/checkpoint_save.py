@@ -213,17 +213,26 @@ def main(argv: list[str] | None = None) -> int:
         "best_ratios": best_ratios,
         "paired_ratios": paired,
         "targets": targets,
-        "machine": {
-            "python": sys.version.split()[0],
-            "torch": torch.__version__,
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-        },
+        "machine": machine(),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
-    print(f"\nwrote {args.out}")
+    write_result(args.out, result)
     return 0
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on (also bench/resume_load.py's)."""
+    return {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+    }
+
+
+def write_result(out: Path, result: dict[str, Any]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(f"\nwrote {out}")
 
 
 if __name__ == "__main__":

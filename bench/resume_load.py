@@ -31,9 +31,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -245,16 +243,9 @@ def main(argv: list[str] | None = None) -> int:
             "async_durable_vs_raw": 0.8,
             "async_stall_vs_sync": 0.1,
         },
-        "machine": {
-            "python": sys.version.split()[0],
-            "torch": torch.__version__,
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-        },
+        "machine": save_bench.machine(),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
-    print(f"\nwrote {args.out}")
+    save_bench.write_result(args.out, result)
     return 0
 
 

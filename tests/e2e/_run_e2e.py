@@ -22,6 +22,16 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 RECORDED_TRAIN = HERE / "recorded_train.py"
+# Framework scripts as their communities write them (test_framework_*.py).
+FRAMEWORK_JOBS = HERE.parent / "jobs" / "frameworks"
+TORCHRUN_2 = [
+    sys.executable,
+    "-m",
+    "torch.distributed.run",
+    "--standalone",
+    "--nproc-per-node",
+    "2",
+]
 STEP_RE = re.compile(r"^step=(\d+) ")
 
 XID79 = (
@@ -185,6 +195,19 @@ class RunCase:
             time.sleep(0.05)
         raise AssertionError(f"no record {path.name}:\n{self.output()[-3000:]}")
 
+    def wait_file(self, directory: Path, pattern: str, timeout: float = 150.0) -> list[Path]:
+        """The files matching ``pattern`` in ``directory``, once there is one."""
+        deadline = time.monotonic() + timeout
+        while not (found := list(directory.glob(pattern))):
+            assert time.monotonic() < deadline, self.output()[-3000:]
+            time.sleep(0.1)
+        return found
+
+    def attempt_log(self, attempt: int) -> str:
+        """What the job wrote in ``attempt`` (its log under the job's log dir)."""
+        [log] = self.tmp.glob(f"**/attempt-{attempt}.log")
+        return log.read_text(errors="replace")
+
     def has_record(self, attempt: int, rank: int) -> bool:
         return (self.records / f"attempt{attempt}-rank{rank}.json").exists()
 
@@ -217,6 +240,12 @@ class RunCase:
         line = XID79.format(ts=time.monotonic(), pci=kernel_pci(pci_bus_id), pid=pid)
         self.append_kernel_line(line)
         return line
+
+    def xid79_on_rank(self, env: dict[str, str], pid: int, local_rank: int) -> dict[str, Any]:
+        """An XID 79 for the device ``local_rank`` of the process with ``env`` uses; that device."""
+        dev = visible_devices(env)[local_rank]
+        self.xid79_on(dev["pci_bus_id"], pid)
+        return dev
 
     def valid_checkpoints(self) -> list[Path]:
         """Completed trainguard checkpoints (manifest written), oldest first."""

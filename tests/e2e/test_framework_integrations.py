@@ -12,29 +12,12 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
-import time
 from pathlib import Path
 
 import pytest
-from _run_e2e import RunCase, kernel_pci, visible_devices
+from _run_e2e import FRAMEWORK_JOBS, TORCHRUN_2, RunCase
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
-
-JOBS = Path(__file__).resolve().parents[1] / "jobs" / "frameworks"
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-
-
-@pytest.fixture
-def case(tmp_path: Path):  # type: ignore[no-untyped-def]
-    c = RunCase(tmp_path)
-    yield c
-    c.kill()
-
-
-def _attempt_log(case: RunCase, attempt: int) -> str:
-    [log] = case.tmp.glob(f"**/attempt-{attempt}.log")
-    return log.read_text(errors="replace")
 
 
 def _assert_restored_on_steps(inc: dict, every: int) -> int:  # type: ignore[type-arg]
@@ -55,7 +38,7 @@ def _assert_restored_on_steps(inc: dict, every: int) -> int:  # type: ignore[typ
 def test_hf_trainer_with_callback_and_resume_path_restores_and_verifies(case: RunCase) -> None:
     out = case.tmp / "ckpt"
     case.start_command(
-        [*TORCHRUN, str(JOBS / "hf_trainer_integrated.py"), "--output_dir", str(out),
+        [*TORCHRUN_2, str(FRAMEWORK_JOBS / "hf_trainer_integrated.py"), "--output_dir", str(out),
          "--max_steps", "40", "--save_steps", "10", "--logging_steps", "5",
          "--per_device_train_batch_size", "4", "--report_to", "none", "--use_cpu"],
         env={"DATA_SLEEP": "0.03"},
@@ -71,25 +54,20 @@ def test_hf_trainer_with_callback_and_resume_path_restores_and_verifies(case: Ru
     restored = _assert_restored_on_steps(inc, every=10)
     assert inc["checkpoint_path"].endswith(f"checkpoint-{restored}")
     # resume_path handed the Trainer trainguard's choice (TRAINGUARD_RESUME_FROM).
-    assert f"resume from {inc['checkpoint_path']} (TRAINGUARD_RESUME_FROM)" in _attempt_log(case, 1)
+    assert f"resume from {inc['checkpoint_path']} (TRAINGUARD_RESUME_FROM)" in case.attempt_log(1)
 
 
 def test_lightning_with_callback_and_resume_path_restores_and_verifies(case: RunCase) -> None:
     out = case.tmp / "ckpt"
     case.start_command(
-        [*TORCHRUN, str(JOBS / "lightning_integrated.py"), "--ckpt-dir", str(out),
+        [*TORCHRUN_2, str(FRAMEWORK_JOBS / "lightning_integrated.py"), "--ckpt-dir", str(out),
          "--max-steps", "50", "--every", "10"],
         env={"DATA_SLEEP": "0.03"},
         checkpoint_dir=out,
     )  # fmt: skip
-    deadline = time.monotonic() + 150
-    while not list(out.glob("*step=20.ckpt")):
-        assert time.monotonic() < deadline, case.output()[-3000:]
-        time.sleep(0.1)
+    case.wait_file(out, "*step=20.ckpt")
     pid, env = case.rank_process(0, 1)
-    dev = visible_devices(env)[1]
-    line = f"[{time.monotonic():12.6f}] NVRM: Xid (PCI:{kernel_pci(dev['pci_bus_id'])}): 79, "
-    case.append_kernel_line(line + f"pid={pid}, name=python, GPU has fallen off the bus.")
+    dev = case.xid79_on_rank(env, pid, 1)
     os.kill(pid, signal.SIGKILL)
     assert case.finish(200) == 0, case.output()[-3000:]
 

@@ -18,46 +18,23 @@ import time
 from pathlib import Path
 
 import pytest
-from _run_e2e import RunCase, kernel_pci, visible_devices
+from _run_e2e import FRAMEWORK_JOBS, TORCHRUN_2, RunCase
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
-
-JOBS = Path(__file__).resolve().parents[1] / "jobs" / "frameworks"
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-
-
-@pytest.fixture
-def case(tmp_path: Path):  # type: ignore[no-untyped-def]
-    c = RunCase(tmp_path)
-    yield c
-    c.kill()
-
-
-def _xid79(case: RunCase, env: dict[str, str], pid: int, local_rank: int) -> dict[str, str]:
-    """Write an XID 79 for the device ``local_rank`` uses; return that device."""
-    dev = visible_devices(env)[local_rank]
-    line = f"[{time.monotonic():12.6f}] NVRM: Xid (PCI:{kernel_pci(dev['pci_bus_id'])}): 79, "
-    case.append_kernel_line(line + f"pid={pid}, name=python, GPU has fallen off the bus.")
-    return dev
-
-
-def _attempt_log(case: RunCase, attempt: int) -> str:
-    [log] = case.tmp.glob(f"**/attempt-{attempt}.log")
-    return log.read_text(errors="replace")
 
 
 def test_ddp_tutorial_unmodified_recovers_from_an_xid_and_completes(case: RunCase) -> None:
     snap = case.tmp / "snap"
     snap.mkdir()
     case.start_command(
-        [*TORCHRUN, str(JOBS / "multigpu_torchrun.py"), "12", "2",
+        [*TORCHRUN_2, str(FRAMEWORK_JOBS / "multigpu_torchrun.py"), "12", "2",
          "--snapshot_path", str(snap / "snapshot.pt")],
         env={"BATCH_SLEEP": "0.01"},
         checkpoint_dir=snap,
     )  # fmt: skip
     case.wait_output(r"Epoch 4 \| Training snapshot saved")
     pid, env = case.rank_process(0, 1)
-    bad = _xid79(case, env, pid, 1)
+    bad = case.xid79_on_rank(env, pid, 1)
     os.kill(pid, signal.SIGKILL)
     assert case.finish(180) == 0, case.output()[-3000:]
 
@@ -65,7 +42,7 @@ def test_ddp_tutorial_unmodified_recovers_from_an_xid_and_completes(case: RunCas
     assert inc["kind"] == "xid" and inc["outcome"] == "recovered", inc
     assert inc["culprit"]["device_uuid"] == bad["uuid"] and inc["culprit"]["rank"] == 1
     # It resumed by itself from its own snapshot.pt, and that is a good resume.
-    log = _attempt_log(case, 1)
+    log = case.attempt_log(1)
     assert "Resuming training from snapshot at Epoch" in log
     assert "Epoch 11" in log
     # It prints no training step: verified by liveness, and it says so; it was warned.
@@ -80,7 +57,7 @@ def test_ddp_tutorial_unmodified_recovers_from_an_xid_and_completes(case: RunCas
 def test_hf_trainer_unmodified_with_resume_arg_restores_and_verifies(case: RunCase) -> None:
     out = case.tmp / "ckpt"
     case.start_command(
-        [*TORCHRUN, str(JOBS / "hf_trainer_script.py"), "--output_dir", str(out),
+        [*TORCHRUN_2, str(FRAMEWORK_JOBS / "hf_trainer_script.py"), "--output_dir", str(out),
          "--max_steps", "50", "--save_steps", "10", "--logging_steps", "5",
          "--per_device_train_batch_size", "4", "--report_to", "none", "--use_cpu"],
         run_args=["--resume-arg", "--resume_from_checkpoint {checkpoint}"],
@@ -103,9 +80,9 @@ def test_hf_trainer_unmodified_with_resume_arg_restores_and_verifies(case: RunCa
     assert not any("resumed below" in w for w in inc["warnings"])
     # The restart was given the checkpoint on its command line; the first attempt ran
     # as written.
-    header = _attempt_log(case, 1).splitlines()[0]
+    header = case.attempt_log(1).splitlines()[0]
     assert header.endswith(f"--use_cpu --resume_from_checkpoint {inc['checkpoint_path']}")
-    assert "--resume_from_checkpoint" not in _attempt_log(case, 0).splitlines()[0]
+    assert "--resume_from_checkpoint" not in case.attempt_log(0).splitlines()[0]
 
 
 def test_lightning_unmodified_is_resumed_below_never_restored_and_verified(
@@ -113,17 +90,14 @@ def test_lightning_unmodified_is_resumed_below_never_restored_and_verified(
 ) -> None:
     out = case.tmp / "ckpt"
     case.start_command(
-        [*TORCHRUN, str(JOBS / "lightning_script.py"), "--ckpt-dir", str(out),
+        [*TORCHRUN_2, str(FRAMEWORK_JOBS / "lightning_script.py"), "--ckpt-dir", str(out),
          "--max-steps", "60", "--every", "10"],
         env={"DATA_SLEEP": "0.03"},
         checkpoint_dir=out,
     )  # fmt: skip
-    deadline = time.monotonic() + 150
-    while not list(out.glob("*step=30.ckpt")):
-        assert time.monotonic() < deadline, case.output()[-3000:]
-        time.sleep(0.1)
+    case.wait_file(out, "*step=30.ckpt")
     pid, env = case.rank_process(0, 1)
-    bad = _xid79(case, env, pid, 1)
+    bad = case.xid79_on_rank(env, pid, 1)
     os.kill(pid, signal.SIGKILL)
     assert case.finish(200) == 0, case.output()[-3000:]
 
@@ -146,7 +120,7 @@ def test_damaged_newest_is_moved_aside_so_a_script_that_picks_its_own_resumes_fr
 ) -> None:
     ckpt = case.tmp / "ckpt"
     case.start_command(
-        [*TORCHRUN, str(JOBS / "own_newest_script.py"), "--ckpt-dir", str(ckpt),
+        [*TORCHRUN_2, str(FRAMEWORK_JOBS / "own_newest_script.py"), "--ckpt-dir", str(ckpt),
          "--steps", "40", "--save-every", "5"],
         env={"STEP_SLEEP": "0.15"},
     )  # fmt: skip
@@ -167,7 +141,7 @@ def test_damaged_newest_is_moved_aside_so_a_script_that_picks_its_own_resumes_fr
     moved = ckpt / ".trainguard-rejected" / newest.name
     assert moved.read_bytes() == bytes(raw)  # the damaged file itself, byte for byte
     assert (ckpt / ".trainguard-rejected" / f"{newest.name}.trainguard-note.json").exists()
-    assert f"resumed from {ckpt / f'ckpt_{previous:06d}.pt'}" in _attempt_log(case, 1)
+    assert f"resumed from {ckpt / f'ckpt_{previous:06d}.pt'}" in case.attempt_log(1)
     results = [a for a in case.audit() if a["kind"] == "result" and "moved" in a["message"]]
     assert results and results[0]["data"]["moved"][0]["moved_to"] == str(moved)
 
@@ -178,15 +152,12 @@ def test_lightning_own_launcher_rank0_killed_is_found_at_once_and_blamed_on_rank
     out = case.tmp / "ckpt"
     # No torchrun: Lightning's launcher makes this process rank 0 and starts rank 1.
     case.start_command(
-        [sys.executable, str(JOBS / "lightning_script.py"), "--ckpt-dir", str(out),
+        [sys.executable, str(FRAMEWORK_JOBS / "lightning_script.py"), "--ckpt-dir", str(out),
          "--max-steps", "30", "--every", "10", "--devices", "2"],
         env={"DATA_SLEEP": "0.03"},
         checkpoint_dir=out,
     )  # fmt: skip
-    deadline = time.monotonic() + 150
-    while not list(out.glob("*step=10.ckpt")):
-        assert time.monotonic() < deadline, case.output()[-3000:]
-        time.sleep(0.1)
+    case.wait_file(out, "*step=10.ckpt")
     child, _ = case.rank_process(0, 1)
     rank0 = int(Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[1])
     assert "lightning_script.py" in Path(f"/proc/{rank0}/cmdline").read_text()

@@ -25,7 +25,10 @@ from trainguard.signals.process import (
     AttemptProcessExit,
     RankWatcher,
     descendants,
+    exit_status,
+    is_spawn_child,
     rank_zero_launcher,
+    spawn_ranks,
 )
 from trainguard.signals.progress import ProgressListener, ProgressReceived, short_socket_dir
 
@@ -220,6 +223,120 @@ def test_a_launcher_that_is_rank0_is_watched_as_rank0_and_its_death_seen_at_once
         with contextlib.suppress(ProcessLookupError):
             os.killpg(launcher.pid, signal.SIGKILL)
         launcher.wait()
+
+
+SPAWN_JOB = r"""
+import multiprocessing as mp, os, sys, time
+
+def worker(index, go):
+    # A spawn-context data-loader worker of its own: under a rank, so no rank.
+    helper = mp.get_context("spawn").Process(target=time.sleep, args=(60,))
+    helper.start()
+    if index == 2:
+        while not os.path.exists(go):
+            time.sleep(0.02)
+        helper.kill()
+        sys.exit(0)  # a clean exit
+    time.sleep(60)
+
+if __name__ == "__main__":
+    # Like torch.multiprocessing.spawn: a queue first (it starts the resource tracker,
+    # a spawn-style child that is no rank), then rank i started only after rank i - 1.
+    ctx = mp.get_context("spawn")
+    errors = ctx.SimpleQueue()
+    procs = [ctx.Process(target=worker, args=(i, sys.argv[1])) for i in range(3)]
+    for p in procs:
+        p.start()
+    print(" ".join(str(p.pid) for p in procs), flush=True)
+    time.sleep(60)
+"""
+
+
+def test_spawn_children_are_ranks_in_start_order_and_only_their_failures_reported(
+    tmp_path: Path,
+) -> None:
+    sink = Sink()
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK")}
+    go, script = tmp_path / "go", tmp_path / "spawn_job.py"
+    script.write_text(SPAWN_JOB)  # spawn children import __main__ from a file, not -c
+    job = subprocess.Popen(
+        [sys.executable, str(script), str(go)],
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+        env=env,
+    )
+    try:
+        watcher = RankWatcher(job.pid, 5, sink, rescan=0.05).start()
+        assert job.stdout is not None
+        pids = [int(x) for x in job.stdout.readline().split()]
+        deadline = time.monotonic() + 60
+        while watcher.rank_pids() != dict(enumerate(pids)):
+            assert time.monotonic() < deadline, (watcher.rank_pids(), pids)
+            time.sleep(0.02)
+        assert sorted((v.rank, v.local_rank) for v in watcher.views()) == [(0, 0), (1, 1), (2, 2)]
+        go.touch()
+        while Path(f"/proc/{pids[2]}").exists() and " Z " not in Path(
+            f"/proc/{pids[2]}/stat"
+        ).read_text(errors="replace"):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        time.sleep(0.3)
+        assert sink.drain() == []  # rank 2's clean exit is the launcher's to report
+        killed_at = time.time()
+        os.kill(pids[1], signal.SIGKILL)
+        ev = sink.wait_for(AttemptProcessExit, 5)
+        assert (ev.exit.pid, ev.exit.local_rank, ev.exit.rank) == (pids[1], 1, 1)
+        assert ev.exit.signal == signal.SIGKILL and ev.exit.at - killed_at < 0.5
+        watcher.stop()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+
+
+REAPING_PARENT = r"""
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+print(child.pid, flush=True)
+child.wait()  # reaps at once, as mp.spawn's join does
+time.sleep(60)
+"""
+
+
+def test_the_status_of_a_rank_its_parent_reaped_at_once_is_read_through_the_pidfd() -> None:
+    parent = subprocess.Popen(
+        [sys.executable, "-c", REAPING_PARENT], stdout=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        fd = os.pidfd_open(child)
+        os.kill(child, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{child}").exists():  # reaped by its parent, not by us
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        kernel = tuple(int(x) for x in os.uname().release.split("-")[0].split(".")[:2])
+        if kernel < (6, 15):
+            pytest.skip("PIDFD_GET_INFO needs Linux 6.15")
+        assert exit_status(child, fd) == (None, signal.SIGKILL)
+        os.close(fd)
+    finally:
+        os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait()
+
+
+def test_spawn_rank_numbering_rules() -> None:
+    main = b"from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5, pipe_handle=7)"
+    spawn = [b"/usr/bin/python3", b"-c", main, b"--multiprocessing-fork"]
+    tracker = [b"/usr/bin/python3", b"-c",
+               b"from multiprocessing.resource_tracker import main;main(4)"]  # fmt: skip
+    assert is_spawn_child(spawn)
+    assert not is_spawn_child(tracker) and not is_spawn_child([b"python", b"train.py"])
+    # Creation order is rank order: start time first, pid between children of one tick.
+    assert spawn_ranks(0, [(105, 30), (100, 41), (100, 40)]) == {40: 0, 41: 1, 30: 2}
+    # Found in a later scan: numbered after those found before.
+    assert spawn_ranks(2, [(120, 50)]) == {50: 2}
 
 
 def test_rank_zero_launcher_rule() -> None:

@@ -217,11 +217,9 @@ def serve_mode(
         if xid is not None:
             oj = fleet.wait_running(fj)
             ckpt = Path(str(fleet.store.get_job(fj.job_id).checkpoint_dir or ""))
-            deadline = time.monotonic() + 60
-            while not (ckpt / f"step_{xid.after_checkpoint:08d}").is_dir():
-                fleet.cp.run_once()  # follow the job's progress meanwhile
-                assert time.monotonic() < deadline, "no checkpoint"
-                time.sleep(0.05)
+            # Passes follow the job's progress until its checkpoint is on disk.
+            target = ckpt / f"step_{xid.after_checkpoint:08d}"
+            fleet.run_until(target.is_dir, timeout=60, interval=0.05)
             if xid.idle:
                 named = _ingest_idle_xid(fleet, {d.uuid for d in oj.devices}, xid.xid)
             else:

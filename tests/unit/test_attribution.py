@@ -136,6 +136,19 @@ def test_peer_python_error_after_a_kill_is_a_symptom() -> None:
     assert a.kind is IncidentKind.CRASH and a.culprit.rank == 1
 
 
+def test_mp_spawn_summary_of_a_killed_rank_is_no_cause() -> None:
+    spawn_summary = (
+        "torch.multiprocessing.spawn.ProcessExitedException: process 0 terminated with "
+        "signal SIGKILL"
+    )
+    findings = [
+        crash(0, T0, sig=9),
+        line("app_error", T0 + 0.1, None, spawn_summary, Domain.APPLICATION),
+    ]
+    a = attribute(findings, DEVICES, failed_at=T0)
+    assert a.kind is IncidentKind.CRASH and a.culprit.rank == 0
+
+
 def test_oom_beats_the_traceback_it_ends_in() -> None:
     findings = [
         line("cuda_oom", T0, 0, "[rank0]: torch.OutOfMemoryError: CUDA out of memory.",

@@ -17,8 +17,9 @@ Pure (no I/O, no clock). Rules, strongest first (decision 0053):
    by the kernel's OOM killer -> ``user_config``, other host-level evidence ->
    ``node``), then collective errors without any crash (``network``), then a hang.
 
-Torchrun's own ``ChildFailedError`` traceback is the launcher's summary of a
-failure, never the failure itself, and is ignored as evidence of a cause.
+Torchrun's own ``ChildFailedError`` traceback (and ``mp.spawn``'s
+``ProcessExitedException``) is the launcher's summary of a failure, never the
+failure itself, and is ignored as evidence of a cause.
 
 One ranking with ``trainguard diagnose`` (:mod:`trainguard.diagnose.correlate`,
 decision 0167): the same evidence tiers decide here, so storage and network
@@ -46,7 +47,9 @@ from trainguard.model.findings import (
 DEFAULT_CORRELATION_WINDOW = 60.0
 MAX_EVIDENCE = 40
 
-_LAUNCHER_NOISE = ("ChildFailedError", "torch.distributed.elastic")
+# mp.spawn's ProcessExitedException is its parent's summary of a child killed or exited
+# (a child's own Python error arrives as ProcessRaisedException with its traceback).
+_LAUNCHER_NOISE = ("ChildFailedError", "torch.distributed.elastic", "ProcessExitedException")
 _OOM_KINDS = frozenset({"cuda_oom", "oom"})  # host_oom is the kernel OOM killer: node
 _CUDA_KINDS = frozenset({"cuda_error"})
 _APP_KINDS = frozenset({"app_error", "python_exception", "traceback"})

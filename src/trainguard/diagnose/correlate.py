@@ -189,9 +189,11 @@ class Incident:
 
 
 def is_wrapper(f: Finding) -> bool:
-    """A launcher's summary of a failure (``ChildFailedError``, an exit code), not a cause."""
+    """A launcher's summary of a failure (``ChildFailedError``, ``mp.spawn``'s
+    ``ProcessExitedException``, an exit code), not a cause."""
     return bool(f.details.get("wrapper")) or (
-        f.kind == "app_error" and "ChildFailedError" in f.message
+        f.kind == "app_error"
+        and ("ChildFailedError" in f.message or "ProcessExitedException" in f.message)
     )
 
 

@@ -7,15 +7,24 @@
   own session) and watches each through a pidfd, so a rank's death is seen
   the moment it happens — not when torchrun's 0.1 s monitor loop notices it and
   stops the others. The exit status of a process that is not our child is read
-  from ``/proc/PID/stat`` while it is a zombie (before torchrun reaps it);
-  when that race is lost the status is reported as unknown and torchrun's own
-  summary line supplies it.
+  from ``/proc/PID/stat`` while it is a zombie (before torchrun reaps it), or
+  once reaped through the pidfd (``PIDFD_GET_INFO``, Linux 6.15+); when both
+  fail the status is reported as unknown and torchrun's own summary line
+  supplies it.
 * A launcher that is rank 0 itself (Lightning's own launcher: the script runs as
   local rank 0 and starts local ranks 1.. as its children, with ``LOCAL_RANK`` in
   their environment but not in its own): a process whose rank children are
   exactly local ranks 1..k, that has no ``LOCAL_RANK`` and is not torchrun, is
   local rank 0 (:func:`rank_zero_launcher`), watched like any rank, so its death
   is seen at once and blamed on rank 0 (decision 0147).
+* ``torch.multiprocessing.spawn`` (``mp.spawn``): the script is no rank; its
+  children run ``from multiprocessing.spawn import spawn_main`` and get their
+  rank as an argument, never in their environment. A non-rank process's
+  spawn children are its ranks in the order it started them
+  (:func:`spawn_ranks`: ``mp.spawn`` starts rank ``i`` only after ``i - 1``),
+  watched like any rank (decision 0280). Only their failures are reported: a
+  clean exit is not taken as "the job is finishing", since spawn-context
+  DataLoader workers of a single-process job look the same from outside.
 
 :func:`descendants` is also what the local scheduler uses to kill the whole
 tree, since ranks in their own sessions escape a process-group kill.
@@ -24,8 +33,10 @@ tree, since ranks in their own sessions escape a process-group kill.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import selectors
+import struct
 import subprocess
 import threading
 import time
@@ -107,7 +118,91 @@ def zombie_status(pid: int) -> tuple[int | None, int | None]:
     return None, None
 
 
+# ioctl(pidfd, PIDFD_GET_INFO, struct pidfd_info) (Linux 6.15+): _IOWR(0xFF, 11, 64 bytes).
+_PIDFD_GET_INFO = (3 << 30) | (64 << 16) | (0xFF << 8) | 11
+_PIDFD_INFO_EXIT = 1 << 3
+
+
+def pidfd_exit_status(pidfd: int) -> tuple[int | None, int | None]:
+    """``(exit_code, signal)`` of a reaped process, through the pidfd we hold on it.
+
+    The kernel (6.15+) keeps a process's wait status for the holders of a pidfd
+    once its parent has reaped it, which is the race :func:`zombie_status` loses
+    to a parent that reaps at once (``mp.spawn``'s join). ``(None, None)`` on an
+    older kernel or before the reap.
+    """
+    buf = bytearray(struct.pack("=Q", _PIDFD_INFO_EXIT) + bytes(56))
+    try:
+        fcntl.ioctl(pidfd, _PIDFD_GET_INFO, buf, True)
+    except OSError:
+        return None, None
+    (mask,) = struct.unpack_from("=Q", buf, 0)
+    (status,) = struct.unpack_from("=i", buf, 60)  # after mask, cgroupid and 11 ids
+    if not mask & _PIDFD_INFO_EXIT:
+        return None, None
+    if os.WIFSIGNALED(status):
+        return None, os.WTERMSIG(status)
+    if os.WIFEXITED(status):
+        return os.WEXITSTATUS(status), None
+    return None, None
+
+
+def exit_status(pid: int, pidfd: int, tries: int = 5) -> tuple[int | None, int | None]:
+    """The status of an exited process that is not our child: as a zombie, else once reaped.
+
+    Between the two (the parent reaping it right now) neither answers: a few
+    short retries cover that window.
+    """
+    for i in range(tries):
+        code, sig = zombie_status(pid)
+        if code is None and sig is None:
+            code, sig = pidfd_exit_status(pidfd)
+        if code is not None or sig is not None:
+            return code, sig
+        if i + 1 < tries:
+            time.sleep(0.005)
+    return None, None
+
+
 _TORCHRUN_MARKERS = (b"torchrun", b"torch.distributed.run", b"torch.distributed.launch")
+_SPAWN_MARKER = b"from multiprocessing.spawn import spawn_main"
+
+
+def read_cmdline(pid: int) -> list[bytes]:
+    """The command line of ``pid`` split on NULs; [] when it is gone or unreadable."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().split(b"\0")
+    except OSError:
+        return []
+
+
+def is_spawn_child(cmdline: list[bytes]) -> bool:
+    """Was this process started by ``multiprocessing``'s spawn method (as ``mp.spawn`` does)?"""
+    return any(_SPAWN_MARKER in part for part in cmdline) and b"--multiprocessing-fork" in cmdline
+
+
+def _start_time(pid: int) -> int | None:
+    """Field 22 of /proc/PID/stat: when the process started, in clock ticks since boot."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read().decode(errors="replace")
+        return int(stat[stat.rfind(")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def spawn_ranks(known: int, new: list[tuple[int, int]]) -> dict[int, int]:
+    """``{pid: rank}`` for a parent's newly found spawn children.
+
+    ``known`` is how many of its spawn children were already numbered; ``new``
+    the others as ``(start_time, pid)``. ``mp.spawn`` starts rank ``i`` only once
+    rank ``i - 1`` has been started, so creation order is rank order: by start
+    time, then pid (two children may start in the same clock tick; pids grow
+    between wrap-arounds). A child found in a later scan was started later than
+    every child numbered before it.
+    """
+    return {pid: known + i for i, (_, pid) in enumerate(sorted(new))}
 
 
 def _ppid(pid: int) -> int | None:
@@ -210,6 +305,8 @@ class RankWatcher:
         self._stop = threading.Event()
         self._selector = selectors.DefaultSelector()
         self._fds: dict[int, int] = {}  # pid -> pidfd
+        self._spawn_count: dict[int, int] = {}  # parent -> spawn children numbered so far
+        self._spawn_pids: set[int] = set()  # ranks found as spawn children
         self.thread = threading.Thread(target=self._run, name=f"ranks-{attempt}", daemon=True)
 
     def start(self) -> RankWatcher:
@@ -235,22 +332,43 @@ class RankWatcher:
 
     def _scan(self) -> None:
         is_rank: dict[int, bool] = {}
+        spawned: dict[int, list[tuple[int, int]]] = {}  # parent -> [(start time, pid)]
         for pid in descendants(self.root_pid):
             if pid in self.ranks or pid in is_rank:
                 continue
             env = read_environ(pid)
             local = _int(env.get("LOCAL_RANK"))
             is_rank[pid] = local is not None
-            if local is None:
-                continue
             ppid = _ppid(pid)
             if ppid is None:
                 continue
-            # A data-loader worker inherits LOCAL_RANK from its rank: only the topmost counts.
-            if ppid in self.ranks or is_rank.get(ppid):
+            # A data-loader worker inherits LOCAL_RANK from its rank, and the workers a
+            # spawn rank starts are spawn children too: only the topmost counts.
+            under_rank = ppid in self.ranks or bool(is_rank.get(ppid))
+            if local is None:
+                if not under_rank and env and is_spawn_child(read_cmdline(pid)):
+                    started = _start_time(pid)
+                    if started is not None:
+                        spawned.setdefault(ppid, []).append((started, pid))
+                        is_rank[pid] = True
                 continue
-            self._watch(pid, _int(env.get("RANK")), local, env)
+            if not under_rank:
+                self._watch(pid, _int(env.get("RANK")), local, env)
+        for ppid, new in spawned.items():
+            self._watch_spawned(ppid, new)
         self._find_rank_zero_launchers()
+
+    def _watch_spawned(self, ppid: int, new: list[tuple[int, int]]) -> None:
+        """Watch a parent's spawn children as its ranks 0.., in the order it started them."""
+        known = self._spawn_count.get(ppid, 0)
+        numbered = spawn_ranks(known, new)
+        self._spawn_count[ppid] = known + len(numbered)
+        for pid, index in numbered.items():
+            env = read_environ(pid)
+            # On a node other than the first the global rank is the script's own sum.
+            node = _int(env.get("NODE_RANK") or env.get("GROUP_RANK"))
+            self._spawn_pids.add(pid)
+            self._watch(pid, index if not node else None, index, env)
 
     def _watch(self, pid: int, rank: int | None, local: int, env: dict[str, str]) -> None:
         try:
@@ -281,10 +399,8 @@ class RankWatcher:
         for ppid, locals_ in by_parent.items():
             if ppid != self.root_pid and ppid not in descendants(self.root_pid):
                 continue
-            try:
-                with open(f"/proc/{ppid}/cmdline", "rb") as fh:
-                    cmdline = fh.read().split(b"\0")
-            except OSError:
+            cmdline = read_cmdline(ppid)
+            if not cmdline:
                 continue
             env = read_environ(ppid)
             if not rank_zero_launcher(env, cmdline, locals_, sessions.get(ppid, False)):
@@ -307,11 +423,13 @@ class RankWatcher:
                     continue
                 for key, _ in self._selector.select(timeout=max(0.0, next_scan - now)):
                     pid = int(key.data)
-                    code, sig = zombie_status(pid)
                     at = self.clock()
+                    code, sig = exit_status(pid, self._fds[pid])
                     self._selector.unregister(key.fd)
                     os.close(self._fds.pop(pid))
                     rank, local = self.ranks.get(pid, (None, None))
+                    if pid in self._spawn_pids and code == 0:
+                        continue  # a clean spawn child exit: the launcher's exit says it
                     self.sink(
                         AttemptProcessExit(
                             attempt=self.attempt,
@@ -340,7 +458,12 @@ __all__ = [
     "RankWatcher",
     "children",
     "descendants",
+    "exit_status",
+    "is_spawn_child",
+    "pidfd_exit_status",
     "rank_zero_launcher",
+    "read_cmdline",
     "read_environ",
+    "spawn_ranks",
     "zombie_status",
 ]

@@ -36,7 +36,8 @@ class SyntheticText(torch.utils.data.Dataset):
         return {"input_ids": ids, "labels": ids.clone()}
 
 
-def main():
+def setup():
+    """The arguments, model and data (hf_trainer_integrated.py's too)."""
     parser = HfArgumentParser((ModelArguments, TrainingArguments))
     model_args, training_args = parser.parse_args_into_dataclasses()
     config = GPT2Config(
@@ -48,6 +49,11 @@ def main():
     )
     model = GPT2LMHeadModel(config)
     train_dataset = SyntheticText(model_args.num_samples, model_args.seq_len, config.vocab_size)
+    return training_args, model, train_dataset
+
+
+def main():
+    training_args, model, train_dataset = setup()
     trainer = Trainer(model=model, args=training_args, train_dataset=train_dataset)
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
 

@@ -47,7 +47,8 @@ class TinyRegressor(L.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
 
-def main():
+def setup(extra_callbacks=()):
+    """The arguments, trainer and data (lightning_integrated.py's too)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--ckpt-dir", default="checkpoints")
     parser.add_argument("--max-steps", type=int, default=60)
@@ -62,11 +63,16 @@ def main():
         devices=args.devices,
         strategy="ddp",
         max_steps=args.max_steps,
-        callbacks=[checkpoint],
+        callbacks=[checkpoint, *extra_callbacks],
         logger=False,
         enable_model_summary=False,
     )
     loader = DataLoader(RandomData(100000), batch_size=8, num_workers=0)
+    return args, trainer, loader
+
+
+def main():
+    _, trainer, loader = setup()
     trainer.fit(TinyRegressor(), loader, ckpt_path=None)
 
 
