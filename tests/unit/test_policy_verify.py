@@ -12,6 +12,7 @@ from trainguard.policy.verify import (
     RestartObservation,
     Verdict,
     VerifyRules,
+    account,
     step_window,
     verify_restart,
 )
@@ -163,6 +164,8 @@ def observations(draw: st.DrawFn) -> RestartObservation:
         alive_until=None if first_out is None else first_out + draw(times),
         completed=draw(st.booleans()),
         saved_steps=tuple(draw(st.lists(steps, max_size=3))),
+        memory_step=draw(st.none() | steps),
+        failed_step=draw(st.none() | steps),
     )
 
 
@@ -242,3 +245,33 @@ def test_a_failed_attempt_that_trained_on_explains_a_later_first_step() -> None:
     assert verify_restart(seen, VerifyRules(window_seconds=10.0)).recovered
     beyond = dataclasses.replace(seen, first_step=400, last_step=420, trained_on_to=118)
     assert verify_restart(beyond, VerifyRules(window_seconds=10.0)).verdict is Verdict.FAILED
+
+
+def test_a_memory_snapshot_newer_than_the_offered_checkpoint_is_a_correct_restore() -> None:
+    # The disk offered step 250; the ranks' memory snapshots held step 299 and the failed
+    # attempt got to 300 (decision 0260): restored from memory, one step lost.
+    seen = moving(300, 340, reported_restored=299, memory_step=299, failed_step=300)
+    v = verify_restart(seen, RULES)
+    assert v.verdict is Verdict.VERIFIED and v.from_memory and v.resumed_from == 299
+    assert "from memory snapshots" in v.reason
+    acc = account(v, offered_step=250, failed_step=300)
+    assert (acc.restored_step, acc.lost_steps, acc.resumed_on_its_own) == (299, 1, False)
+    # Without the job saying it restored memory, the same jump is a wrong restore.
+    jumped = dataclasses.replace(seen, memory_step=None)
+    assert verify_restart(jumped, RULES).verdict is Verdict.FAILED
+    # A "memory" step past where the failed attempt got is not a restore of that run.
+    ahead = dataclasses.replace(seen, memory_step=400, reported_restored=400, failed_step=300)
+    assert verify_restart(ahead, RULES).verdict is Verdict.FAILED
+
+
+@settings(max_examples=500, deadline=None)
+@given(observations(), rules)
+def test_a_memory_restore_is_accepted_only_between_the_offered_and_the_failed_step(
+    o: RestartObservation, r: VerifyRules
+) -> None:
+    v = verify_restart(o, r)
+    if v.from_memory:
+        assert v.recovered and o.memory_step is not None and v.resumed_from == o.memory_step
+        assert o.restored_step is None or o.memory_step >= o.restored_step
+        assert o.failed_step is None or o.memory_step <= o.failed_step
+        assert not v.resumed_below

@@ -26,6 +26,10 @@ The rules (decision 0145):
   offered step after the failure was detected (``trained_on_to``: Slurm, while a
   dead node was awaited) and the job resumed no further than that: it restored a
   checkpoint written meanwhile, which loses less.
+* **A memory snapshot** (decision 0260) newer than the offered disk checkpoint is a
+  correct restore when the job says so (``memory_step``: its ``resumed`` event had
+  ``source: memory``) and the step is no further than the failed attempt got
+  (``failed_step``): it loses less than the disk would. Lost work counts from it.
 * The step rate after the restart is at least ``min_rate_ratio`` x the
   pre-failure baseline; every rank that reported before reports again (one more
   window for a late rank).
@@ -99,6 +103,11 @@ class RestartObservation:
     # was detected (Slurm: while a dead node was awaited): it may have saved up to there,
     # and a job that picks its own newest checkpoint resumes from one of those.
     trained_on_to: int | None = None
+    # The step the job restored from its ranks' memory snapshots (a ``resumed`` event
+    # with ``source: memory``), and the last step the failed attempt reached: a memory
+    # restore in [offered, failed_step] is correct, not a jump.
+    memory_step: int | None = None
+    failed_step: int | None = None
 
 
 @dataclass(frozen=True)
@@ -110,6 +119,7 @@ class Verification:
     by_liveness: bool = False  # no step signal: verified by output over the window
     signature: str | None = None  # FAILED: the failure's signature (futile-retry detection)
     missing_ranks: tuple[int, ...] = ()
+    from_memory: bool = False  # restored from the ranks' memory snapshots (0260)
 
     @property
     def recovered(self) -> bool:
@@ -121,6 +131,15 @@ def step_window(rules_window: int, stride: int | None) -> int:
     failure: at least the configured window, and two strides (a restart may log its
     first step one stride late)."""
     return max(rules_window, 2 * stride if stride else 0)
+
+
+def _memory_restore(o: RestartObservation) -> bool:
+    """The job restored a memory snapshot at or above the offered step, no further than
+    the failed attempt got: a correct restore that loses less than the disk."""
+    m = o.memory_step
+    if m is None or (o.restored_step is not None and m < o.restored_step):
+        return False
+    return o.failed_step is None or m <= o.failed_step
 
 
 def _placement(
@@ -153,6 +172,8 @@ def _placement(
     trained_on = o.trained_on_to is not None and resumed_from <= o.trained_on_to + (
         0 if exact else rules.step_window
     )
+    if _memory_restore(o):
+        return None, False, o.memory_step
     if resumed_from > high and not newer and not trained_on:
         what = "restored" if exact else "first progress at"
         expected = f"step {offered}" if exact else f"a step in [{offered}, {high}]"
@@ -174,6 +195,9 @@ def verify_restart(o: RestartObservation, rules: VerifyRules = VerifyRules()) ->
     failure, below, resumed_from = _placement(o, rules)
     if failure is not None:
         return failure
+    memory = not below and _memory_restore(o)
+    if memory:
+        resumed_from = o.memory_step
     where = (
         f"step {resumed_from}"
         if resumed_from is not None
@@ -190,6 +214,7 @@ def verify_restart(o: RestartObservation, rules: VerifyRules = VerifyRules()) ->
             "the job exited 0 (every rank finished)" + below_note,
             resumed_below=below,
             resumed_from=resumed_from,
+            from_memory=memory,
         )
     window = rules.window_seconds
     if o.first_step is None or o.first_at is None:
@@ -215,6 +240,7 @@ def verify_restart(o: RestartObservation, rules: VerifyRules = VerifyRules()) ->
             resumed_below=below,
             resumed_from=resumed_from,
             by_liveness=True,
+            from_memory=memory,
         )
     last_step = o.last_step if o.last_step is not None else o.first_step
     last_at = o.last_at if o.last_at is not None else o.first_at
@@ -244,11 +270,13 @@ def verify_restart(o: RestartObservation, rules: VerifyRules = VerifyRules()) ->
                 missing_ranks=missing,
             )
     rate_note = f" at {o.rate:.2f} steps/s" if o.rate else ""
+    memory_note = f"; restored step {o.memory_step} from memory snapshots" if memory else ""
     return Verification(
         Verdict.VERIFIED,
-        f"steps {o.first_step} -> {last_step}{rate_note}" + below_note,
+        f"steps {o.first_step} -> {last_step}{rate_note}{memory_note}" + below_note,
         resumed_below=below,
         resumed_from=resumed_from,
+        from_memory=memory,
     )
 
 
@@ -278,6 +306,16 @@ def account(
     restored step itself): at most 1 (0 when exact) means it started over.
     """
     real = v.resumed_from
+    if v.from_memory and real is not None:
+        lost = None if failed_step is None else max(0, failed_step - real)
+        return Accounting(
+            real,
+            lost,
+            False,
+            None,
+            f"restored step {real} from the ranks' memory snapshots"
+            + (f": {lost} step(s) lost" if lost is not None else ""),
+        )
     if real is None and v.resumed_below:
         # Known only from a checkpoint it saved below the offered step: it restarted
         # from an older state of its own, or from scratch; the exact step is unknown.
