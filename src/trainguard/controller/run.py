@@ -54,12 +54,20 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from trainguard.checkpoints import scan
 from trainguard.controller.checkpoint_care import move_aside, select_checkpoints
+from trainguard.controller.lease import (
+    CONTROLLER_LEASE,
+    DEFAULT_TTL_SECONDS,
+    LeaseKeeper,
+    holder_alive,
+    process_holder,
+    take_from_dead,
+)
 from trainguard.controller.repair import idle_card_repair, open_quarantine_repair
 from trainguard.diagnose.attribution import DEFAULT_CORRELATION_WINDOW, attribute
 from trainguard.diagnose.detectors import (
@@ -83,6 +91,7 @@ from trainguard.model.plan import (
     DeviceStatus,
     Mode,
     Plan,
+    PlanFormatError,
     PriorFailure,
     Quarantine,
     RecoveryPolicy,
@@ -91,7 +100,15 @@ from trainguard.model.plan import (
     Stop,
     WaitForCapacity,
 )
-from trainguard.model.records import AttemptState, AuditKind, IncidentState, JobState
+from trainguard.model.records import (
+    AttemptRecord,
+    AttemptState,
+    AuditKind,
+    IncidentRecord,
+    IncidentState,
+    JobRecord,
+    JobState,
+)
 from trainguard.policy import decide
 from trainguard.policy.budget import budget_refills
 from trainguard.policy.evidence import Route, idle_quarantine_reason, route_finding
@@ -122,7 +139,7 @@ from trainguard.signals.output import OutputClosed, OutputLine
 from trainguard.signals.process import AttemptProcessExit
 from trainguard.signals.progress import ProgressListener, ProgressReceived, short_socket_dir
 from trainguard.store import Store
-from trainguard.store.fleet import FleetStore
+from trainguard.store.fleet import Fence, Fenced, FleetStore
 
 ACTOR = "trainguard-run"
 EXIT_STOPPED = 1
@@ -240,6 +257,13 @@ class RunResult:
 @dataclass(frozen=True)
 class _Interrupt:
     signum: int
+
+
+@dataclass(frozen=True)
+class _LeaseLost:
+    """The lease keeper could not renew: another trainguard acts on this state now."""
+
+    reason: str
 
 
 @dataclass
@@ -373,6 +397,26 @@ def _repair_advice(attribution: Attribution, quarantined: Sequence[str]) -> str 
     )
 
 
+def _stored_plan(inc: IncidentRecord) -> Plan | None:
+    """The incident's persisted Plan with its types; ``None`` when none (or unreadable)."""
+    if not inc.plan:
+        return None
+    try:
+        return Plan.from_dict(inc.plan)
+    except PlanFormatError:
+        return None
+
+
+def _quarantined_by(inc: IncidentRecord) -> frozenset[str]:
+    """Devices the incident's ledger shows a quarantine result for (done: kept, never
+    repeated when the recovery is resumed)."""
+    return frozenset(
+        str(a["resource_id"])
+        for a in inc.actions
+        if a.get("type") == ActionKind.QUARANTINE.value and a.get("resource_id") is not None
+    )
+
+
 class RunController:
     """Supervise one job end to end; see the module docstring."""
 
@@ -422,6 +466,11 @@ class RunController:
         # Said once per run: the job reports no step / did not resume what it was offered.
         self.warnings: list[str] = []
         self.told_resume_fix = False
+        # The single-holder lease on the state database (decision 0220): every intent
+        # is written under it, and losing it ends supervision.
+        self.lease_ttl = DEFAULT_TTL_SECONDS
+        self.fence: Fence | None = None
+        self.current: _Attempt | None = None  # what to stop when the lease is lost
 
     # --- messages --------------------------------------------------------------------
 
@@ -445,6 +494,9 @@ class RunController:
         incident_id: int | None = None,
         job_id: str | None = None,
     ) -> int:
+        if kind is AuditKind.INTENT and self.fence is not None:
+            # No action starts unless we still hold the lease (raises Fenced).
+            FleetStore(self.db).check_fence(self.fence, self.clock())
         return self.db.append_audit(
             self.clock(),
             ACTOR,
@@ -487,6 +539,20 @@ class RunController:
         o = self.opt
         now = self.clock()
         self.store = Store.open(o.state, at=now)
+        refused = self._take_lease(now)
+        if refused is not None:
+            self.store.close()
+            self.say(refused)
+            return RunResult("", EXIT_STOPPED, JobState.STOPPED, refused)
+        assert self.fence is not None
+        keeper = LeaseKeeper(
+            o.state,
+            self.fence,
+            self.lease_ttl,
+            lambda why: self.events.put(_LeaseLost(why)),
+            self.clock,
+        )
+        keeper.start()
         sock_dir = short_socket_dir()
         listener: ProgressListener | None = None
         kernel = None
@@ -501,7 +567,7 @@ class RunController:
             if not inv.found:
                 self.say(f"{inv.message}; running without device management")
             self.db.register_devices(self.inventory, at=now, actor=ACTOR)
-            problem = self._recover_abandoned()
+            problem, adopted = self._recover_abandoned()
             if problem is not None:
                 self.say(problem)
                 return RunResult("", EXIT_STOPPED, JobState.STOPPED, problem)
@@ -509,18 +575,23 @@ class RunController:
             if o.preflight and self.inventory:
                 self._preflight(o.preflight)
             statuses = self.device_statuses()
-            healthy = [s for s in statuses if s.state.schedulable]
-            self.need = o.need if o.need is not None else len(healthy)
-            job = self.db.create_job(
-                name=o.job_name or os.path.basename(o.command[0]) + " " + " ".join(o.command[1:3]),
-                command=o.command,
-                need=self.need,
-                at=now,
-                mode=o.mode.value,
-                min_need=o.min_need,
-                checkpoint_dir=o.checkpoint_dir,
-                actor=ACTOR,
-            )
+            if adopted is not None:
+                job = adopted
+                self.need = job.need
+            else:
+                healthy = [s for s in statuses if s.state.schedulable]
+                self.need = o.need if o.need is not None else len(healthy)
+                job = self.db.create_job(
+                    name=o.job_name
+                    or os.path.basename(o.command[0]) + " " + " ".join(o.command[1:3]),
+                    command=o.command,
+                    need=self.need,
+                    at=now,
+                    mode=o.mode.value,
+                    min_need=o.min_need,
+                    checkpoint_dir=o.checkpoint_dir,
+                    actor=ACTOR,
+                )
             self.job_id = job.id
             me = process_identity()
             # Who supervises the job: how the next `trainguard run` on this state tells a
@@ -529,7 +600,7 @@ class RunController:
                 AuditKind.NOTE,
                 f"job:{job.id}",
                 f"supervised by trainguard run (pid {me['pid']} on {me['host']})",
-                {"supervisor": me},
+                {"supervisor": me, "resumed": adopted is not None},
             )
             self.log_dir = o.log_dir or os.path.join(
                 os.path.dirname(os.path.abspath(o.state)), "logs", job.id
@@ -537,8 +608,8 @@ class RunController:
             os.makedirs(self.log_dir, exist_ok=True)
             self.say(f"job {job.id}: {inv.message}; logs in {self.log_dir}")
 
-            devices = self._initial_devices(statuses)
-            if devices is None:
+            devices = None if adopted is not None else self._initial_devices(statuses)
+            if adopted is None and devices is None:
                 return self._stop_job(None, "not enough healthy devices to start", EXIT_STOPPED)
 
             listener = ProgressListener(os.path.join(sock_dir, "progress.sock"), self.events.put)
@@ -550,12 +621,23 @@ class RunController:
             if kernel is not None:
                 kernel.start()
 
-            self.db.update_job_state(job.id, JobState.RUNNING, at=self.clock(), actor=ACTOR)
-            att = self._launch(0, devices, None, {}, incident_id=None)
-            if att is None:
-                return self._stop_job(None, "the command could not be started", EXIT_STOPPED)
+            if adopted is not None:
+                resumed = self._resume(adopted)
+                if isinstance(resumed, RunResult):
+                    return resumed
+                att = resumed
+            else:
+                assert devices is not None
+                self.db.update_job_state(job.id, JobState.RUNNING, at=self.clock(), actor=ACTOR)
+                started = self._launch(0, devices, None, {}, incident_id=None)
+                if started is None:
+                    return self._stop_job(None, "the command could not be started", EXIT_STOPPED)
+                att = started
             return self._loop(att)
+        except Fenced as exc:
+            return self._lease_lost(str(exc))
         finally:
+            keeper.stop()
             restore_signals()
             if kernel is not None:
                 kernel.stop()
@@ -565,22 +647,66 @@ class RunController:
             if self.store is not None:
                 self.store.close()
 
+    # --- the single-holder lease (decision 0220) --------------------------------------
+
+    def _take_lease(self, now: float) -> str | None:
+        """Take the state database's controller lease; why not, as one line, when refused.
+
+        A holder that provably died (a SIGKILLed ``trainguard run`` of this host)
+        loses the lease at once, so a restart after a crash need not wait for expiry.
+        """
+        fleet = FleetStore(self.db)
+        holder = process_holder()
+        lease = take_from_dead(fleet, CONTROLLER_LEASE, holder, self.lease_ttl, now)
+        if lease is not None:
+            self.fence = Fence(CONTROLLER_LEASE, holder, lease.token)
+            return None
+        current = fleet.get_lease(CONTROLLER_LEASE)
+        who = "another trainguard"
+        if current is not None:
+            parts = current.holder.split(":")
+            alive = holder_alive(current.holder)
+            who = (
+                f"trainguard (pid {parts[1]} on {parts[0]})"
+                if alive is not None and len(parts) > 1
+                else f"trainguard {current.holder}"
+            )
+        return (
+            f"{self.opt.state} is in use: {who} holds its lease and supervises the jobs "
+            "on it; stop that one first, or give this run another --state"
+        )
+
+    def _lease_lost(self, reason: str) -> RunResult:
+        """Another trainguard holds the lease now: stop our job's processes and write
+        nothing more (the new holder owns the state, and resumes the job from it)."""
+        att = self.current
+        if att is not None and att.launch.running():
+            att.launch.stop(self.opt.grace)
+        message = f"{reason}; stopped supervising job {self.job_id or '-'} without closing it"
+        self.say(message)
+        return RunResult(
+            self.job_id, EXIT_STOPPED, JobState.STOPPED, message, tuple(self.incidents)
+        )
+
     # --- a supervisor that died before us (decision 0114) ------------------------------
 
-    def _recover_abandoned(self) -> str | None:
-        """Close what a dead ``trainguard run`` left open on this state, before starting.
+    def _recover_abandoned(self) -> tuple[str | None, JobRecord | None]:
+        """Take over what a dead ``trainguard run`` left open on this state, before starting.
 
-        A job is ours to close when its supervisor record names a process on this
-        host that no longer runs (pid, boot id and start time, so a reused pid does
-        not count). For each: its leftover processes are stopped (found by
-        ``TRAINGUARD_JOB_ID``, wherever they were re-parented), every intent
-        without a result gets an explicit ``abandoned`` result, the quarantines of
-        a persisted plan are completed (isolation must not be lost: the next start
-        must not land on the hardware the plan took out), and attempts, incidents
-        and the job are closed as stopped, reason "supervisor died". Returns a
-        message when it is not safe to start (a leftover process would not die).
+        A job is a dead supervisor's when its latest supervisor record names a
+        process on this host that no longer runs (pid, boot id and start time, so a
+        reused pid does not count). For each: its leftover processes are stopped
+        (found by ``TRAINGUARD_JOB_ID``, wherever they were re-parented) and every
+        intent without a result gets an explicit ``abandoned`` result. Then the
+        newest such job that this run was asked to run again (same command,
+        checkpoint directory, act mode) is *adopted*: returned, for :meth:`_resume`
+        to finish its recovery from the ledger (decision 0220). Any other is
+        closed as before (0114): its persisted plan's quarantines completed, then
+        stopped, "supervisor died". Returns ``(problem, adopted)``; ``problem`` says
+        why it is not safe to start (a leftover process would not die).
         """
-        for job in self.db.list_jobs():
+        adopted: JobRecord | None = None
+        for job in sorted(self.db.list_jobs(), key=lambda j: j.created_at, reverse=True):
             if job.state.terminal:
                 continue
             sup = self._supervisor_of(job.id)
@@ -591,33 +717,45 @@ class RunController:
                 self.say(f"job {job.id} is supervised from host {sup.get('host')}: left alone")
                 continue
             if alive:
-                continue  # another trainguard run supervises it right now
-            problem = self._close_abandoned(job.id, job.mode, sup)
+                continue  # a `trainguard run` from before the lease (0220) supervises it
+            who = f"pid {sup.get('pid')} on {sup.get('host')}"
+            problem = self._stop_leftovers(job.id, sup)
             if problem is not None:
-                return problem
-        return None
+                return problem, None
+            self._answer_abandoned_intents(job.id)
+            if adopted is None and self._resumable(job):
+                self.say(
+                    f"job {job.id} was left open by a supervisor that died ({who}); "
+                    "resuming its recovery"
+                )
+                adopted = job
+                continue
+            self.say(f"job {job.id} was left open by a supervisor that died ({who}); closing it")
+            self._close_abandoned(job.id, job.mode, sup)
+        return None, adopted
+
+    def _resumable(self, job: JobRecord) -> bool:
+        """The job this invocation asks for: the same command and checkpoint directory,
+        both in act mode (an observe-mode job has no recovery to finish)."""
+        o = self.opt
+        return (
+            job.mode == Mode.ACT.value
+            and o.mode is Mode.ACT
+            and tuple(job.command) == tuple(o.command)
+            and (job.checkpoint_dir or None) == (o.checkpoint_dir or None)
+        )
 
     def _supervisor_of(self, job_id: str) -> dict[str, Any] | None:
+        """The job's latest supervisor record (a resumed job has one per supervisor)."""
+        found = None
         for ev in self.db.list_audit(subject=f"job:{job_id}", kind=AuditKind.NOTE):
             sup = ev.data.get("supervisor") if isinstance(ev.data, dict) else None
             if isinstance(sup, dict) and sup.get("pid") is not None:
-                return sup
-        return None
+                found = sup
+        return found
 
-    def _close_abandoned(self, job_id: str, mode: str, sup: dict[str, Any]) -> str | None:
-        who = f"pid {sup.get('pid')} on {sup.get('host')}"
-        reason = f"{SUPERVISOR_DIED}: trainguard run ({who}) ended without closing the job"
-        self.say(f"job {job_id} was left open by a supervisor that died ({who}); closing it")
-        # Intents without a result, before this recovery adds its own.
-        intents = self.db.list_audit(job_id=job_id, kind=AuditKind.INTENT)
-        answered = {
-            r.data.get("intent_id")
-            for r in self.db.list_audit(job_id=job_id, kind=AuditKind.RESULT)
-            if isinstance(r.data, dict)
-        }
-        unanswered = [i for i in intents if i.id not in answered and i.actor == ACTOR]
-
-        # 1. Nothing of the job may keep running: the watchdog normally saw to that.
+    def _stop_leftovers(self, job_id: str, sup: dict[str, Any]) -> str | None:
+        """Nothing of the job may keep running: the watchdog normally saw to that."""
         pids = job_processes(job_id)
         groups = sorted(
             {
@@ -651,9 +789,18 @@ class RunController:
                 f"processes {', '.join(map(str, left))} of job {job_id} (left by a supervisor "
                 "that died) would not stop; not starting the job a second time"
             )
+        return None
 
-        # 2. Every intent gets its result, if only "abandoned".
-        for ev in unanswered:
+    def _answer_abandoned_intents(self, job_id: str) -> None:
+        """Every intent gets its result, if only "abandoned" (with what the world says now)."""
+        answered = {
+            r.data.get("intent_id")
+            for r in self.db.list_audit(job_id=job_id, kind=AuditKind.RESULT)
+            if isinstance(r.data, dict)
+        }
+        for ev in self.db.list_audit(job_id=job_id, kind=AuditKind.INTENT):
+            if ev.id in answered or ev.actor != ACTOR:
+                continue
             seen = self._observe_subject(ev.subject)
             self.audit(
                 AuditKind.RESULT,
@@ -667,29 +814,29 @@ class RunController:
                 job_id=job_id,
             )  # fmt: skip
 
-        # 3. Isolation a persisted plan asked for is completed; then the incidents close.
+    def _close_abandoned(self, job_id: str, mode: str, sup: dict[str, Any]) -> None:
+        """A dead supervisor's job this run does not resume: isolation its persisted plan
+        asked for is completed, then incidents, attempts and the job close as stopped."""
+        who = f"pid {sup.get('pid')} on {sup.get('host')}"
+        reason = f"{SUPERVISOR_DIED}: trainguard run ({who}) ended without closing the job"
         attempts = self.db.list_attempts(job_id)
         known = {d.uuid: d for a in attempts for d in a.devices}
         known.update({d.uuid: d for d in self.inventory})
         for inc in self.db.list_incidents(job_id=job_id):
             if inc.state.terminal:
                 continue
-            actions = (inc.plan or {}).get("actions", []) if mode == Mode.ACT.value else []
-            for a in actions:
-                if not isinstance(a, dict) or a.get("type") != ActionKind.QUARANTINE:
-                    continue
-                q = Quarantine(
-                    str(a.get("resource_kind", "device")),
-                    str(a.get("resource_id")),
-                    str(a.get("reason") or "plan of a job whose supervisor died"),
-                )
-                self._do_quarantine(
-                    inc.id,
-                    q,
-                    job_id=job_id,
-                    hosts_devices=tuple(known.values()),
-                    note=f" (plan {inc.plan_generation}, completed after the {SUPERVISOR_DIED})",
-                )
+            plan = _stored_plan(inc) if mode == Mode.ACT.value else None
+            for action in plan.actions if plan is not None else ():
+                if isinstance(action, Quarantine):
+                    self._do_quarantine(
+                        inc.id,
+                        action,
+                        job_id=job_id,
+                        hosts_devices=tuple(known.values()),
+                        note=f" (plan {inc.plan_generation}, completed after the "
+                        f"{SUPERVISOR_DIED})",
+                        skip=_quarantined_by(inc),
+                    )
             self.db.update_incident(
                 inc.id, at=self.clock(), state=IncidentState.STOPPED, reason=reason, actor=ACTOR
             )
@@ -708,7 +855,110 @@ class RunController:
             self.db.update_job_state(
                 job_id, JobState.STOPPED, at=self.clock(), reason=reason, actor=ACTOR
             )
-        return None
+
+    def _resume(self, job: JobRecord) -> _Attempt | RunResult:
+        """Finish the recovery a dead supervisor left, from the ledger (decision 0220).
+
+        The attempts it left are closed (the watchdog stopped their processes); the
+        open incident's persisted Plan is read back and only what the ledger does not
+        show as done is carried out: a quarantine with a recorded result is kept, not
+        repeated; the plan's restart launches one new attempt (an attempt launched
+        before the crash died with its supervisor), which is then verified as any
+        restart; a stop is completed. A job that died without an open incident (the
+        supervisor was killed mid-job) restarts on its devices from the newest valid
+        checkpoint, without an incident: the job itself did not fail.
+        """
+        attempts = self.db.list_attempts(job.id)
+        incidents = self.db.list_incidents(job_id=job.id)
+        open_incs = [i for i in incidents if not i.state.terminal]
+        inc = max(open_incs, key=lambda i: i.id) if open_incs else None
+        who = "the supervisor died"
+        for other in open_incs:
+            if other is not inc:
+                self.db.update_incident(
+                    other.id, at=self.clock(), state=IncidentState.STOPPED,
+                    reason=f"{SUPERVISOR_DIED}; superseded by incident {inc.id if inc else '-'}",
+                    actor=ACTOR,
+                )  # fmt: skip
+        for a in attempts:
+            if a.state.terminal:
+                continue
+            failed = inc is not None and a.number == inc.attempt
+            self.db.finish_attempt(
+                job.id,
+                a.number,
+                AttemptState.FAILED if failed else AttemptState.STOPPED,
+                at=self.clock(),
+                reason=(f"failed: {inc.summary}; then {who}" if failed and inc else
+                        f"stopped: {who} (its watchdog ended the attempt)"),
+                actor=ACTOR,
+            )  # fmt: skip
+        self.incidents = [i.id for i in incidents]
+        self.restarts_total = sum(
+            1 for i in incidents for x in i.actions if x.get("type") == ActionKind.RESTART.value
+        )
+        number = max((a.number for a in attempts), default=-1) + 1
+        plan = _stored_plan(inc) if inc is not None else None
+        if inc is None or plan is None:
+            return self._resume_running(job, number, attempts, inc)
+        self.restarts_used = sum(
+            1 for x in inc.actions if x.get("type") == ActionKind.RESTART.value
+        )
+        self.last_failed_step = inc.failed_step
+        self.audit(
+            AuditKind.NOTE,
+            f"incident:{inc.id}",
+            f"resuming the recovery of incident {inc.id} from its plan "
+            f"(generation {inc.plan_generation}) after {who}",
+            {"plan_generation": inc.plan_generation, "actions_done": list(inc.actions)},
+            inc.id,
+        )
+        self.say(f"incident {inc.id}: resuming its plan (generation {inc.plan_generation})")
+        return self._carry_out(inc.id, number, plan, inc, resumed=True)
+
+    def _resume_running(
+        self,
+        job: JobRecord,
+        number: int,
+        attempts: Sequence[AttemptRecord],
+        inc: IncidentRecord | None,
+    ) -> _Attempt | RunResult:
+        """Restart a job whose supervisor died while it ran (or before a plan existed):
+        its last attempt's devices when still schedulable, the newest valid checkpoint."""
+        statuses = {s.device.uuid: s for s in self.device_statuses()}
+        last = max(attempts, key=lambda a: a.number) if attempts else None
+        devices: tuple[Device, ...] | None = None
+        if last is not None and all(
+            u in statuses and statuses[u].state.schedulable for u in last.device_uuids
+        ):
+            devices = tuple(statuses[u].device for u in last.device_uuids)
+        if devices is None:
+            devices = self._initial_devices(tuple(statuses.values()))
+        if devices is None:
+            return self._stop_job(
+                inc.id if inc else None, "not enough healthy devices to resume", EXIT_STOPPED
+            )
+        found = select_checkpoints(self.opt.checkpoint_dir, self.opt.checkpoint_verify)
+        ckpt = next((c for c in found if c.valid), None)
+        self.audit(
+            AuditKind.NOTE,
+            f"job:{job.id}",
+            f"resuming job {job.id} after the supervisor died: attempt {number}"
+            + (f" from {ckpt.path}" if ckpt else " from the beginning"),
+            {"attempt": number, "checkpoint": ckpt.path if ckpt else None},
+            inc.id if inc else None,
+        )
+        if inc is not None:
+            # An incident without a plan (the crash came between the two): restart under
+            # it, so that the restart is verified and the incident closes.
+            plan = Plan(actions=(Restart(devices=tuple(d.uuid for d in devices), checkpoint=ckpt),))
+            return self._carry_out(inc.id, number, plan, inc, resumed=True)
+        if job.state is JobState.PENDING or job.state is JobState.RECOVERING:
+            self.db.update_job_state(job.id, JobState.RUNNING, at=self.clock(), actor=ACTOR)
+        att = self._launch(number, devices, ckpt, {}, incident_id=None)
+        if att is None:
+            return self._stop_job(None, "the command could not be restarted", EXIT_STOPPED)
+        return att
 
     def _observe_subject(self, subject: str) -> str:
         """What the world says now about an abandoned intent's subject (level-based)."""
@@ -863,6 +1113,7 @@ class RunController:
             incident_id=incident_id,
             checkpoint=checkpoint,
         )
+        self.current = att
         if incident_id is not None:
             # None: nothing offered, or a checkpoint whose step is unknown or counts
             # something else (EPOCHS_RUN): no step to check.
@@ -905,6 +1156,8 @@ class RunController:
                 ev = None
             if isinstance(ev, _Interrupt):
                 return self._interrupted(att, ev.signum)
+            if isinstance(ev, _LeaseLost):
+                return self._lease_lost(ev.reason)
             if ev is not None:
                 self._dispatch(att, ev)
             now = self.clock()
@@ -1603,6 +1856,40 @@ class RunController:
                 return self._do_stop(att, incident_id, action)
         return self._do_stop(att, incident_id, Stop(reason="the plan has no restart"))
 
+    def _carry_out(
+        self, incident_id: int, number: int, plan: Plan, inc: IncidentRecord, resumed: bool
+    ) -> _Attempt | RunResult:
+        """Carry out a persisted plan whose attempt has already ended (a resumed
+        recovery): quarantines not yet in the ledger, then its restart or stop."""
+        note = " (resumed after the supervisor died)" if resumed else ""
+        if inc.state is IncidentState.OPEN:
+            self.db.update_incident(
+                incident_id, at=self.clock(), state=IncidentState.ACTING, actor=ACTOR
+            )
+        job = self.db.get_job(self.job_id)
+        if job.state is JobState.RUNNING:
+            self.db.update_job_state(self.job_id, JobState.RECOVERING, at=self.clock(), actor=ACTOR)
+        done = _quarantined_by(inc)
+        for action in plan.actions:
+            if isinstance(action, Quarantine):
+                self._do_quarantine(incident_id, action, note=note, skip=done)
+                self.isolated.setdefault(incident_id, []).append(action.resource_id)
+            elif isinstance(action, Restart):
+                statuses = {s.device.uuid: s for s in self.device_statuses()}
+                if not all(u in statuses and statuses[u].state.schedulable for u in action.devices):
+                    # A device of the plan went out of service since (a preflight, an
+                    # operator): the plan's restart on the devices that are left.
+                    devices = self._initial_devices(tuple(statuses.values()))
+                    if devices is None:
+                        available = sum(1 for st in statuses.values() if st.state.schedulable)
+                        wait = WaitForCapacity("not enough healthy devices", self.need, available)
+                        return self._finish_stop(incident_id, wait)
+                    action = dataclasses.replace(action, devices=tuple(d.uuid for d in devices))
+                return self._restart(number, incident_id, action, plan, inc.failed_step)
+            elif isinstance(action, Stop | WaitForCapacity):
+                return self._finish_stop(incident_id, action)
+        return self._finish_stop(incident_id, Stop(reason="the plan has no restart"))
+
     def _do_quarantine(
         self,
         incident_id: int,
@@ -1610,11 +1897,13 @@ class RunController:
         job_id: str | None = None,
         hosts_devices: Sequence[Device] | None = None,
         note: str = "",
+        skip: Collection[str] = (),
     ) -> list[str]:
         """Quarantine a device, or every device of a host, with intent and result audited.
 
         Level-based: a device already out of service is left as it is (result
-        ``already <state>``), so doing it again after a crash is harmless.
+        ``already <state>``), so doing it again after a crash is harmless. Devices in
+        ``skip`` (a result already in the incident's ledger) are not touched again.
         """
         job_id = job_id or self.job_id
         if action.resource_kind == "device":
@@ -1624,6 +1913,9 @@ class RunController:
             targets = [d.uuid for d in pool if d.host == action.resource_id]
         done: list[str] = []
         for uuid in targets:
+            if uuid in skip:
+                self.say(f"device {uuid} stays quarantined (done before{note or ' now'})")
+                continue
             subject = f"device:{uuid}"
             intent = self.audit(
                 AuditKind.INTENT,
@@ -1738,9 +2030,22 @@ class RunController:
                     break
                 if isinstance(ev, _Interrupt):
                     return self._stop_job(incident_id, "interrupted", EXIT_INTERRUPTED)
+                if isinstance(ev, _LeaseLost):
+                    return self._lease_lost(ev.reason)
                 held.append(ev)  # kernel lines etc. still matter to the next attempt
             for ev in held:
                 self.events.put(ev)
+        return self._restart(att.number + 1, incident_id, action, plan, failed_step)
+
+    def _restart(
+        self,
+        number: int,
+        incident_id: int,
+        action: Restart,
+        plan: Plan,
+        failed_step: int | None,
+    ) -> _Attempt | RunResult:
+        """Launch attempt ``number`` as the plan's restart (the failed one has ended)."""
         self._move_rejected_aside(incident_id, plan)
         crash_point("before_restart")
         by_uuid = {d.uuid: d for d in self.inventory}
@@ -1748,7 +2053,6 @@ class RunController:
         ckpt = action.checkpoint
         self.restarts_used += 1
         self.restarts_total += 1
-        number = att.number + 1
         # What is offered; verification corrects it to what the job really did (0145).
         ckpt_step = _step_of(ckpt)
         # A recovery attempt that failed too: the furthest step reached is what is at risk.
@@ -1808,7 +2112,8 @@ class RunController:
         """Damaged checkpoints newer than the restored one leave the job's way (0146),
         with intent and result audited; the processes that wrote them are stopped."""
         o = self.opt
-        todo = [c for c in plan.skipped_checkpoints if not c.valid]
+        # Still where they were: a resumed recovery does not move them a second time.
+        todo = [c for c in plan.skipped_checkpoints if not c.valid and os.path.exists(c.path)]
         if o.keep_rejected_in_place or not todo or not o.checkpoint_dir:
             return
         subject = f"job:{self.job_id}"
@@ -1839,11 +2144,16 @@ class RunController:
         self, att: _Attempt, incident_id: int, action: Stop | WaitForCapacity
     ) -> RunResult:
         reason = action.reason
-        advice = action.advice if isinstance(action, Stop) else None
         trigger = att.trigger
         self._end_attempt(
             att, f"failed: {trigger.message}" if trigger else reason, AttemptState.FAILED
         )
+        return self._finish_stop(incident_id, action)
+
+    def _finish_stop(self, incident_id: int, action: Stop | WaitForCapacity) -> RunResult:
+        """The plan stops the job (its attempt has ended): recorded, then the job stops."""
+        reason = action.reason
+        advice = action.advice if isinstance(action, Stop) else None
         if isinstance(action, WaitForCapacity):
             job = self.db.get_job(self.job_id)
             if job.state is JobState.RECOVERING:
