@@ -4,11 +4,15 @@ Two real ``trainguard run`` processes on one state database: the second is
 refused with one line and exit status 1 while the first supervises its job (it
 starts nothing, so device 0 is never handed out twice); once the first ends, its
 lease is released and the next run takes it with a larger fencing token. A
-holder that provably died loses its lease at once (:func:`take_from_dead`).
+holder that provably died loses its lease at once (:func:`take_from_dead`). A
+run paused past its lease (SIGSTOP) is deposed: the next run takes the job over
+(its processes stopped, the job resumed), and the paused one, continued, stops
+without writing a thing to the job.
 """
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import textwrap
@@ -36,11 +40,11 @@ JOB = """
 """
 
 
-def run_cmd(tmp: Path, steps: int) -> list[str]:
+def run_cmd(tmp: Path, steps: int, *opts: str) -> list[str]:
     return [
         sys.executable, "-m", "trainguard.cli", "run", "--state", str(tmp / "state.db"),
         "--kernel-log", str(tmp / "kern.log"), "--devices", "1", "--grace", "1", "--quiet",
-        "--", sys.executable, str(tmp / "job.py"), str(steps),
+        *opts, "--", sys.executable, str(tmp / "job.py"), str(steps),
     ]  # fmt: skip
 
 
@@ -117,3 +121,42 @@ def test_a_dead_holder_loses_the_lease_at_once_and_a_live_one_keeps_it(tmp_path:
         assert take_from_dead(fleet, CONTROLLER_LEASE, "someone:else", 15.0, now + 2) is None
         notes = [a.message for a in store.list_audit(subject=f"lease:{CONTROLLER_LEASE}")]
         assert any("no longer runs" in m for m in notes)
+
+
+def test_a_run_paused_past_its_lease_is_deposed_and_its_job_taken_over(tmp_path: Path) -> None:
+    (tmp_path / "job.py").write_text(textwrap.dedent(JOB))
+    (tmp_path / "kern.log").write_text("")
+    ttl = ("--lease-ttl", "1.5")
+    first = subprocess.Popen(
+        run_cmd(tmp_path, 60, *ttl), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        wait_for_attempt(tmp_path / "state.db")
+        first.send_signal(signal.SIGSTOP)
+        time.sleep(2.0)  # past its lease: nobody renewed it
+        second = subprocess.run(
+            run_cmd(tmp_path, 60, *ttl), capture_output=True, text=True, timeout=90, check=False
+        )
+        assert second.returncode == 0, second.stderr[-3000:]
+        assert "lost its lease" in second.stderr and "resuming" in second.stderr
+        first.send_signal(signal.SIGCONT)
+        _, err = first.communicate(timeout=60)
+        assert first.returncode == 1, err[-2000:]
+        assert "lease" in err.splitlines()[-1]
+    finally:
+        if first.poll() is None:
+            first.send_signal(signal.SIGCONT)
+            first.kill()
+    with Store.open(tmp_path / "state.db") as store:
+        # One job, taken over and completed by the second run; the deposed one opened no
+        # incident and left every intent answered.
+        [job] = store.list_jobs()
+        assert job.state.value == "completed"
+        assert store.list_incidents(job_id=job.id) == []
+        attempts = store.list_attempts(job.id)
+        assert [a.state.value for a in attempts] == ["stopped", "completed"]
+        lease = FleetStore(store).get_lease(CONTROLLER_LEASE)
+        assert lease is not None and lease.token >= 2
+        intents = [a for a in store.list_audit(job_id=job.id) if a.kind.value == "intent"]
+        answered = {a.data.get("intent_id") for a in store.list_audit(job_id=job.id)}
+        assert all(i.id in answered for i in intents)

@@ -104,6 +104,8 @@ class RunActions(RunVerification):
         o = self.opt
         trigger = att.trigger
         assert trigger is not None
+        # A run deposed while it was paused opens no incident on a job it no longer owns.
+        self._check_fence()
         detected_at = float(trigger.details.get("detected_at", trigger.at))
         attribution = attribute(att.findings, att.devices, detected_at, o.correlation_window)
         attribution = self._with_network_evidence(att, attribution, detected_at)

@@ -138,6 +138,8 @@ class RunOptions:
     resume_arg: str | None = None
     # --keep-rejected-in-place: leave damaged checkpoints where they are (0146).
     keep_rejected_in_place: bool = False
+    # --lease-ttl: how long the state database's lease outlives a silent holder (0220).
+    lease_ttl: float = DEFAULT_TTL_SECONDS
 
     def __post_init__(self) -> None:
         if self.resume_arg is not None:
@@ -394,7 +396,7 @@ class RunBase:
         self.told_resume_fix = False
         # The single-holder lease on the state database (decision 0220): every intent
         # is written under it, and losing it ends supervision.
-        self.lease_ttl = DEFAULT_TTL_SECONDS
+        self.lease_ttl = options.lease_ttl
         self.fence: Fence | None = None
         self.current: _Attempt | None = None  # what to stop when the lease is lost
 
@@ -416,9 +418,8 @@ class RunBase:
         incident_id: int | None = None,
         job_id: str | None = None,
     ) -> int:
-        if kind is AuditKind.INTENT and self.fence is not None:
-            # No action starts unless we still hold the lease (raises Fenced).
-            FleetStore(self.db).check_fence(self.fence, self.clock())
+        if kind is AuditKind.INTENT:
+            self._check_fence()  # no action starts unless we still hold the lease
         return self.db.append_audit(
             self.clock(),
             ACTOR,
@@ -429,6 +430,11 @@ class RunBase:
             job_id=job_id or self.job_id or None,
             incident_id=incident_id,
         )
+
+    def _check_fence(self) -> None:
+        """Raise ``Fenced`` unless this run still holds the state database's lease."""
+        if self.fence is not None:
+            FleetStore(self.db).check_fence(self.fence, self.clock())
 
     def device_statuses(self) -> tuple[DeviceStatus, ...]:
         records = {r.uuid: r for r in self.db.list_devices()}

@@ -49,17 +49,18 @@ class RunResume(RunActions):
     def _recover_abandoned(self) -> tuple[str | None, JobRecord | None]:
         """Take over what a dead ``trainguard run`` left open on this state, before starting.
 
-        A job is a dead supervisor's when its latest supervisor record names a
-        process on this host that no longer runs (pid, boot id and start time, so a
-        reused pid does not count). For each: its leftover processes are stopped
-        (found by ``TRAINGUARD_JOB_ID``, wherever they were re-parented) and every
-        intent without a result gets an explicit ``abandoned`` result. Then the
-        newest such job that this run was asked to run again (same command,
-        checkpoint directory, act mode) is *adopted*: returned, for :meth:`_resume`
-        to finish its recovery from the ledger (decision 0220). Any other is
-        closed as before (0114): its persisted plan's quarantines completed, then
-        stopped, "supervisor died". Returns ``(problem, adopted)``; ``problem`` says
-        why it is not safe to start (a leftover process would not die).
+        A job is a dead supervisor's when its latest supervisor record names a process
+        on this host that no longer runs (pid, boot id and start time, so a reused pid
+        does not count), or one that still runs but lost the lease we now hold (it was
+        paused past the TTL: deposed, it can no longer act). For each: its leftover
+        processes are stopped (found by ``TRAINGUARD_JOB_ID``, wherever they were
+        re-parented) and every intent without a result gets an explicit ``abandoned``
+        result. Then the newest such job that this run was asked to run again (same
+        command, checkpoint directory, act mode) is *adopted*: returned, for
+        :meth:`_resume` to finish its recovery from the ledger (decision 0220). Any
+        other is closed as before (0114): its persisted plan's quarantines completed,
+        then stopped, "supervisor died". Returns ``(problem, adopted)``; ``problem``
+        says why it is not safe to start (a leftover process would not die).
         """
         adopted: JobRecord | None = None
         for job in sorted(self.db.list_jobs(), key=lambda j: j.created_at, reverse=True):
@@ -72,21 +73,19 @@ class RunResume(RunActions):
             if alive is None:
                 self.say(f"job {job.id} is supervised from host {sup.get('host')}: left alone")
                 continue
-            if alive:
-                continue  # a `trainguard run` from before the lease (0220) supervises it
             who = f"pid {sup.get('pid')} on {sup.get('host')}"
+            # Alive: we hold the lease, so that process lost it (paused past its TTL); its
+            # next intent is fenced, and the job is ours to take over.
+            gone = "a supervisor that lost its lease" if alive else "a supervisor that died"
             problem = self._stop_leftovers(job.id, sup)
             if problem is not None:
                 return problem, None
             self._answer_abandoned_intents(job.id)
             if adopted is None and self._resumable(job):
-                self.say(
-                    f"job {job.id} was left open by a supervisor that died ({who}); "
-                    "resuming its recovery"
-                )
+                self.say(f"job {job.id} was left open by {gone} ({who}); resuming its recovery")
                 adopted = job
                 continue
-            self.say(f"job {job.id} was left open by a supervisor that died ({who}); closing it")
+            self.say(f"job {job.id} was left open by {gone} ({who}); closing it")
             self._close_abandoned(job.id, job.mode, sup)
         return None, adopted
 
