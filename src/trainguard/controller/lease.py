@@ -106,23 +106,25 @@ def take_from_dead(
     flight is fenced. Returns the lease, or ``None`` while a live holder (or one
     that cannot be checked from here) holds it.
     """
-    lease = fleet.acquire_lease(name, holder, ttl, now)
-    if lease is not None:
-        return lease
-    current = fleet.get_lease(name)
-    if current is None or holder_alive(current.holder) is not False:
-        return None
-    fleet.store.append_audit(
-        now,
-        holder,
-        AuditKind.NOTE,
-        f"lease:{name}",
-        f"holder {current.holder} of {name} no longer runs: its lease (fencing token "
-        f"{current.token}) ends now instead of at expiry",
-        {"dead_holder": current.holder, "token": current.token},
-    )
-    fleet.release_lease(Fence(name, current.holder, current.token), now)
-    return fleet.acquire_lease(name, holder, ttl, now)
+    # One transaction: two runs starting at once cannot both take over from the dead.
+    with fleet.store.transaction():
+        lease = fleet.acquire_lease(name, holder, ttl, now)
+        if lease is not None:
+            return lease
+        current = fleet.get_lease(name)
+        if current is None or holder_alive(current.holder) is not False:
+            return None
+        fleet.store.append_audit(
+            now,
+            holder,
+            AuditKind.NOTE,
+            f"lease:{name}",
+            f"holder {current.holder} of {name} no longer runs: its lease (fencing token "
+            f"{current.token}) ends now instead of at expiry",
+            {"dead_holder": current.holder, "token": current.token},
+        )
+        fleet.release_lease(Fence(name, current.holder, current.token), now)
+        return fleet.acquire_lease(name, holder, ttl, now)
 
 
 @dataclass
@@ -166,8 +168,8 @@ class LeaseKeeper:
                     lease = None
                 if lease is None or lease.token != self.fence.token:
                     self.on_lost(
-                        f"lost the lease on {self.state} (fencing token {self.fence.token}): "
-                        "another trainguard took it over"
+                        f"fencing token {self.fence.token} no longer current: not renewed in "
+                        "time, or another trainguard took the lease over"
                     )
                     return
                 renewed = now

@@ -339,6 +339,7 @@ class RunController(RunResume):
         return self._stop_job(open_inc, f"interrupted by {name}", EXIT_INTERRUPTED)
 
     def _completed(self, att: _Attempt) -> RunResult:
+        self._check_fence()  # a deposed run closes nothing
         now = self.clock()
         att.launch.wait_closed(2.0)
         if att.steps.last_step is not None and att.steps.last_at is not None:
@@ -364,6 +365,7 @@ class RunController(RunResume):
         return RunResult(self.job_id, 0, JobState.COMPLETED, None, tuple(self.incidents))
 
     def _observed_end(self, att: _Attempt) -> RunResult:
+        self._check_fence()  # a deposed run closes nothing
         exit = att.launcher_exit
         assert exit is not None
         att.launch.wait_closed(2.0)

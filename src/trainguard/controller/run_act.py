@@ -310,7 +310,7 @@ class RunActions(RunVerification):
         done: list[str] = []
         for uuid in targets:
             if uuid in skip:
-                self.say(f"device {uuid} stays quarantined (done before{note or ' now'})")
+                self.say(f"device {uuid}: its quarantine is already recorded, kept{note}")
                 continue
             subject = f"device:{uuid}"
             intent = self.audit(

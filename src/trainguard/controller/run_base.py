@@ -576,6 +576,7 @@ class RunBase:
 
     def _end_attempt(self, att: _Attempt, reason: str, state: AttemptState) -> None:
         """Stop the attempt's process tree (if still running) and record its end."""
+        self._check_fence()  # a deposed run closes nothing
         subject = f"attempt:{self.job_id}/{att.number}"
         if att.launch.running():
             intent = self.audit(AuditKind.INTENT, subject, f"stop attempt {att.number}: {reason}")
@@ -610,6 +611,7 @@ class RunBase:
         )
 
     def _stop_job(self, incident_id: int | None, reason: str, code: int) -> RunResult:
+        self._check_fence()  # a deposed run closes nothing
         now = self.clock()
         if incident_id is not None:
             inc = self.db.get_incident(incident_id)
@@ -631,7 +633,10 @@ class RunBase:
         att = self.current
         if att is not None and att.launch.running():
             att.launch.stop(self.opt.grace)
-        message = f"{reason}; stopped supervising job {self.job_id or '-'} without closing it"
+        message = (
+            f"lost the lease on {self.opt.state} ({reason}); stopped supervising job "
+            f"{self.job_id or '-'} without closing it: the new holder owns it"
+        )
         self.say(message)
         return RunResult(
             self.job_id, EXIT_STOPPED, JobState.STOPPED, message, tuple(self.incidents)

@@ -155,6 +155,7 @@ class RunVerification(RunObservers):
         return [], f"all {len(expected)} rank(s) reported ({source})"
 
     def _verified(self, att: _Attempt, now: float, v: Verification) -> None:
+        self._check_fence()  # a deposed run closes nothing
         att.verified = True
         assert att.incident_id is not None
         self._account(att, now, v)
