@@ -109,6 +109,45 @@ def test_xid_quarantines_the_device_and_the_next_attempt_never_gets_it(case: Run
     assert report["replacement_devices"] and "release" in report["repair"]
 
 
+@pytest.mark.timeout(400)  # two trainguard runs, each starting torchrun
+def test_a_supervisor_killed_mid_recovery_is_resumed_from_its_plan(
+    case: RunCase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # trainguard dies (SIGKILL) after quarantining the XID's card, before the restart;
+    # the next `trainguard run` of the same command finishes that recovery (0220).
+    args = ["--steps", "24", "--save-every", "4", "--step-sleep", "0.1", "--pg-timeout", "20"]
+    # A slow start must not be taken for a hang: that recovery would hit the crash point.
+    slow = ["--startup-timeout", "240"]
+    monkeypatch.setenv("TRAINGUARD_TEST_CRASH_AT", "before_restart")
+    case.start(args, slow)
+    rank1 = case.record(0, 1, timeout=240)
+    bad = devices_of(rank1)[1]
+    case.wait_step(9, timeout=240)
+    case.xid79_on(bad["pci_bus_id"], rank1["pid"])
+    os.kill(rank1["pid"], signal.SIGKILL)
+    assert case.finish() == -signal.SIGKILL, case.output()[-3000:]
+    monkeypatch.delenv("TRAINGUARD_TEST_CRASH_AT")
+    case.start(args, slow)
+    assert case.finish(240) == 0, case.output()[-3000:]
+    assert "resuming its recovery" in case.output()
+
+    [inc] = case.incidents()
+    assert inc["kind"] == "xid" and inc["outcome"] == "recovered"
+    # Quarantined once, by the first run; the second only restarted.
+    assert [a["type"] for a in inc["actions"]] == ["quarantine", "restart"]
+    assert inc["checkpoint_step"] is not None and inc["checkpoint_step"] % 4 == 0
+    devices = case.devices()
+    assert devices[bad["uuid"]]["state"] == "quarantined"
+    assert sum(d["state"] == "quarantined" for d in devices.values()) == 1
+    job, attempts = case.job()
+    assert job.state.value == "completed"
+    assert [a.number for a in attempts] == [0, 1] and attempts[0].state.value == "failed"
+    for rank in (0, 1):
+        rec = case.record(1, rank)
+        assert bad["uuid"] not in {d["uuid"] for d in devices_of(rec)}
+        assert rec["env"]["TRAINGUARD_RESUME_FROM"].endswith(f"step_{inc['checkpoint_step']:08d}")
+
+
 def test_hang_is_detected_after_the_hang_timeout_and_restarted(case: RunCase) -> None:
     case.start(
         [

@@ -7,11 +7,13 @@ SIGKILLs itself at the point ``TRAINGUARD_TEST_CRASH_AT`` names (or the test kil
 it mid-job). Then:
 
 * no rank survives (the watchdog, decision 0113);
-* the next ``trainguard run`` on the same state closes the dead supervisor's job,
-  attempts and incident as stopped, "supervisor died", gives every intent a
-  result (an explicit "abandoned" one where none was recorded), keeps or
-  completes the quarantine of the XID's device — and starts the job exactly once,
-  never on that device.
+* the next ``trainguard run`` of the same command on the same state takes the dead
+  supervisor's lease at once (0220) and *resumes* its job (0220): every intent has
+  a result (an explicit "abandoned" one where none was recorded), the persisted
+  plan's quarantine of the XID's device is kept or completed — exactly once —, the
+  job restarts exactly once, never on that device, the restart is verified, the
+  incident closes recovered and the job completes;
+* a run of another command closes the dead supervisor's job as before (0114).
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ LAUNCHER = """
 
 RANK = """
     import json, os, signal, sys, time
-    records, kern, fault_step, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    kern, fault_step, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    records = os.environ["TEST_RECORDS"]  # per trainguard run: the command stays the same
     rank = int(os.environ["RANK"])
     attempt = os.environ["TRAINGUARD_ATTEMPT"]
     with open(os.path.join(records, f"attempt{attempt}-rank{rank}.json"), "w") as fh:
@@ -95,6 +98,7 @@ class Case:
         records = self.tmp / f"run{run}"
         records.mkdir()
         env = {k: v for k, v in os.environ.items() if k != "TRAINGUARD_TEST_CRASH_AT"}
+        env["TEST_RECORDS"] = str(records)
         if crash_at:
             env["TRAINGUARD_TEST_CRASH_AT"] = crash_at
         return subprocess.Popen(
@@ -102,7 +106,7 @@ class Case:
              "--kernel-log", str(self.kern), "--devices", "3", "--need", "2", "--grace", "2",
              "--verify-window", "0.5", "--hang-timeout", "20", "--startup-timeout", "30",
              "--backoff", "0.1", "--",
-             sys.executable, str(self.tmp / "launcher.py"), str(records), str(self.kern),
+             sys.executable, str(self.tmp / "launcher.py"), str(self.kern),
              str(fault_step), str(steps)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=self.tmp,
         )  # fmt: skip
@@ -147,12 +151,13 @@ POINTS = [
 
 
 @pytest.mark.parametrize("crash_at", POINTS, ids=[p or "mid_job" for p in POINTS])
-def test_a_sigkilled_supervisor_loses_nothing_and_the_job_starts_once(
+def test_a_sigkilled_supervisor_is_resumed_and_the_recovery_completes_once(
     tmp_path: Path, crash_at: str | None
 ) -> None:
     case = Case(tmp_path)
     bad = simulated(3)[1]  # rank 1's device on attempt 0
-    first = case.start(1, fault_step=0 if crash_at is None else 4, crash_at=crash_at)
+    fault_step = 0 if crash_at is None else 4
+    first = case.start(1, fault_step=fault_step, crash_at=crash_at)
     try:
         if crash_at is None:
             case.wait_records(1, 2)
@@ -171,39 +176,72 @@ def test_a_sigkilled_supervisor_loses_nothing_and_the_job_starts_once(
         assert time.monotonic() < deadline, "a rank survived trainguard's death"
         time.sleep(0.05)
 
-    second = case.start(2, fault_step=0 if crash_at is None else 4, crash_at=None)
+    second = case.start(2, fault_step=fault_step, crash_at=None)
     out2, err2 = second.communicate(timeout=90)
     assert second.returncode == 0, err2[-3000:]
-    assert "left open by a supervisor that died" in err2
+    assert "left open by a supervisor that died" in err2 and "resuming" in err2
 
+    with Store.open(case.state) as store:
+        # The same job, resumed and completed: no second job.
+        [job] = store.list_jobs()
+        assert job.state.value == "completed", job.reason
+        attempts = store.list_attempts(job.id)
+        assert all(a.state.terminal for a in attempts)
+        last = attempts[-1]
+        assert last.state.value in ("completed", "verified")
+        abandoned = intents_have_results(store)
+        device = store.get_device(bad.uuid)
+        incidents = store.list_incidents(job_id=job.id)
+        if crash_at is None:
+            # Killed mid-job: no failure of the job, so no incident; restarted once.
+            assert incidents == [] and device.state is HealthState.HEALTHY and abandoned == []
+        else:
+            [inc] = incidents
+            assert inc.state.value == "recovered", (inc.state, inc.reason)
+            # Quarantined exactly once (before the crash or from the persisted plan),
+            # and the job never got the device again.
+            assert device.state is HealthState.QUARANTINED
+            to_quarantine = [
+                h for h in store.device_history(bad.uuid) if h.new_state is HealthState.QUARANTINED
+            ]
+            assert len(to_quarantine) == 1
+            done = [
+                a for a in inc.actions if a["type"] == "quarantine" and a["resource_id"] == bad.uuid
+            ]
+            assert len(done) == 1
+            assert bad.uuid not in last.device_uuids
+            assert last.number == inc.recovery_attempt
+        if crash_at == "after_quarantine_intent":
+            assert [a["reason"] for a in abandoned] == ["supervisor died"]
+        assert job_processes(job.id) == []
+    # The second run started exactly one attempt (two ranks), which ran to the end.
+    [(number, _)] = {(p.name.split("-")[0], 0) for p in (tmp_path / "run2").glob("*.json")}
+    assert sorted(p.name for p in (tmp_path / "run2").glob("*.json")) == [
+        f"{number}-rank0.json",
+        f"{number}-rank1.json",
+    ]
+    assert out2.count("step=20") == 1
+
+
+def test_a_dead_supervisor_job_of_another_command_is_closed_not_resumed(tmp_path: Path) -> None:
+    case = Case(tmp_path)
+    first = case.start(1, fault_step=4, crash_at="after_quarantine")
+    _, err1 = first.communicate(timeout=60)
+    assert first.returncode == -signal.SIGKILL, err1[-2000:]
+    second = case.start(2, fault_step=4, crash_at=None, steps=10)  # another command
+    _, err2 = second.communicate(timeout=90)
+    assert second.returncode == 0, err2[-3000:]
+    assert "closing it" in err2
     with Store.open(case.state) as store:
         old, new = sorted(store.list_jobs(), key=lambda j: j.created_at)
         assert old.state.value == "stopped" and old.reason and "supervisor died" in old.reason
         assert all(a.state.terminal for a in store.list_attempts(old.id))
-        for inc in store.list_incidents(job_id=old.id):
-            assert inc.state.value == "stopped" and "supervisor died" in (inc.reason or "")
-        # The next run started the job exactly once, and it completed.
+        [inc] = store.list_incidents(job_id=old.id)
+        assert inc.state.value == "stopped"
         [attempt] = store.list_attempts(new.id)
         assert new.state.value == "completed" and attempt.state.value == "completed"
-        assert store.list_incidents(job_id=new.id) == []
-        abandoned = intents_have_results(store)
-        device = store.get_device(bad.uuid)
-        if crash_at is None:
-            assert device.state is HealthState.HEALTHY and abandoned == []
-        else:
-            # Quarantined before the crash, or completed from the persisted plan: it stays
-            # out, and the job never got it again.
-            assert device.state is HealthState.QUARANTINED
-            assert bad.uuid not in attempt.device_uuids
-        if crash_at == "after_quarantine_intent":
-            assert [a["reason"] for a in abandoned] == ["supervisor died"]
-        assert job_processes(old.id) == [] and job_processes(new.id) == []
-    # Each run's ranks started once: run 2 has exactly one attempt's records.
-    assert sorted(p.name for p in (tmp_path / "run2").glob("*.json")) == [
-        "attempt0-rank0.json",
-        "attempt0-rank1.json",
-    ]
-    assert out2.count("step=20") == 1
+        assert simulated(3)[1].uuid not in attempt.device_uuids
+        intents_have_results(store)
 
 
 def test_leftovers_of_a_dead_supervisor_and_watchdog_are_stopped_before_the_next_start(

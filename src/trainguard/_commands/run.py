@@ -177,6 +177,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "moved into <checkpoint dir>/.trainguard-rejected/ with a note of why, so a script "
         "that loads its own newest checkpoint loads a valid one)",
     )
+    p.add_argument(
+        "--lease-ttl",
+        type=_positive_float,
+        default=15.0,
+        metavar="S",
+        help="one trainguard at a time acts on a state database: a run that cannot renew "
+        "its lease for S seconds (paused, stuck disk) loses it to the next (default 15)",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     p.set_defaults(func=handle)
 
@@ -218,6 +226,7 @@ def handle(args: argparse.Namespace) -> int:
             preflight=args.preflight,
             resume_arg=args.resume_arg,
             keep_rejected_in_place=args.keep_rejected_in_place,
+            lease_ttl=args.lease_ttl,
         )
         controller = RunController(options)
     except ValueError as exc:

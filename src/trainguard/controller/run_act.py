@@ -1,0 +1,536 @@
+"""Acting on a failure in ``trainguard run``: attribution, ``decide()``, the Plan
+persisted before acting, then quarantine (with its repair record), the restart
+on healthy devices from the chosen checkpoint, or the stop (steps 2-6, 10).
+Every action is audited as intent before and result after."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import queue
+import time
+from collections.abc import Collection, Sequence
+from typing import Any
+
+from trainguard.controller.checkpoint_care import move_aside, select_checkpoints
+from trainguard.controller.repair import open_quarantine_repair
+from trainguard.controller.run_base import (
+    ACTOR,
+    ALLOC_CONF,
+    EXIT_INTERRUPTED,
+    EXIT_STOPPED,
+    RunResult,
+    _Attempt,
+    _Interrupt,
+    _LeaseLost,
+    _quarantined_by,
+    _repair_advice,
+    _step_of,
+    crash_point,
+)
+from trainguard.controller.run_verify import RunVerification
+from trainguard.diagnose.attribution import attribute
+from trainguard.model.devices import Device
+from trainguard.model.findings import Attribution, Domain
+from trainguard.model.health import HealthState
+from trainguard.model.plan import (
+    ActionKind,
+    Mode,
+    Plan,
+    PriorFailure,
+    Quarantine,
+    RecoverySnapshot,
+    Restart,
+    Stop,
+    WaitForCapacity,
+)
+from trainguard.model.records import (
+    AttemptState,
+    AuditKind,
+    IncidentRecord,
+    IncidentState,
+    JobState,
+)
+from trainguard.policy import decide
+from trainguard.policy.budget import budget_refills
+from trainguard.store.fleet import FleetStore
+
+
+class RunActions(RunVerification):
+    """Acting on a failure in ``trainguard run`` (see the module docstring)."""
+
+    def _with_network_evidence(
+        self, att: _Attempt, attribution: Attribution, failed_at: float
+    ) -> Attribution:
+        """Let network evidence that names a link or NIC reach ``decide()`` (decision 0110).
+
+        A ``network_error`` line of the job's own output (``NET/IB : Got completion
+        from peer ... with error``) always counts; one from the kernel log (``mlx5_core
+        ... Link down``) counts only when the job's output shows network or
+        collective trouble too, since on its own it is a coincidence in time. Both
+        within the correlation window. A crash of unknown cause with such evidence is
+        a ``network`` failure: evidence beats symptom.
+        """
+        window = self.opt.correlation_window
+        trouble = any(
+            f.source.startswith("output") and f.domain is Domain.NETWORK for f in att.findings
+        )
+        extra = [
+            f
+            for f in att.findings
+            if f.kind == "network_error"
+            and abs(f.at - failed_at) <= window
+            and f not in attribution.findings
+            and (f.source.startswith("output") or trouble)
+        ]
+        if not extra:
+            return attribution
+        domain = attribution.domain
+        summary = attribution.summary
+        if domain is Domain.UNKNOWN:
+            domain = Domain.NETWORK
+            summary += f" (network: {extra[0].message})"
+        lines = [f"[{f.source}] {f.message}" for f in extra]
+        return dataclasses.replace(
+            attribution,
+            domain=domain,
+            summary=summary,
+            findings=(*attribution.findings, *extra),
+            evidence=(*attribution.evidence, *(x for x in lines if x not in attribution.evidence)),
+        )
+
+    def _handle_failure(self, att: _Attempt) -> _Attempt | RunResult:
+        o = self.opt
+        trigger = att.trigger
+        assert trigger is not None
+        # A run deposed while it was paused opens no incident on a job it no longer owns.
+        self._check_fence()
+        detected_at = float(trigger.details.get("detected_at", trigger.at))
+        attribution = attribute(att.findings, att.devices, detected_at, o.correlation_window)
+        attribution = self._with_network_evidence(att, attribution, detected_at)
+        relevant = [f.at for f in attribution.findings if f.at >= att.started_at]
+        fault_at = min([*relevant, trigger.at])
+        if trigger.kind == "hang" and trigger.details.get("since") is not None:
+            fault_at = float(trigger.details["since"])  # the job stopped moving then
+        # The last step seen before the fault, not one logged while it was being detected.
+        before = [step for t, step in att.steps.history if t <= fault_at]
+        failed_step = max(before) if before else None
+        if failed_step is None and not att.steps.history:
+            failed_step = att.steps.last_step
+        if budget_refills(
+            recovered=att.incident_id is not None and att.verified,
+            previous_failed_step=self.last_failed_step,
+            failed_step=failed_step,
+        ):
+            self.restarts_used = 0  # the last recovery held and the job got further (0130)
+        self.last_failed_step = failed_step
+        rate = att.steps.rate()
+        if rate is not None and (att.incident_id is None or att.verified):
+            self.baseline_rate = rate  # the pre-failure step rate, for verification
+            steps = [s for _, s in att.steps.history]
+            gaps = [b - a for a, b in itertools.pairwise(steps) if b > a]
+            if gaps:
+                self.step_stride = max(gaps)  # how far apart the job logs its steps
+        if att.reported_ranks and (att.incident_id is None or att.verified):
+            self.baseline_ranks = set(att.reported_ranks)  # who must report after a restart
+            self.baseline_devices = len(att.devices)
+        if att.incident_id is None or att.verified:
+            inc = self.db.open_incident(
+                self.job_id,
+                att.number,
+                attribution,
+                detected_at=detected_at,
+                fault_at=fault_at,
+                failed_step=failed_step,
+                actor=ACTOR,
+            )
+            incident_id = inc.id
+            self.incidents.append(incident_id)
+        else:
+            # The recovery attempt failed before it verified: the same incident, acted on again.
+            incident_id = att.incident_id
+            self.db.update_incident(
+                incident_id,
+                at=detected_at,
+                note=f"attempt {att.number} failed before it verified: {attribution.summary}",
+                evidence=attribution.evidence[:10],
+                actor=ACTOR,
+            )
+        self.say(
+            f"incident {incident_id}: {attribution.kind.value} ({attribution.domain.value}) "
+            f"- {attribution.summary}"
+        )
+        self.history.append(
+            PriorFailure(
+                attempt=att.number,
+                signature=attribution.signature,
+                domain=attribution.domain.value,
+                kind=attribution.kind.value,
+                culprit=attribution.culprit,
+            )
+        )
+        env = dict(att.env)
+        if ALLOC_CONF not in env and self.user_env_alloc:
+            env[ALLOC_CONF] = self.user_env_alloc
+        snapshot = RecoverySnapshot(
+            now=self.clock(),
+            job_id=self.job_id,
+            attempt=att.number,
+            restarts_used=self.restarts_used,
+            policy=self.policy(),
+            mode=o.mode,
+            attribution=attribution,
+            devices=self.device_statuses(),
+            assigned=tuple(d.uuid for d in att.devices),
+            checkpoints=select_checkpoints(o.checkpoint_dir, o.checkpoint_verify),
+            history=tuple(self.history),
+            env=env,
+            isolated=tuple(self.isolated.get(incident_id, ())),
+        )
+        plan = decide(snapshot)
+        self.db.record_plan(incident_id, plan.to_dict(), at=self.clock(), actor=ACTOR)
+        crash_point("after_plan_persisted")
+        if o.mode is Mode.OBSERVE:
+            return self._observe(att, incident_id, plan)
+        return self._act(att, incident_id, plan, attribution, failed_step, user_env=env)
+
+    def _observe(self, att: _Attempt, incident_id: int, plan: Plan) -> _Attempt:
+        att.observed = True
+        what = "; ".join(plan.reasons) or "no action"
+        inc = self.db.get_incident(incident_id)
+        if inc.state is IncidentState.OPEN:
+            self.db.update_incident(
+                incident_id,
+                at=self.clock(),
+                state=IncidentState.OBSERVED,
+                note=f"observe mode: nothing done (would: {what})",
+                actor=ACTOR,
+            )
+        self.say(f"observe mode: plan recorded for incident {incident_id}, nothing done: {what}")
+        return att
+
+    def _act(
+        self,
+        att: _Attempt,
+        incident_id: int,
+        plan: Plan,
+        attribution: Attribution,
+        failed_step: int | None,
+        user_env: dict[str, str],
+    ) -> _Attempt | RunResult:
+        now = self.clock()
+        inc = self.db.get_incident(incident_id)
+        if inc.state is not IncidentState.ACTING:
+            self.db.update_incident(incident_id, at=now, state=IncidentState.ACTING, actor=ACTOR)
+        job = self.db.get_job(self.job_id)
+        if job.state is JobState.RUNNING:
+            self.db.update_job_state(self.job_id, JobState.RECOVERING, at=now, actor=ACTOR)
+        quarantined: list[str] = []
+        for action in plan.actions:
+            if isinstance(action, Quarantine):
+                quarantined += self._do_quarantine(incident_id, action)
+                self.isolated.setdefault(incident_id, []).append(action.resource_id)
+                crash_point("after_quarantine")
+            elif isinstance(action, Restart):
+                if quarantined:
+                    self.db.update_incident(
+                        incident_id,
+                        at=self.clock(),
+                        repair=_repair_advice(attribution, quarantined),
+                        actor=ACTOR,
+                    )
+                return self._do_restart(att, incident_id, action, plan, failed_step)
+            elif isinstance(action, Stop | WaitForCapacity):
+                if quarantined:
+                    self.db.update_incident(
+                        incident_id,
+                        at=self.clock(),
+                        repair=_repair_advice(attribution, quarantined),
+                        actor=ACTOR,
+                    )
+                return self._do_stop(att, incident_id, action)
+        return self._do_stop(att, incident_id, Stop(reason="the plan has no restart"))
+
+    def _carry_out(
+        self, incident_id: int, number: int, plan: Plan, inc: IncidentRecord, resumed: bool
+    ) -> _Attempt | RunResult:
+        """Carry out a persisted plan whose attempt has already ended (a resumed
+        recovery): quarantines not yet in the ledger, then its restart or stop."""
+        note = " (resumed after the supervisor died)" if resumed else ""
+        if inc.state is IncidentState.OPEN:
+            self.db.update_incident(
+                incident_id, at=self.clock(), state=IncidentState.ACTING, actor=ACTOR
+            )
+        job = self.db.get_job(self.job_id)
+        if job.state is JobState.RUNNING:
+            self.db.update_job_state(self.job_id, JobState.RECOVERING, at=self.clock(), actor=ACTOR)
+        done = _quarantined_by(inc)
+        for action in plan.actions:
+            if isinstance(action, Quarantine):
+                self._do_quarantine(incident_id, action, note=note, skip=done)
+                self.isolated.setdefault(incident_id, []).append(action.resource_id)
+            elif isinstance(action, Restart):
+                statuses = {s.device.uuid: s for s in self.device_statuses()}
+                if not all(u in statuses and statuses[u].state.schedulable for u in action.devices):
+                    # A device of the plan went out of service since (a preflight, an
+                    # operator): the plan's restart on the devices that are left.
+                    devices = self._initial_devices(tuple(statuses.values()))
+                    if devices is None:
+                        available = sum(1 for st in statuses.values() if st.state.schedulable)
+                        wait = WaitForCapacity("not enough healthy devices", self.need, available)
+                        return self._finish_stop(incident_id, wait)
+                    action = dataclasses.replace(action, devices=tuple(d.uuid for d in devices))
+                return self._restart(number, incident_id, action, plan, inc.failed_step)
+            elif isinstance(action, Stop | WaitForCapacity):
+                return self._finish_stop(incident_id, action)
+        return self._finish_stop(incident_id, Stop(reason="the plan has no restart"))
+
+    def _do_quarantine(
+        self,
+        incident_id: int,
+        action: Quarantine,
+        job_id: str | None = None,
+        hosts_devices: Sequence[Device] | None = None,
+        note: str = "",
+        skip: Collection[str] = (),
+    ) -> list[str]:
+        """Quarantine a device, or every device of a host, with intent and result audited.
+
+        Level-based: a device already out of service is left as it is (result
+        ``already <state>``), so doing it again after a crash is harmless. Devices in
+        ``skip`` (a result already in the incident's ledger) are not touched again.
+        """
+        job_id = job_id or self.job_id
+        if action.resource_kind == "device":
+            targets = [action.resource_id]
+        else:
+            pool = self.inventory if hosts_devices is None else hosts_devices
+            targets = [d.uuid for d in pool if d.host == action.resource_id]
+        done: list[str] = []
+        for uuid in targets:
+            if uuid in skip:
+                self.say(f"device {uuid}: its quarantine is already recorded, kept{note}")
+                continue
+            subject = f"device:{uuid}"
+            intent = self.audit(
+                AuditKind.INTENT,
+                subject,
+                f"quarantine {uuid}: {action.reason}{note}",
+                {"reason": action.reason, "resource_kind": action.resource_kind,
+                 "resource_id": action.resource_id},
+                incident_id,
+                job_id=job_id,
+            )  # fmt: skip
+            crash_point("after_quarantine_intent")
+            state = self.db.get_device_state(uuid)
+            if state in (HealthState.HEALTHY, HealthState.SUSPECT):
+                with self.db.transaction():
+                    self.db.transition_device(
+                        uuid,
+                        HealthState.QUARANTINED,
+                        action.reason[:400],
+                        ACTOR,
+                        self.clock(),
+                        job_id=job_id,
+                        incident_id=incident_id,
+                    )
+                    # Step 10, as the reconciler does it: a repair record in the same
+                    # transaction as the quarantine (0130).
+                    repair = open_quarantine_repair(
+                        FleetStore(self.db),
+                        self.db.get_incident(incident_id),
+                        resource_kind="device",
+                        resource_id=uuid,
+                        host=next((d.host for d in self.inventory if d.uuid == uuid), None),
+                        at=self.clock(),
+                        actor=ACTOR,
+                    )
+                result, repair_id = "quarantined", repair.id
+            else:
+                result, repair_id = f"already {state.value}", None
+            self.db.add_incident_action(
+                incident_id,
+                {
+                    "type": ActionKind.QUARANTINE.value,
+                    "resource_kind": "device",
+                    "resource_id": uuid,
+                    "reason": action.reason,
+                    "result": result,
+                    "repair_id": repair_id,
+                    "summary": f"device {uuid} {result}{note}",
+                    "intent_id": intent,
+                },
+                at=self.clock(),
+                actor=ACTOR,
+                audit_kind=AuditKind.RESULT,
+            )
+            self.say(f"device {uuid} {result}{note}")
+            done.append(uuid)
+        return done
+
+    def _do_restart(
+        self,
+        att: _Attempt,
+        incident_id: int,
+        action: Restart,
+        plan: Plan,
+        failed_step: int | None,
+    ) -> _Attempt | RunResult:
+        trigger = att.trigger
+        assert trigger is not None
+        self._end_attempt(att, f"failed: {trigger.message}", AttemptState.FAILED)
+        if action.delay_seconds > 0:
+            self.say(f"backing off {action.delay_seconds:g} s before restarting")
+            deadline = time.monotonic() + action.delay_seconds
+            held: list[Any] = []
+            while time.monotonic() < deadline:
+                try:
+                    ev = self.events.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if isinstance(ev, _Interrupt):
+                    return self._stop_job(incident_id, "interrupted", EXIT_INTERRUPTED)
+                if isinstance(ev, _LeaseLost):
+                    return self._lease_lost(ev.reason)
+                held.append(ev)  # kernel lines etc. still matter to the next attempt
+            for ev in held:
+                self.events.put(ev)
+        return self._restart(att.number + 1, incident_id, action, plan, failed_step)
+
+    def _restart(
+        self,
+        number: int,
+        incident_id: int,
+        action: Restart,
+        plan: Plan,
+        failed_step: int | None,
+    ) -> _Attempt | RunResult:
+        """Launch attempt ``number`` as the plan's restart (the failed one has ended)."""
+        self._move_rejected_aside(incident_id, plan)
+        crash_point("before_restart")
+        by_uuid = {d.uuid: d for d in self.inventory}
+        devices = tuple(by_uuid[u] for u in action.devices if u in by_uuid)
+        ckpt = action.checkpoint
+        self.restarts_used += 1
+        self.restarts_total += 1
+        # What is offered; verification corrects it to what the job really did (0145).
+        ckpt_step = _step_of(ckpt)
+        # A recovery attempt that failed too: the furthest step reached is what is at risk.
+        recorded = self.db.get_incident(incident_id).failed_step
+        if recorded is not None and (failed_step is None or recorded > failed_step):
+            failed_step = recorded
+        lost = None if failed_step is None else max(0, failed_step - (ckpt_step or 0))
+        self.db.update_incident(
+            incident_id,
+            at=self.clock(),
+            checkpoint_path=ckpt.path if ckpt else None,
+            checkpoint_step=ckpt_step,
+            failed_step=failed_step,
+            lost_steps=lost,
+            recovery_attempt=number,
+            clear=() if ckpt else ("checkpoint_path", "checkpoint_step"),
+            actor=ACTOR,
+        )
+        new = self._launch(number, devices, ckpt, dict(action.env), incident_id)
+        if new is None:
+            return self._stop_job(incident_id, "the command could not be restarted", EXIT_STOPPED)
+        crash_point("after_restart_launch")
+        self.db.add_incident_action(
+            incident_id,
+            {
+                "type": ActionKind.RESTART.value,
+                "attempt": number,
+                "devices": list(action.devices),
+                "checkpoint": ckpt.path if ckpt else None,
+                "checkpoint_step": ckpt.step if ckpt else None,
+                "skipped_checkpoints": [
+                    {"path": c.path, "reason": c.reason} for c in plan.skipped_checkpoints
+                ],
+                "delay_seconds": action.delay_seconds,
+                "env": dict(action.env),
+                "summary": f"attempt {number} on "
+                + (",".join(str(d.index) for d in devices) or "no devices")
+                + (f" from step {ckpt.step}" if ckpt else " from the beginning"),
+            },
+            at=self.clock(),
+            actor=ACTOR,
+            audit_kind=AuditKind.RESULT,
+        )
+        for c in plan.skipped_checkpoints:
+            self.say(f"skipped checkpoint {c.path}: {c.reason}")
+        inc = self.db.get_incident(incident_id)
+        if inc.state is IncidentState.ACTING:
+            self.db.update_incident(
+                incident_id, at=self.clock(), state=IncidentState.VERIFYING, actor=ACTOR
+            )
+        job = self.db.get_job(self.job_id)
+        if job.state is JobState.RECOVERING:
+            self.db.update_job_state(self.job_id, JobState.RUNNING, at=self.clock(), actor=ACTOR)
+        return new
+
+    def _move_rejected_aside(self, incident_id: int, plan: Plan) -> None:
+        """Damaged checkpoints newer than the restored one leave the job's way (0146),
+        with intent and result audited; the processes that wrote them are stopped."""
+        o = self.opt
+        # Still where they were: a resumed recovery does not move them a second time.
+        todo = [c for c in plan.skipped_checkpoints if not c.valid and os.path.exists(c.path)]
+        if o.keep_rejected_in_place or not todo or not o.checkpoint_dir:
+            return
+        subject = f"job:{self.job_id}"
+        intent = self.audit(
+            AuditKind.INTENT,
+            subject,
+            "move rejected checkpoint(s) aside: " + ", ".join(c.path for c in todo),
+            {"checkpoints": [c.to_dict() for c in todo]},
+            incident_id,
+        )
+        moved = move_aside(todo, o.checkpoint_dir, at=self.clock(), by=ACTOR)
+        for m in moved:
+            self.say(
+                f"moved rejected checkpoint {m.path} to {m.moved_to} ({m.reason})"
+                if m.moved_to
+                else f"could not move rejected checkpoint {m.path} aside: {m.error}"
+            )
+        self.audit(
+            AuditKind.RESULT,
+            subject,
+            f"moved {sum(1 for m in moved if m.moved_to)} of {len(todo)} rejected "
+            "checkpoint(s) aside",
+            {"intent_id": intent, "moved": [m.to_dict() for m in moved]},
+            incident_id,
+        )
+
+    def _do_stop(
+        self, att: _Attempt, incident_id: int, action: Stop | WaitForCapacity
+    ) -> RunResult:
+        reason = action.reason
+        trigger = att.trigger
+        self._end_attempt(
+            att, f"failed: {trigger.message}" if trigger else reason, AttemptState.FAILED
+        )
+        return self._finish_stop(incident_id, action)
+
+    def _finish_stop(self, incident_id: int, action: Stop | WaitForCapacity) -> RunResult:
+        """The plan stops the job (its attempt has ended): recorded, then the job stops."""
+        reason = action.reason
+        advice = action.advice if isinstance(action, Stop) else None
+        if isinstance(action, WaitForCapacity):
+            job = self.db.get_job(self.job_id)
+            if job.state is JobState.RECOVERING:
+                self.db.update_job_state(
+                    self.job_id, JobState.WAITING, at=self.clock(), reason=reason, actor=ACTOR
+                )
+            reason = (
+                f"{reason}; trainguard run does not wait for capacity: release a device "
+                "and run again"
+            )
+        self.db.add_incident_action(
+            incident_id,
+            {"type": ActionKind.STOP.value, "reason": reason, "advice": advice, "summary": reason},
+            at=self.clock(),
+            actor=ACTOR,
+            audit_kind=AuditKind.RESULT,
+        )
+        full = reason + (f" (advice: {advice})" if advice else "")
+        return self._stop_job(incident_id, full, EXIT_STOPPED)

@@ -1,0 +1,330 @@
+"""A ``trainguard run`` that died, seen by the next one on the same state
+(decisions 0114, 0220): leftovers stopped, unanswered intents answered
+"abandoned", then the job resumed from its ledger (the persisted Plan, the
+actions already recorded) when this run is asked to run it again, or closed."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from trainguard.controller.checkpoint_care import select_checkpoints
+from trainguard.controller.run_act import RunActions
+from trainguard.controller.run_base import (
+    ACTOR,
+    EXIT_STOPPED,
+    SUPERVISOR_DIED,
+    RunResult,
+    _Attempt,
+    _quarantined_by,
+    _stored_plan,
+)
+from trainguard.model.devices import Device
+from trainguard.model.plan import (
+    ActionKind,
+    Mode,
+    Plan,
+    Quarantine,
+    Restart,
+)
+from trainguard.model.records import (
+    AttemptRecord,
+    AttemptState,
+    AuditKind,
+    IncidentRecord,
+    IncidentState,
+    JobRecord,
+    JobState,
+)
+from trainguard.schedulers.local import (
+    identity_alive,
+    job_processes,
+    kill_processes,
+)
+
+
+class RunResume(RunActions):
+    """A dead supervisor's jobs, resumed or closed (see the module docstring)."""
+
+    def _recover_abandoned(self) -> tuple[str | None, JobRecord | None]:
+        """Take over what a dead ``trainguard run`` left open on this state, before starting.
+
+        A job is a dead supervisor's when its latest supervisor record names a process
+        on this host that no longer runs (pid, boot id and start time, so a reused pid
+        does not count), or one that still runs but lost the lease we now hold (it was
+        paused past the TTL: deposed, it can no longer act). For each: its leftover
+        processes are stopped (found by ``TRAINGUARD_JOB_ID``, wherever they were
+        re-parented) and every intent without a result gets an explicit ``abandoned``
+        result. Then the newest such job that this run was asked to run again (same
+        command, checkpoint directory, act mode) is *adopted*: returned, for
+        :meth:`_resume` to finish its recovery from the ledger (decision 0220). Any
+        other is closed as before (0114): its persisted plan's quarantines completed,
+        then stopped, "supervisor died". Returns ``(problem, adopted)``; ``problem``
+        says why it is not safe to start (a leftover process would not die).
+        """
+        adopted: JobRecord | None = None
+        for job in sorted(self.db.list_jobs(), key=lambda j: j.created_at, reverse=True):
+            if job.state.terminal:
+                continue
+            sup = self._supervisor_of(job.id)
+            if sup is None:
+                continue  # not a `trainguard run` job (serve), or from before 0114
+            alive = identity_alive(sup)
+            if alive is None:
+                self.say(f"job {job.id} is supervised from host {sup.get('host')}: left alone")
+                continue
+            who = f"pid {sup.get('pid')} on {sup.get('host')}"
+            # Alive: we hold the lease, so that process lost it (paused past its TTL); its
+            # next intent is fenced, and the job is ours to take over.
+            gone = "a supervisor that lost its lease" if alive else "a supervisor that died"
+            problem = self._stop_leftovers(job.id, sup)
+            if problem is not None:
+                return problem, None
+            self._answer_abandoned_intents(job.id)
+            if adopted is None and self._resumable(job):
+                self.say(f"job {job.id} was left open by {gone} ({who}); resuming its recovery")
+                adopted = job
+                continue
+            self.say(f"job {job.id} was left open by {gone} ({who}); closing it")
+            self._close_abandoned(job.id, job.mode, sup)
+        return None, adopted
+
+    def _resumable(self, job: JobRecord) -> bool:
+        """The job this invocation asks for: the same command and checkpoint directory,
+        both in act mode (an observe-mode job has no recovery to finish)."""
+        o = self.opt
+        return (
+            job.mode == Mode.ACT.value
+            and o.mode is Mode.ACT
+            and tuple(job.command) == tuple(o.command)
+            and (job.checkpoint_dir or None) == (o.checkpoint_dir or None)
+        )
+
+    def _supervisor_of(self, job_id: str) -> dict[str, Any] | None:
+        """The job's latest supervisor record (a resumed job has one per supervisor)."""
+        found = None
+        for ev in self.db.list_audit(subject=f"job:{job_id}", kind=AuditKind.NOTE):
+            sup = ev.data.get("supervisor") if isinstance(ev.data, dict) else None
+            if isinstance(sup, dict) and sup.get("pid") is not None:
+                found = sup
+        return found
+
+    def _stop_leftovers(self, job_id: str, sup: dict[str, Any]) -> str | None:
+        """Nothing of the job may keep running: the watchdog normally saw to that."""
+        pids = job_processes(job_id)
+        groups = sorted(
+            {
+                int(ev.data["pgid"])
+                for ev in self.db.list_audit(job_id=job_id, kind=AuditKind.RESULT)
+                if isinstance(ev.data, dict) and ev.data.get("pgid") is not None
+            }
+        )
+        subject = f"job:{job_id}"
+        intent = self.audit(
+            AuditKind.INTENT,
+            subject,
+            f"stop leftover processes of job {job_id} (process groups "
+            f"{', '.join(map(str, groups)) or 'none recorded'}): "
+            + (", ".join(map(str, pids)) or "none running"),
+            {"pids": pids, "pgids": groups, "supervisor": sup},
+            job_id=job_id,
+        )
+        left = kill_processes(pids, self.opt.grace) if pids else []
+        left += [p for p in job_processes(job_id) if p not in left]
+        self.audit(
+            AuditKind.RESULT,
+            subject,
+            (f"stopped {len(pids)} leftover process(es)" if pids else "no leftover process")
+            + (f"; still running: {', '.join(map(str, left))}" if left else ""),
+            {"intent_id": intent, "stopped": [p for p in pids if p not in left], "left": left},
+            job_id=job_id,
+        )
+        if left:
+            return (
+                f"processes {', '.join(map(str, left))} of job {job_id} (left by a supervisor "
+                "that died) would not stop; not starting the job a second time"
+            )
+        return None
+
+    def _answer_abandoned_intents(self, job_id: str) -> None:
+        """Every intent gets its result, if only "abandoned" (with what the world says now)."""
+        answered = {
+            r.data.get("intent_id")
+            for r in self.db.list_audit(job_id=job_id, kind=AuditKind.RESULT)
+            if isinstance(r.data, dict)
+        }
+        for ev in self.db.list_audit(job_id=job_id, kind=AuditKind.INTENT):
+            if ev.id in answered or ev.actor != ACTOR:
+                continue
+            seen = self._observe_subject(ev.subject)
+            self.audit(
+                AuditKind.RESULT,
+                ev.subject,
+                f"abandoned: {ev.message} ({SUPERVISOR_DIED} before recording the result"
+                + (f"; now {seen}" if seen else "")
+                + ")",
+                {"intent_id": ev.id, "abandoned": True, "reason": SUPERVISOR_DIED,
+                 "observed": seen},
+                ev.incident_id,
+                job_id=job_id,
+            )  # fmt: skip
+
+    def _close_abandoned(self, job_id: str, mode: str, sup: dict[str, Any]) -> None:
+        """A dead supervisor's job this run does not resume: isolation its persisted plan
+        asked for is completed, then incidents, attempts and the job close as stopped."""
+        who = f"pid {sup.get('pid')} on {sup.get('host')}"
+        reason = f"{SUPERVISOR_DIED}: trainguard run ({who}) ended without closing the job"
+        attempts = self.db.list_attempts(job_id)
+        known = {d.uuid: d for a in attempts for d in a.devices}
+        known.update({d.uuid: d for d in self.inventory})
+        for inc in self.db.list_incidents(job_id=job_id):
+            if inc.state.terminal:
+                continue
+            plan = _stored_plan(inc) if mode == Mode.ACT.value else None
+            for action in plan.actions if plan is not None else ():
+                if isinstance(action, Quarantine):
+                    self._do_quarantine(
+                        inc.id,
+                        action,
+                        job_id=job_id,
+                        hosts_devices=tuple(known.values()),
+                        note=f" (plan {inc.plan_generation}, completed after the "
+                        f"{SUPERVISOR_DIED})",
+                        skip=_quarantined_by(inc),
+                    )
+            self.db.update_incident(
+                inc.id, at=self.clock(), state=IncidentState.STOPPED, reason=reason, actor=ACTOR
+            )
+        for att in attempts:
+            if not att.state.terminal:
+                self.db.finish_attempt(
+                    job_id,
+                    att.number,
+                    AttemptState.STOPPED,
+                    at=self.clock(),
+                    reason=reason,
+                    actor=ACTOR,
+                )
+        job = self.db.get_job(job_id)
+        if not job.state.terminal:
+            self.db.update_job_state(
+                job_id, JobState.STOPPED, at=self.clock(), reason=reason, actor=ACTOR
+            )
+
+    def _observe_subject(self, subject: str) -> str:
+        """What the world says now about an abandoned intent's subject (level-based)."""
+        kind, _, ident = subject.partition(":")
+        try:
+            if kind == "device":
+                return f"device {ident} is {self.db.get_device_state(ident).value}"
+            if kind == "attempt":
+                job_id, _, number = ident.rpartition("/")
+                rec = self.db.get_attempt(job_id, int(number))
+                return f"attempt {number} is {rec.state.value}, none of its processes running"
+        except Exception:  # a subject we cannot look up: say nothing rather than fail
+            return ""
+        return ""
+
+    def _resume(self, job: JobRecord) -> _Attempt | RunResult:
+        """Finish the recovery a dead supervisor left, from the ledger (decision 0220).
+
+        The attempts it left are closed (the watchdog stopped their processes); the
+        open incident's persisted Plan is read back and only what the ledger does not
+        show as done is carried out: a quarantine with a recorded result is kept, not
+        repeated; the plan's restart launches one new attempt (an attempt launched
+        before the crash died with its supervisor), which is then verified as any
+        restart; a stop is completed. A job that died without an open incident (the
+        supervisor was killed mid-job) restarts on its devices from the newest valid
+        checkpoint, without an incident: the job itself did not fail.
+        """
+        attempts = self.db.list_attempts(job.id)
+        incidents = self.db.list_incidents(job_id=job.id)
+        open_incs = [i for i in incidents if not i.state.terminal]
+        inc = max(open_incs, key=lambda i: i.id) if open_incs else None
+        who = "the supervisor died"
+        for other in open_incs:
+            if other is not inc:
+                self.db.update_incident(
+                    other.id, at=self.clock(), state=IncidentState.STOPPED,
+                    reason=f"{SUPERVISOR_DIED}; superseded by incident {inc.id if inc else '-'}",
+                    actor=ACTOR,
+                )  # fmt: skip
+        for a in attempts:
+            if a.state.terminal:
+                continue
+            failed = inc is not None and a.number == inc.attempt
+            self.db.finish_attempt(
+                job.id,
+                a.number,
+                AttemptState.FAILED if failed else AttemptState.STOPPED,
+                at=self.clock(),
+                reason=(f"failed: {inc.summary}; then {who}" if failed and inc else
+                        f"stopped: {who} (its watchdog ended the attempt)"),
+                actor=ACTOR,
+            )  # fmt: skip
+        self.incidents = [i.id for i in incidents]
+        self.restarts_total = sum(
+            1 for i in incidents for x in i.actions if x.get("type") == ActionKind.RESTART.value
+        )
+        number = max((a.number for a in attempts), default=-1) + 1
+        plan = _stored_plan(inc) if inc is not None else None
+        if inc is None or plan is None:
+            return self._resume_running(job, number, attempts, inc)
+        self.restarts_used = sum(
+            1 for x in inc.actions if x.get("type") == ActionKind.RESTART.value
+        )
+        self.last_failed_step = inc.failed_step
+        self.audit(
+            AuditKind.NOTE,
+            f"incident:{inc.id}",
+            f"resuming the recovery of incident {inc.id} from its plan "
+            f"(generation {inc.plan_generation}) after {who}",
+            {"plan_generation": inc.plan_generation, "actions_done": list(inc.actions)},
+            inc.id,
+        )
+        self.say(f"incident {inc.id}: resuming its plan (generation {inc.plan_generation})")
+        return self._carry_out(inc.id, number, plan, inc, resumed=True)
+
+    def _resume_running(
+        self,
+        job: JobRecord,
+        number: int,
+        attempts: Sequence[AttemptRecord],
+        inc: IncidentRecord | None,
+    ) -> _Attempt | RunResult:
+        """Restart a job whose supervisor died while it ran (or before a plan existed):
+        its last attempt's devices when still schedulable, the newest valid checkpoint."""
+        statuses = {s.device.uuid: s for s in self.device_statuses()}
+        last = max(attempts, key=lambda a: a.number) if attempts else None
+        devices: tuple[Device, ...] | None = None
+        if last is not None and all(
+            u in statuses and statuses[u].state.schedulable for u in last.device_uuids
+        ):
+            devices = tuple(statuses[u].device for u in last.device_uuids)
+        if devices is None:
+            devices = self._initial_devices(tuple(statuses.values()))
+        if devices is None:
+            return self._stop_job(
+                inc.id if inc else None, "not enough healthy devices to resume", EXIT_STOPPED
+            )
+        found = select_checkpoints(self.opt.checkpoint_dir, self.opt.checkpoint_verify)
+        ckpt = next((c for c in found if c.valid), None)
+        self.audit(
+            AuditKind.NOTE,
+            f"job:{job.id}",
+            f"resuming job {job.id} after the supervisor died: attempt {number}"
+            + (f" from {ckpt.path}" if ckpt else " from the beginning"),
+            {"attempt": number, "checkpoint": ckpt.path if ckpt else None},
+            inc.id if inc else None,
+        )
+        if inc is not None:
+            # An incident without a plan (the crash came between the two): restart under
+            # it, so that the restart is verified and the incident closes.
+            plan = Plan(actions=(Restart(devices=tuple(d.uuid for d in devices), checkpoint=ckpt),))
+            return self._carry_out(inc.id, number, plan, inc, resumed=True)
+        if job.state is JobState.PENDING or job.state is JobState.RECOVERING:
+            self.db.update_job_state(job.id, JobState.RUNNING, at=self.clock(), actor=ACTOR)
+        att = self._launch(number, devices, ckpt, {}, incident_id=None)
+        if att is None:
+            return self._stop_job(None, "the command could not be restarted", EXIT_STOPPED)
+        return att

@@ -1,0 +1,391 @@
+"""The local process supervisor as a :class:`~trainguard.schedulers.base.ClusterScheduler`.
+
+:class:`LocalCluster` puts the ``ClusterScheduler`` contract (observe; submit,
+requeue, cancel, drain, quarantine with idempotency keys and fencing tokens) in
+front of :class:`~trainguard.schedulers.local.LocalScheduler`, the launcher
+behind ``trainguard run``: each attempt is a real process tree under the
+watchdog of decision 0113, with the job contract's environment
+(``CUDA_VISIBLE_DEVICES``, ``TRAINGUARD_ATTEMPT``, ``TRAINGUARD_RESUME_FROM``, ...).
+The nodes are the hosts the given devices name (one machine: usually one node;
+the contract test gives the devices two host names to exercise placement).
+
+It passes tests/integration/test_scheduler_contract.py like the stand-in
+process cluster and Slurm (decision 0220), so an engine written against the
+protocol can drive ``trainguard run``'s processes as well. Its state (keys,
+tokens, exclusions) lives in memory: the supervisor that holds it is the only
+one (the state database's lease, decision 0220); after a crash the ledger in
+the store, not this object, says what was done.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainguard.model.devices import Device
+from trainguard.schedulers.base import (
+    ActionResult,
+    FencingRejected,
+    JobPhase,
+    JobSpec,
+    NodePhase,
+    Observation,
+    ObservedJob,
+    ObservedNode,
+    SchedulerError,
+)
+from trainguard.schedulers.local import (
+    DEFAULT_GRACE_SECONDS,
+    LaunchSpec,
+    LocalAttempt,
+    LocalScheduler,
+)
+
+
+@dataclass
+class _Job:
+    """What the adapter knows of one submitted job."""
+
+    ref: str
+    spec: JobSpec
+    submitted_at: float
+    attempt: int = 0
+    launch: LocalAttempt | None = None
+    devices: tuple[Device, ...] = ()
+    nodes: tuple[str, ...] = ()
+    started_at: float | None = None
+    ended_at: float | None = None
+    cancelled: bool = False
+    reason: str | None = None
+    output_path: str | None = None
+    excluded_nodes: set[str] = field(default_factory=set)
+    excluded_devices: set[str] = field(default_factory=set)
+    resume_from: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    last_key: str | None = None
+    drained: bool = False  # output pipes joined after the exit (the log is complete)
+
+    def phase(self) -> JobPhase:
+        if self.cancelled:
+            return JobPhase.CANCELLED
+        if self.launch is None:
+            return JobPhase.PENDING
+        if self.launch.running() or not self.drained:
+            return JobPhase.RUNNING
+        return JobPhase.COMPLETED if self.launch.proc.returncode == 0 else JobPhase.FAILED
+
+
+class LocalCluster:
+    """``ClusterScheduler`` over this machine's process supervisor (module docstring)."""
+
+    name = "local"
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        devices: Sequence[Device],
+        grace: float = DEFAULT_GRACE_SECONDS,
+        clock: Callable[[], float] = time.time,
+        sink: Callable[[Any], None] | None = None,
+    ) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.devices = tuple(devices)
+        self.grace = grace
+        self.clock = clock
+        # Output lines and exits go to the owner's event queue when it wants them.
+        self.launcher = LocalScheduler(sink or (lambda _ev: None), clock)
+        self._lock = threading.RLock()
+        self._jobs: dict[str, _Job] = {}
+        self._results: dict[str, dict[str, Any]] = {}  # idempotency key -> first result
+        self._max_token = 0
+        self._drained: dict[str, str] = {}  # node -> reason
+        self._quarantined: dict[str, str] = {}  # device uuid -> reason
+        self._next_ref = 1
+
+    # --- keys and fencing ------------------------------------------------------------
+
+    def _seen(self, key: str) -> ActionResult | None:
+        first = self._results.get(key)
+        return None if first is None else ActionResult(key, False, dict(first))
+
+    def _replay(self, key: str, token: int) -> ActionResult | None:
+        """Refuse a stale fencing token, then return ``key``'s result if it already ran."""
+        if token < self._max_token:
+            raise FencingRejected(f"fencing token {token} is older than {self._max_token}: refused")
+        self._max_token = max(self._max_token, int(token))
+        return self._seen(key)
+
+    def _remember(self, key: str, detail: dict[str, Any]) -> ActionResult:
+        self._results[key] = dict(detail)
+        return ActionResult(key, True, detail)
+
+    # --- placement -------------------------------------------------------------------
+
+    def _nodes(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(d.host or "localhost" for d in self.devices))
+
+    def _in_use(self) -> set[str]:
+        return {
+            d.uuid
+            for j in self._jobs.values()
+            if j.launch is not None and j.phase() is JobPhase.RUNNING
+            for d in j.devices
+        }
+
+    def _place(self, job: _Job) -> tuple[Device, ...] | None:
+        """Devices for the job's next attempt: ``nodes`` nodes in service, not excluded,
+        each with ``devices_per_node`` free devices; ``None`` while there is no room."""
+        busy = self._in_use()
+        chosen: list[Device] = []
+        nodes = 0
+        for node in self._nodes():
+            if node in self._drained or node in job.excluded_nodes:
+                continue
+            free = [
+                d
+                for d in self.devices
+                if (d.host or "localhost") == node
+                and d.uuid not in busy
+                and d.uuid not in self._quarantined
+                and d.uuid not in job.excluded_devices
+            ]
+            if len(free) < job.spec.devices_per_node:
+                continue
+            chosen += free[: job.spec.devices_per_node]
+            nodes += 1
+            if nodes == job.spec.nodes:
+                return tuple(chosen)
+        return None
+
+    def _schedule(self) -> None:
+        """Start every pending job that fits, oldest first (FIFO, no backfill)."""
+        for job in self._jobs.values():
+            if job.cancelled or job.launch is not None:
+                continue
+            devices = self._place(job)
+            if devices is None:
+                continue
+            self._start(job, devices)
+
+    def _start(self, job: _Job, devices: tuple[Device, ...]) -> None:
+        output = self.root / f"{job.ref}.attempt-{job.attempt}.log"
+        spec = LaunchSpec(
+            command=job.spec.command,
+            attempt=job.attempt,
+            devices=devices,
+            progress_url=None,
+            log_path=str(output),
+            resume_from=job.resume_from,
+            extra_env={**job.spec.env, **job.env},
+            echo=False,
+            cwd=job.spec.cwd,
+            job_id=job.ref,
+            grace=self.grace,
+        )
+        try:
+            job.launch = self.launcher.launch(spec)
+        except OSError as exc:
+            raise SchedulerError(f"cannot start {job.spec.command[0]}: {exc}") from exc
+        job.devices = devices
+        job.nodes = tuple(dict.fromkeys(d.host or "localhost" for d in devices))
+        job.started_at = job.launch.started_at
+        job.ended_at = None
+        job.drained = False
+        job.output_path = str(output)
+
+    def _settle(self, job: _Job) -> None:
+        """An attempt that exited: its output drained and its end time taken, once."""
+        if job.launch is None or job.drained or job.launch.running():
+            return
+        job.launch.wait_closed(2.0)
+        job.drained = True
+        job.ended_at = job.ended_at or self.clock()
+
+    def _stop(self, job: _Job) -> None:
+        if job.launch is not None and job.launch.running():
+            job.launch.stop(self.grace)
+        self._settle(job)
+
+    def _job(self, ref: str) -> _Job:
+        job = self._jobs.get(ref)
+        if job is None:
+            raise SchedulerError(f"no such job: {ref}")
+        return job
+
+    def _check_node(self, node: str) -> None:
+        if node not in self._nodes():
+            raise SchedulerError(f"no such node: {node}")
+
+    def _check_device(self, uuid: str) -> None:
+        if uuid not in {d.uuid for d in self.devices}:
+            raise SchedulerError(f"no such device: {uuid}")
+
+    # --- the protocol ----------------------------------------------------------------
+
+    def observe(self) -> Observation:
+        with self._lock:
+            for job in self._jobs.values():
+                self._settle(job)
+            self._schedule()
+            jobs = {ref: self._observed(job) for ref, job in self._jobs.items()}
+            nodes = {
+                node: ObservedNode(
+                    name=node,
+                    phase=NodePhase.DRAINED if node in self._drained else NodePhase.UP,
+                    devices=tuple(d for d in self.devices if (d.host or "localhost") == node),
+                    reason=self._drained.get(node),
+                    quarantined_devices=tuple(
+                        d.uuid
+                        for d in self.devices
+                        if (d.host or "localhost") == node and d.uuid in self._quarantined
+                    ),
+                )
+                for node in self._nodes()
+            }
+            return Observation(at=self.clock(), jobs=jobs, nodes=nodes)
+
+    def _observed(self, job: _Job) -> ObservedJob:
+        phase = job.phase()
+        rc = job.launch.proc.returncode if job.launch is not None else None
+        ended = phase.terminal and not job.cancelled
+        return ObservedJob(
+            ref=job.ref,
+            name=job.spec.name,
+            phase=phase,
+            attempt=job.attempt,
+            nodes=job.nodes if job.launch is not None else (),
+            devices=job.devices if job.launch is not None else (),
+            partition=job.spec.partition,
+            submitted_at=job.submitted_at,
+            started_at=job.started_at,
+            ended_at=job.ended_at if phase.terminal else None,
+            exit_code=rc if ended and rc is not None and rc >= 0 else None,
+            signal=-rc if ended and rc is not None and rc < 0 else None,
+            reason=job.reason,
+            output_path=job.output_path,
+            excluded_nodes=tuple(sorted(job.excluded_nodes)),
+            excluded_devices=tuple(sorted(job.excluded_devices)),
+            resume_from=job.resume_from,
+            last_key=job.last_key,
+        )
+
+    def submit(self, spec: JobSpec, *, key: str, token: int) -> ActionResult:
+        if not spec.command:
+            raise SchedulerError("a job needs a command")
+        if spec.nodes < 1 or spec.devices_per_node < 0:
+            raise SchedulerError("a job needs nodes >= 1 and devices_per_node >= 0")
+        with self._lock:
+            seen = self._seen(key)
+            if seen is not None:
+                return seen
+            ref = f"local-{self._next_ref}"
+            self._next_ref += 1
+            self._jobs[ref] = _Job(ref, spec, submitted_at=self.clock(), last_key=key)
+            self._schedule()
+            return self._remember(key, {"ref": ref, "attempt": 0})
+
+    def requeue(
+        self,
+        ref: str,
+        *,
+        key: str,
+        token: int,
+        exclude_nodes: tuple[str, ...] = (),
+        exclude_devices: tuple[str, ...] = (),
+        resume_from: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> ActionResult:
+        with self._lock:
+            if (seen := self._replay(key, token)) is not None:
+                return seen
+            job = self._job(ref)
+            if job.cancelled:
+                raise SchedulerError(f"job {ref} was cancelled: nothing to requeue")
+            self._stop(job)
+            job.attempt += 1
+            job.launch = None
+            job.devices = ()
+            job.nodes = ()
+            job.excluded_nodes.update(exclude_nodes)
+            job.excluded_devices.update(exclude_devices)
+            job.resume_from = resume_from
+            job.env = dict(env or {})
+            job.last_key = key
+            self._schedule()
+            return self._remember(key, {"ref": ref, "attempt": job.attempt})
+
+    def cancel(self, ref: str, reason: str, *, key: str, token: int) -> ActionResult:
+        with self._lock:
+            if (seen := self._replay(key, token)) is not None:
+                return seen
+            job = self._job(ref)
+            self._stop(job)
+            job.cancelled = True
+            job.reason = reason
+            job.ended_at = job.ended_at or self.clock()
+            job.last_key = key
+            return self._remember(key, {"ref": ref, "cancelled": True})
+
+    def drain(self, node: str, reason: str, *, key: str, token: int) -> ActionResult:
+        with self._lock:
+            if (seen := self._replay(key, token)) is not None:
+                return seen
+            self._check_node(node)
+            self._drained[node] = reason
+            return self._remember(key, {"node": node, "drained": True})
+
+    def resume_node(self, node: str, reason: str, *, key: str, token: int) -> ActionResult:
+        with self._lock:
+            if (seen := self._replay(key, token)) is not None:
+                return seen
+            self._check_node(node)
+            self._drained.pop(node, None)
+            self._schedule()
+            return self._remember(key, {"node": node, "drained": False})
+
+    def quarantine_device(self, uuid: str, reason: str, *, key: str, token: int) -> ActionResult:
+        with self._lock:
+            if (seen := self._replay(key, token)) is not None:
+                return seen
+            self._check_device(uuid)
+            self._quarantined[uuid] = reason
+            return self._remember(key, {"device": uuid, "quarantined": True})
+
+    def release_device(self, uuid: str, reason: str, *, key: str, token: int) -> ActionResult:
+        with self._lock:
+            if (seen := self._replay(key, token)) is not None:
+                return seen
+            self._check_device(uuid)
+            self._quarantined.pop(uuid, None)
+            self._schedule()
+            return self._remember(key, {"device": uuid, "quarantined": False})
+
+    # --- beyond the protocol ---------------------------------------------------------
+
+    def signal_job(self, ref: str, sig: int = signal.SIGKILL) -> bool:
+        """Send ``sig`` to the current attempt's command (a crash, for tests)."""
+        with self._lock:
+            job = self._job(ref)
+            if job.launch is None or not job.launch.running():
+                return False
+            try:
+                os.kill(job.launch.launcher_pid, sig)
+            except ProcessLookupError:
+                return False
+            return True
+
+    def shutdown(self) -> None:
+        """Stop every attempt still running (the owner is going away)."""
+        with self._lock:
+            for job in self._jobs.values():
+                self._stop(job)
+
+
+__all__ = ["LocalCluster"]
