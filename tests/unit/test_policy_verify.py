@@ -255,7 +255,7 @@ def test_a_memory_snapshot_newer_than_the_offered_checkpoint_is_a_correct_restor
     assert v.verdict is Verdict.VERIFIED and v.from_memory and v.resumed_from == 299
     assert "from memory snapshots" in v.reason
     acc = account(v, offered_step=250, failed_step=300)
-    assert (acc.restored_step, acc.lost_steps, acc.resumed_on_its_own) == (299, 1, False)
+    assert (acc.restored_step, acc.lost_steps, acc.warning) == (299, 1, None)
     # Without the job saying it restored memory, the same jump is a wrong restore.
     jumped = dataclasses.replace(seen, memory_step=None)
     assert verify_restart(jumped, RULES).verdict is Verdict.FAILED

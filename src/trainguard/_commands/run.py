@@ -138,6 +138,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "(default 0.2; 0: SIGKILL at once)",
     )
     p.add_argument(
+        "--snapshot-flush-wait",
+        type=_non_negative_float,
+        default=3.0,
+        metavar="S",
+        help="before a failed attempt is killed, ranks that keep memory snapshots "
+        "(CheckpointManager(memory_snapshots=True)) get the flush signal and up to S "
+        "seconds to complete their newest one (default 3; 0: off; ranks that do not "
+        "listen for it are not signalled)",
+    )
+    p.add_argument(
         "--warm-standby",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -220,6 +230,7 @@ def handle(args: argparse.Namespace) -> int:
             verify_window=args.verify_window,
             grace=args.grace,
             kill_grace=args.kill_grace,
+            snapshot_flush_wait=args.snapshot_flush_wait,
             warm_standby=args.warm_standby,
             backoff_base=args.backoff,
             echo=not args.quiet,

@@ -132,6 +132,8 @@ class RunOptions:
     # A failed attempt's tree is killed directly: SIGTERM to the ranks, SIGKILL after
     # this (decision 0270); --grace is for the gentle stop of an interrupt.
     kill_grace: float = DEFAULT_KILL_GRACE_SECONDS
+    # Ranks that keep memory snapshots flush them before the kill, up to this (0261).
+    snapshot_flush_wait: float = 3.0
     # A parked torchrun agent with torch imported becomes the next attempt (decision 0271).
     warm_standby: bool = True
     correlation_window: float = DEFAULT_CORRELATION_WINDOW
@@ -219,6 +221,9 @@ class _Attempt:
     settle_until: float | None = None
     incident_id: int | None = None  # the incident this attempt is the recovery of
     expected_step: int | None = None  # the restored step to verify (None: not a recovery)
+    # The step the job restored from its ranks' memory snapshots (its ``resumed`` event
+    # said ``source: memory``, decision 0260): verified against the failed step instead.
+    memory_step: int | None = None
     checkpoint: CheckpointInfo | None = None
     first_progress_at: float | None = None
     verified: bool = False
@@ -588,7 +593,7 @@ class RunBase:
         if att.launch.running():
             intent = self.audit(AuditKind.INTENT, subject, f"stop attempt {att.number}: {reason}")
             if state is AttemptState.FAILED:
-                code = att.launch.kill(self.opt.kill_grace)
+                code = att.launch.kill(self.opt.kill_grace, flush_wait=self.opt.snapshot_flush_wait)
             else:
                 code = att.launch.stop(self.opt.grace)
             took = att.launch.stop_seconds

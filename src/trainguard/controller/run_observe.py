@@ -158,6 +158,10 @@ class RunObservers(RunBase):
             if att.steps.resumed_step is None:
                 att.steps.resumed_step = e.step
                 att.steps.resumed_checkpoint = e.checkpoint
+            if e.metrics.get("source") == "memory":
+                att.memory_step = (
+                    e.step if att.memory_step is None else min(att.memory_step, e.step)
+                )
         elif e.event == "checkpoint_saved":
             att.saved_steps.append(e.step)
 

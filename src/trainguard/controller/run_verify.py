@@ -87,6 +87,12 @@ class RunVerification(RunObservers):
             + (f", {len(att.dir_saves)} checkpoint(s) written" if att.dir_saves else ""),
             saved_steps=tuple(saved),
             completed=completed,
+            memory_step=att.memory_step,
+            failed_step=(
+                self.db.get_incident(att.incident_id).failed_step
+                if att.memory_step is not None and att.incident_id is not None
+                else None
+            ),
         )
 
     def _verify_rules(self) -> VerifyRules:

@@ -311,7 +311,7 @@ def account(
         return Accounting(
             real,
             lost,
-            False,
+            True,  # not the offered disk checkpoint: the incident records the real one
             None,
             f"restored step {real} from the ranks' memory snapshots"
             + (f": {lost} step(s) lost" if lost is not None else ""),

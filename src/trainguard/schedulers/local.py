@@ -53,13 +53,27 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, Any
 
 from trainguard.model.devices import Device
 from trainguard.model.signature import STOP_MARKER
+from trainguard.model.snapshot import (
+    FLUSHED_FILE,
+    JOB_DIR_PREFIX,
+    flush_signal_for,
+    rank_dir_name,
+    snapshot_base_for,
+)
 from trainguard.schedulers import standby
 from trainguard.signals.output import LogFile, OutputFollower
-from trainguard.signals.process import LauncherWatcher, RankWatcher, descendants, read_environ
+from trainguard.signals.process import (
+    LauncherWatcher,
+    RankWatcher,
+    catches_signal,
+    descendants,
+    read_environ,
+)
 
 STOPPED_LINE = "# trainguard: attempt {attempt} stopped in {seconds:.3f} s ({how})\n"
 
@@ -180,14 +194,18 @@ class LocalAttempt:
             self._stopped(began, f"SIGTERM, SIGKILL after {grace:g} s")
             return self.proc.returncode
 
-    def kill(self, grace: float = DEFAULT_KILL_GRACE_SECONDS) -> int | None:
+    def kill(
+        self, grace: float = DEFAULT_KILL_GRACE_SECONDS, flush_wait: float = 0.0
+    ) -> int | None:
         """Stop the tree fast, not through the launcher (decision 0270); returns the code.
 
         The launcher is frozen first (SIGSTOP) so that it neither restarts the
         ranks nor starts its own slow teardown; the ranks and helpers get SIGTERM
         and up to ``grace`` seconds; then everything, the reaper included, gets
         SIGKILL. A launcher that is a rank itself (Lightning, decision 0147) is
-        treated as a rank.
+        treated as a rank. With ``flush_wait`` > 0, ranks that catch the memory-snapshot
+        flush signal get it first and up to ``flush_wait`` s to complete their newest
+        snapshot (decision 0261), so a hang loses no more than a crash.
         """
         with self._stop_lock:
             began = time.monotonic()
@@ -200,6 +218,8 @@ class LocalAttempt:
                     with contextlib.suppress(OSError):
                         signal.pidfd_send_signal(pidfds[launcher], signal.SIGSTOP)
                     frozen.add(launcher)
+                if flush_wait > 0:
+                    self._flush_snapshots(pidfds, frozen, flush_wait)
                 if grace > 0:
                     others = {p: fd for p, fd in pidfds.items() if p not in frozen}
                     for fd in others.values():
@@ -215,6 +235,49 @@ class LocalAttempt:
                 _close_all(pidfds)
             self._stopped(began, f"SIGKILL after {grace:g} s")
             return self.proc.returncode
+
+    def _flush_snapshots(self, pidfds: dict[int, int], frozen: set[int], wait: float) -> None:
+        """Ask every rank that listens for it to flush its memory snapshot; wait until each
+        one's ``flushed.json`` is newer than the request, or ``wait`` s."""
+        began, wall = time.monotonic(), time.time()
+        expected: list[Path] = []
+        for pid, fd in pidfds.items():
+            if pid in frozen:
+                continue
+            env = read_environ(pid)
+            raw_rank = env.get("RANK") or env.get("LOCAL_RANK")
+            sig = flush_signal_for(env)
+            if raw_rank is None or not raw_rank.isdigit() or sig is None:
+                continue
+            if not catches_signal(pid, sig):
+                continue  # no snapshots there; the signal's default would kill it
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(fd, sig)
+                rank = int(raw_rank)
+                expected.append(snapshot_base_for(rank, env) / rank_dir_name(rank))
+        if not expected:
+            return
+
+        def flushed(rank_dir: Path) -> bool:
+            base, name = rank_dir.parent, rank_dir.name
+            with contextlib.suppress(OSError):
+                for job in base.glob(f"{JOB_DIR_PREFIX}*"):
+                    with contextlib.suppress(OSError):
+                        if (job / name / FLUSHED_FILE).stat().st_mtime >= wall - 0.01:
+                            return True
+            return False
+
+        pending = list(expected)
+        deadline = began + wait
+        while pending and time.monotonic() < deadline:
+            pending = [d for d in pending if not flushed(d)]
+            if pending:
+                time.sleep(0.02)
+        done = len(expected) - len(pending)
+        self._mark(
+            f"memory snapshots flushed by {done} of {len(expected)} rank(s) in "
+            f"{time.monotonic() - began:.2f} s"
+        )
 
     def _mark(self, what: str) -> None:
         """Say in the attempt's own log that what follows is our doing (diagnose)."""

@@ -79,6 +79,19 @@ def descendants(pid: int) -> list[int]:
     return seen
 
 
+def catches_signal(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` has a handler installed for ``sig`` (``SigCgt`` in
+    /proc/PID/status): a signal it does not catch may kill it (SIGUSR1's default)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        return False
+    return False
+
+
 def read_environ(pid: int) -> dict[str, str]:
     try:
         with open(f"/proc/{pid}/environ", "rb") as fh:

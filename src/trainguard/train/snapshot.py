@@ -60,6 +60,17 @@ from typing import Any
 import trainguard
 from trainguard.checkpoints import validate
 from trainguard.model.checkpoint import MANIFEST_NAME, Manifest, ManifestFile
+from trainguard.model.snapshot import (
+    DEFAULT_SIGNAL,
+    FLUSHED_FILE,
+    JOB_DIR_PREFIX,
+    SNAPSHOT_DIR_ENV,
+    SNAPSHOT_KEY_ENV,
+    SNAPSHOT_SIGNAL_ENV,
+    flush_signal_for,
+    rank_dir_name,
+    snapshot_base_for,
+)
 from trainguard.train import _hooks
 from trainguard.train._fsio import WrittenFile, write_small_durable
 from trainguard.train._split import _nbytes, _tensors
@@ -67,12 +78,6 @@ from trainguard.train.state import REPLICATED_FILE, HostStager, rank_file
 
 log = logging.getLogger("trainguard.train")
 
-SNAPSHOT_DIR_ENV = "TRAINGUARD_SNAPSHOT_DIR"
-SNAPSHOT_KEY_ENV = "TRAINGUARD_SNAPSHOT_KEY"
-SNAPSHOT_SIGNAL_ENV = "TRAINGUARD_SNAPSHOT_SIGNAL"
-DEFAULT_SIGNAL = "SIGUSR1"
-FLUSHED_FILE = "flushed.json"
-DEFAULT_BASE = "/dev/shm"
 SLOTS = ("slot0", "slot1")
 KIND = "memory_snapshot"
 # Host RAM one rank's snapshots need, in multiples of its state's tensor bytes.
@@ -122,8 +127,9 @@ def snapshot_base(rank: int, base: str | os.PathLike[str] | None = None) -> Path
     """Where snapshots live: ``base``, else ``TRAINGUARD_SNAPSHOT_DIR``, else /dev/shm.
 
     ``{rank}`` in it is replaced by the rank (tests give ranks separate "hosts")."""
-    raw = str(base) if base is not None else os.environ.get(SNAPSHOT_DIR_ENV, "") or DEFAULT_BASE
-    return Path(raw.replace("{rank}", str(rank)))
+    if base is not None:
+        return Path(str(base).replace("{rank}", str(rank)))
+    return snapshot_base_for(rank, os.environ)
 
 
 def tree_bytes(tree: Any) -> int:
@@ -222,8 +228,8 @@ class Snapshots:
     ) -> None:
         self.rank = rank
         self.world_size = world_size
-        self.job_dir = snapshot_base(rank, base) / f"trainguard-{job_key(root)}"
-        self.dir = self.job_dir / f"rank_{rank:05d}"
+        self.job_dir = snapshot_base(rank, base) / f"{JOB_DIR_PREFIX}{job_key(root)}"
+        self.dir = self.job_dir / rank_dir_name(rank)
         self._save_tree = save_tree
         self._clock = clock
         self._stager = HostStager()
@@ -379,16 +385,12 @@ def flush_signal() -> signal.Signals | None:
     """The signal that asks for a flush: ``TRAINGUARD_SNAPSHOT_SIGNAL`` (a name such as
     ``SIGUSR2``, or ``none``), default SIGUSR1."""
     raw = os.environ.get(SNAPSHOT_SIGNAL_ENV, "").strip().upper() or DEFAULT_SIGNAL
-    if raw in ("NONE", "0", "OFF"):
-        return None
-    name = raw if raw.startswith("SIG") else f"SIG{raw}"
-    try:
-        return signal.Signals[name]
-    except KeyError:
+    sig = flush_signal_for(os.environ)
+    if sig is None and raw not in ("NONE", "OFF", "0", "FALSE", "NO"):
         log.warning(
             "trainguard: %s=%s is not a signal; flush on signal off", SNAPSHOT_SIGNAL_ENV, raw
         )
-        return None
+    return sig
 
 
 class FlushOnSignal:

@@ -1,0 +1,61 @@
+"""The contract between a job's memory snapshots and the supervisor (decisions 0260, 0261).
+
+The job side (``trainguard.train.snapshot``) writes each rank's slots under
+``<base>/trainguard-<job key>/rank_<r>/`` and, when asked by the flush signal, writes
+``flushed.json`` there once its newest snapshot is complete. The supervisor side
+(``trainguard.schedulers.local``) sends that signal before it kills a failed attempt
+and waits, bounded, for those files. Both read the names from here, so they cannot
+drift apart. Plain names and paths only: no I/O.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Mapping
+from pathlib import Path
+
+SNAPSHOT_DIR_ENV = "TRAINGUARD_SNAPSHOT_DIR"
+SNAPSHOT_KEY_ENV = "TRAINGUARD_SNAPSHOT_KEY"
+SNAPSHOT_SIGNAL_ENV = "TRAINGUARD_SNAPSHOT_SIGNAL"
+FLUSHED_FILE = "flushed.json"
+DEFAULT_BASE = "/dev/shm"
+DEFAULT_SIGNAL = "SIGUSR1"
+JOB_DIR_PREFIX = "trainguard-"
+
+
+def rank_dir_name(rank: int) -> str:
+    return f"rank_{rank:05d}"
+
+
+def snapshot_base_for(rank: int, env: Mapping[str, str]) -> Path:
+    """Where a rank with environment ``env`` keeps its snapshots (``{rank}`` in
+    ``TRAINGUARD_SNAPSHOT_DIR`` is replaced by the rank)."""
+    raw = env.get(SNAPSHOT_DIR_ENV, "") or DEFAULT_BASE
+    return Path(raw.replace("{rank}", str(rank)))
+
+
+def flush_signal_for(env: Mapping[str, str]) -> signal.Signals | None:
+    """The flush signal a rank with environment ``env`` listens for; None: turned off
+    (``none``/``off``/``0``) or not a signal name."""
+    raw = env.get(SNAPSHOT_SIGNAL_ENV, "").strip().upper() or DEFAULT_SIGNAL
+    if raw in ("NONE", "OFF", "0", "FALSE", "NO"):
+        return None
+    name = raw if raw.startswith("SIG") else f"SIG{raw}"
+    try:
+        return signal.Signals[name]
+    except KeyError:
+        return None
+
+
+__all__ = [
+    "DEFAULT_BASE",
+    "DEFAULT_SIGNAL",
+    "FLUSHED_FILE",
+    "JOB_DIR_PREFIX",
+    "SNAPSHOT_DIR_ENV",
+    "SNAPSHOT_KEY_ENV",
+    "SNAPSHOT_SIGNAL_ENV",
+    "flush_signal_for",
+    "rank_dir_name",
+    "snapshot_base_for",
+]
