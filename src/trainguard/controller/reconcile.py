@@ -86,12 +86,16 @@ from trainguard.model.fleet import (
 )
 from trainguard.model.health import HealthState
 from trainguard.model.plan import (
+    Action,
     ActionKind,
     DeviceStatus,
     Mode,
+    PlanFormatError,
     PriorFailure,
+    Quarantine,
     RecoveryPolicy,
     RecoverySnapshot,
+    action_from_dict,
     action_kind,
 )
 from trainguard.model.records import (
@@ -110,13 +114,18 @@ from trainguard.policy.budget import BudgetEntry, restarts_used
 from trainguard.policy.decide import evidence_resources
 from trainguard.policy.evidence import Route, idle_quarantine_reason, route_finding
 from trainguard.policy.hang import hang_detector
+from trainguard.policy.step import (
+    IncidentSnapshot,
+    OutcomeKind,
+    PlannedAction,
+    Step,
+    StepKind,
+    step,
+)
 from trainguard.policy.verify import (
     DEFAULT_STEP_WINDOW,
     RestartObservation,
-    Verdict,
     VerifyRules,
-    account,
-    verify_restart,
 )
 from trainguard.schedulers.base import (
     ActionResult,
@@ -238,10 +247,6 @@ class _Phases:
         self.last = now
 
 
-class _Hold(Exception):
-    """Stop working on this incident for this pass (waiting for time, approval, mode)."""
-
-
 def resolve_mode(
     modes: Mapping[str, Mode], job_id: str | None, partition: str | None, default: Mode
 ) -> EffectiveMode:
@@ -305,6 +310,25 @@ def _prior(f: Mapping[str, Any], fallback: Culprit | None = None) -> PriorFailur
         kind=str(f["kind"]),
         culprit=culprit,
     )
+
+
+_VERIFIABLE = (
+    AttemptState.COMPLETED,
+    AttemptState.RUNNING,
+    AttemptState.VERIFYING,
+    AttemptState.VERIFIED,
+)
+
+
+def _typed(action: Any) -> Action | None:
+    """A stored action with its type back; ``None`` when this version cannot read it
+    (the executor records it as failed instead of guessing)."""
+    if not isinstance(action, Mapping):
+        return None
+    try:
+        return action_from_dict(action)
+    except PlanFormatError:
+        return None
 
 
 def isolated_for_incident(ledger: Iterable[ActionRecord]) -> tuple[str, ...]:
@@ -431,8 +455,6 @@ class Reconciler:
                     continue
                 try:
                     self._advance(inc, managed, obs, modes, fence, report)
-                except _Hold:
-                    continue
                 except (Fenced, KeyboardInterrupt):
                     raise
                 except Exception as exc:
@@ -1311,6 +1333,10 @@ class Reconciler:
 
     # --- the incident ----------------------------------------------------------------
 
+    # Steps one reconcile of one incident may take (quarantine, restart, a re-plan and
+    # its actions); a bound, so that a bug can never spin a pass.
+    _MAX_STEPS = 16
+
     def _advance(
         self,
         inc: IncidentRecord,
@@ -1320,71 +1346,100 @@ class Reconciler:
         fence: Fence,
         report: PassReport,
     ) -> None:
+        """Reconcile one live incident: snapshot -> ``step()`` -> the one executor, again
+        while the step says "go on now" (the next action of the same plan)."""
+        for _ in range(self._MAX_STEPS):
+            snap = self._incident_snapshot(inc, fj, modes)
+            st = step(snap)
+            generation = inc.plan_generation
+            inc = self._execute(st, inc, fj, obs, modes, fence, report)
+            again = st.outcome.kind is OutcomeKind.REQUEUE and st.outcome.after_s <= 0
+            replanned = st.kind is StepKind.PLAN and inc.plan_generation != generation
+            if not (again or replanned) or inc.state.terminal:
+                return
+
+    def _incident_snapshot(
+        self, inc: IncidentRecord, fj: FleetJob, modes: Mapping[str, Mode]
+    ) -> IncidentSnapshot:
+        """Everything ``step()`` needs about one incident, read from the store now."""
+        now = self.clock()
+        base = IncidentSnapshot(
+            now=now,
+            incident_id=inc.id,
+            state=inc.state,
+            domain=inc.domain.value,
+            generation=inc.plan_generation,
+            incident_attempt=inc.attempt,
+            recovery_attempt=inc.recovery_attempt,
+            failed_step=inc.failed_step,
+            offered_path=inc.checkpoint_path,
+            said=tuple(t.what for t in inc.timeline),
+        )
+        if inc.state.terminal:
+            return base
+        rec = (
+            None
+            if inc.recovery_attempt is None
+            else self._attempt_or_none(inc.job_id, inc.recovery_attempt)
+        )
+        base = dataclasses.replace(base, recovery_state=None if rec is None else rec.state)
         if inc.state is IncidentState.VERIFYING:
-            self._verify(inc, fj, obs, fence, report)
-            return
+            return self._verify_snapshot(base, inc, fj, rec)
         if inc.plan_generation == 0:
-            inc = self._plan(inc, fj, obs, modes, fence, report, failed_attempt=inc.attempt)
-            if inc.state.terminal:
-                return
-        elif self._generation_done(inc):
-            nxt = self._next_plan(inc, fj, obs, modes, fence, report)
-            if nxt is None or nxt.state.terminal or nxt.state is IncidentState.VERIFYING:
-                return
-            inc = nxt
-        self._act(inc, fj, obs, modes, fence, report)
-
-    def _generation_done(self, inc: IncidentRecord) -> bool:
-        actions = (inc.plan or {}).get("actions") or []
-        for i in range(len(actions)):
-            rec = self.fleet.get_action(action_key(inc.id, inc.plan_generation, i))
-            if rec is None or not rec.state.terminal:
-                return False
-        return True
-
-    def _next_plan(
-        self,
-        inc: IncidentRecord,
-        fj: FleetJob,
-        obs: Observation,
-        modes: Mapping[str, Mode],
-        fence: Fence,
-        report: PassReport,
-    ) -> IncidentRecord | None:
-        """The current plan has run out while the incident is still live: what now?"""
+            return base
         plan = inc.plan or {}
-        actions = plan.get("actions") or []
-        last = action_kind(actions[-1]) if actions else None
+        raw = [a for a in plan.get("actions") or () if isinstance(a, dict)]
+        actions = tuple(PlannedAction(i, action_kind(a), _typed(a)) for i, a in enumerate(raw))
         ledger = {
-            a.index: a
+            a.index: a.state
             for a in self.fleet.list_actions(inc.id)
             if a.generation == inc.plan_generation
         }
-        restart_done = any(
-            a.type == ActionKind.RESTART and a.state is ActionState.DONE for a in ledger.values()
+        pending = [a for a in actions if a.index not in ledger or not ledger[a.index].terminal]
+        if not pending:
+            return dataclasses.replace(
+                base,
+                actions=actions,
+                ledger=ledger,
+                plan_attempt=int(plan.get("attempt", inc.attempt)),
+            )
+        prior_domains = tuple(f.domain for f in self._failures(inc.job_id, inc.id)) + tuple(
+            str(f["domain"]) for f in (plan.get("failures") or [])[:-1]
         )
-        if restart_done and inc.recovery_attempt is not None:
-            # The restart did not verify (its attempt failed): plan again for that failure.
-            att = self._attempt_or_none(inc.job_id, inc.recovery_attempt)
-            if att is None or not att.state.terminal:
-                return inc  # not failed: still verifying by other means
-            return self._plan(
-                inc, fj, obs, modes, fence, report, failed_attempt=inc.recovery_attempt
-            )
-        if last is ActionKind.WAIT_FOR_CAPACITY:
-            return self._plan(
-                inc,
-                fj,
-                obs,
-                modes,
-                fence,
-                report,
-                failed_attempt=int(plan.get("attempt", inc.attempt)),
-                only_if_changed=True,
-            )
-        # The plan ended without restarting (a denied approval, nothing possible): stop.
-        self._finish_stopped(inc, fj, fence, "the plan ended without a restart")
-        return None
+        nxt = pending[0]
+        approvals: dict[int, ApprovalState] = {}
+        if nxt.index not in ledger and approval_reason(
+            str(raw[nxt.index].get("type")), domain=inc.domain.value, prior_domains=prior_domains
+        ):
+            got = self.fleet.approval_for(action_key(inc.id, inc.plan_generation, nxt.index))
+            if got is not None:
+                approvals[nxt.index] = got.state
+        placement: dict[str, Any] = {}
+        if nxt.kind is ActionKind.RESTART:
+            others: list[Quarantine] = []
+            for other in self._live_incidents():
+                if other.id != inc.id:
+                    others += [
+                        q
+                        for q in map(_typed, (other.plan or {}).get("actions") or ())
+                        if isinstance(q, Quarantine)
+                    ]
+            placement = {
+                "unschedulable_devices": frozenset(self.fleet.unschedulable_devices()),
+                "unschedulable_nodes": frozenset(self.fleet.unschedulable_nodes()),
+                "other_plan_targets": tuple(others),
+            }
+        return dataclasses.replace(
+            base,
+            actions=actions,
+            planned_at=float(plan.get("planned_at", 0.0)),
+            ledger=ledger,
+            approvals=approvals,
+            mode=self.effective_mode(fj, modes).mode,
+            prior_domains=prior_domains,
+            plan_attempt=int(plan.get("attempt", inc.attempt)),
+            **placement,
+        )
 
     def _attempt_or_none(self, job_id: str, number: int) -> AttemptRecord | None:
         try:
@@ -1539,92 +1594,99 @@ class Reconciler:
                     inc.job_id, JobState.STOPPED, at=now, reason=reason, actor=self.identity
                 )
 
-    def _act(
+    def _execute(
         self,
+        st: Step,
         inc: IncidentRecord,
         fj: FleetJob,
         obs: Observation,
         modes: Mapping[str, Mode],
         fence: Fence,
         report: PassReport,
-    ) -> None:
-        plan = inc.plan or {}
-        actions = plan.get("actions") or []
+    ) -> IncidentRecord:
+        """The one executor: carry out one step of ``step()`` and return the incident now.
+
+        An action is intent (ledger row, one transaction) -> keyed, fenced scheduler
+        call -> result with every store effect (one fenced transaction); a crash
+        between them repeats at most the call, which the key makes harmless.
+        """
+        kind = st.kind
+        if kind is StepKind.NOTHING:
+            return inc
+        if kind is StepKind.PLAN:
+            assert st.failed_attempt is not None
+            return self._plan(
+                inc,
+                fj,
+                obs,
+                modes,
+                fence,
+                report,
+                failed_attempt=st.failed_attempt,
+                only_if_changed=st.only_if_changed,
+            )
+        if kind is StepKind.MARK_STOPPED:
+            self._finish_stopped(inc, fj, fence, st.reason)
+            return self.store.get_incident(inc.id)
+        if kind is StepKind.NOTE_NOT_VERIFIED:
+            return self.store.update_incident(
+                inc.id, at=self.clock(), note=st.reason, actor=self.identity
+            )
+        if kind is StepKind.MARK_RECOVERED:
+            self._mark_recovered(st, inc, fence, report)
+            return self.store.get_incident(inc.id)
+        assert st.index is not None and st.key is not None
         generation = inc.plan_generation
-        prior_domains = [f.domain for f in self._failures(inc.job_id, inc.id)] + [
-            str(f["domain"]) for f in (plan.get("failures") or [])[:-1]
-        ]
-        for index, action in enumerate(actions):
-            key = action_key(inc.id, generation, index)
-            rec = self.fleet.get_action(key)
-            if rec is not None and rec.state.terminal:
-                continue
-            # Observe mode now (switched since the plan): hold everything not yet done.
-            if self.effective_mode(fj, modes).mode is Mode.OBSERVE:
-                raise _Hold()
-            kind = str(action.get("type"))
-            if rec is None:
-                why = approval_reason(kind, domain=inc.domain.value, prior_domains=prior_domains)
-                if why is not None:
-                    approval = self.fleet.approval_for(key) or self.fleet.request_approval(
-                        kind=kind,
-                        subject=self._subject(action, inc),
-                        why=why,
-                        at=self.clock(),
-                        actor=self.identity,
-                        incident_id=inc.id,
-                        action_key=key,
-                        data={"action": action, "generation": generation},
-                        fence=fence,
-                    )
-                    if approval.state is ApprovalState.PENDING:
-                        report.waiting.append(approval.id)
-                        raise _Hold()
-                    if approval.state is ApprovalState.DENIED:
-                        self._skip(
-                            inc,
-                            key,
-                            generation,
-                            index,
-                            action,
-                            fence,
-                            f"denied by {approval.decided_by}: {approval.decision_reason}",
-                        )
-                        report.applied.append(key)
-                        continue
-                if kind == ActionKind.RESTART:
-                    delay = float(action.get("delay_seconds") or 0.0)
-                    if self.clock() < float(plan.get("planned_at", 0.0)) + delay:
-                        raise _Hold()  # backoff: come back on a later pass
-                if inc.state is IncidentState.OPEN:
-                    with self.fleet.fenced(fence, self.clock()):
-                        inc = self.store.update_incident(
-                            inc.id, at=self.clock(), state=IncidentState.ACTING, actor=self.identity
-                        )
-                    self.crash.hit("act.after_acting")
-                rec = self.fleet.record_intent(
-                    key,
-                    incident_id=inc.id,
-                    generation=generation,
-                    index=index,
-                    type=kind,
-                    data={k: v for k, v in action.items() if k != "type"},
-                    subject=self._subject(action, inc),
-                    message=self._describe(action, inc),
-                    fence=fence,
-                    at=self.clock(),
-                    job_id=inc.job_id,
+        action = ((inc.plan or {}).get("actions") or [])[st.index]
+        if kind is StepKind.REQUEST_APPROVAL:
+            approval = self.fleet.approval_for(st.key) or self.fleet.request_approval(
+                kind=str(action.get("type")),
+                subject=self._subject(action, inc),
+                why=st.approval_why or st.reason,
+                at=self.clock(),
+                actor=self.identity,
+                incident_id=inc.id,
+                action_key=st.key,
+                data={"action": action, "generation": generation},
+                fence=fence,
+            )
+            if approval.state is ApprovalState.PENDING:
+                report.waiting.append(approval.id)
+            return inc
+        if kind is StepKind.SKIP:
+            denied = self.fleet.approval_for(st.key)
+            who = (
+                f"denied by {denied.decided_by}: {denied.decision_reason}"
+                if denied is not None
+                else "denied"
+            )
+            self._skip(inc, st.key, generation, st.index, action, fence, who)
+            report.applied.append(st.key)
+            return inc
+        # APPLY
+        if inc.state is IncidentState.OPEN:
+            with self.fleet.fenced(fence, self.clock()):
+                inc = self.store.update_incident(
+                    inc.id, at=self.clock(), state=IncidentState.ACTING, actor=self.identity
                 )
-                self.crash.hit("action.after_intent")
-            inc = self._carry_out(inc, fj, obs, rec, action, fence, report)
-            if inc.state.terminal or inc.state is IncidentState.VERIFYING:
-                return
-        if actions and self._generation_done(inc):
-            cur = self.store.get_incident(inc.id)
-            if cur.state is IncidentState.ACTING:
-                nxt = self._next_plan(cur, fj, obs, modes, fence, report)
-                if nxt is not None and not nxt.state.terminal and nxt.plan_generation != generation:
-                    self._act(nxt, fj, obs, modes, fence, report)
+            self.crash.hit("act.after_acting")
+        rec = self.fleet.get_action(st.key) if st.intent_recorded else None
+        if rec is None:
+            rec = self.fleet.record_intent(
+                st.key,
+                incident_id=inc.id,
+                generation=generation,
+                index=st.index,
+                type=str(action.get("type")),
+                data={k: v for k, v in action.items() if k != "type"},
+                subject=self._subject(action, inc),
+                message=self._describe(action, inc),
+                fence=fence,
+                at=self.clock(),
+                job_id=inc.job_id,
+            )
+            self.crash.hit("action.after_intent")
+        return self._carry_out(inc, fj, obs, rec, action, fence, report, st)
 
     @staticmethod
     def _subject(action: Mapping[str, Any], inc: IncidentRecord) -> str:
@@ -1693,13 +1755,14 @@ class Reconciler:
         action: Mapping[str, Any],
         fence: Fence,
         report: PassReport,
+        st: Step,
     ) -> IncidentRecord:
         assert self.scheduler is not None
         kind = rec.type
         if kind == ActionKind.QUARANTINE:
             self._quarantine(inc, obs, rec, action, fence)
         elif kind == ActionKind.RESTART:
-            self._restart(inc, fj, obs, rec, action, fence)
+            self._restart(inc, fj, obs, rec, action, fence, st.exclude_devices, st.exclude_nodes)
         elif kind == ActionKind.STOP:
             self._stop(inc, fj, obs, rec, action, fence)
         elif kind == ActionKind.WAIT_FOR_CAPACITY:
@@ -2059,6 +2122,8 @@ class Reconciler:
         rec: ActionRecord,
         action: Mapping[str, Any],
         fence: Fence,
+        exclude_devices: tuple[str, ...],
+        exclude_nodes: tuple[str, ...],
     ) -> None:
         assert self.scheduler is not None
         plan = inc.plan or {}
@@ -2076,32 +2141,8 @@ class Reconciler:
             }
             self.crash.hit("action.after_apply")
         else:
-            # Out: everything not schedulable, whatever this plan meant to quarantine even
-            # when the breaker suppressed it (the job avoids the suspect card anyway), and
-            # what the other live incidents' plans quarantine (planned in this pass, not
-            # yet carried out: a card that just failed another job, decision 0120).
-            targets = [
-                a for a in plan.get("actions") or () if action_kind(a) is ActionKind.QUARANTINE
-            ]
-            for other in self._live_incidents():
-                if other.id != inc.id:
-                    targets += [
-                        a
-                        for a in (other.plan or {}).get("actions") or ()
-                        if isinstance(a, dict) and a.get("type") == ActionKind.QUARANTINE
-                    ]
-            exclude_devices = tuple(
-                sorted(
-                    set(self.fleet.unschedulable_devices())
-                    | {str(a["resource_id"]) for a in targets if a.get("resource_kind") == "device"}
-                )
-            )
-            exclude_nodes = tuple(
-                sorted(
-                    set(self.fleet.unschedulable_nodes())
-                    | {str(a["resource_id"]) for a in targets if a.get("resource_kind") == "node"}
-                )
-            )
+            # Out: what step() computed (policy/step.py restart_exclusions): everything
+            # unschedulable, isolated, or about to be quarantined by a live plan.
             env = {str(k): str(v) for k, v in (action.get("env") or {}).items()}
             self._move_rejected_aside(inc, fj)
             if isinstance(ckpt, dict) and ckpt.get("manifest_sha256"):
@@ -2353,101 +2394,84 @@ class Reconciler:
 
     # --- verification ----------------------------------------------------------------
 
-    def _verify(
+    def _verify_snapshot(
         self,
+        base: IncidentSnapshot,
         inc: IncidentRecord,
         fj: FleetJob,
-        obs: Observation,
-        fence: Fence,
-        report: PassReport,
-    ) -> None:
-        if inc.recovery_attempt is None:
-            return
-        att = self._attempt_or_none(inc.job_id, inc.recovery_attempt)
-        if att is None:
-            return  # not started yet (pending in the scheduler)
+        att: AttemptRecord | None,
+    ) -> IncidentSnapshot:
+        """What verification reads about the recovery attempt (policy/verify.py, 0145)."""
+        if att is None or att.state not in _VERIFIABLE:
+            return base  # not started yet (pending), or failed: the sync re-plans it
         job = self.store.get_job(inc.job_id)
         policy = self._policy(fj, job)
-        now = self.clock()
-        if att.state not in (
-            AttemptState.COMPLETED,
-            AttemptState.RUNNING,
-            AttemptState.VERIFYING,
-            AttemptState.VERIFIED,
-        ):
-            return  # failed: the sync step re-plans the incident
-        # The shared rule (policy/verify.py, decision 0145) on what the store knows.
         others = [a for a in self.store.list_attempts(inc.job_id) if a.number != att.number]
         restored = inc.checkpoint_step if inc.checkpoint_path is not None else None
-        running = att.state is not AttemptState.COMPLETED
         valid = self._valid_checkpoints(job.checkpoint_dir)
-        saves = [(step, t) for step, t in valid if t >= att.started_at]
+        saves = [(s, t) for s, t in valid if t >= att.started_at]
         # Checkpoints newer than the offered one that were there when the restart began
         # (the old attempt trained on while a dead node was awaited): a job that picks
         # its own newest restores one of them, and loses less.
         newer = tuple(
-            step
-            for step, t in valid
-            if step is not None and restored is not None and step > restored and t < att.started_at
+            s
+            for s, t in valid
+            if s is not None and restored is not None and s > restored and t < att.started_at
         )
-        v = verify_restart(
-            RestartObservation(
-                now=now,
-                started_at=att.started_at,
-                restored_step=restored,
-                first_step=att.first_step,
-                first_at=att.first_step_at,
-                last_step=att.last_step,
-                last_at=att.last_step_at,
-                rate=att.step_rate,
-                # No rate check here: the store's step times are when a pass read the
-                # job's log, not when the steps ran, so a pre-failure rate is not measured.
-                baseline_rate=None,
-                step_signal=att.first_step is not None
-                or any(a.first_step is not None for a in others),
-                # Liveness is checkpoints it wrote since: a job the scheduler merely
-                # reports running has not shown progress.
-                alive_from=att.started_at if saves else None,
-                alive_until=max((t for _, t in saves), default=None),
-                alive_evidence=f"{len(saves)} checkpoint(s) written",
-                saved_steps=tuple(step for step, _ in saves if step is not None),
-                newer_valid_steps=newer,
-                trained_on_to=self._trained_on_to(inc),
-                completed=not running,
-            ),
-            VerifyRules(
-                window_seconds=policy.verify_window_seconds,
-                min_rate_ratio=policy.verify_min_rate_ratio,
-                # The store keeps an attempt's first and last step only, not its
-                # logging stride: the configured window.
-                step_window=DEFAULT_STEP_WINDOW,
-            ),
+        observation = RestartObservation(
+            now=base.now,
+            started_at=att.started_at,
+            restored_step=restored,
+            first_step=att.first_step,
+            first_at=att.first_step_at,
+            last_step=att.last_step,
+            last_at=att.last_step_at,
+            rate=att.step_rate,
+            # No rate check here: the store's step times are when a pass read the
+            # job's log, not when the steps ran, so a pre-failure rate is not measured.
+            baseline_rate=None,
+            step_signal=att.first_step is not None or any(a.first_step is not None for a in others),
+            # Liveness is checkpoints it wrote since: a job the scheduler merely
+            # reports running has not shown progress.
+            alive_from=att.started_at if saves else None,
+            alive_until=max((t for _, t in saves), default=None),
+            alive_evidence=f"{len(saves)} checkpoint(s) written",
+            saved_steps=tuple(s for s, _ in saves if s is not None),
+            newer_valid_steps=newer,
+            trained_on_to=self._trained_on_to(inc),
+            completed=att.state is AttemptState.COMPLETED,
         )
-        if v.verdict is Verdict.PENDING:
-            return  # not advancing yet; the hang timeout catches a stuck restart
-        if v.verdict is Verdict.FAILED:
-            # Said once per kind of failure (the reason's numbers change every pass).
-            key = f"attempt {att.number} not verified ({v.signature}):"
-            if all(not t.what.startswith(key) for t in inc.timeline):
-                self.store.update_incident(
-                    inc.id, at=now, note=f"{key} {v.reason}", actor=self.identity
-                )
-            return
-        verified_by = v.reason
-        acc = account(v, restored, inc.failed_step, offered_path=inc.checkpoint_path)
+        rules = VerifyRules(
+            window_seconds=policy.verify_window_seconds,
+            min_rate_ratio=policy.verify_min_rate_ratio,
+            # The store keeps an attempt's first and last step only, not its
+            # logging stride: the configured window.
+            step_window=DEFAULT_STEP_WINDOW,
+        )
+        return dataclasses.replace(base, restart=observation, verify_rules=rules)
+
+    def _mark_recovered(
+        self, st: Step, inc: IncidentRecord, fence: Fence, report: PassReport
+    ) -> None:
+        """The restart verified: attempt verified, incident recovered (one transaction)."""
+        assert st.verification is not None and st.accounting is not None
+        assert inc.recovery_attempt is not None
+        acc = st.accounting
+        number = inc.recovery_attempt
+        now = self.clock()
         self.crash.hit("verify.before_recovered")
         with self.fleet.fenced(fence, now):
             cur = self.store.get_incident(inc.id)
             if cur.state is not IncidentState.VERIFYING:
                 return
-            att_now = self.store.get_attempt(inc.job_id, att.number)
+            att_now = self.store.get_attempt(inc.job_id, number)
             if att_now.state is AttemptState.VERIFYING:
                 self.store.transition_attempt(
                     inc.job_id,
-                    att.number,
+                    number,
                     AttemptState.VERIFIED,
                     at=now,
-                    reason=verified_by,
+                    reason=st.verification.reason,
                     actor=self.identity,
                 )
             if acc.resumed_on_its_own:
@@ -2466,8 +2490,8 @@ class Reconciler:
                 inc.id,
                 at=now,
                 state=IncidentState.RECOVERED,
-                note=f"verified: {verified_by}",
-                resumed_step=att.first_step,
+                note=f"verified: {st.verification.reason}",
+                resumed_step=att_now.first_step,
                 actor=self.identity,
             )
         report.recovered.append(inc.id)
