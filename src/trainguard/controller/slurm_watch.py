@@ -41,13 +41,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from trainguard.controller.reconcile import (
-    ControlConfig,
-    CrashPoints,
-    PassReport,
-    Reconciler,
-    _OutputState,
-)
+from trainguard.controller.engine.config import _OutputState
+from trainguard.controller.reconcile import ControlConfig, CrashPoints, PassReport, Reconciler
 from trainguard.controller.service import ControlPlane
 from trainguard.diagnose.detectors import line_finding
 from trainguard.diagnose.signatures import classify_line
