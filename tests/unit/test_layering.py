@@ -130,3 +130,33 @@ def test_the_engine_imports_no_driver_no_api_and_no_concrete_scheduler() -> None
 def test_the_step_function_is_pure_policy() -> None:
     imported = _imported_modules(SRC / "policy" / "step.py")
     assert all(m.split(".")[1] in {"model", "policy"} for m in imported), imported
+
+
+ENGINE_CLASSES = {
+    "Reconciler",
+    "EngineCore",
+    "EvidenceFollower",
+    "HealthEnforcer",
+    "AttemptSync",
+    "SnapshotBuilder",
+    "ActionRunner",
+    "Executor",
+}
+
+
+def test_no_driver_subclasses_the_engine() -> None:
+    """Scheduler specifics are traits the driver names (decision 0211), not a subclass
+    overriding the engine's private methods (what SlurmReconciler was)."""
+    engine = SRC / "controller" / "engine"
+    violations = []
+    for path in SRC.rglob("*.py"):
+        if engine in path.parents or path == SRC / "controller" / "reconcile.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                bases = {
+                    b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases
+                }
+                if bases & ENGINE_CLASSES:
+                    violations.append(f"{path.relative_to(SRC)}: class {node.name}")
+    assert not violations, "\n".join(violations)

@@ -23,6 +23,10 @@ class AttemptSync(HealthEnforcer):
         oj = obs.jobs.get(fj.scheduler_ref)
         if oj is None or job.state.terminal:
             return
+        if self.traits.requeues_by_itself:
+            job = self._requeued_by_the_scheduler(fj, job, oj, fence, report)
+        if self.traits.shared_output:
+            self._seed_output(job.id, oj)
         attempts = {a.number: a for a in self.store.list_attempts(job.id)}
         now = self.clock()
         # Attempts the scheduler has moved past end here (a requeue superseded them).
@@ -120,6 +124,32 @@ class AttemptSync(HealthEnforcer):
             del self._hangs[key]
             since = hang.last_progress_at if hang.last_progress_at is not None else att.started_at
             self._attempt_failed(fj, job, att, oj, fence, report, hang_since=since)
+
+    def _requeued_by_the_scheduler(
+        self,
+        fj: FleetJob,
+        job: JobRecord,
+        oj: ObservedJob,
+        fence: Fence,
+        report: PassReport,
+    ) -> JobRecord:
+        """traits.requeues_by_itself: the scheduler moved past a live attempt by itself
+        (Slurm's NODE_FAIL with --requeue). With fatal evidence against it, that attempt
+        failed (an incident: the bad node is drained, the requeued attempt verified); it
+        was not merely superseded. Remembers the nodes each attempt started on."""
+        if oj.phase is JobPhase.RUNNING and oj.nodes:
+            self._attempt_nodes.setdefault((job.id, oj.attempt), tuple(oj.nodes))
+        now = self.clock()
+        attempts = {a.number: a for a in self.store.list_attempts(job.id)}
+        for number, att in sorted(attempts.items()):
+            if number >= oj.attempt or att.state.terminal or self._made_by_us(job.id, oj.attempt):
+                continue
+            evidence = self.fatal_evidence(job.id, att, now)
+            if evidence:
+                failed = self._failed_view(oj, att, job.id, evidence)
+                self._attempt_failed(fj, job, att, failed, fence, report, hang_since=None)
+                job = self.store.get_job(job.id)
+        return job
 
     def _stop_if_observed(self, job: JobRecord, att: AttemptRecord, fence: Fence) -> None:
         """Observe mode ended the attempt on evidence while it still ran (an XID on its

@@ -23,6 +23,7 @@ from trainguard.controller.engine.config import (
     _prior,
     resolve_mode,
 )
+from trainguard.controller.engine.traits import GENERIC, SchedulerTraits
 from trainguard.controller.lease import LeaderElector
 from trainguard.controller.policies import DEFAULT_POLICY, merge, parse_policy, resolve
 from trainguard.diagnose.detectors import HangDetector, ProgressLineParser
@@ -54,8 +55,10 @@ class EngineCore:
         config: ControlConfig | None = None,
         clock: Callable[[], float] = time.time,
         crash: CrashPoints | None = None,
+        traits: SchedulerTraits = GENERIC,
     ) -> None:
         self.store = store
+        self.traits = traits
         self.fleet = FleetStore(store)
         self.scheduler = scheduler
         self.config = config or ControlConfig()
@@ -81,10 +84,27 @@ class EngineCore:
         self._progress = ProgressLineParser(self.config.progress_pattern)
         self.last_report: PassReport | None = None
         self._policy_cache: dict[str, PolicyDocument | None] = {}
+        # traits.requeues_by_itself: the nodes each attempt started on.
+        self._attempt_nodes: dict[tuple[str, int], tuple[str, ...]] = {}
+        # traits.shared_output: what the file began with when an attempt's output was
+        # seeded (a truncation on requeue changes it).
+        self._heads: dict[tuple[str, int], bytes] = {}
 
     @property
     def identity(self) -> str:
         return self.elector.identity
+
+    def _made_by_us(self, job_id: str, attempt: int) -> bool:
+        """Whether trainguard made ``attempt`` (a restart of an incident of this job)."""
+        for inc in self.store.list_incidents(job_id=job_id):
+            if inc.recovery_attempt == attempt:
+                return True
+            if not inc.state.terminal and any(
+                a.type == ActionKind.RESTART and a.state is ActionState.INTENDED
+                for a in self.fleet.list_actions(inc.id)
+            ):
+                return True
+        return False
 
     def _live_incidents(self) -> list[IncidentRecord]:
         out: list[IncidentRecord] = []

@@ -31,8 +31,15 @@ from trainguard.model.plan import DeviceStatus
 from trainguard.model.records import AttemptRecord, JobRecord
 from trainguard.policy.decide import evidence_resources
 from trainguard.policy.evidence import Route, route_finding
-from trainguard.schedulers.base import JobPhase, NodePhase, Observation, ObservedJob
+from trainguard.schedulers.base import JobPhase, NodePhase, Observation, ObservedJob, ObservedNode
 from trainguard.signals.output import split_lines
+
+# How much of a shared output file identifies it (traits.shared_output).
+HEAD_BYTES = 256
+
+
+def _down_not_drained(node: ObservedNode) -> bool:
+    return node.phase is NodePhase.DOWN and "DRAIN" not in getattr(node, "flags", ())
 
 
 class EvidenceFollower(EngineCore):
@@ -42,6 +49,8 @@ class EvidenceFollower(EngineCore):
         """Progress lines (``step=N``) in the attempt's output become attempt progress."""
         path = oj.output_path
         if not path or oj.attempt != att.number:
+            return
+        if self.traits.shared_output and not self._shared_output_start((job_id, att.number), path):
             return
         state = self._outputs.setdefault((job_id, att.number), _OutputState())
         try:
@@ -85,11 +94,64 @@ class EvidenceFollower(EngineCore):
         return lines[-self.config.tail_lines :]
 
     def _hosts(self, job_id: str, att: AttemptRecord) -> set[str]:
-        """The hosts whose fatal node findings fail the attempt."""
-        return {d.host for d in att.devices}
+        """The hosts whose fatal node findings fail the attempt (with the nodes it started
+        on, where the scheduler moves jobs by itself)."""
+        return {d.host for d in att.devices} | set(
+            self._attempt_nodes.get((job_id, att.number), ())
+        )
 
     def _node_list(self, job_id: str, att: AttemptRecord, oj: ObservedJob) -> list[str]:
-        return list(oj.nodes)
+        # The nodes the attempt started on when known (a requeue moves the job).
+        return list(self._attempt_nodes.get((job_id, att.number)) or oj.nodes)
+
+    def _seed_output(self, job_id: str, oj: ObservedJob) -> None:
+        """traits.shared_output, before a new attempt writes: remember where its output will
+        begin (the end of the file in append mode) and what the file begins with
+        (truncation changes it)."""
+        key = (job_id, oj.attempt)
+        path = oj.output_path
+        if key in self._outputs or not path or oj.attempt == 0:
+            return
+        if oj.phase is not JobPhase.PENDING:
+            prev = self._outputs.get((job_id, oj.attempt - 1))
+            if prev is None:
+                return
+            offset = prev.offset
+        else:
+            try:
+                offset = os.stat(path).st_size
+            except OSError:
+                return
+        if offset <= 0:
+            return
+        try:
+            with open(path, "rb") as f:
+                head = f.read(min(HEAD_BYTES, offset))
+        except OSError:
+            return
+        self._outputs[key] = _OutputState(offset=offset)
+        self._heads[key] = head
+
+    def _shared_output_start(self, key: tuple[str, int], path: str) -> bool:
+        """Where a seeded attempt's output starts in a shared file: at 0 when the file was
+        truncated for it, after the earlier attempts' when appended. False: unreadable."""
+        head = self._heads.get(key)
+        state = self._outputs.get(key)
+        if head is None or state is None:
+            return True
+        try:
+            size = os.stat(path).st_size
+            with open(path, "rb") as f:
+                now_head = f.read(len(head))
+        except OSError:
+            return False
+        if size < state.offset or now_head != head:
+            # Truncated for this attempt: its output starts at 0.
+            state.offset, state.partial = 0, b""
+            del self._heads[key]
+        elif size > state.offset:
+            del self._heads[key]  # appending: the new attempt's output follows
+        return True
 
     def _read_new_findings(self) -> list[dict[str, Any]]:
         """The findings stored since the last pass (by id: a late delivery counts too)."""
@@ -154,7 +216,11 @@ class EvidenceFollower(EngineCore):
                 except ValueError:
                     uuid = None
             route = route_finding(
-                f, attempt_devices=uuids, attempt_hosts=hosts, device_uuid=uuid, host=host
+                f,
+                attempt_devices=uuids,
+                attempt_hosts=hosts,
+                device_uuid=uuid,
+                host=host,
             )
             if route is Route.RECOVER:
                 out.append(f)
@@ -267,14 +333,25 @@ class EvidenceFollower(EngineCore):
         return attribute(findings, devices, failed_at, window)
 
     def _device_statuses(self, obs: Observation, job_ref: str) -> tuple[DeviceStatus, ...]:
-        """The devices this job could get: all but those other live jobs hold."""
+        """The devices this job could get: all but those other live jobs hold.
+
+        traits.down_nodes_return: a node that is DOWN but not drained is not out of
+        service yet (it may come back by itself): the evidence against it must still
+        be able to quarantine it, so the policy sees its devices with their stored
+        health.
+        """
         busy = {
             d.uuid
             for ref, oj in obs.jobs.items()
             if ref != job_ref and oj.phase in (JobPhase.RUNNING, JobPhase.PENDING)
             for d in oj.devices
         }
-        drained = {n.name for n in obs.nodes.values() if n.phase is not NodePhase.UP}
+        drained = {
+            n.name
+            for n in obs.nodes.values()
+            if n.phase is not NodePhase.UP
+            and not (self.traits.down_nodes_return and _down_not_drained(n))
+        }
         out = []
         for rec in self.store.list_devices():
             if rec.uuid in busy:

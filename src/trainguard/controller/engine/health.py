@@ -51,6 +51,40 @@ class HealthEnforcer(EvidenceFollower):
                     self._seen_devices[d.uuid] = (d.host, d.index, d.pci_bus_id)
 
     def _enforce_health(self, obs: Observation, fence: Fence) -> None:
+        """The stored health enforced on the scheduler; where DOWN nodes return by
+        themselves (traits.down_nodes_return: Slurm's ReturnToService when slurmd is
+        back), a quarantined DOWN node is drained at once, so it comes back drained (the
+        generic rule drains a quarantined node when it is UP)."""
+        self._enforce_stored_health(obs, fence)
+        if self.traits.down_nodes_return:
+            self._drain_down_quarantined(obs, fence)
+
+    def _drain_down_quarantined(self, obs: Observation, fence: Fence) -> None:
+        sched = self.scheduler
+        assert sched is not None
+        for node in obs.nodes.values():
+            if node.phase is not NodePhase.DOWN or "DRAIN" in getattr(node, "flags", ()):
+                continue
+            try:
+                stored = self.fleet.get_node(node.name)
+            except NotFound:
+                continue
+            if stored.state.schedulable:
+                continue
+            self._sync_call(
+                fence,
+                f"node:{node.name}",
+                f"sync-dd-{node.name}-{stored.since:.6f}",
+                f"drain {node.name} (down): the store has it {stored.state.value}",
+                partial(
+                    sched.drain,
+                    node.name,
+                    f"trainguard: {stored.reason}",
+                    token=fence.token,
+                ),
+            )
+
+    def _enforce_stored_health(self, obs: Observation, fence: Fence) -> None:
         """Level-based: the scheduler hands out exactly the devices the store calls schedulable.
 
         A device the store took out of service (an operator, the repair flow) is
@@ -163,7 +197,10 @@ class HealthEnforcer(EvidenceFollower):
                     f"sync-d-{node.name}-{stored.since:.6f}-{obs.at:.6f}",
                     f"drain {node.name}: the store has it {stored.state.value}",
                     partial(
-                        sched.drain, node.name, f"trainguard: {stored.reason}", token=fence.token
+                        sched.drain,
+                        node.name,
+                        f"trainguard: {stored.reason}",
+                        token=fence.token,
                     ),
                 )
             elif (
@@ -224,7 +261,12 @@ class HealthEnforcer(EvidenceFollower):
     ) -> None:
         with self.fleet.fenced(fence, self.clock()):
             self.store.append_audit(
-                self.clock(), self.identity, AuditKind.INTENT, subject, message, {"key": key}
+                self.clock(),
+                self.identity,
+                AuditKind.INTENT,
+                subject,
+                message,
+                {"key": key},
             )
         try:
             result = call(key=key)
@@ -244,13 +286,24 @@ class HealthEnforcer(EvidenceFollower):
             )
 
     def _hold_back(
-        self, rkind: str, rid: str, reason: str, *, trip: bool, at: float, incident_id: int | None
+        self,
+        rkind: str,
+        rid: str,
+        reason: str,
+        *,
+        trip: bool,
+        at: float,
+        incident_id: int | None,
     ) -> None:
         """The breaker held a quarantine back: trip it (and page) when this check did,
         and record the suppression (silenced, not forgotten). In the caller's transaction."""
         if trip and self.fleet.get_breaker(QUARANTINE_BREAKER).state is BreakerState.CLOSED:
             self.fleet.set_breaker(
-                QUARANTINE_BREAKER, BreakerState.OPEN, at=at, actor=self.identity, reason=reason
+                QUARANTINE_BREAKER,
+                BreakerState.OPEN,
+                at=at,
+                actor=self.identity,
+                reason=reason,
             )
             self.store.append_audit(
                 at,
@@ -258,7 +311,11 @@ class HealthEnforcer(EvidenceFollower):
                 AuditKind.ERROR,
                 f"breaker:{QUARANTINE_BREAKER}",
                 f"PAGE: quarantine breaker tripped: {reason}",
-                {"page": True, "incident_id": incident_id, "resource": f"{rkind}:{rid}"},
+                {
+                    "page": True,
+                    "incident_id": incident_id,
+                    "resource": f"{rkind}:{rid}",
+                },
                 incident_id=incident_id,
             )
             if self.config.page_webhook:
@@ -339,7 +396,11 @@ class HealthEnforcer(EvidenceFollower):
                     )
                     continue
                 self.store.transition_device(
-                    uuid, HealthState.QUARANTINED, idle_quarantine_reason(f), self.identity, now
+                    uuid,
+                    HealthState.QUARANTINED,
+                    idle_quarantine_reason(f),
+                    self.identity,
+                    now,
                 )
                 self.fleet.record_quarantine("device", uuid, at=now, incident_id=None)
                 idle_card_repair(
