@@ -14,7 +14,9 @@ top (decision 0106). Each pass:
    shared file system, or a log shipped by the node agent; the local cluster
    writes ``$DIR/nodes/nX/kern.log``). Classified lines become findings, with the
    device resolved from the line's PCI bus id against *that node's* GPUs.
-4. **The reconcile pass** (:class:`SlurmReconciler`), which adds to the generic one:
+4. **The reconcile pass**: the generic engine, told Slurm's traits
+   (:data:`SLURM_TRAITS`, :class:`~trainguard.controller.engine.traits.SchedulerTraits`),
+   applies these Slurm cases where they belong — no subclass overrides its parts:
    * a fatal hardware finding on a running attempt's GPU, or a node finding on one
      of its nodes, fails the attempt *now* (the job may keep running on a card
      that has fallen off the bus; the requeue then stops it) — decision 0055's
@@ -32,40 +34,24 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-from trainguard.controller.reconcile import (
-    ControlConfig,
-    CrashPoints,
-    PassReport,
-    Reconciler,
-    _OutputState,
-)
+from trainguard.controller.engine.traits import SchedulerTraits
+from trainguard.controller.reconcile import ControlConfig, CrashPoints, PassReport, Reconciler
 from trainguard.controller.service import ControlPlane
 from trainguard.diagnose.detectors import line_finding
 from trainguard.diagnose.signatures import classify_line
 from trainguard.model.findings import Culprit, Domain, Finding, Severity
-from trainguard.model.fleet import ActionState, FleetJob
-from trainguard.model.plan import ActionKind, DeviceStatus
-from trainguard.model.records import AttemptRecord, AuditKind, IncidentState, JobState
-from trainguard.schedulers.base import (
-    JobPhase,
-    NodePhase,
-    Observation,
-    ObservedJob,
-    SchedulerError,
-)
+from trainguard.model.records import AuditKind, IncidentState, JobState
+from trainguard.schedulers.base import JobPhase, Observation, SchedulerError
 from trainguard.schedulers.slurm import SlurmObservedJob, SlurmObservedNode, SlurmScheduler
 from trainguard.signals.kernel_log import FileFollower, KernelLine
 from trainguard.store import NotFound, Store
-from trainguard.store.fleet import Fence
 
 log = logging.getLogger("trainguard.slurm")
 ACTOR = "trainguard-slurm"
@@ -83,154 +69,11 @@ class SlurmWatchConfig:
     interval: float = 1.0
 
 
-class SlurmReconciler(Reconciler):
-    """The generic reconciler plus Slurm's cases (see the module docstring)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._heads: dict[tuple[str, int], bytes] = {}
-        self._attempt_nodes: dict[tuple[str, int], tuple[str, ...]] = {}
-
-    # --- evidence ------------------------------------------------------------------
-
-    def _hosts(self, job_id: str, att: AttemptRecord) -> set[str]:
-        return super()._hosts(job_id, att) | set(self._attempt_nodes.get((job_id, att.number), ()))
-
-    def _node_list(self, job_id: str, att: AttemptRecord, oj: ObservedJob) -> list[str]:
-        # The nodes Slurm gave the attempt when it started (a requeue moves the job).
-        return list(self._attempt_nodes.get((job_id, att.number)) or oj.nodes)
-
-    def _ours(self, job_id: str, attempt: int) -> bool:
-        """Whether trainguard made ``attempt`` (a restart of an incident of this job)."""
-        for inc in self.store.list_incidents(job_id=job_id):
-            if inc.recovery_attempt == attempt:
-                return True
-            if not inc.state.terminal and any(
-                a.type == ActionKind.RESTART and a.state is ActionState.INTENDED
-                for a in self.fleet.list_actions(inc.id)
-            ):
-                return True
-        return False
-
-    # --- health: a quarantined node that is DOWN is drained too ---------------------
-
-    def _enforce_health(self, obs: Observation, fence: Fence) -> None:
-        """The generic rule drains a quarantined node when it is UP. On Slurm a node that
-        is DOWN (its slurmd died) returns by itself when slurmd is back (ReturnToService),
-        so a quarantined DOWN node is drained at once: it comes back drained."""
-        super()._enforce_health(obs, fence)
-        sched = self.scheduler
-        assert sched is not None
-        for node in obs.nodes.values():
-            if node.phase is not NodePhase.DOWN or "DRAIN" in getattr(node, "flags", ()):
-                continue
-            try:
-                stored = self.fleet.get_node(node.name)
-            except NotFound:
-                continue
-            if stored.state.schedulable:
-                continue
-            self._sync_call(
-                fence,
-                f"node:{node.name}",
-                f"sync-dd-{node.name}-{stored.since:.6f}",
-                f"drain {node.name} (down): the store has it {stored.state.value}",
-                partial(
-                    sched.drain,
-                    node.name,
-                    f"trainguard: {stored.reason}",
-                    token=fence.token,
-                ),
-            )
-
-    def _device_statuses(self, obs: Observation, job_ref: str) -> tuple[DeviceStatus, ...]:
-        """A node that is DOWN but not drained is not out of service yet (its slurmd may
-        come back by itself): the evidence against it must still be able to quarantine
-        it, so the policy sees its devices with their stored health."""
-        nodes = {
-            name: dataclasses.replace(n, phase=NodePhase.UP)
-            if n.phase is NodePhase.DOWN and "DRAIN" not in getattr(n, "flags", ())
-            else n
-            for name, n in obs.nodes.items()
-        }
-        return super()._device_statuses(Observation(at=obs.at, jobs=obs.jobs, nodes=nodes), job_ref)
-
-    # --- the attempt sync ----------------------------------------------------------
-
-    def _sync_job(self, fj: FleetJob, obs: Observation, fence: Fence, report: PassReport) -> None:
-        oj = obs.jobs.get(fj.scheduler_ref)
-        try:
-            job = self.store.get_job(fj.job_id)
-        except NotFound:
-            return
-        if oj is None or job.state.terminal:
-            super()._sync_job(fj, obs, fence, report)
-            return
-        now = self.clock()
-        if oj.phase is JobPhase.RUNNING and oj.nodes:
-            self._attempt_nodes.setdefault((job.id, oj.attempt), tuple(oj.nodes))
-        attempts = {a.number: a for a in self.store.list_attempts(job.id)}
-        # Slurm moved past a live attempt by itself (NODE_FAIL + --requeue): with
-        # evidence, that attempt failed (an incident), it was not merely superseded.
-        for number, att in sorted(attempts.items()):
-            if number >= oj.attempt or att.state.terminal or self._ours(job.id, oj.attempt):
-                continue
-            evidence = self.fatal_evidence(job.id, att, now)
-            if evidence:
-                failed = self._failed_view(oj, att, job.id, evidence)
-                self._attempt_failed(fj, job, att, failed, fence, report, hang_since=None)
-                job = self.store.get_job(job.id)
-        self._seed_output(job.id, oj)
-        # Fatal evidence on the running attempt: the generic sync acts on it (0130).
-        super()._sync_job(fj, obs, fence, report)
-
-    # --- output files: truncated or appended on requeue ----------------------------
-
-    def _seed_output(self, job_id: str, oj: ObservedJob) -> None:
-        """Before a new attempt writes: remember where its output will begin (the end of
-        the file in append mode) and what the file begins with (truncation changes it)."""
-        key = (job_id, oj.attempt)
-        path = oj.output_path
-        if key in self._outputs or not path or oj.attempt == 0:
-            return
-        if oj.phase is not JobPhase.PENDING:
-            prev = self._outputs.get((job_id, oj.attempt - 1))
-            if prev is None:
-                return
-            offset = prev.offset
-        else:
-            try:
-                offset = os.stat(path).st_size
-            except OSError:
-                return
-        if offset <= 0:
-            return
-        try:
-            with open(path, "rb") as f:
-                head = f.read(min(HEAD_BYTES, offset))
-        except OSError:
-            return
-        self._outputs[key] = _OutputState(offset=offset)
-        self._heads[key] = head
-
-    def _follow_output(self, job_id: str, att: AttemptRecord, oj: ObservedJob) -> None:
-        key = (job_id, att.number)
-        head = self._heads.get(key)
-        state = self._outputs.get(key)
-        if head is not None and state is not None and oj.output_path:
-            try:
-                size = os.stat(oj.output_path).st_size
-                with open(oj.output_path, "rb") as f:
-                    now_head = f.read(len(head))
-            except OSError:
-                return
-            if size < state.offset or now_head != head:
-                # Slurm truncated the file for this attempt: its output starts at 0.
-                state.offset, state.partial = 0, b""
-                del self._heads[key]
-            elif size > state.offset:
-                del self._heads[key]  # appending: the new attempt's output follows
-        super()._follow_output(job_id, att, oj)
+# What Slurm does by itself that the generic engine allows for (decision 0211): it
+# requeues a job on NODE_FAIL (--requeue), a DOWN node returns when slurmd is back
+# (ReturnToService), and every attempt writes the job's one output file (truncated by
+# default, appended with --open-mode=append).
+SLURM_TRAITS = SchedulerTraits(requeues_by_itself=True, down_nodes_return=True, shared_output=True)
 
 
 class SlurmWatch:
@@ -259,14 +102,15 @@ class SlurmWatch:
         if ttl != config.lease_ttl:
             config = dataclasses.replace(config, lease_ttl=ttl)
         self.cp = ControlPlane(store, scheduler, clock, config=config, identity=identity)
-        # The same reconciler, with Slurm's additions (identity, lease, config shared).
-        self.cp.reconciler = SlurmReconciler(
+        # The same engine, told what Slurm does by itself (identity, lease, config shared).
+        self.cp.reconciler = Reconciler(
             store,
             scheduler,
             identity=self.cp.identity,
             config=self.cp.config,
             clock=clock,
             crash=crash,
+            traits=SLURM_TRAITS,
         )
         self._managed: dict[str, str] = {}  # scheduler ref -> job id
         self._skipped: set[str] = set()
@@ -321,7 +165,12 @@ class SlurmWatch:
                     or f"unknown keys in the job's comment: {sorted(opt.unknown) if opt else []}"
                 )
                 self.store.append_audit(
-                    self.clock(), ACTOR, AuditKind.NOTE, f"job:{fj.job_id}", why, job_id=fj.job_id
+                    self.clock(),
+                    ACTOR,
+                    AuditKind.NOTE,
+                    f"job:{fj.job_id}",
+                    why,
+                    job_id=fj.job_id,
                 )
             self._managed[ref] = fj.job_id
             fresh.append(fj.job_id)
@@ -469,7 +318,9 @@ class SlurmWatch:
                 with self.store.transaction():
                     for inc in live:
                         self.store.update_incident(
-                            inc.id, at=now, note=f"attempt {oj.attempt} pending: {reason}"[:500]
+                            inc.id,
+                            at=now,
+                            note=f"attempt {oj.attempt} pending: {reason}"[:500],
                         )
                     if job.state is JobState.RUNNING:
                         self.store.update_job_state(
@@ -478,7 +329,11 @@ class SlurmWatch:
                         job = self.store.get_job(job_id)
                     if job.state is JobState.RECOVERING:
                         self.store.update_job_state(
-                            job_id, JobState.WAITING, at=now, reason=reason[:500], actor=ACTOR
+                            job_id,
+                            JobState.WAITING,
+                            at=now,
+                            reason=reason[:500],
+                            actor=ACTOR,
                         )
             except (NotFound, ValueError) as exc:
                 log.warning("cannot record the wait of job %s: %s", job_id, exc)
@@ -542,7 +397,7 @@ def kernel_logs_from_spec(specs: list[str]) -> dict[str, str]:
 
 
 __all__ = [
-    "SlurmReconciler",
+    "SLURM_TRAITS",
     "SlurmWatch",
     "SlurmWatchConfig",
     "kernel_logs_from_spec",

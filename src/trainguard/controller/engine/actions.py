@@ -1,0 +1,529 @@
+"""Carrying out one action of a plan: quarantine (breaker, repair record), restart
+(exclusions from ``step()``, damaged checkpoints moved aside, the resume
+request), stop, wait for capacity. Each ends in ``_finish``: the result and every
+store effect in one fenced transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from trainguard.controller.breaker import check_quarantine
+from trainguard.controller.checkpoint_care import move_aside, select_checkpoints
+from trainguard.controller.engine.snapshot import SnapshotBuilder
+from trainguard.controller.repair import open_quarantine_repair
+from trainguard.model.checkpoint import RESUME_DIGEST_ENV, CheckpointInfo
+from trainguard.model.fleet import ActionRecord, ActionState, FleetJob
+from trainguard.model.health import HealthState
+from trainguard.model.plan import ActionKind
+from trainguard.model.records import AuditKind, IncidentRecord, IncidentState, JobState
+from trainguard.schedulers.base import NodePhase, Observation, SchedulerError
+from trainguard.store import NotFound
+from trainguard.store.fleet import Fence
+
+
+class ActionRunner(SnapshotBuilder):
+    """The scheduler side of each action kind."""
+
+    def _call(self, fn: Callable[[], Any]) -> tuple[dict[str, Any] | None, str | None]:
+        try:
+            result = fn()
+        except SchedulerError as exc:
+            return None, str(exc)
+        return {"applied": bool(result.applied), **dict(result.detail)}, None
+
+    def _finish(
+        self,
+        rec: ActionRecord,
+        state: ActionState,
+        result: dict[str, Any],
+        inc: IncidentRecord,
+        action: Mapping[str, Any],
+        fence: Fence,
+        effects: Callable[[], None],
+    ) -> None:
+        """The action's store effects and its result record: one fenced transaction."""
+        now = self.clock()
+        with self.fleet.fenced(fence, now):
+            current = self.fleet.get_action(rec.key)
+            if current is not None and current.state.terminal:
+                return
+            effects()
+            summary = result.get("summary") or state.value
+            self.fleet.record_result(
+                rec.key,
+                state,
+                result,
+                subject=self._subject(action, inc),
+                message=f"{self._describe(action, inc)}: {summary}",
+                fence=fence,
+                at=now,
+            )
+        self.crash.hit("action.after_result")
+
+    @staticmethod
+    def _subject(action: Mapping[str, Any], inc: IncidentRecord) -> str:
+        if action.get("type") == ActionKind.QUARANTINE:
+            return f"{action.get('resource_kind')}:{action.get('resource_id')}"
+        return f"job:{inc.job_id}"
+
+    @staticmethod
+    def _describe(action: Mapping[str, Any], inc: IncidentRecord) -> str:
+        kind = action.get("type")
+        if kind == ActionKind.QUARANTINE:
+            return (
+                f"quarantine {action.get('resource_kind')} {action.get('resource_id')}: "
+                f"{action.get('reason')}"
+            )
+        if kind == ActionKind.RESTART:
+            ckpt = action.get("checkpoint") or {}
+            return f"restart job {inc.job_id}" + (
+                f" from step {ckpt.get('step')}" if ckpt else " from the beginning"
+            )
+        if kind == ActionKind.STOP:
+            return f"stop job {inc.job_id}: {action.get('reason')}"
+        return f"{kind} for job {inc.job_id}: {action.get('reason', '')}"
+
+    def _quarantine(
+        self,
+        inc: IncidentRecord,
+        obs: Observation,
+        rec: ActionRecord,
+        action: Mapping[str, Any],
+        fence: Fence,
+    ) -> None:
+        assert self.scheduler is not None
+        rkind = str(action.get("resource_kind"))
+        rid = str(action.get("resource_id"))
+        reason = str(action.get("reason") or "hardware evidence")
+        # Level check: already in effect in the scheduler (a crash after the call)?
+        if rkind == "device":
+            in_effect = any(rid in n.quarantined_devices for n in obs.nodes.values())
+            population = len(obs.devices)
+        else:
+            node = obs.nodes.get(rid)
+            in_effect = node is not None and node.phase is not NodePhase.UP
+            population = len(obs.nodes)
+        if not in_effect:
+            verdict = check_quarantine(
+                self.fleet,
+                self.config.breaker,
+                resource_kind=rkind,
+                population=population,
+                now=self.clock(),
+            )
+            if not verdict.allow:
+                self._suppress(
+                    inc,
+                    rec,
+                    action,
+                    fence,
+                    rkind,
+                    rid,
+                    verdict.reason or "breaker",
+                    trip=verdict.tripped_now,
+                )
+                return
+            reason_text = f"trainguard incident {inc.id}: {reason}"[:300]
+            if rkind == "device":
+                outcome, error = self._call(
+                    lambda: self.scheduler.quarantine_device(  # type: ignore[union-attr]
+                        rid, reason_text, key=rec.key, token=fence.token
+                    )
+                )
+            else:
+                outcome, error = self._call(
+                    lambda: self.scheduler.drain(  # type: ignore[union-attr]
+                        rid, reason_text, key=rec.key, token=fence.token
+                    )
+                )
+            self.crash.hit("action.after_apply")
+            if error is not None:
+                self._finish(
+                    rec,
+                    ActionState.FAILED,
+                    {"error": error, "summary": f"failed: {error}"},
+                    inc,
+                    action,
+                    fence,
+                    lambda: None,
+                )
+                return
+        else:
+            outcome = {"applied": False, "observed": "already in effect"}
+            self.crash.hit("action.after_apply")
+        now = self.clock()
+        host = None
+
+        def effects() -> None:
+            nonlocal host
+            if rkind == "device":
+                try:
+                    dev = self.store.get_device(rid)
+                except NotFound:
+                    dev = None
+                if dev is not None:
+                    host = dev.device.host
+                    if dev.state.schedulable:
+                        self.store.transition_device(
+                            rid,
+                            HealthState.QUARANTINED,
+                            reason[:400],
+                            self.identity,
+                            now,
+                            job_id=inc.job_id,
+                            incident_id=inc.id,
+                        )
+            else:
+                host = rid
+                try:
+                    node_rec = self.fleet.get_node(rid)
+                except NotFound:
+                    node_rec = None
+                if node_rec is not None and node_rec.state.schedulable:
+                    self.fleet.transition_node(
+                        rid,
+                        HealthState.QUARANTINED,
+                        reason[:400],
+                        self.identity,
+                        now,
+                        job_id=inc.job_id,
+                        incident_id=inc.id,
+                    )
+            self.fleet.record_quarantine(rkind, rid, at=now, incident_id=inc.id)
+            repair = open_quarantine_repair(
+                self.fleet,
+                inc,
+                resource_kind=rkind,
+                resource_id=rid,
+                host=host,
+                at=now,
+                actor=self.identity,
+                webhook=self.config.repair_webhook,
+            )
+            self.store.update_incident(
+                inc.id, at=now, repair=repair.recommended, actor=self.identity
+            )
+            self.store.add_incident_action(
+                inc.id,
+                {
+                    "type": ActionKind.QUARANTINE.value,
+                    "resource_kind": rkind,
+                    "resource_id": rid,
+                    "reason": reason,
+                    "result": "quarantined",
+                    "repair_id": repair.id,
+                    "key": rec.key,
+                    "summary": f"{rkind} {rid} quarantined (repair {repair.id})",
+                },
+                at=now,
+                actor=self.identity,
+                audit_kind=AuditKind.NOTE,
+            )
+
+        self._finish(
+            rec,
+            ActionState.DONE,
+            {**(outcome or {}), "summary": "quarantined"},
+            inc,
+            action,
+            fence,
+            effects,
+        )
+
+    def _suppress(
+        self,
+        inc: IncidentRecord,
+        rec: ActionRecord,
+        action: Mapping[str, Any],
+        fence: Fence,
+        rkind: str,
+        rid: str,
+        reason: str,
+        *,
+        trip: bool,
+    ) -> None:
+        now = self.clock()
+
+        def effects() -> None:
+            self._hold_back(rkind, rid, reason, trip=trip, at=now, incident_id=inc.id)
+            self.store.add_incident_action(
+                inc.id,
+                {
+                    "type": ActionKind.QUARANTINE.value,
+                    "resource_kind": rkind,
+                    "resource_id": rid,
+                    "result": "suppressed",
+                    "reason": reason,
+                    "key": rec.key,
+                    "summary": f"{rkind} {rid} not quarantined: {reason}",
+                },
+                at=now,
+                actor=self.identity,
+                audit_kind=AuditKind.NOTE,
+            )
+
+        self._finish(
+            rec,
+            ActionState.SKIPPED,
+            {"suppressed": reason, "summary": "suppressed"},
+            inc,
+            action,
+            fence,
+            effects,
+        )
+
+    def _restart(
+        self,
+        inc: IncidentRecord,
+        fj: FleetJob,
+        obs: Observation,
+        rec: ActionRecord,
+        action: Mapping[str, Any],
+        fence: Fence,
+        exclude_devices: tuple[str, ...],
+        exclude_nodes: tuple[str, ...],
+    ) -> None:
+        assert self.scheduler is not None
+        plan = inc.plan or {}
+        failed_attempt = int(plan.get("attempt", inc.attempt))
+        oj = obs.jobs.get(fj.scheduler_ref)
+        ckpt = action.get("checkpoint") or None
+        resume = ckpt.get("path") if isinstance(ckpt, dict) else None
+        # Level check: the job is already past the failed attempt (our earlier call
+        # went through before a crash, or the scheduler requeued it by itself).
+        if oj is not None and oj.attempt > failed_attempt:
+            outcome: dict[str, Any] = {
+                "applied": False,
+                "attempt": oj.attempt,
+                "observed": "the job is already on a later attempt",
+            }
+            self.crash.hit("action.after_apply")
+        else:
+            # Out: what step() computed (policy/step.py restart_exclusions): everything
+            # unschedulable, isolated, or about to be quarantined by a live plan.
+            env = {str(k): str(v) for k, v in (action.get("env") or {}).items()}
+            self._move_rejected_aside(inc, fj)
+            if isinstance(ckpt, dict) and ckpt.get("manifest_sha256"):
+                env[RESUME_DIGEST_ENV] = str(ckpt["manifest_sha256"])  # verified: decision 0162
+            got, error = self._call(
+                lambda: self.scheduler.requeue(  # type: ignore[union-attr]
+                    fj.scheduler_ref,
+                    key=rec.key,
+                    token=fence.token,
+                    exclude_nodes=exclude_nodes,
+                    exclude_devices=exclude_devices,
+                    resume_from=resume,
+                    env=env,
+                )
+            )
+            self.crash.hit("action.after_apply")
+            if error is not None or got is None:
+                self._finish(
+                    rec,
+                    ActionState.FAILED,
+                    {"error": error, "summary": f"failed: {error}"},
+                    inc,
+                    action,
+                    fence,
+                    lambda: None,
+                )
+                return
+            outcome = got
+        new_attempt = int(outcome.get("attempt", failed_attempt + 1))
+        now = self.clock()
+        ckpt_step = (
+            ckpt.get("step")
+            if isinstance(ckpt, dict) and ckpt.get("step_unit", "step") == "step"
+            else None
+        )
+        job_dir = self.store.get_job(inc.job_id).checkpoint_dir
+        if outcome.get("resume_request_withheld") and job_dir:
+            # The old attempt trained on while a dead node was awaited, so no stale resume
+            # request was written: the job restores its newest valid checkpoint, and that
+            # (not the plan's) is what is offered, verified against and counted from.
+            newest = next((c for c in select_checkpoints(job_dir, verify="full") if c.valid), None)
+            if (
+                newest is not None
+                and newest.step is not None
+                and newest.step_unit == "step"
+                and (ckpt_step is None or newest.step > int(ckpt_step))
+            ):
+                resume, ckpt_step = newest.path, newest.step
+
+        def effects() -> None:
+            lost = None
+            if inc.failed_step is not None:
+                lost = max(0, inc.failed_step - int(ckpt_step or 0))
+            self.store.update_incident(
+                inc.id,
+                at=now,
+                checkpoint_path=resume,
+                # Null when nothing is restored (0145): "restored step 0" is not true.
+                checkpoint_step=int(ckpt_step) if ckpt_step is not None else None,
+                clear=(() if resume else ("checkpoint_path",))
+                + (() if ckpt_step is not None else ("checkpoint_step",)),
+                lost_steps=lost,
+                recovery_attempt=new_attempt,
+                actor=self.identity,
+            )
+            self.store.add_incident_action(
+                inc.id,
+                {
+                    "type": ActionKind.RESTART.value,
+                    "attempt": new_attempt,
+                    "devices": list(action.get("devices") or []),
+                    "checkpoint": resume,
+                    "checkpoint_step": ckpt_step,
+                    "key": rec.key,
+                    "summary": f"attempt {new_attempt}"
+                    + (
+                        f" from step {ckpt_step}"
+                        if ckpt_step is not None
+                        else " from the beginning"
+                    ),
+                },
+                at=now,
+                actor=self.identity,
+                audit_kind=AuditKind.NOTE,
+            )
+            cur = self.store.get_incident(inc.id)
+            if cur.state is IncidentState.ACTING:
+                self.store.update_incident(
+                    inc.id, at=now, state=IncidentState.VERIFYING, actor=self.identity
+                )
+            job = self.store.get_job(inc.job_id)
+            if job.state in (JobState.RECOVERING, JobState.WAITING):
+                self.store.update_job_state(
+                    inc.job_id, JobState.RUNNING, at=now, actor=self.identity
+                )
+
+        self._finish(
+            rec,
+            ActionState.DONE,
+            {**outcome, "attempt": new_attempt, "summary": f"attempt {new_attempt} requested"},
+            inc,
+            action,
+            fence,
+            effects,
+        )
+
+    def _stop(
+        self,
+        inc: IncidentRecord,
+        fj: FleetJob,
+        obs: Observation,
+        rec: ActionRecord,
+        action: Mapping[str, Any],
+        fence: Fence,
+    ) -> None:
+        assert self.scheduler is not None
+        reason = str(action.get("reason") or "stopped by trainguard")
+        advice = action.get("advice")
+        oj = obs.jobs.get(fj.scheduler_ref)
+        if oj is not None and not oj.phase.terminal:
+            outcome, error = self._call(
+                lambda: self.scheduler.cancel(  # type: ignore[union-attr]
+                    fj.scheduler_ref, f"trainguard: {reason}"[:300], key=rec.key, token=fence.token
+                )
+            )
+            if error is not None:
+                outcome = {"error": error}
+        else:
+            outcome = {"applied": False, "observed": "the job is not running"}
+        self.crash.hit("action.after_apply")
+        now = self.clock()
+        full = reason + (f" (advice: {advice})" if advice else "")
+
+        def effects() -> None:
+            self.store.add_incident_action(
+                inc.id,
+                {
+                    "type": ActionKind.STOP.value,
+                    "reason": reason,
+                    "advice": advice,
+                    "key": rec.key,
+                    "summary": reason,
+                },
+                at=now,
+                actor=self.identity,
+                audit_kind=AuditKind.NOTE,
+            )
+            cur = self.store.get_incident(inc.id)
+            if not cur.state.terminal:
+                self.store.update_incident(
+                    inc.id,
+                    at=now,
+                    state=IncidentState.STOPPED,
+                    reason=full[:500],
+                    actor=self.identity,
+                )
+            job = self.store.get_job(inc.job_id)
+            if not job.state.terminal:
+                self.store.update_job_state(
+                    inc.job_id, JobState.STOPPED, at=now, reason=full[:500], actor=self.identity
+                )
+
+        self._finish(
+            rec,
+            ActionState.DONE,
+            {**(outcome or {}), "summary": "stopped"},
+            inc,
+            action,
+            fence,
+            effects,
+        )
+
+    def _wait(
+        self, inc: IncidentRecord, rec: ActionRecord, action: Mapping[str, Any], fence: Fence
+    ) -> None:
+        self.crash.hit("action.after_apply")
+        now = self.clock()
+        reason = str(action.get("reason") or "waiting for capacity")
+
+        def effects() -> None:
+            job = self.store.get_job(inc.job_id)
+            if job.state is JobState.RECOVERING:
+                self.store.update_job_state(
+                    inc.job_id, JobState.WAITING, at=now, reason=reason[:500], actor=self.identity
+                )
+            self.store.update_incident(inc.id, at=now, note=reason[:500], actor=self.identity)
+
+        self._finish(
+            rec, ActionState.DONE, {"summary": "waiting for capacity"}, inc, action, fence, effects
+        )
+
+    def _move_rejected_aside(self, inc: IncidentRecord, fj: FleetJob) -> None:
+        """The same rule as ``trainguard run`` (decision 0146): the plan's damaged
+        checkpoints leave the job's way before it is requeued, audited."""
+        plan = inc.plan or {}
+        todo = [
+            CheckpointInfo(
+                path=str(c.get("path")),
+                format=str(c.get("format") or "unknown"),
+                step=c.get("step"),
+                size_bytes=int(c.get("size_bytes") or 0),
+                created_at=c.get("created_at"),
+                valid=bool(c.get("valid")),
+                reason=c.get("reason"),
+            )
+            for c in plan.get("skipped_checkpoints") or ()
+            if isinstance(c, dict) and c.get("path") and not c.get("valid")
+        ]
+        job = self.store.get_job(inc.job_id)
+        if self.config.keep_rejected_in_place or not todo or not job.checkpoint_dir:
+            return
+        moved = move_aside(todo, job.checkpoint_dir, at=self.clock(), by=self.identity)
+        if moved:
+            self.store.append_audit(
+                self.clock(),
+                self.identity,
+                AuditKind.RESULT,
+                f"job:{inc.job_id}",
+                f"moved {sum(1 for m in moved if m.moved_to)} of {len(todo)} rejected "
+                "checkpoint(s) aside",
+                {"moved": [m.to_dict() for m in moved]},
+                job_id=inc.job_id,
+                incident_id=inc.id,
+            )

@@ -1,0 +1,282 @@
+"""Attempts: each managed job's observed attempt mirrored into the store; a failed
+attempt (exit, fatal evidence on its cards, a hang) opens an incident with its
+attribution, in one fenced transaction with the attempt's end.
+"""
+
+from __future__ import annotations
+
+from trainguard.controller.engine.config import _LIVE, PassReport
+from trainguard.controller.engine.health import HealthEnforcer
+from trainguard.model.fleet import ActionState, FleetJob
+from trainguard.model.plan import ActionKind
+from trainguard.model.records import AttemptRecord, AttemptState, IncidentState, JobRecord, JobState
+from trainguard.policy.hang import hang_detector
+from trainguard.schedulers.base import JobPhase, Observation, ObservedJob
+from trainguard.store.fleet import Fence
+
+
+class AttemptSync(HealthEnforcer):
+    """Attempt sync and failure detection."""
+
+    def _sync_job(self, fj: FleetJob, obs: Observation, fence: Fence, report: PassReport) -> None:
+        job = self.store.get_job(fj.job_id)
+        oj = obs.jobs.get(fj.scheduler_ref)
+        if oj is None or job.state.terminal:
+            return
+        if self.traits.requeues_by_itself:
+            job = self._requeued_by_the_scheduler(fj, job, oj, fence, report)
+        if self.traits.shared_output:
+            self._seed_output(job.id, oj)
+        attempts = {a.number: a for a in self.store.list_attempts(job.id)}
+        now = self.clock()
+        # Attempts the scheduler has moved past end here (a requeue superseded them).
+        for number, att in attempts.items():
+            if number < oj.attempt:
+                self._hangs.pop((job.id, number), None)
+                self._evidence_read.discard((job.id, number))
+            if number < oj.attempt and not att.state.terminal:
+                self.store.finish_attempt(
+                    job.id,
+                    number,
+                    AttemptState.STOPPED,
+                    at=now,
+                    reason=f"superseded by attempt {oj.attempt}",
+                    actor=self.identity,
+                )
+        if oj.phase is JobPhase.PENDING or oj.started_at is None:
+            return
+        found = attempts.get(oj.attempt)
+        att = found if found is not None else self._start_attempt(job, oj, fence)
+        if att.state.terminal:
+            if oj.phase.terminal and not job.state.terminal:
+                self._stop_if_observed(job, att, fence)
+            return
+        self._follow_output(job.id, att, oj)
+        att = self.store.get_attempt(job.id, att.number)
+        if oj.phase is not JobPhase.RUNNING:
+            self._hangs.pop((job.id, att.number), None)  # over: nothing left to time
+            self._evidence_read.discard((job.id, att.number))
+        if oj.phase is JobPhase.COMPLETED:
+            with self.fleet.fenced(fence, self.clock()):
+                self.store.finish_attempt(
+                    job.id,
+                    att.number,
+                    AttemptState.COMPLETED,
+                    at=oj.ended_at or now,
+                    exit_code=0,
+                    actor=self.identity,
+                )
+                job = self.store.get_job(job.id)
+                if job.state in (JobState.RUNNING,):
+                    self.store.update_job_state(
+                        job.id,
+                        JobState.COMPLETED,
+                        at=now,
+                        reason="the job exited 0",
+                        actor=self.identity,
+                    )
+            return
+        if oj.phase is JobPhase.CANCELLED:
+            with self.fleet.fenced(fence, self.clock()):
+                self.store.finish_attempt(
+                    job.id,
+                    att.number,
+                    AttemptState.STOPPED,
+                    at=oj.ended_at or now,
+                    reason=oj.reason or "cancelled in the scheduler",
+                    actor=self.identity,
+                )
+                if not self._incident_for_attempt(job.id, att.number):
+                    self.store.update_job_state(
+                        job.id,
+                        JobState.STOPPED,
+                        at=now,
+                        reason=oj.reason or "cancelled in the scheduler",
+                        actor=self.identity,
+                    )
+            return
+        if oj.phase is JobPhase.FAILED:
+            self._attempt_failed(fj, job, att, oj, fence, report, hang_since=None)
+            return
+        # Running: fatal hardware evidence on its GPUs (a kernel-log XID an agent sent), or
+        # a fatal node finding on its hosts, fails it now instead of waiting for the job
+        # to crash or hang on the card, as in `trainguard run` (policy/evidence.py, 0130).
+        evidence = self._new_fatal_evidence(job.id, att, now)
+        if evidence:
+            self._hangs.pop((job.id, att.number), None)
+            job = self.store.get_job(job.id)  # _start_attempt may have just made it running
+            failed = self._failed_view(oj, att, job.id, evidence)
+            self._attempt_failed(fj, job, att, failed, fence, report, hang_since=None)
+            return
+        # Running: a hang is no progress for the policy's hang allowance, adaptive unless
+        # a fixed timeout is configured; the same detector as `trainguard run` (0130).
+        key = (job.id, att.number)
+        hang = self._hangs.get(key)
+        if hang is None:
+            hang = self._hangs[key] = hang_detector(self._policy(fj, job), att.started_at)
+        # The first step seen and the last: two progress points once the job moved past
+        # its first step, however many steps one pass saw (a pass samples progress).
+        if att.first_step is not None and att.first_step_at is not None:
+            hang.observe(att.first_step, att.first_step_at)
+        if att.last_step is not None and att.last_step_at is not None:
+            hang.observe(att.last_step, att.last_step_at)
+        if hang.check(now) is not None:
+            del self._hangs[key]
+            since = hang.last_progress_at if hang.last_progress_at is not None else att.started_at
+            self._attempt_failed(fj, job, att, oj, fence, report, hang_since=since)
+
+    def _requeued_by_the_scheduler(
+        self,
+        fj: FleetJob,
+        job: JobRecord,
+        oj: ObservedJob,
+        fence: Fence,
+        report: PassReport,
+    ) -> JobRecord:
+        """traits.requeues_by_itself: the scheduler moved past a live attempt by itself
+        (Slurm's NODE_FAIL with --requeue). With fatal evidence against it, that attempt
+        failed (an incident: the bad node is drained, the requeued attempt verified); it
+        was not merely superseded. Remembers the nodes each attempt started on."""
+        if oj.phase is JobPhase.RUNNING and oj.nodes:
+            self._attempt_nodes.setdefault((job.id, oj.attempt), tuple(oj.nodes))
+        now = self.clock()
+        attempts = {a.number: a for a in self.store.list_attempts(job.id)}
+        for number, att in sorted(attempts.items()):
+            if number >= oj.attempt or att.state.terminal or self._made_by_us(job.id, oj.attempt):
+                continue
+            evidence = self.fatal_evidence(job.id, att, now)
+            if evidence:
+                failed = self._failed_view(oj, att, job.id, evidence)
+                self._attempt_failed(fj, job, att, failed, fence, report, hang_since=None)
+                job = self.store.get_job(job.id)
+        return job
+
+    def _stop_if_observed(self, job: JobRecord, att: AttemptRecord, fence: Fence) -> None:
+        """Observe mode ended the attempt on evidence while it still ran (an XID on its
+        card, 0130); now its processes are gone too, and nothing restarts them."""
+        inc = self._incident_for_attempt(job.id, att.number)
+        if inc is None or inc.state is not IncidentState.OBSERVED:
+            return
+        with self.fleet.fenced(fence, self.clock()):
+            self.store.update_job_state(
+                job.id,
+                JobState.STOPPED,
+                at=self.clock(),
+                reason="observe mode: the job failed and nothing was restarted",
+                actor=self.identity,
+            )
+
+    def _start_attempt(self, job: JobRecord, oj: ObservedJob, fence: Fence) -> AttemptRecord:
+        assert oj.started_at is not None
+        # A recovery attempt: the incident names it, or (a crash between the requeue and
+        # its recorded result) an incident of the job has a restart still in flight.
+        recovering = [
+            i
+            for i in self.store.list_incidents(job_id=job.id)
+            if not i.state.terminal
+            and (
+                i.recovery_attempt == oj.attempt
+                or any(
+                    a.type == ActionKind.RESTART and a.state is ActionState.INTENDED
+                    for a in self.fleet.list_actions(i.id)
+                )
+            )
+        ]
+        with self.fleet.fenced(fence, self.clock()):
+            self.store.start_attempt(
+                job.id,
+                oj.attempt,
+                oj.devices,
+                at=oj.started_at,
+                checkpoint_path=oj.resume_from,
+                checkpoint_step=self._restored_step(recovering[0]) if recovering else None,
+                log_path=oj.output_path,
+                actor=self.identity,
+            )
+            target = AttemptState.VERIFYING if recovering else AttemptState.RUNNING
+            att = self.store.transition_attempt(
+                job.id, oj.attempt, target, at=oj.started_at, actor=self.identity
+            )
+            if job.state in (JobState.PENDING, JobState.WAITING):
+                self.store.update_job_state(
+                    job.id, JobState.RUNNING, at=self.clock(), actor=self.identity
+                )
+        return att
+
+    def _attempt_failed(
+        self,
+        fj: FleetJob,
+        job: JobRecord,
+        att: AttemptRecord,
+        oj: ObservedJob,
+        fence: Fence,
+        report: PassReport,
+        *,
+        hang_since: float | None,
+    ) -> None:
+        attribution = self.failure_attribution(job, att, oj, hang_since=hang_since)
+        now = self.clock()
+        reason = (
+            f"hang: no progress since {hang_since:.0f}"
+            if hang_since is not None
+            else f"failed: {attribution.summary}"
+        )
+        recovering = next(
+            (
+                i
+                for i in self.store.list_incidents(job_id=job.id)
+                if i.recovery_attempt == att.number and i.state in _LIVE
+            ),
+            None,
+        )
+        with self.fleet.fenced(fence, now):
+            current = self.store.get_attempt(job.id, att.number)
+            if current.state.terminal:
+                return  # another pass got here first
+            self.store.finish_attempt(
+                job.id,
+                att.number,
+                AttemptState.FAILED,
+                at=now,
+                exit_code=oj.exit_code if hang_since is None else None,
+                signal=oj.signal if hang_since is None else None,
+                reason=reason[:500],
+                actor=self.identity,
+            )
+            if recovering is not None:
+                # The restart did not verify: the same incident is acted on again.
+                note = f"attempt {att.number} failed before it verified: {attribution.summary}"
+                if recovering.state is IncidentState.VERIFYING:
+                    self.store.update_incident(
+                        recovering.id,
+                        at=now,
+                        state=IncidentState.ACTING,
+                        note=note,
+                        evidence=attribution.evidence[:10],
+                        actor=self.identity,
+                    )
+                else:
+                    self.store.update_incident(
+                        recovering.id, at=now, note=note, actor=self.identity
+                    )
+                job_now = self.store.get_job(job.id)
+                if job_now.state is JobState.RUNNING:
+                    self.store.update_job_state(
+                        job.id, JobState.RECOVERING, at=now, actor=self.identity
+                    )
+                return
+            inc = self.store.open_incident(
+                job.id,
+                att.number,
+                attribution,
+                detected_at=now,
+                fault_at=(oj.ended_at if hang_since is None else hang_since),
+                failed_step=att.last_step,
+                actor=self.identity,
+            )
+            if job.state is JobState.RUNNING:
+                self.store.update_job_state(
+                    job.id, JobState.RECOVERING, at=now, actor=self.identity
+                )
+        report.opened.append(inc.id)
+        self.crash.hit("detect.after_incident_opened")

@@ -1,0 +1,241 @@
+"""The reconciler's configuration, pass report, crash hooks and small shared helpers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainguard.controller.breaker import BreakerConfig
+from trainguard.controller.lease import CONTROLLER_LEASE, DEFAULT_TTL_SECONDS
+from trainguard.controller.repair import DeliveryConfig
+from trainguard.diagnose.attribution import DEFAULT_CORRELATION_WINDOW
+from trainguard.model.findings import Culprit
+from trainguard.model.fleet import ActionRecord, ActionState, EffectiveMode, Node, Scope, ScopeKind
+from trainguard.model.health import HealthState
+from trainguard.model.plan import (
+    Action,
+    ActionKind,
+    Mode,
+    PlanFormatError,
+    PriorFailure,
+    action_from_dict,
+)
+from trainguard.model.records import AttemptState, DeviceRecord, IncidentState
+
+ACTOR = "trainguard-serve"
+CRASH_ENV = "TRAINGUARD_TEST_CRASH_AT"
+PAUSE_ENV = "TRAINGUARD_TEST_PAUSE_AT"
+# Every point the crash test kills the controller at, in the order a recovery passes them.
+CRASH_POINTS = (
+    "detect.after_incident_opened",
+    "plan.after_recorded",
+    "act.after_acting",
+    "action.after_intent",
+    "action.after_apply",
+    "action.after_result",
+    "verify.before_recovered",
+    "verify.after_recovered",
+)
+_LIVE = (IncidentState.OPEN, IncidentState.ACTING, IncidentState.VERIFYING)
+_UNSCHEDULABLE = frozenset(
+    {HealthState.QUARANTINED, HealthState.REPAIR, HealthState.VALIDATING, HealthState.RETIRED}
+)
+
+
+class CrashPoints:
+    """The test hooks (decision 0083): at a named point, SIGKILL this process
+    (``TRAINGUARD_TEST_CRASH_AT``) or SIGSTOP it (``TRAINGUARD_TEST_PAUSE_AT``: a
+    leader frozen mid-action, for the fencing test). ``<point>#N``: the N-th time."""
+
+    def __init__(self, spec: str | None = None, pause: str | None = None) -> None:
+        self.kill_at = self._parse(CRASH_ENV, os.environ.get(CRASH_ENV) if spec is None else spec)
+        self.pause_at = self._parse(
+            PAUSE_ENV, os.environ.get(PAUSE_ENV) if pause is None else pause
+        )
+        self.seen: dict[str, int] = {}
+
+    @staticmethod
+    def _parse(env: str, spec: str | None) -> tuple[str, int] | None:
+        if not spec:
+            return None
+        name, _, nth = spec.partition("#")
+        if name not in CRASH_POINTS:
+            raise ValueError(f"{env}: unknown point {name!r} (one of {', '.join(CRASH_POINTS)})")
+        return name, int(nth or "1")
+
+    def hit(self, name: str) -> None:
+        if self.kill_at is None and self.pause_at is None:
+            return
+        self.seen[name] = self.seen.get(name, 0) + 1
+        if self.kill_at == (name, self.seen[name]):
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.pause_at == (name, self.seen[name]):
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+
+@dataclass(frozen=True)
+class ControlConfig:
+    """How ``trainguard serve`` reconciles; every field has a safe default."""
+
+    default_mode: Mode = Mode.OBSERVE  # the cluster default when no scope sets one
+    lease_name: str = CONTROLLER_LEASE
+    lease_ttl: float = DEFAULT_TTL_SECONDS
+    interval: float = 1.0
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)
+    repair_webhook: str | None = None
+    page_webhook: str | None = None
+    delivery: DeliveryConfig = field(default_factory=DeliveryConfig)
+    correlation_window: float = DEFAULT_CORRELATION_WINDOW
+    validation_failures_to_retire: int = 2
+    tail_lines: int = 200
+    progress_pattern: str | None = None
+    deliver: bool = True  # POST due webhooks at the end of each pass
+    # The health sync compares only what changed; everything again this often (0122).
+    health_resync_seconds: float = 60.0
+    # Leave damaged checkpoints where they are instead of moving them aside (0146).
+    keep_rejected_in_place: bool = False
+
+
+@dataclass
+class PassReport:
+    """What one pass did (the API's ``/metrics`` and the load benchmark read it)."""
+
+    at: float
+    leader: bool
+    token: int | None = None
+    duration: float = 0.0
+    opened: list[int] = field(default_factory=list)
+    planned: list[int] = field(default_factory=list)
+    applied: list[str] = field(default_factory=list)  # action keys finished this pass
+    waiting: list[int] = field(default_factory=list)  # approval ids pending
+    recovered: list[int] = field(default_factory=list)
+    deposed: bool = False
+    errors: list[str] = field(default_factory=list)
+    # Seconds per part of the pass (observe, inventory, health, jobs, incidents,
+    # deliver): where the time goes at fleet scale (bench/reconcile_pass.py).
+    phases: dict[str, float] = field(default_factory=dict)
+
+
+class _Phases:
+    """Records the time since the previous call under each name given."""
+
+    def __init__(self, into: dict[str, float]) -> None:
+        self.into = into
+        self.last = time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.into[name] = self.into.get(name, 0.0) + now - self.last
+        self.last = now
+
+
+def resolve_mode(
+    modes: Mapping[str, Mode], job_id: str | None, partition: str | None, default: Mode
+) -> EffectiveMode:
+    """The most specific scope wins: job, then partition, then cluster, then ``default``.
+
+    ``job_id`` may be ``None`` (or empty): a job not registered yet has no job scope
+    (``set_mode`` refuses one for an unknown job), so its partition's mode applies.
+    """
+    for scope in (
+        Scope(ScopeKind.JOB, job_id) if job_id else None,
+        Scope(ScopeKind.PARTITION, partition) if partition else None,
+        Scope(ScopeKind.CLUSTER),
+    ):
+        if scope is not None and scope.key in modes:
+            return EffectiveMode(modes[scope.key], scope)
+    return EffectiveMode(default, None)
+
+
+# Idle-card evidence older than this is not acted on (0130): a card in use or looked at
+# since then is not judged again on it.
+IDLE_EVIDENCE_MAX_AGE_S = 3600.0
+# New findings are read in batches of this many, at most this many batches a pass.
+FINDING_BATCH = 1000
+FINDING_BATCHES_PER_PASS = 10
+
+# More changed devices than this in one pass: one read of all instead of one each.
+_REREAD_ALL_ABOVE = 256
+
+
+@dataclass
+class _HealthView:
+    """What ``_enforce_health`` knew after the last pass (a cache: it only saves work)."""
+
+    cursor: int = -1  # audit id up to which stored health changes are applied; -1: none
+    loaded_at: float = 0.0  # when everything was last read and compared
+    devices: dict[str, DeviceRecord] = field(default_factory=dict)
+    nodes: dict[str, Node] = field(default_factory=dict)
+    seen: dict[str, tuple[Any, ...]] = field(default_factory=dict)  # node -> observed signature
+    pending: set[str] = field(default_factory=set)  # nodes that still differed last pass
+
+
+@dataclass
+class _OutputState:
+    offset: int = 0
+    partial: bytes = b""
+
+
+def _prior(f: Mapping[str, Any], fallback: Culprit | None = None) -> PriorFailure:
+    """A failure recorded in a plan's ``failures`` as ``decide()``'s history entry.
+
+    Its culprit goes with it (the network-repeat rule compares culprits, decision
+    0110); a plan recorded before culprits were kept takes ``fallback`` (the
+    incident's own culprit for the failure that opened it).
+    """
+    raw = f.get("culprit")
+    culprit = Culprit.from_dict(raw) if isinstance(raw, dict) else (fallback or Culprit())
+    return PriorFailure(
+        attempt=int(f["attempt"]),
+        signature=f.get("signature"),
+        domain=str(f["domain"]),
+        kind=str(f["kind"]),
+        culprit=culprit,
+    )
+
+
+_VERIFIABLE = (
+    AttemptState.COMPLETED,
+    AttemptState.RUNNING,
+    AttemptState.VERIFYING,
+    AttemptState.VERIFIED,
+)
+
+
+def _typed(action: Any) -> Action | None:
+    """A stored action with its type back; ``None`` when this version cannot read it
+    (the executor records it as failed instead of guessing)."""
+    if not isinstance(action, Mapping):
+        return None
+    try:
+        return action_from_dict(action)
+    except PlanFormatError:
+        return None
+
+
+def isolated_for_incident(ledger: Iterable[ActionRecord]) -> tuple[str, ...]:
+    """``RecoverySnapshot.isolated`` for one incident, from its action ledger (0111, 0121).
+
+    What ``trainguard run`` passes for the same incident: every resource a quarantine
+    of it took out of service (``done``, including one found already in effect), so
+    that decide(), asked again, neither quarantines it twice nor keeps it out on the
+    old evidence — its health state decides. Also a quarantine an operator denied
+    (decided for this incident: not asked again). Not one that failed in the
+    scheduler (nothing was isolated: try again) and not one the breaker suppressed
+    (the breaker is about the fleet, not the resource: asked again, the plan keeps
+    the suspect out of the restart, and quarantines it once the breaker is reset).
+    """
+    out: set[str] = set()
+    for a in ledger:
+        if a.type != ActionKind.QUARANTINE or a.data.get("resource_id") is None:
+            continue
+        result = a.result or {}
+        if a.state is ActionState.DONE or (
+            a.state is ActionState.SKIPPED and "suppressed" not in result
+        ):
+            out.add(str(a.data["resource_id"]))
+    return tuple(sorted(out))

@@ -1,0 +1,401 @@
+"""Evidence: the attempt's output (progress lines, the tail), agents' findings, and
+the attribution of a failure; the device statuses ``decide()`` sees, including the
+cards that evidence names (decision 0211).
+
+Scheduler-specific evidence (Slurm's node events and kernel logs, its own output
+seeding) plugs in through the methods a driver overrides: ``_hosts``,
+``_node_list``, ``_follow_output``, ``_device_statuses``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from trainguard.controller.engine.config import (
+    FINDING_BATCH,
+    FINDING_BATCHES_PER_PASS,
+    IDLE_EVIDENCE_MAX_AGE_S,
+    _OutputState,
+)
+from trainguard.controller.engine.core import EngineCore
+from trainguard.diagnose.attribution import attribute
+from trainguard.diagnose.detectors import ProcessExit, crash_finding, line_finding
+from trainguard.diagnose.signatures import Classifier
+from trainguard.model.devices import normalize_pci_bus_id
+from trainguard.model.findings import Attribution, Culprit, Domain, Finding, Severity
+from trainguard.model.health import HealthState
+from trainguard.model.plan import DeviceStatus
+from trainguard.model.records import AttemptRecord, JobRecord
+from trainguard.policy.decide import evidence_resources
+from trainguard.policy.evidence import Route, route_finding
+from trainguard.schedulers.base import JobPhase, NodePhase, Observation, ObservedJob, ObservedNode
+from trainguard.signals.output import split_lines
+
+# How much of a shared output file identifies it (traits.shared_output).
+HEAD_BYTES = 256
+
+
+def _down_not_drained(node: ObservedNode) -> bool:
+    return node.phase is NodePhase.DOWN and "DRAIN" not in getattr(node, "flags", ())
+
+
+class EvidenceFollower(EngineCore):
+    """Output following and failure evidence."""
+
+    def _follow_output(self, job_id: str, att: AttemptRecord, oj: ObservedJob) -> None:
+        """Progress lines (``step=N``) in the attempt's output become attempt progress."""
+        path = oj.output_path
+        if not path or oj.attempt != att.number:
+            return
+        if self.traits.shared_output and not self._shared_output_start((job_id, att.number), path):
+            return
+        state = self._outputs.setdefault((job_id, att.number), _OutputState())
+        try:
+            with open(path, "rb") as f:
+                f.seek(state.offset)
+                chunk = f.read(4 * 1024 * 1024)
+        except OSError:
+            return
+        if not chunk:
+            return
+        state.offset += len(chunk)
+        data = state.partial + chunk
+        # Progress bars redraw with \r: split there too, or a bar's steps wait for its \n.
+        lines, state.partial = split_lines(data)
+        steps = []
+        for raw in lines:
+            step = self._progress.parse(raw.decode("utf-8", "replace"))
+            if step is not None:
+                steps.append(step)
+        if not steps:
+            return
+        now = self.clock()
+        if att.first_step is None:
+            self.store.update_attempt_progress(job_id, att.number, steps[0], at=now)
+        last = max(steps)
+        if att.last_step is None or last > att.last_step or len(steps) > 1:
+            self.store.update_attempt_progress(job_id, att.number, last, at=now)
+
+    def _tail(self, path: str | None) -> list[str]:
+        if not path:
+            return []
+        try:
+            with open(path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                f.seek(max(0, size - 256 * 1024))
+                data = f.read()
+        except OSError:
+            return []
+        lines = data.decode("utf-8", "replace").splitlines()
+        return lines[-self.config.tail_lines :]
+
+    def _hosts(self, job_id: str, att: AttemptRecord) -> set[str]:
+        """The hosts whose fatal node findings fail the attempt (with the nodes it started
+        on, where the scheduler moves jobs by itself)."""
+        return {d.host for d in att.devices} | set(
+            self._attempt_nodes.get((job_id, att.number), ())
+        )
+
+    def _node_list(self, job_id: str, att: AttemptRecord, oj: ObservedJob) -> list[str]:
+        # The nodes the attempt started on when known (a requeue moves the job).
+        return list(self._attempt_nodes.get((job_id, att.number)) or oj.nodes)
+
+    def _seed_output(self, job_id: str, oj: ObservedJob) -> None:
+        """traits.shared_output, before a new attempt writes: remember where its output will
+        begin (the end of the file in append mode) and what the file begins with
+        (truncation changes it)."""
+        key = (job_id, oj.attempt)
+        path = oj.output_path
+        if key in self._outputs or not path or oj.attempt == 0:
+            return
+        if oj.phase is not JobPhase.PENDING:
+            prev = self._outputs.get((job_id, oj.attempt - 1))
+            if prev is None:
+                return
+            offset = prev.offset
+        else:
+            try:
+                offset = os.stat(path).st_size
+            except OSError:
+                return
+        if offset <= 0:
+            return
+        try:
+            with open(path, "rb") as f:
+                head = f.read(min(HEAD_BYTES, offset))
+        except OSError:
+            return
+        self._outputs[key] = _OutputState(offset=offset)
+        self._heads[key] = head
+
+    def _shared_output_start(self, key: tuple[str, int], path: str) -> bool:
+        """Where a seeded attempt's output starts in a shared file: at 0 when the file was
+        truncated for it, after the earlier attempts' when appended. False: unreadable."""
+        head = self._heads.get(key)
+        state = self._outputs.get(key)
+        if head is None or state is None:
+            return True
+        try:
+            size = os.stat(path).st_size
+            with open(path, "rb") as f:
+                now_head = f.read(len(head))
+        except OSError:
+            return False
+        if size < state.offset or now_head != head:
+            # Truncated for this attempt: its output starts at 0.
+            state.offset, state.partial = 0, b""
+            del self._heads[key]
+        elif size > state.offset:
+            del self._heads[key]  # appending: the new attempt's output follows
+        return True
+
+    def _read_new_findings(self) -> list[dict[str, Any]]:
+        """The findings stored since the last pass (by id: a late delivery counts too)."""
+        now = self.clock()
+        if self._finding_cursor is None:
+            # First pass (or a restart): what can still matter; each attempt's own
+            # history is read in full once by _new_fatal_evidence.
+            rows = self.fleet.findings_between(now - IDLE_EVIDENCE_MAX_AGE_S, now + 1.0)
+            self._finding_cursor = max((int(r["id"]) for r in rows), default=0)
+            return rows
+        out: list[dict[str, Any]] = []
+        for _ in range(FINDING_BATCHES_PER_PASS):
+            rows = self.fleet.findings_after(self._finding_cursor, FINDING_BATCH)
+            if rows:
+                self._finding_cursor = max(int(r["id"]) for r in rows)
+            out += rows
+            if len(rows) < FINDING_BATCH:
+                break
+        return out
+
+    def _new_fatal_evidence(self, job_id: str, att: AttemptRecord, now: float) -> list[Finding]:
+        """:meth:`fatal_evidence` over this pass's new findings; over the attempt's whole
+        history the first time this controller sees the attempt."""
+        key = (job_id, att.number)
+        if key not in self._evidence_read:
+            self._evidence_read.add(key)
+            return self.fatal_evidence(job_id, att, now)
+        return self.fatal_evidence(job_id, att, now, rows=self._pass_findings)
+
+    def fatal_evidence(
+        self,
+        job_id: str,
+        att: AttemptRecord,
+        until: float,
+        rows: Sequence[Mapping[str, Any]] | None = None,
+    ) -> list[Finding]:
+        """Findings since the attempt started that fail it now (``Route.RECOVER``):
+        fatal hardware faults on its GPUs, fatal node faults on its hosts; oldest first.
+        ``rows``: judge these stored findings instead of reading the attempt's."""
+        uuids = {d.uuid for d in att.devices}
+        # A finding ingested before the inventory knew the card names it by PCI bus id
+        # on its host: resolve it against the attempt's own devices.
+        by_pci: dict[tuple[str | None, str], str] = {
+            (d.host, d.pci_bus_id): d.uuid for d in att.devices
+        }
+        hosts = self._hosts(job_id, att)
+        out: list[Finding] = []
+        if rows is None:
+            rows = self.fleet.findings_between(att.started_at, until + 1.0)
+        for row in rows:
+            try:
+                f = Finding.from_dict(row["finding"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            if f.at < att.started_at:
+                continue
+            host = row.get("host") or f.culprit.host
+            uuid = row.get("device_uuid") or f.culprit.device_uuid
+            if uuid is None and f.culprit.pci_bus_id:
+                try:
+                    uuid = by_pci.get((host, normalize_pci_bus_id(f.culprit.pci_bus_id)))
+                except ValueError:
+                    uuid = None
+            route = route_finding(
+                f,
+                attempt_devices=uuids,
+                attempt_hosts=hosts,
+                device_uuid=uuid,
+                host=host,
+            )
+            if route is Route.RECOVER:
+                out.append(f)
+        return sorted(out, key=lambda f: f.at)
+
+    def _failed_view(
+        self, oj: ObservedJob, att: AttemptRecord, job_id: str, evidence: list[Finding]
+    ) -> ObservedJob:
+        """The observation as it will be once the attempt is over: failed at the first
+        evidence, the node the evidence names first (it is the attribution's culprit)."""
+        first = evidence[0]
+        bad = first.culprit.host
+        hosts = self._node_list(job_id, att, oj)
+        if bad and bad in hosts:
+            hosts = [bad] + [h for h in hosts if h != bad]
+        where = f" on {bad}" if bad else ""
+        return dataclasses.replace(
+            oj,
+            phase=JobPhase.FAILED,
+            attempt=att.number,
+            nodes=tuple(hosts),
+            ended_at=first.at,
+            exit_code=None,
+            signal=None,
+            reason=f"{first.kind}{where}: {first.message}"[:300],
+            output_path=att.log_path or oj.output_path,
+        )
+
+    def failure_attribution(
+        self,
+        job: JobRecord,
+        att: AttemptRecord,
+        oj: ObservedJob | None,
+        *,
+        hang_since: float | None,
+    ) -> Attribution:
+        """Everything known about why one attempt failed, attributed (diagnose.attribution)."""
+        now = self.clock()
+        devices = att.devices
+        findings: list[Finding] = []
+        failed_at = now
+        tail = self._tail(att.log_path or (oj.output_path if oj else None))
+        if hang_since is not None:
+            findings.append(
+                Finding(
+                    kind="hang",
+                    domain=Domain.UNKNOWN,
+                    at=now,
+                    source="controller",
+                    message=f"no progress for {now - hang_since:.0f} s",
+                    severity=Severity.FATAL,
+                    signature="hang",
+                    details={"since": hang_since},
+                )
+            )
+        elif oj is not None:
+            failed_at = oj.ended_at or now
+            exit_finding = crash_finding(
+                ProcessExit(
+                    at=failed_at,
+                    source="launcher",
+                    exit_code=oj.exit_code,
+                    signal=oj.signal,
+                    tail=tuple(tail[-20:]),
+                ),
+                devices,
+            )
+            if exit_finding is None and oj.phase is JobPhase.FAILED:
+                exit_finding = Finding(
+                    kind="crash",
+                    domain=Domain.NODE
+                    if oj.reason and "node" in oj.reason.lower()
+                    else Domain.UNKNOWN,
+                    at=failed_at,
+                    source="scheduler",
+                    message=oj.reason or "the scheduler reports the job failed",
+                    severity=Severity.FATAL,
+                    culprit=Culprit(host=oj.nodes[0] if oj.nodes else None),
+                    signature=f"scheduler:{oj.reason or 'failed'}",
+                )
+            if exit_finding is not None:
+                findings.append(exit_finding)
+        # The attempt's hosts only: an output line's PCI bus id names a card of the host
+        # that printed it (bus ids repeat across hosts), and it is not a fleet-wide read.
+        hosts = {d.host for d in devices} | set(oj.nodes if oj is not None else ())
+        inventory = [r.device for h in sorted(hosts) for r in self.store.list_devices(host=h)]
+        if tail:
+            # The streaming classifier: it sees whole tracebacks, not just single lines.
+            for match in Classifier().feed("\n".join(tail) + "\n"):
+                line = match.text or ""
+                if match.lineno is not None and 0 < match.lineno <= len(tail):
+                    line = tail[match.lineno - 1]
+                findings.append(line_finding(match, line, failed_at, "output", devices, inventory))
+        hosts = {d.host for d in devices}
+        uuids = {d.uuid for d in devices}
+        window = self.config.correlation_window
+        for row in self.fleet.findings_between(att.started_at - window, failed_at + window):
+            if not (
+                row["job_id"] == job.id
+                or row["device_uuid"] in uuids
+                or (row["host"] in hosts and row["device_uuid"] is None)
+            ):
+                continue
+            if row["job_id"] == job.id and row.get("attempt") not in (None, att.number):
+                continue  # reported for another attempt of the job: not this failure's
+            try:
+                findings.append(Finding.from_dict(row["finding"]))
+            except (KeyError, TypeError, ValueError):
+                continue
+        return attribute(findings, devices, failed_at, window)
+
+    def _device_statuses(self, obs: Observation, job_ref: str) -> tuple[DeviceStatus, ...]:
+        """The devices this job could get: all but those other live jobs hold.
+
+        traits.down_nodes_return: a node that is DOWN but not drained is not out of
+        service yet (it may come back by itself): the evidence against it must still
+        be able to quarantine it, so the policy sees its devices with their stored
+        health.
+        """
+        busy = {
+            d.uuid
+            for ref, oj in obs.jobs.items()
+            if ref != job_ref and oj.phase in (JobPhase.RUNNING, JobPhase.PENDING)
+            for d in oj.devices
+        }
+        drained = {
+            n.name
+            for n in obs.nodes.values()
+            if n.phase is not NodePhase.UP
+            and not (self.traits.down_nodes_return and _down_not_drained(n))
+        }
+        out = []
+        for rec in self.store.list_devices():
+            if rec.uuid in busy:
+                continue
+            state = rec.state
+            if rec.device.host in drained and state.schedulable:
+                state = HealthState.QUARANTINED  # the node is out: so are its devices
+            out.append(DeviceStatus(rec.device, state, rec.reason))
+        return tuple(out)
+
+    def _held_evidence(
+        self,
+        obs: Observation,
+        job_ref: str,
+        attribution: Attribution,
+        failed: AttemptRecord | None,
+        listed: tuple[DeviceStatus, ...],
+        isolated: tuple[str, ...],
+    ) -> tuple[DeviceStatus, ...]:
+        """Devices the failure's evidence names that another job holds by now (0120).
+
+        :meth:`_device_statuses` leaves out what other live jobs hold: those are not
+        this job's to get. But once a job dies its cards are free, and the scheduler
+        may hand the bad one to another job (a restart, a queued job) before the
+        incident is planned; decide() resolves evidence only against the devices it
+        is given, so it would not isolate the card at all. Such devices are added
+        with their health: hardware evidence on a card of the failed attempt, and the
+        devices of a host named by node evidence or by network evidence that names a
+        link or NIC. decide() excludes whatever it isolates from the restart, so they
+        never count as capacity — except what this incident already isolated (it is
+        skipped there without being excluded), which is therefore not added.
+        """
+        # decide()'s own rule for what the evidence isolates (one definition, 0130).
+        named_uuids, named_hosts = evidence_resources(attribution, failed.devices if failed else ())
+        uuids, hosts = set(named_uuids), set(named_hosts)
+        out = set(isolated)
+        uuids -= out
+        hosts -= out
+        present = {s.device.uuid for s in listed}
+        if not (uuids - present) and not hosts:
+            return ()
+        everyone = self._device_statuses(Observation(at=obs.at, jobs={}, nodes=obs.nodes), job_ref)
+        return tuple(
+            s
+            for s in everyone
+            if s.device.uuid not in present and (s.device.uuid in uuids or s.device.host in hosts)
+        )

@@ -1,0 +1,245 @@
+"""The one executor: a step of ``policy.step.step()`` carried out — intent written
+(ledger row and audit record, one transaction), keyed and fenced scheduler call,
+result and effects in one transaction; plans, approvals, skips, recovered and
+stopped marks (decision 0210).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from trainguard.controller.engine.actions import ActionRunner
+from trainguard.controller.engine.config import PassReport
+from trainguard.model.fleet import ActionRecord, ActionState, ApprovalState, FleetJob
+from trainguard.model.plan import ActionKind, Mode
+from trainguard.model.records import AttemptState, IncidentRecord, IncidentState, JobState
+from trainguard.policy.step import Step, StepKind
+from trainguard.schedulers.base import Observation
+from trainguard.store.fleet import Fence
+
+
+class Executor(ActionRunner):
+    """The one executor of step()'s steps."""
+
+    def _execute(
+        self,
+        st: Step,
+        inc: IncidentRecord,
+        fj: FleetJob,
+        obs: Observation,
+        modes: Mapping[str, Mode],
+        fence: Fence,
+        report: PassReport,
+    ) -> IncidentRecord:
+        """The one executor: carry out one step of ``step()`` and return the incident now.
+
+        An action is intent (ledger row, one transaction) -> keyed, fenced scheduler
+        call -> result with every store effect (one fenced transaction); a crash
+        between them repeats at most the call, which the key makes harmless.
+        """
+        kind = st.kind
+        if kind is StepKind.NOTHING:
+            return inc
+        if kind is StepKind.PLAN:
+            assert st.failed_attempt is not None
+            return self._plan(
+                inc,
+                fj,
+                obs,
+                modes,
+                fence,
+                report,
+                failed_attempt=st.failed_attempt,
+                only_if_changed=st.only_if_changed,
+            )
+        if kind is StepKind.MARK_STOPPED:
+            self._finish_stopped(inc, fj, fence, st.reason)
+            return self.store.get_incident(inc.id)
+        if kind is StepKind.NOTE_NOT_VERIFIED:
+            return self.store.update_incident(
+                inc.id, at=self.clock(), note=st.reason, actor=self.identity
+            )
+        if kind is StepKind.MARK_RECOVERED:
+            self._mark_recovered(st, inc, fence, report)
+            return self.store.get_incident(inc.id)
+        assert st.index is not None and st.key is not None
+        generation = inc.plan_generation
+        action = ((inc.plan or {}).get("actions") or [])[st.index]
+        if kind is StepKind.REQUEST_APPROVAL:
+            approval = self.fleet.approval_for(st.key) or self.fleet.request_approval(
+                kind=str(action.get("type")),
+                subject=self._subject(action, inc),
+                why=st.approval_why or st.reason,
+                at=self.clock(),
+                actor=self.identity,
+                incident_id=inc.id,
+                action_key=st.key,
+                data={"action": action, "generation": generation},
+                fence=fence,
+            )
+            if approval.state is ApprovalState.PENDING:
+                report.waiting.append(approval.id)
+            return inc
+        if kind is StepKind.SKIP:
+            denied = self.fleet.approval_for(st.key)
+            who = (
+                f"denied by {denied.decided_by}: {denied.decision_reason}"
+                if denied is not None
+                else "denied"
+            )
+            self._skip(inc, st.key, generation, st.index, action, fence, who)
+            report.applied.append(st.key)
+            return inc
+        # APPLY
+        if inc.state is IncidentState.OPEN:
+            with self.fleet.fenced(fence, self.clock()):
+                inc = self.store.update_incident(
+                    inc.id, at=self.clock(), state=IncidentState.ACTING, actor=self.identity
+                )
+            self.crash.hit("act.after_acting")
+        rec = self.fleet.get_action(st.key) if st.intent_recorded else None
+        if rec is None:
+            rec = self.fleet.record_intent(
+                st.key,
+                incident_id=inc.id,
+                generation=generation,
+                index=st.index,
+                type=str(action.get("type")),
+                data={k: v for k, v in action.items() if k != "type"},
+                subject=self._subject(action, inc),
+                message=self._describe(action, inc),
+                fence=fence,
+                at=self.clock(),
+                job_id=inc.job_id,
+            )
+            self.crash.hit("action.after_intent")
+        return self._carry_out(inc, fj, obs, rec, action, fence, report, st)
+
+    def _skip(
+        self,
+        inc: IncidentRecord,
+        key: str,
+        generation: int,
+        index: int,
+        action: Mapping[str, Any],
+        fence: Fence,
+        why: str,
+    ) -> None:
+        self.fleet.record_intent(
+            key,
+            incident_id=inc.id,
+            generation=generation,
+            index=index,
+            type=str(action.get("type")),
+            data={k: v for k, v in action.items() if k != "type"},
+            subject=self._subject(action, inc),
+            message=self._describe(action, inc),
+            fence=fence,
+            at=self.clock(),
+            job_id=inc.job_id,
+        )
+        self.fleet.record_result(
+            key,
+            ActionState.SKIPPED,
+            {"skipped": why},
+            subject=self._subject(action, inc),
+            message=f"{self._describe(action, inc)}: skipped ({why})",
+            fence=fence,
+            at=self.clock(),
+        )
+
+    def _carry_out(
+        self,
+        inc: IncidentRecord,
+        fj: FleetJob,
+        obs: Observation,
+        rec: ActionRecord,
+        action: Mapping[str, Any],
+        fence: Fence,
+        report: PassReport,
+        st: Step,
+    ) -> IncidentRecord:
+        assert self.scheduler is not None
+        kind = rec.type
+        if kind == ActionKind.QUARANTINE:
+            self._quarantine(inc, obs, rec, action, fence)
+        elif kind == ActionKind.RESTART:
+            self._restart(inc, fj, obs, rec, action, fence, st.exclude_devices, st.exclude_nodes)
+        elif kind == ActionKind.STOP:
+            self._stop(inc, fj, obs, rec, action, fence)
+        elif kind == ActionKind.WAIT_FOR_CAPACITY:
+            self._wait(inc, rec, action, fence)
+        else:
+            self._finish(
+                rec,
+                ActionState.FAILED,
+                {"error": f"unknown action {kind!r}"},
+                inc,
+                action,
+                fence,
+                lambda: None,
+            )
+        report.applied.append(rec.key)
+        return self.store.get_incident(inc.id)
+
+    def _finish_stopped(self, inc: IncidentRecord, fj: FleetJob, fence: Fence, reason: str) -> None:
+        now = self.clock()
+        with self.fleet.fenced(fence, now):
+            cur = self.store.get_incident(inc.id)
+            if not cur.state.terminal:
+                self.store.update_incident(
+                    inc.id, at=now, state=IncidentState.STOPPED, reason=reason, actor=self.identity
+                )
+            job = self.store.get_job(inc.job_id)
+            if not job.state.terminal:
+                self.store.update_job_state(
+                    inc.job_id, JobState.STOPPED, at=now, reason=reason, actor=self.identity
+                )
+
+    def _mark_recovered(
+        self, st: Step, inc: IncidentRecord, fence: Fence, report: PassReport
+    ) -> None:
+        """The restart verified: attempt verified, incident recovered (one transaction)."""
+        assert st.verification is not None and st.accounting is not None
+        assert inc.recovery_attempt is not None
+        acc = st.accounting
+        number = inc.recovery_attempt
+        now = self.clock()
+        self.crash.hit("verify.before_recovered")
+        with self.fleet.fenced(fence, now):
+            cur = self.store.get_incident(inc.id)
+            if cur.state is not IncidentState.VERIFYING:
+                return
+            att_now = self.store.get_attempt(inc.job_id, number)
+            if att_now.state is AttemptState.VERIFYING:
+                self.store.transition_attempt(
+                    inc.job_id,
+                    number,
+                    AttemptState.VERIFIED,
+                    at=now,
+                    reason=st.verification.reason,
+                    actor=self.identity,
+                )
+            if acc.resumed_on_its_own:
+                self.store.update_incident(
+                    inc.id,
+                    at=now,
+                    checkpoint_step=acc.restored_step,
+                    lost_steps=acc.lost_steps,
+                    warning=acc.warning,
+                    clear=("checkpoint_path",)
+                    + (("checkpoint_step",) if acc.restored_step is None else ()),
+                    note=acc.note,
+                    actor=self.identity,
+                )
+            self.store.update_incident(
+                inc.id,
+                at=now,
+                state=IncidentState.RECOVERED,
+                note=f"verified: {st.verification.reason}",
+                resumed_step=att_now.first_step,
+                actor=self.identity,
+            )
+        report.recovered.append(inc.id)
+        self.crash.hit("verify.after_recovered")

@@ -1,0 +1,312 @@
+"""Snapshots: what ``decide()`` (a Plan) and ``step()`` (the next step of an
+incident) read, built from the store and the observation; the Plan is recorded
+with its generation before any action (durable intent). Verification reads here
+too: the restarted attempt's progress as a ``RestartObservation``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from trainguard.controller.engine.attempts import AttemptSync
+from trainguard.controller.engine.config import (
+    _VERIFIABLE,
+    PassReport,
+    _prior,
+    _typed,
+    isolated_for_incident,
+)
+from trainguard.model.findings import Attribution, Finding
+from trainguard.model.fleet import ApprovalState, FleetJob, action_key
+from trainguard.model.plan import ActionKind, Mode, Quarantine, RecoverySnapshot, action_kind
+from trainguard.model.records import (
+    AttemptRecord,
+    AttemptState,
+    IncidentRecord,
+    IncidentState,
+    JobState,
+)
+from trainguard.policy import decide
+from trainguard.policy.approvals import approval_reason
+from trainguard.policy.step import IncidentSnapshot, PlannedAction
+from trainguard.policy.verify import DEFAULT_STEP_WINDOW, RestartObservation, VerifyRules
+from trainguard.schedulers.base import Observation
+from trainguard.store.fleet import Fence
+
+
+class SnapshotBuilder(AttemptSync):
+    """Snapshots for decide() and step(), and planning."""
+
+    def _plan(
+        self,
+        inc: IncidentRecord,
+        fj: FleetJob,
+        obs: Observation,
+        modes: Mapping[str, Mode],
+        fence: Fence,
+        report: PassReport,
+        *,
+        failed_attempt: int,
+        only_if_changed: bool = False,
+    ) -> IncidentRecord:
+        job = self.store.get_job(inc.job_id)
+        policy = self._policy(fj, job)
+        mode = self.effective_mode(fj, modes)
+        previous = inc.plan or {}
+        failures = list(previous.get("failures") or [])
+        if failed_attempt == inc.attempt or not failures:
+            attribution = Attribution(
+                kind=inc.kind,
+                domain=inc.domain,
+                culprit=inc.culprit,
+                confidence=inc.confidence or 0.0,
+                summary=inc.summary,
+                evidence=inc.evidence,
+                findings=tuple(
+                    Finding.from_dict(f)
+                    for f in (inc.attribution or {}).get("findings") or ()
+                    if isinstance(f, dict)
+                ),
+                signature=inc.signature,
+            )
+        else:
+            att = self.store.get_attempt(inc.job_id, failed_attempt)
+            oj = obs.jobs.get(fj.scheduler_ref)
+            # A recovery attempt that hung is attributed as a hang, as when it was detected.
+            hung = (att.reason or "").startswith("hang:")
+            attribution = self.failure_attribution(
+                job,
+                att,
+                oj if oj and oj.attempt == failed_attempt and not hung else None,
+                hang_since=(att.last_step_at or att.started_at) if hung else None,
+            )
+        if not any(int(f["attempt"]) == failed_attempt for f in failures):
+            failures.append(
+                {
+                    "attempt": failed_attempt,
+                    "signature": attribution.signature,
+                    "domain": attribution.domain.value,
+                    "kind": attribution.kind.value,
+                    "summary": attribution.summary,
+                    "culprit": attribution.culprit.to_dict(),
+                }
+            )
+        history = self._failures(inc.job_id, inc.id) + [
+            _prior(f, inc.culprit if int(f["attempt"]) == inc.attempt else None) for f in failures
+        ]
+        ledger = self.fleet.list_actions(inc.id)
+        isolated = isolated_for_incident(ledger)
+        restarts_used = self._restarts_used(inc, ledger)
+        failed_rec = self._attempt_or_none(inc.job_id, failed_attempt)
+        devices = self._device_statuses(obs, fj.scheduler_ref)
+        devices += self._held_evidence(
+            obs, fj.scheduler_ref, attribution, failed_rec, devices, isolated
+        )
+        now = self.clock()
+        snapshot = RecoverySnapshot(
+            now=now,
+            job_id=inc.job_id,
+            attempt=failed_attempt,
+            restarts_used=restarts_used,
+            policy=policy,
+            mode=mode.mode,
+            attribution=attribution,
+            devices=devices,
+            assigned=failed_rec.device_uuids if failed_rec else (),
+            checkpoints=self._checkpoints(job),
+            history=tuple(history),
+            isolated=isolated,
+        )
+        plan = decide(snapshot)
+        plan_dict = plan.to_dict()
+        if only_if_changed and plan.last_kind is ActionKind.WAIT_FOR_CAPACITY:
+            return inc  # still no capacity: keep waiting, record nothing new
+        plan_dict.update(
+            attempt=failed_attempt,
+            planned_at=now,
+            failures=failures,
+            restarts_used=restarts_used,
+            scope=None if mode.scope is None else mode.scope.key,
+            opted_in=fj.opted_in,
+            leader={"holder": fence.holder, "token": fence.token},
+        )
+        with self.fleet.fenced(fence, now):
+            self.store.record_plan(inc.id, plan_dict, at=now, actor=self.identity)
+            if mode.mode is Mode.OBSERVE:
+                why = (
+                    "the job did not opt in"
+                    if not fj.opted_in
+                    else f"mode observe ({mode.scope.key if mode.scope else 'default'})"
+                )
+                would = "; ".join(plan.reasons) or "no action"
+                cur = self.store.get_incident(inc.id)
+                if cur.state is IncidentState.OPEN:
+                    self.store.update_incident(
+                        inc.id,
+                        at=now,
+                        state=IncidentState.OBSERVED,
+                        note=f"{why}: nothing done (would: {would})",
+                        actor=self.identity,
+                    )
+                else:
+                    self.store.update_incident(
+                        inc.id,
+                        at=now,
+                        state=IncidentState.STOPPED,
+                        reason=f"{why}: nothing more done (would: {would})",
+                        actor=self.identity,
+                    )
+                job_now = self.store.get_job(inc.job_id)
+                oj = obs.jobs.get(fj.scheduler_ref)
+                if not job_now.state.terminal and (oj is None or oj.phase.terminal):
+                    self.store.update_job_state(
+                        inc.job_id,
+                        JobState.STOPPED,
+                        at=now,
+                        reason=f"{why}: the job failed and nothing was restarted",
+                        actor=self.identity,
+                    )
+        report.planned.append(inc.id)
+        self.crash.hit("plan.after_recorded")
+        return self.store.get_incident(inc.id)
+
+    def _incident_snapshot(
+        self, inc: IncidentRecord, fj: FleetJob, modes: Mapping[str, Mode]
+    ) -> IncidentSnapshot:
+        """Everything ``step()`` needs about one incident, read from the store now."""
+        now = self.clock()
+        base = IncidentSnapshot(
+            now=now,
+            incident_id=inc.id,
+            state=inc.state,
+            domain=inc.domain.value,
+            generation=inc.plan_generation,
+            incident_attempt=inc.attempt,
+            recovery_attempt=inc.recovery_attempt,
+            failed_step=inc.failed_step,
+            offered_path=inc.checkpoint_path,
+            said=tuple(t.what for t in inc.timeline),
+        )
+        if inc.state.terminal:
+            return base
+        rec = (
+            None
+            if inc.recovery_attempt is None
+            else self._attempt_or_none(inc.job_id, inc.recovery_attempt)
+        )
+        base = dataclasses.replace(base, recovery_state=None if rec is None else rec.state)
+        if inc.state is IncidentState.VERIFYING:
+            return self._verify_snapshot(base, inc, fj, rec)
+        if inc.plan_generation == 0:
+            return base
+        plan = inc.plan or {}
+        raw = [a for a in plan.get("actions") or () if isinstance(a, dict)]
+        actions = tuple(PlannedAction(i, action_kind(a), _typed(a)) for i, a in enumerate(raw))
+        ledger = {
+            a.index: a.state
+            for a in self.fleet.list_actions(inc.id)
+            if a.generation == inc.plan_generation
+        }
+        pending = [a for a in actions if a.index not in ledger or not ledger[a.index].terminal]
+        if not pending:
+            return dataclasses.replace(
+                base,
+                actions=actions,
+                ledger=ledger,
+                plan_attempt=int(plan.get("attempt", inc.attempt)),
+            )
+        prior_domains = tuple(f.domain for f in self._failures(inc.job_id, inc.id)) + tuple(
+            str(f["domain"]) for f in (plan.get("failures") or [])[:-1]
+        )
+        nxt = pending[0]
+        approvals: dict[int, ApprovalState] = {}
+        if nxt.index not in ledger and approval_reason(
+            str(raw[nxt.index].get("type")), domain=inc.domain.value, prior_domains=prior_domains
+        ):
+            got = self.fleet.approval_for(action_key(inc.id, inc.plan_generation, nxt.index))
+            if got is not None:
+                approvals[nxt.index] = got.state
+        placement: dict[str, Any] = {}
+        if nxt.kind is ActionKind.RESTART:
+            others: list[Quarantine] = []
+            for other in self._live_incidents():
+                if other.id != inc.id:
+                    others += [
+                        q
+                        for q in map(_typed, (other.plan or {}).get("actions") or ())
+                        if isinstance(q, Quarantine)
+                    ]
+            placement = {
+                "unschedulable_devices": frozenset(self.fleet.unschedulable_devices()),
+                "unschedulable_nodes": frozenset(self.fleet.unschedulable_nodes()),
+                "other_plan_targets": tuple(others),
+            }
+        return dataclasses.replace(
+            base,
+            actions=actions,
+            planned_at=float(plan.get("planned_at", 0.0)),
+            ledger=ledger,
+            approvals=approvals,
+            mode=self.effective_mode(fj, modes).mode,
+            prior_domains=prior_domains,
+            plan_attempt=int(plan.get("attempt", inc.attempt)),
+            **placement,
+        )
+
+    def _verify_snapshot(
+        self,
+        base: IncidentSnapshot,
+        inc: IncidentRecord,
+        fj: FleetJob,
+        att: AttemptRecord | None,
+    ) -> IncidentSnapshot:
+        """What verification reads about the recovery attempt (policy/verify.py, 0145)."""
+        if att is None or att.state not in _VERIFIABLE:
+            return base  # not started yet (pending), or failed: the sync re-plans it
+        job = self.store.get_job(inc.job_id)
+        policy = self._policy(fj, job)
+        others = [a for a in self.store.list_attempts(inc.job_id) if a.number != att.number]
+        restored = inc.checkpoint_step if inc.checkpoint_path is not None else None
+        valid = self._valid_checkpoints(job.checkpoint_dir)
+        saves = [(s, t) for s, t in valid if t >= att.started_at]
+        # Checkpoints newer than the offered one that were there when the restart began
+        # (the old attempt trained on while a dead node was awaited): a job that picks
+        # its own newest restores one of them, and loses less.
+        newer = tuple(
+            s
+            for s, t in valid
+            if s is not None and restored is not None and s > restored and t < att.started_at
+        )
+        observation = RestartObservation(
+            now=base.now,
+            started_at=att.started_at,
+            restored_step=restored,
+            first_step=att.first_step,
+            first_at=att.first_step_at,
+            last_step=att.last_step,
+            last_at=att.last_step_at,
+            rate=att.step_rate,
+            # No rate check here: the store's step times are when a pass read the
+            # job's log, not when the steps ran, so a pre-failure rate is not measured.
+            baseline_rate=None,
+            step_signal=att.first_step is not None or any(a.first_step is not None for a in others),
+            # Liveness is checkpoints it wrote since: a job the scheduler merely
+            # reports running has not shown progress.
+            alive_from=att.started_at if saves else None,
+            alive_until=max((t for _, t in saves), default=None),
+            alive_evidence=f"{len(saves)} checkpoint(s) written",
+            saved_steps=tuple(s for s, _ in saves if s is not None),
+            newer_valid_steps=newer,
+            trained_on_to=self._trained_on_to(inc),
+            completed=att.state is AttemptState.COMPLETED,
+        )
+        rules = VerifyRules(
+            window_seconds=policy.verify_window_seconds,
+            min_rate_ratio=policy.verify_min_rate_ratio,
+            # The store keeps an attempt's first and last step only, not its
+            # logging stride: the configured window.
+            step_window=DEFAULT_STEP_WINDOW,
+        )
+        return dataclasses.replace(base, restart=observation, verify_rules=rules)
