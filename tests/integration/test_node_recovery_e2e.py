@@ -193,3 +193,48 @@ def test_from_config_builds_one_bmc_per_configured_node(rig: BmcRig) -> None:
     rig.emulators["n2"].fault(power="Off")
     [out] = step.run_once(rig.cluster.observe(), rig.fence, T0)
     assert out.node == "n2" and out.step is NodeStep.ISOLATE and "powered off" in out.reason
+
+
+def test_the_control_plane_pass_runs_the_node_step_in_act_mode_only(rig: BmcRig) -> None:
+    """Wired into serve's engine (``serve --bmc-config``): the same step, once a pass,
+    after the jobs' incidents; observe mode never isolates or power-cycles a node."""
+    from trainguard.controller.service import ControlConfig, ControlPlane
+    from trainguard.model.plan import Mode
+
+    rig.emulators["n1"].fault(power="Off")
+    watching = ControlPlane(
+        rig.store, rig.cluster, config=ControlConfig(default_mode=Mode.OBSERVE), identity="rig"
+    )
+    watching.reconciler.node_recovery = rig.recovery
+    report = watching.run_once(T0 + 1)
+    assert report.leader and report.nodes == [] and not report.errors
+    assert rig.fleet.get_node("n1").state is HealthState.HEALTHY
+    acting = ControlPlane(
+        rig.store, rig.cluster, config=ControlConfig(default_mode=Mode.ACT), identity="rig"
+    )
+    acting.reconciler.node_recovery = rig.recovery
+    report = acting.run_once(T0 + 2)
+    assert report.leader and report.nodes == ["n1: isolate"], report.errors
+    assert "BMC: power off" in _isolated_for_repair(rig, "n1")
+    assert rig.fleet.get_node("n2").state is HealthState.HEALTHY
+
+
+def test_serve_options_build_the_node_step_from_a_bmc_config(rig: BmcRig) -> None:
+    from trainguard.api.wiring import ServeOptions, build_control
+
+    cfg = rig.tmp / "bmc.toml"
+    cfg.write_text(
+        "".join(
+            f'[nodes.{n}]\naddress = "{e.url}"\ncredentials = "{n}-s3cret.cred"\n'
+            for n, e in rig.emulators.items()
+        )
+    )
+    opts = ServeOptions(database=str(rig.tmp / "tg.db"), mode="act", bmc_config=str(cfg))
+    control = build_control(rig.store, opts, lambda: T0, rig.cluster)
+    assert control is not None
+    assert sorted(control.reconciler.node_recovery.bmcs) == ["n1", "n2"]
+    with pytest.raises(ValueError, match="needs a cluster scheduler"):
+        build_control(rig.store, opts, lambda: T0, None)
+    missing = ServeOptions(database=str(rig.tmp / "tg.db"), bmc_config=str(rig.tmp / "no.toml"))
+    with pytest.raises(ValueError, match=r"no\.toml"):
+        build_control(rig.store, missing, lambda: T0, rig.cluster)

@@ -91,6 +91,13 @@ def register(subparsers: Any) -> None:
         help="leave damaged checkpoints where they are (default: before a requeue they are "
         "moved into <checkpoint dir>/.trainguard-rejected/ with a note of why)",
     )
+    parser.add_argument(
+        "--bmc-config",
+        metavar="FILE",
+        help="the nodes' BMCs (TOML, one [nodes.NAME] table each; see `trainguard bmc`): in "
+        "act mode a node that stops answering is looked at out of band, isolated, "
+        "power-cycled after an approval and returned after it answers again (0242)",
+    )
     add_log_level_option(parser, "warning")
     parser.set_defaults(func=run)
 
@@ -126,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
         tls_key=args.tls_key,
         default_database=args.database == DEFAULT_STATE,
         keep_rejected_in_place=args.keep_rejected_in_place,
+        bmc_config=args.bmc_config,
     )
     try:
         return serve(options, say=lambda m: print(m, flush=True))

@@ -42,6 +42,7 @@ class ServeOptions:
     tls_key: str | None = None
     default_database: bool = False  # the database is the default path (its dir may be made)
     keep_rejected_in_place: bool = False  # do not move damaged checkpoints aside (0146)
+    bmc_config: str | None = None  # nodes' BMCs (TOML): the lost-node step runs (0242)
 
 
 def parse_nodes(text: str) -> dict[str, int]:
@@ -111,7 +112,34 @@ def build_control(
         page_webhook=options.page_webhook,
         keep_rejected_in_place=options.keep_rejected_in_place,
     )
-    return ControlPlane(store, scheduler, clock, config=config, identity=options.holder)
+    control = ControlPlane(store, scheduler, clock, config=config, identity=options.holder)
+    if options.bmc_config:
+        control.reconciler.node_recovery = _node_recovery(control, scheduler, options)
+    return control
+
+
+def _node_recovery(control: Any, scheduler: Any | None, options: ServeOptions) -> Any:
+    """The lost-node step over the BMCs of ``--bmc-config`` (decision 0242); its action
+    ledger lives beside a SQLite state database, else beside the BMC config."""
+    from trainguard.controller.node_recovery import NodeRecovery, scheduler_validation
+    from trainguard.schedulers.base import SchedulerError
+
+    if scheduler is None:
+        raise ValueError("--bmc-config needs a cluster scheduler (--scheduler)")
+    assert options.bmc_config is not None
+    beside = options.database if "://" not in options.database else options.bmc_config
+    try:
+        return NodeRecovery.from_config(
+            control.fleet,
+            scheduler,
+            options.bmc_config,
+            ledger_dir=Path(beside).absolute().parent / "bmc-ledger",
+            validate=scheduler_validation(scheduler),
+            actor=control.identity,
+            webhook=options.repair_webhook,
+        )
+    except (SchedulerError, ImportError) as exc:
+        raise ValueError(str(exc)) from None
 
 
 __all__ = ["ServeOptions", "build_control", "load_scheduler", "parse_nodes"]

@@ -407,4 +407,21 @@ class NodeRecovery:
             )
 
 
-__all__ = ["MARK", "Bmc", "NodeOutcome", "NodeRecovery", "Validation"]
+def scheduler_validation(scheduler: ClusterScheduler) -> Callable[[str], Validation]:
+    """The validation ``trainguard serve`` uses after a power cycle when nothing richer is
+    configured: a fresh observation shows the node answering again (not DOWN). The
+    device-level checks of ``trainguard validate`` (preflight) remain the operator's
+    to run through the repair record; this only decides the node may take work."""
+
+    def validate(node: str) -> Validation:
+        seen = scheduler.observe().nodes.get(node)
+        if seen is None:
+            return Validation(False, f"the scheduler no longer lists {node}")
+        if seen.phase is NodePhase.DOWN:
+            return Validation(False, f"{node} still does not answer the scheduler")
+        return Validation(True, f"{node} answers the scheduler again ({seen.phase.value})")
+
+    return validate
+
+
+__all__ = ["MARK", "Bmc", "NodeOutcome", "NodeRecovery", "Validation", "scheduler_validation"]

@@ -130,9 +130,29 @@ class Reconciler(Executor):
                 except Exception as exc:
                     report.errors.append(f"incident {inc.id}: {type(exc).__name__}: {exc}")
             phase("incidents")
+            self._recover_nodes(modes, fence, report)
+            phase("nodes")
         if self.config.deliver:
             deliver_due(self.fleet, self.clock(), self.config.delivery)
             phase("deliver")
+
+    def _recover_nodes(self, modes: dict[str, Mode], fence: Fence, report: PassReport) -> None:
+        """The lost-node step (BMC evidence, power cycle with approval; 0242), in act mode
+        only: it drains, quarantines and power-cycles, which observe mode never does."""
+        if self.node_recovery is None or self.scheduler is None:
+            return
+        if resolve_mode(modes, None, None, self.config.default_mode).mode is not Mode.ACT:
+            return
+        try:
+            outcomes = self.node_recovery.run_once(self.scheduler.observe(), fence, self.clock())
+        except (Fenced, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # a BMC that misbehaves must not stop the pass
+            report.errors.append(f"node recovery: {type(exc).__name__}: {exc}")
+            return
+        for o in outcomes:
+            step = getattr(o.step, "value", o.step)
+            report.nodes.append(f"{o.node}: {step}")
 
     def _plan_new(
         self,

@@ -115,6 +115,8 @@ class PassReport:
     recovered: list[int] = field(default_factory=list)
     deposed: bool = False
     errors: list[str] = field(default_factory=list)
+    # What the node-recovery step (BMC, decision 0242) did this pass, one line a node.
+    nodes: list[str] = field(default_factory=list)
     # Seconds per part of the pass (observe, inventory, health, jobs, incidents,
     # deliver): where the time goes at fleet scale (bench/reconcile_pass.py).
     phases: dict[str, float] = field(default_factory=dict)

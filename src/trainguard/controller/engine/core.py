@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from trainguard.controller.checkpoint_care import select_checkpoints
 from trainguard.controller.engine.config import (
@@ -38,9 +38,16 @@ from trainguard.model.fleet import (
 from trainguard.model.plan import ActionKind, Mode, PriorFailure, RecoveryPolicy
 from trainguard.model.records import AttemptRecord, IncidentRecord, IncidentState, JobRecord
 from trainguard.policy.budget import BudgetEntry, restarts_used
-from trainguard.schedulers.base import ClusterScheduler
+from trainguard.schedulers.base import ClusterScheduler, Observation
 from trainguard.store import NotFound, Store
-from trainguard.store.fleet import FleetStore
+from trainguard.store.fleet import Fence, FleetStore
+
+
+class NodeStepRunner(Protocol):
+    """A pass step over the cluster's nodes (the BMC node-recovery step): ``run_once``
+    returns one outcome per node it acted on, each with ``node`` and ``step``."""
+
+    def run_once(self, obs: Observation, fence: Fence, now: float) -> Sequence[Any]: ...
 
 
 class EngineCore:
@@ -67,6 +74,9 @@ class EngineCore:
         self.elector = LeaderElector(
             self.fleet, identity, self.config.lease_name, self.config.lease_ttl
         )
+        # The lost-node step (controller/node_recovery.py, 0242), set by the control plane
+        # when BMCs are configured; run in act mode after the jobs' incidents.
+        self.node_recovery: NodeStepRunner | None = None
         self._seen_devices: dict[str, tuple[str, int, str]] = {}
         self._seen_nodes: dict[str, tuple[str | None, tuple[tuple[str, str], ...]]] = {}
         self._health = _HealthView()
