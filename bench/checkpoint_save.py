@@ -15,7 +15,11 @@ run and on the same file system, each repetition measures:
 - ``async``: ``save()`` with ``async_save=True`` until it returns (the stall), and
   until the checkpoint is valid (``SaveResult.save_seconds``). The first
   asynchronous save allocates the host staging buffers; later ones reuse them
-  (the steady state, reported; the first one is shown as "cold").
+  (the steady state, reported; the first one is shown as "cold"). The staging
+  copy runs with the thread count the stager measured fastest (decision 0295);
+- ``async_torch_threads``: the same with the copy on torch's own intra-op thread
+  count (the behaviour before decision 0295), interleaved in every repetition so
+  that old and new are compared under the same load.
 
 Targets (issue 2): sync/raw >= 0.8, async/raw >= 0.8 (throughput ratios), async
 stall / sync save time <= 0.1. Each ratio is taken within one repetition (the
@@ -44,6 +48,7 @@ from torch import nn
 
 from trainguard.train import CheckpointManager, TrainState
 from trainguard.train._fsio import _sync_file_range
+from trainguard.train.state import HostStager
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CHUNK = 64 << 20
@@ -124,40 +129,86 @@ def main(argv: list[str] | None = None) -> int:
     print(f"state: {nbytes / 2**20:.0f} MiB in {len(tensors)} tensors; dir: {work}", flush=True)
 
     runs: dict[str, list[float]] = {
-        k: [] for k in ("raw", "raw_wb", "sync", "async_stall", "async_total")
+        k: []
+        for k in (
+            "raw",
+            "raw_wb",
+            "sync",
+            "async_stall",
+            "async_total",
+            "async_torch_threads_stall",
+            "async_torch_threads_total",
+        )
     }
     # Ratios are taken within each repetition (same minute, same load from other
     # processes), then the median over repetitions is reported.
     paired: dict[str, list[float]] = {
-        k: [] for k in ("sync_vs_raw", "async_vs_raw", "async_stall_vs_sync")
+        k: []
+        for k in (
+            "sync_vs_raw",
+            "async_vs_raw",
+            "async_stall_vs_sync",
+            "async_torch_threads_vs_raw",
+            "async_torch_threads_stall_vs_sync",
+        )
     }
     sync_ckpt = CheckpointManager(work / "sync", keep=1)
     async_ckpt = CheckpointManager(work / "async", keep=1, async_save=True)
+    old_ckpt = CheckpointManager(work / "async_torch_threads", keep=1, async_save=True)
+    # The staging copy as it was before decision 0295: torch's own thread count.
+    old_ckpt._stager = HostStager(threads=torch.get_num_threads())
     try:
         # Warm-up: first touches of the file system; the first async save allocates
         # (page-faults) its host staging buffers, later ones reuse them.
         first_async_stall, _ = async_save(async_ckpt, state, 0)
+        async_save(old_ckpt, state, 0)
         sync_save(sync_ckpt, state, 0)
+        # Let the stager finish measuring its thread count (a few warm copies of
+        # the same tree the manager stages) before the timed repetitions.
+        replicated, per_rank = state.collect()
+        while async_ckpt._stager.threads is None:
+            async_ckpt._stager.stage({"replicated": replicated, "per_rank": per_rank})
+        print(f"staging copy threads: {async_ckpt._stager.threads}", flush=True)
         for rep in range(1, args.repeats + 1):
             raw = raw_write(tensors, work / "raw.bin", writeback=False)
             sync = sync_save(sync_ckpt, state, rep)
-            stall, total = async_save(async_ckpt, state, rep)
+            # Alternate which async variant goes first, so neither always follows
+            # the same measure.
+            if rep % 2:
+                stall, total = async_save(async_ckpt, state, rep)
+                old_stall, old_total = async_save(old_ckpt, state, rep)
+            else:
+                old_stall, old_total = async_save(old_ckpt, state, rep)
+                stall, total = async_save(async_ckpt, state, rep)
             raw_wb = raw_write(tensors, work / "raw.bin", writeback=True)
             for key, value in zip(
-                ("raw", "sync", "async_stall", "async_total", "raw_wb"),
-                (raw, sync, stall, total, raw_wb),
+                (
+                    "raw",
+                    "sync",
+                    "async_stall",
+                    "async_total",
+                    "async_torch_threads_stall",
+                    "async_torch_threads_total",
+                    "raw_wb",
+                ),
+                (raw, sync, stall, total, old_stall, old_total, raw_wb),
                 strict=True,
             ):
                 runs[key].append(value)
             paired["sync_vs_raw"].append(raw / sync)
             paired["async_vs_raw"].append(raw / total)
             paired["async_stall_vs_sync"].append(stall / sync)
+            paired["async_torch_threads_vs_raw"].append(raw / old_total)
+            paired["async_torch_threads_stall_vs_sync"].append(old_stall / sync)
             print(
                 f"  rep {rep}: raw {raw:.2f} s, sync {sync:.2f} s, async {total:.2f} s "
-                f"(stall {stall:.3f} s), raw+wb {raw_wb:.2f} s",
+                f"(stall {stall:.3f} s), async torch threads {old_total:.2f} s "
+                f"(stall {old_stall:.3f} s), raw+wb {raw_wb:.2f} s",
                 flush=True,
             )
+        stage_threads = async_ckpt._stager.threads
         async_ckpt.close()
+        old_ckpt.close()
         sync_ckpt.close()
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -174,8 +225,16 @@ def main(argv: list[str] | None = None) -> int:
         "sync_vs_raw": best["raw"] / best["sync"],
         "async_vs_raw": best["raw"] / best["async_total"],
         "async_stall_vs_sync": best["async_stall"] / best["sync"],
+        "async_torch_threads_vs_raw": best["raw"] / best["async_torch_threads_total"],
+        "async_torch_threads_stall_vs_sync": best["async_torch_threads_stall"] / best["sync"],
     }
-    targets = {"sync_vs_raw": 0.8, "async_vs_raw": 0.8, "async_stall_vs_sync": 0.1}
+    targets = {
+        "sync_vs_raw": 0.8,
+        "async_vs_raw": 0.8,
+        "async_stall_vs_sync": 0.1,
+        "async_torch_threads_vs_raw": 0.8,
+        "async_torch_threads_stall_vs_sync": 0.1,
+    }
 
     print()
     print(f"{'measure':<28}{'seconds':>10}{'MiB/s':>10}")
@@ -185,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
         "sync": "sync save",
         "async_total": "async save (until valid)",
         "async_stall": "async save stall",
+        "async_torch_threads_total": "async, torch threads",
+        "async_torch_threads_stall": "stall, torch threads",
     }
     for key, label in labels.items():
         print(f"{label:<28}{med[key]:>10.3f}{mib / med[key]:>10.0f}")
@@ -195,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         target = targets.get(key)
         mark = ""
         if target is not None:
-            upper = key == "async_stall_vs_sync"
+            upper = key.endswith("stall_vs_sync")
             ok = value <= target if upper else value >= target
             mark = f"{'<=' if upper else '>='}{target} {'ok' if ok else 'MISS'} (median)"
         best_text = f"{best_ratios[key]:>9.3f}" if key in best_ratios else " " * 9
@@ -208,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
         "median_seconds": med,
         "runs_seconds": runs,
         "first_async_stall_seconds": first_async_stall,
+        "stage_threads": stage_threads,
+        "torch_threads": torch.get_num_threads(),
         "ratios": ratios,
         "best_seconds": best,
         "best_ratios": best_ratios,

@@ -182,3 +182,36 @@ def test_dist_context_without_a_process_group(monkeypatch: pytest.MonkeyPatch) -
     assert DistContext(rank=1, world_size=2, collectives=False).temp_token(5) == same
     monkeypatch.setenv("TRAINGUARD_ATTEMPT", "1")
     assert DistContext(rank=1, world_size=2, collectives=False).temp_token(5) != same
+
+
+def test_host_stager_keeps_the_faster_thread_count() -> None:
+    """Warm stages alternate torch's thread count and one thread; the faster is kept."""
+    default = torch.get_num_threads()
+    if default < 2:
+        pytest.skip("needs more than one torch thread to have a choice")
+    t = torch.zeros(5 << 20)  # 20 MiB: above the tuning threshold
+    seen: list[int] = []
+    now = [0.0]
+
+    def clock() -> float:
+        # A copy "takes" 1 s with torch's threads and 0.25 s with one thread.
+        seen.append(torch.get_num_threads())
+        now[0] += 0.5 if seen[-1] > 1 else 0.125
+        return now[0]
+
+    stager = HostStager(clock=clock)
+    stager.stage({"w": t})  # cold: allocates, not timed
+    for _ in range(4):
+        stager.stage({"w": t})
+    assert stager.threads == 1
+    assert torch.get_num_threads() == default  # the training loop's setting is restored
+    t.fill_(7.0)
+    assert stager.stage({"w": t})["w"].eq(7.0).all()
+
+
+def test_host_stager_fixed_threads_are_not_tuned() -> None:
+    stager = HostStager(threads=torch.get_num_threads())
+    t = torch.zeros(5 << 20)
+    for _ in range(5):
+        stager.stage({"w": t})
+    assert stager.threads == torch.get_num_threads()
