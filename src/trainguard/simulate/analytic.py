@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 
 from trainguard.checkpoints.interval import advise, expected_waste
+from trainguard.simulate.measured import checkpoint_blocking_seconds, mean_restart_seconds
 from trainguard.simulate.scenario import JobSpec, Scenario
 
 
@@ -62,8 +63,12 @@ def advised_interval(scenario: Scenario, job: JobSpec) -> float:
     mtbf = expected_job_mtbf(scenario, job)
     if not math.isfinite(mtbf):
         return job.checkpoint.interval_seconds
-    delta = max(job.checkpoint.blocking_seconds, 1e-3)
-    restart = job.restart_seconds + job.restore_seconds
+    ck = job.checkpoint
+    measured = scenario.measured
+    delta = max(
+        checkpoint_blocking_seconds(measured, ck.blocking_seconds, ck.async_write_seconds), 1e-3
+    )
+    restart = mean_restart_seconds(measured, job.restart_seconds + job.restore_seconds)
     tau = advise(delta, mtbf, restart).recommended_seconds
     steps = max(1, round(tau / job.step_seconds))
     return steps * job.step_seconds

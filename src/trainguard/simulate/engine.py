@@ -35,6 +35,7 @@ import numpy as np
 from trainguard.diagnose.detectors import HangConfig, HangDetector
 from trainguard.model.health import HealthState, check_health_transition
 from trainguard.model.statemachine import check_transition
+from trainguard.simulate.measured import checkpoint_blocking_seconds
 from trainguard.simulate.scenario import ComponentSpec, Dist, JobSpec, Scenario
 from trainguard.simulate.trace import FaultTrace, placement
 
@@ -304,6 +305,13 @@ class Simulation:
         self.policy = policy
         self.seed = seed
         self.record_timeline = record_timeline
+        # Benchmark figures replace the scenario's assumptions for trainguard only.
+        baseline = not policy.name.startswith("trainguard")
+        self.measured = None if baseline else scenario.measured
+        self._stall_share = [
+            self.measured.snapshot_stall_share(j.step_seconds) if self.measured else 0.0
+            for j in scenario.jobs
+        ]
         cl = scenario.cluster
         self.gpn = cl.gpus_per_node
         self.n_dev = cl.total_gpus
@@ -355,12 +363,16 @@ class Simulation:
     def detection_delay(self, job: Job, signal: str, u: float) -> float:
         """Seconds from a fault to the policy's recovery acting on it."""
         table = self.scenario.baseline_detection if self._baseline() else self.scenario.detection
+        measured = self.measured
+        if measured is not None and signal in measured.detection_seconds:
+            return measured.detection_seconds[signal]
         dist = table[signal]
         if dist.kind == "adaptive":
             # trainguard's own hang detector, with its default configuration, after it
             # has watched this job's steps; the hang strikes somewhere within a step.
             step = job.spec.step_seconds
-            return max(0.0, adaptive_hang_timeout(step) - u * step)
+            extra = measured.hang_extra_seconds if measured is not None else None
+            return max(0.0, adaptive_hang_timeout(step) - u * step) + (extra or 0.0)
         return dist.quantile(u)
 
     def hours(self, dist: Dist, u: float | None = None) -> float:
@@ -395,14 +407,16 @@ class Simulation:
             if dt > 0:
                 elastic = job.elastic_rate
                 slow = self.scenario.straggler_rate if job.straggler is not None else 1.0
-                job.progress += elastic * slow * dt
+                stall = self._stall_share[job.index]
+                job.progress += elastic * slow * (1.0 - stall) * dt
+                job.acct["checkpoint"] += elastic * slow * stall * dt  # memory snapshots
                 job.acct["degraded"] += (1.0 - elastic) * dt
                 job.acct["detection"] += elastic * (1.0 - slow) * dt
         job.last_update = self.now
 
     def rate(self, job: Job) -> float:
         slow = self.scenario.straggler_rate if job.straggler is not None else 1.0
-        return job.elastic_rate * slow
+        return job.elastic_rate * slow * (1.0 - self._stall_share[job.index])
 
     # --- public actions (used by policies) ------------------------------------------
 
@@ -508,6 +522,10 @@ class Simulation:
         duration = delay + extra_seconds + spec.restart_seconds
         if checkpoint is not None:
             duration += spec.restore_seconds
+        signal = job.last_fault.comp.signal if job.last_fault is not None else ""
+        if self.measured is not None and signal in self.measured.restart_seconds:
+            # Measured from fault detected to training again, restore included.
+            duration = delay + extra_seconds + self.measured.restart_seconds[signal]
         self.push(self.now + duration, Ev.STARTED, job.index, job.epoch)
 
     def wait_capacity(self, job: Job) -> None:
@@ -524,6 +542,7 @@ class Simulation:
     def rollback(self, job: Job, checkpoint: SimCheckpoint | None) -> None:
         """Throw away progress after ``checkpoint`` and book it as rework/detection."""
         target = checkpoint.position if checkpoint is not None else 0.0
+        target = self._measured_restore_point(job, target)
         lost = max(0.0, job.progress - target)
         if job.sdc is not None and job.sdc.onset < job.progress:
             on_bad = min(lost, job.progress - max(job.sdc.onset, target))
@@ -540,6 +559,20 @@ class Simulation:
             job.sdc = None  # restored state predates the corruption: it is gone
         if job.bug is not None and job.bug.position <= target:
             job.bug = None
+
+    def _measured_restore_point(self, job: Job, target: float) -> float:
+        """Where a restore really lands with measured figures (see ``simulate.measured``)."""
+        measured = self.measured
+        fault = job.last_fault
+        if measured is None or fault is None or job.sdc is not None:
+            return target  # a silently corrupt state is never restored from memory
+        signal = fault.comp.signal
+        step = job.spec.step_seconds
+        if measured.memory_snapshots and signal in measured.restart_seconds:
+            snap = job.progress - measured.snapshot_interval_steps(step) * step
+            target = max(target, snap)
+        extra = measured.extra_lost_steps.get(signal, 0.0) * step
+        return max(0.0, min(job.progress, target - extra) if extra else target)
 
     # --- event handling -------------------------------------------------------------
 
@@ -736,9 +769,11 @@ class Simulation:
         job.inflight = ck
         job.next_ckpt = job.progress + job.interval
         self._set_state(job, JobState.SAVING)
-        self.push(
-            self.now + job.spec.checkpoint.blocking_seconds, Ev.SAVE_DONE, job.index, job.epoch
+        ck_spec = job.spec.checkpoint
+        blocking = checkpoint_blocking_seconds(
+            self.measured, ck_spec.blocking_seconds, ck_spec.async_write_seconds
         )
+        self.push(self.now + blocking, Ev.SAVE_DONE, job.index, job.epoch)
 
     def _on_save_done(self, job: Job) -> None:
         if job.state is not JobState.SAVING:
