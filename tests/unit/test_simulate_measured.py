@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
+from trainguard.checkpoints.interval import advise
 from trainguard.simulate import parse_scenario
+from trainguard.simulate.analytic import advised_snapshot_steps, expected_job_mtbf
 from trainguard.simulate.engine import JobResult, Simulation
 from trainguard.simulate.measured import Measured, MeasuredError, load_measured
 from trainguard.simulate.policies import make_policy
@@ -22,12 +24,16 @@ STEP = 2.0  # the small scenario's step time
 DAY = 86400.0
 
 
-def quiet() -> Scenario:
-    """The small scenario without random failures, at the job's own checkpoint interval."""
+def quiet(software_mtbf_hours: float = 1e12) -> Scenario:
+    """The small scenario with hand-written faults, at the job's own checkpoint interval.
+
+    The rates only feed the interval advisors (the trace is hand-written).
+    """
     doc = yaml.safe_load((REPO / "src/trainguard/simulate/scenarios/small.yaml").read_text())
     doc["duration_days"] = 10
     for comp in doc["components"].values():
         comp["mtbf_hours"] = 1e12
+    doc["components"]["software"]["mtbf_hours"] = software_mtbf_hours
     doc["trainguard"] = {"checkpoint_interval": "job"}
     return parse_scenario(doc)
 
@@ -95,8 +101,8 @@ def test_disk_only_measured_detection_restart_and_excess_lost_steps(tmp_path: Pa
     )
 
 
-def test_memory_snapshots_lose_one_snapshot_interval_and_stall_each_step(tmp_path: Path) -> None:
-    sc = quiet()
+def test_memory_snapshots_lose_less_than_one_interval_and_stall(tmp_path: Path) -> None:
+    sc = quiet(software_mtbf_hours=0.02)  # the advisor then snapshots every few steps
     snap = {
         "schema": "trainguard.snapshot_stall/1",
         "stall_seconds": 0.5,
@@ -105,16 +111,27 @@ def test_memory_snapshots_lose_one_snapshot_interval_and_stall_each_step(tmp_pat
     files = [write(tmp_path, "r.json", recovery_doc(crash={"min_lost_steps": 4.0}))]
     files.append(write(tmp_path, "s.json", snap))
     m = load_measured(files, memory_snapshots=True)
-    assert m.snapshot_interval_steps(STEP) == 1 and m.snapshot_stall_share(STEP) == 0.25
-    job = run(with_overrides(sc, measured=m))
-    assert job.lost_hours["rework"] * 3600 == pytest.approx(1 * STEP)  # one snapshot interval
-    no_snap = run(with_overrides(sc, measured=load_measured(files)))
-    # A quarter of running time goes to the snapshot stall, booked as checkpoint time.
-    assert job.lost_hours["checkpoint"] > no_snap.lost_hours["checkpoint"] + 0.2 * 24 * 9
-    # A slot write longer than a step: a snapshot every ceil(write / step) steps.
+    measured_sc = with_overrides(sc, measured=m)
+    steps = advised_snapshot_steps(measured_sc, sc.jobs[0])
+    mtbf = expected_job_mtbf(sc, sc.jobs[0])
+    young = advise(0.5, mtbf, 7.0).recommended_seconds
+    assert steps == max(1, round(young / STEP)) and 1 < steps < 50
+    job = run(measured_sc)
+    disk = run(with_overrides(sc, measured=load_measured(files)))
+    # The crash restores the newest snapshot: less than one snapshot interval is lost,
+    # where the disk-only run loses everything since the last 30-minute checkpoint.
+    assert 0 <= job.lost_hours["rework"] * 3600 < steps * STEP
+    assert disk.lost_hours["rework"] * 3600 > 100 * steps * STEP
+    # Each snapshot stalls 0.5 s, booked as checkpoint time: share 0.5 / (steps x step).
+    share = m.snapshot_stall_share(STEP, steps)
+    assert share == pytest.approx(0.5 / (steps * STEP))
+    extra = job.lost_hours["checkpoint"] - disk.lost_hours["checkpoint"]
+    assert extra == pytest.approx(share * (job.wall_hours - 0.3), rel=0.05)
+    # A slot write longer than a step: a snapshot every ceil(write / step) steps at least.
     slow = Measured(memory_snapshots=True, snapshot_stall_seconds=0.5, snapshot_write_seconds=4.5)
-    assert slow.snapshot_interval_steps(STEP) == 3
-    assert slow.snapshot_stall_share(STEP) == pytest.approx(0.5 / 6)
+    assert slow.min_snapshot_steps(STEP) == 3
+    assert slow.snapshot_stall_share(STEP, 3) == pytest.approx(0.5 / 6)
+    assert advised_snapshot_steps(with_overrides(quiet(), measured=slow), sc.jobs[0]) > 1000
 
 
 def test_checkpoint_save_ratio_sets_the_disk_stall(tmp_path: Path) -> None:

@@ -58,6 +58,20 @@ def expected_job_mtbf(scenario: Scenario, job: JobSpec) -> float:
     return math.inf if rate <= 0 else 1.0 / rate
 
 
+def advised_snapshot_steps(scenario: Scenario, job: JobSpec) -> int:
+    """Steps between trainguard's memory snapshots (0: off), the same advisor as disk."""
+    measured = scenario.measured
+    if measured is None or not measured.memory_snapshots:
+        return 0
+    least = measured.min_snapshot_steps(job.step_seconds)
+    mtbf = expected_job_mtbf(scenario, job)
+    if not math.isfinite(mtbf):
+        return least
+    restart = mean_restart_seconds(measured, job.restart_seconds + job.restore_seconds)
+    tau = advise(max(measured.snapshot_stall_seconds, 1e-3), mtbf, restart).recommended_seconds
+    return max(least, round(tau / job.step_seconds))
+
+
 def advised_interval(scenario: Scenario, job: JobSpec) -> float:
     """The checkpoint interval trainguard's advisor recommends for ``job`` (whole steps)."""
     mtbf = expected_job_mtbf(scenario, job)

@@ -24,13 +24,16 @@ benchmark figure                   simulator parameter (trainguard policies only
 ``- min_lost_steps``               checkpoint stays the simulator's (the bench's
                                    checkpoint interval is not the scenario's); steps
                                    lost beyond that minimum are added as rework.
-                                   Memory snapshots on: lost work = the snapshot
-                                   interval (steps x ``step_seconds``) for the three
-                                   measured kinds, on top of the same excess.
+                                   Memory snapshots on: a crash/xid/hang restores the
+                                   newest snapshot (lost work = progress since it, less
+                                   than one snapshot interval), on top of the excess.
 ``snapshot_stall.json``            memory snapshots on: each snapshot stalls training
-``stall_seconds``                  ``stall_seconds`` (booked as *checkpoint*); one
-``slot_write_seconds``             snapshot every ``ceil(slot_write / step)`` steps
-                                   (a slot must be written before the next one).
+``stall_seconds``                  ``stall_seconds`` (booked as *checkpoint*). The
+``slot_write_seconds``             snapshot interval is the Young/Daly interval of that
+                                   stall at the job's MTBF (the disk checkpoint advisor,
+                                   :func:`trainguard.checkpoints.interval.advise`), in
+                                   whole steps, at least ``ceil(slot_write / step)``
+                                   (a slot is written before the next one starts).
 ``checkpoint_save.json``           disk checkpoint stall = the scenario's
 ``ratios.async_stall_vs_sync``     ``async_write_seconds`` (its full write time) x
                                    the measured stall / sync save ratio.
@@ -81,16 +84,15 @@ class Measured:
     checkpoint_stall_ratio: float | None = None
     figures: tuple[Figure, ...] = ()
 
-    def snapshot_interval_steps(self, step_seconds: float) -> int:
-        """Steps between memory snapshots: a slot must be written before the next."""
+    def min_snapshot_steps(self, step_seconds: float) -> int:
+        """The fewest steps between memory snapshots: a slot is written before the next."""
         return max(1, math.ceil(self.snapshot_write_seconds / step_seconds - 1e-9))
 
-    def snapshot_stall_share(self, step_seconds: float) -> float:
-        """Share of running time stalled by memory snapshots (0 when they are off)."""
-        if not self.memory_snapshots:
+    def snapshot_stall_share(self, step_seconds: float, steps: int) -> float:
+        """Share of running time stalled by a memory snapshot every ``steps`` steps."""
+        if not self.memory_snapshots or steps <= 0:
             return 0.0
-        interval = self.snapshot_interval_steps(step_seconds) * step_seconds
-        return min(1.0, self.snapshot_stall_seconds / interval)
+        return min(1.0, self.snapshot_stall_seconds / (steps * step_seconds))
 
     def to_dict(self) -> dict[str, Any]:
         return {
