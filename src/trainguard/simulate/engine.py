@@ -17,6 +17,11 @@ The engine knows nothing about recovery policy: on a detected failure it asks
 the :class:`Policy` what to do, and the policy answers through the engine's
 action methods (:meth:`Simulation.restart`, :meth:`Simulation.wait_capacity`,
 :meth:`Simulation.wait_manual`, :meth:`Simulation.quarantine`, ...).
+
+The records (job states, faults, results) live in :mod:`trainguard.simulate.jobs`,
+the devices and their repair in :mod:`trainguard.simulate.fleet` (a base class of
+:class:`Simulation`); measured figures (``scenario.measured``, trainguard's policies
+only) are mapped in :mod:`trainguard.simulate.measured`.
 """
 
 from __future__ import annotations
