@@ -77,7 +77,9 @@ def test_llama3_with_the_committed_measured_figures() -> None:
     per_restart = {k: j.lost_hours["restart"] * 3600 / max(1, j.restarts) for k, j in runs.items()}
     assert per_restart["disk"] < per_restart["assumed"] / 3
     assert runs["disk"].ettr > runs["assumed"].ettr
-    # Memory snapshots: far less rework, paid for with the snapshot stall.
+    # Memory snapshots: crash/XID/hang restore the newest snapshot (less rework), so disk
+    # checkpoints are set for the other failures only and come far less often.
     assert runs["memory"].lost_hours["rework"] < runs["disk"].lost_hours["rework"] * 0.75
-    assert runs["memory"].lost_hours["checkpoint"] > runs["disk"].lost_hours["checkpoint"]
+    assert runs["memory"].interval_minutes > 3 * runs["disk"].interval_minutes
+    assert runs["memory"].lost_hours["checkpoint"] < runs["disk"].lost_hours["checkpoint"]
     assert runs["memory"].ettr > runs["disk"].ettr

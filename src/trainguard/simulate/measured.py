@@ -34,6 +34,9 @@ benchmark figure                   simulator parameter (trainguard policies only
                                    :func:`trainguard.checkpoints.interval.advise`), in
                                    whole steps, at least ``ceil(slot_write / step)``
                                    (a slot is written before the next one starts).
+                                   Disk checkpoints: the advisor's interval for the
+                                   failures a snapshot cannot restore (not crash, xid,
+                                   hang; see ``analytic.advised_interval``).
 ``checkpoint_save.json``           disk checkpoint stall = the scenario's
 ``ratios.async_stall_vs_sync``     ``async_write_seconds`` (its full write time) x
                                    the measured stall / sync save ratio.
