@@ -95,6 +95,7 @@ def run(size_mb: int, steps: int, step_seconds: float, shm: str | None) -> dict[
     step_med = statistics.median(plain)
     stall_med = statistics.median(stalls)
     return {
+        "schema": "trainguard.snapshot_stall/1",
         "size_mb": size_mb,
         "steps": steps,
         "step_seconds_configured": step_seconds,

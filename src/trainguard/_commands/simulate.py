@@ -3,7 +3,9 @@
 Runs a scenario (a YAML file, or a built-in one with ``--scenario NAME``) with
 plain restart, scheduler requeue and trainguard's own ``decide()`` on the same
 failure trace, and prints ETTR, lost GPU-hours by cause and counts; ``--json``
-for machines, ``--plot out.png`` for a timeline.
+for machines, ``--plot out.png`` for a timeline. ``--measured FILE`` takes
+trainguard's detection, restart, lost-work and stall figures from benchmark result
+files (``bench/results/*.json``; mapping in :mod:`trainguard.simulate.measured`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="policies to run (repeatable): restart, requeue, trainguard, "
         "trainguard-job-interval (default: the scenario's list)",
     )
+    p.add_argument(
+        "--measured",
+        action="append",
+        metavar="FILE",
+        help="benchmark result file (repeatable): bench/results/recovery_latency.json, and "
+        "optionally snapshot_stall.json, checkpoint_save.json; trainguard then uses these "
+        "measured figures instead of the scenario's",
+    )
+    p.add_argument(
+        "--memory-snapshots",
+        action="store_true",
+        help="with --measured: trainguard restores crash/xid/hang from in-memory snapshots "
+        "(needs a snapshot_stall result)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--plot", metavar="OUT.png", help="write a timeline plot (PNG)")
     p.add_argument("--list", action="store_true", help="list the built-in scenarios and exit")
@@ -46,6 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from trainguard.simulate import ScenarioError, builtin_scenarios, load_scenario, simulate
+    from trainguard.simulate.measured import MeasuredError, load_measured
     from trainguard.simulate.report import (
         LOST_COLUMNS,
         SUMMARY_COLUMNS,
@@ -54,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         plot_timeline,
         summary_rows,
     )
-    from trainguard.simulate.scenario import POLICY_NAMES
+    from trainguard.simulate.scenario import POLICY_NAMES, with_overrides
 
     if args.list:
         for name in builtin_scenarios():
@@ -73,6 +90,14 @@ def run(args: argparse.Namespace) -> int:
         scenario = load_scenario(args.file or args.scenario)
     except ScenarioError as exc:
         return error(f"invalid scenario: {exc}", 2)
+    if args.memory_snapshots and not args.measured:
+        return error("--memory-snapshots needs --measured FILE", 2)
+    if args.measured:
+        try:
+            measured = load_measured(args.measured, memory_snapshots=args.memory_snapshots)
+        except MeasuredError as exc:
+            return error(f"--measured: {exc}", 2)
+        scenario = with_overrides(scenario, measured=measured)
     with Bar("simulating", None, enabled=progress_wanted(args)) as bar:
         report = simulate(
             scenario,
@@ -101,6 +126,13 @@ def run(args: argparse.Namespace) -> int:
         f"{scenario.duration_days:g} days, {trials} trial(s), seeds {report.seeds[0]}"
         + (f"..{report.seeds[-1]}" if trials > 1 else "")
     )
+    if scenario.measured is not None:
+        snapshots = "memory snapshots" if scenario.measured.memory_snapshots else "disk only"
+        print_table(
+            f"trainguard's measured figures ({snapshots}; baselines keep the scenario's)",
+            ("figure", "value", "file"),
+            [[f.name, f"{f.value:.3g}", f.source] for f in scenario.measured.figures],
+        )
     print_table("ETTR by policy (same failure trace)", SUMMARY_COLUMNS, summary_rows(report))
     print_table("lost GPU-hours by cause", LOST_COLUMNS, lost_rows(report))
     if scenario.calibration:

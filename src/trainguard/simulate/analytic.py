@@ -24,7 +24,8 @@ from __future__ import annotations
 import math
 
 from trainguard.checkpoints.interval import advise, expected_waste
-from trainguard.simulate.scenario import JobSpec, Scenario
+from trainguard.simulate.measured import checkpoint_blocking_seconds, mean_restart_seconds
+from trainguard.simulate.scenario import SIGNALS, JobSpec, Scenario
 
 
 def first_order_ettr(tau: float, delta: float, mtbf: float, restart: float) -> float:
@@ -38,16 +39,21 @@ def exact_ettr(tau: float, delta: float, mtbf: float, restart: float) -> float:
     return lam * tau / (math.expm1(lam * (tau + delta)) * (1.0 + lam * restart))
 
 
-def expected_job_mtbf(scenario: Scenario, job: JobSpec) -> float:
+def expected_job_mtbf(
+    scenario: Scenario, job: JobSpec, signals: frozenset[str] | None = None
+) -> float:
     """The job's MTBF (seconds) implied by the scenario's primary failure rates.
 
     This is what trainguard's store would estimate from observed failures of a
     job of this size; lemon repeats are left out (trainguard isolates lemons).
+    ``signals``: only the failures that show as one of these.
     """
     gpn = scenario.cluster.gpus_per_node
     nodes = -(-job.gpus // gpn)
     rate = 0.0
     for comp in scenario.components:
+        if signals is not None and comp.signal not in signals:
+            continue
         if comp.scope == "device":
             rate += comp.rate_per_second * job.gpus
         elif comp.scope == "node":
@@ -57,13 +63,39 @@ def expected_job_mtbf(scenario: Scenario, job: JobSpec) -> float:
     return math.inf if rate <= 0 else 1.0 / rate
 
 
-def advised_interval(scenario: Scenario, job: JobSpec) -> float:
-    """The checkpoint interval trainguard's advisor recommends for ``job`` (whole steps)."""
+def advised_snapshot_steps(scenario: Scenario, job: JobSpec) -> int:
+    """Steps between trainguard's memory snapshots (0: off), the same advisor as disk."""
+    measured = scenario.measured
+    if measured is None or not measured.memory_snapshots:
+        return 0
+    least = measured.min_snapshot_steps(job.step_seconds)
     mtbf = expected_job_mtbf(scenario, job)
     if not math.isfinite(mtbf):
+        return least
+    restart = mean_restart_seconds(measured, job.restart_seconds + job.restore_seconds)
+    tau = advise(max(measured.snapshot_stall_seconds, 1e-3), mtbf, restart).recommended_seconds
+    return max(least, round(tau / job.step_seconds))
+
+
+def advised_interval(scenario: Scenario, job: JobSpec) -> float:
+    """The checkpoint interval trainguard's advisor recommends for ``job`` (whole steps).
+
+    With memory snapshots, a crash, XID or hang restores the newest snapshot: the disk
+    interval is set for the other failures (silent corruption, stragglers), the only
+    ones that roll back to disk.
+    """
+    measured = scenario.measured
+    disk_signals = None
+    if measured is not None and measured.memory_snapshots:
+        disk_signals = frozenset(SIGNALS) - frozenset(measured.restart_seconds)
+    mtbf = expected_job_mtbf(scenario, job, disk_signals)
+    if not math.isfinite(mtbf):
         return job.checkpoint.interval_seconds
-    delta = max(job.checkpoint.blocking_seconds, 1e-3)
-    restart = job.restart_seconds + job.restore_seconds
+    ck = job.checkpoint
+    delta = max(
+        checkpoint_blocking_seconds(measured, ck.blocking_seconds, ck.async_write_seconds), 1e-3
+    )
+    restart = mean_restart_seconds(measured, job.restart_seconds + job.restore_seconds)
     tau = advise(delta, mtbf, restart).recommended_seconds
     steps = max(1, round(tau / job.step_seconds))
     return steps * job.step_seconds

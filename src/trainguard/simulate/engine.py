@@ -17,204 +17,68 @@ The engine knows nothing about recovery policy: on a detected failure it asks
 the :class:`Policy` what to do, and the policy answers through the engine's
 action methods (:meth:`Simulation.restart`, :meth:`Simulation.wait_capacity`,
 :meth:`Simulation.wait_manual`, :meth:`Simulation.quarantine`, ...).
+
+The records (job states, faults, results) live in :mod:`trainguard.simulate.jobs`,
+the devices and their repair in :mod:`trainguard.simulate.fleet` (a base class of
+:class:`Simulation`); measured figures (``scenario.measured``, trainguard's policies
+only) are mapped in :mod:`trainguard.simulate.measured`.
 """
 
 from __future__ import annotations
 
-import functools
 import heapq
 import math
 import random
 import time
-from dataclasses import dataclass, field
-from enum import IntEnum, StrEnum
 from typing import Protocol
 
 import numpy as np
 
-from trainguard.diagnose.detectors import HangConfig, HangDetector
-from trainguard.model.health import HealthState, check_health_transition
+from trainguard.model.health import HealthState
 from trainguard.model.statemachine import check_transition
-from trainguard.simulate.scenario import ComponentSpec, Dist, JobSpec, Scenario
+from trainguard.simulate.analytic import advised_snapshot_steps
+from trainguard.simulate.fleet import Fleet
+from trainguard.simulate.jobs import (
+    CATEGORIES,
+    CATEGORY_HELP,
+    JOB_TRANSITIONS,
+    STATE_CATEGORY,
+    BugState,
+    Ev,
+    Fault,
+    Job,
+    JobResult,
+    JobState,
+    RunResult,
+    SdcState,
+    SimCheckpoint,
+    adaptive_hang_timeout,
+)
+from trainguard.simulate.measured import checkpoint_blocking_seconds
+from trainguard.simulate.scenario import ComponentSpec, JobSpec, Scenario
 from trainguard.simulate.trace import FaultTrace, placement
 
-CATEGORIES = (
-    "rework",
-    "detection",
-    "restart",
-    "waiting",
-    "manual",
-    "checkpoint",
-    "degraded",
-    "uncommitted",
-)
-CATEGORY_HELP = {
-    "productive": "training progress that is in a valid checkpoint at the end",
-    "rework": "progress since the restored checkpoint, thrown away and computed again",
-    "detection": "failure onset to detection: dead, hung, slowed or silently corrupt",
-    "restart": "scheduling, relaunch, collective init and checkpoint restore (incl. backoff)",
-    "waiting": "waiting for capacity: no healthy devices/nodes to run on",
-    "manual": "waiting for a person: manual node swap, rollback, bug fix, resubmission",
-    "checkpoint": "training stalled while a checkpoint is written",
-    "degraded": "running with fewer GPUs than asked (elastic)",
-    "uncommitted": "progress after the last checkpoint when the run ends",
-}
-
-
-class JobState(StrEnum):
-    PENDING = "pending"
-    RUNNING = "running"
-    SAVING = "saving"  # blocking part of a checkpoint save
-    FAILED = "failed"  # failed, not yet detected
-    RECOVERING = "recovering"  # scheduling, relaunch, init, restore
-    WAITING_CAPACITY = "waiting_capacity"
-    WAITING_MANUAL = "waiting_manual"
-    DONE = "done"
-
-
-_S = JobState
-JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
-    _S.PENDING: frozenset({_S.RUNNING, _S.DONE}),
-    # A silent-data-corruption or straggler detection finds the job still running.
-    _S.RUNNING: frozenset(
-        {_S.SAVING, _S.FAILED, _S.RECOVERING, _S.WAITING_CAPACITY, _S.WAITING_MANUAL, _S.DONE}
-    ),
-    _S.SAVING: frozenset(
-        {_S.RUNNING, _S.FAILED, _S.RECOVERING, _S.WAITING_CAPACITY, _S.WAITING_MANUAL, _S.DONE}
-    ),
-    _S.FAILED: frozenset({_S.RECOVERING, _S.WAITING_CAPACITY, _S.WAITING_MANUAL, _S.DONE}),
-    _S.RECOVERING: frozenset({_S.RUNNING, _S.FAILED, _S.DONE}),
-    _S.WAITING_CAPACITY: frozenset({_S.RECOVERING, _S.WAITING_MANUAL, _S.DONE}),
-    _S.WAITING_MANUAL: frozenset({_S.RECOVERING, _S.WAITING_CAPACITY, _S.DONE}),
-    _S.DONE: frozenset(),
-}
-# Where the wall-clock time of each state goes (RUNNING is split by progress).
-STATE_CATEGORY = {
-    _S.SAVING: "checkpoint",
-    _S.FAILED: "detection",
-    _S.RECOVERING: "restart",
-    _S.WAITING_CAPACITY: "waiting",
-    _S.WAITING_MANUAL: "manual",
-}
-
-
-class Ev(IntEnum):
-    CKPT_DUE = 1
-    SAVE_DONE = 2
-    COMMIT = 3
-    DETECT = 4
-    SDC_DETECT = 5
-    STARTED = 6
-    BUG = 7
-    MANUAL = 8
-    RESOURCE = 9  # a device's repair/validation step finished
-    HORIZON = 10
-
-
-@dataclass
-class SimCheckpoint:
-    position: float  # training progress it holds, in ideal compute seconds
-    started_at: float
-    completed_at: float | None = None  # None while (or if never) written
-    corrupt: bool = False  # written from silently corrupted state
-
-    @property
-    def complete(self) -> bool:
-        return self.completed_at is not None
-
-
-@dataclass
-class Fault:
-    """A failure as the recovery loop sees it once detected."""
-
-    comp: ComponentSpec
-    at: float
-    devices: tuple[int, ...]  # devices the fault sits on (a node fault: all of the node)
-    node: int | None
-    hard: bool
-    culprit_known: bool
-    signature: str | None = None
-    init_failure: bool = False  # a restart landed on broken hardware
-    repeat: bool = False  # the same hardware (or the same corruption) failed before
-    deterministic: bool = False
-    u_detect: float = 0.5
-    u_aux: float = 0.5
-    u_fix: float = 0.5
-
-
-@dataclass
-class SdcState:
-    onset: float  # progress position where the state went bad
-    detect_at: float
-    fault: Fault
-    token: int
-    detections: int = 0
-
-
-@dataclass
-class BugState:
-    position: float
-    fix_at: float
-    fault: Fault
-
-
-@dataclass
-class Job:
-    index: int
-    spec: JobSpec
-    interval: float  # checkpoint interval, ideal compute seconds
-    state: JobState = JobState.PENDING
-    since: float = 0.0
-    started_at: float = 0.0
-    ended_at: float | None = None
-    alloc: list[int] = field(default_factory=list)
-    alloc_set: set[int] = field(default_factory=set)
-    progress: float = 0.0
-    next_ckpt: float = 0.0
-    checkpoints: list[SimCheckpoint] = field(default_factory=list)  # oldest first
-    inflight: SimCheckpoint | None = None
-    incomplete: SimCheckpoint | None = None  # a write interrupted by the last failure
-    epoch: int = 0
-    sched: int = 0  # token of the rate-dependent events (next checkpoint, bug recurrence)
-    last_update: float = 0.0
-    straggler: Fault | None = None
-    sdc: SdcState | None = None
-    bug: BugState | None = None
-    last_fault: Fault | None = None  # the failure being recovered from
-    acct: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0.0))
-    attempt: int = 0
-    restarts: int = 0
-    loop_restarts: int = 0  # restarts since the job last got past its previous failure point
-    last_failure_at: float = -1.0  # progress position of the previous failure
-    interruptions: int = 0
-    failed_starts: int = 0
-    repeat_failures: int = 0
-    stops: int = 0
-    detections: int = 0
-    dropped_job_faults: int = 0
-    committed: int = 0
-    by_cause: dict[str, int] = field(default_factory=dict)
-    timeline: list[tuple[float, float, str]] = field(default_factory=list)
-    manual_action: str | None = None  # what the person paged will do ("swap", "resubmit" ...)
-    restore_to: SimCheckpoint | None = None
-
-    @property
-    def need(self) -> int:
-        return self.spec.gpus
-
-    @property
-    def elastic_rate(self) -> float:
-        return min(1.0, len(self.alloc) / self.need)
-
-    @property
-    def running(self) -> bool:
-        return self.state in (JobState.RUNNING, JobState.SAVING)
-
-    def newest_complete(self, clean_only: bool = False) -> SimCheckpoint | None:
-        for ck in reversed(self.checkpoints):
-            if ck.complete and not (clean_only and ck.corrupt):
-                return ck
-        return None
+# Re-exported: the records moved to ``simulate.jobs`` and ``simulate.fleet``; callers
+# that import them from the engine keep working.
+__all__ = [
+    "CATEGORIES",
+    "CATEGORY_HELP",
+    "JOB_TRANSITIONS",
+    "STATE_CATEGORY",
+    "BugState",
+    "Ev",
+    "Fault",
+    "Fleet",
+    "Job",
+    "JobResult",
+    "JobState",
+    "Policy",
+    "RunResult",
+    "SdcState",
+    "SimCheckpoint",
+    "Simulation",
+    "adaptive_hang_timeout",
+]
 
 
 class Policy(Protocol):
@@ -235,60 +99,7 @@ class Policy(Protocol):
     def on_manual(self, sim: Simulation, job: Job) -> None: ...
 
 
-@dataclass
-class JobResult:
-    name: str
-    gpus: int
-    wall_hours: float
-    productive_hours: float
-    lost_hours: dict[str, float]
-    ettr: float
-    interruptions: int
-    restarts: int
-    failed_starts: int
-    repeat_failures: int
-    stops: int
-    checkpoints: int
-    interval_minutes: float
-    by_cause: dict[str, int]
-    dropped_job_faults: int
-    unaccounted_hours: float
-    timeline: list[tuple[float, float, str]]
-    progress: list[tuple[float, float]]  # (time s, committed progress s), for the plot
-
-    @property
-    def lost_gpu_hours(self) -> dict[str, float]:
-        return {k: v * self.gpus for k, v in self.lost_hours.items()}
-
-
-@dataclass
-class RunResult:
-    policy: str
-    seed: int
-    jobs: list[JobResult]
-    events: int
-    faults_in_trace: int
-    seconds: float  # wall time of the simulation itself
-    quarantines: int
-    decide_calls: int
-    plan_reasons: dict[str, int]
-
-    @property
-    def events_per_second(self) -> float:
-        return self.events / self.seconds if self.seconds > 0 else math.inf
-
-
-@functools.cache
-def adaptive_hang_timeout(step_seconds: float) -> float:
-    """The hang timeout trainguard's :class:`HangDetector` settles on for this step time."""
-    config = HangConfig()
-    detector = HangDetector(config, started_at=0.0)
-    for i in range(config.window + 2):
-        detector.observe(i, i * step_seconds)
-    return detector.timeout()
-
-
-class Simulation:
+class Simulation(Fleet):
     """One run: one scenario, one trace, one policy."""
 
     def __init__(
@@ -304,6 +115,16 @@ class Simulation:
         self.policy = policy
         self.seed = seed
         self.record_timeline = record_timeline
+        # Benchmark figures replace the scenario's assumptions for trainguard only.
+        baseline = not policy.name.startswith("trainguard")
+        self.measured = None if baseline else scenario.measured
+        self._snap_steps = [
+            advised_snapshot_steps(scenario, j) if self.measured else 0 for j in scenario.jobs
+        ]
+        self._stall_share = [
+            self.measured.snapshot_stall_share(j.step_seconds, n) if self.measured else 0.0
+            for j, n in zip(scenario.jobs, self._snap_steps, strict=True)
+        ]
         cl = scenario.cluster
         self.gpn = cl.gpus_per_node
         self.n_dev = cl.total_gpus
@@ -349,23 +170,20 @@ class Simulation:
 
     # --- helpers --------------------------------------------------------------------
 
-    def node_devices(self, node: int) -> range:
-        return range(node * self.gpn, (node + 1) * self.gpn)
-
     def detection_delay(self, job: Job, signal: str, u: float) -> float:
         """Seconds from a fault to the policy's recovery acting on it."""
         table = self.scenario.baseline_detection if self._baseline() else self.scenario.detection
+        measured = self.measured
+        if measured is not None and signal in measured.detection_seconds:
+            return measured.detection_seconds[signal]
         dist = table[signal]
         if dist.kind == "adaptive":
             # trainguard's own hang detector, with its default configuration, after it
             # has watched this job's steps; the hang strikes somewhere within a step.
             step = job.spec.step_seconds
-            return max(0.0, adaptive_hang_timeout(step) - u * step)
+            extra = measured.hang_extra_seconds if measured is not None else None
+            return max(0.0, adaptive_hang_timeout(step) - u * step) + (extra or 0.0)
         return dist.quantile(u)
-
-    def hours(self, dist: Dist, u: float | None = None) -> float:
-        """Seconds drawn from a distribution given in hours."""
-        return dist.quantile(self.rng.random() if u is None else u) * 3600.0
 
     def push(self, at: float, kind: Ev, job: int = -1, epoch: int = 0, data: object = None) -> None:
         self._seq += 1
@@ -395,95 +213,18 @@ class Simulation:
             if dt > 0:
                 elastic = job.elastic_rate
                 slow = self.scenario.straggler_rate if job.straggler is not None else 1.0
-                job.progress += elastic * slow * dt
+                stall = self._stall_share[job.index]
+                job.progress += elastic * slow * (1.0 - stall) * dt
+                job.acct["checkpoint"] += elastic * slow * stall * dt  # memory snapshots
                 job.acct["degraded"] += (1.0 - elastic) * dt
                 job.acct["detection"] += elastic * (1.0 - slow) * dt
         job.last_update = self.now
 
     def rate(self, job: Job) -> float:
         slow = self.scenario.straggler_rate if job.straggler is not None else 1.0
-        return job.elastic_rate * slow
+        return job.elastic_rate * slow * (1.0 - self._stall_share[job.index])
 
     # --- public actions (used by policies) ------------------------------------------
-
-    def set_health(self, device: int, new: HealthState) -> None:
-        old = self.health[device]
-        if old is new:
-            return
-        check_health_transition(old, new)
-        self.health[device] = new
-
-    def quarantine(self, devices: list[int] | range, fault: Fault | None) -> None:
-        """Take devices out of scheduling (trainguard); repair starts once they are free."""
-        for d in devices:
-            if self.health[d] in (HealthState.HEALTHY, HealthState.SUSPECT):
-                self.set_health(d, HealthState.QUARANTINED)
-                self.quarantines += 1
-                self.repair_pending.add(d)
-
-    def start_pending_repairs(self) -> None:
-        """Send quarantined devices that no job holds to repair, one ticket per node."""
-        if not self.repair_pending:
-            return
-        groups: dict[int, list[int]] = {}
-        for d in sorted(self.repair_pending):
-            if self.owner[d] == -1:
-                groups.setdefault(d // self.gpn, []).append(d)
-        for devices in groups.values():
-            for d in devices:
-                self.repair_pending.discard(d)
-                self.set_health(d, HealthState.REPAIR)
-            at = self.now + self._repair_seconds(devices)
-            self.push(at, Ev.RESOURCE, -1, 0, ("repaired", tuple(devices)))
-
-    def _repair_seconds(self, devices: list[int] | range) -> float:
-        # The fault that broke the hardware carries the draw, so that the same broken
-        # part takes as long to repair under every policy.
-        u = next((self.broken[d].u_aux for d in devices if d in self.broken), None)
-        return self.hours(self.scenario.repair.hours, u)
-
-    def take_out(self, devices: list[int] | range, repair: bool = True, delay: float = 0.0) -> None:
-        """Baselines: a person drains hardware and sends it to repair (one ticket)."""
-        fresh = [d for d in devices if d not in self.out_of_service]
-        if not fresh:
-            return
-        self.out_of_service.update(fresh)
-        if repair:
-            at = self.now + delay + self._repair_seconds(fresh)
-            self.push(at, Ev.RESOURCE, -1, 0, ("returned", tuple(fresh)))
-
-    def release(self, job: Job) -> None:
-        ji = job.index
-        owner = self.owner
-        for d in job.alloc:
-            if owner[d] == ji:
-                owner[d] = -1
-        if job.alloc:
-            idx = np.asarray(job.alloc, dtype=np.int64)
-            self.owner_np[idx[self.owner_np[idx] == ji]] = -1
-        job.alloc = []
-        job.alloc_set = set()
-
-    def assign(self, job: Job, devices: list[int]) -> None:
-        if devices is job.alloc or devices == job.alloc:
-            return
-        ji = job.index
-        owner = self.owner
-        new = set(devices)
-        old = job.alloc_set
-        gone = [d for d in old - new if owner[d] == ji]
-        added = list(new - old)
-        for d in added:
-            if owner[d] != -1 and owner[d] != ji:
-                raise RuntimeError(f"device {d} already belongs to job {owner[d]}")
-        for d in gone:
-            owner[d] = -1
-        for d in added:
-            owner[d] = ji
-        self.owner_np[gone] = -1
-        self.owner_np[added] = ji
-        job.alloc = list(devices)
-        job.alloc_set = new
 
     def restart(
         self,
@@ -508,6 +249,10 @@ class Simulation:
         duration = delay + extra_seconds + spec.restart_seconds
         if checkpoint is not None:
             duration += spec.restore_seconds
+        signal = job.last_fault.comp.signal if job.last_fault is not None else ""
+        if self.measured is not None and signal in self.measured.restart_seconds:
+            # Measured from fault detected to training again, restore included.
+            duration = delay + extra_seconds + self.measured.restart_seconds[signal]
         self.push(self.now + duration, Ev.STARTED, job.index, job.epoch)
 
     def wait_capacity(self, job: Job) -> None:
@@ -524,6 +269,7 @@ class Simulation:
     def rollback(self, job: Job, checkpoint: SimCheckpoint | None) -> None:
         """Throw away progress after ``checkpoint`` and book it as rework/detection."""
         target = checkpoint.position if checkpoint is not None else 0.0
+        target = self._measured_restore_point(job, target)
         lost = max(0.0, job.progress - target)
         if job.sdc is not None and job.sdc.onset < job.progress:
             on_bad = min(lost, job.progress - max(job.sdc.onset, target))
@@ -540,6 +286,21 @@ class Simulation:
             job.sdc = None  # restored state predates the corruption: it is gone
         if job.bug is not None and job.bug.position <= target:
             job.bug = None
+
+    def _measured_restore_point(self, job: Job, target: float) -> float:
+        """Where a restore really lands with measured figures (see ``simulate.measured``)."""
+        measured = self.measured
+        fault = job.last_fault
+        if measured is None or fault is None or job.sdc is not None:
+            return target  # a silently corrupt state is never restored from memory
+        signal = fault.comp.signal
+        step = job.spec.step_seconds
+        every = self._snap_steps[job.index] * step
+        if every > 0 and signal in measured.restart_seconds:
+            # The newest memory snapshot: the last whole snapshot interval of progress.
+            target = max(target, math.floor(job.progress / every + 1e-9) * every)
+        extra = measured.extra_lost_steps.get(signal, 0.0) * step
+        return max(0.0, min(job.progress, target - extra) if extra else target)
 
     # --- event handling -------------------------------------------------------------
 
@@ -736,9 +497,11 @@ class Simulation:
         job.inflight = ck
         job.next_ckpt = job.progress + job.interval
         self._set_state(job, JobState.SAVING)
-        self.push(
-            self.now + job.spec.checkpoint.blocking_seconds, Ev.SAVE_DONE, job.index, job.epoch
+        ck_spec = job.spec.checkpoint
+        blocking = checkpoint_blocking_seconds(
+            self.measured, ck_spec.blocking_seconds, ck_spec.async_write_seconds
         )
+        self.push(self.now + blocking, Ev.SAVE_DONE, job.index, job.epoch)
 
     def _on_save_done(self, job: Job) -> None:
         if job.state is not JobState.SAVING:
@@ -967,53 +730,10 @@ class Simulation:
         self._fail(job, fault)
 
     def _on_resource(self, data: object) -> None:
-        assert isinstance(data, tuple)
-        what, target = data
-        scen = self.scenario
-        if what == "drain":  # baselines: a person drains a node that keeps failing
-            self.take_out(list(self.node_devices(target)))
-            return
-        devices: tuple[int, ...] = target
-        if what == "returned":  # baselines: repaired hardware back in service
-            for d in devices:
-                self._fix(d, scen.repair.fixes_lemon)
-                self.out_of_service.discard(d)
-                self.drain_requested.discard(d // self.gpn)
-        elif what == "repaired":  # trainguard: repair done, validate before return
-            for d in devices:
-                self._fix(d, scen.repair.fixes_lemon)
-                self.set_health(d, HealthState.VALIDATING)
-            at = self.now + self.hours(scen.repair.validation_hours)
-            self.push(at, Ev.RESOURCE, -1, 0, ("validated", devices))
-            return
-        elif what == "validated":
-            failed = [
-                d
-                for d in devices
-                if self._is_lemon(d) and self.rng.random() < scen.repair.validation_catches_lemon
-            ]
-            for d in devices:
-                if d in failed:
-                    # Validation caught the weak part: back to repair, replaced this time.
-                    self.set_health(d, HealthState.REPAIR)
-                    self._fix(d, 1.0, forced=True)
-                else:
-                    self.set_health(d, HealthState.HEALTHY)
-            if failed:
-                at = self.now + self.hours(scen.repair.hours)
-                self.push(at, Ev.RESOURCE, -1, 0, ("repaired", tuple(failed)))
-        for job in self.jobs:
-            if job.state is JobState.WAITING_CAPACITY:
-                self.policy.on_capacity(self, job)
-
-    def _is_lemon(self, d: int) -> bool:
-        return d in self.lemon_dev or (d // self.gpn) in self.lemon_node
-
-    def _fix(self, d: int, p_lemon: float, forced: bool = False) -> None:
-        self.broken.pop(d, None)
-        if self._is_lemon(d) and (forced or self.rng.random() < p_lemon):
-            self.lemon_dev.discard(d)
-            self.lemon_node.discard(d // self.gpn)
+        if self._resource_event(data):
+            for job in self.jobs:
+                if job.state is JobState.WAITING_CAPACITY:
+                    self.policy.on_capacity(self, job)
 
     # --- results --------------------------------------------------------------------
 

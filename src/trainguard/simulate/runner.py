@@ -96,6 +96,7 @@ class SimulationReport:
             "scenario": {
                 "name": sc.name,
                 "source": sc.source,
+                "measured": sc.measured.to_dict() if sc.measured is not None else None,
                 "description": sc.description,
                 "duration_days": sc.duration_days,
                 "cluster": {

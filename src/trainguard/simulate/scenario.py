@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from trainguard.model.findings import Domain, IncidentKind
+from trainguard.simulate.measured import Measured
 
 SIGNALS = ("crash", "xid", "hang", "straggler", "sdc")
 SCOPES = ("device", "node", "job")
@@ -229,6 +230,7 @@ class Scenario:
     policies: tuple[str, ...] = DEFAULT_POLICIES
     calibration: dict[str, float] = field(default_factory=dict)
     source: str = ""
+    measured: Measured | None = None  # benchmark figures for trainguard (--measured)
 
     @property
     def duration_seconds(self) -> float:

@@ -1,0 +1,263 @@
+"""Measured recovery figures for the simulator: benchmark result files -> trainguard's parameters.
+
+``trainguard simulate --measured FILE`` replaces the scenario's *assumed* figures
+for trainguard's policy with the ones this code reached in a benchmark, so the
+ETTR it reports is the one the code would reach (the baselines keep the
+scenario's figures). This module is the one place where each measured figure is
+mapped to a simulator parameter:
+
+=================================  ===================================================
+benchmark figure                   simulator parameter (trainguard policies only)
+=================================  ===================================================
+``recovery_latency.json``          trace signal ``crash`` uses kind ``crash``, ``xid``
+``kinds.<kind>.detection_s``       uses ``xid``, ``hang`` uses ``hang``; ``straggler``
+                                   and ``sdc`` have no measured kind (scenario figures).
+                                   Detection delay of the signal; for ``hang`` the
+                                   bench's configured timeout (``config.hang_timeout``)
+                                   is replaced by the adaptive timeout the detector
+                                   reaches at the scenario's step time, plus what the
+                                   bench measured beyond its timeout.
+``kinds.<kind>.restart_s``         fault detected -> training again, replacing the
+                                   job's ``restart_seconds + restore_seconds``.
+                                   ``stop_s`` is inside it (shown, not added).
+``kinds.<kind>.lost_steps``        disk only: the rollback to the newest disk
+``- min_lost_steps``               checkpoint stays the simulator's (the bench's
+                                   checkpoint interval is not the scenario's); steps
+                                   lost beyond that minimum are added as rework.
+                                   Memory snapshots on: a crash/xid/hang restores the
+                                   newest snapshot (lost work = progress since it, less
+                                   than one snapshot interval), on top of the excess.
+``snapshot_stall.json``            memory snapshots on: each snapshot stalls training
+``stall_seconds``                  ``stall_seconds`` (booked as *checkpoint*). The
+``slot_write_seconds``             snapshot interval is the Young/Daly interval of that
+                                   stall at the job's MTBF (the disk checkpoint advisor,
+                                   :func:`trainguard.checkpoints.interval.advise`), in
+                                   whole steps, at least ``ceil(slot_write / step)``
+                                   (a slot is written before the next one starts).
+                                   Disk checkpoints: the advisor's interval for the
+                                   failures a snapshot cannot restore (not crash, xid,
+                                   hang; see ``analytic.advised_interval``).
+``checkpoint_save.json``           disk checkpoint stall = the scenario's
+``ratios.async_stall_vs_sync``     ``async_write_seconds`` (its full write time) x
+                                   the measured stall / sync save ratio.
+=================================  ===================================================
+
+Any missing, garbled or out-of-range field raises :class:`MeasuredError` with a
+one-line message naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+# Trace signal -> the fault kind of recovery_latency.json whose figures it uses.
+SIGNAL_TO_KIND = {"crash": "crash", "xid": "xid", "hang": "hang"}
+RECOVERY_SCHEMA = "trainguard.recovery_latency/1"
+SNAPSHOT_SCHEMA = "trainguard.snapshot_stall/1"
+
+
+class MeasuredError(ValueError):
+    """A benchmark result file the simulator cannot use (one line, names file and field)."""
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One figure the simulation used: what, its value, and the file it came from."""
+
+    name: str
+    value: float
+    source: str
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Measured figures, per trace signal, applied to trainguard's policies."""
+
+    detection_seconds: dict[str, float] = field(default_factory=dict)
+    hang_extra_seconds: float | None = None  # measured hang detection beyond its timeout
+    restart_seconds: dict[str, float] = field(default_factory=dict)
+    extra_lost_steps: dict[str, float] = field(default_factory=dict)
+    memory_snapshots: bool = False
+    snapshot_stall_seconds: float = 0.0
+    snapshot_write_seconds: float = 0.0
+    checkpoint_stall_ratio: float | None = None
+    figures: tuple[Figure, ...] = ()
+
+    def min_snapshot_steps(self, step_seconds: float) -> int:
+        """The fewest steps between memory snapshots: a slot is written before the next."""
+        return max(1, math.ceil(self.snapshot_write_seconds / step_seconds - 1e-9))
+
+    def snapshot_stall_share(self, step_seconds: float, steps: int) -> float:
+        """Share of running time stalled by a memory snapshot every ``steps`` steps."""
+        if not self.memory_snapshots or steps <= 0:
+            return 0.0
+        return min(1.0, self.snapshot_stall_seconds / (steps * step_seconds))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "memory_snapshots": self.memory_snapshots,
+            "figures": [
+                {"name": f.name, "value": f.value, "source": f.source} for f in self.figures
+            ],
+        }
+
+
+def _get(data: Any, path: str, source: str) -> Any:
+    node = data
+    for key in path.split("."):
+        if not isinstance(node, dict) or key not in node:
+            raise MeasuredError(f"{source}: missing field {path!r}")
+        node = node[key]
+    return node
+
+
+def _number(data: Any, path: str, source: str, optional: bool = False) -> float | None:
+    value = _get(data, path, source)
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise MeasuredError(f"{source}: field {path!r} is not a number ({value!r})")
+    if value < 0:
+        raise MeasuredError(f"{source}: field {path!r} is negative ({value!r})")
+    return float(value)
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise MeasuredError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise MeasuredError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise MeasuredError(f"{path}: expected a JSON object")
+    return data
+
+
+def _kind_of(data: dict[str, Any], source: str) -> str:
+    if data.get("schema") == RECOVERY_SCHEMA:
+        return "recovery_latency"
+    if data.get("schema") == SNAPSHOT_SCHEMA or {"stall_seconds", "slot_write_seconds"} <= set(
+        data
+    ):
+        return "snapshot_stall"
+    if data.get("benchmark") == "checkpoint_save":
+        return "checkpoint_save"
+    raise MeasuredError(
+        f"{source}: not a recovery_latency, snapshot_stall or checkpoint_save result "
+        f"(schema {data.get('schema')!r})"
+    )
+
+
+def load_measured(paths: list[str | Path], memory_snapshots: bool = False) -> Measured:
+    """Read benchmark result files into one :class:`Measured` (later files win)."""
+    if not paths:
+        raise MeasuredError("no measured result file given")
+    out = Measured(memory_snapshots=memory_snapshots)
+    seen: set[str] = set()
+    for raw in paths:
+        path = Path(raw)
+        data = _read(path)
+        src = path.name
+        kind = _kind_of(data, str(path))
+        seen.add(kind)
+        if kind == "recovery_latency":
+            out = _recovery(out, data, src)
+        elif kind == "snapshot_stall":
+            out = _snapshot(out, data, src)
+        else:
+            ratio = _number(data, "ratios.async_stall_vs_sync", src)
+            assert ratio is not None
+            fig = Figure("checkpoint stall / sync save", ratio, src)
+            out = replace(out, checkpoint_stall_ratio=ratio, figures=(*out.figures, fig))
+    if "recovery_latency" not in seen:
+        raise MeasuredError(
+            "--measured needs a recovery_latency result (bench/recovery_latency.py)"
+        )
+    if memory_snapshots and "snapshot_stall" not in seen:
+        raise MeasuredError(
+            "--memory-snapshots needs a snapshot_stall result (bench/snapshot_stall.py)"
+        )
+    return out
+
+
+def _recovery(out: Measured, data: dict[str, Any], src: str) -> Measured:
+    kinds = _get(data, "kinds", src)
+    if not isinstance(kinds, dict):
+        raise MeasuredError(f"{src}: field 'kinds' is not an object")
+    detection: dict[str, float] = dict(out.detection_seconds)
+    restart: dict[str, float] = dict(out.restart_seconds)
+    extra: dict[str, float] = dict(out.extra_lost_steps)
+    figures = list(out.figures)
+    hang_extra = out.hang_extra_seconds
+    for signal, kind in SIGNAL_TO_KIND.items():
+        if kind not in kinds:
+            continue  # the bench ran without this kind: the scenario's figures stay
+        base = f"kinds.{kind}"
+        det = _number(data, f"{base}.detection_s", src, optional=True)
+        rst = _number(data, f"{base}.restart_s", src, optional=True)
+        lost = _number(data, f"{base}.lost_steps", src, optional=True)
+        least = _number(data, f"{base}.min_lost_steps", src, optional=True)
+        stop = _number(data, f"{base}.stop_s", src, optional=True)
+        if det is not None:
+            if signal == "hang":
+                timeout = _number(data, "config.hang_timeout", src)
+                assert timeout is not None
+                hang_extra = max(0.0, det - timeout)
+                figures.append(
+                    Figure(f"{signal}: detection beyond the timeout (s)", hang_extra, src)
+                )
+            else:
+                detection[signal] = det
+                figures.append(Figure(f"{signal}: detection (s)", det, src))
+        if rst is not None:
+            restart[signal] = rst
+            figures.append(Figure(f"{signal}: restart incl. restore (s)", rst, src))
+        if stop is not None:
+            figures.append(Figure(f"{signal}: stop, inside the restart (s)", stop, src))
+        if lost is not None:
+            extra[signal] = max(0.0, lost - (least if least is not None else lost))
+            figures.append(
+                Figure(f"{signal}: lost steps beyond the newest save", extra[signal], src)
+            )
+    return replace(
+        out,
+        detection_seconds=detection,
+        hang_extra_seconds=hang_extra,
+        restart_seconds=restart,
+        extra_lost_steps=extra,
+        figures=tuple(figures),
+    )
+
+
+def _snapshot(out: Measured, data: dict[str, Any], src: str) -> Measured:
+    stall = _number(data, "stall_seconds", src)
+    write = _number(data, "slot_write_seconds", src)
+    assert stall is not None and write is not None
+    figures = out.figures
+    if out.memory_snapshots:
+        figures = (
+            *figures,
+            Figure("snapshot stall per snapshot (s)", stall, src),
+            Figure("snapshot slot write (s)", write, src),
+        )
+    return replace(out, snapshot_stall_seconds=stall, snapshot_write_seconds=write, figures=figures)
+
+
+def checkpoint_blocking_seconds(measured: Measured | None, blocking: float, write: float) -> float:
+    """trainguard's disk checkpoint stall: measured stall ratio x the full write time."""
+    if measured is None or measured.checkpoint_stall_ratio is None:
+        return blocking
+    return measured.checkpoint_stall_ratio * max(write, blocking)
+
+
+def mean_restart_seconds(measured: Measured | None, assumed: float) -> float:
+    """The restart figure of the interval advisor: the mean over the measured kinds."""
+    if measured is None or not measured.restart_seconds:
+        return assumed
+    values = measured.restart_seconds.values()
+    return sum(values) / len(values)
