@@ -29,6 +29,7 @@ API_MAY_IMPORT_FROM_CONTROLLER = {
     "trainguard.controller.breaker",
     "trainguard.controller.repair",
     "trainguard.controller.lease",
+    "trainguard.controller.node_recovery",  # serve --bmc-config builds the node step (0306)
 }
 
 
