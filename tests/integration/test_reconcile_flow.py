@@ -344,3 +344,26 @@ def test_a_restart_far_below_the_pre_failure_rate_is_not_verified(fleet: Fleet) 
     assert att0.step_rate is not None and att0.step_rate > 5
     assert att1.step_rate is not None and att1.step_rate < 0.3 * att0.step_rate
     assert att1.state is not AttemptState.VERIFIED
+
+
+def test_a_job_without_a_progress_signal_is_warned_once(fleet: Fleet) -> None:
+    # Output, no step: the first attempt is warned once a verification window has
+    # passed; its restart is verified by liveness and the incident carries the warning.
+    fj = fleet.submit("--no-steps", "--fail-attempts", "0", "--fail-at", "40")
+
+    def notes() -> list[str]:
+        return [
+            e.message
+            for e in fleet.store.list_audit(kind=AuditKind.NOTE, subject=f"job:{fj.job_id}")
+            if "no progress signal" in e.message
+        ]
+
+    fleet.run_until(lambda: bool(notes()), timeout=20)
+    fleet.run_until(lambda: fleet.incident_state(fj.job_id) == "recovered", timeout=30)
+    (note,) = notes()
+    assert "--resume-arg" in note and "TrainguardCallback" in note
+    (inc,) = fleet.store.list_incidents(job_id=fj.job_id)
+    assert [w for w in inc.warnings if w.startswith("no progress signal")] == [
+        note.removeprefix("warning: ")
+    ]
+    assert "liveness" in (fleet.store.get_attempt(fj.job_id, 1).reason or "")
