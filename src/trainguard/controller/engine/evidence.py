@@ -23,6 +23,7 @@ from trainguard.controller.engine.config import (
 from trainguard.controller.engine.core import EngineCore
 from trainguard.diagnose.attribution import attribute
 from trainguard.diagnose.detectors import ProcessExit, crash_finding, line_finding
+from trainguard.diagnose.device_map import rank_views, torchrun_world_size
 from trainguard.diagnose.signatures import Classifier
 from trainguard.model.devices import normalize_pci_bus_id
 from trainguard.model.findings import Attribution, Culprit, Domain, Finding, Severity
@@ -371,7 +372,9 @@ class EvidenceFollower(EngineCore):
                 findings.append(Finding.from_dict(row["finding"]))
             except (KeyError, TypeError, ValueError):
                 continue
-        return attribute(findings, devices, failed_at, window)
+        # The job's device map: a device's culprit rank is the rank that had it (issue 13).
+        views = rank_views(devices, torchrun_world_size(job.command))
+        return attribute(findings, devices, failed_at, window, views)
 
     def _device_statuses(self, obs: Observation, job_ref: str) -> tuple[DeviceStatus, ...]:
         """The devices this job could get: all but those other live jobs hold.
