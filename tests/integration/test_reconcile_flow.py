@@ -8,12 +8,13 @@ repair records, approvals, the audit log.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _fleet import Fleet, Receiver, assert_intents_paired
+from _fleet import JOB, Fleet, Receiver, assert_intents_paired
 
 from trainguard.controller.breaker import BreakerConfig
 from trainguard.controller.reconcile import ControlConfig
@@ -22,6 +23,7 @@ from trainguard.model.fleet import ApprovalState, BreakerState, RepairState
 from trainguard.model.health import HealthState
 from trainguard.model.records import AttemptState, AuditKind, JobState
 from trainguard.model.statemachine import IllegalTransition
+from trainguard.schedulers.base import JobSpec
 
 pytestmark = pytest.mark.slow
 
@@ -367,3 +369,28 @@ def test_a_job_without_a_progress_signal_is_warned_once(fleet: Fleet) -> None:
         note.removeprefix("warning: ")
     ]
     assert "liveness" in (fleet.store.get_attempt(fj.job_id, 1).reason or "")
+
+
+def test_an_xid_names_the_rank_that_had_the_device_when_ranks_are_not_gpus(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # A 2-rank torchrun job (one rank per node) on two 2-GPU nodes: the second node's
+    # second card is rank 1's, never "rank 3" (issue 13). The launcher stand-in drops
+    # torchrun's options and runs the job.
+    launcher = tmp_path / "bin" / "torchrun"
+    launcher.parent.mkdir()
+    launcher.write_text('#!/bin/sh\nwhile [ "${1#-}" != "$1" ]; do shift 2; done\nexec "$@"\n')
+    launcher.chmod(0o755)
+    ckpt = tmp_path / "ckpt-ranks"
+    command = (str(launcher), "--nnodes", "2", "--nproc-per-node", "1", sys.executable)
+    fj = fleet.cp.submit_job(
+        JobSpec("ranks", (*command, str(JOB), "--ckpt", str(ckpt)), nodes=2, devices_per_node=2),
+        actor="user:test",
+        checkpoint_dir=str(ckpt),
+    )
+    fleet.run_until(lambda: (ckpt / "step_00000010").is_dir())
+    bad = fleet.xid(fj, device_index=3)
+    fleet.run_until(lambda: bool(fleet.store.list_incidents(job_id=fj.job_id)))
+    (inc,) = fleet.store.list_incidents(job_id=fj.job_id)
+    assert (inc.kind.value, inc.culprit.device_uuid, inc.culprit.rank) == ("xid", bad, 1)
+    assert "rank 3" not in inc.summary
