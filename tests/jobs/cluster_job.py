@@ -13,6 +13,8 @@ fails on cue:
   --hang                ... by hanging (no more output, never exits) instead
   --steps N             stop (exit 0) after step N (default: run for a long time)
   --interval S          seconds per step
+  --no-steps            print ``tick`` lines, no step (a job without a progress signal)
+  --slow-attempts 1     attempts that step every ``--slow-interval`` seconds instead
 """
 
 from __future__ import annotations
@@ -63,18 +65,24 @@ def main() -> int:
     ap.add_argument("--hang", action="store_true")
     ap.add_argument("--steps", type=int, default=100000)
     ap.add_argument("--interval", type=float, default=0.05)
+    ap.add_argument("--no-steps", action="store_true")
+    ap.add_argument("--slow-attempts", default="")
+    ap.add_argument("--slow-interval", type=float, default=1.0)
     args = ap.parse_args()
     attempt = int(os.environ.get("TRAINGUARD_ATTEMPT", "0"))
     failing = {int(a) for a in args.fail_attempts.split(",") if a.strip()}
+    if attempt in {int(a) for a in args.slow_attempts.split(",") if a.strip()}:
+        args.interval = args.slow_interval
     step = 0
     resume = os.environ.get("TRAINGUARD_RESUME_FROM")
     if resume:
         step = json.loads((Path(resume) / "state.json").read_text())["step"]
-        print(f"resumed from step {step} ({resume})", flush=True)
+        if not args.no_steps:
+            print(f"resumed from step {step} ({resume})", flush=True)
     while step < args.steps:
         step += 1
         time.sleep(args.interval)
-        print(f"step={step}", flush=True)
+        print("tick" if args.no_steps else f"step={step}", flush=True)
         if args.ckpt and step % args.every == 0:
             save(Path(args.ckpt), step)
         if attempt in failing and step >= args.fail_at:

@@ -9,10 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trainguard.policy.verify import (
+    NO_STEP_SIGNAL_WARNING,
+    RESUME_FIXES,
     RestartObservation,
     Verdict,
     VerifyRules,
     account,
+    no_step_signal_warning,
     step_window,
     verify_restart,
 )
@@ -275,3 +278,25 @@ def test_a_memory_restore_is_accepted_only_between_the_offered_and_the_failed_st
         assert o.restored_step is None or o.memory_step >= o.restored_step
         assert o.failed_step is None or o.memory_step <= o.failed_step
         assert not v.resumed_below
+
+
+def test_no_step_signal_is_warned_for_the_first_attempt_after_a_window_of_output() -> None:
+    def warn(
+        attempt: int = 0,
+        step_signal: bool = False,
+        first_output_at: float | None = 100.0,
+        now: float = 110.0,
+    ) -> str | None:
+        return no_step_signal_warning(
+            attempt=attempt,
+            step_signal=step_signal,
+            first_output_at=first_output_at,
+            now=now,
+            window_seconds=10.0,
+        )
+
+    assert warn() == NO_STEP_SIGNAL_WARNING and NO_STEP_SIGNAL_WARNING.endswith(RESUME_FIXES)
+    assert warn(now=109.9) is None  # not a window of output yet
+    assert warn(step_signal=True) is None
+    assert warn(attempt=1) is None  # a restart is judged by verification, not warned
+    assert warn(first_output_at=None) is None

@@ -35,6 +35,9 @@ from trainguard.diagnose.detectors import (
     StepTracker,
     TorchrunSummaryParser,
 )
+from trainguard.diagnose.device_map import (  # re-exported for run
+    torchrun_world_size as torchrun_world_size,
+)
 from trainguard.diagnose.signatures import Classifier
 from trainguard.model.checkpoint import CheckpointInfo, resume_digest_env
 from trainguard.model.devices import Device
@@ -251,61 +254,6 @@ class _Attempt:
     wall_started: float = field(default_factory=time.time)
     saves_scanned_at: float = 0.0
     dir_saves: dict[tuple[str, float], tuple[int | None, float]] = field(default_factory=dict)
-
-
-_TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
-
-
-# torchrun options that take no value (everything else of the form --opt takes one).
-_TORCHRUN_FLAGS = frozenset(
-    {"--standalone", "--no-python", "--no_python", "-m", "--module", "--run-path", "--run_path"}
-)
-
-
-def torchrun_world_size(command: Sequence[str]) -> int | None:
-    """``--nproc-per-node`` x ``--nnodes`` of a torchrun command line, when both are fixed.
-
-    Recognises ``torchrun ...`` and ``python -m torch.distributed.run|launch ...``
-    (also behind a wrapper such as ``env`` or ``srun``). ``None`` when the command
-    is not torchrun, ``--nproc-per-node`` is missing or symbolic (``gpu``,
-    ``auto``) or ``--nnodes`` is a range (``1:4``).
-    """
-    args = list(command)
-    start = None
-    for i, token in enumerate(args):
-        if os.path.basename(token) == "torchrun":
-            start = i + 1
-            break
-        if token == "-m" and i + 1 < len(args) and args[i + 1] in _TORCHRUN_MODULES:
-            start = i + 2
-            break
-    if start is None:
-        return None
-    values: dict[str, str] = {}
-    i = start
-    while i < len(args):
-        token = args[i]
-        if not token.startswith("-"):
-            break  # the training script: its own options follow
-        key, eq, value = token.partition("=")
-        key = key.replace("_", "-")
-        if eq:
-            values[key] = value
-            i += 1
-        elif token in _TORCHRUN_FLAGS:
-            i += 1
-        else:
-            if i + 1 < len(args):
-                values[key] = args[i + 1]
-            i += 2
-    nproc = values.get("--nproc-per-node")
-    nnodes = values.get("--nnodes", "1")
-    if nproc is None or not nproc.isdigit():
-        return None
-    lo, _, hi = nnodes.partition(":")
-    if not lo.isdigit() or (hi and hi != lo):
-        return None
-    return int(nproc) * int(lo)
 
 
 def _step_of(info: CheckpointInfo | None) -> int | None:

@@ -33,9 +33,7 @@ from trainguard.model.records import (
     AuditKind,
 )
 from trainguard.policy.evidence import Route, idle_quarantine_reason, route_finding
-from trainguard.policy.verify import (
-    RESUME_FIXES,
-)
+from trainguard.policy.verify import no_step_signal_warning
 from trainguard.signals.kernel_log import KernelLine
 from trainguard.signals.output import OutputClosed, OutputLine
 from trainguard.signals.process import AttemptProcessExit
@@ -168,18 +166,14 @@ class RunObservers(RunBase):
     def _warn_no_step_signal(self, att: _Attempt, at: float) -> None:
         """The first attempt has produced output for a verification window and not one
         step: a restart of this job can only be verified by liveness. Said once."""
-        if (
-            att.number != 0
-            or self.step_signal
-            or att.first_line_at is None
-            or at < att.first_line_at + self.opt.verify_window
-        ):
-            return
-        text = (
-            "no progress signal: the job's output names no training step, so a restart "
-            "can only be verified by liveness (output), not by the restored step; " + RESUME_FIXES
+        text = no_step_signal_warning(
+            attempt=att.number,
+            step_signal=self.step_signal,
+            first_output_at=att.first_line_at,
+            now=at,
+            window_seconds=self.opt.verify_window,
         )
-        if text in self.warnings:
+        if text is None or text in self.warnings:
             return
         self.warnings.append(text)
         self.audit(AuditKind.NOTE, f"job:{self.job_id}", f"warning: {text}")

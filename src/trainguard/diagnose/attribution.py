@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from trainguard.diagnose.correlate import is_own_stop, stuck_rank, tier
+from trainguard.diagnose.detectors import RankView, rank_using
 from trainguard.model.devices import Device
 from trainguard.model.findings import (
     Attribution,
@@ -96,16 +97,40 @@ def _names_device(culprit: Culprit, dev: Device) -> bool:
     return culprit.pci_bus_id == dev.pci_bus_id and culprit.host in (None, dev.host)
 
 
-def _complete_culprit(culprit: Culprit, devices: Sequence[Device]) -> Culprit:
-    """Fill in the device from the rank, or the rank from the device, using the attempt."""
+def _device_of_rank(
+    rank: int, devices: Sequence[Device], views: Sequence[RankView]
+) -> Device | None:
+    """The device a rank used: its own in the device map, else the rank-th device."""
+    if not views:
+        return devices[rank] if 0 <= rank < len(devices) else None
+    for v in views:
+        if v.rank == rank:
+            own = v.visible[v.local_rank or 0] if len(v.visible) > (v.local_rank or 0) else None
+            return next((d for d in devices if d.uuid == own), None)
+    return None
+
+
+def _complete_culprit(
+    culprit: Culprit, devices: Sequence[Device], views: Sequence[RankView] = ()
+) -> Culprit:
+    """Fill in the device from the rank, or the rank from the device, using the attempt.
+
+    With the job's device map (``views``), a device's rank is the rank that had it
+    (``rank_using``), never its position, which names a rank that may not exist
+    when ranks != devices."""
     uuid, pci, rank, host = culprit.device_uuid, culprit.pci_bus_id, culprit.rank, culprit.host
-    if rank is not None and uuid is None and 0 <= rank < len(devices):
-        dev = devices[rank]
-        uuid, pci, host = dev.uuid, dev.pci_bus_id, host or dev.host
-    elif (uuid or pci) and rank is None:
+    if rank is not None and uuid is None:
+        dev = _device_of_rank(rank, devices, views)
+        if dev is not None:
+            uuid, pci, host = dev.uuid, dev.pci_bus_id, host or dev.host
+    elif (uuid or pci) and (rank is None or views):
         for i, dev in enumerate(devices):
             if _names_device(culprit, dev):
-                rank = i
+                known, owner = rank_using(views, dev)
+                if known:
+                    rank = owner
+                elif rank is None:
+                    rank = i
                 uuid, pci, host = dev.uuid, dev.pci_bus_id, host or dev.host
                 break
     return Culprit(device_uuid=uuid, pci_bus_id=pci, rank=rank, host=host)
@@ -126,8 +151,10 @@ def attribute(
     devices: Sequence[Device],
     failed_at: float,
     window: float = DEFAULT_CORRELATION_WINDOW,
+    views: Sequence[RankView] = (),
 ) -> Attribution:
-    """Attribute one failure of an attempt that ran on ``devices`` (index = local rank).
+    """Attribute one failure of an attempt that ran on ``devices`` (index = local rank,
+    unless ``views``, the job's device map, says which rank had which device).
 
     ``findings`` are the attempt's findings (any order); ``failed_at`` is when
     the failure was detected. Hardware findings count when they fall within
@@ -147,14 +174,14 @@ def attribute(
         c = (
             f.culprit
             if f.culprit.pci_bus_id or f.culprit.device_uuid
-            else (_complete_culprit(f.culprit, devices))
+            else (_complete_culprit(f.culprit, devices, views))
         )
         if any(_names_device(c, dev) for dev in devices):
             hardware.append(f)
     crashes = [f for f in ordered if f.kind == "crash"]
     if hardware:
         first = hardware[0]
-        culprit = _complete_culprit(first.culprit, devices)
+        culprit = _complete_culprit(first.culprit, devices, views)
         supporting = [f for f in crashes if f.culprit.rank == culprit.rank] or crashes[:1]
         kind = IncidentKind.XID if first.xid is not None else IncidentKind.CUDA_ERROR
         what = f"XID {first.xid}" if first.xid is not None else first.kind.replace("_", " ")
@@ -196,7 +223,7 @@ def attribute(
                 rank=root_crash.culprit.rank,
                 host=base.host,
             )
-        culprit = _complete_culprit(base, devices)
+        culprit = _complete_culprit(base, devices, views)
         support = [first, *([root_crash] if root_crash else [])]
         return Attribution(
             kind=IncidentKind.COLLECTIVE_ERROR
@@ -238,6 +265,7 @@ def attribute(
         culprit = _complete_culprit(
             first.culprit if first.culprit.rank is not None else (root_crash or first).culprit,
             devices,
+            views,
         )
         if incident_kind is IncidentKind.APP_ERROR:
             # The last traceback line is what the futile-retry rule compares.
@@ -257,7 +285,7 @@ def attribute(
 
     # 4a. A crash with no more specific evidence.
     if root_crash is not None:
-        culprit = _complete_culprit(root_crash.culprit, devices)
+        culprit = _complete_culprit(root_crash.culprit, devices, views)
         # Host-level evidence: the kernel's OOM killer (the job asked for too much host
         # memory: user_config) or a node fault (node). Only within the window.
         host = [
@@ -297,7 +325,7 @@ def attribute(
             return Attribution(
                 kind=IncidentKind.COLLECTIVE_TIMEOUT,
                 domain=Domain.NETWORK,
-                culprit=_complete_culprit(Culprit(rank=stuck.rank), devices),
+                culprit=_complete_culprit(Culprit(rank=stuck.rank), devices, views),
                 confidence=stuck.confidence,
                 summary=f"collective timeout; {stuck.reason}",
                 evidence=_evidence(collective),
@@ -307,7 +335,7 @@ def attribute(
         return Attribution(
             kind=_COLLECTIVE[first.kind],
             domain=Domain.NETWORK,
-            culprit=_complete_culprit(first.culprit, devices),
+            culprit=_complete_culprit(first.culprit, devices, views),
             confidence=0.5,
             summary=f"{first.kind.replace('_', ' ')}: {first.message}",
             evidence=_evidence(collective),
@@ -322,7 +350,7 @@ def attribute(
         return Attribution(
             kind=IncidentKind.HANG,
             domain=Domain.UNKNOWN,
-            culprit=_complete_culprit(first.culprit, devices),
+            culprit=_complete_culprit(first.culprit, devices, views),
             confidence=0.5,
             summary=first.message,
             evidence=_evidence([first, *errors[:5]]),
@@ -333,7 +361,7 @@ def attribute(
     return Attribution(
         kind=IncidentKind.CRASH,
         domain=Domain.UNKNOWN,
-        culprit=_complete_culprit(first_any.culprit, devices) if first_any else Culprit(),
+        culprit=_complete_culprit(first_any.culprit, devices, views) if first_any else Culprit(),
         confidence=0.2,
         summary=first_any.message if first_any else "the job failed without evidence",
         evidence=_evidence(ordered[:5]),

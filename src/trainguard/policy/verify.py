@@ -53,6 +53,30 @@ RESUME_FIXES = (
     "`trainguard.integrations.lightning.TrainguardCallback` to report the step"
 )
 
+# Said once per job, by run and serve alike (issue 13).
+NO_STEP_SIGNAL_WARNING = (
+    "no progress signal: the job's output names no training step, so a restart "
+    "can only be verified by liveness (output), not by the restored step; " + RESUME_FIXES
+)
+
+
+def no_step_signal_warning(
+    *,
+    attempt: int,
+    step_signal: bool,
+    first_output_at: float | None,
+    now: float,
+    window_seconds: float,
+) -> str | None:
+    """The warning when the first attempt has produced output for a verification window
+    and not one step (a restart of it can only be verified by liveness); else None.
+    The caller says it once per job."""
+    if attempt != 0 or step_signal or first_output_at is None:
+        return None
+    if now < first_output_at + window_seconds:
+        return None
+    return NO_STEP_SIGNAL_WARNING
+
 
 class Verdict(StrEnum):
     PENDING = "pending"  # not yet decidable: wait for more progress (or the hang detector)
@@ -352,6 +376,7 @@ def account(
 
 __all__ = [
     "DEFAULT_STEP_WINDOW",
+    "NO_STEP_SIGNAL_WARNING",
     "RESUME_FIXES",
     "Accounting",
     "RestartObservation",
@@ -359,6 +384,7 @@ __all__ = [
     "Verification",
     "VerifyRules",
     "account",
+    "no_step_signal_warning",
     "step_window",
     "verify_restart",
 ]

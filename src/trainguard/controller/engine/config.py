@@ -180,6 +180,7 @@ class _HealthView:
 class _OutputState:
     offset: int = 0
     partial: bytes = b""
+    first_at: float | None = None  # when the attempt's first output line was read
 
 
 def _prior(f: Mapping[str, Any], fallback: Culprit | None = None) -> PriorFailure:

@@ -81,6 +81,7 @@ class EngineCore:
         self._seen_nodes: dict[str, tuple[str | None, tuple[tuple[str, str], ...]]] = {}
         self._health = _HealthView()
         self._outputs: dict[tuple[str, int], _OutputState] = {}
+        self._warned_no_step: set[str] = set()  # jobs told they have no progress signal
         # One hang detector per live attempt, fed the progress the store holds. Lost on a
         # restart of the controller: the new one starts from the stored last step with
         # the start-up allowance, so a restart can delay a hang verdict, never invent one.

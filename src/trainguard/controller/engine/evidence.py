@@ -23,14 +23,16 @@ from trainguard.controller.engine.config import (
 from trainguard.controller.engine.core import EngineCore
 from trainguard.diagnose.attribution import attribute
 from trainguard.diagnose.detectors import ProcessExit, crash_finding, line_finding
+from trainguard.diagnose.device_map import rank_views, torchrun_world_size
 from trainguard.diagnose.signatures import Classifier
 from trainguard.model.devices import normalize_pci_bus_id
 from trainguard.model.findings import Attribution, Culprit, Domain, Finding, Severity
 from trainguard.model.health import HealthState
 from trainguard.model.plan import DeviceStatus
-from trainguard.model.records import AttemptRecord, JobRecord
+from trainguard.model.records import AttemptRecord, AuditKind, JobRecord
 from trainguard.policy.decide import evidence_resources
 from trainguard.policy.evidence import Route, route_finding
+from trainguard.policy.verify import no_step_signal_warning
 from trainguard.schedulers.base import JobPhase, NodePhase, Observation, ObservedJob, ObservedNode
 from trainguard.signals.output import split_lines
 
@@ -70,14 +72,54 @@ class EvidenceFollower(EngineCore):
             step = self._progress.parse(raw.decode("utf-8", "replace"))
             if step is not None:
                 steps.append(step)
-        if not steps:
-            return
         now = self.clock()
+        if lines and state.first_at is None:
+            state.first_at = now
+        if not steps:
+            if lines and att.first_step is None:
+                self._warn_no_step_signal(job_id, att, state.first_at, now)
+            return
         if att.first_step is None:
             self.store.update_attempt_progress(job_id, att.number, steps[0], at=now)
         last = max(steps)
         if att.last_step is None or last > att.last_step or len(steps) > 1:
             self.store.update_attempt_progress(job_id, att.number, last, at=now)
+
+    def _warn_no_step_signal(
+        self, job_id: str, att: AttemptRecord, first_at: float | None, now: float
+    ) -> None:
+        """The first attempt has produced output for a verification window and not one
+        step (policy.verify.no_step_signal_warning, the rule run uses): said once per
+        job, as a note in the job's audit that its incidents carry as a warning."""
+        if job_id in self._warned_no_step:
+            return
+        fj = self._fleet_job_or_none(job_id)
+        if fj is None:
+            return
+        text = no_step_signal_warning(
+            attempt=att.number,
+            step_signal=False,
+            first_output_at=first_at,
+            now=now,
+            window_seconds=self._policy(fj, self.store.get_job(job_id)).verify_window_seconds,
+        )
+        if text is None:
+            return
+        self._warned_no_step.add(job_id)
+        if text in self._job_warnings(job_id):
+            return  # said before this controller started
+        self.store.append_audit(
+            now, self.identity, AuditKind.NOTE, f"job:{job_id}", f"warning: {text}",
+            {"warning": text},
+        )  # fmt: skip
+
+    def _job_warnings(self, job_id: str) -> list[str]:
+        """The warnings said about a job (audit notes with a ``warning``), oldest first."""
+        return [
+            str(e.data["warning"])
+            for e in self.store.list_audit(kind=AuditKind.NOTE, subject=f"job:{job_id}")
+            if isinstance(e.data.get("warning"), str)
+        ]
 
     def _tail(self, path: str | None) -> list[str]:
         if not path:
@@ -330,7 +372,9 @@ class EvidenceFollower(EngineCore):
                 findings.append(Finding.from_dict(row["finding"]))
             except (KeyError, TypeError, ValueError):
                 continue
-        return attribute(findings, devices, failed_at, window)
+        # The job's device map: a device's culprit rank is the rank that had it (issue 13).
+        views = rank_views(devices, torchrun_world_size(job.command))
+        return attribute(findings, devices, failed_at, window, views)
 
     def _device_statuses(self, obs: Observation, job_ref: str) -> tuple[DeviceStatus, ...]:
         """The devices this job could get: all but those other live jobs hold.

@@ -233,6 +233,8 @@ class Executor(ActionRunner):
                     note=acc.note,
                     actor=self.identity,
                 )
+            for w in self._job_warnings(inc.job_id):  # what the job was told, as in run
+                self.store.update_incident(inc.id, at=now, warning=w, actor=self.identity)
             self.store.update_incident(
                 inc.id,
                 at=now,

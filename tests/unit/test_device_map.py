@@ -1,0 +1,76 @@
+"""The job's device map (diagnose/device_map.py): which rank had a device when
+ranks != devices, and the attribution that names it (issue 13)."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from trainguard.diagnose.attribution import attribute
+from trainguard.diagnose.detectors import rank_using
+from trainguard.diagnose.device_map import rank_views, torchrun_world_size
+from trainguard.model import Culprit, Device, Domain, Finding, Severity
+
+T0 = 1_700_000_000.0
+# Two nodes with two GPUs each, in launch order (TRAINGUARD_DEVICES, node by node).
+TWO_BY_TWO = tuple(
+    Device(index=i % 2, uuid=f"GPU-{i}", pci_bus_id=f"0000:1{i % 2}:00.0", host=f"n{i // 2 + 1}")
+    for i in range(4)
+)
+
+
+def xid_on(dev: Device) -> Finding:
+    return Finding(
+        kind="xid",
+        domain=Domain.HARDWARE,
+        at=T0,
+        source="kernel_log",
+        message=f"NVRM: Xid (PCI:{dev.pci_bus_id[:-2]}): 79, pid=1, GPU has fallen off the bus.",
+        culprit=Culprit(device_uuid=dev.uuid, pci_bus_id=dev.pci_bus_id, host=dev.host),
+        signature="xid:79",
+        xid=79,
+        severity=Severity.FATAL,
+    )
+
+
+def test_a_two_rank_job_on_two_two_gpu_nodes_names_rank_one_not_rank_three() -> None:
+    command = ("torchrun", "--nnodes", "2", "--nproc-per-node", "1", "train.py")
+    views = rank_views(TWO_BY_TWO, torchrun_world_size(command))
+    assert [v.rank for v in views] == [0, 1]
+    a = attribute([xid_on(TWO_BY_TWO[3])], TWO_BY_TWO, failed_at=T0, views=views)
+    assert a.culprit.device_uuid == "GPU-3" and a.culprit.rank == 1
+    assert "rank 3" not in a.summary
+    # Without the map the position names a rank that does not exist: the old answer.
+    assert attribute([xid_on(TWO_BY_TWO[3])], TWO_BY_TWO, failed_at=T0).culprit.rank == 3
+
+
+def test_one_rank_per_device_keeps_the_position() -> None:
+    views = rank_views(TWO_BY_TWO, 4)
+    assert [v.visible for v in views] == [("GPU-0",), ("GPU-1",), ("GPU-2",), ("GPU-3",)]
+    a = attribute([xid_on(TWO_BY_TWO[2])], TWO_BY_TWO, failed_at=T0, views=views)
+    assert a.culprit.rank == 2
+
+
+def test_an_unknown_or_uneven_world_size_gives_no_map() -> None:
+    assert rank_views(TWO_BY_TWO, None) == ()
+    assert rank_views(TWO_BY_TWO, 3) == ()
+    assert torchrun_world_size(("python", "train.py")) is None
+
+
+@given(nodes=st.integers(1, 4), gpus=st.integers(1, 4), per=st.integers(1, 4))
+def test_every_device_maps_to_an_existing_rank_on_its_own_node(
+    nodes: int, gpus: int, per: int
+) -> None:
+    devices = tuple(
+        Device(index=g, uuid=f"GPU-{n}-{g}", pci_bus_id=f"0000:{g:02x}:00.0", host=f"n{n}")
+        for n in range(nodes)
+        for g in range(gpus)
+    )
+    views = rank_views(devices, nodes * per)
+    assert len(views) == nodes * per
+    for d in devices:
+        known, rank = rank_using(views, d)
+        assert known
+        if rank is not None:
+            # Never a rank outside the world, and always one on the device's node.
+            assert 0 <= rank < nodes * per and rank // per == int(d.host[1:])
