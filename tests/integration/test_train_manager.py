@@ -202,6 +202,7 @@ def test_nothing_is_deleted_while_a_newer_save_is_in_progress(tmp_path: Path) ->
     ckpt = CheckpointManager(tmp_path, keep=1)
     ckpt.save(1, _state(4096))
     ckpt.save(2, _state(4096))
+    ckpt.wait()  # step 1's retention (behind save 2) is done before the writer appears
     tmp, writer = _live_writer_dir(tmp_path, 3)
     try:
         ckpt.save(4, _state(4096))
