@@ -9,6 +9,7 @@ to the controller when there is one, and to the store otherwise.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -110,6 +111,11 @@ def store_progress_sink(
                     else:
                         store.update_attempt_progress(
                             item.job_id, number, ev.step, at=item.received_at
+                        )
+                    if ev.event == "progress" and math.isfinite(ev.time):
+                        # The job's own time: a step rate that batching cannot bend (0320).
+                        store.record_job_step_time(
+                            item.job_id, number, ev.step, time=ev.time, rank=ev.rank
                         )
                 except NotFound:
                     dropped["unknown_attempt"] = dropped.get("unknown_attempt", 0) + 1

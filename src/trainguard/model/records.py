@@ -160,6 +160,15 @@ def check_attempt_transition(old: AttemptState, new: AttemptState) -> AttemptSta
     return check_transition("attempt", ATTEMPT_TRANSITIONS, old, new)
 
 
+def _rate(s0: int | None, t0: float | None, s1: int | None, t1: float | None) -> float | None:
+    if s0 is None or t0 is None or s1 is None or t1 is None:
+        return None
+    dt, ds = t1 - t0, s1 - s0
+    if dt <= 0 or ds <= 0:
+        return None
+    return ds / dt
+
+
 @dataclass(frozen=True)
 class AttemptRecord:
     """One launch of a job's command. ``number`` is ``TRAINGUARD_ATTEMPT`` (0, 1, ...)."""
@@ -180,6 +189,13 @@ class AttemptRecord:
     last_step_at: float | None = None
     log_path: str | None = None
     reason: str | None = None  # why it failed/stopped
+    # The first and highest step the job stamped with its own time (one rank's clock,
+    # ``job_time_rank``): a step rate that is the job's, not when trainguard read it.
+    job_first_step: int | None = None
+    job_first_time: float | None = None
+    job_last_step: int | None = None
+    job_last_time: float | None = None
+    job_time_rank: int | None = None
 
     @property
     def device_uuids(self) -> tuple[str, ...]:
@@ -187,19 +203,16 @@ class AttemptRecord:
 
     @property
     def step_rate(self) -> float | None:
-        """Steps per second between the first and last progress seen, if measurable."""
-        if (
-            self.first_step is None
-            or self.last_step is None
-            or self.first_step_at is None
-            or self.last_step_at is None
-        ):
-            return None
-        dt = self.last_step_at - self.first_step_at
-        ds = self.last_step - self.first_step
-        if dt <= 0 or ds <= 0:
-            return None
-        return ds / dt
+        """Steps per second between the first and last progress seen, if measurable
+        (times when trainguard saw the steps)."""
+        return _rate(self.first_step, self.first_step_at, self.last_step, self.last_step_at)
+
+    @property
+    def job_step_rate(self) -> float | None:
+        """Steps per second on the job's own clock (``job_first_*`` to ``job_last_*``)."""
+        return _rate(
+            self.job_first_step, self.job_first_time, self.job_last_step, self.job_last_time
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -203,6 +203,25 @@ class JobStore(AuditLog):
             if changed == 0:
                 raise NotFound(f"no attempt {number} of job {job_id!r}")
 
+    def record_job_step_time(
+        self, job_id: str, number: int, step: int, *, time: float, rank: int = 0
+    ) -> None:
+        """Note a step the job stamped with its own ``time`` (a progress event, a JSON
+        progress line): the attempt keeps the first and the highest of one rank, for a
+        step rate on the job's clock (decision 0320). Not audited (hot path); a report of
+        another rank, or of an unknown attempt, changes nothing."""
+        with self.transaction():
+            self.execute(
+                sql.UPDATE_ATTEMPT_JOB_TIME,
+                {
+                    "job_id": job_id,
+                    "number": int(number),
+                    "step": int(step),
+                    "time": float(time),
+                    "rank": int(rank),
+                },
+            )
+
     def set_attempt_checkpoint(
         self, job_id: str, number: int, *, checkpoint_path: str | None, checkpoint_step: int | None
     ) -> AttemptRecord:
