@@ -16,7 +16,7 @@ from trainguard.model import (
     IllegalTransition,
     IncidentKind,
 )
-from trainguard.model.records import AttemptState, IncidentState, JobState
+from trainguard.model.records import AttemptState, IncidentState, JobState, RankReport
 from trainguard.store import NotFound, SchemaTooNew, Store, StoreError
 from trainguard.store import sql as store_sql
 
@@ -160,6 +160,20 @@ def test_the_jobs_own_step_times_are_one_ranks_first_and_highest(store: Store) -
     assert (got.job_last_step, got.job_last_time) == (30, T0 + 110.0)
     assert got.job_time_rank == 1 and got.job_step_rate == pytest.approx(2.0)
     assert got.first_step is None  # the store's own step times are not touched
+
+
+def test_each_ranks_reported_device_view_is_kept_newest_wins(store: Store) -> None:
+    store.create_job(name="demo", command=["x"], need=2, at=T0, job_id="j")
+    store.start_attempt("j", 0, DEVICES[:2], at=T0)
+    assert store.get_attempt("j", 0).rank_reports == ()
+    store.record_rank_report("j", 0, RankReport(1, "h", 1, ("0", "1")))
+    store.record_rank_report("j", 0, RankReport(0, "h", 0, ("0", "1")))
+    store.record_rank_report("j", 0, RankReport(1, "h", 0, ("1",)))
+    store.record_rank_report("j", 5, RankReport(0, "h", 0, ("0",)))  # no such attempt
+    assert store.get_attempt("j", 0).rank_reports == (
+        RankReport(0, "h", 0, ("0", "1")),
+        RankReport(1, "h", 0, ("1",)),
+    )
 
 
 def test_incident_life(store: Store) -> None:

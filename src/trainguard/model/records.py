@@ -160,6 +160,35 @@ def check_attempt_transition(old: AttemptState, new: AttemptState) -> AttemptSta
     return check_transition("attempt", ATTEMPT_TRANSITIONS, old, new)
 
 
+@dataclass(frozen=True)
+class RankReport:
+    """What one rank of an attempt said about its devices in its progress reports
+    (decision 0322): its node, ``LOCAL_RANK`` and ``CUDA_VISIBLE_DEVICES`` entries."""
+
+    rank: int
+    host: str | None
+    local_rank: int | None
+    visible: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "host": self.host,
+            "local_rank": self.local_rank,
+            "visible": list(self.visible),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RankReport:
+        lr = d.get("local_rank")
+        return cls(
+            rank=int(d["rank"]),
+            host=None if d.get("host") is None else str(d["host"]),
+            local_rank=None if lr is None else int(lr),
+            visible=tuple(str(v) for v in d.get("visible") or ()),
+        )
+
+
 def _rate(s0: int | None, t0: float | None, s1: int | None, t1: float | None) -> float | None:
     if s0 is None or t0 is None or s1 is None or t1 is None:
         return None
@@ -196,6 +225,8 @@ class AttemptRecord:
     job_last_step: int | None = None
     job_last_time: float | None = None
     job_time_rank: int | None = None
+    # Each rank's own view of its devices, as it reported it (0322), by rank.
+    rank_reports: tuple[RankReport, ...] = ()
 
     @property
     def device_uuids(self) -> tuple[str, ...]:

@@ -17,6 +17,7 @@ from trainguard.model.records import (
     AuditKind,
     JobRecord,
     JobState,
+    RankReport,
     check_attempt_transition,
     check_job_transition,
 )
@@ -221,6 +222,19 @@ class JobStore(AuditLog):
                     "rank": int(rank),
                 },
             )
+
+    def record_rank_report(self, job_id: str, number: int, report: RankReport) -> None:
+        """Keep one rank's own view of its devices (decision 0322); a newer report of
+        the same rank replaces its older one. An unknown attempt changes nothing."""
+        with self.transaction():
+            key = {"job_id": job_id, "number": int(number)}
+            row = self.fetch_one(sql.SELECT_ATTEMPT_RANK_REPORTS, key)
+            if row is None:
+                return
+            kept = [r for r in rows.loads(row[0]) or () if int(r.get("rank", -1)) != report.rank]
+            kept.append(report.to_dict())
+            kept.sort(key=lambda r: int(r["rank"]))
+            self.execute(sql.UPDATE_ATTEMPT_RANK_REPORTS, {**key, "rank_reports": rows.dumps(kept)})
 
     def set_attempt_checkpoint(
         self, job_id: str, number: int, *, checkpoint_path: str | None, checkpoint_step: int | None

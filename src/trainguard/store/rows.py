@@ -44,6 +44,7 @@ from trainguard.model.records import (
     IncidentState,
     JobRecord,
     JobState,
+    RankReport,
     TimelineEntry,
 )
 
@@ -102,6 +103,7 @@ def attempt(row: Row) -> AttemptRecord:
         job_last_step=row[18],
         job_last_time=row[19],
         job_time_rank=row[20],
+        rank_reports=tuple(RankReport.from_dict(r) for r in loads(row[21]) or ()),
     )
 
 

@@ -394,13 +394,14 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     Migration(
         version=5,
-        description="attempts: the first and last step with the job's own time, and its rank",
+        description="attempts: the job's own step times (one rank's) and the ranks' device views",
         statements=(
             "ALTER TABLE attempts ADD COLUMN job_first_step INTEGER",
             "ALTER TABLE attempts ADD COLUMN job_first_time {float}",
             "ALTER TABLE attempts ADD COLUMN job_last_step INTEGER",
             "ALTER TABLE attempts ADD COLUMN job_last_time {float}",
             "ALTER TABLE attempts ADD COLUMN job_time_rank INTEGER",
+            "ALTER TABLE attempts ADD COLUMN rank_reports {json}",
         ),
     ),
 )

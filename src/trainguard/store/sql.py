@@ -49,12 +49,12 @@ ATTEMPT_COLUMNS = (
     "job_id, number, devices, state, started_at, ended_at, exit_code, signal,"
     " checkpoint_path, checkpoint_step, first_step, first_step_at, last_step, last_step_at,"
     " log_path, reason, job_first_step, job_first_time, job_last_step, job_last_time,"
-    " job_time_rank"
+    " job_time_rank, rank_reports"
 )
 INSERT_ATTEMPT = (
     f"INSERT INTO attempts ({ATTEMPT_COLUMNS}) VALUES (:job_id, :number, :devices, :state,"
     " :started_at, NULL, NULL, NULL, :checkpoint_path, :checkpoint_step, NULL, NULL, NULL, NULL,"
-    " :log_path, NULL, NULL, NULL, NULL, NULL, NULL)"
+    " :log_path, NULL, NULL, NULL, NULL, NULL, NULL, NULL)"
 )
 SELECT_ATTEMPT = (
     f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE job_id = :job_id AND number = :number"
@@ -81,6 +81,12 @@ UPDATE_ATTEMPT_JOB_TIME = (
     " THEN :time ELSE job_last_time END"
     " WHERE job_id = :job_id AND number = :number"
     " AND (job_time_rank IS NULL OR job_time_rank = :rank)"
+)
+SELECT_ATTEMPT_RANK_REPORTS = (
+    "SELECT rank_reports FROM attempts WHERE job_id = :job_id AND number = :number"
+)
+UPDATE_ATTEMPT_RANK_REPORTS = (
+    "UPDATE attempts SET rank_reports = :rank_reports WHERE job_id = :job_id AND number = :number"
 )
 UPDATE_ATTEMPT_STATE = (
     "UPDATE attempts SET state = :state, ended_at = :ended_at,"

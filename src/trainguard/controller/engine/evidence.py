@@ -23,7 +23,12 @@ from trainguard.controller.engine.config import (
 from trainguard.controller.engine.core import EngineCore
 from trainguard.diagnose.attribution import attribute
 from trainguard.diagnose.detectors import ProcessExit, crash_finding, line_finding, rank_prefix
-from trainguard.diagnose.device_map import rank_views, torchrun_world_size
+from trainguard.diagnose.device_map import (
+    merge_views,
+    rank_views,
+    reported_views,
+    torchrun_world_size,
+)
 from trainguard.diagnose.signatures import Classifier
 from trainguard.model.devices import normalize_pci_bus_id
 from trainguard.model.findings import Attribution, Culprit, Domain, Finding, Severity
@@ -390,7 +395,11 @@ class EvidenceFollower(EngineCore):
             except (KeyError, TypeError, ValueError):
                 continue
         # The job's device map: a device's culprit rank is the rank that had it (issue 13).
-        views = rank_views(devices, torchrun_world_size(job.command))
+        # The ranks' own reports first (any launcher, 0322), then the command line's.
+        views = merge_views(
+            reported_views(att.rank_reports, devices),
+            rank_views(devices, torchrun_world_size(job.command)),
+        )
         return attribute(findings, devices, failed_at, window, views)
 
     def _device_statuses(self, obs: Observation, job_ref: str) -> tuple[DeviceStatus, ...]:
