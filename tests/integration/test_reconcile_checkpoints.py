@@ -43,6 +43,10 @@ def test_a_damaged_newest_checkpoint_is_moved_aside_before_the_requeue(fleet: Fl
     (inc,) = fleet.store.list_incidents(job_id=fj.job_id)
     assert inc.checkpoint_step == 5 and inc.checkpoint_path == str(root / "step_00000005")
     assert inc.resumed_step is not None and 5 <= inc.resumed_step <= 55
+    # Stock "step=N" lines carry no time of the job's: the rate was not compared (0300
+    # compared pass read times and failed this restart), and the record says why (0320).
+    verified = [t.what for t in inc.timeline if t.what.startswith("verified:")]
+    assert len(verified) == 1 and "rate not checked" in verified[0], inc.timeline
     moved = root / REJECTED_DIR / "step_00000010"
     if fleet.cp.reconciler.config.keep_rejected_in_place:
         assert not moved.exists()

@@ -15,6 +15,8 @@ fails on cue:
   --interval S          seconds per step
   --no-steps            print ``tick`` lines, no step (a job without a progress signal)
   --slow-attempts 1     attempts that step every ``--slow-interval`` seconds instead
+  --json-steps          print ``{"step": N, "time": T}`` lines (the job's own time of
+                        each step, decision 0320) instead of ``step=N``
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ def main() -> int:
     ap.add_argument("--no-steps", action="store_true")
     ap.add_argument("--slow-attempts", default="")
     ap.add_argument("--slow-interval", type=float, default=1.0)
+    ap.add_argument("--json-steps", action="store_true")
     args = ap.parse_args()
     attempt = int(os.environ.get("TRAINGUARD_ATTEMPT", "0"))
     failing = {int(a) for a in args.fail_attempts.split(",") if a.strip()}
@@ -82,7 +85,12 @@ def main() -> int:
     while step < args.steps:
         step += 1
         time.sleep(args.interval)
-        print("tick" if args.no_steps else f"step={step}", flush=True)
+        if args.no_steps:
+            print("tick", flush=True)
+        elif args.json_steps:
+            print(json.dumps({"step": step, "time": time.time()}), flush=True)
+        else:
+            print(f"step={step}", flush=True)
         if args.ckpt and step % args.every == 0:
             save(Path(args.ckpt), step)
         if attempt in failing and step >= args.fail_at:

@@ -94,6 +94,7 @@ def _read(store: Store, job_id: str, xid_device: str | None) -> Outcome:
             "checkpoint_step": i.checkpoint_step,
             "culprit": i.culprit.device_uuid,
             "actions": [a["type"] for a in i.actions],
+            "notes": [t.what for t in i.timeline],
         }
         for i in store.list_incidents(job_id=job_id)
     ]

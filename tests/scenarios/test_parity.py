@@ -86,3 +86,31 @@ def test_a_fatal_xid_on_an_idle_card_quarantines_it_and_leaves_the_job_alone(
     assert out.incidents == [] and out.attempts == ["completed"], out
     assert out.quarantined == [out.xid_device], out
     assert out.repairs == [out.xid_device], out
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_slow_restart_keeps_running_unverified_and_is_not_restarted_again(
+    mode: str, tmp_path: Path, sqlite_target: str
+) -> None:
+    # Attempt 0 steps every 0.05 s and fails at step 12; attempt 1 resumes from step 10
+    # at 0.4 s a step, under 0.3 x the pre-failure rate on the job's own step times
+    # (JSON lines with "time": serve compares them, 0320). A slow restart is progress:
+    # both modes note it once and keep it running, no second restart (run used to
+    # restart it, 0321); it ends recovered when the job completes.
+    out = _scenario(
+        mode,
+        tmp_path,
+        sqlite_target,
+        ["--fail-attempts", "0", "--fail-at", "12", "--slow-attempts", "1",
+         "--slow-interval", "0.4", "--json-steps", "--steps", "18"],
+        Policy(hang_floor=5.0),
+    )  # fmt: skip
+    [inc] = out.incidents
+    assert inc["actions"] == ["restart"] and inc["checkpoint_step"] == 10, out
+    assert out.attempts == ["failed", "completed"], out
+    slow = [n for n in inc["notes"] if n.startswith("attempt 1 not verified (verify:slow)")]
+    assert len(slow) == 1 and "keeps running" in slow[0], out
+    # Never verified while slow: recovered only by the job's completion, after the note.
+    [verified] = [n for n in inc["notes"] if n.startswith("verified:")]
+    assert inc["state"] == "recovered" and "exited 0" in verified, out
+    assert inc["notes"].index(slow[0]) < inc["notes"].index(verified), out

@@ -115,6 +115,17 @@ def test_progress_sink_moves_attempt_progress_and_counts_unknown_jobs(store: Sto
     att = store.get_attempt("job-1", 0)
     assert (att.first_step, att.last_step, att.last_step_at) == (0, 9, T0 + 3)
     assert dropped == {"unknown_attempt": 2}
+    # The job's own times of its progress events (not of "resumed": a restore's load
+    # time is no step), whatever the batching made of their arrival (0320).
+    assert (att.job_first_step, att.job_last_step, att.job_step_rate) == (5, 9, 1.0)
+    # A rank's own view of its devices is kept once (0322).
+    view = ProgressEvent(
+        event="progress", step=10, time=T0 + 10, rank=0, attempt=0,
+        local_rank=0, visible_devices="GPU-a", host="n1",
+    )  # fmt: skip
+    sink([ProgressItem("job-1", T0 + 4, view), ProgressItem("job-1", T0 + 4, view)])
+    (report,) = store.get_attempt("job-1", 0).rank_reports
+    assert (report.rank, report.host, report.visible) == (0, "n1", ("GPU-a",))
 
 
 def _finding(message: str = "Xid 79") -> Finding:

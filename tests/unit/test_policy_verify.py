@@ -10,12 +10,15 @@ from hypothesis import strategies as st
 
 from trainguard.policy.verify import (
     NO_STEP_SIGNAL_WARNING,
+    RATE_CLOCKS,
     RESUME_FIXES,
     RestartObservation,
+    StepClock,
     Verdict,
     VerifyRules,
     account,
     no_step_signal_warning,
+    rate_unchecked,
     step_window,
     verify_restart,
 )
@@ -114,14 +117,55 @@ def test_a_silent_job_that_saves_below_the_offered_step_resumed_below() -> None:
     assert "step 200 written after the restart" in v2.reason
 
 
+JOB, LIVE, BATCHED = StepClock.JOB, StepClock.LIVE, StepClock.BATCHED
+
+
+def timed(
+    first: int, last: int, baseline: float, clocks: tuple[StepClock, StepClock], **kw: object
+) -> RestartObservation:
+    """``moving`` with a pre-failure rate and the clocks of (restart, baseline)."""
+    return moving(
+        first, last, baseline_rate=baseline, rate_clock=clocks[0], baseline_clock=clocks[1], **kw
+    )
+
+
 def test_slow_restart_and_missing_ranks_fail() -> None:
-    slow = verify_restart(moving(251, 260, baseline_rate=10.0), RULES)
+    slow = verify_restart(timed(251, 260, 10.0, (JOB, JOB)), RULES)
     assert slow.verdict is Verdict.FAILED and slow.signature == "verify:slow"
+    # A slow restart is progress: it keeps running, unverified (0321).
+    assert not slow.restart_again and "keeps running" in slow.reason
     ranks = moving(251, 300, expected_ranks=frozenset({0, 1}), reported_ranks=frozenset({0}))
     assert verify_restart(ranks, RULES).verdict is Verdict.FAILED
     assert verify_restart(ranks, RULES).missing_ranks == (1,)
     late = RestartObservation(**{**ranks.__dict__, "last_at": 20.0})
     assert verify_restart(late, RULES).verdict is Verdict.PENDING  # one more window
+
+
+def test_the_rate_is_compared_only_on_clocks_that_mark_when_steps_happened() -> None:
+    # The same slow restart (0.45 steps/s after 10 before): failed when both rates are
+    # the job's own or run's live reads; not checked, and said why, when either side's
+    # times are when a pass read the log (0300's false failures, 0320).
+    for clocks in ((JOB, JOB), (LIVE, LIVE), (JOB, LIVE), (LIVE, JOB)):
+        assert verify_restart(timed(251, 260, 10.0, clocks), RULES).signature == "verify:slow"
+    for clocks in ((BATCHED, JOB), (JOB, BATCHED), (BATCHED, BATCHED)):
+        v = verify_restart(timed(251, 260, 10.0, clocks), RULES)
+        assert v.verdict is Verdict.VERIFIED and v.rate_unchecked is not None
+        assert "rate not checked" in v.reason and "when trainguard read them" in v.reason
+        assert 'own "time"' in v.reason  # what the user can do about it
+    unknown = verify_restart(moving(251, 260, baseline_rate=10.0), RULES)
+    assert unknown.verdict is Verdict.VERIFIED and "unknown origin" in unknown.reason
+    none = verify_restart(moving(251, 300), RULES)
+    assert none.verdict is Verdict.VERIFIED and "no pre-failure step rate" in none.reason
+    fast = verify_restart(timed(251, 300, 3.0, (JOB, JOB)), RULES)
+    assert fast.verdict is Verdict.VERIFIED and fast.rate_unchecked is None
+    assert "rate not checked" not in fast.reason
+
+
+def test_a_restart_with_one_timed_step_waits_for_the_second() -> None:
+    # Seen moving over the window, but the job stamped one step so far: no verdict on
+    # a rate that is not known yet (a slow restart must not slip through as unchecked).
+    o = dataclasses.replace(timed(251, 260, 10.0, (JOB, JOB)), rate=None)
+    assert verify_restart(o, RULES).verdict is Verdict.PENDING
 
 
 def test_completion_is_its_own_verdict() -> None:
@@ -160,6 +204,8 @@ def observations(draw: st.DrawFn) -> RestartObservation:
         rate=draw(st.none() | st.floats(min_value=0.0, max_value=1000.0)),
         reported_restored=draw(st.none() | steps) if first is not None else None,
         baseline_rate=draw(st.none() | st.floats(min_value=0.0, max_value=1000.0)),
+        rate_clock=draw(st.none() | st.sampled_from(StepClock)),
+        baseline_clock=draw(st.none() | st.sampled_from(StepClock)),
         expected_ranks=draw(st.none() | st.frozensets(st.integers(0, 3))),
         reported_ranks=draw(st.frozensets(st.integers(0, 3))),
         step_signal=draw(st.booleans()),
@@ -300,3 +346,29 @@ def test_no_step_signal_is_warned_for_the_first_attempt_after_a_window_of_output
     assert warn(step_signal=True) is None
     assert warn(attempt=1) is None  # a restart is judged by verification, not warned
     assert warn(first_output_at=None) is None
+
+
+@settings(max_examples=500, deadline=None)
+@given(observations(), rules)
+def test_a_rate_decides_only_when_both_clocks_mark_when_steps_happened(
+    o: RestartObservation, r: VerifyRules
+) -> None:
+    v = verify_restart(o, r)
+    sound = o.rate_clock in RATE_CLOCKS and o.baseline_clock in RATE_CLOCKS
+    if v.signature == "verify:slow":
+        # Failed on the rate only with both rates known, on sound clocks, under the floor;
+        # and never ended for it: a slow restart keeps running (0321).
+        assert sound and o.rate is not None and o.baseline_rate is not None
+        assert o.rate < o.baseline_rate * r.min_rate_ratio
+        assert not v.restart_again
+    if v.verdict is Verdict.VERIFIED and not v.by_liveness:
+        # Verified on steps: either the rate cleared the floor on sound clocks, or the
+        # verdict says why it was not compared.
+        if rate_unchecked(o) is None:
+            assert sound and o.rate is not None and o.baseline_rate is not None
+            assert o.rate >= o.baseline_rate * r.min_rate_ratio
+            assert v.rate_unchecked is None
+        else:
+            assert v.rate_unchecked and "rate not checked" in v.reason
+    if v.verdict is Verdict.FAILED and v.signature != "verify:slow":
+        assert v.restart_again

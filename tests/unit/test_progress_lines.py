@@ -368,3 +368,18 @@ def test_an_opening_frame_is_never_a_step(total: int, desc: str) -> None:
     line = f"{prefix}  0%|          | 0/{total} [00:00<?, ?it/s]"
     r = ProgressLineParser().read(line)
     assert r is not None and r.kind is ProgressKind.LIVENESS and r.count == 0
+
+
+def test_a_json_progress_line_carries_the_jobs_own_time_and_rank() -> None:
+    # Decision 0320: a Unix time in the record is when the job made the step; a
+    # "time" that is a duration (mmengine logs the iteration time so) is no clock.
+    p = ProgressLineParser()
+    r = p.read('{"step": 12, "time": 1764400000.25, "rank": 1, "loss": 2.0}')
+    assert r is not None and r.is_step and (r.step, r.at, r.rank) == (12, 1764400000.25, 1)
+    ts = p.read('{"iteration": 3, "timestamp": "1764400001"}')
+    assert ts is not None and ts.at == 1764400001.0 and ts.rank is None
+    for line in ('{"step": 5, "time": 0.21}', '{"step": 5}', '{"step": 5, "time": "NaN"}'):
+        got = p.read(line)
+        assert got is not None and got.step == 5 and got.at is None
+    hf = p.read("{'loss': '0.69', 'step': 7, 'time': 1764400000.0}")
+    assert hf is not None and hf.step == 7 and hf.at is None  # Trainer's dicts: no clock

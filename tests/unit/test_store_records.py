@@ -16,7 +16,7 @@ from trainguard.model import (
     IllegalTransition,
     IncidentKind,
 )
-from trainguard.model.records import AttemptState, IncidentState, JobState
+from trainguard.model.records import AttemptState, IncidentState, JobState, RankReport
 from trainguard.store import NotFound, SchemaTooNew, Store, StoreError
 from trainguard.store import sql as store_sql
 
@@ -141,6 +141,39 @@ def test_attempt_round_trip(store: Store) -> None:
         store.update_attempt_progress("j", 7, 1, at=T0)
     with pytest.raises(NotFound):
         store.start_attempt("no-such-job", 0, DEVICES[:1], at=T0)
+
+
+def test_the_jobs_own_step_times_are_one_ranks_first_and_highest(store: Store) -> None:
+    # Decision 0320: a rate on the job's clock. The first rank that stamps a step is
+    # the clock kept (another host's clock is another clock); lower steps arriving
+    # late do not move the last one back.
+    store.create_job(name="demo", command=["x"], need=2, at=T0, job_id="j")
+    store.start_attempt("j", 0, DEVICES[:2], at=T0)
+    assert store.get_attempt("j", 0).job_step_rate is None
+    store.record_job_step_time("j", 0, 10, time=T0 + 100.0, rank=1)
+    store.record_job_step_time("j", 0, 11, time=T0 + 1.0, rank=0)  # another clock
+    store.record_job_step_time("j", 0, 30, time=T0 + 110.0, rank=1)
+    store.record_job_step_time("j", 0, 20, time=T0 + 105.0, rank=1)  # late, lower
+    store.record_job_step_time("j", 9, 1, time=T0, rank=0)  # no such attempt: ignored
+    got = store.get_attempt("j", 0)
+    assert (got.job_first_step, got.job_first_time) == (10, T0 + 100.0)
+    assert (got.job_last_step, got.job_last_time) == (30, T0 + 110.0)
+    assert got.job_time_rank == 1 and got.job_step_rate == pytest.approx(2.0)
+    assert got.first_step is None  # the store's own step times are not touched
+
+
+def test_each_ranks_reported_device_view_is_kept_newest_wins(store: Store) -> None:
+    store.create_job(name="demo", command=["x"], need=2, at=T0, job_id="j")
+    store.start_attempt("j", 0, DEVICES[:2], at=T0)
+    assert store.get_attempt("j", 0).rank_reports == ()
+    store.record_rank_report("j", 0, RankReport(1, "h", 1, ("0", "1")))
+    store.record_rank_report("j", 0, RankReport(0, "h", 0, ("0", "1")))
+    store.record_rank_report("j", 0, RankReport(1, "h", 0, ("1",)))
+    store.record_rank_report("j", 5, RankReport(0, "h", 0, ("0",)))  # no such attempt
+    assert store.get_attempt("j", 0).rank_reports == (
+        RankReport(0, "h", 0, ("0", "1")),
+        RankReport(1, "h", 0, ("1",)),
+    )
 
 
 def test_incident_life(store: Store) -> None:

@@ -98,6 +98,25 @@ def test_file_destination_appends_one_json_line_per_event(
     assert json.loads(out.read_text().splitlines()[1])["event"] == "progress"
 
 
+def test_each_event_carries_the_ranks_own_view_of_its_devices(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Decision 0322: node, LOCAL_RANK and CUDA_VISIBLE_DEVICES, for any launcher.
+    out = tmp_path / "progress.jsonl"
+    monkeypatch.setenv("TRAINGUARD_PROGRESS", f"file:{out}")
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    monkeypatch.setenv("SLURMD_NODENAME", "n7")
+    report_progress(5)
+    (ev,) = [ProgressEvent.from_json(line) for line in out.read_text().splitlines()]
+    assert (ev.rank, ev.local_rank, ev.visible_devices, ev.host) == (3, 1, "2,3", "n7")
+    # An older event without them still reads.
+    old = ProgressEvent(event="progress", step=1, time=1.0).to_json()
+    assert "visible_devices" not in old
+    assert ProgressEvent.from_json(old).visible_devices is None
+
+
 def test_unwritable_file_destination_is_dropped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

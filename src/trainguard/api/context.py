@@ -9,6 +9,7 @@ to the controller when there is one, and to the store otherwise.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from trainguard.api.ingest import (
 from trainguard.api.metrics import Metrics, StoreCollector
 from trainguard.api.middleware import DEFAULT_MAX_BODY
 from trainguard.api.operations import operations_collector
-from trainguard.model.records import AuditKind
+from trainguard.model.records import AuditKind, RankReport
 from trainguard.store import NotFound, Store
 from trainguard.store.fleet import FleetStore
 
@@ -71,6 +72,9 @@ def _latest_attempt(store: Store, job_id: str, cache: dict[str, int]) -> int | N
     return cache[job_id]
 
 
+_MAX_VIEWS_CACHED = 100_000
+
+
 def store_progress_sink(
     store: Store, dropped: dict[str, int], control: Any | None = None
 ) -> ProgressSink:
@@ -86,6 +90,8 @@ def store_progress_sink(
         else None
     )
     latest: dict[str, int] = {}
+    # The rank views already stored (job, attempt, rank) -> view: written once each.
+    views: dict[tuple[str, int, int], RankReport] = {}
 
     def sink(items: Sequence[ProgressItem]) -> None:
         latest.clear()  # attempts change between flushes; the cache is per flush
@@ -110,6 +116,27 @@ def store_progress_sink(
                     else:
                         store.update_attempt_progress(
                             item.job_id, number, ev.step, at=item.received_at
+                        )
+                    if ev.visible_devices is not None:
+                        # The rank's own view of its devices: the device map (0322).
+                        report = RankReport(
+                            rank=ev.rank,
+                            host=ev.host,
+                            local_rank=ev.local_rank,
+                            visible=tuple(
+                                v.strip() for v in ev.visible_devices.split(",") if v.strip()
+                            ),
+                        )
+                        key = (item.job_id, number, ev.rank)
+                        if views.get(key) != report:
+                            store.record_rank_report(item.job_id, number, report)
+                            if len(views) >= _MAX_VIEWS_CACHED:
+                                views.clear()  # bounded: at worst a view is written again
+                            views[key] = report
+                    if ev.event == "progress" and math.isfinite(ev.time):
+                        # The job's own time: a step rate that batching cannot bend (0320).
+                        store.record_job_step_time(
+                            item.job_id, number, ev.step, time=ev.time, rank=ev.rank
                         )
                 except NotFound:
                     dropped["unknown_attempt"] = dropped.get("unknown_attempt", 0) + 1

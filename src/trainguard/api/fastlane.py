@@ -114,6 +114,7 @@ def progress_events(data: Any) -> list[ProgressEvent] | None:
         attempt, pid = e.get("attempt"), e.get("pid")
         loss, checkpoint = e.get("loss"), e.get("checkpoint")
         metrics = e.get("metrics", {})
+        local_rank, visible, host = e.get("local_rank"), e.get("visible_devices"), e.get("host")
         v = e.get("v", 1)
         if (
             type(event) is not str  # a list or object here is unhashable: no set lookup
@@ -129,6 +130,9 @@ def progress_events(data: Any) -> list[ProgressEvent] | None:
                 and (type(checkpoint) is not str or len(checkpoint) > MAX_TEXT)
             )
             or type(metrics) is not dict
+            or (local_rank is not None and not _is_count(local_rank))
+            or (visible is not None and (type(visible) is not str or len(visible) > 1024))
+            or (host is not None and (type(host) is not str or len(host) > 255))
         ):
             return None
         if loss is None:
@@ -148,6 +152,9 @@ def progress_events(data: Any) -> list[ProgressEvent] | None:
                 loss=loss_f,
                 checkpoint=checkpoint,
                 metrics=metrics,
+                local_rank=local_rank,
+                visible_devices=visible,
+                host=host,
             )
         )
     return out

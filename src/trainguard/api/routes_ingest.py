@@ -169,6 +169,9 @@ async def post_progress(
             loss=_loss(e.loss),
             checkpoint=e.checkpoint,
             metrics=e.metrics,
+            local_rank=e.local_rank,
+            visible_devices=e.visible_devices,
+            host=e.host,
         )
         for e in body.events
     ]

@@ -175,6 +175,12 @@ class ProgressIn(_Request):
     )
     checkpoint: str | None = Field(default=None, max_length=MAX_TEXT)
     metrics: dict[str, Any] = Field(default_factory=dict)
+    # The rank's own view of its devices (decision 0322).
+    local_rank: Count | None = None
+    visible_devices: str | None = Field(
+        default=None, max_length=1024, description="the rank's CUDA_VISIBLE_DEVICES"
+    )
+    host: str | None = Field(default=None, max_length=255, description="the rank's node")
 
 
 class ProgressBatchIn(_Request):

@@ -230,6 +230,8 @@ class _Attempt:
     checkpoint: CheckpointInfo | None = None
     first_progress_at: float | None = None
     verified: bool = False
+    # Verification notes said about this attempt (a kept slow restart, 0321): once each.
+    noted: set[str] = field(default_factory=set)
     observed: bool = False  # observe mode: this attempt's incident is recorded
     last_store_write: float = 0.0
     saved_steps: list[int] = field(default_factory=list)

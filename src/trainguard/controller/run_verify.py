@@ -23,6 +23,7 @@ from trainguard.model.records import (
 from trainguard.policy.verify import (
     DEFAULT_STEP_WINDOW,
     RestartObservation,
+    StepClock,
     Verdict,
     Verification,
     VerifyRules,
@@ -76,6 +77,9 @@ class RunVerification(RunObservers):
             rate=att.steps.rate(since=att.first_progress_at),
             reported_restored=att.steps.resumed_step,
             baseline_rate=self.baseline_rate,
+            # run stamps every step as its reader threads receive it (0320).
+            rate_clock=StepClock.LIVE,
+            baseline_clock=StepClock.LIVE,
             expected_ranks=None if expected is None else frozenset(expected),
             reported_ranks=frozenset(att.reported_ranks),
             step_signal=self.step_signal,
@@ -105,11 +109,22 @@ class RunVerification(RunObservers):
     def _maybe_verify(self, att: _Attempt, now: float) -> None:
         """Verification of a restart: the shared rule (policy/verify.py) on what we saw.
 
-        A failed verdict is a failed attempt (the same incident is acted on again);
-        a pending one waits for more progress, bounded by the hang detector.
+        A failed verdict is a failed attempt (the same incident is acted on again)
+        unless the rule says to keep it running (a slow restart, 0321): then it is
+        noted once, as serve notes it; a pending one waits for more progress, bounded
+        by the hang detector.
         """
         v = verify_restart(self._observation(att, now, completed=False), self._verify_rules())
         if v.verdict is Verdict.PENDING:
+            return
+        if v.verdict is Verdict.FAILED and not v.restart_again:
+            key = f"attempt {att.number} not verified ({v.signature}):"
+            if key not in att.noted and att.incident_id is not None:
+                att.noted.add(key)
+                self.db.update_incident(
+                    att.incident_id, at=now, note=f"{key} {v.reason}", actor=ACTOR
+                )
+                self.say(f"incident {att.incident_id}: {key} {v.reason}")
             return
         if v.verdict is Verdict.FAILED:
             f = Finding(

@@ -1,4 +1,5 @@
-"""The job's device map: which rank had which device, from what the launch says.
+"""The job's device map: which rank had which device, from what the launch says
+and from what the ranks themselves report.
 
 Pure (no I/O): the launch command line's world size (``torchrun_world_size``) and
 the attempt's devices in order (``TRAINGUARD_DEVICES``, node by node) give each
@@ -6,6 +7,12 @@ rank's view (:class:`~trainguard.diagnose.detectors.RankView`); ``rank_using``
 then names the rank that had a device. Without it a device's position in the
 attempt names a rank, which is wrong when ranks != devices (a 2-rank job on two
 2-GPU nodes: the second node's second card is not "rank 3"; issue 13).
+
+A rank that reports progress through ``trainguard.train`` says its node,
+``LOCAL_RANK`` and ``CUDA_VISIBLE_DEVICES`` (``RankReport``, decision 0322):
+``reported_views`` resolves those to the attempt's devices, which covers any
+launcher (``mp.spawn``, ``srun``), and ``merge_views`` puts them before the views
+a command line implies.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from collections.abc import Sequence
 
 from trainguard.diagnose.detectors import RankView
 from trainguard.model.devices import Device
+from trainguard.model.records import RankReport
 
 _TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
 
@@ -95,4 +103,45 @@ def rank_views(devices: Sequence[Device], world_size: int | None) -> tuple[RankV
     return tuple(views)
 
 
-__all__ = ["rank_views", "torchrun_world_size"]
+def _resolve(entry: str, node: Sequence[Device], devices: Sequence[Device]) -> str:
+    """One ``CUDA_VISIBLE_DEVICES`` entry as the UUID of the attempt's device it names:
+    a UUID (or a unique ``GPU-`` prefix of one) anywhere, an index on the rank's own
+    node. Unresolved, a token no device matches (an index alone would match the card
+    of that index on every node)."""
+    if entry.startswith(("GPU-", "MIG-")):
+        hits = [d.uuid for d in devices if d.uuid == entry or d.uuid.startswith(entry)]
+        if len(hits) == 1:
+            return hits[0]
+    elif entry.isdigit():
+        hits = [d.uuid for d in node if d.index == int(entry)]
+        if len(hits) == 1:
+            return hits[0]
+    return f"unresolved:{entry}"
+
+
+def reported_views(
+    reports: Sequence[RankReport], devices: Sequence[Device]
+) -> tuple[RankView, ...]:
+    """The views the ranks reported, their entries resolved to the attempt's ``devices``.
+
+    A rank's node is the one it named when the attempt has a device there; with one
+    node, that node (a host name need not match the scheduler's node name). A rank
+    whose node is unknown still resolves UUID entries."""
+    hosts = {d.host for d in devices}
+    out: list[RankView] = []
+    for r in reports:
+        host = r.host if r.host in hosts else (next(iter(hosts)) if len(hosts) == 1 else None)
+        node = [d for d in devices if host is not None and d.host == host]
+        visible = tuple(_resolve(e, node, devices) for e in r.visible)
+        out.append(RankView(rank=r.rank, local_rank=r.local_rank, visible=visible))
+    return tuple(out)
+
+
+def merge_views(reported: Sequence[RankView], derived: Sequence[RankView]) -> tuple[RankView, ...]:
+    """The ranks' own reports first; a rank that reported nothing keeps the view the
+    launch implies (a job that reports from rank 0 only)."""
+    seen = {v.rank for v in reported}
+    return (*reported, *(v for v in derived if v.rank not in seen))
+
+
+__all__ = ["merge_views", "rank_views", "reported_views", "torchrun_world_size"]

@@ -33,7 +33,9 @@ form                   example, and the kind it gives
                        'epoch': '0.5'}`` -> liveness with loss and epoch; with a
                        ``'step'``/``'global_step'`` key -> step
 ``json``               ``{"step": 120, "loss": 2.3}`` (also ``global_step``,
-                       ``iteration``, ``train/global_step``) -> step
+                       ``iteration``, ``train/global_step``) -> step; a ``time`` (or
+                       ``timestamp``) in Unix seconds is the job's own time of the
+                       step (``at``, decision 0320), a ``rank`` the rank that said it
 ``megatron``           `` [..] iteration      120/   10000 | ... | lm loss: 2.3E+00 |``
                        -> step 120
 ``torchtitan``         ``step:  5  loss:  8.1234  memory: ...`` (ANSI colours removed)
@@ -51,6 +53,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -82,6 +85,10 @@ class ProgressReading:
     epoch: float | None = None
     loss: float | None = None
     label: str = ""  # a bar's description
+    # The job's own time of the step (a JSON record's Unix-seconds ``time``), and the
+    # rank the record names: a step rate on the job's clock (decision 0320).
+    at: float | None = None
+    rank: int | None = None
 
     @property
     def is_step(self) -> bool:
@@ -154,6 +161,20 @@ def _key_name(key: str) -> str:
     return re.split(r"[/.]", key.strip().lower())[-1]
 
 
+_TIME_KEYS = ("time", "timestamp")
+# A "time" below this (2001-09-09) is not a Unix time: frameworks log a step's duration
+# as "time" too (mmengine's 0.21), and a duration is no clock.
+_MIN_UNIX_TIME = 1e9
+
+
+def _job_time(named: dict[str, Any]) -> float | None:
+    for key in _TIME_KEYS:
+        t = _as_float(named.get(key))
+        if t is not None and math.isfinite(t) and t >= _MIN_UNIX_TIME:
+            return t
+    return None
+
+
 def _from_record(record: dict[str, Any], form: str) -> ProgressReading | None:
     named: dict[str, Any] = {}
     for key, value in record.items():
@@ -163,8 +184,16 @@ def _from_record(record: dict[str, Any], form: str) -> ProgressReading | None:
     for key in _STEP_KEYS:
         step = _as_int(named.get(key))
         if step is not None:
+            timed = form == "json"  # Trainer's dicts carry no clock
             return ProgressReading(
-                ProgressKind.STEP, form, step=step, count=step, epoch=epoch, loss=loss
+                ProgressKind.STEP,
+                form,
+                step=step,
+                count=step,
+                epoch=epoch,
+                loss=loss,
+                at=_job_time(named) if timed else None,
+                rank=_as_int(named.get("rank")) if timed else None,
             )
     if any(k in named for k in _LOG_KEYS):
         return ProgressReading(ProgressKind.LIVENESS, form, epoch=epoch, loss=loss)

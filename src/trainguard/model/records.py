@@ -161,6 +161,44 @@ def check_attempt_transition(old: AttemptState, new: AttemptState) -> AttemptSta
 
 
 @dataclass(frozen=True)
+class RankReport:
+    """What one rank of an attempt said about its devices in its progress reports
+    (decision 0322): its node, ``LOCAL_RANK`` and ``CUDA_VISIBLE_DEVICES`` entries."""
+
+    rank: int
+    host: str | None
+    local_rank: int | None
+    visible: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "host": self.host,
+            "local_rank": self.local_rank,
+            "visible": list(self.visible),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RankReport:
+        lr = d.get("local_rank")
+        return cls(
+            rank=int(d["rank"]),
+            host=None if d.get("host") is None else str(d["host"]),
+            local_rank=None if lr is None else int(lr),
+            visible=tuple(str(v) for v in d.get("visible") or ()),
+        )
+
+
+def _rate(s0: int | None, t0: float | None, s1: int | None, t1: float | None) -> float | None:
+    if s0 is None or t0 is None or s1 is None or t1 is None:
+        return None
+    dt, ds = t1 - t0, s1 - s0
+    if dt <= 0 or ds <= 0:
+        return None
+    return ds / dt
+
+
+@dataclass(frozen=True)
 class AttemptRecord:
     """One launch of a job's command. ``number`` is ``TRAINGUARD_ATTEMPT`` (0, 1, ...)."""
 
@@ -180,6 +218,15 @@ class AttemptRecord:
     last_step_at: float | None = None
     log_path: str | None = None
     reason: str | None = None  # why it failed/stopped
+    # The first and highest step the job stamped with its own time (one rank's clock,
+    # ``job_time_rank``): a step rate that is the job's, not when trainguard read it.
+    job_first_step: int | None = None
+    job_first_time: float | None = None
+    job_last_step: int | None = None
+    job_last_time: float | None = None
+    job_time_rank: int | None = None
+    # Each rank's own view of its devices, as it reported it (0322), by rank.
+    rank_reports: tuple[RankReport, ...] = ()
 
     @property
     def device_uuids(self) -> tuple[str, ...]:
@@ -187,19 +234,16 @@ class AttemptRecord:
 
     @property
     def step_rate(self) -> float | None:
-        """Steps per second between the first and last progress seen, if measurable."""
-        if (
-            self.first_step is None
-            or self.last_step is None
-            or self.first_step_at is None
-            or self.last_step_at is None
-        ):
-            return None
-        dt = self.last_step_at - self.first_step_at
-        ds = self.last_step - self.first_step
-        if dt <= 0 or ds <= 0:
-            return None
-        return ds / dt
+        """Steps per second between the first and last progress seen, if measurable
+        (times when trainguard saw the steps)."""
+        return _rate(self.first_step, self.first_step_at, self.last_step, self.last_step_at)
+
+    @property
+    def job_step_rate(self) -> float | None:
+        """Steps per second on the job's own clock (``job_first_*`` to ``job_last_*``)."""
+        return _rate(
+            self.job_first_step, self.job_first_time, self.job_last_step, self.job_last_time
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {

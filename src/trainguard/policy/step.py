@@ -288,6 +288,9 @@ def _verify(s: IncidentSnapshot) -> Step:
         # Not advancing yet; the hang detector catches a stuck restart.
         return Step(StepKind.NOTHING, DONE, v.reason, verification=v)
     if v.verdict is Verdict.FAILED:
+        # Noted once. For a slow restart (``restart_again`` False) that is the shared
+        # verdict: it keeps running, unverified, in run too (0321). Run ends the attempt
+        # on the other failed verdicts; serve does not end one from verification yet.
         key = f"attempt {s.recovery_attempt} not verified ({v.signature}):"
         if any(t.startswith(key) for t in s.said):
             return Step(StepKind.NOTHING, DONE, v.reason, verification=v)

@@ -31,8 +31,14 @@ The rules (decision 0145):
   ``source: memory``) and the step is no further than the failed attempt got
   (``failed_step``): it loses less than the disk would. Lost work counts from it.
 * The step rate after the restart is at least ``min_rate_ratio`` x the
-  pre-failure baseline; every rank that reported before reports again (one more
-  window for a late rank).
+  pre-failure baseline, compared only when both rates were measured on a clock
+  that marks when each step happened (:class:`StepClock`: the job's own ``time``,
+  or a reader woken by each line as it is written); otherwise the rate is not
+  checked and the verdict says why (decision 0320). A restart below the floor is
+  ``FAILED`` with ``verify:slow`` but ``restart_again`` False: it makes progress,
+  so it keeps running, the incident stays unverified and a new failure (a hang, a
+  crash, hardware evidence) is what recovers it again (decision 0321).
+  Every rank that reported before reports again (one more window for a late rank).
 """
 
 from __future__ import annotations
@@ -78,6 +84,33 @@ def no_step_signal_warning(
     return NO_STEP_SIGNAL_WARNING
 
 
+class StepClock(StrEnum):
+    """What a step's time says: when the step happened, or when trainguard looked.
+
+    A rate is a difference of times within one clock, so two rates compare whatever
+    their clocks' offsets; what they need is times close to when each step was made.
+    """
+
+    # The job stamped the step itself: ``ProgressEvent.time`` (trainguard.train), the
+    # ``time`` of a JSON progress line. One rank's clock (serve keeps one rank's).
+    JOB = "job"
+    # Stamped on arrival by a reader that waits on the pipe or socket and wakes for each
+    # write (trainguard run's output and progress threads; attempts run unbuffered).
+    LIVE = "live"
+    # Stamped when trainguard got round to it: a reconcile pass reading the log, a batch
+    # of reports arriving. Steps made seconds apart share a time: no rate.
+    BATCHED = "batched"
+
+
+# The clocks a rate may be measured on for the pre-failure comparison.
+RATE_CLOCKS = frozenset({StepClock.JOB, StepClock.LIVE})
+# What to do so that serve can check a restart's rate.
+RATE_FIX = (
+    "report progress with trainguard.train (report_progress) or print JSON progress "
+    'lines with the job\'s own "time" (Unix seconds)'
+)
+
+
 class Verdict(StrEnum):
     PENDING = "pending"  # not yet decidable: wait for more progress (or the hang detector)
     VERIFIED = "verified"  # training is moving again after the restart
@@ -106,6 +139,9 @@ class RestartObservation:
     rate: float | None = None  # steps/s since the first step after the restart
     reported_restored: int | None = None  # the step the job said it restored (trainguard.train)
     baseline_rate: float | None = None  # steps/s before the failure
+    # The clocks the two rates were measured on (None: unknown, never compared).
+    rate_clock: StepClock | None = None
+    baseline_clock: StepClock | None = None
     expected_ranks: frozenset[int] | None = None  # None: ranks not checked
     reported_ranks: frozenset[int] = frozenset()
     step_signal: bool = True  # the job reports steps at all (in any attempt)
@@ -144,6 +180,11 @@ class Verification:
     signature: str | None = None  # FAILED: the failure's signature (futile-retry detection)
     missing_ranks: tuple[int, ...] = ()
     from_memory: bool = False  # restored from the ranks' memory snapshots (0260)
+    # FAILED: end the attempt and recover again (True), or keep it running and leave
+    # the incident unverified (False: a slow restart still makes progress, 0321).
+    restart_again: bool = True
+    # VERIFIED on steps: why the rate was not compared with the pre-failure one.
+    rate_unchecked: str | None = None
 
     @property
     def recovered(self) -> bool:
@@ -214,6 +255,32 @@ def _placement(
     return None, False, resumed_from
 
 
+def _clock_words(clock: StepClock | None) -> str:
+    if clock is StepClock.BATCHED:
+        return "when trainguard read them (a pass over the log, a batch of reports)"
+    return "of unknown origin"
+
+
+def rate_unchecked(o: RestartObservation) -> str | None:
+    """Why the restart's rate cannot be compared with the pre-failure one; None when it
+    can (both measured on a clock in :data:`RATE_CLOCKS`). The rate of a restart whose
+    clock is sound but that has no second timed step yet is not a reason to skip: the
+    verdict waits for it (see :func:`verify_restart`)."""
+    if o.baseline_rate is None:
+        return "no pre-failure step rate (fewer than two timed steps before the failure)"
+    if o.baseline_clock not in RATE_CLOCKS:
+        return (
+            f"the pre-failure step times are {_clock_words(o.baseline_clock)}, not when the "
+            f"job made the steps; {RATE_FIX}"
+        )
+    if o.rate_clock not in RATE_CLOCKS:
+        return (
+            f"the restart's step times are {_clock_words(o.rate_clock)}, not when the job "
+            f"made the steps; {RATE_FIX}"
+        )
+    return None
+
+
 def verify_restart(o: RestartObservation, rules: VerifyRules = VerifyRules()) -> Verification:
     """The verdict on one restart; see the module docstring for the rules."""
     failure, below, resumed_from = _placement(o, rules)
@@ -270,16 +337,25 @@ def verify_restart(o: RestartObservation, rules: VerifyRules = VerifyRules()) ->
     last_at = o.last_at if o.last_at is not None else o.first_at
     if last_step <= o.first_step or last_at < o.first_at + window:
         return Verification(Verdict.PENDING, "waiting for progress over the window")
-    floor = None if o.baseline_rate is None else o.baseline_rate * rules.min_rate_ratio
-    if floor is not None and (o.rate is None or o.rate < floor):
-        rate = "unknown" if o.rate is None else f"{o.rate:.2f}"
-        return Verification(
-            Verdict.FAILED,
-            f"the restart progresses at {rate} steps/s, below {rules.min_rate_ratio:g} x the "
-            f"pre-failure {o.baseline_rate:.2f} steps/s",
-            resumed_from=resumed_from,
-            signature="verify:slow",
-        )
+    unchecked = rate_unchecked(o)
+    if unchecked is None and o.baseline_rate is not None:
+        if o.rate is None:
+            # Both clocks are sound but the restart has one timed step so far: wait
+            # for the second rather than verify a restart whose rate is unknown.
+            return Verification(Verdict.PENDING, "waiting for a second timed step")
+        floor = o.baseline_rate * rules.min_rate_ratio
+        if o.rate < floor:
+            return Verification(
+                Verdict.FAILED,
+                f"the restart progresses at {o.rate:.2f} steps/s, below "
+                f"{rules.min_rate_ratio:g} x the pre-failure {o.baseline_rate:.2f} steps/s "
+                f"({o.rate_clock} / {o.baseline_clock} step times); it keeps running (a slow "
+                "restart is progress) and is verified once its rate clears the floor, or "
+                "recovered again on a new failure",
+                resumed_from=resumed_from,
+                signature="verify:slow",
+                restart_again=False,
+            )
     if o.expected_ranks is not None:
         missing = tuple(sorted(o.expected_ranks - o.reported_ranks))
         if missing:
@@ -295,12 +371,14 @@ def verify_restart(o: RestartObservation, rules: VerifyRules = VerifyRules()) ->
             )
     rate_note = f" at {o.rate:.2f} steps/s" if o.rate else ""
     memory_note = f"; restored step {o.memory_step} from memory snapshots" if memory else ""
+    unchecked_note = f"; rate not checked: {unchecked}" if unchecked else ""
     return Verification(
         Verdict.VERIFIED,
-        f"steps {o.first_step} -> {last_step}{rate_note}{memory_note}" + below_note,
+        f"steps {o.first_step} -> {last_step}{rate_note}{memory_note}{unchecked_note}" + below_note,
         resumed_below=below,
         resumed_from=resumed_from,
         from_memory=memory,
+        rate_unchecked=unchecked,
     )
 
 
@@ -377,14 +455,18 @@ def account(
 __all__ = [
     "DEFAULT_STEP_WINDOW",
     "NO_STEP_SIGNAL_WARNING",
+    "RATE_CLOCKS",
+    "RATE_FIX",
     "RESUME_FIXES",
     "Accounting",
     "RestartObservation",
+    "StepClock",
     "Verdict",
     "Verification",
     "VerifyRules",
     "account",
     "no_step_signal_warning",
+    "rate_unchecked",
     "step_window",
     "verify_restart",
 ]

@@ -17,6 +17,7 @@ from trainguard.model.records import (
     AuditKind,
     JobRecord,
     JobState,
+    RankReport,
     check_attempt_transition,
     check_job_transition,
 )
@@ -202,6 +203,38 @@ class JobStore(AuditLog):
             )
             if changed == 0:
                 raise NotFound(f"no attempt {number} of job {job_id!r}")
+
+    def record_job_step_time(
+        self, job_id: str, number: int, step: int, *, time: float, rank: int = 0
+    ) -> None:
+        """Note a step the job stamped with its own ``time`` (a progress event, a JSON
+        progress line): the attempt keeps the first and the highest of one rank, for a
+        step rate on the job's clock (decision 0320). Not audited (hot path); a report of
+        another rank, or of an unknown attempt, changes nothing."""
+        with self.transaction():
+            self.execute(
+                sql.UPDATE_ATTEMPT_JOB_TIME,
+                {
+                    "job_id": job_id,
+                    "number": int(number),
+                    "step": int(step),
+                    "time": float(time),
+                    "rank": int(rank),
+                },
+            )
+
+    def record_rank_report(self, job_id: str, number: int, report: RankReport) -> None:
+        """Keep one rank's own view of its devices (decision 0322); a newer report of
+        the same rank replaces its older one. An unknown attempt changes nothing."""
+        with self.transaction():
+            key = {"job_id": job_id, "number": int(number)}
+            row = self.fetch_one(sql.SELECT_ATTEMPT_RANK_REPORTS, key)
+            if row is None:
+                return
+            kept = [r for r in rows.loads(row[0]) or () if int(r.get("rank", -1)) != report.rank]
+            kept.append(report.to_dict())
+            kept.sort(key=lambda r: int(r["rank"]))
+            self.execute(sql.UPDATE_ATTEMPT_RANK_REPORTS, {**key, "rank_reports": rows.dumps(kept)})
 
     def set_attempt_checkpoint(
         self, job_id: str, number: int, *, checkpoint_path: str | None, checkpoint_step: int | None

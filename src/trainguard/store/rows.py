@@ -44,6 +44,7 @@ from trainguard.model.records import (
     IncidentState,
     JobRecord,
     JobState,
+    RankReport,
     TimelineEntry,
 )
 
@@ -97,6 +98,12 @@ def attempt(row: Row) -> AttemptRecord:
         last_step_at=row[13],
         log_path=row[14],
         reason=row[15],
+        job_first_step=row[16],
+        job_first_time=row[17],
+        job_last_step=row[18],
+        job_last_time=row[19],
+        job_time_rank=row[20],
+        rank_reports=tuple(RankReport.from_dict(r) for r in loads(row[21]) or ()),
     )
 
 

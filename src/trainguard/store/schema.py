@@ -392,6 +392,18 @@ MIGRATIONS: tuple[Migration, ...] = (
         sqlite_only=_sqlite_append_only("node_health"),
         postgres_only=_pg_append_only("node_health"),
     ),
+    Migration(
+        version=5,
+        description="attempts: the job's own step times (one rank's) and the ranks' device views",
+        statements=(
+            "ALTER TABLE attempts ADD COLUMN job_first_step INTEGER",
+            "ALTER TABLE attempts ADD COLUMN job_first_time {float}",
+            "ALTER TABLE attempts ADD COLUMN job_last_step INTEGER",
+            "ALTER TABLE attempts ADD COLUMN job_last_time {float}",
+            "ALTER TABLE attempts ADD COLUMN job_time_rank INTEGER",
+            "ALTER TABLE attempts ADD COLUMN rank_reports {json}",
+        ),
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

@@ -48,12 +48,13 @@ UPDATE_JOB_STATE = (
 ATTEMPT_COLUMNS = (
     "job_id, number, devices, state, started_at, ended_at, exit_code, signal,"
     " checkpoint_path, checkpoint_step, first_step, first_step_at, last_step, last_step_at,"
-    " log_path, reason"
+    " log_path, reason, job_first_step, job_first_time, job_last_step, job_last_time,"
+    " job_time_rank, rank_reports"
 )
 INSERT_ATTEMPT = (
     f"INSERT INTO attempts ({ATTEMPT_COLUMNS}) VALUES (:job_id, :number, :devices, :state,"
     " :started_at, NULL, NULL, NULL, :checkpoint_path, :checkpoint_step, NULL, NULL, NULL, NULL,"
-    " :log_path, NULL)"
+    " :log_path, NULL, NULL, NULL, NULL, NULL, NULL, NULL)"
 )
 SELECT_ATTEMPT = (
     f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE job_id = :job_id AND number = :number"
@@ -65,6 +66,27 @@ UPDATE_ATTEMPT_PROGRESS = (
     " first_step_at = COALESCE(first_step_at, :at),"
     " last_step = :step, last_step_at = :at"
     " WHERE job_id = :job_id AND number = :number"
+)
+# A step with the job's own time (decision 0320): the first and the highest such step of
+# one rank (the first that stamped one: ranks on other hosts have other clocks).
+# Every right-hand side reads the row as it was before the update.
+UPDATE_ATTEMPT_JOB_TIME = (
+    "UPDATE attempts SET"
+    " job_time_rank = COALESCE(job_time_rank, :rank),"
+    " job_first_step = COALESCE(job_first_step, :step),"
+    " job_first_time = COALESCE(job_first_time, :time),"
+    " job_last_step = CASE WHEN job_last_step IS NULL OR job_last_step < :step"
+    " THEN :step ELSE job_last_step END,"
+    " job_last_time = CASE WHEN job_last_step IS NULL OR job_last_step < :step"
+    " THEN :time ELSE job_last_time END"
+    " WHERE job_id = :job_id AND number = :number"
+    " AND (job_time_rank IS NULL OR job_time_rank = :rank)"
+)
+SELECT_ATTEMPT_RANK_REPORTS = (
+    "SELECT rank_reports FROM attempts WHERE job_id = :job_id AND number = :number"
+)
+UPDATE_ATTEMPT_RANK_REPORTS = (
+    "UPDATE attempts SET rank_reports = :rank_reports WHERE job_id = :job_id AND number = :number"
 )
 UPDATE_ATTEMPT_STATE = (
     "UPDATE attempts SET state = :state, ended_at = :ended_at,"

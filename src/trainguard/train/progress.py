@@ -133,6 +133,11 @@ def _int_env(name: str) -> int | None:
         return None
 
 
+def _host() -> str:
+    """The node this rank runs on, as the scheduler names it when it says so."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
 def current_rank() -> int:
     """This process's rank from ``RANK`` (0 when unset)."""
     return _int_env("RANK") or 0
@@ -158,6 +163,11 @@ def emit(
             loss=loss,
             checkpoint=checkpoint,
             metrics=dict(metrics or {}),
+            # The rank's own view of its devices: the job's device map for any
+            # launcher (mp.spawn, srun), not only a torchrun command line (0322).
+            local_rank=_int_env("LOCAL_RANK"),
+            visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+            host=_host(),
         )
         line = ev.to_json()
         with _lock:

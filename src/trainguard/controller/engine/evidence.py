@@ -22,8 +22,13 @@ from trainguard.controller.engine.config import (
 )
 from trainguard.controller.engine.core import EngineCore
 from trainguard.diagnose.attribution import attribute
-from trainguard.diagnose.detectors import ProcessExit, crash_finding, line_finding
-from trainguard.diagnose.device_map import rank_views, torchrun_world_size
+from trainguard.diagnose.detectors import ProcessExit, crash_finding, line_finding, rank_prefix
+from trainguard.diagnose.device_map import (
+    merge_views,
+    rank_views,
+    reported_views,
+    torchrun_world_size,
+)
 from trainguard.diagnose.signatures import Classifier
 from trainguard.model.devices import normalize_pci_bus_id
 from trainguard.model.findings import Attribution, Culprit, Domain, Finding, Severity
@@ -68,10 +73,16 @@ class EvidenceFollower(EngineCore):
         # Progress bars redraw with \r: split there too, or a bar's steps wait for its \n.
         lines, state.partial = split_lines(data)
         steps = []
+        timed: list[tuple[int, float, int]] = []  # (step, the job's time, rank)
         for raw in lines:
-            step = self._progress.parse(raw.decode("utf-8", "replace"))
-            if step is not None:
-                steps.append(step)
+            text = raw.decode("utf-8", "replace")
+            reading = self._progress.read(text)
+            if reading is None or not reading.is_step or reading.step is None:
+                continue
+            steps.append(reading.step)
+            if reading.at is not None:
+                rank = reading.rank if reading.rank is not None else rank_prefix(text)
+                timed.append((reading.step, reading.at, rank or 0))
         now = self.clock()
         if lines and state.first_at is None:
             state.first_at = now
@@ -84,6 +95,17 @@ class EvidenceFollower(EngineCore):
         last = max(steps)
         if att.last_step is None or last > att.last_step or len(steps) > 1:
             self.store.update_attempt_progress(job_id, att.number, last, at=now)
+        # Steps the job stamped itself: the rate verification may compare (0320). This
+        # pass read them all at ``now``; their own times say when they were made.
+        # The store keeps a rank's first and highest: per rank, those two are enough.
+        ends: dict[int, list[tuple[int, float]]] = {}
+        for step, at, rank in timed:
+            first_last = ends.setdefault(rank, [(step, at), (step, at)])
+            if step > first_last[1][0]:
+                first_last[1] = (step, at)
+        for rank, first_last in ends.items():
+            for step, at in dict.fromkeys(first_last):
+                self.store.record_job_step_time(job_id, att.number, step, time=at, rank=rank)
 
     def _warn_no_step_signal(
         self, job_id: str, att: AttemptRecord, first_at: float | None, now: float
@@ -373,7 +395,11 @@ class EvidenceFollower(EngineCore):
             except (KeyError, TypeError, ValueError):
                 continue
         # The job's device map: a device's culprit rank is the rank that had it (issue 13).
-        views = rank_views(devices, torchrun_world_size(job.command))
+        # The ranks' own reports first (any launcher, 0322), then the command line's.
+        views = merge_views(
+            reported_views(att.rank_reports, devices),
+            rank_views(devices, torchrun_world_size(job.command)),
+        )
         return attribute(findings, devices, failed_at, window, views)
 
     def _device_statuses(self, obs: Observation, job_ref: str) -> tuple[DeviceStatus, ...]:

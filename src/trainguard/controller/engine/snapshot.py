@@ -31,9 +31,26 @@ from trainguard.model.records import (
 from trainguard.policy import decide
 from trainguard.policy.approvals import approval_reason
 from trainguard.policy.step import IncidentSnapshot, PlannedAction
-from trainguard.policy.verify import DEFAULT_STEP_WINDOW, RestartObservation, VerifyRules
+from trainguard.policy.verify import (
+    DEFAULT_STEP_WINDOW,
+    RestartObservation,
+    StepClock,
+    VerifyRules,
+)
 from trainguard.schedulers.base import Observation
 from trainguard.store.fleet import Fence
+
+
+def _rate_on_clock(att: AttemptRecord | None) -> tuple[float | None, StepClock | None]:
+    """An attempt's step rate and the clock it is on: the job's own times when it stamped
+    any step (then only those: a rate of one step is none yet), else the store's times,
+    which are when a pass read the log or a batch of reports arrived (decision 0320)."""
+    if att is None:
+        return None, None
+    if att.job_first_step is not None:
+        return att.job_step_rate, StepClock.JOB
+    rate = att.step_rate
+    return rate, None if rate is None else StepClock.BATCHED
 
 
 class SnapshotBuilder(AttemptSync):
@@ -279,6 +296,10 @@ class SnapshotBuilder(AttemptSync):
             for s, t in valid
             if s is not None and restored is not None and s > restored and t < att.started_at
         )
+        rate, rate_clock = _rate_on_clock(att)
+        baseline, baseline_clock = _rate_on_clock(
+            self._attempt_or_none(inc.job_id, inc.attempt) if inc.attempt != att.number else None
+        )
         observation = RestartObservation(
             now=base.now,
             started_at=att.started_at,
@@ -287,11 +308,14 @@ class SnapshotBuilder(AttemptSync):
             first_at=att.first_step_at,
             last_step=att.last_step,
             last_at=att.last_step_at,
-            rate=att.step_rate,
-            # No rate check yet (0300 reverted at integration): stock-output step times
-            # are when a pass read the log, so a pre-failure rate measured from them
-            # failed correct restarts (test_reconcile_checkpoints).
-            baseline_rate=None,
+            # Rates on the clock they were measured on: the rule compares them only
+            # when the job stamped its steps itself (0320; a pass's read times made 0300
+            # fail correct restarts). The baseline is the attempt whose failure opened
+            # the incident, as in run.
+            rate=rate,
+            rate_clock=rate_clock,
+            baseline_rate=baseline,
+            baseline_clock=baseline_clock,
             step_signal=att.first_step is not None or any(a.first_step is not None for a in others),
             # Liveness is checkpoints it wrote since: a job the scheduler merely
             # reports running has not shown progress.
