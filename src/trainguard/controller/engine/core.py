@@ -13,10 +13,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from trainguard.controller.checkpoint_care import select_checkpoints
+from trainguard.controller.crash import CrashPoints
 from trainguard.controller.engine.config import (
     _LIVE,
     ControlConfig,
-    CrashPoints,
     PassReport,
     _HealthView,
     _OutputState,
