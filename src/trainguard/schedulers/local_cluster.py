@@ -30,6 +30,7 @@ from typing import Any
 
 from trainguard.model.devices import Device
 from trainguard.schedulers.base import (
+    GENERIC_TRAITS,
     ActionResult,
     FencingRejected,
     JobPhase,
@@ -85,6 +86,7 @@ class LocalCluster:
     """``ClusterScheduler`` over this machine's process supervisor (module docstring)."""
 
     name = "local"
+    traits = GENERIC_TRAITS  # keeps each attempt's output; requeues only when asked
 
     def __init__(
         self,

@@ -41,6 +41,7 @@ from typing import Any
 
 from trainguard.model.devices import Device
 from trainguard.schedulers.base import (
+    GENERIC_TRAITS,
     ActionResult,
     FencingRejected,
     JobPhase,
@@ -109,6 +110,7 @@ class ProcessCluster:
     """See the module docstring. ``root`` holds all state; ``nodes`` is used on first use."""
 
     name = "procs"
+    traits = GENERIC_TRAITS  # keeps each attempt's output; requeues only when asked
 
     def __init__(
         self,
