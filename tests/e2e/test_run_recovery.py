@@ -118,7 +118,7 @@ def test_a_supervisor_killed_mid_recovery_is_resumed_from_its_plan(
     args = ["--steps", "24", "--save-every", "4", "--step-sleep", "0.1", "--pg-timeout", "20"]
     # A slow start must not be taken for a hang: that recovery would hit the crash point.
     slow = ["--startup-timeout", "240"]
-    monkeypatch.setenv("TRAINGUARD_TEST_CRASH_AT", "before_restart")
+    monkeypatch.setenv("TRAINGUARD_TEST_CRASH_AT", "action.after_result#1")
     case.start(args, slow)
     rank1 = case.record(0, 1, timeout=240)
     bad = devices_of(rank1)[1]

@@ -1,13 +1,14 @@
 """A controller process for the crash and leader-election tests.
 
     python _controller_proc.py STORE CLUSTER_DIR --identity ID [--until-recovered N]
-                               [--seconds S] [--ttl T] [--interval I]
+                               [--until-jobs-done] [--seconds S] [--ttl T] [--interval I]
 
 Runs ``ControlPlane.run_once`` passes against an existing store and stand-in
 cluster (the test set both up) until N incidents are recovered or S seconds
 passed, printing one JSON line per pass that did something (and every pass
-where it was deposed). The crash hooks (``TRAINGUARD_TEST_CRASH_AT`` /
-``TRAINGUARD_TEST_PAUSE_AT``) are read from the environment by the reconciler.
+where it was deposed); ``--until-jobs-done``: until every job has ended too. The
+crash hooks (``TRAINGUARD_TEST_CRASH_AT`` / ``TRAINGUARD_TEST_PAUSE_AT``) are read
+from the environment by the reconciler.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ def main() -> int:
     ap.add_argument("cluster")
     ap.add_argument("--identity", required=True)
     ap.add_argument("--until-recovered", type=int, default=0)
+    ap.add_argument("--until-jobs-done", action="store_true")
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--ttl", type=float, default=1.0)
     ap.add_argument("--interval", type=float, default=0.1)
@@ -57,14 +59,16 @@ def main() -> int:
                 "errors": report.errors,
             }
             print(json.dumps(line), flush=True)
-        if args.until_recovered:
-            done = store.list_incidents(state=IncidentState.RECOVERED)
-            if len(done) >= args.until_recovered:
+        if args.until_recovered or args.until_jobs_done:
+            done = len(store.list_incidents(state=IncidentState.RECOVERED)) >= (
+                args.until_recovered
+            ) and (not args.until_jobs_done or all(j.state.terminal for j in store.list_jobs()))
+            if done:
                 print(json.dumps({"identity": args.identity, "done": True}), flush=True)
                 return 0
         time.sleep(args.interval)
     print(json.dumps({"identity": args.identity, "done": False}), flush=True)
-    return 0 if not args.until_recovered else 3
+    return 3 if args.until_recovered or args.until_jobs_done else 0
 
 
 if __name__ == "__main__":

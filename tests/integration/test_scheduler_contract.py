@@ -27,6 +27,7 @@ from trainguard.schedulers.base import (
     NodePhase,
     Observation,
     SchedulerError,
+    SchedulerTraits,
 )
 from trainguard.schedulers.local_cluster import LocalCluster
 from trainguard.schedulers.procs import ProcessCluster, simulated_devices
@@ -75,6 +76,13 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out; last observation: {obs}")
         time.sleep(0.05)
+
+
+def test_it_is_a_cluster_scheduler_that_declares_its_traits(sched: ClusterScheduler) -> None:
+    # The engine reads what a scheduler does by itself from it (decision 0326).
+    assert isinstance(sched, ClusterScheduler)
+    assert isinstance(sched.traits, SchedulerTraits)
+    assert isinstance(type(sched).__dict__.get("traits"), SchedulerTraits), "declared by the class"
 
 
 def test_observe_lists_nodes_and_their_devices(sched: ClusterScheduler) -> None:

@@ -11,6 +11,8 @@ fails on cue:
   --exit CODE           ... with this exit code (default 1)
   --error TEXT          ... printing this as a Python exception first
   --hang                ... by hanging (no more output, never exits) instead
+  --xid-log FILE        ... after appending an XID 79 line for its device ``--xid-device``
+                        (an index into ``TRAINGUARD_DEVICES``) to this kernel log
   --steps N             stop (exit 0) after step N (default: run for a long time)
   --interval S          seconds per step
   --no-steps            print ``tick`` lines, no step (a job without a progress signal)
@@ -56,6 +58,17 @@ def save(root: Path, step: int) -> None:
     os.rename(tmp, final)
 
 
+def xid(kernel_log: str, index: int) -> None:
+    """The card falls off the bus: the kernel's line, as ``trainguard run`` follows it."""
+    dev = json.loads(os.environ["TRAINGUARD_DEVICES"])[index]
+    with open(kernel_log, "a") as fh:
+        fh.write(
+            f"NVRM: Xid (PCI:{dev['pci_bus_id'][:-2]}): 79, pid={os.getpid()}, name=python, "
+            "GPU has fallen off the bus.\n"
+        )
+    time.sleep(0.3)  # the supervisor reads the evidence before the exit it explains
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ckpt")
@@ -71,6 +84,8 @@ def main() -> int:
     ap.add_argument("--slow-attempts", default="")
     ap.add_argument("--slow-interval", type=float, default=1.0)
     ap.add_argument("--json-steps", action="store_true")
+    ap.add_argument("--xid-log")
+    ap.add_argument("--xid-device", type=int, default=1)
     args = ap.parse_args()
     attempt = int(os.environ.get("TRAINGUARD_ATTEMPT", "0"))
     failing = {int(a) for a in args.fail_attempts.split(",") if a.strip()}
@@ -94,6 +109,8 @@ def main() -> int:
         if args.ckpt and step % args.every == 0:
             save(Path(args.ckpt), step)
         if attempt in failing and step >= args.fail_at:
+            if args.xid_log:
+                xid(args.xid_log, args.xid_device)
             if args.hang:
                 while True:
                     time.sleep(3600)

@@ -13,6 +13,9 @@ asserts one expectation for both.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -31,6 +34,7 @@ from trainguard.controller.run import RunOptions, run_job  # noqa: E402
 from trainguard.controller.service import ControlPlane  # noqa: E402
 from trainguard.model.findings import Culprit, Domain, Finding, Severity  # noqa: E402
 from trainguard.model.health import HealthState  # noqa: E402
+from trainguard.schedulers.local import job_processes  # noqa: E402
 from trainguard.store import Store  # noqa: E402
 from trainguard.store.fleet import FleetStore  # noqa: E402
 
@@ -229,5 +233,163 @@ def serve_mode(
         finished = done or (lambda cp, job_id: fleet.store.get_job(job_id).state.terminal)
         fleet.run_until(lambda: finished(fleet.cp, fj.job_id), timeout=timeout)
         return _read(fleet.store, fj.job_id, named)
+    finally:
+        fleet.close()
+
+
+# --- crash points: trainguard itself SIGKILLed mid-recovery, then restarted ----------------
+
+CONTROLLER_PROC = ROOT / "tests" / "integration" / "_controller_proc.py"
+CRASH_ENV = "TRAINGUARD_TEST_CRASH_AT"
+
+
+@dataclass
+class CrashWorld:
+    """The state of the world after the restarted controller finished the recovery the
+    killed one began, read from the state database (and, for serve, the scheduler)."""
+
+    bad: str  # the card the XID named
+    incidents: list[str]  # incident states
+    attempts: list[str]  # attempt states, in order
+    attempt_devices: list[tuple[str, ...]]  # each attempt's cards, in order
+    bad_history: list[str]  # the bad card's health states, in order
+    states: dict[str, str]  # every card's health state now
+    repairs: list[str]  # resource ids with a repair record
+    ledger: list[str]  # the incident's recorded actions, in order (type)
+    intents: list[tuple[str, str, int, bool]]  # (subject, first word, answers, abandoned)
+    action_keys: list[str] = field(default_factory=list)  # serve: the action ledger's keys
+    starts: list[int] = field(default_factory=list)  # serve: attempt of each process start
+    held_by_scheduler: bool = False  # serve: the scheduler still hands the bad card out
+    lease: tuple[str, int] | None = None  # serve: (holder, token) at the end
+
+
+def _crash_world(store: Store, job_id: str, bad: str) -> CrashWorld:
+    attempts = store.list_attempts(job_id)
+    incidents = store.list_incidents(job_id=job_id)
+    audit = store.list_audit()
+    results = [a for a in audit if a.kind.value in ("result", "error")]
+    intents = []
+    for ev in audit:
+        if ev.kind.value != "intent":
+            continue
+        key = ev.data.get("key")
+        answers = [
+            r
+            for r in results
+            if r.data.get("intent_id") == ev.id or (key is not None and r.data.get("key") == key)
+        ]
+        abandoned = any(r.data.get("abandoned") for r in answers)
+        intents.append((ev.subject, ev.message.split(" ", 1)[0], len(answers), abandoned))
+    return CrashWorld(
+        bad=bad,
+        incidents=[i.state.value for i in incidents],
+        attempts=[a.state.value for a in attempts],
+        attempt_devices=[tuple(a.device_uuids) for a in attempts],
+        bad_history=[h.new_state.value for h in store.device_history(bad)],
+        states={d.uuid: d.state.value for d in store.list_devices()},
+        repairs=sorted(r.resource_id for r in FleetStore(store).list_repairs()),
+        ledger=[str(a["type"]) for i in incidents for a in i.actions],
+        intents=intents,
+    )
+
+
+def _no_crash_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != CRASH_ENV}
+
+
+def crash_run_mode(tmp: Path, point: str) -> CrashWorld:
+    """``trainguard run`` (a real process) SIGKILLed at ``point`` of the recovery from an
+    XID on its second card, then the same command run again on the same state."""
+    kern = tmp / "kern.log"
+    kern.write_text("")
+    state = tmp / "state.db"
+    ckpt = tmp / "ckpt"
+    job = [
+        sys.executable,
+        str(JOB),
+        "--steps",
+        "16",
+        "--interval",
+        "0.05",
+        "--fail-attempts",
+        "0",
+        "--fail-at",
+        "6",
+        "--xid-log",
+        str(kern),
+        "--ckpt",
+        str(ckpt),
+    ]
+    command = [sys.executable, "-m", "trainguard.cli", "run", "--state", str(state),
+               "--checkpoint-dir", str(ckpt), "--kernel-log", str(kern), "--devices", "3",
+               "--need", "2", "--grace", "1", "--verify-window", "0.5", "--hang-timeout", "20",
+               "--startup-timeout", "30", "--backoff", "0.1", "--", *job]  # fmt: skip
+
+    def run(crash: str | None) -> subprocess.CompletedProcess[str]:
+        env = _no_crash_env()
+        if crash:
+            env[CRASH_ENV] = crash
+        return subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp,
+                              timeout=90)  # fmt: skip
+
+    first = run(point)
+    assert first.returncode == -signal.SIGKILL, (
+        f"trainguard run did not reach {point}: rc={first.returncode}\n{first.stderr[-2000:]}"
+    )
+    with Store.open(state) as store:
+        [rec] = store.list_jobs()
+        bad = store.list_attempts(rec.id)[0].device_uuids[1]
+    # No process of the job outlives its supervisor (the watchdog, decision 0113).
+    _wait(lambda: job_processes(rec.id) == [], 10, "the job's processes to end")
+    second = run(None)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resuming its recovery" in second.stderr, second.stderr[-3000:]
+    with Store.open(state) as store:
+        [again] = store.list_jobs()
+        assert again.id == rec.id and again.state.value == "completed", again
+        return _crash_world(store, rec.id, bad)
+
+
+def crash_serve_mode(store_target: str, tmp: Path, point: str) -> CrashWorld:
+    """The cluster reconciler (a real controller process over procs) SIGKILLed at
+    ``point``; another controller (another identity: it waits for the dead one's lease
+    to expire) finishes the recovery and runs until the job has ended."""
+    fleet = Fleet(store_target, tmp)
+    try:
+        fj = fleet.submit(
+            "--fail-attempts", "0", "--fail-at", "12", "--interval", "0.04", "--steps", "24"
+        )
+        bad = fleet.xid(fj, device_index=1)
+
+        def controller(identity: str, crash: str | None) -> subprocess.CompletedProcess[str]:
+            env = _no_crash_env()
+            if crash:
+                env[CRASH_ENV] = crash
+            return subprocess.run(
+                [sys.executable, str(CONTROLLER_PROC), store_target, str(tmp / "cluster"),
+                 "--identity", identity, "--until-recovered", "1", "--until-jobs-done",
+                 "--seconds", "55", "--ttl", "1.0"],
+                capture_output=True, text=True, env=env, timeout=60,
+            )  # fmt: skip
+
+        first = controller("controller-a", point)
+        assert first.returncode == -signal.SIGKILL, (
+            f"the controller did not reach {point}: rc={first.returncode}\n"
+            f"{first.stdout}\n{first.stderr[-2000:]}"
+        )
+        second = controller("controller-b", None)
+        assert second.returncode == 0, f"{second.stdout}\n{second.stderr[-3000:]}"
+        store = fleet.store
+        world = _crash_world(store, fj.job_id, bad)
+        [inc] = store.list_incidents(job_id=fj.job_id)
+        world.action_keys = [a.key for a in fleet.cp.actions(inc.id)]
+        assert all(a.state.value == "done" for a in fleet.cp.actions(inc.id))
+        world.starts = [s["attempt"] for s in fleet.cluster.starts()]
+        obs = fleet.cluster.observe()
+        node = obs.nodes[bad.split("-")[1]]
+        world.held_by_scheduler = bad not in node.quarantined_devices
+        lease = fleet.cp.leader()
+        world.lease = None if lease is None else (lease.holder, lease.token)
+        return world
     finally:
         fleet.close()

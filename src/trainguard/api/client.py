@@ -16,7 +16,13 @@ from urllib.parse import quote
 import httpx
 
 from trainguard.api.auth import read_token
-from trainguard.controller.operations import ErrorKind, Json, OperationError, Target
+from trainguard.controller.operations import (
+    ErrorKind,
+    Json,
+    OperationError,
+    Target,
+    validation_body,
+)
 
 TOKEN_ENV = "TRAINGUARD_TOKEN"
 SERVER_ENV = "TRAINGUARD_SERVER"
@@ -147,19 +153,15 @@ class RemoteOperations:
     def breaker(self) -> Json:
         return dict(self._call("get", "/v1/breaker"))
 
+    def _post_to(self, target: Target, action: str, body: Json) -> Json:
+        """Every action on a target: ``POST /v1/{devices|nodes}/IDENT/ACTION``."""
+        return dict(self._call("post", f"{self._path(target)}/{action}", body, host=target.host))
+
     def release(self, target: Target, reason: str) -> Json:
-        return dict(
-            self._call(
-                "post", self._path(target) + "/release", {"reason": reason}, host=target.host
-            )
-        )
+        return self._post_to(target, "release", {"reason": reason})
 
     def request_validation(self, target: Target, reason: str) -> Json:
-        return dict(
-            self._call(
-                "post", self._path(target) + "/validation", {"reason": reason}, host=target.host
-            )
-        )
+        return self._post_to(target, "validation", {"reason": reason})
 
     def record_validation(
         self,
@@ -170,18 +172,13 @@ class RemoteOperations:
         inconclusive: bool = False,
         failures_to_retire: int | None = None,
     ) -> Json:
-        body = {
-            "passed": passed,
-            "details": dict(details),
-            "inconclusive": inconclusive,
-            "failures_to_retire": failures_to_retire,
-        }
-        return dict(self._call("post", self._path(target) + "/validation", body, host=target.host))
+        body = validation_body(
+            passed, details, inconclusive=inconclusive, failures_to_retire=failures_to_retire
+        )
+        return self._post_to(target, "validation", body)
 
     def request_retire(self, target: Target, reason: str) -> Json:
-        return dict(
-            self._call("post", self._path(target) + "/retire", {"reason": reason}, host=target.host)
-        )
+        return self._post_to(target, "retire", {"reason": reason})
 
     def approve(self, approval_id: int, reason: str) -> Json:
         path = f"/v1/approvals/{int(approval_id)}/approve"

@@ -19,7 +19,7 @@ token's holder.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -119,6 +119,23 @@ class Operations(Protocol):
     def reset_breaker(self, reason: str) -> Json: ...
 
 
+def validation_body(
+    passed: bool,
+    details: Mapping[str, Any],
+    *,
+    inconclusive: bool = False,
+    failures_to_retire: int | None = None,
+) -> Json:
+    """``record_validation``'s arguments as the API's JSON (``ValidationIn``): the one
+    mapping, which the remote side posts and the API's route reads back."""
+    return {
+        "passed": passed,
+        "details": dict(details),
+        "inconclusive": inconclusive,
+        "failures_to_retire": failures_to_retire,
+    }
+
+
 @contextmanager
 def _refusals() -> Iterator[None]:
     """The control plane's exceptions as :class:`OperationError` (as the API maps them)."""
@@ -190,16 +207,24 @@ class LocalOperations:
             return self.control.store.get_device(ident).to_json()
         return dict(self.control.fleet.get_node(ident).to_json())
 
-    def release(self, target: Target, reason: str) -> Json:
+    def _on(self, target: Target, act: Callable[[str], Json]) -> Json:
+        """``act`` on the resolved resource (``device:UUID`` / ``node:NAME``), the control
+        plane's refusals as :class:`OperationError`: every action on a target."""
         resource = self.resource(target)
         with _refusals():
+            return act(resource)
+
+    def release(self, target: Target, reason: str) -> Json:
+        def act(resource: str) -> Json:
             self.control.release(resource, self.actor, reason)
             return self._view(resource)
 
+        return self._on(target, act)
+
     def request_validation(self, target: Target, reason: str) -> Json:
-        resource = self.resource(target)
-        with _refusals():
-            return self.control.request_validation(resource, self.actor, reason).to_json()
+        return self._on(
+            target, lambda r: self.control.request_validation(r, self.actor, reason).to_json()
+        )
 
     def record_validation(
         self,
@@ -210,21 +235,22 @@ class LocalOperations:
         inconclusive: bool = False,
         failures_to_retire: int | None = None,
     ) -> Json:
-        resource = self.resource(target)
-        with _refusals():
-            return self.control.record_validation(
-                resource,
+        return self._on(
+            target,
+            lambda r: self.control.record_validation(
+                r,
                 passed,
                 self.actor,
                 details=details,
                 inconclusive=inconclusive,
                 failures_to_retire=failures_to_retire,
-            ).to_json()
+            ).to_json(),
+        )
 
     def request_retire(self, target: Target, reason: str) -> Json:
-        resource = self.resource(target)
-        with _refusals():
-            return self.control.request_retire(resource, self.actor, reason).to_json()
+        return self._on(
+            target, lambda r: self.control.request_retire(r, self.actor, reason).to_json()
+        )
 
     def _decide(self, approval_id: int, approve: bool, reason: str) -> Json:
         from trainguard.model.fleet import ApprovalState
@@ -265,4 +291,5 @@ __all__ = [
     "OperationError",
     "Operations",
     "Target",
+    "validation_body",
 ]

@@ -33,8 +33,9 @@ One :meth:`Reconciler.run_once` pass (``trainguard serve`` runs one a second):
 7. **Deliver** due webhook POSTs (repair records, pages) from the outbox.
 
 Crash test hook: ``TRAINGUARD_TEST_CRASH_AT=<point>[#N]`` SIGKILLs the process at
-the N-th time (default 1st) it reaches ``<point>`` (:data:`CRASH_POINTS`);
-``tests/integration/test_controller_crash.py`` kills it at every point in turn.
+the N-th time (default 1st) it reaches ``<point>`` (:data:`CRASH_POINTS`, shared
+with ``trainguard run``: :mod:`trainguard.controller.crash`);
+``tests/scenarios/test_crash_points.py`` kills it at every point in turn.
 """
 
 from __future__ import annotations
@@ -42,13 +43,10 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
+from trainguard.controller.crash import CRASH_ENV, CRASH_POINTS, PAUSE_ENV, CrashPoints
 from trainguard.controller.engine.config import (
     ACTOR,
-    CRASH_ENV,
-    CRASH_POINTS,
-    PAUSE_ENV,
     ControlConfig,
-    CrashPoints,
     PassReport,
     _Phases,
     isolated_for_incident,

@@ -69,7 +69,6 @@ from trainguard.controller.lease import (
 )
 from trainguard.controller.run_base import (
     ACTOR,
-    CRASH_AT_ENV,
     EXIT_INTERRUPTED,
     EXIT_STOPPED,
     SUPERVISOR_DIED,
@@ -78,7 +77,6 @@ from trainguard.controller.run_base import (
     _Attempt,
     _Interrupt,
     _LeaseLost,
-    crash_point,
     no_progress_hint,
     resume_arg_tokens,
     resume_command,
@@ -386,12 +384,10 @@ def run_job(options: RunOptions) -> RunResult:
 
 
 __all__ = [
-    "CRASH_AT_ENV",
     "SUPERVISOR_DIED",
     "RunController",
     "RunOptions",
     "RunResult",
-    "crash_point",
     "no_progress_hint",
     "resume_arg_tokens",
     "resume_command",

@@ -27,7 +27,6 @@ from trainguard.controller.run_base import (
     _quarantined_by,
     _repair_advice,
     _step_of,
-    crash_point,
 )
 from trainguard.controller.run_verify import RunVerification
 from trainguard.diagnose.attribution import attribute
@@ -190,7 +189,7 @@ class RunActions(RunVerification):
         )
         plan = decide(snapshot)
         self.db.record_plan(incident_id, plan.to_dict(), at=self.clock(), actor=ACTOR)
-        crash_point("after_plan_persisted")
+        self.crash.hit("plan.after_recorded")
         if o.mode is Mode.OBSERVE:
             return self._observe(att, incident_id, plan)
         return self._act(att, incident_id, plan, attribution, failed_step, user_env=env)
@@ -226,12 +225,13 @@ class RunActions(RunVerification):
         job = self.db.get_job(self.job_id)
         if job.state is JobState.RUNNING:
             self.db.update_job_state(self.job_id, JobState.RECOVERING, at=now, actor=ACTOR)
+        self.crash.hit("act.after_acting")
         quarantined: list[str] = []
         for action in plan.actions:
             if isinstance(action, Quarantine):
                 quarantined += self._do_quarantine(incident_id, action)
                 self.isolated.setdefault(incident_id, []).append(action.resource_id)
-                crash_point("after_quarantine")
+                self.crash.hit("action.after_result")
             elif isinstance(action, Restart):
                 if quarantined:
                     self.db.update_incident(
@@ -322,7 +322,7 @@ class RunActions(RunVerification):
                 incident_id,
                 job_id=job_id,
             )  # fmt: skip
-            crash_point("after_quarantine_intent")
+            self.crash.hit("action.after_intent")
             state = self.db.get_device_state(uuid)
             if state in (HealthState.HEALTHY, HealthState.SUSPECT):
                 with self.db.transaction():
@@ -349,6 +349,7 @@ class RunActions(RunVerification):
                 result, repair_id = "quarantined", repair.id
             else:
                 result, repair_id = f"already {state.value}", None
+            self.crash.hit("action.after_apply")
             self.db.add_incident_action(
                 incident_id,
                 {
@@ -408,7 +409,6 @@ class RunActions(RunVerification):
     ) -> _Attempt | RunResult:
         """Launch attempt ``number`` as the plan's restart (the failed one has ended)."""
         self._move_rejected_aside(incident_id, plan)
-        crash_point("before_restart")
         by_uuid = {d.uuid: d for d in self.inventory}
         devices = tuple(by_uuid[u] for u in action.devices if u in by_uuid)
         ckpt = action.checkpoint
@@ -435,7 +435,6 @@ class RunActions(RunVerification):
         new = self._launch(number, devices, ckpt, dict(action.env), incident_id)
         if new is None:
             return self._stop_job(incident_id, "the command could not be restarted", EXIT_STOPPED)
-        crash_point("after_restart_launch")
         self.db.add_incident_action(
             incident_id,
             {

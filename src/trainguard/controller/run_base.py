@@ -16,7 +16,6 @@ import dataclasses
 import os
 import queue
 import shlex
-import signal
 import sys
 import time
 from collections import deque
@@ -24,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainguard.controller.crash import CrashPoints
 from trainguard.controller.lease import (
     DEFAULT_TTL_SECONDS,
 )
@@ -77,17 +77,7 @@ SHUTDOWN_ALLOWANCE_S = 60.0  # after a clean rank exit, how long the rest may ta
 PROGRESS_WRITE_SECONDS = 1.0
 SAVE_SCAN_SECONDS = 1.0  # how often a restart being verified looks for new checkpoints
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
-# Test hook: SIGKILL ourselves at a named point of a recovery (tests/integration/
-# test_run_crash.py). Points: after_plan_persisted, after_quarantine_intent,
-# after_quarantine, before_restart, after_restart_launch.
-CRASH_AT_ENV = "TRAINGUARD_TEST_CRASH_AT"
 SUPERVISOR_DIED = "supervisor died"
-
-
-def crash_point(name: str) -> None:
-    """Die here, as a SIGKILL would, when ``TRAINGUARD_TEST_CRASH_AT`` names this point."""
-    if name in os.environ.get(CRASH_AT_ENV, "").split(","):
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def no_progress_hint(pattern: str | None) -> str:
@@ -324,6 +314,8 @@ class RunBase:
             )
         self.opt = options
         self.clock = clock
+        # Test hooks: the crash points serve's engine has, by the same names (0325).
+        self.crash = CrashPoints(strict=False)
         self.err = out if out is not None else sys.stderr
         self.events: queue.Queue[Any] = queue.Queue()
         self.store: Store | None = None
@@ -455,6 +447,10 @@ class RunBase:
             {"devices": [d.uuid for d in devices], "env": env},
             incident_id,
         )
+        # A restart is the plan's action: its points, as serve's scheduler call has them.
+        restart = incident_id is not None
+        if restart:
+            self.crash.hit("action.after_intent")
         try:
             launch = self.scheduler.launch(spec)
         except OSError as exc:
@@ -464,6 +460,8 @@ class RunBase:
                 incident_id,
             )  # fmt: skip
             return None
+        if restart:
+            self.crash.hit("action.after_apply")
         started = launch.started_at
         self.db.start_attempt(
             self.job_id,
@@ -490,6 +488,8 @@ class RunBase:
             },
             incident_id,
         )
+        if restart:
+            self.crash.hit("action.after_result")
         hang = hang_detector(
             self.policy(), started_at=started, no_progress_hint=no_progress_hint(o.progress_pattern)
         )

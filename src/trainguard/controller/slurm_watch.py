@@ -14,8 +14,8 @@ top (decision 0106). Each pass:
    shared file system, or a log shipped by the node agent; the local cluster
    writes ``$DIR/nodes/nX/kern.log``). Classified lines become findings, with the
    device resolved from the line's PCI bus id against *that node's* GPUs.
-4. **The reconcile pass**: the generic engine, told Slurm's traits
-   (:data:`SLURM_TRAITS`, :class:`~trainguard.controller.engine.traits.SchedulerTraits`),
+4. **The reconcile pass**: the generic engine, reading Slurm's traits from the
+   scheduler (``SlurmScheduler.traits`` = :data:`SLURM_TRAITS`, decision 0326),
    applies these Slurm cases where they belong — no subclass overrides its parts:
    * a fatal hardware finding on a running attempt's GPU, or a node finding on one
      of its nodes, fails the attempt *now* (the job may keep running on a card
@@ -41,7 +41,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainguard.controller.engine.traits import SchedulerTraits
 from trainguard.controller.reconcile import ControlConfig, CrashPoints, PassReport, Reconciler
 from trainguard.controller.service import ControlPlane
 from trainguard.diagnose.detectors import line_finding
@@ -50,6 +49,7 @@ from trainguard.model.findings import Culprit, Domain, Finding, Severity
 from trainguard.model.records import AuditKind, IncidentState, JobState
 from trainguard.schedulers.base import JobPhase, Observation, SchedulerError
 from trainguard.schedulers.slurm import SlurmObservedJob, SlurmObservedNode, SlurmScheduler
+from trainguard.schedulers.slurm.scheduler import SLURM_TRAITS
 from trainguard.signals.kernel_log import FileFollower, KernelLine
 from trainguard.store import NotFound, Store
 
@@ -67,13 +67,6 @@ class SlurmWatchConfig:
     kernel_log_pattern: str | None = None  # e.g. "/var/log/nodes/{node}/kern.log"
     observe_others: bool = False  # manage jobs that did not opt in, in observe mode
     interval: float = 1.0
-
-
-# What Slurm does by itself that the generic engine allows for (decision 0211): it
-# requeues a job on NODE_FAIL (--requeue), a DOWN node returns when slurmd is back
-# (ReturnToService), and every attempt writes the job's one output file (truncated by
-# default, appended with --open-mode=append).
-SLURM_TRAITS = SchedulerTraits(requeues_by_itself=True, down_nodes_return=True, shared_output=True)
 
 
 class SlurmWatch:
@@ -102,7 +95,8 @@ class SlurmWatch:
         if ttl != config.lease_ttl:
             config = dataclasses.replace(config, lease_ttl=ttl)
         self.cp = ControlPlane(store, scheduler, clock, config=config, identity=identity)
-        # The same engine, told what Slurm does by itself (identity, lease, config shared).
+        # The same engine (identity, lease, config shared); what Slurm does by itself it
+        # reads from the scheduler (SlurmScheduler.traits, decision 0326).
         self.cp.reconciler = Reconciler(
             store,
             scheduler,
@@ -110,7 +104,6 @@ class SlurmWatch:
             config=self.cp.config,
             clock=clock,
             crash=crash,
-            traits=SLURM_TRAITS,
         )
         self._managed: dict[str, str] = {}  # scheduler ref -> job id
         self._skipped: set[str] = set()

@@ -17,6 +17,9 @@ every implementation by ``tests/integration/test_scheduler_contract.py``:
   when the job is already past attempt N.
 * Actions return when the scheduler has accepted them; their effect is
   confirmed by a later :meth:`observe`.
+* Every implementation declares its :class:`SchedulerTraits` (``traits``): what it
+  does by itself that the recovery engine must allow for (decision 0326). The
+  engine reads them from the scheduler it drives; a new adapter says them here, once.
 """
 
 from __future__ import annotations
@@ -147,11 +150,40 @@ class ActionResult:
     detail: Mapping[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class SchedulerTraits:
+    """Behaviour of a cluster scheduler the engine must allow for; all off: ``procs``-like.
+
+    The engine is generic (decision 0211): an adapter does not subclass it; it declares
+    these, and the engine applies the matching rule in the one place it belongs
+    (attempt sync, output following, health enforcement, the policy's view of the
+    devices). Evidence a scheduler adds (Slurm's node events and per-node kernel logs)
+    reaches the engine as stored findings, like an agent's.
+    """
+
+    # The scheduler moves a job to a new attempt by itself when a node fails (Slurm's
+    # NODE_FAIL with --requeue), possibly onto other nodes: an attempt it moved past
+    # with fatal evidence against it failed (an incident), it was not merely superseded;
+    # the nodes an attempt started on are remembered (the requeue moves the job).
+    requeues_by_itself: bool = False
+    # A DOWN node returns to service by itself unless drained (Slurm's ReturnToService):
+    # a quarantined DOWN node is drained at once, and a DOWN node not drained is not
+    # out of service yet for the policy (evidence against it may still quarantine it).
+    down_nodes_return: bool = False
+    # Every attempt writes the same output file, truncated (Slurm's default) or appended
+    # (--open-mode=append) on a requeue: each attempt's output is found in it.
+    shared_output: bool = False
+
+
+GENERIC_TRAITS = SchedulerTraits()
+
+
 @runtime_checkable
 class ClusterScheduler(Protocol):
     """What the control plane needs from a cluster scheduler (see the module docstring)."""
 
     name: str
+    traits: SchedulerTraits  # what it does by itself (decision 0326)
 
     def observe(self) -> Observation: ...
 
@@ -188,6 +220,7 @@ class ClusterScheduler(Protocol):
 
 
 __all__ = [
+    "GENERIC_TRAITS",
     "ActionResult",
     "ClusterScheduler",
     "FencingRejected",
@@ -198,4 +231,5 @@ __all__ = [
     "ObservedJob",
     "ObservedNode",
     "SchedulerError",
+    "SchedulerTraits",
 ]

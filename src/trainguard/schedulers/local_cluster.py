@@ -12,9 +12,10 @@ the contract test gives the devices two host names to exercise placement).
 It passes tests/integration/test_scheduler_contract.py like the stand-in
 process cluster and Slurm (decision 0220), so an engine written against the
 protocol can drive ``trainguard run``'s processes as well. Its state (keys,
-tokens, exclusions) lives in memory: the supervisor that holds it is the only
-one (the state database's lease, decision 0220); after a crash the ledger in
-the store, not this object, says what was done.
+tokens, exclusions; the bookkeeping ``procs`` shares, ``_keys.py``, 0327) lives
+in memory: the supervisor that holds it is the only one (the state database's
+lease, decision 0220); after a crash the ledger in the store, not this object,
+says what was done.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.model.devices import Device
+from trainguard.schedulers._keys import KeyBook, widen
 from trainguard.schedulers.base import (
+    GENERIC_TRAITS,
     ActionResult,
-    FencingRejected,
     JobPhase,
     JobSpec,
     NodePhase,
@@ -64,8 +66,8 @@ class _Job:
     cancelled: bool = False
     reason: str | None = None
     output_path: str | None = None
-    excluded_nodes: set[str] = field(default_factory=set)
-    excluded_devices: set[str] = field(default_factory=set)
+    excluded_nodes: list[str] = field(default_factory=list)
+    excluded_devices: list[str] = field(default_factory=list)
     resume_from: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     last_key: str | None = None
@@ -85,6 +87,7 @@ class LocalCluster:
     """``ClusterScheduler`` over this machine's process supervisor (module docstring)."""
 
     name = "local"
+    traits = GENERIC_TRAITS  # keeps each attempt's output; requeues only when asked
 
     def __init__(
         self,
@@ -103,28 +106,10 @@ class LocalCluster:
         self.launcher = LocalScheduler(sink or (lambda _ev: None), clock)
         self._lock = threading.RLock()
         self._jobs: dict[str, _Job] = {}
-        self._results: dict[str, dict[str, Any]] = {}  # idempotency key -> first result
-        self._max_token = 0
+        self._keys = KeyBook({})  # idempotency key -> first result, highest token
         self._drained: dict[str, str] = {}  # node -> reason
         self._quarantined: dict[str, str] = {}  # device uuid -> reason
         self._next_ref = 1
-
-    # --- keys and fencing ------------------------------------------------------------
-
-    def _seen(self, key: str) -> ActionResult | None:
-        first = self._results.get(key)
-        return None if first is None else ActionResult(key, False, dict(first))
-
-    def _replay(self, key: str, token: int) -> ActionResult | None:
-        """Refuse a stale fencing token, then return ``key``'s result if it already ran."""
-        if token < self._max_token:
-            raise FencingRejected(f"fencing token {token} is older than {self._max_token}: refused")
-        self._max_token = max(self._max_token, int(token))
-        return self._seen(key)
-
-    def _remember(self, key: str, detail: dict[str, Any]) -> ActionResult:
-        self._results[key] = dict(detail)
-        return ActionResult(key, True, detail)
 
     # --- placement -------------------------------------------------------------------
 
@@ -270,26 +255,29 @@ class LocalCluster:
             signal=-rc if ended and rc is not None and rc < 0 else None,
             reason=job.reason,
             output_path=job.output_path,
-            excluded_nodes=tuple(sorted(job.excluded_nodes)),
-            excluded_devices=tuple(sorted(job.excluded_devices)),
+            excluded_nodes=tuple(job.excluded_nodes),
+            excluded_devices=tuple(job.excluded_devices),
             resume_from=job.resume_from,
             last_key=job.last_key,
         )
+
+    # Each action keyed and fenced through KeyBook (decision 0327), under the lock.
 
     def submit(self, spec: JobSpec, *, key: str, token: int) -> ActionResult:
         if not spec.command:
             raise SchedulerError("a job needs a command")
         if spec.nodes < 1 or spec.devices_per_node < 0:
             raise SchedulerError("a job needs nodes >= 1 and devices_per_node >= 0")
-        with self._lock:
-            seen = self._seen(key)
-            if seen is not None:
-                return seen
+
+        def act() -> dict[str, Any]:
             ref = f"local-{self._next_ref}"
             self._next_ref += 1
             self._jobs[ref] = _Job(ref, spec, submitted_at=self.clock(), last_key=key)
             self._schedule()
-            return self._remember(key, {"ref": ref, "attempt": 0})
+            return {"ref": ref, "attempt": 0}
+
+        with self._lock:
+            return self._keys.once(key, None, act)  # the user's act: keyed, not fenced
 
     def requeue(
         self,
@@ -302,9 +290,7 @@ class LocalCluster:
         resume_from: str | None = None,
         env: Mapping[str, str] | None = None,
     ) -> ActionResult:
-        with self._lock:
-            if (seen := self._replay(key, token)) is not None:
-                return seen
+        def act() -> dict[str, Any]:
             job = self._job(ref)
             if job.cancelled:
                 raise SchedulerError(f"job {ref} was cancelled: nothing to requeue")
@@ -313,59 +299,67 @@ class LocalCluster:
             job.launch = None
             job.devices = ()
             job.nodes = ()
-            job.excluded_nodes.update(exclude_nodes)
-            job.excluded_devices.update(exclude_devices)
+            job.excluded_nodes = widen(job.excluded_nodes, exclude_nodes)
+            job.excluded_devices = widen(job.excluded_devices, exclude_devices)
             job.resume_from = resume_from
             job.env = dict(env or {})
             job.last_key = key
             self._schedule()
-            return self._remember(key, {"ref": ref, "attempt": job.attempt})
+            return {"ref": ref, "attempt": job.attempt}
+
+        with self._lock:
+            return self._keys.once(key, token, act)
 
     def cancel(self, ref: str, reason: str, *, key: str, token: int) -> ActionResult:
-        with self._lock:
-            if (seen := self._replay(key, token)) is not None:
-                return seen
+        def act() -> dict[str, Any]:
             job = self._job(ref)
             self._stop(job)
             job.cancelled = True
             job.reason = reason
             job.ended_at = job.ended_at or self.clock()
             job.last_key = key
-            return self._remember(key, {"ref": ref, "cancelled": True})
+            return {"ref": ref, "cancelled": True}
+
+        with self._lock:
+            return self._keys.once(key, token, act)
 
     def drain(self, node: str, reason: str, *, key: str, token: int) -> ActionResult:
-        with self._lock:
-            if (seen := self._replay(key, token)) is not None:
-                return seen
+        def act() -> dict[str, Any]:
             self._check_node(node)
             self._drained[node] = reason
-            return self._remember(key, {"node": node, "drained": True})
+            return {"node": node, "drained": True}
+
+        with self._lock:
+            return self._keys.once(key, token, act)
 
     def resume_node(self, node: str, reason: str, *, key: str, token: int) -> ActionResult:
-        with self._lock:
-            if (seen := self._replay(key, token)) is not None:
-                return seen
+        def act() -> dict[str, Any]:
             self._check_node(node)
             self._drained.pop(node, None)
             self._schedule()
-            return self._remember(key, {"node": node, "drained": False})
+            return {"node": node, "drained": False}
+
+        with self._lock:
+            return self._keys.once(key, token, act)
 
     def quarantine_device(self, uuid: str, reason: str, *, key: str, token: int) -> ActionResult:
-        with self._lock:
-            if (seen := self._replay(key, token)) is not None:
-                return seen
+        def act() -> dict[str, Any]:
             self._check_device(uuid)
             self._quarantined[uuid] = reason
-            return self._remember(key, {"device": uuid, "quarantined": True})
+            return {"device": uuid, "quarantined": True}
+
+        with self._lock:
+            return self._keys.once(key, token, act)
 
     def release_device(self, uuid: str, reason: str, *, key: str, token: int) -> ActionResult:
-        with self._lock:
-            if (seen := self._replay(key, token)) is not None:
-                return seen
+        def act() -> dict[str, Any]:
             self._check_device(uuid)
             self._quarantined.pop(uuid, None)
             self._schedule()
-            return self._remember(key, {"device": uuid, "quarantined": False})
+            return {"device": uuid, "quarantined": False}
+
+        with self._lock:
+            return self._keys.once(key, token, act)
 
     # --- beyond the protocol ---------------------------------------------------------
 

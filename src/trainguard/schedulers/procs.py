@@ -40,9 +40,10 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.model.devices import Device
+from trainguard.schedulers._keys import KeyBook, widen
 from trainguard.schedulers.base import (
+    GENERIC_TRAITS,
     ActionResult,
-    FencingRejected,
     JobPhase,
     JobSpec,
     NodePhase,
@@ -109,6 +110,7 @@ class ProcessCluster:
     """See the module docstring. ``root`` holds all state; ``nodes`` is used on first use."""
 
     name = "procs"
+    traits = GENERIC_TRAITS  # keeps each attempt's output; requeues only when asked
 
     def __init__(
         self,
@@ -166,27 +168,11 @@ class ProcessCluster:
                     os.fsync(f.fileno())
                 os.replace(tmp, path)
 
-    def _fence(self, state: dict[str, Any], token: int) -> None:
-        if token < state["max_token"]:
-            raise FencingRejected(
-                f"fencing token {token} is older than {state['max_token']}: refused"
-            )
-        state["max_token"] = max(state["max_token"], int(token))
-
-    def _seen(self, state: dict[str, Any], key: str) -> ActionResult | None:
-        hit = state["keys"].get(key)
-        if hit is None:
-            return None
-        return ActionResult(key=key, applied=False, detail=dict(hit))
-
-    def _replay(self, state: dict[str, Any], key: str, token: int) -> ActionResult | None:
-        """Refuse a stale fencing token, then return ``key``'s result if it already ran."""
-        self._fence(state, token)
-        return self._seen(state, key)
-
-    def _remember(self, state: dict[str, Any], key: str, detail: dict[str, Any]) -> ActionResult:
-        state["keys"][key] = detail
-        return ActionResult(key=key, applied=True, detail=detail)
+    @contextlib.contextmanager
+    def _keyed(self) -> Iterator[tuple[dict[str, Any], KeyBook]]:
+        """The locked state and its keys and fencing (``state["keys"]``, ``max_token``)."""
+        with self._locked() as state:
+            yield state, KeyBook(state)
 
     # --- processes -------------------------------------------------------------------
 
@@ -391,39 +377,40 @@ class ProcessCluster:
             jobs = {ref: self._observed(job) for ref, job in state["jobs"].items()}
         return Observation(at=self.clock(), jobs=jobs, nodes=nodes)
 
-    # --- actions ---------------------------------------------------------------------
+    # --- actions (each keyed and fenced through KeyBook, decision 0327) --------------
 
     def submit(self, spec: JobSpec, *, key: str, token: int) -> ActionResult:
         if not spec.command:
             raise SchedulerError("a job needs a command")
         if spec.nodes < 1 or spec.devices_per_node < 0:
             raise SchedulerError("a job needs nodes >= 1 and devices_per_node >= 0")
-        with self._locked() as state:
-            seen = self._seen(state, key)
-            if seen is not None:
-                return seen
-            ref = str(state["next_ref"])
-            state["next_ref"] += 1
-            job = {
-                "ref": ref,
-                "name": spec.name,
-                "command": list(spec.command),
-                "nodes": spec.nodes,
-                "devices_per_node": spec.devices_per_node,
-                "partition": spec.partition,
-                "env": dict(spec.env),
-                "cwd": spec.cwd,
-                "attempt": 0,
-                "state": "pending",
-                "submitted_at": self.clock(),
-                "excluded_nodes": [],
-                "excluded_devices": [],
-                "resume_from": None,
-                "last_key": key,
-            }
-            state["jobs"][ref] = job
-            started = self._start(state, job, key, token)
-            return self._remember(state, key, {"ref": ref, "attempt": 0, "started": started})
+        with self._keyed() as (state, keys):
+
+            def act() -> dict[str, Any]:
+                ref = str(state["next_ref"])
+                state["next_ref"] += 1
+                job = {
+                    "ref": ref,
+                    "name": spec.name,
+                    "command": list(spec.command),
+                    "nodes": spec.nodes,
+                    "devices_per_node": spec.devices_per_node,
+                    "partition": spec.partition,
+                    "env": dict(spec.env),
+                    "cwd": spec.cwd,
+                    "attempt": 0,
+                    "state": "pending",
+                    "submitted_at": self.clock(),
+                    "excluded_nodes": [],
+                    "excluded_devices": [],
+                    "resume_from": None,
+                    "last_key": key,
+                }
+                state["jobs"][ref] = job
+                started = self._start(state, job, key, token)
+                return {"ref": ref, "attempt": 0, "started": started}
+
+            return keys.once(key, None, act)  # the user's act: keyed, not fenced
 
     def requeue(
         self,
@@ -436,39 +423,41 @@ class ProcessCluster:
         resume_from: str | None = None,
         env: Mapping[str, str] | None = None,
     ) -> ActionResult:
-        with self._locked() as state:
-            if (seen := self._replay(state, key, token)) is not None:
-                return seen
-            job = self._job(state, ref)
-            if job["state"] == "cancelled":
-                raise SchedulerError(f"job {ref} is cancelled and cannot be requeued")
-            self._kill(job)
-            job.update(
-                attempt=job["attempt"] + 1,
-                state="pending",
-                pid=None,
-                pid_start=None,
-                reason=None,
-                lost_at=None,
-                excluded_nodes=sorted(set(job["excluded_nodes"]) | set(exclude_nodes)),
-                excluded_devices=sorted(set(job["excluded_devices"]) | set(exclude_devices)),
-                resume_from=resume_from,
-                last_key=key,
-            )
-            job["env"].update(dict(env or {}))
-            started = self._start(state, job, key, token)
-            return self._remember(
-                state, key, {"ref": ref, "attempt": job["attempt"], "started": started}
-            )
+        with self._keyed() as (state, keys):
+
+            def act() -> dict[str, Any]:
+                job = self._job(state, ref)
+                if job["state"] == "cancelled":
+                    raise SchedulerError(f"job {ref} is cancelled and cannot be requeued")
+                self._kill(job)
+                job.update(
+                    attempt=job["attempt"] + 1,
+                    state="pending",
+                    pid=None,
+                    pid_start=None,
+                    reason=None,
+                    lost_at=None,
+                    excluded_nodes=widen(job["excluded_nodes"], exclude_nodes),
+                    excluded_devices=widen(job["excluded_devices"], exclude_devices),
+                    resume_from=resume_from,
+                    last_key=key,
+                )
+                job["env"].update(dict(env or {}))
+                started = self._start(state, job, key, token)
+                return {"ref": ref, "attempt": job["attempt"], "started": started}
+
+            return keys.once(key, token, act)
 
     def cancel(self, ref: str, reason: str, *, key: str, token: int) -> ActionResult:
-        with self._locked() as state:
-            if (seen := self._replay(state, key, token)) is not None:
-                return seen
-            job = self._job(state, ref)
-            self._kill(job)
-            job.update(state="cancelled", reason=reason, ended_at=self.clock(), last_key=key)
-            return self._remember(state, key, {"ref": ref, "attempt": job["attempt"]})
+        with self._keyed() as (state, keys):
+
+            def act() -> dict[str, Any]:
+                job = self._job(state, ref)
+                self._kill(job)
+                job.update(state="cancelled", reason=reason, ended_at=self.clock(), last_key=key)
+                return {"ref": ref, "attempt": job["attempt"]}
+
+            return keys.once(key, token, act)
 
     def _node(self, state: dict[str, Any], name: str) -> dict[str, Any]:
         node = state["nodes"].get(name)
@@ -477,21 +466,23 @@ class ProcessCluster:
         return node
 
     def drain(self, node: str, reason: str, *, key: str, token: int) -> ActionResult:
-        with self._locked() as state:
-            if (seen := self._replay(state, key, token)) is not None:
-                return seen
-            n = self._node(state, node)
-            n.update(drained=True, reason=reason)
-            return self._remember(state, key, {"node": node, "drained": True})
+        with self._keyed() as (state, keys):
+
+            def act() -> dict[str, Any]:
+                self._node(state, node).update(drained=True, reason=reason)
+                return {"node": node, "drained": True}
+
+            return keys.once(key, token, act)
 
     def resume_node(self, node: str, reason: str, *, key: str, token: int) -> ActionResult:
-        with self._locked() as state:
-            if (seen := self._replay(state, key, token)) is not None:
-                return seen
-            n = self._node(state, node)
-            n.update(drained=False, reason=None)
-            self._schedule(state)
-            return self._remember(state, key, {"node": node, "drained": False, "why": reason})
+        with self._keyed() as (state, keys):
+
+            def act() -> dict[str, Any]:
+                self._node(state, node).update(drained=False, reason=None)
+                self._schedule(state)
+                return {"node": node, "drained": False, "why": reason}
+
+            return keys.once(key, token, act)
 
     def _device_node(self, state: dict[str, Any], uuid: str) -> dict[str, Any]:
         for node in state["nodes"].values():
@@ -500,21 +491,23 @@ class ProcessCluster:
         raise SchedulerError(f"no device {uuid!r}")
 
     def quarantine_device(self, uuid: str, reason: str, *, key: str, token: int) -> ActionResult:
-        with self._locked() as state:
-            if (seen := self._replay(state, key, token)) is not None:
-                return seen
-            node = self._device_node(state, uuid)
-            node["quarantined"][uuid] = reason
-            return self._remember(state, key, {"device": uuid, "quarantined": True})
+        with self._keyed() as (state, keys):
+
+            def act() -> dict[str, Any]:
+                self._device_node(state, uuid)["quarantined"][uuid] = reason
+                return {"device": uuid, "quarantined": True}
+
+            return keys.once(key, token, act)
 
     def release_device(self, uuid: str, reason: str, *, key: str, token: int) -> ActionResult:
-        with self._locked() as state:
-            if (seen := self._replay(state, key, token)) is not None:
-                return seen
-            node = self._device_node(state, uuid)
-            node["quarantined"].pop(uuid, None)
-            self._schedule(state)
-            return self._remember(state, key, {"device": uuid, "quarantined": False, "why": reason})
+        with self._keyed() as (state, keys):
+
+            def act() -> dict[str, Any]:
+                self._device_node(state, uuid)["quarantined"].pop(uuid, None)
+                self._schedule(state)
+                return {"device": uuid, "quarantined": False, "why": reason}
+
+            return keys.once(key, token, act)
 
     # --- for tests and operators ------------------------------------------------------
 

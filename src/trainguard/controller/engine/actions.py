@@ -62,6 +62,35 @@ class ActionRunner(SnapshotBuilder):
             )
         self.crash.hit("action.after_result")
 
+    def _fail(
+        self,
+        rec: ActionRecord,
+        error: str | None,
+        inc: IncidentRecord,
+        action: Mapping[str, Any],
+        fence: Fence,
+    ) -> None:
+        """The scheduler refused the call: the action failed, nothing else changes."""
+        self._finish(
+            rec,
+            ActionState.FAILED,
+            {"error": error, "summary": f"failed: {error}"},
+            inc,
+            action,
+            fence,
+            lambda: None,
+        )
+
+    def _ledger(
+        self, inc: IncidentRecord, rec: ActionRecord, entry: dict[str, Any], at: float
+    ) -> None:
+        """The incident's record of what this action did (inside its result's transaction),
+        with the action's key."""
+        self.store.add_incident_action(
+            inc.id, {**entry, "key": rec.key}, at=at, actor=self.identity,
+            audit_kind=AuditKind.NOTE,
+        )  # fmt: skip
+
     @staticmethod
     def _subject(action: Mapping[str, Any], inc: IncidentRecord) -> str:
         if action.get("type") == ActionKind.QUARANTINE:
@@ -126,29 +155,16 @@ class ActionRunner(SnapshotBuilder):
                 )
                 return
             reason_text = f"trainguard incident {inc.id}: {reason}"[:300]
-            if rkind == "device":
-                outcome, error = self._call(
-                    lambda: self.scheduler.quarantine_device(  # type: ignore[union-attr]
-                        rid, reason_text, key=rec.key, token=fence.token
-                    )
-                )
-            else:
-                outcome, error = self._call(
-                    lambda: self.scheduler.drain(  # type: ignore[union-attr]
-                        rid, reason_text, key=rec.key, token=fence.token
-                    )
-                )
+            # A device is withheld; a node is drained (the same call otherwise).
+            isolate = (
+                self.scheduler.quarantine_device if rkind == "device" else self.scheduler.drain
+            )
+            outcome, error = self._call(
+                lambda: isolate(rid, reason_text, key=rec.key, token=fence.token)
+            )
             self.crash.hit("action.after_apply")
             if error is not None:
-                self._finish(
-                    rec,
-                    ActionState.FAILED,
-                    {"error": error, "summary": f"failed: {error}"},
-                    inc,
-                    action,
-                    fence,
-                    lambda: None,
-                )
+                self._fail(rec, error, inc, action, fence)
                 return
         else:
             outcome = {"applied": False, "observed": "already in effect"}
@@ -158,31 +174,22 @@ class ActionRunner(SnapshotBuilder):
 
         def effects() -> None:
             nonlocal host
-            if rkind == "device":
-                try:
+            # The resource's health: a device or a node, the same transition.
+            transition: Callable[..., object]
+            try:
+                if rkind == "device":
                     dev = self.store.get_device(rid)
-                except NotFound:
-                    dev = None
-                if dev is not None:
-                    host = dev.device.host
-                    if dev.state.schedulable:
-                        self.store.transition_device(
-                            rid,
-                            HealthState.QUARANTINED,
-                            reason[:400],
-                            self.identity,
-                            now,
-                            job_id=inc.job_id,
-                            incident_id=inc.id,
-                        )
+                    host, schedulable = dev.device.host, dev.state.schedulable
+                    transition = self.store.transition_device
+                else:
+                    host = rid
+                    schedulable = self.fleet.get_node(rid).state.schedulable
+                    transition = self.fleet.transition_node
+            except NotFound:
+                schedulable = False  # not in the store (yet): nothing to move
             else:
-                host = rid
-                try:
-                    node_rec = self.fleet.get_node(rid)
-                except NotFound:
-                    node_rec = None
-                if node_rec is not None and node_rec.state.schedulable:
-                    self.fleet.transition_node(
+                if schedulable:
+                    transition(
                         rid,
                         HealthState.QUARANTINED,
                         reason[:400],
@@ -205,8 +212,9 @@ class ActionRunner(SnapshotBuilder):
             self.store.update_incident(
                 inc.id, at=now, repair=repair.recommended, actor=self.identity
             )
-            self.store.add_incident_action(
-                inc.id,
+            self._ledger(
+                inc,
+                rec,
                 {
                     "type": ActionKind.QUARANTINE.value,
                     "resource_kind": rkind,
@@ -214,12 +222,9 @@ class ActionRunner(SnapshotBuilder):
                     "reason": reason,
                     "result": "quarantined",
                     "repair_id": repair.id,
-                    "key": rec.key,
                     "summary": f"{rkind} {rid} quarantined (repair {repair.id})",
                 },
-                at=now,
-                actor=self.identity,
-                audit_kind=AuditKind.NOTE,
+                now,
             )
 
         self._finish(
@@ -248,20 +253,18 @@ class ActionRunner(SnapshotBuilder):
 
         def effects() -> None:
             self._hold_back(rkind, rid, reason, trip=trip, at=now, incident_id=inc.id)
-            self.store.add_incident_action(
-                inc.id,
+            self._ledger(
+                inc,
+                rec,
                 {
                     "type": ActionKind.QUARANTINE.value,
                     "resource_kind": rkind,
                     "resource_id": rid,
                     "result": "suppressed",
                     "reason": reason,
-                    "key": rec.key,
                     "summary": f"{rkind} {rid} not quarantined: {reason}",
                 },
-                at=now,
-                actor=self.identity,
-                audit_kind=AuditKind.NOTE,
+                now,
             )
 
         self._finish(
@@ -320,15 +323,7 @@ class ActionRunner(SnapshotBuilder):
             )
             self.crash.hit("action.after_apply")
             if error is not None or got is None:
-                self._finish(
-                    rec,
-                    ActionState.FAILED,
-                    {"error": error, "summary": f"failed: {error}"},
-                    inc,
-                    action,
-                    fence,
-                    lambda: None,
-                )
+                self._fail(rec, error, inc, action, fence)
                 return
             outcome = got
         new_attempt = int(outcome.get("attempt", failed_attempt + 1))
@@ -368,15 +363,15 @@ class ActionRunner(SnapshotBuilder):
                 recovery_attempt=new_attempt,
                 actor=self.identity,
             )
-            self.store.add_incident_action(
-                inc.id,
+            self._ledger(
+                inc,
+                rec,
                 {
                     "type": ActionKind.RESTART.value,
                     "attempt": new_attempt,
                     "devices": list(action.get("devices") or []),
                     "checkpoint": resume,
                     "checkpoint_step": ckpt_step,
-                    "key": rec.key,
                     "summary": f"attempt {new_attempt}"
                     + (
                         f" from step {ckpt_step}"
@@ -384,9 +379,7 @@ class ActionRunner(SnapshotBuilder):
                         else " from the beginning"
                     ),
                 },
-                at=now,
-                actor=self.identity,
-                audit_kind=AuditKind.NOTE,
+                now,
             )
             cur = self.store.get_incident(inc.id)
             if cur.state is IncidentState.ACTING:
@@ -437,18 +430,16 @@ class ActionRunner(SnapshotBuilder):
         full = reason + (f" (advice: {advice})" if advice else "")
 
         def effects() -> None:
-            self.store.add_incident_action(
-                inc.id,
+            self._ledger(
+                inc,
+                rec,
                 {
                     "type": ActionKind.STOP.value,
                     "reason": reason,
                     "advice": advice,
-                    "key": rec.key,
                     "summary": reason,
                 },
-                at=now,
-                actor=self.identity,
-                audit_kind=AuditKind.NOTE,
+                now,
             )
             cur = self.store.get_incident(inc.id)
             if not cur.state.terminal:

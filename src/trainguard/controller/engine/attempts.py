@@ -50,6 +50,7 @@ class AttemptSync(HealthEnforcer):
         if att.state.terminal:
             if oj.phase.terminal and not job.state.terminal:
                 self._stop_if_observed(job, att, fence)
+                self._complete_if_exited(job.id, att, fence)
             return
         self._follow_output(job.id, att, oj)
         att = self.store.get_attempt(job.id, att.number)
@@ -163,6 +164,24 @@ class AttemptSync(HealthEnforcer):
                 JobState.STOPPED,
                 at=self.clock(),
                 reason="observe mode: the job failed and nothing was restarted",
+                actor=self.identity,
+            )
+
+    def _complete_if_exited(self, job_id: str, att: AttemptRecord, fence: Fence) -> None:
+        """A restart that exited 0 before its requeue's result was recorded (the
+        controller died in between, tests/scenarios/test_crash_points.py): the attempt
+        was synced completed while the job was still recovering, and the result then
+        put the job back to running. Its last attempt is done, so the job is too."""
+        if att.state is not AttemptState.COMPLETED:
+            return
+        if self.store.get_job(job_id).state is not JobState.RUNNING:
+            return
+        with self.fleet.fenced(fence, self.clock()):
+            self.store.update_job_state(
+                job_id,
+                JobState.COMPLETED,
+                at=self.clock(),
+                reason="the job exited 0",
                 actor=self.identity,
             )
 

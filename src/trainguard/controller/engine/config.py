@@ -1,9 +1,8 @@
-"""The reconciler's configuration, pass report, crash hooks and small shared helpers."""
+"""The reconciler's configuration, pass report and small shared helpers (the crash
+hooks are in :mod:`trainguard.controller.crash`, shared with ``trainguard run``)."""
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -27,54 +26,10 @@ from trainguard.model.plan import (
 from trainguard.model.records import AttemptState, DeviceRecord, IncidentState
 
 ACTOR = "trainguard-serve"
-CRASH_ENV = "TRAINGUARD_TEST_CRASH_AT"
-PAUSE_ENV = "TRAINGUARD_TEST_PAUSE_AT"
-# Every point the crash test kills the controller at, in the order a recovery passes them.
-CRASH_POINTS = (
-    "detect.after_incident_opened",
-    "plan.after_recorded",
-    "act.after_acting",
-    "action.after_intent",
-    "action.after_apply",
-    "action.after_result",
-    "verify.before_recovered",
-    "verify.after_recovered",
-)
 _LIVE = (IncidentState.OPEN, IncidentState.ACTING, IncidentState.VERIFYING)
 _UNSCHEDULABLE = frozenset(
     {HealthState.QUARANTINED, HealthState.REPAIR, HealthState.VALIDATING, HealthState.RETIRED}
 )
-
-
-class CrashPoints:
-    """The test hooks (decision 0083): at a named point, SIGKILL this process
-    (``TRAINGUARD_TEST_CRASH_AT``) or SIGSTOP it (``TRAINGUARD_TEST_PAUSE_AT``: a
-    leader frozen mid-action, for the fencing test). ``<point>#N``: the N-th time."""
-
-    def __init__(self, spec: str | None = None, pause: str | None = None) -> None:
-        self.kill_at = self._parse(CRASH_ENV, os.environ.get(CRASH_ENV) if spec is None else spec)
-        self.pause_at = self._parse(
-            PAUSE_ENV, os.environ.get(PAUSE_ENV) if pause is None else pause
-        )
-        self.seen: dict[str, int] = {}
-
-    @staticmethod
-    def _parse(env: str, spec: str | None) -> tuple[str, int] | None:
-        if not spec:
-            return None
-        name, _, nth = spec.partition("#")
-        if name not in CRASH_POINTS:
-            raise ValueError(f"{env}: unknown point {name!r} (one of {', '.join(CRASH_POINTS)})")
-        return name, int(nth or "1")
-
-    def hit(self, name: str) -> None:
-        if self.kill_at is None and self.pause_at is None:
-            return
-        self.seen[name] = self.seen.get(name, 0) + 1
-        if self.kill_at == (name, self.seen[name]):
-            os.kill(os.getpid(), signal.SIGKILL)
-        if self.pause_at == (name, self.seen[name]):
-            os.kill(os.getpid(), signal.SIGSTOP)
 
 
 @dataclass(frozen=True)

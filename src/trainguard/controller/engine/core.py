@@ -13,17 +13,17 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from trainguard.controller.checkpoint_care import select_checkpoints
+from trainguard.controller.crash import CrashPoints
 from trainguard.controller.engine.config import (
     _LIVE,
     ControlConfig,
-    CrashPoints,
     PassReport,
     _HealthView,
     _OutputState,
     _prior,
     resolve_mode,
 )
-from trainguard.controller.engine.traits import GENERIC, SchedulerTraits
+from trainguard.controller.engine.traits import SchedulerTraits, traits_of
 from trainguard.controller.lease import LeaderElector
 from trainguard.controller.policies import DEFAULT_POLICY, merge, parse_policy, resolve
 from trainguard.diagnose.detectors import HangDetector, ProgressLineParser
@@ -62,10 +62,10 @@ class EngineCore:
         config: ControlConfig | None = None,
         clock: Callable[[], float] = time.time,
         crash: CrashPoints | None = None,
-        traits: SchedulerTraits = GENERIC,
     ) -> None:
         self.store = store
-        self.traits = traits
+        # What the scheduler does by itself, as it declares it (decision 0326).
+        self.traits: SchedulerTraits = traits_of(scheduler)
         self.fleet = FleetStore(store)
         self.scheduler = scheduler
         self.config = config or ControlConfig()

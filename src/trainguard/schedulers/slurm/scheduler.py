@@ -49,15 +49,23 @@ from __future__ import annotations
 
 import os
 
+from trainguard.schedulers.base import SchedulerTraits
 from trainguard.schedulers.slurm.inventory import load_inventory, synthetic_devices
 from trainguard.schedulers.slurm.job_actions import SlurmJobActions
 from trainguard.schedulers.slurm.observe import SlurmObservedJob, SlurmObservedNode
+
+# What Slurm does by itself that the generic engine allows for (decisions 0211, 0326):
+# it requeues a job on NODE_FAIL (--requeue), a DOWN node returns when slurmd is back
+# (ReturnToService), and every attempt writes the job's one output file (truncated by
+# default, appended with --open-mode=append).
+SLURM_TRAITS = SchedulerTraits(requeues_by_itself=True, down_nodes_return=True, shared_output=True)
 
 
 class SlurmScheduler(SlurmJobActions):
     """See the module docstring and :class:`~trainguard.schedulers.slurm.client.SlurmClient`."""
 
     name = "slurm"
+    traits = SLURM_TRAITS
 
 
 def from_env() -> SlurmScheduler:
@@ -74,6 +82,7 @@ def from_env() -> SlurmScheduler:
 
 
 __all__ = [
+    "SLURM_TRAITS",
     "SlurmObservedJob",
     "SlurmObservedNode",
     "SlurmScheduler",
