@@ -7,6 +7,7 @@ against SQLite and PostgreSQL): see ``tests/pg_fixture.py``.
 from __future__ import annotations
 
 import pytest
+
 from pg_fixture import postgres_server, postgres_url, store_target
 
 __all__ = ["postgres_server", "postgres_url", "store_target"]
