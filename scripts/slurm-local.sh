@@ -251,12 +251,14 @@ our_pids() {
     done
 }
 
-# Tasks of one node: processes whose environment says SLURMD_NODENAME=<node>, and the
-# slurmstepd that is their parent.
+# Tasks of one node: processes whose environment says SLURMD_NODENAME=<node> and
+# SLURM_CONF=<this cluster's config> (another local cluster on the host has nodes of the
+# same names), and the slurmstepd that is their parent.
 node_task_pids() {
     local n="$1" f p ppid
     # One grep over every environment (NUL-separated entries): fast, so a node dies at once.
     for f in $(grep -lsxz -- "SLURMD_NODENAME=$n" /proc/[0-9]*/environ 2>/dev/null); do
+        grep -qsxzF -- "SLURM_CONF=$conf" "$f" || continue
         p="${f#/proc/}"
         p="${p%/environ}"
         echo "$p"

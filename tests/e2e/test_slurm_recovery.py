@@ -49,6 +49,13 @@ def _resumed(w: Watcher, job_id: str) -> tuple[str, int, str]:
     return m.group(1), int(m.group(2)), m.group(3)
 
 
+def _last_step_of_attempt_0(w: Watcher, job_id: str) -> int:
+    """The last step attempt 0 printed (the job appends its attempts' output)."""
+    text = w.output(job_id).read_text()
+    before = text[: text.index("attempt 1 of job")]
+    return max(int(m) for m in re.findall(r"^step=(\d+) ", before, re.MULTILINE))
+
+
 def _assert_verified_restart(w: Watcher, job_id: str, step: int) -> None:
     """The restarted attempt restored ``step`` and went on from it (verification)."""
     mid = w.managed_job_id(job_id)
@@ -124,6 +131,32 @@ def test_a_killed_task_is_requeued_without_draining(
     assert job["Restarts"] == "1" and job["JobState"] == "RUNNING"
     text = w.output(jid).read_text()
     assert text.index("attempt 0 of job") < text.index("attempt 1 of job")  # appended
+    _, step, _ = _resumed(w, jid)
+    _assert_verified_restart(w, jid, step)
+    assert inc.failed_step == _last_step_of_attempt_0(w, jid)
+
+
+def test_a_node_slurm_declares_down_requeues_the_job_and_the_failed_step_is_its_last(
+    slurm: LocalSlurm, watcher: Watcher, tmp_path: Path
+) -> None:
+    """Issue 13: Slurm finds the node dead first and requeues the job by itself; the
+    incident's failed step is the last step the job printed, not what the previous
+    pass had read (the job runs on for a while after that pass)."""
+    w = watcher
+    jid = w.submit(tmp_path / "ck", sbatch=("--open-mode=append",))
+    _running_at_step(w, jid, 8)
+    before = max(w.steps(jid))
+    wait_until(lambda: max(w.steps(jid)) >= before + 3, 20, "steps past the last pass")
+    slurm.run("scontrol", "update", "NodeName=n2", "State=DOWN", "Reason=dead")
+    w.run_until(lambda: w.incident_state(jid) == "recovered", 90, "the recovery")
+
+    (inc,) = w.store.list_incidents(job_id=w.managed_job_id(jid))
+    assert inc.domain.value == "node" and inc.culprit.host == "n2"
+    assert int(slurm.job(jid)["Restarts"]) >= 1 and "n2" not in w.job(jid).nodes
+    last = _last_step_of_attempt_0(w, jid)
+    assert last >= before + 3
+    assert inc.failed_step == last
+    assert inc.lost_steps == last - (inc.checkpoint_step or 0)
     _, step, _ = _resumed(w, jid)
     _assert_verified_restart(w, jid, step)
 

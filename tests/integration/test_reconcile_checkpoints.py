@@ -42,6 +42,8 @@ def test_a_damaged_newest_checkpoint_is_moved_aside_before_the_requeue(fleet: Fl
 
     (inc,) = fleet.store.list_incidents(job_id=fj.job_id)
     assert inc.checkpoint_step == 5 and inc.checkpoint_path == str(root / "step_00000005")
+    # The last step the job printed before it failed, read before the incident opened.
+    assert (inc.failed_step, inc.lost_steps) == (12, 7)
     assert inc.resumed_step is not None and 5 <= inc.resumed_step <= 55
     # Stock "step=N" lines carry no time of the job's: the rate was not compared (0300
     # compared pass read times and failed this restart), and the record says why (0320).

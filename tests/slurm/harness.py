@@ -107,7 +107,9 @@ class LocalSlurm:
         return at
 
     def task_pids(self, node: str, needle: str = "tiny_train") -> list[int]:
-        """Processes of ``node``'s tasks (their environment says SLURMD_NODENAME=node)."""
+        """Processes of ``node``'s tasks (their environment says SLURMD_NODENAME=node and
+        this cluster's SLURM_CONF: another local cluster may run nodes of the same names)."""
+        ours = f"SLURM_CONF={self.conf}".encode()
         out = []
         for p in Path("/proc").iterdir():
             if not p.name.isdigit():
@@ -117,7 +119,7 @@ class LocalSlurm:
                 cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode()
             except OSError:
                 continue
-            if f"SLURMD_NODENAME={node}".encode() in env and needle in cmd:
+            if f"SLURMD_NODENAME={node}".encode() in env and ours in env and needle in cmd:
                 out.append(int(p.name))
         return out
 

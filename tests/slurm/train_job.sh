@@ -13,7 +13,13 @@ port="$("$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); pr
 here="$(cd "$(dirname "$0")" 2>/dev/null && pwd)"
 tiny="${TINY_TRAIN:-$here/../jobs/tiny_train.py}"
 echo "attempt ${TRAINGUARD_ATTEMPT} of job ${SLURM_JOB_ID} on ${SLURM_JOB_NODELIST} (rendezvous port ${port})"
+# TRAINGUARD_SNAPSHOT_DIR_PER_NODE=DIR: each node keeps its memory snapshots in DIR/<node>
+# (every logical node of the local cluster shares this host's /dev/shm; a lost node's
+# directory can then be removed as its memory would be gone).
 exec srun --kill-on-bad-exit=1 bash -c '
+if [ -n "${TRAINGUARD_SNAPSHOT_DIR_PER_NODE:-}" ]; then
+    export TRAINGUARD_SNAPSHOT_DIR="$TRAINGUARD_SNAPSHOT_DIR_PER_NODE/$SLURMD_NODENAME"
+fi
 is_host=0
 [ "$SLURM_NODEID" = 0 ] && is_host=1
 exec "$0" -m torch.distributed.run --nnodes=2 --nproc-per-node=1 --max-restarts=0 \

@@ -319,6 +319,9 @@ def test_custom_pattern_is_the_only_source_of_steps() -> None:
         "Restoring states from the checkpoint path at /ck/epoch=0-step=20.ckpt",
         "Restored all states from the checkpoint at /ck/last-step=40.ckpt",
         "loaded /ckpt/iter_0000300/mp_rank_00/model_optim_rng.pt",
+        # Slurm names job 20's step 0 in the output of a job it cancels (issue 13).
+        "slurmstepd-n1: error: *** STEP 20.0 ON n1 CANCELLED AT 2026-12-02T13:31:48 DUE TO"
+        " NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***",
         "x" * 70000 + " 5",
     ],
 )

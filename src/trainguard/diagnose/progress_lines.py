@@ -58,8 +58,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+# "step 20.0" is no step counter: it is how Slurm names a job step (job 20, step 0:
+# "*** STEP 20.0 ON n1 CANCELLED ...", printed into the job's output when it dies).
 DEFAULT_PROGRESS_PATTERN = (
-    r"(?i)(?:\b(?:step|iter(?:ation)?)\b\s*[=:#]?\s*(?P<step>\d+))"
+    r"(?i)(?:\b(?:step|iter(?:ation)?)\b\s*[=:#]?\s*(?P<step>\d++)(?!\.\d))"
     r"|(?:\[\s*(?P<frac>\d+)\s*/\s*\d+\s*\])"
 )
 

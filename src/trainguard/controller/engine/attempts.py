@@ -148,7 +148,9 @@ class AttemptSync(HealthEnforcer):
             evidence = self.fatal_evidence(job.id, att, now)
             if evidence:
                 failed = self._failed_view(oj, att, job.id, evidence)
-                self._attempt_failed(fj, job, att, failed, fence, report, hang_since=None)
+                self._attempt_failed(
+                    fj, job, att, failed, fence, report, hang_since=None, observed=oj
+                )
                 job = self.store.get_job(job.id)
         return job
 
@@ -232,7 +234,17 @@ class AttemptSync(HealthEnforcer):
         report: PassReport,
         *,
         hang_since: float | None,
+        observed: ObservedJob | None = None,
     ) -> None:
+        """Fail ``att`` (``oj``: the job as the failure leaves it; ``observed``: as the
+        scheduler shows it, when that differs) and open its incident, or send its
+        recovery incident back to acting."""
+        # Read progress, then decide: the failed step is the last one printed before the
+        # fault, not what an earlier pass had read (issue 13).
+        seen = self._progress_up_to_now(job.id, att, observed or oj)
+        if hang_since is not None and seen.last_step != att.last_step:
+            return  # it moved after all: not a hang (the next pass times it again)
+        att = seen
         attribution = self.failure_attribution(job, att, oj, hang_since=hang_since)
         now = self.clock()
         reason = (

@@ -43,6 +43,18 @@ from trainguard.signals.output import split_lines
 
 # How much of a shared output file identifies it (traits.shared_output).
 HEAD_BYTES = 256
+# An attempt's output is read to its end each time, in chunks, at most this much at once.
+OUTPUT_CHUNK = 4 * 1024 * 1024
+OUTPUT_CHUNKS_PER_READ = 16
+
+
+def _started_after(observed: ObservedJob, att: AttemptRecord) -> bool:
+    """Whether the scheduler's current attempt has started since ``att`` did."""
+    return (
+        observed.phase is not JobPhase.PENDING
+        and observed.started_at is not None
+        and observed.started_at > att.started_at
+    )
 
 
 def _down_not_drained(node: ObservedNode) -> bool:
@@ -59,13 +71,51 @@ class EvidenceFollower(EngineCore):
             return
         if self.traits.shared_output and not self._shared_output_start((job_id, att.number), path):
             return
+        self._read_progress(job_id, att, path)
+
+    def _progress_up_to_now(
+        self, job_id: str, att: AttemptRecord, observed: ObservedJob
+    ) -> AttemptRecord:
+        """The attempt as its output shows it now, read before its failure is judged.
+
+        Level-based (issue 13): an incident's ``failed_step`` is the last step the job
+        printed before the fault, so the output is read to its end first, not taken
+        from the store as an earlier pass left it. ``observed`` is the scheduler's own
+        view of the job: when it already moved past this attempt by itself (Slurm's
+        requeue on NODE_FAIL) the one output file still ends with this attempt's lines
+        only until the new attempt starts (it truncates or appends then), so only
+        then is it read.
+        """
+        if observed.attempt == att.number:
+            self._follow_output(job_id, att, observed)
+        elif (
+            observed.attempt > att.number
+            and not _started_after(observed, att)
+            and att.log_path
+            and (job_id, att.number) in self._outputs  # where its output was read up to
+        ):
+            self._read_progress(job_id, att, att.log_path)
+        return self.store.get_attempt(job_id, att.number)
+
+    def _read_progress(self, job_id: str, att: AttemptRecord, path: str) -> None:
+        """Read ``path`` from where this attempt's output was read up to, to its end."""
         state = self._outputs.setdefault((job_id, att.number), _OutputState())
+        chunks: list[bytes] = []
         try:
             with open(path, "rb") as f:
+                if os.fstat(f.fileno()).st_size < state.offset:
+                    return  # truncated since: what follows is not this attempt's
                 f.seek(state.offset)
-                chunk = f.read(4 * 1024 * 1024)
+                # To the end (bounded): a chatty job must not leave its last steps for
+                # a later pass, or a failure would be judged on old progress.
+                for _ in range(OUTPUT_CHUNKS_PER_READ):
+                    chunk = f.read(OUTPUT_CHUNK)
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
         except OSError:
             return
+        chunk = b"".join(chunks)
         if not chunk:
             return
         state.offset += len(chunk)

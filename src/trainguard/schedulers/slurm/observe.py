@@ -103,6 +103,11 @@ class SlurmObserver(SlurmClient):
                 if job.restarts != rec.get("restarts") or rec.get("pending_submit"):
                     rec.update(restarts=job.restarts, submit=job.submit_time)
                     rec.pop("pending_submit", None)
+                    if job.state == "COMPLETING":
+                        # Requeued by Slurm while the previous attempt still completes:
+                        # the submit time shown is still the old one; the requeue's
+                        # comes when the job is pending again (not a reused id).
+                        rec["pending_submit"] = True
                 if now - float(rec.get("seen", 0)) > 3600:
                     rec["seen"] = now
                 return str(rec["ref"])
@@ -138,6 +143,17 @@ class SlurmObserver(SlurmClient):
         reason = job.reason
         if state in PENDING_STATES or (state == "COMPLETING" and not job.attempt_started):
             return JobPhase.PENDING, reason
+        if (
+            state == "COMPLETING"
+            and job.restarts > 0
+            and job.end_time is not None
+            and job.end_time > self.clock() + 1.0
+        ):
+            # Requeued while its previous attempt's processes still finish: Slurm shows
+            # the next attempt's expected start (now) and an end a time limit later,
+            # which no ended attempt has. The new attempt has not started (issue 13: its
+            # output has not begun either, the file still ends with the old attempt's).
+            return JobPhase.PENDING, "requeued: the previous attempt is completing"
         if state in RUNNING_STATES:
             return JobPhase.RUNNING, reason if state == "RUNNING" else state
         if state == "COMPLETED":
