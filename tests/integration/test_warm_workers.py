@@ -1,0 +1,140 @@
+"""Warm workers (decision 0310): the restarted torchrun's workers forked by the zygote.
+
+Real processes: a real parked standby and its zygote, a real torchrun agent (the
+standby), real forked workers. A forked worker's ``/proc/PID/environ`` is the zygote's;
+trainguard must still see its rank, its death, its job (the leftover sweep) and kill it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from trainguard.schedulers.local import LaunchSpec, LocalScheduler, job_processes
+from trainguard.signals.process import AttemptProcessExit, read_environ
+
+# Attempt 0 ends at once (it only has to park the standby); attempt 1 trains "forever".
+JOB = (
+    "import os, time\n"
+    "if os.environ['TRAINGUARD_ATTEMPT'] != '0':\n"
+    "    print('rank', os.environ['LOCAL_RANK'], 'up', flush=True)\n"
+    "    time.sleep(120)\n"
+)
+
+
+def _raw_environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(x.split("=", 1) for x in raw.decode(errors="replace").split("\0") if "=" in x)
+
+
+def _wait(what: Any, timeout: float, why: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = what()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(why)
+
+
+def test_a_killed_warm_worker_is_seen_with_its_rank_and_the_attempt_dies_whole(
+    tmp_path: Path,
+) -> None:
+    job = tmp_path / "job.py"
+    job.write_text(JOB)
+    events: list[Any] = []
+    sched = LocalScheduler(events.append, stdout=sys.stdout.buffer, stderr=sys.stderr.buffer,
+                           warm_standby=True, warm_workers=True)  # fmt: skip
+    cmd = (sys.executable, "-m", "torch.distributed.run", "--standalone",
+           "--nproc-per-node", "2", str(job))  # fmt: skip
+    logs = [tmp_path / f"attempt-{i}.log" for i in range(2)]
+    try:
+        first = sched.launch(LaunchSpec(cmd, 0, (), None, str(logs[0]), job_id="w1"))
+        assert first.proc.wait(180) == 0, logs[0].read_text()
+        first.wait_closed(5.0)
+        zygotes = _wait(
+            lambda: [p for p in job_processes("w1")
+                     if Path(f"/proc/{p}/comm").read_bytes().strip() == b"tg-zygote"],
+            90, "no zygote was forked by the standby",
+        )  # fmt: skip
+        second = sched.launch(LaunchSpec(cmd, 1, (), None, str(logs[1]), job_id="w1"))
+        note = second.start_note or ""
+        assert note.startswith("warm start: ") and f"warm workers: zygote pid {zygotes[0]}" in note
+        ranks = _wait(lambda: len(second.ranks.rank_pids()) == 2 and second.ranks.rank_pids(),
+                      60, f"ranks not found:\n{logs[1].read_text()}")  # fmt: skip
+        for local, pid in ranks.items():
+            # Forked by the zygote: the kernel shows the zygote's environment; trainguard
+            # reads the worker's own, which the zygote wrote for it.
+            assert _raw_environ(pid).get("LOCAL_RANK") is None
+            assert Path(f"/proc/{pid}/stat").read_text().split(") ")[1].split()[1] == str(
+                zygotes[0]
+            )  # ppid: the zygote
+            env = read_environ(pid)
+            assert env["LOCAL_RANK"] == str(local) and env["TRAINGUARD_ATTEMPT"] == "1"
+            assert os.getsid(pid) == pid  # a session of its own, as torchrun's Popen gives
+        assert set(ranks.values()) <= set(job_processes("w1"))  # the leftover sweep sees them
+        _wait(lambda: logs[1].read_text().count(" up") == 2, 60, "workers did not start")
+
+        os.kill(ranks[1], signal.SIGKILL)
+        death = _wait(
+            lambda: [e.exit for e in events if isinstance(e, AttemptProcessExit)
+                     and e.attempt == 1 and e.exit.pid == ranks[1]],
+            10, "the killed warm worker's death was not seen",
+        )[0]  # fmt: skip
+        assert (death.source, death.rank, death.local_rank, death.signal) == ("rank", 1, 1, 9)
+
+        second.kill(0.2)  # the fast kill (decision 0270): agent frozen, ranks, then all
+        second.wait_closed(5.0)
+        assert second.proc.returncode is not None
+        tree = [*ranks.values(), second.launcher_pid, zygotes[0]]
+        _wait(lambda: all(_zombie_or_gone(p) for p in tree), 10,
+              f"still running: {[(p, _state(p)) for p in tree]}")  # fmt: skip
+    finally:
+        sched.close()
+    _wait(lambda: job_processes("w1") == [], 15, f"leftovers: {job_processes('w1')}")
+    assert sched._environ_dir is not None and not os.path.exists(sched._environ_dir)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0]
+    except OSError:
+        return "gone"
+
+
+def _zombie_or_gone(pid: int) -> bool:
+    return _state(pid) in ("Z", "X", "gone")
+
+
+def test_a_dead_zygote_leaves_a_warm_agent_with_cold_workers_and_says_why(
+    tmp_path: Path,
+) -> None:
+    job = tmp_path / "job.py"
+    job.write_text("import os; print('attempt', os.environ['TRAINGUARD_ATTEMPT'], flush=True)\n")
+    sched = LocalScheduler(lambda ev: None, stdout=sys.stdout.buffer, stderr=sys.stderr.buffer,
+                           warm_standby=True, warm_workers=True)  # fmt: skip
+    cmd = (sys.executable, "-m", "torch.distributed.run", "--standalone",
+           "--nproc-per-node", "1", str(job))  # fmt: skip
+    logs = [tmp_path / f"attempt-{i}.log" for i in range(2)]
+    try:
+        first = sched.launch(LaunchSpec(cmd, 0, (), None, str(logs[0]), job_id="w2"))
+        assert first.proc.wait(180) == 0, logs[0].read_text()
+        first.wait_closed(5.0)
+        [zygote] = _wait(
+            lambda: [p for p in job_processes("w2")
+                     if Path(f"/proc/{p}/comm").read_bytes().strip() == b"tg-zygote"],
+            90, "no zygote was forked by the standby",
+        )  # fmt: skip
+        os.kill(zygote, signal.SIGKILL)
+        second = sched.launch(LaunchSpec(cmd, 1, (), None, str(logs[1]), job_id="w2"))
+        assert second.proc.wait(180) == 0, logs[1].read_text()
+        second.wait_closed(5.0)
+        note = second.start_note or ""
+        assert note.startswith("warm start: ") and "; cold workers: the zygote " in note, note
+        assert "attempt 1" in logs[1].read_text()
+    finally:
+        sched.close()
