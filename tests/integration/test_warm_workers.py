@@ -110,7 +110,16 @@ def _zombie_or_gone(pid: int) -> bool:
     return _state(pid) in ("Z", "X", "gone")
 
 
-def test_a_dead_zygote_leaves_a_warm_agent_with_cold_workers_and_says_why(
+def _zygote_of(job_id: str, not_: tuple[int, ...] = ()) -> int:
+    [pid] = _wait(
+        lambda: [p for p in job_processes(job_id) if p not in not_
+                 and Path(f"/proc/{p}/comm").read_bytes().strip() == b"tg-zygote"],
+        90, "no zygote was forked by the standby",
+    )  # fmt: skip
+    return int(pid)
+
+
+def test_workers_the_zygote_cannot_start_start_cold_and_the_log_says_why(
     tmp_path: Path,
 ) -> None:
     job = tmp_path / "job.py"
@@ -119,22 +128,30 @@ def test_a_dead_zygote_leaves_a_warm_agent_with_cold_workers_and_says_why(
                            warm_standby=True, warm_workers=True)  # fmt: skip
     cmd = (sys.executable, "-m", "torch.distributed.run", "--standalone",
            "--nproc-per-node", "1", str(job))  # fmt: skip
-    logs = [tmp_path / f"attempt-{i}.log" for i in range(2)]
+    logs = [tmp_path / f"attempt-{i}.log" for i in range(3)]
+
+    def run(attempt: int) -> str:
+        att = sched.launch(LaunchSpec(cmd, attempt, (), None, str(logs[attempt]), job_id="w2"))
+        assert att.proc.wait(180) == 0, logs[attempt].read_text()
+        att.wait_closed(5.0)
+        assert f"attempt {attempt}" in logs[attempt].read_text()
+        return att.start_note or ""
+
     try:
-        first = sched.launch(LaunchSpec(cmd, 0, (), None, str(logs[0]), job_id="w2"))
-        assert first.proc.wait(180) == 0, logs[0].read_text()
-        first.wait_closed(5.0)
-        [zygote] = _wait(
-            lambda: [p for p in job_processes("w2")
-                     if Path(f"/proc/{p}/comm").read_bytes().strip() == b"tg-zygote"],
-            90, "no zygote was forked by the standby",
-        )  # fmt: skip
-        os.kill(zygote, signal.SIGKILL)
-        second = sched.launch(LaunchSpec(cmd, 1, (), None, str(logs[1]), job_id="w2"))
-        assert second.proc.wait(180) == 0, logs[1].read_text()
-        second.wait_closed(5.0)
-        note = second.start_note or ""
-        assert note.startswith("warm start: ") and "; cold workers: the zygote " in note, note
-        assert "attempt 1" in logs[1].read_text()
+        run(0)
+        first = _zygote_of("w2")
+        # Read by OpenMP when torch was imported: the parked zygote has the old value, so the
+        # agent is warm (the interpreter would be the same) but starts its worker with Popen.
+        sched.base_env["OMP_PROC_BIND"] = "close"
+        note = run(1)
+        assert note.startswith("warm start: ") and "warm workers: zygote pid" in note, note
+        why = "the worker environment differs from the zygote's (OMP_PROC_BIND)"
+        assert f"# trainguard: cold workers: {why}\n" in logs[1].read_text()
+        # A dead zygote: the agent is still warm, its workers cold, and the start line says so.
+        second = _zygote_of("w2", not_=(first,))
+        os.kill(second, signal.SIGKILL)
+        _wait(lambda: _zombie_or_gone(second), 10, "the zygote did not die")
+        note = run(2)
+        assert note.startswith("warm start: ") and "; cold workers: the zygote died" in note, note
     finally:
         sched.close()

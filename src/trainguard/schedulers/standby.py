@@ -251,14 +251,17 @@ def _go_idle() -> str:
     raise OSError("neither SCHED_IDLE nor an undoable nice 19 is available")
 
 
-def _wake(how: str) -> None:
-    """Back to normal priority before the agent starts workers (they inherit it)."""
+def _wake(how: str, pid: int = 0) -> None:
+    """Back to normal priority before the agent starts workers (they inherit it);
+    ``pid``: this process (0) or its zygote."""
     if how == "SCHED_IDLE":
-        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-        if os.sched_getscheduler(0) != os.SCHED_OTHER:
+        os.sched_setscheduler(pid, os.SCHED_OTHER, os.sched_param(0))
+        if os.sched_getscheduler(pid) != os.SCHED_OTHER:
             raise OSError("still SCHED_IDLE")
-    else:
+    elif pid == 0:
         os.nice(-os.nice(0))
+    else:
+        os.setpriority(os.PRIO_PROCESS, pid, 0)
 
 
 def _load_zygote() -> Any:
@@ -305,7 +308,7 @@ def main(argv: list[str]) -> int:
     environ_dir = os.environ.get(ZYGOTE_ENVIRON_VAR)
     if environ_dir:
         zygote = _load_zygote()
-        forked = zygote.fork_zygote(environ_dir, lambda: _wake(how), drop=(sock,))
+        forked = zygote.fork_zygote(environ_dir, drop=(sock,))
         if isinstance(forked, zygote.Job):  # a worker forked by the zygote, not the standby
             zygote.run_job(forked)  # its exceptions end it as they end a cold interpreter
             return 0
@@ -323,8 +326,14 @@ def main(argv: list[str]) -> int:
         return 0
     workers = ""
     if client is not None:
-        client.start_reading()
-        problem = client.wake(REPLY_SECONDS)
+        problem = client.dead()
+        if problem is None:
+            try:
+                _wake(how, client.pid)  # its workers inherit its priority
+            except OSError as exc:
+                problem = f"the zygote cannot leave idle priority ({how}): {exc}"
+        if problem is None:
+            client.start_reading()
         workers = (
             f"warm workers: zygote pid {client.pid}" if problem is None
             else f"cold workers: {problem}"

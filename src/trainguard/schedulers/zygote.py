@@ -60,6 +60,7 @@ from typing import Any
 ENVIRON_DIR_VAR = "TRAINGUARD_WARM_ENVIRON"
 ZYGOTE_NAME = b"tg-zygote"  # its /proc/PID/comm: it has the standby's command line
 MAX_MESSAGE = 1 << 22
+START_SECONDS = 120.0  # a zygote still preloading answers late; still ahead of a cold start
 PR_SET_NAME = 15
 PR_SET_PDEATHSIG = 1
 # Read once by a library when the interpreter or torch starts: a worker whose value
@@ -207,14 +208,14 @@ class _Zygote:
         self.reported: set[int] = set()
         self.files: dict[int, str] = {}
 
-    def serve(self, wake: Callable[[], None]) -> Job:
+    def serve(self) -> Job:
         """Serve until the agent goes away (then exit); returns only in a forked worker."""
         while True:
             watched = [fd for pid, fd in self.pidfds.items() if pid not in self.reported]
             readable, _, _ = select.select([self.sock.fileno(), *watched], [], [])
             for fd in readable:
                 if fd == self.sock.fileno():
-                    job = self._request(wake)
+                    job = self._request()
                     if job is not None:
                         return job
                 else:
@@ -244,7 +245,7 @@ class _Zygote:
             with contextlib.suppress(OSError):
                 os.unlink(path)
 
-    def _request(self, wake: Callable[[], None]) -> Job | None:
+    def _request(self) -> Job | None:
         try:
             data, fds, _, _ = socket.recv_fds(self.sock, MAX_MESSAGE, 8)
         except OSError:
@@ -253,14 +254,7 @@ class _Zygote:
             os._exit(0)  # the agent is gone; unreaped workers go to the subreaper
         request = json.loads(data)
         op = request.get("op")
-        if op == "wake":
-            try:
-                wake()
-            except OSError as exc:
-                _send(self.sock, {"ok": False, "why": f"cannot leave idle priority: {exc}"})
-            else:
-                _send(self.sock, {"ok": True})
-        elif op == "reap":
+        if op == "reap":
             self._reap(int(request["pid"]))
         elif op == "start":
             try:
@@ -299,12 +293,34 @@ class _Zygote:
         return None
 
 
+# Imported by the zygote before it serves: what nearly every training script pays for
+# after `import torch`. Creating the first optimizer imports torch._dynamo (and sympy:
+# some 800 modules, 2.5 s unloaded, 4-5 s on a loaded machine, measured in 0310); it
+# starts no thread and does not initialise CUDA.
+PRELOAD = ("torch._dynamo",)
+
+
+def preload(modules: Sequence[str]) -> list[str]:
+    """Import ``modules``, best effort; returns those that failed (a job without them)."""
+    import importlib
+
+    failed = []
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # a preload is an optimisation, never a failure
+            failed.append(name)
+    return failed
+
+
 def fork_zygote(
-    environ_dir: str, wake: Callable[[], None], drop: Sequence[socket.socket] = ()
+    environ_dir: str, drop: Sequence[socket.socket] = (), modules: Sequence[str] = PRELOAD
 ) -> tuple[socket.socket, int] | Job:
     """Fork the zygote. In the caller: ``(channel, zygote pid)``. In a worker the zygote
     forks later: the :class:`Job` to run (the caller must run it with :func:`run_job`).
-    ``drop``: the caller's sockets the zygote (and so its workers) must not hold."""
+    ``drop``: the caller's sockets the zygote (and so its workers) must not hold. The
+    zygote imports ``modules`` before it serves (the caller need not wait: a start
+    request waits for them, and they were on every cold worker's critical path too)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
@@ -322,7 +338,8 @@ def fork_zygote(
     # us while it stops its workers; we go when it does.
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
-    return _Zygote(theirs, environ_dir).serve(wake)
+    preload(modules)
+    return _Zygote(theirs, environ_dir).serve()
 
 
 def run_job(job: Job) -> None:
@@ -423,18 +440,22 @@ class Client:
                     self._cond.wait(left)
                 return self._replies.pop(0)
 
-    def wake(self, timeout: float) -> str | None:
-        """Back to normal priority (the workers inherit it); None, or why not."""
+    def dead(self) -> str | None:
+        """Why the zygote (our child) is gone, or None while it runs."""
         try:
-            reply = self.call({"op": "wake"}, timeout=timeout)
-        except ZygoteGone as exc:
-            return str(exc)
-        return None if reply.get("ok") else str(reply.get("why", "refused"))
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            return "the zygote is gone"
+        if pid == 0:
+            return None
+        self.closed = True
+        return f"the zygote died (exit {os.waitstatus_to_exitcode(status)})"
 
     def start(
         self, plan: tuple[str, str, list[str]], env: Mapping[str, str], cwd: str, fds: Sequence[int]
     ) -> WarmWorker:
-        reply = self.call({"op": "start", "plan": list(plan), "env": dict(env), "cwd": cwd}, fds)
+        body = {"op": "start", "plan": list(plan), "env": dict(env), "cwd": cwd}
+        reply = self.call(body, fds, START_SECONDS)
         if "pid" not in reply:
             raise ZygoteGone(str(reply.get("error", "the zygote did not start the worker")))
         return WarmWorker(self, int(reply["pid"]), [plan[1], *plan[2]])
