@@ -187,6 +187,7 @@ def _child(request: dict[str, Any], fds: list[int], ready_w: int, sock: socket.s
     for fd in fds:
         if fd > 2:
             os.close(fd)
+    fds.clear()  # closed here: the zygote's own clean-up must not close them again
     signal.set_wakeup_fd(-1)
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_DFL)
