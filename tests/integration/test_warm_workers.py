@@ -18,12 +18,21 @@ from trainguard.schedulers.local import LaunchSpec, LocalScheduler, job_processe
 from trainguard.signals.process import AttemptProcessExit, read_environ
 
 # Attempt 0 ends at once (it only has to park the standby); attempt 1 trains "forever".
-JOB = (
-    "import os, time\n"
-    "if os.environ['TRAINGUARD_ATTEMPT'] != '0':\n"
-    "    print('rank', os.environ['LOCAL_RANK'], 'up', flush=True)\n"
-    "    time.sleep(120)\n"
-)
+# Its rank 0 keeps a memory snapshot (decision 0261) and outlives torchrun's SIGTERM, so
+# trainguard's kill still finds it to flush once rank 1 is dead.
+JOB = """
+import os, signal, time
+if os.environ["TRAINGUARD_ATTEMPT"] != "0":
+    if os.environ["LOCAL_RANK"] == "0":
+        import torch
+        from trainguard.train import CheckpointManager
+        ckpt = CheckpointManager(os.environ["TG_TEST_CKPT"], memory_snapshots=True)
+        ckpt.snapshot(1, {"w": torch.zeros(1024)})
+        ckpt.snapshots.wait()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print("rank", os.environ["LOCAL_RANK"], "up", flush=True)
+    time.sleep(120)
+"""
 
 
 def _raw_environ(pid: int) -> dict[str, str]:
@@ -61,7 +70,11 @@ def test_a_killed_warm_worker_is_seen_with_its_rank_and_the_attempt_dies_whole(
                      if Path(f"/proc/{p}/comm").read_bytes().strip() == b"tg-zygote"],
             90, "no zygote was forked by the standby",
         )  # fmt: skip
-        second = sched.launch(LaunchSpec(cmd, 1, (), None, str(logs[1]), job_id="w1"))
+        shm = tmp_path / "shm"
+        extra = {"TRAINGUARD_SNAPSHOT_DIR": str(shm), "TG_TEST_CKPT": str(tmp_path / "ckpt")}
+        second = sched.launch(
+            LaunchSpec(cmd, 1, (), None, str(logs[1]), job_id="w1", extra_env=extra)
+        )
         note = second.start_note or ""
         assert note.startswith("warm start: ") and f"warm workers: zygote pid {zygotes[0]}" in note
         ranks = _wait(lambda: len(second.ranks.rank_pids()) == 2 and second.ranks.rank_pids(),
@@ -87,8 +100,14 @@ def test_a_killed_warm_worker_is_seen_with_its_rank_and_the_attempt_dies_whole(
         )[0]  # fmt: skip
         assert (death.source, death.rank, death.local_rank, death.signal) == ("rank", 1, 1, 9)
 
-        second.kill(0.2)  # the fast kill (decision 0270): agent frozen, ranks, then all
+        # The fast kill (decision 0270): agent frozen, the flush signal to the ranks that
+        # catch it (0261: found through the worker's own environment), then SIGTERM, SIGKILL.
+        asked = time.time()
+        second.kill(0.2, flush_wait=30.0)
         second.wait_closed(5.0)
+        [flushed] = shm.glob("trainguard-*/rank_00000/flushed.json")
+        assert flushed.stat().st_mtime >= asked - 0.01
+        assert "memory snapshots flushed by 1 of 1 rank(s)" in logs[1].read_text()
         assert second.proc.returncode is not None
         tree = [*ranks.values(), second.launcher_pid, zygotes[0]]
         _wait(lambda: all(_zombie_or_gone(p) for p in tree), 10,
