@@ -143,6 +143,13 @@ def rank_of(root_pid: int, attempt: str | None, local_rank: int) -> tuple[int, d
     raise RuntimeError("rank not found")
 
 
+def resumed_after(stream: Stream, since: float) -> float | None:
+    """When the restarted job announced its restore (workers started, imports done,
+    rendezvous and checkpoint load behind it)."""
+    return next((at for at, text in stream.snapshot() if at >= since and "resumed from" in text),
+                None)  # fmt: skip
+
+
 def first_progress_after(stream: Stream, since: float) -> float | None:
     """The first step line after the restarted job announced its restore (after ``since``)."""
     restored_at = None
@@ -243,6 +250,7 @@ def trainguard_trial(
         iso(inc["recovered_at"]),
     )
     first = first_progress_after(s, t_fault)
+    resumed = resumed_after(s, t_fault)
     failed = inc["failed_step"]
     minimum = failed - (failed // SAVE_EVERY) * SAVE_EVERY if failed is not None else None
     return {
@@ -250,6 +258,7 @@ def trainguard_trial(
         "detect_s": None if detected is None else detected - t_fault,
         "decide_s": None if acted is None or detected is None else acted - detected,
         "first_progress_s": None if first is None else first - t_fault,
+        "resumed_s": None if resumed is None else resumed - t_fault,
         "verified_s": None if recovered is None else recovered - t_fault,
         "stop_s": stop_seconds(state),
         "attempt1_start": start_note(state),
@@ -280,6 +289,7 @@ def torchrun_trial(fault_step: int, workdir: Path) -> dict[str, Any]:
         if s.proc.poll() is None:
             s.proc.kill()
     first = first_progress_after(s, t_fault)
+    resumed = resumed_after(s, t_fault)
     if rc != 0 or first is None:
         raise RuntimeError(f"torchrun: rc={rc}, first progress {first}\n{s.tail()}")
     failed = max((int(m.group(1)) for at, t in s.snapshot() if at <= t_fault
@@ -291,6 +301,7 @@ def torchrun_trial(fault_step: int, workdir: Path) -> dict[str, Any]:
     return {
         "kind": "torchrun-crash",
         "first_progress_s": first - t_fault,
+        "resumed_s": None if resumed is None else resumed - t_fault,
         "lost_steps": None if restored is None else max(0, failed - restored),
     }
 
@@ -337,6 +348,12 @@ def main() -> int:
     parser.add_argument(
         "--run-args", default="", help="extra `trainguard run` options (shell-split)"
     )
+    parser.add_argument(
+        "--compare-run-args",
+        default=None,
+        help="also run, each round, a crash trial with these `trainguard run` options "
+        "instead (kind crash-compare): two trainguard variants in the same run",
+    )
     parser.add_argument("--label", default="", help="a name for this run in the result file")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -357,8 +374,21 @@ def main() -> int:
                 print(
                     f"  {kind} #{i + 1}: detect {fmt(r['detect_s'])} s, decide "
                     f"{fmt(r['decide_s'])} s, stop {fmt(r['stop_s'])} s, first progress "
-                    f"{fmt(r['first_progress_s'])} s, verified {fmt(r['verified_s'])} s, "
-                    f"lost {r['lost_steps']} (min {r['min_lost_steps']})",
+                    f"{fmt(r['first_progress_s'])} s (resumed {fmt(r['resumed_s'])} s), "
+                    f"verified {fmt(r['verified_s'])} s, "
+                    f"lost {r['lost_steps']} (min {r['min_lost_steps']}); {r['attempt1_start']}",
+                    flush=True,
+                )
+            if args.compare_run_args is not None:
+                wd = base / f"compare-{i}"
+                wd.mkdir()
+                r = trainguard_trial("crash", args.fault_step, wd,
+                                     shlex.split(args.compare_run_args))  # fmt: skip
+                r["kind"], r["round"] = "crash-compare", i
+                trials.append(r)
+                print(
+                    f"  crash (compare) #{i + 1}: first progress {fmt(r['first_progress_s'])} "
+                    f"s, resumed {fmt(r['resumed_s'])} s, {r['attempt1_start']}",
                     flush=True,
                 )
             if not args.no_torchrun:
@@ -369,7 +399,8 @@ def main() -> int:
                 trials.append(r)
                 print(
                     f"  torchrun crash #{i + 1}: first progress "
-                    f"{fmt(r['first_progress_s'])} s, lost {r['lost_steps']}",
+                    f"{fmt(r['first_progress_s'])} s (resumed {fmt(r['resumed_s'])} s), "
+                    f"lost {r['lost_steps']}",
                     flush=True,
                 )
     finally:
@@ -383,11 +414,19 @@ def main() -> int:
     )
     print(header)
     print("-" * len(header))
-    for kind in [*kinds, *([] if args.no_torchrun else ["torchrun-crash"])]:
+    compare = [] if args.compare_run_args is None else ["crash-compare"]
+    for kind in [*kinds, *compare, *([] if args.no_torchrun else ["torchrun-crash"])]:
         rows = [t for t in trials if t["kind"] == kind]
         entry = {
             name: summarize([t.get(name) for t in rows])
-            for name in ("detect_s", "decide_s", "stop_s", "first_progress_s", "verified_s")
+            for name in (
+                "detect_s",
+                "decide_s",
+                "stop_s",
+                "resumed_s",
+                "first_progress_s",
+                "verified_s",
+            )
         }
         entry["lost_steps"] = [t.get("lost_steps") for t in rows]
         entry["min_lost_steps"] = [t.get("min_lost_steps") for t in rows]
@@ -419,6 +458,14 @@ def main() -> int:
                 f"\nfault -> first progress, crash: trainguard run {tg:.2f} s vs torchrun "
                 f"--max-restarts {tr:.2f} s (trainguard / torchrun = {ratio:.2f}x)"
             )
+            cmp = table.get("crash-compare", {}).get("first_progress_s", {}).get("median")
+            if cmp:
+                print(f"  with --compare-run-args: {cmp:.2f} s ({cmp / tr:.2f}x torchrun)")
+            print(
+                "  fault -> restored (resumed from): trainguard "
+                f"{fmt(table['crash']['resumed_s']['median'])} s, torchrun "
+                f"{fmt(table['torchrun-crash']['resumed_s']['median'])} s"
+            )
     load_after = os.getloadavg()
     print(
         f"load average before/after: {load_before[0]:.2f}/{load_after[0]:.2f} on "
@@ -430,6 +477,7 @@ def main() -> int:
         "label": args.label,
         "run_args": run_args,
         "kinds": {k: simulator_figures([t for t in trials if t["kind"] == k]) for k in kinds},
+        "compare_run_args": args.compare_run_args,
         "baseline": {"torchrun": {"crash": simulator_figures(torchrun_rows)}}
         if torchrun_rows
         else {},

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainguard.signals.process import read_environ
+
 HERE = Path(__file__).resolve().parent
 RECORDED_TRAIN = HERE / "recorded_train.py"
 # Framework scripts as their communities write them (test_framework_*.py).
@@ -293,13 +295,10 @@ def _processes_with(**wanted: str) -> list[tuple[int, dict[str, str]]]:
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
-        try:
-            raw = Path(f"/proc/{name}/environ").read_bytes()
-        except OSError:
+        # trainguard's reading: a warm worker's own environment, not its zygote's (0310).
+        env = read_environ(int(name))
+        if not env:
             continue
-        env = dict(
-            item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item
-        )
         if all(env.get(k) == v for k, v in wanted.items()):
             out.append((int(name), env))
     return out

@@ -11,6 +11,7 @@ and its log says why; the job recovers all the same.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -39,7 +40,9 @@ def _standby(case: RunCase, timeout: float = 90.0) -> int:
         for pid, env in found:
             with open(f"/proc/{pid}/cmdline", "rb") as fh:
                 argv = fh.read().split(b"\0")
-                if len(argv) > 1 and argv[1].endswith(b"standby.py"):  # not its watchdog
+                comm = Path(f"/proc/{pid}/comm").read_bytes().strip()
+                # Not its watchdog, nor its zygote (the same command line, decision 0310).
+                if len(argv) > 1 and argv[1].endswith(b"standby.py") and comm != b"tg-zygote":
                     assert env["CUDA_VISIBLE_DEVICES"] == ""  # no GPU while parked
                     return pid
         time.sleep(0.1)
@@ -88,10 +91,14 @@ def test_a_fault_restarts_through_the_parked_standby(case: RunCase, kind: str) -
     assert inc["kind"] == kind and inc["outcome"] == "recovered"
     log = _attempt_log(case, 1)
     assert f"# trainguard: warm start: standby pid {parked} " in log, log[:2000]
-    # The standby became attempt 1's agent: its ranks are its children, with attempt 1's
-    # contract (devices without the XID'd one, the resume path), not the parked one's.
+    # The standby became attempt 1's agent, and its zygote forked the ranks (decision
+    # 0310), with attempt 1's contract (devices without the XID'd one, the resume path),
+    # not the parked one's.
+    found = re.search(r"; warm workers: zygote pid (\d+)", log)
+    assert found is not None, log[:2000]
     r0, r1 = case.record(1, 0), case.record(1, 1)
-    assert r0["ppid"] == parked and r1["ppid"] == parked
+    assert r0["ppid"] == int(found.group(1)) and r1["ppid"] == int(found.group(1))
+    assert "# trainguard: cold workers" not in log
     assert r0["env"]["TRAINGUARD_ATTEMPT"] == "1"
     assert r0["env"]["TRAINGUARD_RESUME_FROM"].endswith(f"step_{inc['checkpoint_step']:08d}")
     used = {d["uuid"] for d in devices_of(r0) + devices_of(r1)}

@@ -28,8 +28,9 @@ def _standby(job_id: str) -> list[int]:
     out = []
     for pid in _standbys(job_id):
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        if len(argv) > 1 and argv[1].endswith(b"standby.py"):
-            out.append(pid)
+        comm = Path(f"/proc/{pid}/comm").read_bytes().strip()
+        if len(argv) > 1 and argv[1].endswith(b"standby.py") and comm != b"tg-zygote":
+            out.append(pid)  # not its watchdog, nor its zygote (same command line)
     return out
 
 

@@ -62,3 +62,35 @@ def test_the_request_is_one_line_read_without_consuming_what_follows() -> None:
         assert standby.read_line(b, 5.0) == b"ok"
         a.close()
         assert standby.read_line(b, 5.0) == b""  # end-of-file
+
+
+def test_a_zygote_starts_python_script_and_module_workers_and_says_why_not_others() -> None:
+    from trainguard.schedulers import zygote
+
+    py, env = "/usr/bin/python3", {"PATH": "/bin", "LOCAL_RANK": "1", "OMP_NUM_THREADS": "1"}
+    zenv = {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": ""}
+    assert zygote.plan((py, "-u", "t.py", "--lr", "1"), env, zenv, py) == (
+        "script", "t.py", ["--lr", "1"],
+    )  # fmt: skip
+    assert zygote.plan((py, "-u", "-m", "pkg.train", "x"), env, zenv, py) == (
+        "module", "pkg.train", ["x"],
+    )  # fmt: skip
+    assert "not this Python" in str(zygote.plan(("./train.sh", "x"), env, zenv, py))
+    assert "options" in str(zygote.plan((py, "-X", "dev", "t.py"), env, zenv, py))
+    # Read when the interpreter or torch's libraries started: the zygote already has its own.
+    for key, value in (("PYTHONPATH", "/src"), ("OMP_PROC_BIND", "close"), ("PATH", "/x")):
+        why = str(zygote.plan((py, "-u", "t.py"), {**env, key: value}, zenv, py))
+        assert why == f"the worker environment differs from the zygote's ({key})", why
+
+
+def test_a_warm_workers_status_is_popens_returncode() -> None:
+    import signal as sig
+
+    from trainguard.schedulers import zygote
+    from trainguard.signals.process import WARM_ENVIRON_VAR
+
+    assert zygote.returncode((os.CLD_EXITED, 3)) == 3
+    assert zygote.returncode((os.CLD_KILLED, sig.SIGKILL)) == -9
+    assert zygote.returncode((os.CLD_DUMPED, sig.SIGSEGV)) == -11
+    # The writer (in the job's interpreter, no trainguard there) and the reader agree.
+    assert zygote.ENVIRON_DIR_VAR == WARM_ENVIRON_VAR == standby.ZYGOTE_ENVIRON_VAR

@@ -157,6 +157,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "torch.distributed.run start cold, and the attempt log says why (default: on)",
     )
     p.add_argument(
+        "--warm-workers",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --warm-standby: the standby also keeps a preloaded copy of itself (a "
+        "zygote) that forks the restarted torchrun's script workers instead of starting "
+        "new interpreters that import torch; a worker it cannot start that way starts "
+        "cold and the attempt log says why (default: on)",
+    )
+    p.add_argument(
         "--backoff",
         type=float,
         default=1.0,
@@ -232,6 +241,7 @@ def handle(args: argparse.Namespace) -> int:
             kill_grace=args.kill_grace,
             snapshot_flush_wait=args.snapshot_flush_wait,
             warm_standby=args.warm_standby,
+            warm_workers=args.warm_workers,
             backoff_base=args.backoff,
             echo=not args.quiet,
             preflight=args.preflight,

@@ -129,6 +129,7 @@ class RunOptions:
     snapshot_flush_wait: float = 3.0
     # A parked torchrun agent with torch imported becomes the next attempt (decision 0271).
     warm_standby: bool = True
+    warm_workers: bool = True  # the standby's zygote forks the workers (decision 0310)
     correlation_window: float = DEFAULT_CORRELATION_WINDOW
     checkpoint_verify: str = "full"
     echo: bool = True
@@ -335,7 +336,10 @@ class RunBase:
         self.baseline_ranks: set[int] = set()
         self.baseline_devices = 0
         self.progress_parser = ProgressLineParser(options.progress_pattern)
-        self.scheduler = LocalScheduler(self.events.put, clock, warm_standby=options.warm_standby)
+        self.scheduler = LocalScheduler(
+            self.events.put, clock, warm_standby=options.warm_standby,
+            warm_workers=options.warm_workers,
+        )  # fmt: skip
         self.user_env_alloc = os.environ.get(ALLOC_CONF)
         self.need = options.need or 0
         self.progress_url: str | None = None

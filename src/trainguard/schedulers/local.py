@@ -45,10 +45,12 @@ import dataclasses
 import datetime as dt
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -345,6 +347,7 @@ class LocalScheduler:
         stdout: IO[bytes] | None = None,
         stderr: IO[bytes] | None = None,
         warm_standby: bool = False,
+        warm_workers: bool = False,
     ) -> None:
         self.sink = sink
         self.clock = clock
@@ -352,6 +355,11 @@ class LocalScheduler:
         self.stdout = stdout if stdout is not None else sys.stdout.buffer
         self.stderr = stderr if stderr is not None else sys.stderr.buffer
         self.warm_standby = warm_standby
+        # Warm workers (decision 0310): the standby forks a zygote; the workers it forks
+        # write their environments here (a forked process's /proc environ is its parent's).
+        self._environ_dir: str | None = None
+        if warm_standby and warm_workers:
+            self._environ_dir = tempfile.mkdtemp(prefix="trainguard-warm-")
         self._parked: standby.Parked | None = None
         self._parking: threading.Thread | None = None
         self._park_lock = threading.Lock()
@@ -445,6 +453,8 @@ class LocalScheduler:
                 park_env.pop(key, None)
             park_env["TRAINGUARD_STANDBY"] = "1"
             park_env["CUDA_VISIBLE_DEVICES"] = ""  # no GPU while parked; the attempt's at wake
+            if self._environ_dir is not None:
+                park_env[standby.ZYGOTE_ENVIRON_VAR] = self._environ_dir
             ours, theirs = socket.socketpair()
             try:
                 command = (interpreter, standby.STANDBY, "--channel", str(theirs.fileno()))
@@ -514,6 +524,7 @@ class LocalScheduler:
                 f"warm start: standby pid {taken.launcher_pid} (parked "
                 f"{time.monotonic() - taken.parked_at:.1f} s before, waited {waited:.2f} s "
                 "for its imports) is this attempt's torchrun agent"
+                + (f"; {taken.workers_note}" if taken.workers_note else "")
             )
         finally:
             if parked is not None:
@@ -530,6 +541,8 @@ class LocalScheduler:
             parked, self._parked = self._parked, None
         if parked is not None:
             parked.dismiss(wait=5.0)
+        if self._environ_dir is not None:
+            shutil.rmtree(self._environ_dir, ignore_errors=True)
 
 
 def _close_all(fds: Mapping[int, int]) -> None:

@@ -20,9 +20,10 @@ parks one process per job, while the current attempt trains (decision 0271):
   exactly what ``python -m torch.distributed.run ARGS`` and the ``torchrun``
   console script run: it *is* the attempt's torchrun agent from then on.
 
-The workers the agent spawns still start cold (torchrun starts a script entrypoint
-through ``Popen``; ``--start-method`` applies to function entrypoints only): see
-decision 0271 for what that leaves on the critical path.
+The workers the agent spawns start cold through ``Popen`` unless the standby was
+parked with ``TRAINGUARD_WARM_ENVIRON`` set (``--warm-workers``, decision 0310): then,
+once its imports are done, it forks a *zygote* (``zygote.py``) that forks the agent's
+script workers from the preloaded interpreter.
 
 This module is both the parent's side (:func:`warm_command`, :func:`interpreter_env`,
 the protocol) and, run as a file (``python standby.py --channel FD``), the parked
@@ -41,6 +42,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 STANDBY = os.path.abspath(__file__)
 TORCHRUN_MODULE = "torch.distributed.run"
@@ -51,6 +53,9 @@ REFUSE = b"refuse"
 # a parked interpreter started with other values is not the interpreter the attempt
 # would get. Everything else the agent reads when it runs.
 INTERPRETER_VARS = ("PATH", "VIRTUAL_ENV", "LD_LIBRARY_PATH", "LD_PRELOAD")
+# Set in a standby's environment when it is to fork a zygote for warm workers: the
+# directory of the workers' environments (zygote.ENVIRON_DIR_VAR).
+ZYGOTE_ENVIRON_VAR = "TRAINGUARD_WARM_ENVIRON"
 
 
 def interpreter_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -166,6 +171,7 @@ class Parked:
         self.interpreter = interpreter
         self.interp_env = interp_env
         self.parked_at = parked_at
+        self.workers_note: str | None = None  # "warm workers: ..." / "cold workers: why"
 
     def wait_ready(self, timeout: float) -> str | None:
         """Wait for ``ready`` (at normal priority from now on: it is needed); None or why not."""
@@ -189,7 +195,8 @@ class Parked:
             return f"cannot reach the standby: {exc}"
         line = read_line(self.channel, REPLY_SECONDS)
         self.channel.close()
-        if line == OK:
+        if line == OK or line.startswith(OK + b" "):
+            self.workers_note = line[len(OK) :].decode(errors="replace").strip() or None
             return None
         if line.startswith(REFUSE):
             return f"the standby refused: {line[len(REFUSE) :].decode().strip()}"
@@ -244,14 +251,37 @@ def _go_idle() -> str:
     raise OSError("neither SCHED_IDLE nor an undoable nice 19 is available")
 
 
-def _wake(how: str) -> None:
-    """Back to normal priority before the agent starts workers (they inherit it)."""
+def _wake(how: str, pid: int = 0) -> None:
+    """Back to normal priority before the agent starts workers (they inherit it);
+    ``pid``: this process (0) or its zygote."""
     if how == "SCHED_IDLE":
-        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-        if os.sched_getscheduler(0) != os.SCHED_OTHER:
+        os.sched_setscheduler(pid, os.SCHED_OTHER, os.sched_param(0))
+        if os.sched_getscheduler(pid) != os.SCHED_OTHER:
             raise OSError("still SCHED_IDLE")
-    else:
+    elif pid == 0:
         os.nice(-os.nice(0))
+    else:
+        os.setpriority(os.PRIO_PROCESS, pid, 0)
+
+
+def _load_zygote() -> Any:
+    """``zygote.py`` beside this file, by path (trainguard may not be importable here)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(STANDBY), "zygote.py")
+    spec = importlib.util.spec_from_file_location("_trainguard_zygote", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def _say(what: str) -> None:
+    """One sentence into the attempt's log (the agent's stderr is followed into it)."""
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(f"# trainguard: {what}\n")
+        sys.stderr.flush()
 
 
 def main(argv: list[str]) -> int:
@@ -270,6 +300,20 @@ def main(argv: list[str]) -> int:
     import torch  # the point: imported before the restart
     import torch.distributed.run
 
+    # Warm workers (decision 0310): a copy of this process, forked now (single-threaded,
+    # torch imported, CUDA never initialised), forks the agent's script workers later.
+    zygote: Any = None
+    client: Any = None
+    zygote_env = dict(os.environ)
+    environ_dir = os.environ.get(ZYGOTE_ENVIRON_VAR)
+    if environ_dir:
+        zygote = _load_zygote()
+        forked = zygote.fork_zygote(environ_dir, drop=(sock,))
+        if isinstance(forked, zygote.Job):  # a worker forked by the zygote, not the standby
+            zygote.run_job(forked)  # its exceptions end it as they end a cold interpreter
+            return 0
+        client = zygote.Client(*forked)
+
     sock.sendall(READY + b"\n")
     line = read_line(sock, None)
     if not line:
@@ -280,12 +324,28 @@ def main(argv: list[str]) -> int:
     except OSError as exc:
         sock.sendall(REFUSE + f" cannot leave idle priority ({how}): {exc}\n".encode())
         return 0
+    workers = ""
+    if client is not None:
+        problem = client.dead()
+        if problem is None:
+            try:
+                _wake(how, client.pid)  # its workers inherit its priority
+            except OSError as exc:
+                problem = f"the zygote cannot leave idle priority ({how}): {exc}"
+        if problem is None:
+            client.start_reading()
+        workers = (
+            f"warm workers: zygote pid {client.pid}" if problem is None
+            else f"cold workers: {problem}"
+        )  # fmt: skip
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
     sys.argv = list(request["argv"])
     sys.path.insert(0, request["path0"])
-    sock.sendall(OK + b"\n")
+    if workers.startswith("warm"):
+        zygote.install(client, zygote_env, _say)
+    sock.sendall(OK + (b" " + workers.encode() if workers else b"") + b"\n")
     sock.close()
     # What `python -m torch.distributed.run` and the torchrun console script both run.
     torch.distributed.run.main()

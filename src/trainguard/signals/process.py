@@ -92,9 +92,28 @@ def catches_signal(pid: int, sig: int) -> bool:
     return False
 
 
+# A warm worker (decision 0310) is forked by a zygote, so /proc/PID/environ shows the
+# zygote's exec-time environment; the zygote writes the worker's own into
+# $TRAINGUARD_WARM_ENVIRON/PID-STARTTICKS.env (schedulers/zygote.py writes it).
+WARM_ENVIRON_VAR = "TRAINGUARD_WARM_ENVIRON"
+
+
 def read_environ(pid: int) -> dict[str, str]:
+    """The environment of ``pid``: as it was exec'd, or a warm worker's own (0310)."""
+    env = _parse_environ(f"/proc/{pid}/environ")
+    where = env.get(WARM_ENVIRON_VAR)
+    if where:
+        ticks = _start_time(pid)
+        if ticks is not None:
+            own = _parse_environ(os.path.join(where, f"{pid}-{ticks}.env"))
+            if own:
+                return own
+    return env
+
+
+def _parse_environ(path: str) -> dict[str, str]:
     try:
-        with open(f"/proc/{pid}/environ", "rb") as fh:
+        with open(path, "rb") as fh:
             raw = fh.read()
     except OSError:
         return {}
