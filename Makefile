@@ -42,10 +42,10 @@ lint: $(STAMP)
 test: lint
 	scripts/install-chromium.sh
 	scripts/prometheus-local.sh >/dev/null
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n 4 --dist loadgroup
 
 test-fast: $(STAMP)
-	$(VENV)/bin/pytest -q -m 'not slow'
+	$(VENV)/bin/pytest -q -n 4 --dist loadgroup -m "not slow"
 
 bench: $(STAMP)
 	$(PY) bench/run_all.py
