@@ -6,6 +6,7 @@ against SQLite and PostgreSQL): see ``tests/pg_fixture.py``.
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,10 @@ from pg_fixture import postgres_server, postgres_url, store_target
 __all__ = ["postgres_server", "postgres_url", "store_target"]
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+@pytest.hookimpl(wrapper=True)  # before every plugin's hook: xdist reads the groups there
+def pytest_collection_modifyitems(
+    config: pytest.Config, items: list[pytest.Item]
+) -> Generator[None, None, None]:
     """Tests that share one machine-wide resource run on one xdist worker, in order.
 
     ``make test`` runs the suite on several workers (``pytest -n 4 --dist loadgroup``):
@@ -35,3 +39,4 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group("slurm"))
         elif e2e in Path(str(item.path)).resolve().parents:
             item.add_marker(pytest.mark.xdist_group("e2e"))
+    return (yield)
