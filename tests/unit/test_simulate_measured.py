@@ -288,3 +288,21 @@ def test_a_crash_that_loses_the_snapshot_in_flight(tmp_path: Path) -> None:
     assert b.lost_hours["rework"] * 3600 == pytest.approx(
         a.lost_hours["rework"] * 3600 + steps * STEP
     )
+
+
+def test_garbled_lost_steps_give_one_line_errors(tmp_path: Path) -> None:
+    rec = write(tmp_path, "r.json", recovery_doc())
+    no_config = {k: v for k, v in lost_doc().items() if k != "config"}
+    bad_variant = lost_doc()
+    bad_variant["trials"][1]["variant"] = "tape"
+    no_lost = lost_doc()
+    del no_lost["trials"][2]["lost"]
+    cases = [
+        (no_config, "missing field 'config.save_every'"),
+        (bad_variant, "field 'trials.1.variant' is not disk or memory"),
+        (no_lost, "missing field 'trials.2.lost'"),
+    ]
+    for doc, message in cases:
+        with pytest.raises(MeasuredError, match=message) as info:
+            load_measured([rec, write(tmp_path, "l.json", doc)])
+        assert "\n" not in str(info.value) and "l.json" in str(info.value)
