@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+from trainguard._commands.run import register
 from trainguard.simulate import load_scenario, simulate
+from trainguard.simulate.analytic import advised_interval
 from trainguard.simulate.measured import load_measured
 from trainguard.simulate.scenario import with_overrides
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
-RECOVERY = RESULTS / "recovery_latency.json"
+RECOVERY = RESULTS / "recovery_latency.json"  # the reference: this code's defaults
 SNAPSHOT = RESULTS / "snapshot_stall.json"
+LOST = RESULTS / "lost_steps.json"
 
 
 def tg(*args: str) -> subprocess.CompletedProcess[str]:
@@ -58,11 +62,22 @@ def test_cli_bad_measured_input_is_one_line_exit_2(tmp_path: Path) -> None:
         assert "Traceback" not in out.stderr
 
 
+def test_the_reference_is_measured_with_this_codes_defaults() -> None:
+    # The reference file must describe what `trainguard run` does by default: a run
+    # label naming warm workers (0310), on by default, and no option turning them off.
+    data = json.loads(RECOVERY.read_text())
+    assert "warm workers" in data["label"] and "--no-warm-workers" not in data["run_args"]
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["run", "--", "true"])
+    assert args.warm_standby and args.warm_workers
+
+
 def test_llama3_with_the_committed_measured_figures() -> None:
     # Six days of the calibrated scenario keep this fast; trainguard only.
     base = with_overrides(load_scenario("llama3"), duration_days=6, policies=("trainguard",))
-    disk = load_measured([RECOVERY])
-    memory = load_measured([RECOVERY, SNAPSHOT], memory_snapshots=True)
+    disk = load_measured([RECOVERY, LOST])
+    memory = load_measured([RECOVERY, LOST, SNAPSHOT], memory_snapshots=True)
     runs = {
         name: simulate(sc, trials=1).runs["trainguard"][0].jobs[0]
         for name, sc in (
@@ -73,13 +88,25 @@ def test_llama3_with_the_committed_measured_figures() -> None:
     }
     for job in runs.values():
         assert abs(job.unaccounted_hours) < 1e-6
-    # Same trace: the measured ~30 s restarts replace the assumed 240 + 60 s.
+    # Same trace: crash/XID/hang restarts cost what the file says (seconds) instead of
+    # the scenario's assumed restart + restore; stragglers and silent corruption (a few
+    # per cent of the restarts) keep the assumed figure, hence the margin.
+    spec = base.jobs[0]
+    assert max(disk.restart_seconds.values()) * 10 < spec.restart_seconds + spec.restore_seconds
     per_restart = {k: j.lost_hours["restart"] * 3600 / max(1, j.restarts) for k, j in runs.items()}
     assert per_restart["disk"] < per_restart["assumed"] / 3
     assert runs["disk"].ettr > runs["assumed"].ettr
-    # Memory snapshots: crash/XID/hang restore the newest snapshot (less rework), so disk
-    # checkpoints are set for the other failures only and come far less often.
-    assert runs["memory"].lost_hours["rework"] < runs["disk"].lost_hours["rework"] * 0.75
-    assert runs["memory"].interval_minutes > 3 * runs["disk"].interval_minutes
-    assert runs["memory"].lost_hours["checkpoint"] < runs["disk"].lost_hours["checkpoint"]
-    assert runs["memory"].ettr > runs["disk"].ettr
+    # Memory snapshots restore crash/XID/hang: less rework, and ETTR at least disk-only's.
+    assert runs["memory"].lost_hours["rework"] < runs["disk"].lost_hours["rework"]
+    assert runs["memory"].ettr >= runs["disk"].ettr
+    # A node loss restored from the disk in lost_steps.json: the disk interval is set for
+    # it too, so it is longer than disk-only's (fewer failures roll back to disk) but
+    # shorter than if a snapshot covered node losses as well.
+    covered = load_measured([RECOVERY, SNAPSHOT], memory_snapshots=True)
+    assert not memory.restores_from_memory("crash", node_down=True)
+    assert covered.restores_from_memory("crash", node_down=True)
+    assert (
+        runs["disk"].interval_minutes
+        < runs["memory"].interval_minutes
+        < advised_interval(with_overrides(base, measured=covered), spec) / 60
+    )

@@ -128,7 +128,12 @@ def test_memory_snapshots_lose_less_than_one_interval_and_stall(tmp_path: Path) 
     extra = job.lost_hours["checkpoint"] - disk.lost_hours["checkpoint"]
     assert extra == pytest.approx(share * (job.wall_hours - 0.3), rel=0.05)
     # A slot write longer than a step: a snapshot every ceil(write / step) steps at least.
-    slow = Measured(memory_snapshots=True, snapshot_stall_seconds=0.5, snapshot_write_seconds=4.5)
+    slow = Measured(
+        memory_snapshots=True,
+        snapshot_stall_seconds=0.5,
+        snapshot_write_seconds=4.5,
+        restart_seconds={"crash": 7.0},  # a kind with figures: the one a snapshot restores
+    )
     assert slow.min_snapshot_steps(STEP) == 3
     assert slow.snapshot_stall_share(STEP, 3) == pytest.approx(0.5 / 6)
     assert advised_snapshot_steps(with_overrides(quiet(), measured=slow), sc.jobs[0]) > 1000
@@ -184,3 +189,120 @@ def test_missing_file_and_missing_companions(tmp_path: Path) -> None:
 def test_null_figures_keep_the_scenario_values(tmp_path: Path) -> None:
     m = load_measured([write(tmp_path, "r.json", recovery_doc(xid={"restart_s": None}))])
     assert "xid" not in m.restart_seconds and m.restart_seconds["crash"] == 7.0
+
+
+LOST_COMMITTED = REPO / "bench" / "results" / "lost_steps.json"
+
+
+def lost_doc(**memory: tuple[int, str]) -> dict[str, Any]:
+    """A lost_steps.json: fault at step 13, disk saves every 5 (3 lost, none beyond).
+
+    ``memory``: fault -> (lost, source) of its memory-variant trial.
+    """
+    trials: list[dict[str, Any]] = []
+    for fault in ("crash", "xid", "hang", "node"):
+        trials.append(
+            {"fault": fault, "variant": "disk", "failed_step": 13, "lost": 3, "source": "disk"}
+        )
+        lost, source = memory.get(fault, (0, "memory"))
+        row = {"fault": fault, "variant": "memory", "failed_step": 13, "lost": lost}
+        trials.append({**row, "source": source})
+    return {"schema": "trainguard.lost_steps/1", "config": {"save_every": 5}, "trials": trials}
+
+
+def test_committed_lost_steps_map_each_fault_class() -> None:
+    data = json.loads(LOST_COMMITTED.read_text())
+    rows = [t for t in data["trials"] if t["variant"] == "memory"]
+    snapshot = REPO / "bench" / "results" / "snapshot_stall.json"
+    m = load_measured([COMMITTED, LOST_COMMITTED, snapshot], memory_snapshots=True)
+    # Every disk trial restored the newest disk save: nothing beyond it.
+    assert all(m.extra_lost_steps[c] == 0.0 for c in ("crash", "xid", "hang", "node"))
+    # A class whose memory trial restored from the disk keeps rolling back to disk.
+    disk_classes = {
+        "node" if t["fault"].startswith("node") else t["fault"]
+        for t in rows
+        if t["source"] not in ("memory", "buddy")
+    }
+    assert m.memory_not_restored == frozenset(disk_classes)
+    assert m.restores_from_memory("crash", node_down=True) == ("node" not in disk_classes)
+    lost_one = {t["fault"] for t in rows if t["source"] == "memory" and t["lost"] >= 1}
+    assert m.loses_inflight_snapshot == frozenset(lost_one)
+    assert LOST_COMMITTED.name in {f.source for f in m.figures}
+    # recovery_latency's own lost-steps figures give way to this file's, whatever the order.
+    names = [(f.name, f.source) for f in load_measured([LOST_COMMITTED, COMMITTED]).figures]
+    assert ("crash: lost steps beyond the newest save", COMMITTED.name) not in names
+    assert ("crash: lost steps beyond the newest save (disk)", LOST_COMMITTED.name) in names
+
+
+def test_lost_steps_excess_and_memory_fallback_in_the_simulation(tmp_path: Path) -> None:
+    doc = lost_doc(node=(2, "disk"))
+    doc["trials"][0]["lost"] = 5  # crash, disk: 2 steps beyond the newest save
+    snap = {"schema": "trainguard.snapshot_stall/1", "stall_seconds": 0.5, "slot_write_seconds": 1}
+    rec = write(tmp_path, "r.json", recovery_doc(crash={"min_lost_steps": 4.0}))
+    lost = write(tmp_path, "l.json", doc)
+    s = write(tmp_path, "s.json", snap)
+    sc = quiet(software_mtbf_hours=0.02)
+    disk = load_measured([rec, lost])
+    assert disk.extra_lost_steps["crash"] == 2.0  # replaces the recovery bench's 0
+    base = run(with_overrides(sc, measured=load_measured([rec])))
+    job = run(with_overrides(sc, measured=disk))
+    assert job.lost_hours["rework"] * 3600 == pytest.approx(
+        base.lost_hours["rework"] * 3600 + 2 * STEP
+    )
+
+    # A node loss (node_down): memory snapshots restored it from disk in the bench.
+    def node_fault(files: list[Path]) -> JobResult:
+        msc = with_overrides(sc, measured=load_measured(files, memory_snapshots=True))
+        fault = {"time": 1 * DAY + 600, "comp": "node", "loc": 0, "hard": True}
+        sim = Simulation(msc, trace_from_faults(msc, [fault]), make_policy("trainguard"), seed=1)
+        result = sim.run().jobs[0]
+        assert abs(result.unaccounted_hours) < 1e-6
+        return result
+
+    assumed = node_fault([rec, s])  # without lost_steps.json: the snapshot survives
+    measured = node_fault([rec, s, lost])
+    memory = load_measured([rec, s], memory_snapshots=True)
+    steps = advised_snapshot_steps(with_overrides(sc, measured=memory), sc.jobs[0])
+    assert steps > 0 and assumed.lost_hours["rework"] * 3600 < steps * STEP
+    assert measured.lost_hours["rework"] > 10 * assumed.lost_hours["rework"]
+
+
+def test_a_crash_that_loses_the_snapshot_in_flight(tmp_path: Path) -> None:
+    sc = quiet(software_mtbf_hours=0.02)
+    rec = write(tmp_path, "r.json", recovery_doc(crash={"min_lost_steps": 4.0}))
+    snap = {"schema": "trainguard.snapshot_stall/1", "stall_seconds": 0.5, "slot_write_seconds": 1}
+    files = [rec, write(tmp_path, "s.json", snap)]
+    flushed = load_measured([*files, write(tmp_path, "a.json", lost_doc())], True)
+    steps = advised_snapshot_steps(with_overrides(sc, measured=flushed), sc.jobs[0])
+    # A slot write of one whole interval: a crash that cannot flush loses exactly one more.
+    slow = {**snap, "slot_write_seconds": steps * STEP}
+    files = [rec, write(tmp_path, "s2.json", slow)]
+    flushed = load_measured([*files, write(tmp_path, "a.json", lost_doc())], True)
+    unflushed = load_measured(
+        [*files, write(tmp_path, "b.json", lost_doc(crash=(1, "memory")))], True
+    )
+    assert unflushed.loses_inflight_snapshot == {"crash"}
+    a = run(with_overrides(sc, measured=flushed))
+    b = run(with_overrides(sc, measured=unflushed))
+    assert advised_snapshot_steps(with_overrides(sc, measured=unflushed), sc.jobs[0]) == steps
+    assert b.lost_hours["rework"] * 3600 == pytest.approx(
+        a.lost_hours["rework"] * 3600 + steps * STEP
+    )
+
+
+def test_garbled_lost_steps_give_one_line_errors(tmp_path: Path) -> None:
+    rec = write(tmp_path, "r.json", recovery_doc())
+    no_config = {k: v for k, v in lost_doc().items() if k != "config"}
+    bad_variant = lost_doc()
+    bad_variant["trials"][1]["variant"] = "tape"
+    no_lost = lost_doc()
+    del no_lost["trials"][2]["lost"]
+    cases = [
+        (no_config, "missing field 'config.save_every'"),
+        (bad_variant, "field 'trials.1.variant' is not disk or memory"),
+        (no_lost, "missing field 'trials.2.lost'"),
+    ]
+    for doc, message in cases:
+        with pytest.raises(MeasuredError, match=message) as info:
+            load_measured([rec, write(tmp_path, "l.json", doc)])
+        assert "\n" not in str(info.value) and "l.json" in str(info.value)

@@ -45,8 +45,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         metavar="FILE",
         help="benchmark result file (repeatable): bench/results/recovery_latency.json, and "
-        "optionally snapshot_stall.json, checkpoint_save.json; trainguard then uses these "
-        "measured figures instead of the scenario's",
+        "optionally snapshot_stall.json, checkpoint_save.json, lost_steps.json; trainguard "
+        "then uses these measured figures instead of the scenario's",
     )
     p.add_argument(
         "--memory-snapshots",

@@ -22,10 +22,11 @@ lives here.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from trainguard.checkpoints.interval import advise, expected_waste
 from trainguard.simulate.measured import checkpoint_blocking_seconds, mean_restart_seconds
-from trainguard.simulate.scenario import SIGNALS, JobSpec, Scenario
+from trainguard.simulate.scenario import ComponentSpec, JobSpec, Scenario
 
 
 def first_order_ettr(tau: float, delta: float, mtbf: float, restart: float) -> float:
@@ -40,19 +41,21 @@ def exact_ettr(tau: float, delta: float, mtbf: float, restart: float) -> float:
 
 
 def expected_job_mtbf(
-    scenario: Scenario, job: JobSpec, signals: frozenset[str] | None = None
+    scenario: Scenario,
+    job: JobSpec,
+    include: Callable[[ComponentSpec], bool] | None = None,
 ) -> float:
     """The job's MTBF (seconds) implied by the scenario's primary failure rates.
 
     This is what trainguard's store would estimate from observed failures of a
     job of this size; lemon repeats are left out (trainguard isolates lemons).
-    ``signals``: only the failures that show as one of these.
+    ``include``: only the failures of the components it accepts.
     """
     gpn = scenario.cluster.gpus_per_node
     nodes = -(-job.gpus // gpn)
     rate = 0.0
     for comp in scenario.components:
-        if signals is not None and comp.signal not in signals:
+        if include is not None and not include(comp):
             continue
         if comp.scope == "device":
             rate += comp.rate_per_second * job.gpus
@@ -69,7 +72,10 @@ def advised_snapshot_steps(scenario: Scenario, job: JobSpec) -> int:
     if measured is None or not measured.memory_snapshots:
         return 0
     least = measured.min_snapshot_steps(job.step_seconds)
-    mtbf = expected_job_mtbf(scenario, job)
+    # The failures a snapshot restores are the ones its interval is set for.
+    mtbf = expected_job_mtbf(
+        scenario, job, lambda c: measured.restores_from_memory(c.signal, c.node_down)
+    )
     if not math.isfinite(mtbf):
         return least
     restart = mean_restart_seconds(measured, job.restart_seconds + job.restore_seconds)
@@ -81,14 +87,18 @@ def advised_interval(scenario: Scenario, job: JobSpec) -> float:
     """The checkpoint interval trainguard's advisor recommends for ``job`` (whole steps).
 
     With memory snapshots, a crash, XID or hang restores the newest snapshot: the disk
-    interval is set for the other failures (silent corruption, stragglers), the only
-    ones that roll back to disk.
+    interval is set for the other failures (silent corruption, stragglers, and a node
+    loss when lost_steps.json measured it restoring from disk), the only ones that roll
+    back to disk.
     """
     measured = scenario.measured
-    disk_signals = None
-    if measured is not None and measured.memory_snapshots:
-        disk_signals = frozenset(SIGNALS) - frozenset(measured.restart_seconds)
-    mtbf = expected_job_mtbf(scenario, job, disk_signals)
+    mtbf = expected_job_mtbf(
+        scenario,
+        job,
+        None
+        if measured is None or not measured.memory_snapshots
+        else lambda c: not measured.restores_from_memory(c.signal, c.node_down),
+    )
     if not math.isfinite(mtbf):
         return job.checkpoint.interval_seconds
     ck = job.checkpoint

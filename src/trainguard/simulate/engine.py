@@ -54,7 +54,7 @@ from trainguard.simulate.jobs import (
     SimCheckpoint,
     adaptive_hang_timeout,
 )
-from trainguard.simulate.measured import checkpoint_blocking_seconds
+from trainguard.simulate.measured import checkpoint_blocking_seconds, fault_class
 from trainguard.simulate.scenario import ComponentSpec, JobSpec, Scenario
 from trainguard.simulate.trace import FaultTrace, placement
 
@@ -293,13 +293,17 @@ class Simulation(Fleet):
         fault = job.last_fault
         if measured is None or fault is None or job.sdc is not None:
             return target  # a silently corrupt state is never restored from memory
-        signal = fault.comp.signal
+        signal, node_down = fault.comp.signal, fault.comp.node_down
         step = job.spec.step_seconds
         every = self._snap_steps[job.index] * step
-        if every > 0 and signal in measured.restart_seconds:
-            # The newest memory snapshot: the last whole snapshot interval of progress.
-            target = max(target, math.floor(job.progress / every + 1e-9) * every)
-        extra = measured.extra_lost_steps.get(signal, 0.0) * step
+        if every > 0 and measured.restores_from_memory(signal, node_down):
+            # The newest memory snapshot: the last whole snapshot interval of progress;
+            # a rank that died unflushed (measured) only has the slots whose write ended.
+            done = job.progress
+            if fault_class(signal, node_down) in measured.loses_inflight_snapshot:
+                done -= measured.snapshot_write_seconds
+            return max(target, math.floor(max(0.0, done) / every + 1e-9) * every)
+        extra = measured.disk_extra_steps(signal, node_down) * step
         return max(0.0, min(job.progress, target - extra) if extra else target)
 
     # --- event handling -------------------------------------------------------------

@@ -20,13 +20,27 @@ benchmark figure                   simulator parameter (trainguard policies only
 ``kinds.<kind>.restart_s``         fault detected -> training again, replacing the
                                    job's ``restart_seconds + restore_seconds``.
                                    ``stop_s`` is inside it (shown, not added).
-``kinds.<kind>.lost_steps``        disk only: the rollback to the newest disk
+``kinds.<kind>.lost_steps``        a restore from disk: the rollback to the newest disk
 ``- min_lost_steps``               checkpoint stays the simulator's (the bench's
                                    checkpoint interval is not the scenario's); steps
                                    lost beyond that minimum are added as rework.
                                    Memory snapshots on: a crash/xid/hang restores the
                                    newest snapshot (lost work = progress since it, less
-                                   than one snapshot interval), on top of the excess.
+                                   than one snapshot interval).
+``lost_steps.json`` ``trials``     per fault class (``crash``, ``xid``, ``hang``;
+                                   ``node``/``node-survivor`` -> components with
+                                   ``node_down``, whose signal is ``crash``):
+                                   ``disk`` rows: ``lost`` beyond the newest disk save
+                                   (``failed_step`` less its multiple of
+                                   ``config.save_every``) replaces the excess above.
+                                   ``memory`` rows (a snapshot every step): a class
+                                   whose restart came from the disk (``source``) rolls
+                                   back to disk even with memory snapshots; a class
+                                   restored from memory that still lost a step lost the
+                                   snapshot being written (a SIGKILLed rank cannot
+                                   flush it): it restores the newest snapshot whose
+                                   slot write (``slot_write_seconds``) had finished.
+                                   One trial showing either suffices (conservative).
 ``snapshot_stall.json``            memory snapshots on: each snapshot stalls training
 ``stall_seconds``                  ``stall_seconds`` (booked as *checkpoint*). The
 ``slot_write_seconds``             snapshot interval is the Young/Daly interval of that
@@ -35,8 +49,9 @@ benchmark figure                   simulator parameter (trainguard policies only
                                    whole steps, at least ``ceil(slot_write / step)``
                                    (a slot is written before the next one starts).
                                    Disk checkpoints: the advisor's interval for the
-                                   failures a snapshot cannot restore (not crash, xid,
-                                   hang; see ``analytic.advised_interval``).
+                                   failures a snapshot cannot restore (sdc, straggler,
+                                   and a node loss when lost_steps.json says so; see
+                                   ``analytic.advised_interval``).
 ``checkpoint_save.json``           disk checkpoint stall = the scenario's
 ``ratios.async_stall_vs_sync``     ``async_write_seconds`` (its full write time) x
                                    the measured stall / sync save ratio.
@@ -58,6 +73,23 @@ from typing import Any
 SIGNAL_TO_KIND = {"crash": "crash", "xid": "xid", "hang": "hang"}
 RECOVERY_SCHEMA = "trainguard.recovery_latency/1"
 SNAPSHOT_SCHEMA = "trainguard.snapshot_stall/1"
+LOST_SCHEMA = "trainguard.lost_steps/1"
+# lost_steps.json fault -> the simulator's fault class (see fault_class).
+LOST_FAULT_TO_CLASS = {
+    "crash": "crash",
+    "xid": "xid",
+    "hang": "hang",
+    "node": "node",
+    "node-survivor": "node",
+}
+# Restore sources in lost_steps.json that mean "from a memory snapshot".
+MEMORY_SOURCES = ("memory", "buddy")
+LOST_FIGURE = "lost steps beyond the newest save"
+
+
+def fault_class(signal: str, node_down: bool) -> str:
+    """The class a fault's measured lost work is looked up by: a node loss is its own."""
+    return "node" if node_down else signal
 
 
 class MeasuredError(ValueError):
@@ -80,12 +112,28 @@ class Measured:
     detection_seconds: dict[str, float] = field(default_factory=dict)
     hang_extra_seconds: float | None = None  # measured hang detection beyond its timeout
     restart_seconds: dict[str, float] = field(default_factory=dict)
+    # Steps lost beyond the newest disk save, per fault class (signal, or "node").
     extra_lost_steps: dict[str, float] = field(default_factory=dict)
+    # Fault classes a memory snapshot did not restore in lost_steps.json (disk instead).
+    memory_not_restored: frozenset[str] = frozenset()
+    # Fault classes that lose the snapshot being written (the rank died unflushed).
+    loses_inflight_snapshot: frozenset[str] = frozenset()
     memory_snapshots: bool = False
     snapshot_stall_seconds: float = 0.0
     snapshot_write_seconds: float = 0.0
     checkpoint_stall_ratio: float | None = None
     figures: tuple[Figure, ...] = ()
+
+    def restores_from_memory(self, signal: str, node_down: bool) -> bool:
+        """Whether a fault of this signal restores the newest memory snapshot."""
+        if not self.memory_snapshots or signal not in self.restart_seconds:
+            return False  # straggler and sdc never do; nor a kind without figures
+        return fault_class(signal, node_down) not in self.memory_not_restored
+
+    def disk_extra_steps(self, signal: str, node_down: bool) -> float:
+        """Steps lost beyond the newest disk save, when restoring from the disk."""
+        cls = fault_class(signal, node_down)
+        return self.extra_lost_steps.get(cls, self.extra_lost_steps.get(signal, 0.0))
 
     def min_snapshot_steps(self, step_seconds: float) -> int:
         """The fewest steps between memory snapshots: a slot is written before the next."""
@@ -109,6 +157,9 @@ class Measured:
 def _get(data: Any, path: str, source: str) -> Any:
     node = data
     for key in path.split("."):
+        if isinstance(node, list) and key.isdigit() and int(key) < len(node):
+            node = node[int(key)]  # "trials.3.lost": a list index
+            continue
         if not isinstance(node, dict) or key not in node:
             raise MeasuredError(f"{source}: missing field {path!r}")
         node = node[key]
@@ -147,8 +198,11 @@ def _kind_of(data: dict[str, Any], source: str) -> str:
         return "snapshot_stall"
     if data.get("benchmark") == "checkpoint_save":
         return "checkpoint_save"
+    if data.get("schema") == LOST_SCHEMA:
+        return "lost_steps"
     raise MeasuredError(
-        f"{source}: not a recovery_latency, snapshot_stall or checkpoint_save result "
+        f"{source}: not a recovery_latency, snapshot_stall, checkpoint_save or lost_steps "
+        "result "
         f"(schema {data.get('schema')!r})"
     )
 
@@ -159,6 +213,7 @@ def load_measured(paths: list[str | Path], memory_snapshots: bool = False) -> Me
         raise MeasuredError("no measured result file given")
     out = Measured(memory_snapshots=memory_snapshots)
     seen: set[str] = set()
+    lost_docs: list[tuple[dict[str, Any], str]] = []
     for raw in paths:
         path = Path(raw)
         data = _read(path)
@@ -169,6 +224,8 @@ def load_measured(paths: list[str | Path], memory_snapshots: bool = False) -> Me
             out = _recovery(out, data, src)
         elif kind == "snapshot_stall":
             out = _snapshot(out, data, src)
+        elif kind == "lost_steps":
+            lost_docs.append((data, src))
         else:
             ratio = _number(data, "ratios.async_stall_vs_sync", src)
             assert ratio is not None
@@ -182,6 +239,10 @@ def load_measured(paths: list[str | Path], memory_snapshots: bool = False) -> Me
         raise MeasuredError(
             "--memory-snapshots needs a snapshot_stall result (bench/snapshot_stall.py)"
         )
+    # After every recovery_latency file: the dedicated lost-steps bench wins, whatever
+    # the order on the command line.
+    for data, src in lost_docs:
+        out = _lost_steps(out, data, src)
     return out
 
 
@@ -221,15 +282,79 @@ def _recovery(out: Measured, data: dict[str, Any], src: str) -> Measured:
             figures.append(Figure(f"{signal}: stop, inside the restart (s)", stop, src))
         if lost is not None:
             extra[signal] = max(0.0, lost - (least if least is not None else lost))
-            figures.append(
-                Figure(f"{signal}: lost steps beyond the newest save", extra[signal], src)
-            )
+            figures.append(Figure(f"{signal}: {LOST_FIGURE}", extra[signal], src))
     return replace(
         out,
         detection_seconds=detection,
         hang_extra_seconds=hang_extra,
         restart_seconds=restart,
         extra_lost_steps=extra,
+        figures=tuple(figures),
+    )
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def _lost_steps(out: Measured, data: dict[str, Any], src: str) -> Measured:
+    """lost_steps.json: per fault class, the excess beyond the newest disk save, and
+    whether (and how well) a memory snapshot restored it."""
+    save_every = _number(data, "config.save_every", src)
+    assert save_every is not None
+    if save_every < 1:
+        raise MeasuredError(f"{src}: field 'config.save_every' is below 1 ({save_every!r})")
+    trials = _get(data, "trials", src)
+    if not isinstance(trials, list):
+        raise MeasuredError(f"{src}: field 'trials' is not a list")
+    disk: dict[str, list[float]] = {}
+    from_disk: set[str] = set()
+    inflight: set[str] = set()
+    memory_seen: set[str] = set()
+    for i in range(len(trials)):
+        where = f"trials.{i}"
+        fault = _get(data, f"{where}.fault", src)
+        cls = LOST_FAULT_TO_CLASS.get(fault) if isinstance(fault, str) else None
+        if cls is None:
+            continue  # a fault this simulator has no class for
+        variant = _get(data, f"{where}.variant", src)
+        lost = _number(data, f"{where}.lost", src)
+        assert lost is not None
+        if variant == "disk":
+            failed = _number(data, f"{where}.failed_step", src)
+            assert failed is not None
+            newest = math.floor(failed / save_every) * save_every
+            disk.setdefault(cls, []).append(max(0.0, lost - (failed - newest)))
+        elif variant == "memory":
+            memory_seen.add(cls)
+            if _get(data, f"{where}.source", src) not in MEMORY_SOURCES:
+                from_disk.add(cls)
+            elif lost >= 1:
+                # A snapshot every step: a lost step is the snapshot being written.
+                inflight.add(cls)
+        else:
+            raise MeasuredError(f"{src}: field '{where}.variant' is not disk or memory")
+    extra = dict(out.extra_lost_steps)
+    # The recovery bench's lost steps give way to this file's.
+    replaced = {f"{cls}: {LOST_FIGURE}" for cls in disk}
+    figures = [f for f in out.figures if f.name not in replaced]
+    for cls, values in sorted(disk.items()):
+        extra[cls] = _median(values)
+        figures.append(Figure(f"{cls}: {LOST_FIGURE} (disk)", extra[cls], src))
+    if out.memory_snapshots:
+        for cls in sorted(memory_seen):
+            restored = cls not in from_disk
+            figures.append(Figure(f"{cls}: memory snapshot restores it", float(restored), src))
+            if restored:
+                lost_one = float(cls in inflight)
+                figures.append(Figure(f"{cls}: loses the snapshot being written", lost_one, src))
+    return replace(
+        out,
+        extra_lost_steps=extra,
+        memory_not_restored=frozenset(from_disk),
+        loses_inflight_snapshot=frozenset(inflight - from_disk),
         figures=tuple(figures),
     )
 
