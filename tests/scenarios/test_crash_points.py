@@ -37,6 +37,7 @@ from _modes import CrashWorld, crash_run_mode, crash_serve_mode
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 SHARED = [
+    "detect.after_incident_opened",
     "plan.after_recorded",
     "act.after_acting",
     "action.after_intent#1",
@@ -46,7 +47,7 @@ SHARED = [
     "action.after_apply#2",
     "action.after_result#2",
 ]
-SERVE_ONLY = ["detect.after_incident_opened", "verify.before_recovered", "verify.after_recovered"]
+SERVE_ONLY = ["verify.before_recovered", "verify.after_recovered"]
 CASES = (
     [pytest.param("run", p, id=f"run-{p}") for p in SHARED]
     + [pytest.param("serve", p, id=f"serve-{p}") for p in SHARED + SERVE_ONLY]

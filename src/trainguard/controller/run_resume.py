@@ -12,6 +12,7 @@ from trainguard.controller.checkpoint_care import select_checkpoints
 from trainguard.controller.run_act import RunActions
 from trainguard.controller.run_base import (
     ACTOR,
+    ALLOC_CONF,
     EXIT_STOPPED,
     SUPERVISOR_DIED,
     RunResult,
@@ -20,12 +21,13 @@ from trainguard.controller.run_base import (
     _stored_plan,
 )
 from trainguard.model.devices import Device
+from trainguard.model.findings import Attribution, Finding
 from trainguard.model.plan import (
     ActionKind,
     Mode,
     Plan,
+    PriorFailure,
     Quarantine,
-    Restart,
 )
 from trainguard.model.records import (
     AttemptRecord,
@@ -267,13 +269,29 @@ class RunResume(RunActions):
             1 for i in incidents for x in i.actions if x.get("type") == ActionKind.RESTART.value
         )
         number = max((a.number for a in attempts), default=-1) + 1
-        plan = _stored_plan(inc) if inc is not None else None
-        if inc is None or plan is None:
-            return self._resume_running(job, number, attempts, inc)
+        # The failures so far, as decide() would have had them (the futile-retry and
+        # repeat rules): one per incident, what its attribution named.
+        self.history = [
+            PriorFailure(
+                attempt=i.attempt, signature=i.signature, domain=i.domain.value,
+                kind=i.kind.value, culprit=i.culprit,
+            )
+            for i in sorted(incidents, key=lambda i: i.id)
+        ]  # fmt: skip
+        if inc is None:
+            return self._resume_running(job, number, attempts)
         self.restarts_used = sum(
             1 for x in inc.actions if x.get("type") == ActionKind.RESTART.value
         )
         self.last_failed_step = inc.failed_step
+        self.isolated[inc.id] = sorted(_quarantined_by(inc))
+        plan = _stored_plan(inc)
+        if plan is None:
+            # Opened, never planned (the crash came between the two): decide now, from
+            # the incident's evidence and the devices' health as they are (0331).
+            plan = self._replan(inc, attempts, who)
+            inc = self.db.get_incident(inc.id)
+            return self._carry_out(inc.id, number, plan, inc, resumed=True)
         self.audit(
             AuditKind.NOTE,
             f"incident:{inc.id}",
@@ -285,15 +303,65 @@ class RunResume(RunActions):
         self.say(f"incident {inc.id}: resuming its plan (generation {inc.plan_generation})")
         return self._carry_out(inc.id, number, plan, inc, resumed=True)
 
+    def _replan(self, inc: IncidentRecord, attempts: Sequence[AttemptRecord], who: str) -> Plan:
+        """The Plan a dead supervisor never recorded for ``inc``, decided now (0331).
+
+        What ``decide()`` reads is rebuilt from the store, as serve's engine rebuilds it
+        for an incident it finds open: the attribution the incident was opened with
+        (its culprit, evidence and findings: the XID and the card it named), the failed
+        attempt's devices and environment, the devices' health now, the checkpoints on
+        disk. A card the evidence blames is therefore quarantined before the restart
+        and never given the job again, exactly as had the dead supervisor planned it.
+        """
+        failed = next((a for a in attempts if a.number == inc.attempt), None)
+        attribution = Attribution(
+            kind=inc.kind,
+            domain=inc.domain,
+            culprit=inc.culprit,
+            confidence=inc.confidence or 0.0,
+            summary=inc.summary,
+            evidence=inc.evidence,
+            findings=tuple(
+                Finding.from_dict(f)
+                for f in (inc.attribution or {}).get("findings") or ()
+                if isinstance(f, dict)
+            ),
+            signature=inc.signature,
+        )
+        env = self._launch_env(inc.attempt)
+        if ALLOC_CONF not in env and self.user_env_alloc:
+            env[ALLOC_CONF] = self.user_env_alloc
+        self.audit(
+            AuditKind.NOTE,
+            f"incident:{inc.id}",
+            f"incident {inc.id} has no plan ({who} before recording one): deciding it now "
+            "from its evidence and the devices' health",
+            {"attempt": inc.attempt, "culprit": inc.culprit.to_dict()},
+            inc.id,
+        )
+        self.say(f"incident {inc.id}: no plan was recorded before {who}; deciding it now")
+        # Only act-mode jobs are resumed (_resumable): the plan is carried out.
+        return self._decide(
+            inc.id, inc.attempt, attribution, failed.device_uuids if failed else (), env
+        )
+
+    def _launch_env(self, number: int) -> dict[str, str]:
+        """The environment the plan gave attempt ``number`` (its launch intent's record)."""
+        env: dict[str, str] = {}
+        subject = f"attempt:{self.job_id}/{number}"
+        for ev in self.db.list_audit(subject=subject, kind=AuditKind.INTENT):
+            if isinstance(ev.data, dict) and isinstance(ev.data.get("env"), dict):
+                env = {str(k): str(v) for k, v in ev.data["env"].items()}
+        return env
+
     def _resume_running(
         self,
         job: JobRecord,
         number: int,
         attempts: Sequence[AttemptRecord],
-        inc: IncidentRecord | None,
     ) -> _Attempt | RunResult:
-        """Restart a job whose supervisor died while it ran (or before a plan existed):
-        its last attempt's devices when still schedulable, the newest valid checkpoint."""
+        """Restart a job whose supervisor died while it ran, with no incident open: its
+        last attempt's devices when still schedulable, the newest valid checkpoint."""
         statuses = {s.device.uuid: s for s in self.device_statuses()}
         last = max(attempts, key=lambda a: a.number) if attempts else None
         devices: tuple[Device, ...] | None = None
@@ -304,9 +372,7 @@ class RunResume(RunActions):
         if devices is None:
             devices = self._initial_devices(tuple(statuses.values()))
         if devices is None:
-            return self._stop_job(
-                inc.id if inc else None, "not enough healthy devices to resume", EXIT_STOPPED
-            )
+            return self._stop_job(None, "not enough healthy devices to resume", EXIT_STOPPED)
         found = select_checkpoints(self.opt.checkpoint_dir, self.opt.checkpoint_verify)
         ckpt = next((c for c in found if c.valid), None)
         self.audit(
@@ -315,13 +381,7 @@ class RunResume(RunActions):
             f"resuming job {job.id} after the supervisor died: attempt {number}"
             + (f" from {ckpt.path}" if ckpt else " from the beginning"),
             {"attempt": number, "checkpoint": ckpt.path if ckpt else None},
-            inc.id if inc else None,
         )
-        if inc is not None:
-            # An incident without a plan (the crash came between the two): restart under
-            # it, so that the restart is verified and the incident closes.
-            plan = Plan(actions=(Restart(devices=tuple(d.uuid for d in devices), checkpoint=ckpt),))
-            return self._carry_out(inc.id, number, plan, inc, resumed=True)
         if job.state is JobState.PENDING or job.state is JobState.RECOVERING:
             self.db.update_job_state(job.id, JobState.RUNNING, at=self.clock(), actor=ACTOR)
         att = self._launch(number, devices, ckpt, {}, incident_id=None)
