@@ -251,6 +251,8 @@ class RunResume(RunActions):
                     reason=f"{SUPERVISOR_DIED}; superseded by incident {inc.id if inc else '-'}",
                     actor=ACTOR,
                 )  # fmt: skip
+        if inc is not None and self._restart_verified(inc, attempts):
+            inc = None  # recovered: what is left is a job killed mid-run
         for a in attempts:
             if a.state.terminal:
                 continue
@@ -302,6 +304,25 @@ class RunResume(RunActions):
         )
         self.say(f"incident {inc.id}: resuming its plan (generation {inc.plan_generation})")
         return self._carry_out(inc.id, number, plan, inc, resumed=True)
+
+    def _restart_verified(self, inc: IncidentRecord, attempts: Sequence[AttemptRecord]) -> bool:
+        """Close ``inc`` recovered when its restart's record says verified: the dead
+        supervisor reached the verdict and died before closing the incident
+        (``verify.before_recovered``). Carrying out its plan again would be a second
+        restart in its ledger; the job is instead resumed as one killed mid-run (0331)."""
+        rec = next((a for a in attempts if a.number == inc.recovery_attempt), None)
+        if rec is None or rec.state is not AttemptState.VERIFIED:
+            return False
+        self.db.update_incident(
+            inc.id,
+            at=self.clock(),
+            state=IncidentState.RECOVERED,
+            note=f"recovered: attempt {rec.number} was verified ({rec.reason or 'no note'}); "
+            "the supervisor died before closing the incident",
+            actor=ACTOR,
+        )
+        self.say(f"incident {inc.id}: its restart (attempt {rec.number}) was verified; recovered")
+        return True
 
     def _replan(self, inc: IncidentRecord, attempts: Sequence[AttemptRecord], who: str) -> Plan:
         """The Plan a dead supervisor never recorded for ``inc``, decided now (0331).
