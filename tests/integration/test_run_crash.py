@@ -12,6 +12,8 @@ point ``TRAINGUARD_TEST_CRASH_AT`` names, after rank 1 logged an XID and died):
 * the next ``trainguard run`` of the same command takes the dead supervisor's lease
   at once and resumes its job (0220): restarted once, no incident, completed;
 * a run of another command closes the dead supervisor's job instead (0114);
+* a supervisor dead between an XID's audited observation and the incident: the next
+  run opens the incident from that evidence and keeps the card out (0331);
 * leftovers of a supervisor whose watchdog died too are stopped before a start.
 """
 
@@ -246,3 +248,63 @@ def test_leftovers_of_a_dead_supervisor_and_watchdog_are_stopped_before_the_next
         [attempt] = store.list_attempts(new.id)
         assert attempt.started_at > stopped[0].at
         intents_have_results(store)
+
+
+def test_a_supervisor_dead_between_an_xid_and_its_incident_leaves_the_card_out(
+    tmp_path: Path,
+) -> None:
+    # The world a run leaves when it dies after auditing an XID on its attempt's card
+    # and before opening the incident (a few store reads apart, no crash point):
+    # written here as that run writes it, with a supervisor that no longer exists.
+    # The next run opens the incident from the audited evidence and decides it (0331):
+    # the card is quarantined and the job restarted on the others, never on it.
+    from trainguard.controller.run import RunOptions, run_job
+    from trainguard.diagnose.detectors import line_finding
+    from trainguard.diagnose.signatures import classify_line
+    from trainguard.model.records import AuditKind, JobState
+    from trainguard.schedulers.local import process_identity
+    from trainguard.store.fleet import FleetStore
+
+    state = tmp_path / "state.db"
+    kern = tmp_path / "kern.log"
+    kern.write_text("")
+    command = (sys.executable, "-c", "print('step=1', flush=True)")
+    devices = simulated(3)
+    bad = devices[1]
+    now = time.time()
+    with Store.open(state) as store:
+        store.register_devices(devices, at=now)
+        job = store.create_job(name="t", command=command, need=2, at=now, mode="act")
+        store.update_job_state(job.id, JobState.RUNNING, at=now)
+        store.start_attempt(job.id, 0, devices[:2], at=now)
+        dead = {**process_identity(), "start_ticks": -1}  # this pid, another process
+        store.append_audit(now, "trainguard-run", AuditKind.NOTE, f"job:{job.id}",
+                           "supervised", {"supervisor": dead}, job_id=job.id)  # fmt: skip
+        line = (f"NVRM: Xid (PCI:{bad.pci_bus_id[:-2]}): 79, pid=1, name=python, "
+                "GPU has fallen off the bus.")  # fmt: skip
+        match = classify_line(line)
+        assert match is not None
+        xid = line_finding(match, match.text, now + 1, "kernel_log", devices[:2], devices)
+        store.append_audit(now + 1, "trainguard-run", AuditKind.OBSERVATION,
+                           f"attempt:{job.id}/0", f"xid: {xid.message}", xid.to_dict(),
+                           job_id=job.id)  # fmt: skip
+
+    result = run_job(
+        RunOptions(command=command, state=str(state), need=2, simulate_devices=3,
+                   kernel_log=str(kern), verify_window=0.5, grace=1.0, echo=False)
+    )  # fmt: skip
+    assert result.exit_code == 0, result
+    with Store.open(state) as store:
+        assert store.get_job(job.id).state is JobState.COMPLETED
+        [inc] = store.list_incidents(job_id=job.id)
+        assert (inc.attempt, inc.state.value, inc.culprit.device_uuid) == (0, "recovered", bad.uuid)
+        assert [a["type"] for a in inc.actions] == ["quarantine", "restart"]
+        attempts = store.list_attempts(job.id)
+        assert [a.state.value for a in attempts] == ["failed", "completed"]
+        assert bad.uuid not in attempts[1].device_uuids
+        assert [h.new_state.value for h in store.device_history(bad.uuid)] == [
+            "healthy",
+            "quarantined",
+        ]
+        assert [r.resource_id for r in FleetStore(store).list_repairs()] == [bad.uuid]
+        assert intents_have_results(store) == []

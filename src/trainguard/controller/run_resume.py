@@ -20,6 +20,7 @@ from trainguard.controller.run_base import (
     _quarantined_by,
     _stored_plan,
 )
+from trainguard.diagnose.attribution import attribute
 from trainguard.model.devices import Device
 from trainguard.model.findings import Attribution, Finding
 from trainguard.model.plan import (
@@ -38,6 +39,7 @@ from trainguard.model.records import (
     JobRecord,
     JobState,
 )
+from trainguard.policy.evidence import Route, route_finding
 from trainguard.schedulers.local import (
     identity_alive,
     job_processes,
@@ -242,6 +244,10 @@ class RunResume(RunActions):
         attempts = self.db.list_attempts(job.id)
         incidents = self.db.list_incidents(job_id=job.id)
         open_incs = [i for i in incidents if not i.state.terminal]
+        if not open_incs:
+            found = self._incident_from_evidence(job, attempts, incidents)
+            if found is not None:
+                incidents, open_incs = [*incidents, found], [found]
         inc = max(open_incs, key=lambda i: i.id) if open_incs else None
         who = "the supervisor died"
         for other in open_incs:
@@ -304,6 +310,60 @@ class RunResume(RunActions):
         )
         self.say(f"incident {inc.id}: resuming its plan (generation {inc.plan_generation})")
         return self._carry_out(inc.id, number, plan, inc, resumed=True)
+
+    def _incident_from_evidence(
+        self, job: JobRecord, attempts: Sequence[AttemptRecord], incidents: Sequence[IncidentRecord]
+    ) -> IncidentRecord | None:
+        """The incident a dead supervisor was about to open, opened now (0331).
+
+        Its last attempt's audited observations hold fatal evidence on the attempt's
+        own devices (an XID that names one of its cards: what triggers a recovery
+        live), and no incident names that attempt: the supervisor died between the
+        evidence and the incident. Without this the job would be restarted on the
+        same devices, the XID's card among them. The incident is opened from the
+        audited findings with the same attribution the live path uses, then decided
+        like any incident without a plan (:meth:`_replan`).
+        """
+        last = max(attempts, key=lambda a: a.number) if attempts else None
+        if last is None or any(i.attempt == last.number for i in incidents):
+            return None
+        mine = set(last.device_uuids)
+        findings: list[Finding] = []
+        detected_at: float | None = None
+        subject = f"attempt:{job.id}/{last.number}"
+        for ev in self.db.list_audit(subject=subject, kind=AuditKind.OBSERVATION):
+            try:
+                f = Finding.from_dict(ev.data)
+            except Exception:  # not a finding (or an older shape): not evidence here
+                continue
+            findings.append(f)
+            if detected_at is None and route_finding(f, attempt_devices=mine) is Route.RECOVER:
+                detected_at = ev.at
+        if detected_at is None:
+            return None
+        by_uuid = {d.uuid: d for d in self.inventory}
+        devices = tuple(by_uuid[u] for u in last.device_uuids if u in by_uuid)
+        attribution = attribute(findings, devices, detected_at, self.opt.correlation_window)
+        relevant = [f.at for f in attribution.findings if f.at >= last.started_at]
+        inc = self.db.open_incident(
+            job.id,
+            last.number,
+            attribution,
+            detected_at=detected_at,
+            fault_at=min([*relevant, detected_at]),
+            failed_step=last.last_step,
+            actor=ACTOR,
+        )
+        self.audit(
+            AuditKind.NOTE,
+            f"incident:{inc.id}",
+            f"incident {inc.id} opened after the supervisor died: attempt {last.number}'s "
+            "audited evidence shows it failed before an incident was opened",
+            {"attempt": last.number, "findings": len(findings)},
+            inc.id,
+        )
+        self.say(f"incident {inc.id}: opened from attempt {last.number}'s recorded evidence")
+        return inc
 
     def _restart_verified(self, inc: IncidentRecord, attempts: Sequence[AttemptRecord]) -> bool:
         """Close ``inc`` recovered when its restart's record says verified: the dead
