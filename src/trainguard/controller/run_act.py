@@ -208,7 +208,10 @@ class RunActions(RunVerification):
             isolated=tuple(self.isolated.get(incident_id, ())),
         )
         plan = decide(snapshot)
-        self.db.record_plan(incident_id, plan.to_dict(), at=self.clock(), actor=ACTOR)
+        # Which failure it answers (as serve records it): a resumed run tells a plan
+        # spent by a failed restart from one still to carry out (0331).
+        recorded = {**plan.to_dict(), "attempt": attempt}
+        self.db.record_plan(incident_id, recorded, at=self.clock(), actor=ACTOR)
         self.crash.hit("plan.after_recorded")
         return plan
 

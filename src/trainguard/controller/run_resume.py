@@ -1,7 +1,8 @@
 """A ``trainguard run`` that died, seen by the next one on the same state
 (decisions 0114, 0220): leftovers stopped, unanswered intents answered
 "abandoned", then the job resumed from its ledger (the persisted Plan, the
-actions already recorded) when this run is asked to run it again, or closed."""
+actions already recorded; what it had not decided yet, decided from the stored
+evidence, 0331) when this run is asked to run it again, or closed."""
 
 from __future__ import annotations
 
@@ -237,9 +238,14 @@ class RunResume(RunActions):
         show as done is carried out: a quarantine with a recorded result is kept, not
         repeated; the plan's restart launches one new attempt (an attempt launched
         before the crash died with its supervisor), which is then verified as any
-        restart; a stop is completed. A job that died without an open incident (the
-        supervisor was killed mid-job) restarts on its devices from the newest valid
-        checkpoint, without an incident: the job itself did not fail.
+        restart; a stop is completed. Where the dead supervisor had not decided yet,
+        the store's evidence is decided now, as serve's engine re-plans (0331): an
+        incident without a plan; the last attempt's audited fatal evidence with no
+        incident for it; a restart attempt that failed after the plan that launched
+        it. An incident whose restart was verified is closed recovered. A job that
+        died without an open incident (the supervisor was killed mid-job) restarts on
+        its devices from the newest valid checkpoint, without an incident: the job
+        itself did not fail.
         """
         attempts = self.db.list_attempts(job.id)
         incidents = self.db.list_incidents(job_id=job.id)
@@ -259,10 +265,15 @@ class RunResume(RunActions):
                 )  # fmt: skip
         if inc is not None and self._restart_verified(inc, attempts):
             inc = None  # recovered: what is left is a job killed mid-run
+        # The plan's restart failed too, and the supervisor died before deciding again.
+        refailed = self._failed_restart(inc, attempts) if inc is not None else None
         for a in attempts:
             if a.state.terminal:
                 continue
-            failed = inc is not None and a.number == inc.attempt
+            failed = inc is not None and a.number in (
+                inc.attempt,
+                refailed[0].number if refailed else None,
+            )
             self.db.finish_attempt(
                 job.id,
                 a.number,
@@ -294,6 +305,29 @@ class RunResume(RunActions):
         self.last_failed_step = inc.failed_step
         self.isolated[inc.id] = sorted(_quarantined_by(inc))
         plan = _stored_plan(inc)
+        if refailed is not None:
+            rec, attribution = refailed
+            self.db.update_incident(
+                inc.id,
+                at=self.clock(),
+                note=f"attempt {rec.number} failed before it verified: {attribution.summary} "
+                f"(read from its recorded evidence after {who})",
+                evidence=attribution.evidence[:10],
+                actor=ACTOR,
+            )
+            self.history.append(
+                PriorFailure(
+                    attempt=rec.number, signature=attribution.signature,
+                    domain=attribution.domain.value, kind=attribution.kind.value,
+                    culprit=attribution.culprit,
+                )
+            )  # fmt: skip
+            self.say(f"incident {inc.id}: attempt {rec.number} failed too; deciding again")
+            plan = self._decide(
+                inc.id, rec.number, attribution, rec.device_uuids, self._launch_env(rec.number)
+            )
+            inc = self.db.get_incident(inc.id)
+            return self._carry_out(inc.id, number, plan, inc, resumed=True)
         if plan is None:
             # Opened, never planned (the crash came between the two): decide now, from
             # the incident's evidence and the devices' health as they are (0331).
@@ -311,6 +345,49 @@ class RunResume(RunActions):
         self.say(f"incident {inc.id}: resuming its plan (generation {inc.plan_generation})")
         return self._carry_out(inc.id, number, plan, inc, resumed=True)
 
+    def _fatal_evidence(
+        self, job_id: str, att: AttemptRecord
+    ) -> tuple[list[Finding], float | None]:
+        """An attempt's audited findings, and when the first one that triggers a
+        recovery live (fatal evidence on its own device) was seen, if any."""
+        mine = set(att.device_uuids)
+        findings: list[Finding] = []
+        detected_at: float | None = None
+        subject = f"attempt:{job_id}/{att.number}"
+        for ev in self.db.list_audit(subject=subject, kind=AuditKind.OBSERVATION):
+            try:
+                f = Finding.from_dict(ev.data)
+            except Exception:  # not a finding (or an older shape): not evidence here
+                continue
+            findings.append(f)
+            if detected_at is None and route_finding(f, attempt_devices=mine) is Route.RECOVER:
+                detected_at = ev.at
+        return findings, detected_at
+
+    def _attribution(
+        self, att: AttemptRecord, findings: Sequence[Finding], detected_at: float
+    ) -> Attribution:
+        by_uuid = {d.uuid: d for d in self.inventory}
+        devices = tuple(by_uuid[u] for u in att.device_uuids if u in by_uuid)
+        return attribute(findings, devices, detected_at, self.opt.correlation_window)
+
+    def _failed_restart(
+        self, inc: IncidentRecord, attempts: Sequence[AttemptRecord]
+    ) -> tuple[AttemptRecord, Attribution] | None:
+        """The incident's restart attempt, when its audited evidence shows it failed after
+        the incident's latest plan (which launched it) was decided: that plan is spent,
+        and carrying it out again could give the new culprit the job (0331)."""
+        last = max(attempts, key=lambda a: a.number) if attempts else None
+        if last is None or last.number != inc.recovery_attempt or last.state.terminal:
+            return None
+        planned_for = (inc.plan or {}).get("attempt", inc.attempt)
+        if not isinstance(planned_for, int) or planned_for >= last.number:
+            return None  # the latest plan already answers this attempt's failure
+        findings, detected_at = self._fatal_evidence(inc.job_id, last)
+        if detected_at is None:
+            return None  # it was running: the plan's restart is carried out again (0220)
+        return last, self._attribution(last, findings, detected_at)
+
     def _incident_from_evidence(
         self, job: JobRecord, attempts: Sequence[AttemptRecord], incidents: Sequence[IncidentRecord]
     ) -> IncidentRecord | None:
@@ -327,23 +404,10 @@ class RunResume(RunActions):
         last = max(attempts, key=lambda a: a.number) if attempts else None
         if last is None or any(i.attempt == last.number for i in incidents):
             return None
-        mine = set(last.device_uuids)
-        findings: list[Finding] = []
-        detected_at: float | None = None
-        subject = f"attempt:{job.id}/{last.number}"
-        for ev in self.db.list_audit(subject=subject, kind=AuditKind.OBSERVATION):
-            try:
-                f = Finding.from_dict(ev.data)
-            except Exception:  # not a finding (or an older shape): not evidence here
-                continue
-            findings.append(f)
-            if detected_at is None and route_finding(f, attempt_devices=mine) is Route.RECOVER:
-                detected_at = ev.at
+        findings, detected_at = self._fatal_evidence(job.id, last)
         if detected_at is None:
             return None
-        by_uuid = {d.uuid: d for d in self.inventory}
-        devices = tuple(by_uuid[u] for u in last.device_uuids if u in by_uuid)
-        attribution = attribute(findings, devices, detected_at, self.opt.correlation_window)
+        attribution = self._attribution(last, findings, detected_at)
         relevant = [f.at for f in attribution.findings if f.at >= last.started_at]
         inc = self.db.open_incident(
             job.id,
