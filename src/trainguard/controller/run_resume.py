@@ -250,10 +250,6 @@ class RunResume(RunActions):
         attempts = self.db.list_attempts(job.id)
         incidents = self.db.list_incidents(job_id=job.id)
         open_incs = [i for i in incidents if not i.state.terminal]
-        if not open_incs:
-            found = self._incident_from_evidence(job, attempts, incidents)
-            if found is not None:
-                incidents, open_incs = [*incidents, found], [found]
         inc = max(open_incs, key=lambda i: i.id) if open_incs else None
         who = "the supervisor died"
         for other in open_incs:
@@ -265,6 +261,10 @@ class RunResume(RunActions):
                 )  # fmt: skip
         if inc is not None and self._restart_verified(inc, attempts):
             inc = None  # recovered: what is left is a job killed mid-run
+        if inc is None:
+            inc = self._incident_from_evidence(job, attempts, incidents)
+            if inc is not None:
+                incidents = [*incidents, inc]
         # The plan's restart failed too, and the supervisor died before deciding again.
         refailed = self._failed_restart(inc, attempts) if inc is not None else None
         for a in attempts:
