@@ -12,8 +12,9 @@ point ``TRAINGUARD_TEST_CRASH_AT`` names, after rank 1 logged an XID and died):
 * the next ``trainguard run`` of the same command takes the dead supervisor's lease
   at once and resumes its job (0220): restarted once, no incident, completed;
 * a run of another command closes the dead supervisor's job instead (0114);
-* a supervisor dead between an XID's audited observation and the incident: the next
-  run opens the incident from that evidence and keeps the card out (0331);
+* a supervisor dead between an XID's (or a crash's) audited observation and the
+  incident, or between a restart's failure and the next plan: the next run decides
+  from that evidence and keeps the card out (0331);
 * leftovers of a supervisor whose watchdog died too are stopped before a start.
 """
 
@@ -378,3 +379,38 @@ def test_a_restart_that_failed_on_an_xid_before_the_next_plan_is_decided_again(
             "healthy",
             "quarantined",
         ]
+
+
+def test_a_supervisor_dead_between_a_crash_and_its_incident_opens_it_at_resume(
+    tmp_path: Path,
+) -> None:
+    # The same window for a job that crashed (no hardware evidence; the settle time
+    # makes it the longer one): the next run opens the incident from the audited
+    # crash and restarts under it, as the live run would have (0331).
+    from trainguard.diagnose.detectors import ProcessExit, crash_finding
+    from trainguard.model.records import AuditKind, JobState
+
+    devices = simulated(3)
+    now = time.time()
+    with Store.open(tmp_path / "state.db") as store:
+        store.register_devices(devices, at=now)
+        job = store.create_job(name="t", command=COMMAND, need=2, at=now, mode="act")
+        store.update_job_state(job.id, JobState.RUNNING, at=now)
+        store.start_attempt(job.id, 0, devices[:2], at=now)
+        _dead_run(store, job.id, now)
+        crash = crash_finding(ProcessExit(at=now + 1, source="launcher", exit_code=1), devices[:2])
+        assert crash is not None
+        store.append_audit(now + 1, "trainguard-run", AuditKind.OBSERVATION,
+                           f"attempt:{job.id}/0", f"crash: {crash.message}", crash.to_dict(),
+                           job_id=job.id)  # fmt: skip
+
+    _run_again(tmp_path)
+    with Store.open(tmp_path / "state.db") as store:
+        assert store.get_job(job.id).state is JobState.COMPLETED
+        [inc] = store.list_incidents(job_id=job.id)
+        assert (inc.attempt, inc.kind.value, inc.state.value) == (0, "crash", "recovered")
+        assert [a["type"] for a in inc.actions] == ["restart"]
+        attempts = store.list_attempts(job.id)
+        assert [a.state.value for a in attempts] == ["failed", "completed"]
+        assert all(d.state is HealthState.HEALTHY for d in store.list_devices())
+        assert intents_have_results(store) == []

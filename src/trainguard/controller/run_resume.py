@@ -47,6 +47,10 @@ from trainguard.schedulers.local import (
     kill_processes,
 )
 
+# Findings that end an attempt live (run_observe's _trigger), besides fatal evidence
+# on its own device: audited for a dead supervisor's last attempt, they say it failed.
+TRIGGERS = frozenset({"crash", "hang", "verify_failed"})
+
 
 class RunResume(RunActions):
     """A dead supervisor's jobs, resumed or closed (see the module docstring)."""
@@ -349,7 +353,8 @@ class RunResume(RunActions):
         self, job_id: str, att: AttemptRecord
     ) -> tuple[list[Finding], float | None]:
         """An attempt's audited findings, and when the first one that triggers a
-        recovery live (fatal evidence on its own device) was seen, if any."""
+        recovery live was seen, if any: a crash, a hang, a failed verification
+        (:meth:`_trigger`'s callers), or fatal evidence on its own device."""
         mine = set(att.device_uuids)
         findings: list[Finding] = []
         detected_at: float | None = None
@@ -360,7 +365,9 @@ class RunResume(RunActions):
             except Exception:  # not a finding (or an older shape): not evidence here
                 continue
             findings.append(f)
-            if detected_at is None and route_finding(f, attempt_devices=mine) is Route.RECOVER:
+            if detected_at is None and (
+                f.kind in TRIGGERS or route_finding(f, attempt_devices=mine) is Route.RECOVER
+            ):
                 detected_at = ev.at
         return findings, detected_at
 
