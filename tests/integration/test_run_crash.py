@@ -12,6 +12,9 @@ point ``TRAINGUARD_TEST_CRASH_AT`` names, after rank 1 logged an XID and died):
 * the next ``trainguard run`` of the same command takes the dead supervisor's lease
   at once and resumes its job (0220): restarted once, no incident, completed;
 * a run of another command closes the dead supervisor's job instead (0114);
+* a supervisor dead between an XID's (or a crash's) audited observation and the
+  incident, or between a restart's failure and the next plan: the next run decides
+  from that evidence and keeps the card out (0331);
 * leftovers of a supervisor whose watchdog died too are stopped before a start.
 """
 
@@ -246,3 +249,168 @@ def test_leftovers_of_a_dead_supervisor_and_watchdog_are_stopped_before_the_next
         [attempt] = store.list_attempts(new.id)
         assert attempt.started_at > stopped[0].at
         intents_have_results(store)
+
+
+# --- the world a run leaves when it dies where no crash point is: written as it writes it --
+
+COMMAND = (sys.executable, "-c", "print('step=1', flush=True)")
+
+
+def _dead_run(store: Store, job_id: str, at: float) -> None:
+    """The job's supervisor record names a process that no longer exists (this pid with
+    another start time): the next run adopts the job (0220)."""
+    from trainguard.model.records import AuditKind
+    from trainguard.schedulers.local import process_identity
+
+    dead = {**process_identity(), "start_ticks": -1}
+    store.append_audit(at, "trainguard-run", AuditKind.NOTE, f"job:{job_id}", "supervised",
+                       {"supervisor": dead}, job_id=job_id)  # fmt: skip
+
+
+def _audited_xid(
+    store: Store, job_id: str, attempt: int, bad: Any, on: list[Any], at: float
+) -> None:
+    """An XID 79 on ``bad`` as the run audits it for ``attempt`` (running on ``on``)."""
+    from trainguard.diagnose.detectors import line_finding
+    from trainguard.diagnose.signatures import classify_line
+    from trainguard.model.records import AuditKind
+
+    line = (f"NVRM: Xid (PCI:{bad.pci_bus_id[:-2]}): 79, pid=1, name=python, "
+            "GPU has fallen off the bus.")  # fmt: skip
+    match = classify_line(line)
+    assert match is not None
+    xid = line_finding(match, match.text, at, "kernel_log", on, simulated(3))
+    store.append_audit(at, "trainguard-run", AuditKind.OBSERVATION, f"attempt:{job_id}/{attempt}",
+                       f"xid: {xid.message}", xid.to_dict(), job_id=job_id)  # fmt: skip
+
+
+def _run_again(tmp: Path) -> None:
+    from trainguard.controller.run import RunOptions, run_job
+
+    kern = tmp / "kern.log"
+    kern.write_text("")
+    result = run_job(
+        RunOptions(command=COMMAND, state=str(tmp / "state.db"), need=2, simulate_devices=3,
+                   kernel_log=str(kern), verify_window=0.5, grace=1.0, echo=False)
+    )  # fmt: skip
+    assert result.exit_code == 0, result
+
+
+def test_a_supervisor_dead_between_an_xid_and_its_incident_leaves_the_card_out(
+    tmp_path: Path,
+) -> None:
+    # The run died after auditing an XID on its attempt's card and before opening the
+    # incident (a few store reads apart, no crash point). The next run opens the
+    # incident from the audited evidence and decides it (0331): the card is
+    # quarantined and the job restarted on the others, never on it.
+    from trainguard.model.records import JobState
+    from trainguard.store.fleet import FleetStore
+
+    devices = simulated(3)
+    bad = devices[1]
+    now = time.time()
+    with Store.open(tmp_path / "state.db") as store:
+        store.register_devices(devices, at=now)
+        job = store.create_job(name="t", command=COMMAND, need=2, at=now, mode="act")
+        store.update_job_state(job.id, JobState.RUNNING, at=now)
+        store.start_attempt(job.id, 0, devices[:2], at=now)
+        _dead_run(store, job.id, now)
+        _audited_xid(store, job.id, 0, bad, devices[:2], now + 1)
+
+    _run_again(tmp_path)
+    with Store.open(tmp_path / "state.db") as store:
+        assert store.get_job(job.id).state is JobState.COMPLETED
+        [inc] = store.list_incidents(job_id=job.id)
+        assert (inc.attempt, inc.state.value, inc.culprit.device_uuid) == (0, "recovered", bad.uuid)
+        assert [a["type"] for a in inc.actions] == ["quarantine", "restart"]
+        attempts = store.list_attempts(job.id)
+        assert [a.state.value for a in attempts] == ["failed", "completed"]
+        assert bad.uuid not in attempts[1].device_uuids
+        assert [h.new_state.value for h in store.device_history(bad.uuid)] == [
+            "healthy",
+            "quarantined",
+        ]
+        assert [r.resource_id for r in FleetStore(store).list_repairs()] == [bad.uuid]
+        assert intents_have_results(store) == []
+
+
+def test_a_restart_that_failed_on_an_xid_before_the_next_plan_is_decided_again(
+    tmp_path: Path,
+) -> None:
+    # Incident 1 (attempt 0 crashed) planned a restart on the same cards; attempt 1 then
+    # got an XID on card 1 and the run died before deciding again (between the
+    # incident's note and the plan, no crash point). The next run must not carry the
+    # spent plan out again onto card 1: it decides again from attempt 1's evidence.
+    from trainguard.model.findings import Attribution, Culprit, Domain, IncidentKind
+    from trainguard.model.plan import Plan, Restart
+    from trainguard.model.records import AttemptState, IncidentState, JobState
+
+    devices = simulated(3)
+    bad = devices[1]
+    now = time.time()
+    with Store.open(tmp_path / "state.db") as store:
+        store.register_devices(devices, at=now)
+        job = store.create_job(name="t", command=COMMAND, need=2, at=now, mode="act")
+        store.update_job_state(job.id, JobState.RUNNING, at=now)
+        store.start_attempt(job.id, 0, devices[:2], at=now)
+        store.finish_attempt(job.id, 0, AttemptState.FAILED, at=now + 1, reason="exit 1")
+        crash = Attribution(IncidentKind.CRASH, Domain.UNKNOWN, Culprit(), 0.5, "exit 1")
+        inc = store.open_incident(job.id, 0, crash, detected_at=now + 1)
+        plan = Plan(actions=(Restart(devices=(devices[0].uuid, bad.uuid), checkpoint=None),))
+        store.record_plan(inc.id, {**plan.to_dict(), "attempt": 0}, at=now + 1)
+        store.update_incident(inc.id, at=now + 1, state=IncidentState.ACTING)
+        store.start_attempt(job.id, 1, devices[:2], at=now + 2)
+        store.add_incident_action(inc.id, {"type": "restart", "attempt": 1}, at=now + 2)
+        store.update_incident(inc.id, at=now + 2, state=IncidentState.VERIFYING,
+                              recovery_attempt=1)  # fmt: skip
+        _dead_run(store, job.id, now)
+        _audited_xid(store, job.id, 1, bad, devices[:2], now + 3)
+
+    _run_again(tmp_path)
+    with Store.open(tmp_path / "state.db") as store:
+        assert store.get_job(job.id).state is JobState.COMPLETED
+        [inc] = store.list_incidents(job_id=job.id)
+        assert inc.state.value == "recovered" and inc.plan and inc.plan["attempt"] == 1
+        assert [a["type"] for a in inc.actions] == ["restart", "quarantine", "restart"]
+        attempts = store.list_attempts(job.id)
+        assert [a.state.value for a in attempts] == ["failed", "failed", "completed"]
+        assert bad.uuid not in attempts[2].device_uuids
+        assert [h.new_state.value for h in store.device_history(bad.uuid)] == [
+            "healthy",
+            "quarantined",
+        ]
+
+
+def test_a_supervisor_dead_between_a_crash_and_its_incident_opens_it_at_resume(
+    tmp_path: Path,
+) -> None:
+    # The same window for a job that crashed (no hardware evidence; the settle time
+    # makes it the longer one): the next run opens the incident from the audited
+    # crash and restarts under it, as the live run would have (0331).
+    from trainguard.diagnose.detectors import ProcessExit, crash_finding
+    from trainguard.model.records import AuditKind, JobState
+
+    devices = simulated(3)
+    now = time.time()
+    with Store.open(tmp_path / "state.db") as store:
+        store.register_devices(devices, at=now)
+        job = store.create_job(name="t", command=COMMAND, need=2, at=now, mode="act")
+        store.update_job_state(job.id, JobState.RUNNING, at=now)
+        store.start_attempt(job.id, 0, devices[:2], at=now)
+        _dead_run(store, job.id, now)
+        crash = crash_finding(ProcessExit(at=now + 1, source="launcher", exit_code=1), devices[:2])
+        assert crash is not None
+        store.append_audit(now + 1, "trainguard-run", AuditKind.OBSERVATION,
+                           f"attempt:{job.id}/0", f"crash: {crash.message}", crash.to_dict(),
+                           job_id=job.id)  # fmt: skip
+
+    _run_again(tmp_path)
+    with Store.open(tmp_path / "state.db") as store:
+        assert store.get_job(job.id).state is JobState.COMPLETED
+        [inc] = store.list_incidents(job_id=job.id)
+        assert (inc.attempt, inc.kind.value, inc.state.value) == (0, "crash", "recovered")
+        assert [a["type"] for a in inc.actions] == ["restart"]
+        attempts = store.list_attempts(job.id)
+        assert [a.state.value for a in attempts] == ["failed", "completed"]
+        assert all(d.state is HealthState.HEALTHY for d in store.list_devices())
+        assert intents_have_results(store) == []

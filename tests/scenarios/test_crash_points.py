@@ -18,12 +18,13 @@ restart), a new one finishes, and one world is asserted for every mode:
 
 Modes: ``run`` (a real ``trainguard run`` process; the XID in its kernel log) and
 ``serve`` (a real controller process over the procs stand-in cluster; the XID as an
-agent sends it). Each mode has the points its code passes. ``run`` has no
-``detect.*`` and ``verify.*`` points yet: its job dies with it (the watchdog,
-0113), so a crash after the restart's ledger entry means a second launch, which the
-one engine (issue 12) must first make a keyed action. PostgreSQL: one point, the one
-whose result and effects share a fenced transaction (what SQLite's locking would
-hide); the other points are the same code on either store.
+agent sends it). Both modes pass every point (0331: ``run`` re-decides an incident
+opened but never planned, and closes one whose restart it had verified). ``run``'s
+job dies with it (the watchdog, 0113), so after the restart's launch a resumed run
+launches the job once more: attempts failed, stopped, completed
+(``RUN_RESTART_LAUNCHED``). PostgreSQL: one point, the one whose result and effects
+share a fenced transaction (what SQLite's locking would hide); the other points are
+the same code on either store.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from _modes import CrashWorld, crash_run_mode, crash_serve_mode
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 SHARED = [
+    "detect.after_incident_opened",
     "plan.after_recorded",
     "act.after_acting",
     "action.after_intent#1",
@@ -45,16 +47,23 @@ SHARED = [
     "action.after_intent#2",
     "action.after_apply#2",
     "action.after_result#2",
+    "verify.before_recovered",
+    "verify.after_recovered",
 ]
-SERVE_ONLY = ["detect.after_incident_opened", "verify.before_recovered", "verify.after_recovered"]
 CASES = (
     [pytest.param("run", p, id=f"run-{p}") for p in SHARED]
-    + [pytest.param("serve", p, id=f"serve-{p}") for p in SHARED + SERVE_ONLY]
+    + [pytest.param("serve", p, id=f"serve-{p}") for p in SHARED]
     + [pytest.param("serve-postgresql", "action.after_result#1", id="serve-postgresql")]
 )
 # run: a restart launched before the crash died with its supervisor (the watchdog
-# ended it, attempt "stopped"); the resumed run launches the plan's restart once.
-RUN_RESTART_LAUNCHED = {"action.after_result#2"}
+# ended it, attempt "stopped"); the resumed run launches it once more: the plan's
+# restart when the recovery was not done yet, else (its restart verified, 0331) the
+# job as one killed mid-run, under no incident, so the ledger keeps one restart.
+RUN_RESTART_LAUNCHED = {
+    "action.after_result#2",
+    "verify.before_recovered",
+    "verify.after_recovered",
+}
 
 
 def _assert_world(w: CrashWorld, *, restart_died: bool) -> None:

@@ -146,6 +146,7 @@ class RunActions(RunVerification):
             )
             incident_id = inc.id
             self.incidents.append(incident_id)
+            self.crash.hit("detect.after_incident_opened")
         else:
             # The recovery attempt failed before it verified: the same incident, acted on again.
             incident_id = att.incident_id
@@ -172,27 +173,47 @@ class RunActions(RunVerification):
         env = dict(att.env)
         if ALLOC_CONF not in env and self.user_env_alloc:
             env[ALLOC_CONF] = self.user_env_alloc
+        plan = self._decide(
+            incident_id, att.number, attribution, tuple(d.uuid for d in att.devices), env
+        )
+        if o.mode is Mode.OBSERVE:
+            return self._observe(att, incident_id, plan)
+        return self._act(att, incident_id, plan, attribution, failed_step, user_env=env)
+
+    def _decide(
+        self,
+        incident_id: int,
+        attempt: int,
+        attribution: Attribution,
+        assigned: tuple[str, ...],
+        env: dict[str, str],
+    ) -> Plan:
+        """``decide()`` on what the store and the machine say now; the Plan is recorded
+        (durable intent) before anything is done. Also how a resumed run re-plans an
+        incident its dead supervisor opened but never planned (decision 0331)."""
+        o = self.opt
         snapshot = RecoverySnapshot(
             now=self.clock(),
             job_id=self.job_id,
-            attempt=att.number,
+            attempt=attempt,
             restarts_used=self.restarts_used,
             policy=self.policy(),
             mode=o.mode,
             attribution=attribution,
             devices=self.device_statuses(),
-            assigned=tuple(d.uuid for d in att.devices),
+            assigned=assigned,
             checkpoints=select_checkpoints(o.checkpoint_dir, o.checkpoint_verify),
             history=tuple(self.history),
             env=env,
             isolated=tuple(self.isolated.get(incident_id, ())),
         )
         plan = decide(snapshot)
-        self.db.record_plan(incident_id, plan.to_dict(), at=self.clock(), actor=ACTOR)
+        # Which failure it answers (as serve records it): a resumed run tells a plan
+        # spent by a failed restart from one still to carry out (0331).
+        recorded = {**plan.to_dict(), "attempt": attempt}
+        self.db.record_plan(incident_id, recorded, at=self.clock(), actor=ACTOR)
         self.crash.hit("plan.after_recorded")
-        if o.mode is Mode.OBSERVE:
-            return self._observe(att, incident_id, plan)
-        return self._act(att, incident_id, plan, attribution, failed_step, user_env=env)
+        return plan
 
     def _observe(self, att: _Attempt, incident_id: int, plan: Plan) -> _Attempt:
         att.observed = True

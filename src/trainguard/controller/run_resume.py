@@ -1,7 +1,8 @@
 """A ``trainguard run`` that died, seen by the next one on the same state
 (decisions 0114, 0220): leftovers stopped, unanswered intents answered
 "abandoned", then the job resumed from its ledger (the persisted Plan, the
-actions already recorded) when this run is asked to run it again, or closed."""
+actions already recorded; what it had not decided yet, decided from the stored
+evidence, 0331) when this run is asked to run it again, or closed."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from trainguard.controller.checkpoint_care import select_checkpoints
 from trainguard.controller.run_act import RunActions
 from trainguard.controller.run_base import (
     ACTOR,
+    ALLOC_CONF,
     EXIT_STOPPED,
     SUPERVISOR_DIED,
     RunResult,
@@ -19,13 +21,15 @@ from trainguard.controller.run_base import (
     _quarantined_by,
     _stored_plan,
 )
+from trainguard.diagnose.attribution import attribute
 from trainguard.model.devices import Device
+from trainguard.model.findings import Attribution, Finding
 from trainguard.model.plan import (
     ActionKind,
     Mode,
     Plan,
+    PriorFailure,
     Quarantine,
-    Restart,
 )
 from trainguard.model.records import (
     AttemptRecord,
@@ -36,11 +40,16 @@ from trainguard.model.records import (
     JobRecord,
     JobState,
 )
+from trainguard.policy.evidence import Route, route_finding
 from trainguard.schedulers.local import (
     identity_alive,
     job_processes,
     kill_processes,
 )
+
+# Findings that end an attempt live (run_observe's _trigger), besides fatal evidence
+# on its own device: audited for a dead supervisor's last attempt, they say it failed.
+TRIGGERS = frozenset({"crash", "hang", "verify_failed"})
 
 
 class RunResume(RunActions):
@@ -233,9 +242,14 @@ class RunResume(RunActions):
         show as done is carried out: a quarantine with a recorded result is kept, not
         repeated; the plan's restart launches one new attempt (an attempt launched
         before the crash died with its supervisor), which is then verified as any
-        restart; a stop is completed. A job that died without an open incident (the
-        supervisor was killed mid-job) restarts on its devices from the newest valid
-        checkpoint, without an incident: the job itself did not fail.
+        restart; a stop is completed. Where the dead supervisor had not decided yet,
+        the store's evidence is decided now, as serve's engine re-plans (0331): an
+        incident without a plan; the last attempt's audited fatal evidence with no
+        incident for it; a restart attempt that failed after the plan that launched
+        it. An incident whose restart was verified is closed recovered. A job that
+        died without an open incident (the supervisor was killed mid-job) restarts on
+        its devices from the newest valid checkpoint, without an incident: the job
+        itself did not fail.
         """
         attempts = self.db.list_attempts(job.id)
         incidents = self.db.list_incidents(job_id=job.id)
@@ -249,10 +263,21 @@ class RunResume(RunActions):
                     reason=f"{SUPERVISOR_DIED}; superseded by incident {inc.id if inc else '-'}",
                     actor=ACTOR,
                 )  # fmt: skip
+        if inc is not None and self._restart_verified(inc, attempts):
+            inc = None  # recovered: what is left is a job killed mid-run
+        if inc is None:
+            inc = self._incident_from_evidence(job, attempts, incidents)
+            if inc is not None:
+                incidents = [*incidents, inc]
+        # The plan's restart failed too, and the supervisor died before deciding again.
+        refailed = self._failed_restart(inc, attempts) if inc is not None else None
         for a in attempts:
             if a.state.terminal:
                 continue
-            failed = inc is not None and a.number == inc.attempt
+            failed = inc is not None and a.number in (
+                inc.attempt,
+                refailed[0].number if refailed else None,
+            )
             self.db.finish_attempt(
                 job.id,
                 a.number,
@@ -267,13 +292,52 @@ class RunResume(RunActions):
             1 for i in incidents for x in i.actions if x.get("type") == ActionKind.RESTART.value
         )
         number = max((a.number for a in attempts), default=-1) + 1
-        plan = _stored_plan(inc) if inc is not None else None
-        if inc is None or plan is None:
-            return self._resume_running(job, number, attempts, inc)
+        # The failures so far, as decide() would have had them (the futile-retry and
+        # repeat rules): one per incident, what its attribution named.
+        self.history = [
+            PriorFailure(
+                attempt=i.attempt, signature=i.signature, domain=i.domain.value,
+                kind=i.kind.value, culprit=i.culprit,
+            )
+            for i in sorted(incidents, key=lambda i: i.id)
+        ]  # fmt: skip
+        if inc is None:
+            return self._resume_running(job, number, attempts)
         self.restarts_used = sum(
             1 for x in inc.actions if x.get("type") == ActionKind.RESTART.value
         )
         self.last_failed_step = inc.failed_step
+        self.isolated[inc.id] = sorted(_quarantined_by(inc))
+        plan = _stored_plan(inc)
+        if refailed is not None:
+            rec, attribution = refailed
+            self.db.update_incident(
+                inc.id,
+                at=self.clock(),
+                note=f"attempt {rec.number} failed before it verified: {attribution.summary} "
+                f"(read from its recorded evidence after {who})",
+                evidence=attribution.evidence[:10],
+                actor=ACTOR,
+            )
+            self.history.append(
+                PriorFailure(
+                    attempt=rec.number, signature=attribution.signature,
+                    domain=attribution.domain.value, kind=attribution.kind.value,
+                    culprit=attribution.culprit,
+                )
+            )  # fmt: skip
+            self.say(f"incident {inc.id}: attempt {rec.number} failed too; deciding again")
+            plan = self._decide(
+                inc.id, rec.number, attribution, rec.device_uuids, self._launch_env(rec.number)
+            )
+            inc = self.db.get_incident(inc.id)
+            return self._carry_out(inc.id, number, plan, inc, resumed=True)
+        if plan is None:
+            # Opened, never planned (the crash came between the two): decide now, from
+            # the incident's evidence and the devices' health as they are (0331).
+            plan = self._replan(inc, attempts, who)
+            inc = self.db.get_incident(inc.id)
+            return self._carry_out(inc.id, number, plan, inc, resumed=True)
         self.audit(
             AuditKind.NOTE,
             f"incident:{inc.id}",
@@ -285,15 +349,171 @@ class RunResume(RunActions):
         self.say(f"incident {inc.id}: resuming its plan (generation {inc.plan_generation})")
         return self._carry_out(inc.id, number, plan, inc, resumed=True)
 
+    def _fatal_evidence(
+        self, job_id: str, att: AttemptRecord
+    ) -> tuple[list[Finding], float | None]:
+        """An attempt's audited findings, and when the first one that triggers a
+        recovery live was seen, if any: a crash, a hang, a failed verification
+        (:meth:`_trigger`'s callers), or fatal evidence on its own device."""
+        mine = set(att.device_uuids)
+        findings: list[Finding] = []
+        detected_at: float | None = None
+        subject = f"attempt:{job_id}/{att.number}"
+        for ev in self.db.list_audit(subject=subject, kind=AuditKind.OBSERVATION):
+            try:
+                f = Finding.from_dict(ev.data)
+            except Exception:  # not a finding (or an older shape): not evidence here
+                continue
+            findings.append(f)
+            if detected_at is None and (
+                f.kind in TRIGGERS or route_finding(f, attempt_devices=mine) is Route.RECOVER
+            ):
+                detected_at = ev.at
+        return findings, detected_at
+
+    def _attribution(
+        self, att: AttemptRecord, findings: Sequence[Finding], detected_at: float
+    ) -> Attribution:
+        by_uuid = {d.uuid: d for d in self.inventory}
+        devices = tuple(by_uuid[u] for u in att.device_uuids if u in by_uuid)
+        return attribute(findings, devices, detected_at, self.opt.correlation_window)
+
+    def _failed_restart(
+        self, inc: IncidentRecord, attempts: Sequence[AttemptRecord]
+    ) -> tuple[AttemptRecord, Attribution] | None:
+        """The incident's restart attempt, when its audited evidence shows it failed after
+        the incident's latest plan (which launched it) was decided: that plan is spent,
+        and carrying it out again could give the new culprit the job (0331)."""
+        last = max(attempts, key=lambda a: a.number) if attempts else None
+        if last is None or last.number != inc.recovery_attempt or last.state.terminal:
+            return None
+        planned_for = (inc.plan or {}).get("attempt", inc.attempt)
+        if not isinstance(planned_for, int) or planned_for >= last.number:
+            return None  # the latest plan already answers this attempt's failure
+        findings, detected_at = self._fatal_evidence(inc.job_id, last)
+        if detected_at is None:
+            return None  # it was running: the plan's restart is carried out again (0220)
+        return last, self._attribution(last, findings, detected_at)
+
+    def _incident_from_evidence(
+        self, job: JobRecord, attempts: Sequence[AttemptRecord], incidents: Sequence[IncidentRecord]
+    ) -> IncidentRecord | None:
+        """The incident a dead supervisor was about to open, opened now (0331).
+
+        Its last attempt's audited observations hold fatal evidence on the attempt's
+        own devices (an XID that names one of its cards: what triggers a recovery
+        live), and no incident names that attempt: the supervisor died between the
+        evidence and the incident. Without this the job would be restarted on the
+        same devices, the XID's card among them. The incident is opened from the
+        audited findings with the same attribution the live path uses, then decided
+        like any incident without a plan (:meth:`_replan`).
+        """
+        last = max(attempts, key=lambda a: a.number) if attempts else None
+        if last is None or any(i.attempt == last.number for i in incidents):
+            return None
+        findings, detected_at = self._fatal_evidence(job.id, last)
+        if detected_at is None:
+            return None
+        attribution = self._attribution(last, findings, detected_at)
+        relevant = [f.at for f in attribution.findings if f.at >= last.started_at]
+        inc = self.db.open_incident(
+            job.id,
+            last.number,
+            attribution,
+            detected_at=detected_at,
+            fault_at=min([*relevant, detected_at]),
+            failed_step=last.last_step,
+            actor=ACTOR,
+        )
+        self.audit(
+            AuditKind.NOTE,
+            f"incident:{inc.id}",
+            f"incident {inc.id} opened after the supervisor died: attempt {last.number}'s "
+            "audited evidence shows it failed before an incident was opened",
+            {"attempt": last.number, "findings": len(findings)},
+            inc.id,
+        )
+        self.say(f"incident {inc.id}: opened from attempt {last.number}'s recorded evidence")
+        return inc
+
+    def _restart_verified(self, inc: IncidentRecord, attempts: Sequence[AttemptRecord]) -> bool:
+        """Close ``inc`` recovered when its restart's record says verified: the dead
+        supervisor reached the verdict and died before closing the incident
+        (``verify.before_recovered``). Carrying out its plan again would be a second
+        restart in its ledger; the job is instead resumed as one killed mid-run (0331)."""
+        rec = next((a for a in attempts if a.number == inc.recovery_attempt), None)
+        if rec is None or rec.state is not AttemptState.VERIFIED:
+            return False
+        self.db.update_incident(
+            inc.id,
+            at=self.clock(),
+            state=IncidentState.RECOVERED,
+            note=f"recovered: attempt {rec.number} was verified ({rec.reason or 'no note'}); "
+            "the supervisor died before closing the incident",
+            actor=ACTOR,
+        )
+        self.say(f"incident {inc.id}: its restart (attempt {rec.number}) was verified; recovered")
+        return True
+
+    def _replan(self, inc: IncidentRecord, attempts: Sequence[AttemptRecord], who: str) -> Plan:
+        """The Plan a dead supervisor never recorded for ``inc``, decided now (0331).
+
+        What ``decide()`` reads is rebuilt from the store, as serve's engine rebuilds it
+        for an incident it finds open: the attribution the incident was opened with
+        (its culprit, evidence and findings: the XID and the card it named), the failed
+        attempt's devices and environment, the devices' health now, the checkpoints on
+        disk. A card the evidence blames is therefore quarantined before the restart
+        and never given the job again, exactly as had the dead supervisor planned it.
+        """
+        failed = next((a for a in attempts if a.number == inc.attempt), None)
+        attribution = Attribution(
+            kind=inc.kind,
+            domain=inc.domain,
+            culprit=inc.culprit,
+            confidence=inc.confidence or 0.0,
+            summary=inc.summary,
+            evidence=inc.evidence,
+            findings=tuple(
+                Finding.from_dict(f)
+                for f in (inc.attribution or {}).get("findings") or ()
+                if isinstance(f, dict)
+            ),
+            signature=inc.signature,
+        )
+        env = self._launch_env(inc.attempt)
+        if ALLOC_CONF not in env and self.user_env_alloc:
+            env[ALLOC_CONF] = self.user_env_alloc
+        self.audit(
+            AuditKind.NOTE,
+            f"incident:{inc.id}",
+            f"incident {inc.id} has no plan ({who} before recording one): deciding it now "
+            "from its evidence and the devices' health",
+            {"attempt": inc.attempt, "culprit": inc.culprit.to_dict()},
+            inc.id,
+        )
+        self.say(f"incident {inc.id}: no plan was recorded before {who}; deciding it now")
+        # Only act-mode jobs are resumed (_resumable): the plan is carried out.
+        return self._decide(
+            inc.id, inc.attempt, attribution, failed.device_uuids if failed else (), env
+        )
+
+    def _launch_env(self, number: int) -> dict[str, str]:
+        """The environment the plan gave attempt ``number`` (its launch intent's record)."""
+        env: dict[str, str] = {}
+        subject = f"attempt:{self.job_id}/{number}"
+        for ev in self.db.list_audit(subject=subject, kind=AuditKind.INTENT):
+            if isinstance(ev.data, dict) and isinstance(ev.data.get("env"), dict):
+                env = {str(k): str(v) for k, v in ev.data["env"].items()}
+        return env
+
     def _resume_running(
         self,
         job: JobRecord,
         number: int,
         attempts: Sequence[AttemptRecord],
-        inc: IncidentRecord | None,
     ) -> _Attempt | RunResult:
-        """Restart a job whose supervisor died while it ran (or before a plan existed):
-        its last attempt's devices when still schedulable, the newest valid checkpoint."""
+        """Restart a job whose supervisor died while it ran, with no incident open: its
+        last attempt's devices when still schedulable, the newest valid checkpoint."""
         statuses = {s.device.uuid: s for s in self.device_statuses()}
         last = max(attempts, key=lambda a: a.number) if attempts else None
         devices: tuple[Device, ...] | None = None
@@ -304,9 +524,7 @@ class RunResume(RunActions):
         if devices is None:
             devices = self._initial_devices(tuple(statuses.values()))
         if devices is None:
-            return self._stop_job(
-                inc.id if inc else None, "not enough healthy devices to resume", EXIT_STOPPED
-            )
+            return self._stop_job(None, "not enough healthy devices to resume", EXIT_STOPPED)
         found = select_checkpoints(self.opt.checkpoint_dir, self.opt.checkpoint_verify)
         ckpt = next((c for c in found if c.valid), None)
         self.audit(
@@ -315,13 +533,7 @@ class RunResume(RunActions):
             f"resuming job {job.id} after the supervisor died: attempt {number}"
             + (f" from {ckpt.path}" if ckpt else " from the beginning"),
             {"attempt": number, "checkpoint": ckpt.path if ckpt else None},
-            inc.id if inc else None,
         )
-        if inc is not None:
-            # An incident without a plan (the crash came between the two): restart under
-            # it, so that the restart is verified and the incident closes.
-            plan = Plan(actions=(Restart(devices=tuple(d.uuid for d in devices), checkpoint=ckpt),))
-            return self._carry_out(inc.id, number, plan, inc, resumed=True)
         if job.state is JobState.PENDING or job.state is JobState.RECOVERING:
             self.db.update_job_state(job.id, JobState.RUNNING, at=self.clock(), actor=ACTOR)
         att = self._launch(number, devices, ckpt, {}, incident_id=None)

@@ -208,9 +208,11 @@ class RunVerification(RunObservers):
         self.db.transition_attempt(
             self.job_id, att.number, AttemptState.VERIFIED, at=now, reason=note, actor=ACTOR
         )
+        self.crash.hit("verify.before_recovered")
         self.db.update_incident(
             att.incident_id, at=now, state=IncidentState.RECOVERED, note=note, actor=ACTOR
         )
+        self.crash.hit("verify.after_recovered")
         self.say(f"incident {att.incident_id} recovered: {note}")
 
     def _account(self, att: _Attempt, now: float, v: Verification) -> None:
