@@ -466,20 +466,7 @@ class RunResume(RunActions):
         and never given the job again, exactly as had the dead supervisor planned it.
         """
         failed = next((a for a in attempts if a.number == inc.attempt), None)
-        attribution = Attribution(
-            kind=inc.kind,
-            domain=inc.domain,
-            culprit=inc.culprit,
-            confidence=inc.confidence or 0.0,
-            summary=inc.summary,
-            evidence=inc.evidence,
-            findings=tuple(
-                Finding.from_dict(f)
-                for f in (inc.attribution or {}).get("findings") or ()
-                if isinstance(f, dict)
-            ),
-            signature=inc.signature,
-        )
+        attribution = inc.as_attribution()
         env = self._launch_env(inc.attempt)
         if ALLOC_CONF not in env and self.user_env_alloc:
             env[ALLOC_CONF] = self.user_env_alloc

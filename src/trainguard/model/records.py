@@ -25,7 +25,7 @@ from enum import StrEnum
 from typing import Any
 
 from trainguard.model.devices import Device
-from trainguard.model.findings import Culprit, Domain, IncidentKind
+from trainguard.model.findings import Attribution, Culprit, Domain, Finding, IncidentKind
 from trainguard.model.health import HealthState
 from trainguard.model.statemachine import check_transition
 
@@ -353,6 +353,25 @@ class IncidentRecord:
     reason: str | None = None  # why it stopped, when it stopped
     resumed_step: int | None = None  # the first step seen after the restart
     warnings: tuple[str, ...] = ()  # what the user should know (resumed below, no step signal)
+
+    def as_attribution(self) -> Attribution:
+        """The attribution the incident was opened with, findings included: what a
+        controller that finds the incident open (after a crash, or on a later pass)
+        gives ``decide()`` again."""
+        return Attribution(
+            kind=self.kind,
+            domain=self.domain,
+            culprit=self.culprit,
+            confidence=self.confidence or 0.0,
+            summary=self.summary,
+            evidence=self.evidence,
+            findings=tuple(
+                Finding.from_dict(f)
+                for f in (self.attribution or {}).get("findings") or ()
+                if isinstance(f, dict)
+            ),
+            signature=self.signature,
+        )
 
     @property
     def outcome(self) -> str:

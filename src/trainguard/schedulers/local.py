@@ -75,6 +75,7 @@ from trainguard.signals.process import (
     catches_signal,
     descendants,
     read_environ,
+    start_ticks,
 )
 
 STOPPED_LINE = "# trainguard: attempt {attempt} stopped in {seconds:.3f} s ({how})\n"
@@ -657,16 +658,6 @@ def _boot_id() -> str | None:
         return None
 
 
-def _start_ticks(pid: int) -> int | None:
-    """A process's start time in clock ticks since boot (``/proc/PID/stat`` field 22)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read().decode(errors="replace")
-        return int(stat[stat.rfind(")") + 2 :].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def process_identity(pid: int | None = None) -> dict[str, Any]:
     """Who a process is, durably: pid, host, boot id and start time (decision 0114).
 
@@ -678,7 +669,7 @@ def process_identity(pid: int | None = None) -> dict[str, Any]:
         "pid": pid,
         "host": socket.gethostname(),
         "boot_id": _boot_id(),
-        "start_ticks": _start_ticks(pid),
+        "start_ticks": start_ticks(pid),
     }
 
 
@@ -697,7 +688,7 @@ def identity_alive(ident: Mapping[str, Any]) -> bool | None:
         pid = int(ident["pid"])
     except (KeyError, TypeError, ValueError):
         return False
-    ticks = _start_ticks(pid)
+    ticks = start_ticks(pid)
     if ticks is None:
         return False
     if ident.get("start_ticks") is not None and ticks != ident.get("start_ticks"):

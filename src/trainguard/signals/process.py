@@ -103,7 +103,7 @@ def read_environ(pid: int) -> dict[str, str]:
     env = _parse_environ(f"/proc/{pid}/environ")
     where = env.get(WARM_ENVIRON_VAR)
     if where:
-        ticks = _start_time(pid)
+        ticks = start_ticks(pid)
         if ticks is not None:
             own = _parse_environ(os.path.join(where, f"{pid}-{ticks}.env"))
             if own:
@@ -214,8 +214,9 @@ def is_spawn_child(cmdline: list[bytes]) -> bool:
     return any(_SPAWN_MARKER in part for part in cmdline) and b"--multiprocessing-fork" in cmdline
 
 
-def _start_time(pid: int) -> int | None:
-    """Field 22 of /proc/PID/stat: when the process started, in clock ticks since boot."""
+def start_ticks(pid: int) -> int | None:
+    """Field 22 of /proc/PID/stat: when the process started, in clock ticks since boot
+    (with the pid, what tells a process from a later one given the same pid)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             stat = fh.read().decode(errors="replace")
@@ -379,7 +380,7 @@ class RankWatcher:
             under_rank = ppid in self.ranks or bool(is_rank.get(ppid))
             if local is None:
                 if not under_rank and env and is_spawn_child(read_cmdline(pid)):
-                    started = _start_time(pid)
+                    started = start_ticks(pid)
                     if started is not None:
                         spawned.setdefault(ppid, []).append((started, pid))
                         is_rank[pid] = True

@@ -18,7 +18,6 @@ from trainguard.controller.engine.config import (
     _typed,
     isolated_for_incident,
 )
-from trainguard.model.findings import Attribution, Finding
 from trainguard.model.fleet import ApprovalState, FleetJob, action_key
 from trainguard.model.plan import ActionKind, Mode, Quarantine, RecoverySnapshot, action_kind
 from trainguard.model.records import (
@@ -74,20 +73,7 @@ class SnapshotBuilder(AttemptSync):
         previous = inc.plan or {}
         failures = list(previous.get("failures") or [])
         if failed_attempt == inc.attempt or not failures:
-            attribution = Attribution(
-                kind=inc.kind,
-                domain=inc.domain,
-                culprit=inc.culprit,
-                confidence=inc.confidence or 0.0,
-                summary=inc.summary,
-                evidence=inc.evidence,
-                findings=tuple(
-                    Finding.from_dict(f)
-                    for f in (inc.attribution or {}).get("findings") or ()
-                    if isinstance(f, dict)
-                ),
-                signature=inc.signature,
-            )
+            attribution = inc.as_attribution()
         else:
             att = self.store.get_attempt(inc.job_id, failed_attempt)
             oj = obs.jobs.get(fj.scheduler_ref)
