@@ -256,6 +256,17 @@ def test_leftovers_of_a_dead_supervisor_and_watchdog_are_stopped_before_the_next
 COMMAND = (sys.executable, "-c", "print('step=1', flush=True)")
 
 
+def _running_job(store: Store, devices: list[Any], at: float) -> Any:
+    """A job in state running, its attempt 0 on the first two of ``devices``."""
+    from trainguard.model.records import JobState
+
+    store.register_devices(devices, at=at)
+    job = store.create_job(name="t", command=COMMAND, need=2, at=at, mode="act")
+    store.update_job_state(job.id, JobState.RUNNING, at=at)
+    store.start_attempt(job.id, 0, devices[:2], at=at)
+    return job
+
+
 def _dead_run(store: Store, job_id: str, at: float) -> None:
     """The job's supervisor record names a process that no longer exists (this pid with
     another start time): the next run adopts the job (0220)."""
@@ -310,10 +321,7 @@ def test_a_supervisor_dead_between_an_xid_and_its_incident_leaves_the_card_out(
     bad = devices[1]
     now = time.time()
     with Store.open(tmp_path / "state.db") as store:
-        store.register_devices(devices, at=now)
-        job = store.create_job(name="t", command=COMMAND, need=2, at=now, mode="act")
-        store.update_job_state(job.id, JobState.RUNNING, at=now)
-        store.start_attempt(job.id, 0, devices[:2], at=now)
+        job = _running_job(store, devices, now)
         _dead_run(store, job.id, now)
         _audited_xid(store, job.id, 0, bad, devices[:2], now + 1)
 
@@ -349,10 +357,7 @@ def test_a_restart_that_failed_on_an_xid_before_the_next_plan_is_decided_again(
     bad = devices[1]
     now = time.time()
     with Store.open(tmp_path / "state.db") as store:
-        store.register_devices(devices, at=now)
-        job = store.create_job(name="t", command=COMMAND, need=2, at=now, mode="act")
-        store.update_job_state(job.id, JobState.RUNNING, at=now)
-        store.start_attempt(job.id, 0, devices[:2], at=now)
+        job = _running_job(store, devices, now)
         store.finish_attempt(job.id, 0, AttemptState.FAILED, at=now + 1, reason="exit 1")
         crash = Attribution(IncidentKind.CRASH, Domain.UNKNOWN, Culprit(), 0.5, "exit 1")
         inc = store.open_incident(job.id, 0, crash, detected_at=now + 1)
@@ -393,10 +398,7 @@ def test_a_supervisor_dead_between_a_crash_and_its_incident_opens_it_at_resume(
     devices = simulated(3)
     now = time.time()
     with Store.open(tmp_path / "state.db") as store:
-        store.register_devices(devices, at=now)
-        job = store.create_job(name="t", command=COMMAND, need=2, at=now, mode="act")
-        store.update_job_state(job.id, JobState.RUNNING, at=now)
-        store.start_attempt(job.id, 0, devices[:2], at=now)
+        job = _running_job(store, devices, now)
         _dead_run(store, job.id, now)
         crash = crash_finding(ProcessExit(at=now + 1, source="launcher", exit_code=1), devices[:2])
         assert crash is not None
