@@ -52,7 +52,6 @@ import re
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -63,7 +62,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from recovery_latency import TINY_TRAIN, Stream, rank_of  # noqa: E402
+from recovery_latency import TINY_TRAIN, Stream, job_incidents, rank_of  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "lost_steps.json"
 SCHEMA = "trainguard.lost_steps/1"
@@ -167,14 +166,7 @@ def run_trial(fault: str, variant: str, work: Path) -> dict[str, Any]:
         if s.proc.poll() is None:
             s.proc.kill()
         shutil.rmtree(shm, ignore_errors=True)
-    out = subprocess.run(
-        [sys.executable, "-m", "trainguard.cli", "incidents", "--state", str(state), "--json"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    incidents = json.loads(out.stdout)
-    if rc != 0 or not incidents:
-        raise RuntimeError(f"{fault}/{variant}: rc={rc}, {len(incidents)} incidents\n{s.tail()}")
-    inc = min(incidents, key=lambda i: i["id"])
+    inc = job_incidents(state, rc, f"{fault}/{variant}", s)[0]
     lines = s.snapshot()
     printed = max(
         (int(m.group(1)) for at, t in lines if at <= t_fault and (m := STEP_RE.match(t))),

@@ -128,6 +128,21 @@ class Stream:
         return rc
 
 
+def job_incidents(state: Path, rc: int, what: str, stream: Stream) -> list[dict[str, Any]]:
+    """The run's incidents by id, read through ``trainguard incidents --json``: the first
+    is the injected fault's (a later one, a restarted attempt judged hung on a loaded
+    machine, is counted, not measured). A run that failed or saw nothing raises, with
+    its output."""
+    out = subprocess.run(
+        [sys.executable, "-m", "trainguard.cli", "incidents", "--state", str(state), "--json"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    incidents = json.loads(out.stdout)
+    if rc != 0 or not incidents:
+        raise RuntimeError(f"{what}: rc={rc}, {len(incidents)} incidents\n{stream.tail()}")
+    return sorted(incidents, key=lambda i: i["id"])
+
+
 def rank_of(root_pid: int, attempt: str | None, local_rank: int) -> tuple[int, dict[str, str]]:
     from trainguard.signals.process import descendants, read_environ
 
@@ -234,16 +249,8 @@ def trainguard_trial(
     finally:
         if s.proc.poll() is None:
             s.proc.kill()
-    out = subprocess.run(
-        [sys.executable, "-m", "trainguard.cli", "incidents", "--state", str(state), "--json"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    incidents = json.loads(out.stdout)
-    if rc != 0 or not incidents:
-        raise RuntimeError(f"{kind}: rc={rc}, {len(incidents)} incidents\n{s.tail()}")
-    # The injected fault's incident is the first; a later one (a restarted attempt judged
-    # hung on a loaded machine) is counted, not measured.
-    inc = min(incidents, key=lambda i: i["id"])
+    incidents = job_incidents(state, rc, kind, s)
+    inc = incidents[0]
     detected, acted, recovered = (
         iso(inc["detected_at"]),
         iso(inc["acted_at"]),
