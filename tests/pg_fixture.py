@@ -22,6 +22,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -91,7 +92,25 @@ def postgres_url(postgres_server: str) -> Iterator[str]:
     try:
         yield with_schema(postgres_server, schema)
     finally:
-        _admin(postgres_server, f"DROP SCHEMA {schema} CASCADE")
+        _drop_schema(postgres_server, schema)
+
+
+def _drop_schema(url: str, schema: str) -> None:
+    """Drop a test's schema, retrying while a process the test stopped still holds locks.
+
+    A killed client's backend finishes the statement it was sent before it notices the
+    client is gone; a DROP that meets it mid-transaction can lose a deadlock check.
+    """
+    import psycopg
+
+    for attempt in range(10):
+        try:
+            _admin(url, f"DROP SCHEMA {schema} CASCADE")
+            return
+        except (psycopg.errors.DeadlockDetected, psycopg.errors.LockNotAvailable):
+            if attempt == 9:
+                raise
+            time.sleep(0.5)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
