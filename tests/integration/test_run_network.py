@@ -52,8 +52,12 @@ RANK = """
         sys.stdout.flush()
     device = json.loads(os.environ["TRAINGUARD_DEVICES"])[rank]["uuid"]
     broken = "hosta" in device if fault != "timeout" else attempt < bad_attempts
+    # A timeout comes late enough (1 s) that the restart before it has surely verified
+    # on a loaded machine: earlier, it fails the restart itself and re-plans the first
+    # incident instead of opening a second one.
+    at = 10 if fault == "timeout" else 4
     for step in range(1, 16):
-        if rank == 1 and broken and step == 4:
+        if rank == 1 and broken and step == at:
             if fault.startswith("kern"):  # this host's NIC went down
                 with open(kern, "a") as fh:
                     fh.write("mlx5_core 0000:c1:00.0: Port module event: Link down\\n")
@@ -71,7 +75,7 @@ RANK = """
                 "WorkNCCL(SeqNum=5, OpType=ALLREDUCE) ran for 600000 milliseconds "
                 "before timing out.")
             time.sleep(600)
-        if rank == 0 and broken and fault == "timeout" and step == 5:
+        if rank == 0 and broken and fault == "timeout" and step == at + 1:
             time.sleep(600)  # stuck before the collective (silent): the one rank 1 waits for
         if rank == 0:
             say(f"step={step}")
