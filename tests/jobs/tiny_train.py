@@ -39,6 +39,7 @@ Exit status: 0 at --steps; 1 after an injected failure or OOM (Python traceback)
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import random
 import shutil
@@ -277,4 +278,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Even after the barrier, torch 2.13's gloo still aborts now and then while the
+    # interpreter tears down C++ statics ("terminate called without an active
+    # exception", exit -6). Every Python exit hook (the progress reporters flush
+    # there) runs first; only the C++ teardown is skipped.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
