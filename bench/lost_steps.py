@@ -179,19 +179,9 @@ def run_trial(fault: str, variant: str, work: Path) -> dict[str, Any]:
 
 
 def slurm_cluster() -> Any:
-    from slurm.harness import LocalSlurm
+    from slurm_recovery import cluster
 
-    given = os.environ.get("TRAINGUARD_SLURM_DIR")
-    dir_ = Path(given or BENCH_SLURM_DIR)
-    env = {**os.environ, "TRAINGUARD_SLURM_DIR": str(dir_), "TINY_TRAIN": str(TINY_TRAIN)}
-    if not given:
-        env.update({"TRAINGUARD_SLURM_PORT": "16977", "TRAINGUARD_SLURMD_PORT": "17401"})
-    env["SLURM_CONF"] = str(dir_ / "etc" / "slurm.conf")
-    c = LocalSlurm(dir_, env, owned=not given)
-    proc = c.script("up", timeout=600)
-    if proc.returncode != 0:
-        raise SystemExit(f"slurm-local.sh up failed:\n{proc.stderr}")
-    return c
+    return cluster(BENCH_SLURM_DIR, ("16977", "17401"))
 
 
 def node_trial(c: Any, variant: str, work: Path, fault: str = "node") -> dict[str, Any]:

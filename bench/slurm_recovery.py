@@ -110,12 +110,17 @@ class Outcome:
         }
 
 
-def cluster() -> LocalSlurm:
+def cluster(
+    default_dir: str = BENCH_DIR, ports: tuple[str, str] = ("16957", "17201")
+) -> LocalSlurm:
+    """A private Slurm for a benchmark (``default_dir`` and ``(slurmctld, slurmd)`` ports of
+    its own, so two benchmarks and the tests' cluster never meet), or the one
+    ``TRAINGUARD_SLURM_DIR`` names."""
     given = os.environ.get("TRAINGUARD_SLURM_DIR")
-    dir_ = Path(given or BENCH_DIR)
+    dir_ = Path(given or default_dir)
     env = {**os.environ, "TRAINGUARD_SLURM_DIR": str(dir_), "TINY_TRAIN": str(TINY_TRAIN)}
     if not given:
-        env.update({"TRAINGUARD_SLURM_PORT": "16957", "TRAINGUARD_SLURMD_PORT": "17201"})
+        env.update({"TRAINGUARD_SLURM_PORT": ports[0], "TRAINGUARD_SLURMD_PORT": ports[1]})
     else:
         env.update({k: os.environ.get(k, v) for k, v in PORTS.items()})
     env["SLURM_CONF"] = str(dir_ / "etc" / "slurm.conf")
