@@ -119,9 +119,6 @@ class AttemptSync(HealthEnforcer):
             failed = self._failed_view(oj, att, job.id, evidence)
             self._attempt_failed(fj, job, att, failed, fence, report, hang_since=None)
             return
-        seen = self._incident_for_attempt(job.id, att.number)
-        if seen is not None and seen.attempt == att.number and seen.state is IncidentState.OBSERVED:
-            return  # observe mode recorded its failure: nothing more is timed or done (0345)
         # Running: a hang is no progress for the policy's hang allowance, adaptive unless
         # a fixed timeout is configured; the same detector as `trainguard run` (0130).
         key = (job.id, att.number)
@@ -174,7 +171,6 @@ class AttemptSync(HealthEnforcer):
         oj: ObservedJob,
         fence: Fence,
         reason: str,
-        hang_since: float | None,
     ) -> None:
         """The attempt observe mode let run on has failed now: its end is recorded and
         the job stops; the incident already holds the plan nothing carried out."""
@@ -187,8 +183,8 @@ class AttemptSync(HealthEnforcer):
                 att.number,
                 AttemptState.FAILED,
                 at=now,
-                exit_code=oj.exit_code if hang_since is None else None,
-                signal=oj.signal if hang_since is None else None,
+                exit_code=oj.exit_code,
+                signal=oj.signal,
                 reason=reason[:500],
                 actor=self.identity,
             )
@@ -317,7 +313,9 @@ class AttemptSync(HealthEnforcer):
             and seen_before is not None
             and seen_before.state is IncidentState.OBSERVED
         ):
-            self._end_observed(job, att, oj, fence, reason, hang_since)
+            if hang_since is None:
+                self._end_observed(job, att, oj, fence, reason)
+            # A hang of it: still running, and its failure is already recorded (0345).
             return
         with self.fleet.fenced(fence, now):
             current = self.store.get_attempt(job.id, att.number)
