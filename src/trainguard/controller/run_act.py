@@ -55,7 +55,7 @@ from trainguard.model.records import (
     JobState,
 )
 from trainguard.policy import decide
-from trainguard.policy.approvals import approval_reason
+from trainguard.policy.approvals import approval_reason, judged_failure
 from trainguard.policy.budget import budget_refills
 from trainguard.store.fleet import FleetStore
 
@@ -324,9 +324,9 @@ class RunActions(RunVerification):
         )
         approval = fleet.approval_for(key)
         if approval is None:
-            # The job's earlier failures: the one this plan answers is the last one.
-            prior = tuple(h.domain for h in self.history[:-1])
-            why = approval_reason(kind, domain=domain, prior_domains=prior)
+            # The job's failures, oldest first: the one this plan answers is the last (0348).
+            judged, prior = judged_failure([h.domain for h in self.history], domain)
+            why = approval_reason(kind, domain=judged, prior_domains=prior)
             if why is None:
                 return True
             if att is not None:
