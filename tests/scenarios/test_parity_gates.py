@@ -401,3 +401,23 @@ def test_the_breaker_holds_back_a_quarantine_beyond_the_share_and_the_job_avoids
     assert w.out.attempts == ["failed", "failed", "completed"] and w.job == "completed", w
     assert w.out.resumed_steps == [1, 10, 20], w
     assert not {first, second} & set(w.attempt_devices[2]), w
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_known_cause_after_an_unknown_one_in_the_same_incident_does_not_wait(
+    mode: str, tmp_path: Path, sqlite_target: str
+) -> None:
+    # Attempt 0 exits 1 at step 6 for no known reason; its restart dies on an XID before
+    # it verified (the same incident). That failure's cause is known (the card), so its
+    # quarantine and restart go ahead: the rule judges the failure the plan answers,
+    # not the incident's first one.
+    w = _scenario(
+        mode, tmp_path, sqlite_target, ["--fail-attempts", "0", "--fail-at", "6",
+        "--steps", "20"], Policy(verify_window=5.0), devices=3, xids=[(1, 10)],
+    )  # fmt: skip
+    assert w.approvals == [], w
+    [inc] = w.out.incidents
+    assert inc["state"] == "recovered", w
+    assert inc["actions"] == ["restart", "quarantine", "restart"], w
+    assert w.out.quarantined == [w.named[0]], w
+    assert w.out.attempts == ["failed", "failed", "completed"] and w.job == "completed", w
