@@ -18,7 +18,9 @@ hardware for its next attempt; only the fleet-wide quarantine is not made.
 
 from __future__ import annotations
 
+from trainguard.controller.repair import page_payload
 from trainguard.model.fleet import BreakerState
+from trainguard.model.records import AuditKind
 from trainguard.policy.breaker import BreakerConfig, BreakerVerdict, quarantine_verdict
 from trainguard.store.fleet import FleetStore
 
@@ -54,4 +56,63 @@ def check_quarantine(
     )
 
 
-__all__ = ["QUARANTINE_BREAKER", "BreakerConfig", "BreakerVerdict", "check_quarantine"]
+def hold_back(
+    fleet: FleetStore,
+    *,
+    resource_kind: str,
+    resource_id: str,
+    reason: str,
+    trip: bool,
+    at: float,
+    actor: str,
+    incident_id: int | None,
+    page_webhook: str | None = None,
+) -> None:
+    """The breaker held a quarantine back: trip it (and page) when this check did, and
+    record the suppression (silenced, not forgotten). In the caller's transaction.
+
+    One recording for serve's engine and ``trainguard run`` (decision 0347), so an
+    operator finds the same rows whichever mode refused the quarantine.
+    """
+    store = fleet.store
+    if trip and fleet.get_breaker(QUARANTINE_BREAKER).state is BreakerState.CLOSED:
+        fleet.set_breaker(QUARANTINE_BREAKER, BreakerState.OPEN, at=at, actor=actor, reason=reason)
+        resource = f"{resource_kind}:{resource_id}"
+        store.append_audit(
+            at,
+            actor,
+            AuditKind.ERROR,
+            f"breaker:{QUARANTINE_BREAKER}",
+            f"PAGE: quarantine breaker tripped: {reason}",
+            {"page": True, "incident_id": incident_id, "resource": resource},
+            incident_id=incident_id,
+        )
+        if page_webhook:
+            fleet.enqueue_delivery(
+                page_webhook,
+                "page",
+                page_payload(
+                    f"trainguard quarantine breaker tripped: {reason}",
+                    at,
+                    {"incident_id": incident_id, "resource": resource},
+                ),
+                at=at,
+            )
+    fleet.record_suppression(
+        QUARANTINE_BREAKER,
+        resource_kind,
+        resource_id,
+        reason,
+        at=at,
+        actor=actor,
+        incident_id=incident_id,
+    )
+
+
+__all__ = [
+    "QUARANTINE_BREAKER",
+    "BreakerConfig",
+    "BreakerVerdict",
+    "check_quarantine",
+    "hold_back",
+]

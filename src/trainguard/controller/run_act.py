@@ -13,6 +13,7 @@ import time
 from collections.abc import Collection, Sequence
 from typing import Any
 
+from trainguard.controller.breaker import BreakerConfig, check_quarantine, hold_back
 from trainguard.controller.checkpoint_care import move_aside, select_checkpoints
 from trainguard.controller.repair import open_quarantine_repair
 from trainguard.controller.run_base import (
@@ -32,8 +33,10 @@ from trainguard.controller.run_verify import RunVerification
 from trainguard.diagnose.attribution import attribute
 from trainguard.model.devices import Device
 from trainguard.model.findings import Attribution, Domain
+from trainguard.model.fleet import ApprovalState, action_key
 from trainguard.model.health import HealthState
 from trainguard.model.plan import (
+    Action,
     ActionKind,
     Mode,
     Plan,
@@ -52,8 +55,13 @@ from trainguard.model.records import (
     JobState,
 )
 from trainguard.policy import decide
+from trainguard.policy.approvals import approval_reason, judged_failure
 from trainguard.policy.budget import budget_refills
 from trainguard.store.fleet import FleetStore
+
+# How often a run waiting for an approval reads the state database (an operator's
+# decision arrives there, from the CLI or another process).
+APPROVAL_POLL_SECONDS = 0.2
 
 
 class RunActions(RunVerification):
@@ -248,10 +256,17 @@ class RunActions(RunVerification):
             self.db.update_job_state(self.job_id, JobState.RECOVERING, at=now, actor=ACTOR)
         self.crash.hit("act.after_acting")
         quarantined: list[str] = []
-        for action in plan.actions:
+        for index, action in enumerate(plan.actions):
+            gate = self._approved(att, incident_id, index, action, attribution.domain.value)
+            if isinstance(gate, RunResult):
+                return gate
+            if not gate:
+                continue  # denied: skipped, as serve skips it (0346)
             if isinstance(action, Quarantine):
-                quarantined += self._do_quarantine(incident_id, action)
-                self.isolated.setdefault(incident_id, []).append(action.resource_id)
+                taken = self._do_quarantine(incident_id, action)
+                quarantined += taken
+                if taken:  # one the breaker held back is not isolated (as in serve)
+                    self.isolated.setdefault(incident_id, []).append(action.resource_id)
                 self.crash.hit("action.after_result")
             elif isinstance(action, Restart):
                 if quarantined:
@@ -271,7 +286,103 @@ class RunActions(RunVerification):
                         actor=ACTOR,
                     )
                 return self._do_stop(att, incident_id, action)
-        return self._do_stop(att, incident_id, Stop(reason="the plan has no restart"))
+        return self._plan_ran_out(att, incident_id)
+
+    def _plan_ran_out(self, att: _Attempt | None, incident_id: int) -> RunResult:
+        """Every action is done or skipped and none restarted or stopped the job: it
+        stops, no stop action recorded (serve's MARK_STOPPED, policy/step.py; 0346)."""
+        why = "the plan ended without a restart"
+        if att is not None:
+            trigger = att.trigger
+            self._end_attempt(
+                att, f"failed: {trigger.message}" if trigger else why, AttemptState.FAILED
+            )
+        return self._stop_job(incident_id, why, EXIT_STOPPED)
+
+    def _approved(
+        self,
+        att: _Attempt | None,
+        incident_id: int,
+        index: int,
+        action: Action,
+        domain: str,
+    ) -> bool | RunResult:
+        """May action ``index`` of the incident's current plan go ahead? The rule is
+        policy/approvals.py's, asked as serve's step() asks it, and the approval is the
+        same row under the same key (decision 0346): an operator decides it with
+        ``trainguard approve ID --reason TEXT [--deny] --state DB`` while run waits
+        here. A row already there (a resumed run) decides; denied: the skip is audited
+        and ``False``."""
+        fleet = FleetStore(self.db)
+        inc = self.db.get_incident(incident_id)
+        key = action_key(incident_id, inc.plan_generation, index)
+        kind = action.kind.value
+        subject = (
+            f"{action.resource_kind}:{action.resource_id}"
+            if isinstance(action, Quarantine)
+            else f"job:{self.job_id}"
+        )
+        approval = fleet.approval_for(key)
+        if approval is None:
+            # The job's failures, oldest first: the one this plan answers is the last (0348).
+            judged, prior = judged_failure([h.domain for h in self.history], domain)
+            why = approval_reason(kind, domain=judged, prior_domains=prior)
+            if why is None:
+                return True
+            if att is not None:
+                # The attempt failed; nothing of it may run on while a person decides.
+                trigger = att.trigger
+                self._end_attempt(
+                    att, f"failed: {trigger.message}" if trigger else why, AttemptState.FAILED
+                )
+            self._check_fence()
+            planned = ((inc.plan or {}).get("actions") or [{}])[index]
+            approval = fleet.request_approval(
+                kind=kind,
+                subject=subject,
+                why=why,
+                at=self.clock(),
+                actor=ACTOR,
+                incident_id=incident_id,
+                action_key=key,
+                data={"action": planned, "generation": inc.plan_generation},
+            )
+        if approval.state is ApprovalState.PENDING:
+            self.say(
+                f"incident {incident_id}: {kind} waits for approval {approval.id} "
+                f"({approval.why}): trainguard approve {approval.id} --reason TEXT [--deny] "
+                f"--state {self.opt.state}"
+            )
+        held: list[Any] = []
+        while approval.state is ApprovalState.PENDING:
+            try:
+                ev = self.events.get(timeout=APPROVAL_POLL_SECONDS)
+            except queue.Empty:
+                ev = None
+            if isinstance(ev, _Interrupt):
+                return self._stop_job(incident_id, "interrupted", EXIT_INTERRUPTED)
+            if isinstance(ev, _LeaseLost):
+                return self._lease_lost(ev.reason)
+            if ev is not None:
+                held.append(ev)  # kernel lines etc. still matter to the next attempt
+            approval = fleet.get_approval(approval.id)
+        for ev in held:
+            self.events.put(ev)
+        if approval.state is ApprovalState.APPROVED:
+            self.say(f"approval {approval.id} granted by {approval.decided_by}")
+            return True
+        who = f"denied by {approval.decided_by}: {approval.decision_reason}"
+        what = f"{kind} {subject}"
+        intent = self.audit(AuditKind.INTENT, subject, what, {"key": key}, incident_id)
+        self.audit(
+            AuditKind.RESULT,
+            subject,
+            f"{what}: skipped ({who})",
+            {"key": key, "intent_id": intent, "skipped": who},
+            incident_id,
+        )
+        self.say(f"{what}: skipped ({who})")
+        return False
 
     def _carry_out(
         self, incident_id: int, number: int, plan: Plan, inc: IncidentRecord, resumed: bool
@@ -287,7 +398,12 @@ class RunActions(RunVerification):
         if job.state is JobState.RUNNING:
             self.db.update_job_state(self.job_id, JobState.RECOVERING, at=self.clock(), actor=ACTOR)
         done = _quarantined_by(inc)
-        for action in plan.actions:
+        for index, action in enumerate(plan.actions):
+            gate = self._approved(None, incident_id, index, action, inc.domain.value)
+            if isinstance(gate, RunResult):
+                return gate
+            if not gate:
+                continue
             if isinstance(action, Quarantine):
                 self._do_quarantine(incident_id, action, note=note, skip=done)
                 self.isolated.setdefault(incident_id, []).append(action.resource_id)
@@ -305,7 +421,7 @@ class RunActions(RunVerification):
                 return self._restart(number, incident_id, action, plan, inc.failed_step)
             elif isinstance(action, Stop | WaitForCapacity):
                 return self._finish_stop(incident_id, action)
-        return self._finish_stop(incident_id, Stop(reason="the plan has no restart"))
+        return self._plan_ran_out(None, incident_id)
 
     def _do_quarantine(
         self,
@@ -345,7 +461,14 @@ class RunActions(RunVerification):
             )  # fmt: skip
             self.crash.hit("action.after_intent")
             state = self.db.get_device_state(uuid)
+            held = None
             if state in (HealthState.HEALTHY, HealthState.SUSPECT):
+                held = self._breaker_holds_back(incident_id, uuid)
+            if held is not None:
+                # Refused as serve refuses it (0347): recorded, no repair record; the
+                # plan's restart still avoids the card (decide() placed it elsewhere).
+                result, repair_id = "suppressed", None
+            elif state in (HealthState.HEALTHY, HealthState.SUSPECT):
                 with self.db.transaction():
                     self.db.transition_device(
                         uuid,
@@ -355,6 +478,10 @@ class RunActions(RunVerification):
                         self.clock(),
                         job_id=job_id,
                         incident_id=incident_id,
+                    )
+                    # Counted in the breaker's window, as the reconciler counts its own.
+                    FleetStore(self.db).record_quarantine(
+                        "device", uuid, at=self.clock(), incident_id=incident_id
                     )
                     # Step 10, as the reconciler does it: a repair record in the same
                     # transaction as the quarantine (0130).
@@ -380,16 +507,46 @@ class RunActions(RunVerification):
                     "reason": action.reason,
                     "result": result,
                     "repair_id": repair_id,
-                    "summary": f"device {uuid} {result}{note}",
+                    "summary": (
+                        f"device {uuid} not quarantined: {held}{note}"
+                        if held is not None
+                        else f"device {uuid} {result}{note}"
+                    ),
                     "intent_id": intent,
                 },
                 at=self.clock(),
                 actor=ACTOR,
                 audit_kind=AuditKind.RESULT,
             )
-            self.say(f"device {uuid} {result}{note}")
-            done.append(uuid)
+            self.say(f"device {uuid} {result}{note}" + (f": {held}" if held else ""))
+            if held is None:
+                done.append(uuid)
         return done
+
+    def _breaker_holds_back(self, incident_id: int, uuid: str) -> str | None:
+        """Why the quarantine breaker refuses to take ``uuid`` out (``None``: it may go):
+        the fleet here is run's own inventory, the rule and the recording serve's
+        (controller/breaker.py, decision 0347)."""
+        fleet = FleetStore(self.db)
+        now = self.clock()
+        verdict = check_quarantine(
+            fleet, BreakerConfig(), resource_kind="device", population=len(self.inventory), now=now
+        )
+        if verdict.allow:
+            return None
+        reason = verdict.reason or "breaker"
+        with self.db.transaction():
+            hold_back(
+                fleet,
+                resource_kind="device",
+                resource_id=uuid,
+                reason=reason,
+                trip=verdict.tripped_now,
+                at=now,
+                actor=ACTOR,
+                incident_id=incident_id,
+            )
+        return reason
 
     def _do_restart(
         self,

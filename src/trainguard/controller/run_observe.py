@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 from typing import Any
 
+from trainguard.controller.breaker import BreakerConfig, check_quarantine, hold_back
 from trainguard.controller.repair import idle_card_repair
 from trainguard.controller.run_base import (
     ACTOR,
@@ -298,6 +299,30 @@ class RunObservers(RunBase):
             return
         if state in (HealthState.HEALTHY, HealthState.SUSPECT):
             now = self.clock()
+            fleet = FleetStore(self.db)
+            # The fleet-share breaker refuses it as serve's idle-card quarantine does (0347).
+            verdict = check_quarantine(
+                fleet,
+                BreakerConfig(),
+                resource_kind="device",
+                population=len(self.inventory),
+                now=now,
+            )
+            if not verdict.allow:
+                reason = verdict.reason or "breaker"
+                with self.db.transaction():
+                    hold_back(
+                        fleet,
+                        resource_kind="device",
+                        resource_id=uuid,
+                        reason=reason,
+                        trip=verdict.tripped_now,
+                        at=now,
+                        actor=ACTOR,
+                        incident_id=None,
+                    )
+                self.say(f"device {uuid} not quarantined (not in use): {reason}")
+                return
             with self.db.transaction():
                 self.db.transition_device(
                     uuid,
@@ -307,6 +332,7 @@ class RunObservers(RunBase):
                     now,
                     job_id=self.job_id,
                 )
+                fleet.record_quarantine("device", uuid, at=now, incident_id=None)
                 repair = idle_card_repair(
                     FleetStore(self.db),
                     f,

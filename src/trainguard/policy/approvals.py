@@ -52,4 +52,15 @@ def approval_reason(
     return None
 
 
-__all__ = ["DESTRUCTIVE", "NEVER", "approval_reason"]
+def judged_failure(domains: Sequence[str], default: str) -> tuple[str, tuple[str, ...]]:
+    """What :func:`approval_reason` judges for a plan: the domain of the failure the plan
+    answers and the domains before it, from the job's failures oldest first (the last
+    is the one answered). A restart that failed on an XID after an unknown crash is a
+    hardware failure, in the same incident or not (decision 0348). ``default`` (the
+    incident's domain) when no failure is listed."""
+    if not domains:
+        return default, ()
+    return domains[-1], tuple(domains[:-1])
+
+
+__all__ = ["DESTRUCTIVE", "NEVER", "approval_reason", "judged_failure"]

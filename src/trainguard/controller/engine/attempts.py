@@ -8,7 +8,7 @@ from __future__ import annotations
 from trainguard.controller.engine.config import _LIVE, PassReport
 from trainguard.controller.engine.health import HealthEnforcer
 from trainguard.model.fleet import ActionState, FleetJob
-from trainguard.model.plan import ActionKind
+from trainguard.model.plan import ActionKind, Mode
 from trainguard.model.records import AttemptRecord, AttemptState, IncidentState, JobRecord, JobState
 from trainguard.policy.hang import hang_detector
 from trainguard.schedulers.base import JobPhase, Observation, ObservedJob
@@ -103,6 +103,16 @@ class AttemptSync(HealthEnforcer):
         # a fatal node finding on its hosts, fails it now instead of waiting for the job
         # to crash or hang on the card, as in `trainguard run` (policy/evidence.py, 0130).
         evidence = self._new_fatal_evidence(job.id, att, now)
+        if evidence and self.effective_mode(fj).mode is Mode.OBSERVE:
+            # Observe mode does nothing (0345): the incident and its plan are recorded,
+            # the attempt runs on and its record follows the process, as in run.
+            if self._incident_for_attempt(job.id, att.number) is None:
+                job = self.store.get_job(job.id)
+                failed = self._failed_view(oj, att, job.id, evidence)
+                self._attempt_failed(
+                    fj, job, att, failed, fence, report, hang_since=None, keep_running=True
+                )
+            return
         if evidence:
             self._hangs.pop((job.id, att.number), None)
             job = self.store.get_job(job.id)  # _start_attempt may have just made it running
@@ -153,6 +163,39 @@ class AttemptSync(HealthEnforcer):
                 )
                 job = self.store.get_job(job.id)
         return job
+
+    def _end_observed(
+        self,
+        job: JobRecord,
+        att: AttemptRecord,
+        oj: ObservedJob,
+        fence: Fence,
+        reason: str,
+    ) -> None:
+        """The attempt observe mode let run on has failed now: its end is recorded and
+        the job stops; the incident already holds the plan nothing carried out."""
+        now = self.clock()
+        with self.fleet.fenced(fence, now):
+            if self.store.get_attempt(job.id, att.number).state.terminal:
+                return
+            self.store.finish_attempt(
+                job.id,
+                att.number,
+                AttemptState.FAILED,
+                at=now,
+                exit_code=oj.exit_code,
+                signal=oj.signal,
+                reason=reason[:500],
+                actor=self.identity,
+            )
+            if not self.store.get_job(job.id).state.terminal:
+                self.store.update_job_state(
+                    job.id,
+                    JobState.STOPPED,
+                    at=now,
+                    reason="observe mode: the job failed and nothing was restarted",
+                    actor=self.identity,
+                )
 
     def _stop_if_observed(self, job: JobRecord, att: AttemptRecord, fence: Fence) -> None:
         """Observe mode ended the attempt on evidence while it still ran (an XID on its
@@ -235,10 +278,14 @@ class AttemptSync(HealthEnforcer):
         *,
         hang_since: float | None,
         observed: ObservedJob | None = None,
+        keep_running: bool = False,
     ) -> None:
         """Fail ``att`` (``oj``: the job as the failure leaves it; ``observed``: as the
         scheduler shows it, when that differs) and open its incident, or send its
-        recovery incident back to acting."""
+        recovery incident back to acting. ``keep_running`` (observe mode, evidence on a
+        live attempt): open the incident only; the attempt and the job stay as they are.
+        An attempt whose failure observe mode already recorded ends without a second
+        incident, and the job stops (run's _observed_end)."""
         # Read progress, then decide: the failed step is the last one printed before the
         # fault, not what an earlier pass had read (issue 13).
         seen = self._progress_up_to_now(job.id, att, observed or oj)
@@ -260,10 +307,32 @@ class AttemptSync(HealthEnforcer):
             ),
             None,
         )
+        seen_before = self._incident_for_attempt(job.id, att.number)
+        if (
+            recovering is None
+            and seen_before is not None
+            and seen_before.state is IncidentState.OBSERVED
+        ):
+            if hang_since is None:
+                self._end_observed(job, att, oj, fence, reason)
+            # A hang of it: still running, and its failure is already recorded (0345).
+            return
         with self.fleet.fenced(fence, now):
             current = self.store.get_attempt(job.id, att.number)
             if current.state.terminal:
                 return  # another pass got here first
+            if keep_running:
+                inc = self.store.open_incident(
+                    job.id,
+                    att.number,
+                    attribution,
+                    detected_at=now,
+                    fault_at=oj.ended_at,
+                    failed_step=att.last_step,
+                    actor=self.identity,
+                )
+                report.opened.append(inc.id)
+                return
             self.store.finish_attempt(
                 job.id,
                 att.number,

@@ -9,16 +9,15 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from trainguard.controller.breaker import QUARANTINE_BREAKER, check_quarantine
+from trainguard.controller.breaker import check_quarantine, hold_back
 from trainguard.controller.engine.config import (
     _REREAD_ALL_ABOVE,
     _UNSCHEDULABLE,
     IDLE_EVIDENCE_MAX_AGE_S,
 )
 from trainguard.controller.engine.evidence import EvidenceFollower
-from trainguard.controller.repair import idle_card_repair, page_payload
+from trainguard.controller.repair import idle_card_repair
 from trainguard.model.findings import Finding
-from trainguard.model.fleet import BreakerState
 from trainguard.model.health import HealthState
 from trainguard.model.plan import ActionKind
 from trainguard.model.records import AuditKind
@@ -295,48 +294,18 @@ class HealthEnforcer(EvidenceFollower):
         at: float,
         incident_id: int | None,
     ) -> None:
-        """The breaker held a quarantine back: trip it (and page) when this check did,
-        and record the suppression (silenced, not forgotten). In the caller's transaction."""
-        if trip and self.fleet.get_breaker(QUARANTINE_BREAKER).state is BreakerState.CLOSED:
-            self.fleet.set_breaker(
-                QUARANTINE_BREAKER,
-                BreakerState.OPEN,
-                at=at,
-                actor=self.identity,
-                reason=reason,
-            )
-            self.store.append_audit(
-                at,
-                self.identity,
-                AuditKind.ERROR,
-                f"breaker:{QUARANTINE_BREAKER}",
-                f"PAGE: quarantine breaker tripped: {reason}",
-                {
-                    "page": True,
-                    "incident_id": incident_id,
-                    "resource": f"{rkind}:{rid}",
-                },
-                incident_id=incident_id,
-            )
-            if self.config.page_webhook:
-                self.fleet.enqueue_delivery(
-                    self.config.page_webhook,
-                    "page",
-                    page_payload(
-                        f"trainguard quarantine breaker tripped: {reason}",
-                        at,
-                        {"incident_id": incident_id, "resource": f"{rkind}:{rid}"},
-                    ),
-                    at=at,
-                )
-        self.fleet.record_suppression(
-            QUARANTINE_BREAKER,
-            rkind,
-            rid,
-            reason,
+        """The breaker held a quarantine back (controller/breaker.py: the recording
+        ``trainguard run`` shares). In the caller's transaction."""
+        hold_back(
+            self.fleet,
+            resource_kind=rkind,
+            resource_id=rid,
+            reason=reason,
+            trip=trip,
             at=at,
             actor=self.identity,
             incident_id=incident_id,
+            page_webhook=self.config.page_webhook,
         )
 
     def _quarantine_idle_cards(self, obs: Observation, fence: Fence) -> None:

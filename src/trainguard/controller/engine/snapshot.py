@@ -28,7 +28,7 @@ from trainguard.model.records import (
     JobState,
 )
 from trainguard.policy import decide
-from trainguard.policy.approvals import approval_reason
+from trainguard.policy.approvals import approval_reason, judged_failure
 from trainguard.policy.step import IncidentSnapshot, PlannedAction
 from trainguard.policy.verify import (
     DEFAULT_STEP_WINDOW,
@@ -220,13 +220,17 @@ class SnapshotBuilder(AttemptSync):
                 ledger=ledger,
                 plan_attempt=int(plan.get("attempt", inc.attempt)),
             )
-        prior_domains = tuple(f.domain for f in self._failures(inc.job_id, inc.id)) + tuple(
-            str(f["domain"]) for f in (plan.get("failures") or [])[:-1]
+        # The failure the plan answers is judged (0348): after a re-failure of the
+        # recovery attempt that is the plan's last, not the incident's first.
+        domain, prior_domains = judged_failure(
+            [f.domain for f in self._failures(inc.job_id, inc.id)]
+            + [str(f["domain"]) for f in plan.get("failures") or []],
+            inc.domain.value,
         )
         nxt = pending[0]
         approvals: dict[int, ApprovalState] = {}
         if nxt.index not in ledger and approval_reason(
-            str(raw[nxt.index].get("type")), domain=inc.domain.value, prior_domains=prior_domains
+            str(raw[nxt.index].get("type")), domain=domain, prior_domains=prior_domains
         ):
             got = self.fleet.approval_for(action_key(inc.id, inc.plan_generation, nxt.index))
             if got is not None:
@@ -253,6 +257,7 @@ class SnapshotBuilder(AttemptSync):
             ledger=ledger,
             approvals=approvals,
             mode=self.effective_mode(fj, modes).mode,
+            domain=domain,
             prior_domains=prior_domains,
             plan_attempt=int(plan.get("attempt", inc.attempt)),
             **placement,
