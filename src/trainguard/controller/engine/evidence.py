@@ -124,15 +124,21 @@ class EvidenceFollower(EngineCore):
         lines, state.partial = split_lines(data)
         steps = []
         timed: list[tuple[int, float, int]] = []  # (step, the job's time, rank)
+        ranks: set[int] = set()  # ranks that named themselves on a step, as run counts them
         for raw in lines:
             text = raw.decode("utf-8", "replace")
             reading = self._progress.read(text)
             if reading is None or not reading.is_step or reading.step is None:
                 continue
             steps.append(reading.step)
+            rank = reading.rank if reading.rank is not None else rank_prefix(text)
+            if rank is not None:
+                ranks.add(rank)
             if reading.at is not None:
-                rank = reading.rank if reading.rank is not None else rank_prefix(text)
                 timed.append((reading.step, reading.at, rank or 0))
+        if ranks - {r.rank for r in att.rank_reports}:
+            # Verification expects every rank that reported before to report again (0350).
+            self.store.note_ranks_reported(job_id, att.number, ranks)
         now = self.clock()
         if lines and state.first_at is None:
             state.first_at = now
