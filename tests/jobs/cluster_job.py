@@ -22,6 +22,8 @@ fails on cue:
   --ranks N             print each step once per rank, with torchrun's ``[rankR]:`` prefix
                         (one process standing for N ranks that report their progress)
   --silent-rank-attempts 1,2  attempts in which only rank 0 reports (the others are mute)
+  --warn TEXT           ... printing this line before the failure (an NCCL warning before
+                        the exception it causes, as a real log reads)
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ def main() -> int:
     ap.add_argument("--xid-device", type=int, default=1)
     ap.add_argument("--ranks", type=int, default=0)
     ap.add_argument("--silent-rank-attempts", default="")
+    ap.add_argument("--warn")
     args = ap.parse_args()
     attempt = int(os.environ.get("TRAINGUARD_ATTEMPT", "0"))
     failing = {int(a) for a in args.fail_attempts.split(",") if a.strip()}
@@ -120,6 +123,8 @@ def main() -> int:
         if attempt in failing and step >= args.fail_at:
             if args.xid_log:
                 xid(args.xid_log, args.xid_device)
+            if args.warn:
+                print(args.warn, flush=True)
             if args.hang:
                 while True:
                     time.sleep(3600)

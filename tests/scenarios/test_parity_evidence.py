@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _modes import MODES, Outcome, Policy, Xid, run_mode, serve_mode
+from _modes import MODES, Outcome, Policy, Xid, procs_inventory, run_mode, serve_mode
 
 pytestmark = pytest.mark.slow
 
@@ -20,9 +20,11 @@ def _scenario(
     job_args: list[str],
     policy: Policy,
     xid: Xid | None = None,
+    procs_cards: bool = False,
 ) -> Outcome:
     if mode == "run":
-        return run_mode(tmp, job_args, policy, xid=xid)
+        inventory = procs_inventory() if procs_cards else None
+        return run_mode(tmp, job_args, policy, xid=xid, inventory=inventory)
     return serve_mode(store_target, tmp, job_args, policy, xid=xid)
 
 
@@ -60,3 +62,60 @@ def test_a_restart_that_loses_a_rank_is_not_recovered(
     assert not any(n.startswith("verified") for n in inc["notes"]), out
     assert "restart budget exhausted: 2 of 2 restarts used" in inc["notes"][-1], out
     assert out.quarantined == [out.xid_device] and out.repairs == [out.xid_device], out
+
+
+# An InfiniBand completion error as NCCL logs it, then the exception torch raises for it.
+IB_WARN = (
+    "[rank0]: n1:4242:4299 [0] transport/net_ib.cc:1295 NCCL WARN NET/IB : Got completion "
+    "from peer 10.0.0.2<42424> with error 12, opcode 0, len 0, vendor err 129 (Recv) localGid "
+    "::ffff:10.0.0.1 remoteGid ::ffff:10.0.0.2"
+)
+NCCL_ERROR = (
+    "[rank0]: torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
+    "ProcessGroupNCCL.cpp:1970, remote process exited or there was a network error, "
+    "NCCL version 2.19.3"
+)
+
+
+RUN_ISOLATES_CARDS = pytest.mark.xfail(
+    strict=True,
+    reason="run carries out a node Quarantine as one quarantine and one repair record per "
+    "card of the host (run_act._do_quarantine); serve quarantines the node itself",
+)
+
+
+@pytest.mark.parametrize(
+    "mode", [pytest.param(m, marks=RUN_ISOLATES_CARDS) if m == "run" else m for m in MODES]
+)
+def test_an_ib_link_error_isolates_the_host_in_both_modes(
+    mode: str, tmp_path: Path, sqlite_target: str
+) -> None:
+    # Rank 0 (on n1) logs an InfiniBand completion error, then dies of the NCCL error it
+    # causes: link/NIC evidence beats the symptom (0110). The network of host n1 is
+    # what failed, not a GPU: the host is isolated (one node quarantine, one repair
+    # record for the node, its cards left healthy) and the job moves to n2. run used to
+    # quarantine each card of the host and open a repair record per card (0352).
+    out = _scenario(
+        mode,
+        tmp_path,
+        sqlite_target,
+        ["--fail-attempts", "0", "--fail-at", "8", "--warn", IB_WARN, "--error", NCCL_ERROR,
+         "--steps", "20"],
+        Policy(),
+        procs_cards=True,
+    )  # fmt: skip
+    [inc] = out.incidents
+    assert (inc["kind"], inc["domain"], inc["culprit"]) == (
+        "collective_error", "network", "GPU-n1-0"
+    ), out  # fmt: skip
+    assert (
+        inc["actions"] == ["quarantine", "restart"]
+        and "plan 1: quarantine, restart" in (inc["notes"])
+    ), out
+    assert [n for n in inc["notes"] if n.startswith("detected")] == [
+        f"detected collective_error (network): network error: {IB_WARN}"
+    ], out
+    assert (inc["state"], inc["failed_step"], inc["checkpoint_step"]) == ("recovered", 8, 5), out
+    assert out.attempts == ["failed", "completed"], out
+    assert out.nodes_out == ["n1"] and out.repairs == ["n1"], out
+    assert out.quarantined == [], out
