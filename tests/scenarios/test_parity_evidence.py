@@ -77,16 +77,7 @@ NCCL_ERROR = (
 )
 
 
-RUN_ISOLATES_CARDS = pytest.mark.xfail(
-    strict=True,
-    reason="run carries out a node Quarantine as one quarantine and one repair record per "
-    "card of the host (run_act._do_quarantine); serve quarantines the node itself",
-)
-
-
-@pytest.mark.parametrize(
-    "mode", [pytest.param(m, marks=RUN_ISOLATES_CARDS) if m == "run" else m for m in MODES]
-)
+@pytest.mark.parametrize("mode", MODES)
 def test_an_ib_link_error_isolates_the_host_in_both_modes(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:

@@ -316,13 +316,18 @@ class RunActions(RunVerification):
         note: str = "",
         skip: Collection[str] = (),
     ) -> list[str]:
-        """Quarantine a device, or every device of a host, with intent and result audited.
+        """Quarantine a device, or a host, with intent and result audited.
 
         Level-based: a device already out of service is left as it is (result
         ``already <state>``), so doing it again after a crash is harmless. Devices in
         ``skip`` (a result already in the incident's ledger) are not touched again.
+        A host is quarantined itself, as serve drains a node (0352): its cards are
+        out of service with it, not each put in repair.
         """
         job_id = job_id or self.job_id
+        if action.resource_kind == "node":
+            self._quarantine_node(incident_id, action, job_id, note, skip)
+            return []
         if action.resource_kind == "device":
             targets = [action.resource_id]
         else:
@@ -390,6 +395,72 @@ class RunActions(RunVerification):
             self.say(f"device {uuid} {result}{note}")
             done.append(uuid)
         return done
+
+    def _quarantine_node(
+        self, incident_id: int, action: Quarantine, job_id: str, note: str, skip: Collection[str]
+    ) -> None:
+        """Quarantine host ``action.resource_id``: the node's health (the cards on it are
+        then out of service, ``device_statuses``), one repair record for the node, the
+        incident's repair advice from it; the ledger row names the node, as serve's."""
+        host = action.resource_id
+        if host in skip:
+            self.say(f"node {host}: its quarantine is already recorded, kept{note}")
+            return
+        fleet = FleetStore(self.db)
+        intent = self.audit(
+            AuditKind.INTENT,
+            f"node:{host}",
+            f"quarantine {host}: {action.reason}{note}",
+            {"reason": action.reason, "resource_kind": "node", "resource_id": host},
+            incident_id,
+            job_id=job_id,
+        )
+        self.crash.hit("action.after_intent")
+        now = self.clock()
+        repair_id = None
+        with self.db.transaction():
+            node = fleet.register_node(host, at=now, actor=ACTOR)
+            if node.state.schedulable:
+                fleet.transition_node(
+                    host,
+                    HealthState.QUARANTINED,
+                    action.reason[:400],
+                    ACTOR,
+                    now,
+                    job_id=job_id,
+                    incident_id=incident_id,
+                )
+                repair = open_quarantine_repair(
+                    fleet,
+                    self.db.get_incident(incident_id),
+                    resource_kind="node",
+                    resource_id=host,
+                    host=host,
+                    at=now,
+                    actor=ACTOR,
+                )
+                self.db.update_incident(incident_id, at=now, repair=repair.recommended, actor=ACTOR)
+                result, repair_id = "quarantined", repair.id
+            else:
+                result = f"already {node.state.value}"
+        self.crash.hit("action.after_apply")
+        self.db.add_incident_action(
+            incident_id,
+            {
+                "type": ActionKind.QUARANTINE.value,
+                "resource_kind": "node",
+                "resource_id": host,
+                "reason": action.reason,
+                "result": result,
+                "repair_id": repair_id,
+                "summary": f"node {host} {result}{note}",
+                "intent_id": intent,
+            },
+            at=self.clock(),
+            actor=ACTOR,
+            audit_kind=AuditKind.RESULT,
+        )
+        self.say(f"node {host} {result}{note}")
 
     def _do_restart(
         self,
