@@ -110,3 +110,35 @@ def test_an_ib_link_error_isolates_the_host_in_both_modes(
     assert out.attempts == ["failed", "completed"], out
     assert out.nodes_out == ["n1"] and out.repairs == ["n1"], out
     assert out.quarantined == [], out
+
+
+ECC_ERROR = "[rank0]: RuntimeError: CUDA error: uncorrectable ECC error encountered"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_link_evidence_beside_a_gpu_fault_isolates_the_host_too(
+    mode: str, tmp_path: Path, sqlite_target: str
+) -> None:
+    # Rank 0 logs the InfiniBand completion error, then dies of an uncorrectable ECC
+    # error: the GPU fault wins the attribution (hardware, its card), and the link
+    # evidence still names host n1. Both are isolated, the card and the host, and the
+    # job moves to n2: restarting on the card's neighbour would meet the same link
+    # (0110). serve used to quarantine the card only: the re-attribution that keeps
+    # link evidence beside the winner was run's (0353).
+    out = _scenario(
+        mode,
+        tmp_path,
+        sqlite_target,
+        ["--fail-attempts", "0", "--fail-at", "8", "--warn", IB_WARN, "--error", ECC_ERROR,
+         "--steps", "20"],
+        Policy(),
+        procs_cards=True,
+    )  # fmt: skip
+    [inc] = out.incidents
+    assert (inc["kind"], inc["domain"], inc["culprit"]) == ("cuda_error", "hardware", "GPU-n1-0")
+    assert inc["actions"] == ["quarantine", "quarantine", "restart"], out
+    assert "plan 1: quarantine, quarantine, restart" in inc["notes"], out
+    assert (inc["state"], inc["failed_step"], inc["checkpoint_step"]) == ("recovered", 8, 5), out
+    assert out.attempts == ["failed", "completed"], out
+    assert out.quarantined == ["GPU-n1-0"] and out.nodes_out == ["n1"], out
+    assert out.repairs == ["GPU-n1-0", "n1"], out

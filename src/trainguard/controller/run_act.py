@@ -29,9 +29,9 @@ from trainguard.controller.run_base import (
     _step_of,
 )
 from trainguard.controller.run_verify import RunVerification
-from trainguard.diagnose.attribution import attribute
+from trainguard.diagnose.attribution import attribute, with_link_evidence
 from trainguard.model.devices import Device
-from trainguard.model.findings import Attribution, Domain
+from trainguard.model.findings import Attribution
 from trainguard.model.health import HealthState
 from trainguard.model.plan import (
     ActionKind,
@@ -59,46 +59,6 @@ from trainguard.store.fleet import FleetStore
 class RunActions(RunVerification):
     """Acting on a failure in ``trainguard run`` (see the module docstring)."""
 
-    def _with_network_evidence(
-        self, att: _Attempt, attribution: Attribution, failed_at: float
-    ) -> Attribution:
-        """Let network evidence that names a link or NIC reach ``decide()`` (decision 0110).
-
-        A ``network_error`` line of the job's own output (``NET/IB : Got completion
-        from peer ... with error``) always counts; one from the kernel log (``mlx5_core
-        ... Link down``) counts only when the job's output shows network or
-        collective trouble too, since on its own it is a coincidence in time. Both
-        within the correlation window. A crash of unknown cause with such evidence is
-        a ``network`` failure: evidence beats symptom.
-        """
-        window = self.opt.correlation_window
-        trouble = any(
-            f.source.startswith("output") and f.domain is Domain.NETWORK for f in att.findings
-        )
-        extra = [
-            f
-            for f in att.findings
-            if f.kind == "network_error"
-            and abs(f.at - failed_at) <= window
-            and f not in attribution.findings
-            and (f.source.startswith("output") or trouble)
-        ]
-        if not extra:
-            return attribution
-        domain = attribution.domain
-        summary = attribution.summary
-        if domain is Domain.UNKNOWN:
-            domain = Domain.NETWORK
-            summary += f" (network: {extra[0].message})"
-        lines = [f"[{f.source}] {f.message}" for f in extra]
-        return dataclasses.replace(
-            attribution,
-            domain=domain,
-            summary=summary,
-            findings=(*attribution.findings, *extra),
-            evidence=(*attribution.evidence, *(x for x in lines if x not in attribution.evidence)),
-        )
-
     def _handle_failure(self, att: _Attempt) -> _Attempt | RunResult:
         o = self.opt
         trigger = att.trigger
@@ -107,7 +67,10 @@ class RunActions(RunVerification):
         self._check_fence()
         detected_at = float(trigger.details.get("detected_at", trigger.at))
         attribution = attribute(att.findings, att.devices, detected_at, o.correlation_window)
-        attribution = self._with_network_evidence(att, attribution, detected_at)
+        # Link/NIC evidence isolates its host whatever won (0110), as in serve (0353).
+        attribution = with_link_evidence(
+            attribution, att.findings, detected_at, o.correlation_window
+        )
         relevant = [f.at for f in attribution.findings if f.at >= att.started_at]
         fault_at = min([*relevant, trigger.at])
         if trigger.kind == "hang" and trigger.details.get("since") is not None:

@@ -21,7 +21,7 @@ from trainguard.controller.engine.config import (
     _OutputState,
 )
 from trainguard.controller.engine.core import EngineCore
-from trainguard.diagnose.attribution import attribute
+from trainguard.diagnose.attribution import attribute, with_link_evidence
 from trainguard.diagnose.detectors import ProcessExit, crash_finding, line_finding, rank_prefix
 from trainguard.diagnose.device_map import (
     merge_views,
@@ -456,7 +456,9 @@ class EvidenceFollower(EngineCore):
             reported_views(att.rank_reports, devices),
             rank_views(devices, torchrun_world_size(job.command)),
         )
-        return attribute(findings, devices, failed_at, window, views)
+        attribution = attribute(findings, devices, failed_at, window, views)
+        # Link/NIC evidence isolates its host whatever won the attribution, as in run (0353).
+        return with_link_evidence(attribution, findings, failed_at, window)
 
     def _device_statuses(self, obs: Observation, job_ref: str) -> tuple[DeviceStatus, ...]:
         """The devices this job could get: all but those other live jobs hold.
