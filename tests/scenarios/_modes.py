@@ -89,6 +89,7 @@ class Outcome:
     xid_device: str | None = None  # the card the XID named
     resumed_steps: list[int | None] = field(default_factory=list)  # each attempt's first step
     nodes_out: list[str] = field(default_factory=list)  # hosts out of service
+    attempt_hosts: list[list[str]] = field(default_factory=list)  # each attempt's hosts
 
 
 def _read(store: Store, job_id: str, xid_device: str | None) -> Outcome:
@@ -123,6 +124,7 @@ def _read(store: Store, job_id: str, xid_device: str | None) -> Outcome:
             for n in FleetStore(store).list_nodes()
             if n.state in (HealthState.QUARANTINED, HealthState.REPAIR)
         ),
+        attempt_hosts=[sorted({d.host or "" for d in a.devices}) for a in attempts],
     )
 
 

@@ -96,18 +96,16 @@ def test_an_ib_link_error_isolates_the_host_in_both_modes(
         procs_cards=True,
     )  # fmt: skip
     [inc] = out.incidents
-    assert (inc["kind"], inc["domain"], inc["culprit"]) == (
-        "collective_error", "network", "GPU-n1-0"
-    ), out  # fmt: skip
-    assert (
-        inc["actions"] == ["quarantine", "restart"]
-        and "plan 1: quarantine, restart" in (inc["notes"])
-    ), out
+    culprit = (inc["kind"], inc["domain"], inc["culprit"])
+    assert culprit == ("collective_error", "network", "GPU-n1-0"), out
+    assert inc["actions"] == ["quarantine", "restart"], out
+    assert "plan 1: quarantine, restart" in inc["notes"], out
     assert [n for n in inc["notes"] if n.startswith("detected")] == [
         f"detected collective_error (network): network error: {IB_WARN}"
     ], out
     assert (inc["state"], inc["failed_step"], inc["checkpoint_step"]) == ("recovered", 8, 5), out
     assert out.attempts == ["failed", "completed"], out
+    assert out.attempt_hosts == [["n1"], ["n2"]], out
     assert out.nodes_out == ["n1"] and out.repairs == ["n1"], out
     assert out.quarantined == [], out
 
@@ -135,10 +133,12 @@ def test_link_evidence_beside_a_gpu_fault_isolates_the_host_too(
         procs_cards=True,
     )  # fmt: skip
     [inc] = out.incidents
-    assert (inc["kind"], inc["domain"], inc["culprit"]) == ("cuda_error", "hardware", "GPU-n1-0")
+    culprit = (inc["kind"], inc["domain"], inc["culprit"])
+    assert culprit == ("cuda_error", "hardware", "GPU-n1-0"), out
     assert inc["actions"] == ["quarantine", "quarantine", "restart"], out
     assert "plan 1: quarantine, quarantine, restart" in inc["notes"], out
     assert (inc["state"], inc["failed_step"], inc["checkpoint_step"]) == ("recovered", 8, 5), out
     assert out.attempts == ["failed", "completed"], out
+    assert out.attempt_hosts == [["n1"], ["n2"]], out
     assert out.quarantined == ["GPU-n1-0"] and out.nodes_out == ["n1"], out
     assert out.repairs == ["GPU-n1-0", "n1"], out
