@@ -1,7 +1,14 @@
 """Parity of what the evidence says: the same ranks' reports and the same network
 evidence get the same verdict and the same recovery under ``trainguard run`` and under
 the cluster reconciler (``serve`` over procs); one expectation per scenario, over both
-modes (issue 12)."""
+modes (issue 12):
+
+* a restart that loses a rank is never verified, and the budget ends it (0350, 0351);
+* an InfiniBand link error isolates its host as a node (0352);
+* link evidence beside a GPU fault isolates the host as well as the card (0353).
+
+The link scenarios give ``run`` the procs cluster's cards (hosts n1 and n2), so a plan
+that isolates a host names the same resources in both modes."""
 
 from __future__ import annotations
 
