@@ -22,6 +22,7 @@ import pytest
 
 from trainguard.model import HealthState
 from trainguard.store import Store
+from trainguard.store.fleet import FleetStore
 
 pytestmark = pytest.mark.slow
 
@@ -113,15 +114,16 @@ def test_a_broken_ib_link_quarantines_the_host_and_the_job_moves(tmp_path: Path)
         attempts = store.list_attempts(job.id)
         [inc] = store.list_incidents(job_id=job.id)
         states = {d.uuid: d.state for d in store.list_devices()}
+        nodes = {n.name: n.state for n in FleetStore(store).list_nodes()}
+        repairs = [(r.resource_kind, r.resource_id) for r in FleetStore(store).list_repairs()]
     assert inc.domain.value == "network" and inc.outcome == "recovered"
     assert any("NET/IB" in e for e in inc.evidence)
-    assert [a["type"] for a in inc.actions] == ["quarantine", "quarantine", "restart"]
-    assert states == {
-        "GPU-hosta0": HealthState.QUARANTINED,
-        "GPU-hosta1": HealthState.QUARANTINED,
-        "GPU-hostb2": HealthState.HEALTHY,
-        "GPU-hostb3": HealthState.HEALTHY,
-    }
+    # The host is quarantined, as serve drains the node: one repair record for the node,
+    # its cards out of service with it but not in repair themselves (0352).
+    assert [a["type"] for a in inc.actions] == ["quarantine", "restart"]
+    assert [(a["resource_kind"], a["resource_id"]) for a in inc.actions[:1]] == [("node", "hosta")]
+    assert nodes == {"hosta": HealthState.QUARANTINED} and repairs == [("node", "hosta")]
+    assert set(states.values()) == {HealthState.HEALTHY}
     assert [a.device_uuids for a in attempts] == [
         ("GPU-hosta0", "GPU-hosta1"),
         ("GPU-hostb2", "GPU-hostb3"),
@@ -166,10 +168,11 @@ def test_a_nic_link_down_with_peer_errors_isolates_this_host(tmp_path: Path) -> 
         [job] = store.list_jobs()
         [inc] = store.list_incidents(job_id=job.id)
         states = {d.state for d in store.list_devices()}
+        nodes = {n.name: n.state for n in FleetStore(store).list_nodes()}
         assert len(store.list_attempts(job.id)) == 1
     assert inc.domain.value == "network" and inc.outcome == "stopped"
     assert any("Link down" in e for e in inc.evidence)
-    assert states == {HealthState.QUARANTINED}
+    assert nodes == {"hosta": HealthState.QUARANTINED} and states == {HealthState.HEALTHY}
 
 
 def test_a_nic_event_without_network_trouble_in_the_job_isolates_nothing(
@@ -182,8 +185,9 @@ def test_a_nic_event_without_network_trouble_in_the_job_isolates_nothing(
         [job] = store.list_jobs()
         incidents = store.list_incidents(job_id=job.id)
         states = {d.state for d in store.list_devices()}
+        nodes = FleetStore(store).list_nodes()
     assert res.returncode == 1  # the rank keeps failing; the restart budget ends it
-    assert incidents and states == {HealthState.HEALTHY}
+    assert incidents and states == {HealthState.HEALTHY} and nodes == []
     for inc in incidents:
         assert inc.domain.value == "unknown"
         assert "quarantine" not in [a["type"] for a in inc.actions]

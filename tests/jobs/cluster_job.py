@@ -19,6 +19,11 @@ fails on cue:
   --slow-attempts 1     attempts that step every ``--slow-interval`` seconds instead
   --json-steps          print ``{"step": N, "time": T}`` lines (the job's own time of
                         each step, decision 0320) instead of ``step=N``
+  --ranks N             print each step once per rank, with torchrun's ``[rankR]:`` prefix
+                        (one process standing for N ranks that report their progress)
+  --silent-rank-attempts 1,2  attempts in which only rank 0 reports (the others are mute)
+  --warn TEXT           ... printing this line before the failure (an NCCL warning before
+                        the exception it causes, as a real log reads)
 """
 
 from __future__ import annotations
@@ -86,6 +91,9 @@ def main() -> int:
     ap.add_argument("--json-steps", action="store_true")
     ap.add_argument("--xid-log")
     ap.add_argument("--xid-device", type=int, default=1)
+    ap.add_argument("--ranks", type=int, default=0)
+    ap.add_argument("--silent-rank-attempts", default="")
+    ap.add_argument("--warn")
     args = ap.parse_args()
     attempt = int(os.environ.get("TRAINGUARD_ATTEMPT", "0"))
     failing = {int(a) for a in args.fail_attempts.split(",") if a.strip()}
@@ -104,6 +112,10 @@ def main() -> int:
             print("tick", flush=True)
         elif args.json_steps:
             print(json.dumps({"step": step, "time": time.time()}), flush=True)
+        elif args.ranks:
+            mute = attempt in {int(a) for a in args.silent_rank_attempts.split(",") if a.strip()}
+            for rank in range(1 if mute else args.ranks):
+                print(f"[rank{rank}]:step={step}", flush=True)
         else:
             print(f"step={step}", flush=True)
         if args.ckpt and step % args.every == 0:
@@ -111,6 +123,8 @@ def main() -> int:
         if attempt in failing and step >= args.fail_at:
             if args.xid_log:
                 xid(args.xid_log, args.xid_device)
+            if args.warn:
+                print(args.warn, flush=True)
             if args.hang:
                 while True:
                     time.sleep(3600)

@@ -13,6 +13,8 @@ asserts one expectation for both.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -86,6 +88,8 @@ class Outcome:
     repairs: list[str]  # resource ids with a repair record
     xid_device: str | None = None  # the card the XID named
     resumed_steps: list[int | None] = field(default_factory=list)  # each attempt's first step
+    nodes_out: list[str] = field(default_factory=list)  # hosts out of service
+    attempt_hosts: list[list[str]] = field(default_factory=list)  # each attempt's hosts
 
 
 def _read(store: Store, job_id: str, xid_device: str | None) -> Outcome:
@@ -115,6 +119,12 @@ def _read(store: Store, job_id: str, xid_device: str | None) -> Outcome:
         repairs=sorted(r.resource_id for r in FleetStore(store).list_repairs()),
         xid_device=xid_device,
         resumed_steps=[a.first_step for a in attempts],
+        nodes_out=sorted(
+            n.name
+            for n in FleetStore(store).list_nodes()
+            if n.state in (HealthState.QUARANTINED, HealthState.REPAIR)
+        ),
+        attempt_hosts=[sorted({d.host or "" for d in a.devices}) for a in attempts],
     )
 
 
@@ -153,9 +163,15 @@ def _wait(pred: Callable[[], bool], timeout: float, what: str) -> None:
 
 
 def run_mode(
-    tmp: Path, job_args: Sequence[str], policy: Policy, *, xid: Xid | None = None
+    tmp: Path,
+    job_args: Sequence[str],
+    policy: Policy,
+    *,
+    xid: Xid | None = None,
+    inventory: Sequence[dict[str, Any]] | None = None,
 ) -> Outcome:
-    """The scenario under ``trainguard run`` (the supervisor in this process)."""
+    """The scenario under ``trainguard run`` (the supervisor in this process);
+    ``inventory``: its cards as named (``procs_inventory()``) instead of 2 simulated."""
     ckpt = tmp / "ckpt"
     kern = tmp / "kern.log"
     kern.write_text("")
@@ -177,6 +193,11 @@ def run_mode(
         grace=1.0,
         echo=False,
     )
+    if inventory is not None:
+        (tmp / "inventory.json").write_text(json.dumps(list(inventory)))
+        options = dataclasses.replace(
+            options, simulate_devices=None, inventory_file=str(tmp / "inventory.json")
+        )
     named: list[str] = []
     injector = None
     if xid is not None:
@@ -393,3 +414,21 @@ def crash_serve_mode(store_target: str, tmp: Path, point: str) -> CrashWorld:
         return world
     finally:
         fleet.close()
+
+
+# --- the procs cluster's cards, for run ------------------------------------------------------
+
+
+def procs_inventory(nodes: dict[str, int] | None = None) -> list[dict[str, Any]]:
+    """The cards of serve's stand-in cluster (``Fleet``'s default nodes) as a ``run``
+    inventory: the same hosts, uuids and PCI bus ids, so a plan that isolates a host
+    names the same cards in both modes. Indices are unique across hosts, as run's are."""
+    from trainguard.schedulers.procs import simulated_devices
+
+    out: list[dict[str, Any]] = []
+    for k, (node, count) in enumerate((nodes or {"n1": 2, "n2": 2}).items()):
+        for d in simulated_devices(node, k, count):
+            out.append(
+                {"index": len(out), "uuid": d.uuid, "pci_bus_id": d.pci_bus_id, "host": d.host}
+            )
+    return out

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainguard.diagnose.attribution import attribute
+from trainguard.diagnose.attribution import attribute, with_link_evidence
 from trainguard.diagnose.detectors import ProcessExit, crash_finding
 from trainguard.model import Culprit, Device, Domain, Finding, IncidentKind, Severity
 
@@ -248,3 +248,40 @@ def test_same_pci_slot_on_another_host_is_a_different_device() -> None:
     )
     a = attribute([crash(0, T0, sig=9), other_host], two_hosts, failed_at=T0)
     assert a.domain is Domain.UNKNOWN and a.kind is IncidentKind.CRASH
+
+
+IB = "NCCL WARN NET/IB : Got completion from peer 10.0.0.2<42424> with error 12"
+
+
+def test_link_evidence_is_kept_beside_a_gpu_fault_that_won() -> None:
+    # One rule for run and serve (0353): decide() isolates the host it names too.
+    ib = line("network_error", T0 + 1, 0, IB, Domain.NETWORK)
+    ecc = line("ecc_error", T0 + 2, 0, "CUDA error: uncorrectable ECC error", Domain.HARDWARE)
+    findings = [ib, ecc, crash(0, T0 + 3, code=1)]
+    a = attribute(findings, DEVICES, T0 + 3)
+    assert a.domain is Domain.HARDWARE and ib not in a.findings
+    got = with_link_evidence(a, findings, T0 + 3)
+    assert got.domain is Domain.HARDWARE and got.culprit == a.culprit
+    assert got.findings == (*a.findings, ib) and f"[output] {IB}" in got.evidence
+    assert with_link_evidence(got, findings, T0 + 3) == got  # nothing to add twice
+
+
+def test_a_kernel_link_event_counts_only_with_network_trouble_in_the_job() -> None:
+    down = Finding(
+        kind="network_error",
+        domain=Domain.NETWORK,
+        at=T0 + 1,
+        source="kernel_log",
+        message="mlx5_core 0000:c1:00.0: Port module event: Link down",
+        severity=Severity.FATAL,
+    )
+    alone = [down, crash(0, T0 + 2, code=1)]
+    a = attribute(alone, DEVICES, T0 + 2)
+    assert with_link_evidence(a, alone, T0 + 2) == a
+    # With the job's own network trouble it counts, but only within the window.
+    peer = line("collective_error", T0 + 1.5, 0, "Connection closed by peer", Domain.NETWORK)
+    near = [down, peer, crash(0, T0 + 2, code=1)]
+    assert down in with_link_evidence(attribute(near, DEVICES, T0 + 2), near, T0 + 2).findings
+    far = [down, peer, crash(0, T0 + 500, code=1)]
+    got = with_link_evidence(attribute(far, DEVICES, T0 + 500), far, T0 + 500, 60.0)
+    assert down not in got.findings

@@ -117,3 +117,11 @@ def test_reports_come_first_and_unreported_ranks_keep_the_launch_view() -> None:
     merged = merge_views(reported, derived)
     assert sorted(v.rank or 0 for v in merged) == [0, 1, 2, 3]
     assert next(v for v in merged if v.rank == 2).visible == ("GPU-3",)
+
+
+def test_a_rank_that_reported_progress_only_keeps_the_launchs_view() -> None:
+    # A rank-prefixed step line says the rank reports (0350), not which card it has.
+    bare = (RankReport(1, None, None, ()),)
+    assert reported_views(bare, TWO_BY_TWO) == ()
+    views = merge_views(reported_views(bare, TWO_BY_TWO), rank_views(TWO_BY_TWO, None))
+    assert views == rank_views(TWO_BY_TWO, None)

@@ -33,7 +33,7 @@ from trainguard.policy.step import (
     StepKind,
     step,
 )
-from trainguard.policy.verify import RestartObservation, VerifyRules
+from trainguard.policy.verify import RestartObservation, StepClock, VerifyRules
 
 CARDS = [f"GPU-{i}" for i in range(6)]
 
@@ -151,10 +151,30 @@ def test_a_restart_that_advances_over_the_window_is_recovered() -> None:
     assert s.accounting is not None and s.accounting.restored_step == 250
 
 
-def test_a_failed_verdict_is_noted_once() -> None:
+def test_a_failed_verdict_that_says_restart_again_fails_the_attempt() -> None:
+    # Another step restored, or a rank missing: a failed attempt, as run ends it (0351).
     o = RestartObservation(
         now=100.0, started_at=0.0, restored_step=250, first_step=900, first_at=5.0
     )
+    s = step(verifying(o))
+    assert s.kind is StepKind.FAIL_ATTEMPT and s.outcome.kind is OutcomeKind.REQUEUE
+    assert s.verification is not None and s.verification.restart_again
+    missing = RestartObservation(
+        now=100.0, started_at=0.0, restored_step=250, first_step=251, first_at=5.0,
+        last_step=300, last_at=30.0, expected_ranks=frozenset({0, 1}),
+        reported_ranks=frozenset({0}),
+    )  # fmt: skip
+    s = step(verifying(missing))
+    assert s.kind is StepKind.FAIL_ATTEMPT, s
+    assert s.verification is not None and s.verification.missing_ranks == (1,)
+
+
+def test_a_slow_restart_is_noted_once() -> None:
+    o = RestartObservation(
+        now=100.0, started_at=0.0, restored_step=250, first_step=251, first_at=5.0,
+        last_step=260, last_at=30.0, rate=0.1, rate_clock=StepClock.JOB,
+        baseline_rate=10.0, baseline_clock=StepClock.JOB,
+    )  # fmt: skip
     s = step(verifying(o))
     assert s.kind is StepKind.NOTE_NOT_VERIFIED
     assert step(verifying(o, said=(s.reason,))).kind is StepKind.NOTHING

@@ -17,6 +17,8 @@ from trainguard.policy.verify import (
     Verdict,
     VerifyRules,
     account,
+    expected_ranks,
+    failed_finding,
     no_step_signal_warning,
     rate_unchecked,
     step_window,
@@ -372,3 +374,43 @@ def test_a_rate_decides_only_when_both_clocks_mark_when_steps_happened(
             assert v.rate_unchecked and "rate not checked" in v.reason
     if v.verdict is Verdict.FAILED and v.signature != "verify:slow":
         assert v.restart_again
+
+
+def _expected(
+    baseline: set[int] | None, before: int, after: int, reported: set[int], world: int | None
+) -> frozenset[int] | None:
+    got, _why = expected_ranks(
+        None if baseline is None else frozenset(baseline),
+        baseline_devices=before,
+        restart_devices=after,
+        restart_reported=frozenset(reported),
+        world=world,
+    )
+    return got
+
+
+def test_expected_ranks_are_those_that_reported_before_the_failure() -> None:
+    # One rule for run and serve (0350).
+    assert _expected({0, 1}, 1, 1, {0}, None) == {0, 1}
+    assert _expected({0}, 2, 2, {0, 1}, 2) == {0}  # a job that reports from rank 0 only
+    # On fewer devices (--min-need): one rank per device, when each device had one.
+    assert _expected({0, 1}, 2, 1, {0}, None) == {0}
+    assert _expected({0, 1, 2}, 2, 1, {0}, None) is None
+    # Nobody reported before: the torchrun world size, once the restart's ranks report.
+    assert _expected(None, 0, 2, {0, 1}, 2) == {0, 1}
+    assert _expected(None, 0, 2, {0}, 2) is None
+
+
+def test_a_missing_rank_fails_with_a_finding_that_names_the_rank() -> None:
+    v = verify_restart(
+        moving(251, 270, expected_ranks=frozenset({0, 1}), reported_ranks=frozenset({0})),
+        RULES,
+    )
+    assert v.verdict is Verdict.FAILED and v.restart_again
+    f = failed_finding(v, 42.0)
+    assert (f.kind, f.domain.value, f.signature, f.at) == (
+        "verify_failed", "unknown", "verify:ranks-missing", 42.0
+    )  # fmt: skip
+    assert f.culprit.rank == 1 and f.details == {"missing_ranks": [1]}
+    wrong = failed_finding(verify_restart(moving(900, 950), RULES), 1.0)
+    assert wrong.domain.value == "application" and wrong.culprit.rank is None

@@ -176,6 +176,19 @@ def test_each_ranks_reported_device_view_is_kept_newest_wins(store: Store) -> No
     )
 
 
+def test_a_rank_that_only_reported_progress_never_replaces_a_device_view(store: Store) -> None:
+    store.create_job(name="demo", command=["x"], need=2, at=T0, job_id="j")
+    store.start_attempt("j", 0, DEVICES[:2], at=T0)
+    store.record_rank_report("j", 0, RankReport(1, "h", 1, ("1",)))
+    store.note_ranks_reported("j", 0, [0, 1])
+    store.note_ranks_reported("j", 0, [0])  # again: nothing changes
+    store.note_ranks_reported("j", 5, [0])  # no such attempt
+    assert store.get_attempt("j", 0).rank_reports == (
+        RankReport(0, None, None, ()),
+        RankReport(1, "h", 1, ("1",)),
+    )
+
+
 def test_incident_life(store: Store) -> None:
     store.create_job(name="demo", command=["x"], need=2, at=T0, job_id="j")
     store.start_attempt("j", 0, DEVICES[:2], at=T0)

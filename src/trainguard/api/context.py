@@ -133,6 +133,13 @@ def store_progress_sink(
                             if len(views) >= _MAX_VIEWS_CACHED:
                                 views.clear()  # bounded: at worst a view is written again
                             views[key] = report
+                    elif (item.job_id, number, ev.rank) not in views:
+                        # It reports, without its devices: restart verification still
+                        # expects it to report again, as run does (0350).
+                        store.note_ranks_reported(item.job_id, number, (ev.rank,))
+                        if len(views) >= _MAX_VIEWS_CACHED:
+                            views.clear()
+                        views[(item.job_id, number, ev.rank)] = RankReport(ev.rank, None, None, ())
                     if ev.event == "progress" and math.isfinite(ev.time):
                         # The job's own time: a step rate that batching cannot bend (0320).
                         store.record_job_step_time(

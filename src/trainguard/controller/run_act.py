@@ -30,9 +30,9 @@ from trainguard.controller.run_base import (
     _step_of,
 )
 from trainguard.controller.run_verify import RunVerification
-from trainguard.diagnose.attribution import attribute
+from trainguard.diagnose.attribution import attribute, with_link_evidence
 from trainguard.model.devices import Device
-from trainguard.model.findings import Attribution, Domain
+from trainguard.model.findings import Attribution
 from trainguard.model.fleet import ApprovalState, action_key
 from trainguard.model.health import HealthState
 from trainguard.model.plan import (
@@ -67,46 +67,6 @@ APPROVAL_POLL_SECONDS = 0.2
 class RunActions(RunVerification):
     """Acting on a failure in ``trainguard run`` (see the module docstring)."""
 
-    def _with_network_evidence(
-        self, att: _Attempt, attribution: Attribution, failed_at: float
-    ) -> Attribution:
-        """Let network evidence that names a link or NIC reach ``decide()`` (decision 0110).
-
-        A ``network_error`` line of the job's own output (``NET/IB : Got completion
-        from peer ... with error``) always counts; one from the kernel log (``mlx5_core
-        ... Link down``) counts only when the job's output shows network or
-        collective trouble too, since on its own it is a coincidence in time. Both
-        within the correlation window. A crash of unknown cause with such evidence is
-        a ``network`` failure: evidence beats symptom.
-        """
-        window = self.opt.correlation_window
-        trouble = any(
-            f.source.startswith("output") and f.domain is Domain.NETWORK for f in att.findings
-        )
-        extra = [
-            f
-            for f in att.findings
-            if f.kind == "network_error"
-            and abs(f.at - failed_at) <= window
-            and f not in attribution.findings
-            and (f.source.startswith("output") or trouble)
-        ]
-        if not extra:
-            return attribution
-        domain = attribution.domain
-        summary = attribution.summary
-        if domain is Domain.UNKNOWN:
-            domain = Domain.NETWORK
-            summary += f" (network: {extra[0].message})"
-        lines = [f"[{f.source}] {f.message}" for f in extra]
-        return dataclasses.replace(
-            attribution,
-            domain=domain,
-            summary=summary,
-            findings=(*attribution.findings, *extra),
-            evidence=(*attribution.evidence, *(x for x in lines if x not in attribution.evidence)),
-        )
-
     def _handle_failure(self, att: _Attempt) -> _Attempt | RunResult:
         o = self.opt
         trigger = att.trigger
@@ -115,7 +75,10 @@ class RunActions(RunVerification):
         self._check_fence()
         detected_at = float(trigger.details.get("detected_at", trigger.at))
         attribution = attribute(att.findings, att.devices, detected_at, o.correlation_window)
-        attribution = self._with_network_evidence(att, attribution, detected_at)
+        # Link/NIC evidence isolates its host whatever won (0110), as in serve (0353).
+        attribution = with_link_evidence(
+            attribution, att.findings, detected_at, o.correlation_window
+        )
         relevant = [f.at for f in attribution.findings if f.at >= att.started_at]
         fault_at = min([*relevant, trigger.at])
         if trigger.kind == "hang" and trigger.details.get("since") is not None:
@@ -432,13 +395,18 @@ class RunActions(RunVerification):
         note: str = "",
         skip: Collection[str] = (),
     ) -> list[str]:
-        """Quarantine a device, or every device of a host, with intent and result audited.
+        """Quarantine a device, or a host, with intent and result audited.
 
         Level-based: a device already out of service is left as it is (result
         ``already <state>``), so doing it again after a crash is harmless. Devices in
         ``skip`` (a result already in the incident's ledger) are not touched again.
+        A host is quarantined itself, as serve drains a node (0352): its cards are
+        out of service with it, not each put in repair.
         """
         job_id = job_id or self.job_id
+        if action.resource_kind == "node":
+            self._quarantine_node(incident_id, action, job_id, note, skip)
+            return []
         if action.resource_kind == "device":
             targets = [action.resource_id]
         else:
@@ -547,6 +515,72 @@ class RunActions(RunVerification):
                 incident_id=incident_id,
             )
         return reason
+
+    def _quarantine_node(
+        self, incident_id: int, action: Quarantine, job_id: str, note: str, skip: Collection[str]
+    ) -> None:
+        """Quarantine host ``action.resource_id``: the node's health (the cards on it are
+        then out of service, ``device_statuses``), one repair record for the node, the
+        incident's repair advice from it; the ledger row names the node, as serve's."""
+        host = action.resource_id
+        if host in skip:
+            self.say(f"node {host}: its quarantine is already recorded, kept{note}")
+            return
+        fleet = FleetStore(self.db)
+        intent = self.audit(
+            AuditKind.INTENT,
+            f"node:{host}",
+            f"quarantine {host}: {action.reason}{note}",
+            {"reason": action.reason, "resource_kind": "node", "resource_id": host},
+            incident_id,
+            job_id=job_id,
+        )
+        self.crash.hit("action.after_intent")
+        now = self.clock()
+        repair_id = None
+        with self.db.transaction():
+            node = fleet.register_node(host, at=now, actor=ACTOR)
+            if node.state.schedulable:
+                fleet.transition_node(
+                    host,
+                    HealthState.QUARANTINED,
+                    action.reason[:400],
+                    ACTOR,
+                    now,
+                    job_id=job_id,
+                    incident_id=incident_id,
+                )
+                repair = open_quarantine_repair(
+                    fleet,
+                    self.db.get_incident(incident_id),
+                    resource_kind="node",
+                    resource_id=host,
+                    host=host,
+                    at=now,
+                    actor=ACTOR,
+                )
+                self.db.update_incident(incident_id, at=now, repair=repair.recommended, actor=ACTOR)
+                result, repair_id = "quarantined", repair.id
+            else:
+                result = f"already {node.state.value}"
+        self.crash.hit("action.after_apply")
+        self.db.add_incident_action(
+            incident_id,
+            {
+                "type": ActionKind.QUARANTINE.value,
+                "resource_kind": "node",
+                "resource_id": host,
+                "reason": action.reason,
+                "result": result,
+                "repair_id": repair_id,
+                "summary": f"node {host} {result}{note}",
+                "intent_id": intent,
+            },
+            at=self.clock(),
+            actor=ACTOR,
+            audit_kind=AuditKind.RESULT,
+        )
+        self.say(f"node {host} {result}{note}")
 
     def _do_restart(
         self,

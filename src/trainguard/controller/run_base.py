@@ -395,11 +395,18 @@ class RunBase:
 
     def device_statuses(self) -> tuple[DeviceStatus, ...]:
         records = {r.uuid: r for r in self.db.list_devices()}
+        # A host out of service takes its cards with it (a node quarantine, 0352), as
+        # serve sees a drained node's devices.
+        hosts_out = {n.name: n for n in FleetStore(self.db).list_nodes() if not n.state.schedulable}
         out = []
         for dev in self.inventory:
             rec = records.get(dev.uuid)
             state = rec.state if rec else HealthState.HEALTHY
-            out.append(DeviceStatus(dev, state, rec.reason if rec else None))
+            reason = rec.reason if rec else None
+            node = hosts_out.get(dev.host or "")
+            if node is not None and state.schedulable:
+                state, reason = HealthState.QUARANTINED, f"node {node.name} is {node.state.value}"
+            out.append(DeviceStatus(dev, state, reason))
         return tuple(out)
 
     def policy(self) -> RecoveryPolicy:

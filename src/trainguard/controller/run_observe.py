@@ -120,7 +120,9 @@ class RunObservers(RunBase):
         reading = None if own else self.progress_parser.read(ev.text)
         step = reading.step if reading is not None and reading.is_step else None
         if step is not None and not att.structured:
-            self._on_step(att, step, ev.at, rank)
+            # A JSON progress line's own "rank" names it, as serve counts it (0350).
+            named = reading.rank if reading is not None and reading.rank is not None else rank
+            self._on_step(att, step, ev.at, named)
         elif reading is not None and not reading.is_step:
             # A changing liveness reading (an evaluation bar, a logged loss) defers the
             # hang deadline: a long evaluation between steps is not a hang (0143).

@@ -15,7 +15,6 @@ from trainguard.controller.run_base import (
     torchrun_world_size,
 )
 from trainguard.controller.run_observe import RunObservers
-from trainguard.model.findings import Culprit, Domain, Finding, Severity
 from trainguard.model.records import (
     AttemptState,
     IncidentState,
@@ -28,6 +27,8 @@ from trainguard.policy.verify import (
     Verification,
     VerifyRules,
     account,
+    expected_ranks,
+    failed_finding,
     step_window,
     verify_restart,
 )
@@ -127,43 +128,23 @@ class RunVerification(RunObservers):
                 self.say(f"incident {att.incident_id}: {key} {v.reason}")
             return
         if v.verdict is Verdict.FAILED:
-            f = Finding(
-                kind="verify_failed",
-                domain=Domain.APPLICATION if v.signature and "restored" in v.signature
-                else Domain.UNKNOWN,
-                at=now,
-                source="verify",
-                message=v.reason,
-                severity=Severity.FATAL,
-                culprit=Culprit(rank=v.missing_ranks[0]) if v.missing_ranks else Culprit(),
-                signature=v.signature,
-                details={"missing_ranks": list(v.missing_ranks)} if v.missing_ranks else {},
-            )  # fmt: skip
+            f = failed_finding(v, now)
             self._record_finding(att, f)
             self._trigger(att, f)
             return
         self._verified(att, now, v)
 
     def _expected_ranks(self, att: _Attempt) -> tuple[set[int] | None, str]:
-        """The ranks a restart must hear from, and where that expectation comes from.
-
-        The ranks that reported in the last attempt that ran well (a job that
-        reports from rank 0 only is expected to do so again); failing that, the
-        world size of a torchrun command line (``--nproc-per-node`` x ``--nnodes``),
-        but only when the restart shows that its ranks report individually.
-        """
-        base = self.baseline_ranks
-        if base:
-            if self.baseline_devices and len(att.devices) < self.baseline_devices:
-                if len(base) == self.baseline_devices:
-                    # Continuing on fewer devices (--min-need): one rank per device.
-                    return set(range(len(att.devices))), "one rank per device of the restart"
-                return None, "the restart runs on fewer devices than the ranks seen before"
-            return set(base), "the ranks that reported before the failure"
-        world = torchrun_world_size(self.opt.command)
-        if world is not None and len(att.reported_ranks) > 1:
-            return set(range(world)), "the torchrun command line's world size"
-        return None, "no rank reported before the failure"
+        """The ranks a restart must hear from (policy.verify.expected_ranks, serve's rule
+        too), from the ranks that reported in the last attempt that ran well."""
+        expected, source = expected_ranks(
+            frozenset(self.baseline_ranks) if self.baseline_ranks else None,
+            baseline_devices=self.baseline_devices,
+            restart_devices=len(att.devices),
+            restart_reported=frozenset(att.reported_ranks),
+            world=torchrun_world_size(self.opt.command),
+        )
+        return (None if expected is None else set(expected)), source
 
     def _rank_check(self, att: _Attempt) -> tuple[list[int], str]:
         """``(missing ranks, description)`` for the verification note."""

@@ -31,6 +31,7 @@ crash name the rank the NCCL sequence numbers say the others waited for.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 
 from trainguard.diagnose.correlate import is_own_stop, stuck_rank, tier
@@ -370,4 +371,48 @@ def attribute(
     )
 
 
-__all__ = ["DEFAULT_CORRELATION_WINDOW", "attribute"]
+def with_link_evidence(
+    attribution: Attribution,
+    findings: Sequence[Finding],
+    failed_at: float,
+    window: float = DEFAULT_CORRELATION_WINDOW,
+) -> Attribution:
+    """``attribution`` with every link/NIC finding (``network_error``) of the failure
+    that it does not carry yet, so that ``decide()`` isolates each host they name (0110)
+    whatever won the attribution (a GPU fault beside a broken link: both); one rule for
+    run and serve (decision 0353).
+
+    A ``network_error`` line of the job's own output (``NET/IB : Got completion from
+    peer ... with error``) always counts; one from a kernel log (``mlx5_core ... Link
+    down``) only when the job's output shows network or collective trouble too, since
+    on its own it is a coincidence in time. Both within ``window`` of ``failed_at``. A
+    failure of unknown cause with such evidence is a ``network`` failure: evidence
+    beats symptom.
+    """
+    trouble = any(f.source.startswith("output") and f.domain is Domain.NETWORK for f in findings)
+    extra = [
+        f
+        for f in findings
+        if f.kind == "network_error"
+        and abs(f.at - failed_at) <= window
+        and f not in attribution.findings
+        and (f.source.startswith("output") or trouble)
+    ]
+    if not extra:
+        return attribution
+    domain = attribution.domain
+    summary = attribution.summary
+    if domain is Domain.UNKNOWN:
+        domain = Domain.NETWORK
+        summary += f" (network: {extra[0].message})"
+    lines = [f"[{f.source}] {f.message}" for f in extra]
+    return dataclasses.replace(
+        attribution,
+        domain=domain,
+        summary=summary,
+        findings=(*attribution.findings, *extra),
+        evidence=(*attribution.evidence, *(x for x in lines if x not in attribution.evidence)),
+    )
+
+
+__all__ = ["DEFAULT_CORRELATION_WINDOW", "attribute", "with_link_evidence"]

@@ -130,6 +130,8 @@ def reported_views(
     hosts = {d.host for d in devices}
     out: list[RankView] = []
     for r in reports:
+        if not r.visible and r.local_rank is None:
+            continue  # it reported progress, not its devices: the launch's view stands
         host = r.host if r.host in hosts else (next(iter(hosts)) if len(hosts) == 1 else None)
         node = [d for d in devices if host is not None and d.host == host]
         visible = tuple(_resolve(e, node, devices) for e in r.visible)

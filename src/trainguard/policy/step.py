@@ -13,8 +13,10 @@ which *one* thing happens next, and when to look again:
 * ``APPLY``: carry out action ``index`` under its idempotency key — the one
   executor writes the intent (unless the ledger already holds it), makes the
   keyed, fenced scheduler call and writes the result with its effects;
-* ``MARK_RECOVERED`` / ``NOTE_NOT_VERIFIED``: the restart's verdict
-  (:func:`trainguard.policy.verify.verify_restart`);
+* ``MARK_RECOVERED`` / ``NOTE_NOT_VERIFIED`` / ``FAIL_ATTEMPT``: the restart's verdict
+  (:func:`trainguard.policy.verify.verify_restart`); a failed verdict that says to
+  restart again ends the recovery attempt as failed, and the attempt sync's re-plan
+  restarts it again or stops on the budget, as run does (decision 0351);
 * ``MARK_STOPPED``: the plan ran out without a restart;
 * ``NOTHING``: wait (observe mode, backoff, a pending approval, a restart that
   has not started or not yet shown progress).
@@ -64,6 +66,7 @@ class StepKind(StrEnum):
     APPLY = "apply"
     MARK_RECOVERED = "mark_recovered"
     NOTE_NOT_VERIFIED = "note_not_verified"
+    FAIL_ATTEMPT = "fail_attempt"
     MARK_STOPPED = "mark_stopped"
 
 
@@ -287,10 +290,13 @@ def _verify(s: IncidentSnapshot) -> Step:
     if v.verdict is Verdict.PENDING:
         # Not advancing yet; the hang detector catches a stuck restart.
         return Step(StepKind.NOTHING, DONE, v.reason, verification=v)
+    if v.verdict is Verdict.FAILED and v.restart_again:
+        # Not recovered (a rank missing, another step restored): a failed attempt, as in
+        # run; ending it sends the incident back to acting, and its re-plan counts
+        # against the restart budget (0351).
+        return Step(StepKind.FAIL_ATTEMPT, AGAIN, v.reason, verification=v)
     if v.verdict is Verdict.FAILED:
-        # Noted once. For a slow restart (``restart_again`` False) that is the shared
-        # verdict: it keeps running, unverified, in run too (0321). Run ends the attempt
-        # on the other failed verdicts; serve does not end one from verification yet.
+        # Noted once: a slow restart keeps running, unverified, in run too (0321).
         key = f"attempt {s.recovery_attempt} not verified ({v.signature}):"
         if any(t.startswith(key) for t in s.said):
             return Step(StepKind.NOTHING, DONE, v.reason, verification=v)

@@ -46,6 +46,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from trainguard.model.findings import Culprit, Domain, Finding, Severity
+
 # Jobs log every N steps (HF ``logging_steps``, Lightning ``log_every_n_steps``):
 # the first step seen after restoring step R is up to one logging stride past R.
 DEFAULT_STEP_WINDOW = 50
@@ -382,6 +384,52 @@ def verify_restart(o: RestartObservation, rules: VerifyRules = VerifyRules()) ->
     )
 
 
+def expected_ranks(
+    baseline: frozenset[int] | None,
+    *,
+    baseline_devices: int,
+    restart_devices: int,
+    restart_reported: frozenset[int],
+    world: int | None,
+) -> tuple[frozenset[int] | None, str]:
+    """The ranks a restart must hear from, and where that expectation comes from; one
+    rule for run and serve (decision 0350).
+
+    The ranks that reported in the attempt that ran before the failure (``baseline``:
+    a job that reports from rank 0 only is expected to do so again); failing that, the
+    world size of a torchrun command line (``world``), but only when the restart shows
+    that its ranks report individually. A restart on fewer devices than ``baseline``
+    ran on (``--min-need``) expects one rank per device when every device had one.
+    """
+    if baseline:
+        if baseline_devices and restart_devices < baseline_devices:
+            if len(baseline) == baseline_devices:
+                return frozenset(range(restart_devices)), "one rank per device of the restart"
+            return None, "the restart runs on fewer devices than the ranks seen before"
+        return frozenset(baseline), "the ranks that reported before the failure"
+    if world is not None and len(restart_reported) > 1:
+        return frozenset(range(world)), "the torchrun command line's world size"
+    return None, "no rank reported before the failure"
+
+
+def failed_finding(v: Verification, at: float) -> Finding:
+    """The finding a failed verdict that ends the attempt (``restart_again``) records:
+    the same in run and serve, so both name the same cause and the same culprit rank."""
+    return Finding(
+        kind="verify_failed",
+        domain=Domain.APPLICATION
+        if v.signature and "restored" in v.signature
+        else Domain.UNKNOWN,
+        at=at,
+        source="verify",
+        message=v.reason,
+        severity=Severity.FATAL,
+        culprit=Culprit(rank=v.missing_ranks[0]) if v.missing_ranks else Culprit(),
+        signature=v.signature,
+        details={"missing_ranks": list(v.missing_ranks)} if v.missing_ranks else {},
+    )  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Accounting:
     """What really happened on a restart, for the incident record."""
@@ -465,6 +513,8 @@ __all__ = [
     "Verification",
     "VerifyRules",
     "account",
+    "expected_ranks",
+    "failed_finding",
     "no_step_signal_warning",
     "rate_unchecked",
     "step_window",

@@ -236,6 +236,25 @@ class JobStore(AuditLog):
             kept.sort(key=lambda r: int(r["rank"]))
             self.execute(sql.UPDATE_ATTEMPT_RANK_REPORTS, {**key, "rank_reports": rows.dumps(kept)})
 
+    def note_ranks_reported(self, job_id: str, number: int, ranks: Iterable[int]) -> None:
+        """Keep that these ranks reported progress (a rank-prefixed output line): a
+        report that names no device, added only for a rank without one, so a rank's own
+        view of its devices (0322) is never replaced. Verification expects every rank
+        that reported before a failure to report again (0350)."""
+        with self.transaction():
+            key = {"job_id": job_id, "number": int(number)}
+            row = self.fetch_one(sql.SELECT_ATTEMPT_RANK_REPORTS, key)
+            if row is None:
+                return
+            kept = list(rows.loads(row[0]) or ())
+            known = {int(r.get("rank", -1)) for r in kept}
+            new = sorted({int(r) for r in ranks} - known)
+            if not new:
+                return
+            kept += [RankReport(r, None, None, ()).to_dict() for r in new]
+            kept.sort(key=lambda r: int(r["rank"]))
+            self.execute(sql.UPDATE_ATTEMPT_RANK_REPORTS, {**key, "rank_reports": rows.dumps(kept)})
+
     def set_attempt_checkpoint(
         self, job_id: str, number: int, *, checkpoint_path: str | None, checkpoint_step: int | None
     ) -> AttemptRecord:

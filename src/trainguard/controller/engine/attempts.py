@@ -7,10 +7,20 @@ from __future__ import annotations
 
 from trainguard.controller.engine.config import _LIVE, PassReport
 from trainguard.controller.engine.health import HealthEnforcer
+from trainguard.diagnose.attribution import attribute
+from trainguard.model.findings import Attribution
 from trainguard.model.fleet import ActionState, FleetJob
 from trainguard.model.plan import ActionKind, Mode
-from trainguard.model.records import AttemptRecord, AttemptState, IncidentState, JobRecord, JobState
+from trainguard.model.records import (
+    AttemptRecord,
+    AttemptState,
+    IncidentRecord,
+    IncidentState,
+    JobRecord,
+    JobState,
+)
 from trainguard.policy.hang import hang_detector
+from trainguard.policy.verify import Verification, failed_finding
 from trainguard.schedulers.base import JobPhase, Observation, ObservedJob
 from trainguard.store.fleet import Fence
 
@@ -279,20 +289,24 @@ class AttemptSync(HealthEnforcer):
         hang_since: float | None,
         observed: ObservedJob | None = None,
         keep_running: bool = False,
+        attribution: Attribution | None = None,
     ) -> None:
         """Fail ``att`` (``oj``: the job as the failure leaves it; ``observed``: as the
         scheduler shows it, when that differs) and open its incident, or send its
         recovery incident back to acting. ``keep_running`` (observe mode, evidence on a
         live attempt): open the incident only; the attempt and the job stay as they are.
         An attempt whose failure observe mode already recorded ends without a second
-        incident, and the job stops (run's _observed_end)."""
+        incident, and the job stops (run's _observed_end). ``attribution``: the cause
+        when the caller knows it (a failed verification), else attributed from the
+        evidence."""
         # Read progress, then decide: the failed step is the last one printed before the
         # fault, not what an earlier pass had read (issue 13).
         seen = self._progress_up_to_now(job.id, att, observed or oj)
         if hang_since is not None and seen.last_step != att.last_step:
             return  # it moved after all: not a hang (the next pass times it again)
         att = seen
-        attribution = self.failure_attribution(job, att, oj, hang_since=hang_since)
+        if attribution is None:
+            attribution = self.failure_attribution(job, att, oj, hang_since=hang_since)
         now = self.clock()
         reason = (
             f"hang: no progress since {hang_since:.0f}"
@@ -380,3 +394,34 @@ class AttemptSync(HealthEnforcer):
                 )
         report.opened.append(inc.id)
         self.crash.hit("detect.after_incident_opened")
+
+    def _fail_unverified(
+        self,
+        inc: IncidentRecord,
+        fj: FleetJob,
+        obs: Observation,
+        fence: Fence,
+        report: PassReport,
+        v: Verification,
+    ) -> None:
+        """The restart did not verify and the verdict says to restart again (a rank that
+        reported before is missing, another step was restored): its attempt ends as
+        failed with the verdict as its cause, as run ends it, and the incident goes back
+        to acting for a re-plan under the restart budget (decision 0351)."""
+        if inc.recovery_attempt is None:
+            return
+        att = self._attempt_or_none(inc.job_id, inc.recovery_attempt)
+        oj = obs.jobs.get(fj.scheduler_ref)
+        if att is None or att.state.terminal or oj is None:
+            return
+        job = self.store.get_job(inc.job_id)
+        f = failed_finding(v, self.clock())
+        # Kept as the attempt's evidence: the re-plan re-attributes this failure from it.
+        self.fleet.add_finding(
+            f.to_dict(), received_at=f.at, host=None, job_id=job.id, attempt=att.number
+        )
+        attribution = attribute([f], att.devices, f.at, self.config.correlation_window)
+        failed = self._failed_view(oj, att, job.id, [f])
+        self._attempt_failed(
+            fj, job, att, failed, fence, report, hang_since=None, attribution=attribution
+        )

@@ -21,7 +21,7 @@ from trainguard.controller.engine.config import (
     _OutputState,
 )
 from trainguard.controller.engine.core import EngineCore
-from trainguard.diagnose.attribution import attribute
+from trainguard.diagnose.attribution import attribute, with_link_evidence
 from trainguard.diagnose.detectors import ProcessExit, crash_finding, line_finding, rank_prefix
 from trainguard.diagnose.device_map import (
     merge_views,
@@ -124,15 +124,21 @@ class EvidenceFollower(EngineCore):
         lines, state.partial = split_lines(data)
         steps = []
         timed: list[tuple[int, float, int]] = []  # (step, the job's time, rank)
+        ranks: set[int] = set()  # ranks that named themselves on a step, as run counts them
         for raw in lines:
             text = raw.decode("utf-8", "replace")
             reading = self._progress.read(text)
             if reading is None or not reading.is_step or reading.step is None:
                 continue
             steps.append(reading.step)
+            rank = reading.rank if reading.rank is not None else rank_prefix(text)
+            if rank is not None:
+                ranks.add(rank)
             if reading.at is not None:
-                rank = reading.rank if reading.rank is not None else rank_prefix(text)
                 timed.append((reading.step, reading.at, rank or 0))
+        if ranks - {r.rank for r in att.rank_reports}:
+            # Verification expects every rank that reported before to report again (0350).
+            self.store.note_ranks_reported(job_id, att.number, ranks)
         now = self.clock()
         if lines and state.first_at is None:
             state.first_at = now
@@ -450,7 +456,9 @@ class EvidenceFollower(EngineCore):
             reported_views(att.rank_reports, devices),
             rank_views(devices, torchrun_world_size(job.command)),
         )
-        return attribute(findings, devices, failed_at, window, views)
+        attribution = attribute(findings, devices, failed_at, window, views)
+        # Link/NIC evidence isolates its host whatever won the attribution, as in run (0353).
+        return with_link_evidence(attribution, findings, failed_at, window)
 
     def _device_statuses(self, obs: Observation, job_ref: str) -> tuple[DeviceStatus, ...]:
         """The devices this job could get: all but those other live jobs hold.

@@ -60,6 +60,10 @@ class Executor(ActionRunner):
             return self.store.update_incident(
                 inc.id, at=self.clock(), note=st.reason, actor=self.identity
             )
+        if kind is StepKind.FAIL_ATTEMPT:
+            assert st.verification is not None
+            self._fail_unverified(inc, fj, obs, fence, report, st.verification)
+            return self.store.get_incident(inc.id)
         if kind is StepKind.MARK_RECOVERED:
             self._mark_recovered(st, inc, fence, report)
             return self.store.get_incident(inc.id)

@@ -18,6 +18,7 @@ from trainguard.controller.engine.config import (
     _typed,
     isolated_for_incident,
 )
+from trainguard.diagnose.device_map import torchrun_world_size
 from trainguard.model.fleet import ApprovalState, FleetJob, action_key
 from trainguard.model.plan import ActionKind, Mode, Quarantine, RecoverySnapshot, action_kind
 from trainguard.model.records import (
@@ -35,6 +36,7 @@ from trainguard.policy.verify import (
     RestartObservation,
     StepClock,
     VerifyRules,
+    expected_ranks,
 )
 from trainguard.schedulers.base import Observation
 from trainguard.store.fleet import Fence
@@ -288,8 +290,19 @@ class SnapshotBuilder(AttemptSync):
             if s is not None and restored is not None and s > restored and t < att.started_at
         )
         rate, rate_clock = _rate_on_clock(att)
-        baseline, baseline_clock = _rate_on_clock(
+        failed = (
             self._attempt_or_none(inc.job_id, inc.attempt) if inc.attempt != att.number else None
+        )
+        baseline, baseline_clock = _rate_on_clock(failed)
+        # Every rank that reported before the failure reports again: the ranks the failed
+        # attempt reported from (output lines, progress events), by run's rule (0350).
+        reported = frozenset(r.rank for r in att.rank_reports)
+        expected, _ = expected_ranks(
+            frozenset(r.rank for r in failed.rank_reports) if failed is not None else None,
+            baseline_devices=len(failed.devices) if failed is not None else 0,
+            restart_devices=len(att.devices),
+            restart_reported=reported,
+            world=torchrun_world_size(job.command),
         )
         observation = RestartObservation(
             now=base.now,
@@ -307,6 +320,8 @@ class SnapshotBuilder(AttemptSync):
             rate_clock=rate_clock,
             baseline_rate=baseline,
             baseline_clock=baseline_clock,
+            expected_ranks=expected,
+            reported_ranks=reported,
             step_signal=att.first_step is not None or any(a.first_step is not None for a in others),
             # Liveness is checkpoints it wrote since: a job the scheduler merely
             # reports running has not shown progress.
