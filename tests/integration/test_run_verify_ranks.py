@@ -10,12 +10,16 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
+from trainguard.controller.operations import LocalOperations
 from trainguard.controller.run import torchrun_world_size
+from trainguard.controller.service import ControlPlane
 from trainguard.store import Store
+from trainguard.store.fleet import FleetStore
 
 LAUNCHER = """
     import os, subprocess, sys, time
@@ -57,21 +61,42 @@ RANK = """
 """
 
 
-def run(tmp: Path, mode: str) -> subprocess.CompletedProcess[str]:
+def run(tmp: Path, mode: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """The job under a real ``trainguard run``, and the reasons of the approvals it asked
+    for: each is approved as an operator would, through the operations interface, while
+    it waits (a second failure of unknown cause waits for a person, decision 0346)."""
     (tmp / "launcher.py").write_text(textwrap.dedent(LAUNCHER))
     (tmp / "rank.py").write_text(textwrap.dedent(RANK))
-    return subprocess.run(
-        [sys.executable, "-m", "trainguard.cli", "run", "--state", str(tmp / "state.db"),
+    state = tmp / "state.db"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainguard.cli", "run", "--state", str(state),
          "--kernel-log", str(tmp / "kern.log"), "--devices", "2", "--verify-window", "0.5",
          "--backoff", "0.1", "--startup-timeout", "30", "--",
          sys.executable, str(tmp / "launcher.py"), mode],
-        capture_output=True, text=True, timeout=90, cwd=tmp, check=False,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp,
     )  # fmt: skip
+    asked: list[str] = []
+    try:
+        deadline = time.monotonic() + 90
+        while proc.poll() is None and time.monotonic() < deadline:
+            if state.exists():
+                with Store.open(state) as store:
+                    ops = LocalOperations(ControlPlane(store, None), "operator:test")
+                    for a in FleetStore(store).list_approvals():
+                        if a.state.value == "pending":
+                            asked.append(a.why)
+                            ops.approve(a.id, "a rank may be slow to join; try again")
+            time.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out, err = proc.communicate(timeout=10)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), asked
 
 
 @pytest.mark.slow
 def test_a_restart_where_a_rank_never_reports_is_not_recovered(tmp_path: Path) -> None:
-    res = run(tmp_path, "silent-rank1-on-attempt1")
+    res, asked = run(tmp_path, "silent-rank1-on-attempt1")
     assert res.returncode == 0, res.stderr[-3000:]
     with Store.open(tmp_path / "state.db") as store:
         [job] = store.list_jobs()
@@ -81,13 +106,16 @@ def test_a_restart_where_a_rank_never_reports_is_not_recovered(tmp_path: Path) -
     assert "rank(s) 1 did not report after the restart" in (attempts[1].reason or "")
     # The same incident, acted on again, recovered once both ranks reported.
     assert inc.outcome == "recovered" and inc.recovery_attempt == 2
+    # Its second failure of unknown cause waited for a person (approved by the test).
+    assert len(asked) == 1 and "unknown" in asked[0], asked
     verified = [t.what for t in inc.timeline if t.what.startswith("verified")]
     assert verified and "all 2 rank(s) reported" in verified[-1]
 
 
 @pytest.mark.slow
 def test_a_job_reporting_from_rank_0_only_is_verified_on_rank_0(tmp_path: Path) -> None:
-    res = run(tmp_path, "rank0-only")
+    res, asked = run(tmp_path, "rank0-only")
+    assert asked == []  # one failure: nothing to ask
     assert res.returncode == 0, res.stderr[-3000:]
     with Store.open(tmp_path / "state.db") as store:
         [job] = store.list_jobs()
