@@ -19,6 +19,8 @@ fails on cue:
   --slow-attempts 1     attempts that step every ``--slow-interval`` seconds instead
   --json-steps          print ``{"step": N, "time": T}`` lines (the job's own time of
                         each step, decision 0320) instead of ``step=N``
+  --damage-newest       ... after truncating the newest checkpoint's ``state.json``
+                        (its manifest then disagrees: damaged on storage)
 """
 
 from __future__ import annotations
@@ -69,6 +71,14 @@ def xid(kernel_log: str, index: int) -> None:
     time.sleep(0.3)  # the supervisor reads the evidence before the exit it explains
 
 
+def damage_newest(root: Path) -> None:
+    """Half of the newest checkpoint's state.json is lost (size and sha256 no longer
+    match its manifest): a restore from it would fail, validation must reject it."""
+    newest = max(root.glob("step_*"))
+    data = (newest / "state.json").read_bytes()
+    (newest / "state.json").write_bytes(data[: len(data) // 2])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ckpt")
@@ -86,6 +96,7 @@ def main() -> int:
     ap.add_argument("--json-steps", action="store_true")
     ap.add_argument("--xid-log")
     ap.add_argument("--xid-device", type=int, default=1)
+    ap.add_argument("--damage-newest", action="store_true")
     args = ap.parse_args()
     attempt = int(os.environ.get("TRAINGUARD_ATTEMPT", "0"))
     failing = {int(a) for a in args.fail_attempts.split(",") if a.strip()}
@@ -109,6 +120,8 @@ def main() -> int:
         if args.ckpt and step % args.every == 0:
             save(Path(args.ckpt), step)
         if attempt in failing and step >= args.fail_at:
+            if args.damage_newest and args.ckpt:
+                damage_newest(Path(args.ckpt))
             if args.xid_log:
                 xid(args.xid_log, args.xid_device)
             if args.hang:
