@@ -93,6 +93,9 @@ def test_out_of_memory_retries_once_with_expandable_segments_and_never_quarantin
     assert restart["type"] == "restart", w
     assert restart["env"].get("PYTORCH_CUDA_ALLOC_CONF") == "expandable_segments:True", w
     assert out.attempts == ["failed", "completed"] and w.job_state == "completed", w
+    # The attempt says what it died of, not only its exit code (0342).
+    assert (out.attempt0_reason or "").startswith("failed: oom"), w
+    assert OOM in (out.attempt0_reason or ""), w
     assert out.quarantined == [] and out.repairs == [], w
 
 
@@ -143,6 +146,8 @@ def test_the_same_error_on_every_attempt_is_stopped_as_a_futile_retry(
     stop = _final(w.plans[0])
     assert stop["type"] == "stop" and stop["reason"].startswith("futile retry:"), w
     assert (w.reasons[0] or "").startswith("futile retry:"), w
+    assert (out.attempt0_reason or "").startswith("failed: app_error"), w
+    assert VALUE_ERROR in (out.attempt0_reason or ""), w
     assert out.attempts == ["failed", "failed"] and w.job_state == "stopped", w
     assert (w.job_reason or "").startswith("futile retry:"), w
     assert out.quarantined == [] and out.repairs == [], w
@@ -168,6 +173,8 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_job_resumes_from_the_o
     restart = _final(w.plans[0])
     assert restart["checkpoint"]["step"] == 5, w
     assert out.attempts == ["failed", "completed"] and out.resumed_steps[1] == 5, w
+    # (run names the process: "the job (pid N) exited with code 1")
+    assert (out.attempt0_reason or "").endswith("exited with code 1"), w
     # The damaged checkpoint is moved aside with a note, so nothing restores it later
     # (0146); attempt 1 wrote a good step 10 of its own in its place.
     rejected = w.ckpt / ".trainguard-rejected"

@@ -261,7 +261,9 @@ class RunActions(RunVerification):
                         repair=_repair_advice(attribution, quarantined),
                         actor=ACTOR,
                     )
-                return self._do_restart(att, incident_id, action, plan, failed_step)
+                return self._do_restart(
+                    att, incident_id, action, plan, failed_step, _failed(att, attribution)
+                )
             elif isinstance(action, Stop | WaitForCapacity):
                 if quarantined:
                     self.db.update_incident(
@@ -270,8 +272,10 @@ class RunActions(RunVerification):
                         repair=_repair_advice(attribution, quarantined),
                         actor=ACTOR,
                     )
-                return self._do_stop(att, incident_id, action)
-        return self._do_stop(att, incident_id, Stop(reason="the plan has no restart"))
+                return self._do_stop(att, incident_id, action, _failed(att, attribution))
+        return self._do_stop(
+            att, incident_id, Stop(reason="the plan has no restart"), _failed(att, attribution)
+        )
 
     def _carry_out(
         self, incident_id: int, number: int, plan: Plan, inc: IncidentRecord, resumed: bool
@@ -398,10 +402,9 @@ class RunActions(RunVerification):
         action: Restart,
         plan: Plan,
         failed_step: int | None,
+        failed: str,
     ) -> _Attempt | RunResult:
-        trigger = att.trigger
-        assert trigger is not None
-        self._end_attempt(att, f"failed: {trigger.message}", AttemptState.FAILED)
+        self._end_attempt(att, failed, AttemptState.FAILED)
         if action.delay_seconds > 0:
             self.say(f"backing off {action.delay_seconds:g} s before restarting")
             deadline = time.monotonic() + action.delay_seconds
@@ -522,13 +525,9 @@ class RunActions(RunVerification):
         )
 
     def _do_stop(
-        self, att: _Attempt, incident_id: int, action: Stop | WaitForCapacity
+        self, att: _Attempt, incident_id: int, action: Stop | WaitForCapacity, failed: str
     ) -> RunResult:
-        reason = action.reason
-        trigger = att.trigger
-        self._end_attempt(
-            att, f"failed: {trigger.message}" if trigger else reason, AttemptState.FAILED
-        )
+        self._end_attempt(att, failed, AttemptState.FAILED)
         return self._finish_stop(incident_id, action)
 
     def _finish_stop(self, incident_id: int, action: Stop | WaitForCapacity) -> RunResult:
@@ -554,3 +553,15 @@ class RunActions(RunVerification):
         )
         full = reason + (f" (advice: {advice})" if advice else "")
         return self._stop_job(incident_id, full, EXIT_STOPPED)
+
+
+def _failed(att: _Attempt, attribution: Attribution) -> str:
+    """The failed attempt's reason: the diagnosis (the attribution's summary), as serve
+    records it, not the symptom (the exit code has its own column; 0342). A hang and a
+    failed verification keep the detector's words, which say what was measured."""
+    trigger = att.trigger
+    if trigger is None:
+        return f"failed: {attribution.summary}"
+    if trigger.kind in ("hang", "verify_failed"):
+        return f"failed: {trigger.message}"
+    return f"failed: {attribution.summary}"
