@@ -21,6 +21,8 @@ fails on cue:
                         each step, decision 0320) instead of ``step=N``
   --damage-newest       ... after truncating the newest checkpoint's ``state.json``
                         (its manifest then disagrees: damaged on storage)
+  --env-log FILE        append ``{"attempt": N, "PYTORCH_CUDA_ALLOC_CONF": ...}`` to FILE
+                        at start (what the attempt's environment really had)
 """
 
 from __future__ import annotations
@@ -97,11 +99,19 @@ def main() -> int:
     ap.add_argument("--xid-log")
     ap.add_argument("--xid-device", type=int, default=1)
     ap.add_argument("--damage-newest", action="store_true")
+    ap.add_argument("--env-log")
     args = ap.parse_args()
     attempt = int(os.environ.get("TRAINGUARD_ATTEMPT", "0"))
     failing = {int(a) for a in args.fail_attempts.split(",") if a.strip()}
     if attempt in {int(a) for a in args.slow_attempts.split(",") if a.strip()}:
         args.interval = args.slow_interval
+    if args.env_log:
+        seen = {
+            "attempt": attempt,
+            "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+        }
+        with open(args.env_log, "a") as fh:
+            fh.write(json.dumps(seen) + "\n")
     step = 0
     resume = os.environ.get("TRAINGUARD_RESUME_FROM")
     if resume:

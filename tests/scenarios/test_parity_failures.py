@@ -4,6 +4,7 @@ cluster reconciler (``serve`` over procs), asserted once for both (issue 12)."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from dataclasses import dataclass
@@ -65,6 +66,12 @@ def sqlite_target(tmp_path: Path) -> str:
     return str(tmp_path / "state" / "state.db")
 
 
+def _alloc_conf(env_log: Path) -> list[str | None]:
+    """PYTORCH_CUDA_ALLOC_CONF as each attempt's process saw it, in attempt order."""
+    seen = [json.loads(line) for line in env_log.read_text().splitlines()]
+    return [s["PYTORCH_CUDA_ALLOC_CONF"] for s in sorted(seen, key=lambda s: s["attempt"])]
+
+
 def _final(plan: dict[str, Any]) -> dict[str, Any]:
     actions: list[dict[str, Any]] = plan["actions"]
     return actions[-1]
@@ -76,11 +83,23 @@ def test_out_of_memory_retries_once_with_expandable_segments_and_never_quarantin
 ) -> None:
     # Attempt 0 dies of a CUDA OOM at step 7 (checkpoint 5 on disk): not a hardware
     # fault, so nothing is quarantined; decide() retries once with expandable segments.
+    env_log = tmp_path / "env.jsonl"
     w = _scenario(
         mode,
         tmp_path,
         sqlite_target,
-        ["--fail-attempts", "0", "--fail-at", "7", "--error", OOM, "--steps", "12"],
+        [
+            "--fail-attempts",
+            "0",
+            "--fail-at",
+            "7",
+            "--error",
+            OOM,
+            "--steps",
+            "12",
+            "--env-log",
+            str(env_log),
+        ],
         Policy(),
     )
     out = w.out
@@ -92,6 +111,8 @@ def test_out_of_memory_retries_once_with_expandable_segments_and_never_quarantin
     restart = _final(plan)
     assert restart["type"] == "restart", w
     assert restart["env"].get("PYTORCH_CUDA_ALLOC_CONF") == "expandable_segments:True", w
+    # ... and the restarted process really had it.
+    assert _alloc_conf(env_log) == [None, "expandable_segments:True"], w
     assert out.attempts == ["failed", "completed"] and w.job_state == "completed", w
     # The attempt says what it died of, not only its exit code (0342).
     assert (out.attempt0_reason or "").startswith("failed: oom"), w
@@ -105,11 +126,23 @@ def test_out_of_memory_again_with_expandable_segments_stops_with_advice(
 ) -> None:
     # The retry with expandable segments runs out of memory too: the job needs less
     # memory, and says so; no third attempt, no quarantine.
+    env_log = tmp_path / "env.jsonl"
     w = _scenario(
         mode,
         tmp_path,
         sqlite_target,
-        ["--fail-attempts", "0,1", "--fail-at", "7", "--error", OOM, "--steps", "12"],
+        [
+            "--fail-attempts",
+            "0,1",
+            "--fail-at",
+            "7",
+            "--error",
+            OOM,
+            "--steps",
+            "12",
+            "--env-log",
+            str(env_log),
+        ],
         Policy(),
     )
     out = w.out
@@ -120,6 +153,7 @@ def test_out_of_memory_again_with_expandable_segments_stops_with_advice(
     stop = _final(w.plans[0])
     assert "even with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in stop["reason"], w
     assert "micro-batch" in (stop.get("advice") or ""), w
+    assert _alloc_conf(env_log) == [None, "expandable_segments:True"], w
     assert out.attempts == ["failed", "failed"] and w.job_state == "stopped", w
     assert out.quarantined == [] and out.repairs == [], w
 
@@ -172,6 +206,8 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_job_resumes_from_the_o
     assert (inc["failed_step"], inc["checkpoint_step"]) == (12, 5), w
     restart = _final(w.plans[0])
     assert restart["checkpoint"]["step"] == 5, w
+    [skipped] = w.plans[0]["skipped_checkpoints"]
+    assert skipped["step"] == 10 and not skipped["valid"], w
     assert out.attempts == ["failed", "completed"] and out.resumed_steps[1] == 5, w
     # (run names the process: "the job (pid N) exited with code 1")
     assert (out.attempt0_reason or "").endswith("exited with code 1"), w
