@@ -36,6 +36,7 @@ class World:
     reasons: list[str | None]  # each incident's stop reason
     signatures: list[str | None]
     ckpt: Path
+    set_aside: list[tuple[str, str, bool]]  # audit: (kind, message, names its intent)
 
 
 def _scenario(
@@ -58,6 +59,11 @@ def _scenario(
             reasons=[i.reason for i in incidents],
             signatures=[i.signature for i in incidents],
             ckpt=Path(job.checkpoint_dir or ""),
+            set_aside=[
+                (e.kind.value, e.message, "intent_id" in (e.data or {}))
+                for e in store.list_audit()
+                if "checkpoint(s) aside" in e.message
+            ],
         )
 
 
@@ -226,6 +232,12 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_job_resumes_from_the_o
         "step_00000015",
     ], w
     assert (w.ckpt / "step_00000010" / "state.json").read_bytes() == b'{"step": 10}', w
+    # Renaming the user's files is audited as intent, then result (0146, 0343).
+    damaged_path = w.ckpt / "step_00000010"
+    assert w.set_aside == [
+        ("intent", f"move rejected checkpoint(s) aside: {damaged_path}", False),
+        ("result", "moved 1 of 1 rejected checkpoint(s) aside", True),
+    ], w
     assert out.quarantined == [] and out.repairs == [], w
 
 
