@@ -159,6 +159,9 @@ def test_out_of_memory_again_with_expandable_segments_stops_with_advice(
     stop = _final(w.plans[0])
     assert "even with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in stop["reason"], w
     assert "micro-batch" in (stop.get("advice") or ""), w
+    for why in (w.reasons[0], w.job_reason):
+        assert (why or "").startswith("CUDA out of memory even with"), w
+        assert "advice: reduce the per-device micro-batch size" in (why or ""), w
     assert _alloc_conf(env_log) == [None, "expandable_segments:True"], w
     assert out.attempts == ["failed", "failed"] and w.job_state == "stopped", w
     assert out.quarantined == [] and out.repairs == [], w
