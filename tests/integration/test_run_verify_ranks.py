@@ -10,12 +10,16 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from trainguard.controller.run import torchrun_world_size
+from trainguard.model.fleet import ApprovalState
 from trainguard.store import Store
+from trainguard.store.fleet import FleetStore
 
 LAUNCHER = """
     import os, subprocess, sys, time
@@ -69,10 +73,38 @@ def run(tmp: Path, mode: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+def _approve_all(state: Path, stop: threading.Event, answered: list[str]) -> None:
+    """A person answering `trainguard approve` for every pending approval."""
+    while not stop.wait(0.1):
+        if not state.exists():
+            continue
+        try:
+            with Store.open(state) as store:
+                fleet = FleetStore(store)
+                for a in fleet.list_approvals(state=ApprovalState.PENDING):
+                    fleet.decide_approval(a.id, ApprovalState.APPROVED, actor="operator:test",
+                                          reason="rank 1 checked", at=time.time())  # fmt: skip
+                    answered.append(a.why)
+        except Exception:  # the database is still being created: next time
+            continue
+
+
 @pytest.mark.slow
 def test_a_restart_where_a_rank_never_reports_is_not_recovered(tmp_path: Path) -> None:
-    res = run(tmp_path, "silent-rank1-on-attempt1")
+    # The failed verification is the job's second failure of unknown cause (the crash
+    # of attempt 0 was the first): its restart waits for a person (0341), who approves.
+    stop, answered = threading.Event(), []
+    person = threading.Thread(
+        target=_approve_all, args=(tmp_path / "state.db", stop, answered), daemon=True
+    )
+    person.start()
+    try:
+        res = run(tmp_path, "silent-rank1-on-attempt1")
+    finally:
+        stop.set()
+        person.join(5)
     assert res.returncode == 0, res.stderr[-3000:]
+    assert len(answered) == 1 and "the cause is unknown" in answered[0], answered
     with Store.open(tmp_path / "state.db") as store:
         [job] = store.list_jobs()
         attempts = store.list_attempts(job.id)

@@ -15,6 +15,7 @@ import pytest
 from _modes import MODES, Outcome, Policy, run_mode, serve_mode
 
 from trainguard.model.fleet import ApprovalState
+from trainguard.policy.step import RESTART_DENIED
 from trainguard.store import Store
 from trainguard.store.fleet import FleetStore
 
@@ -245,12 +246,13 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_job_resumes_from_the_o
 
 
 class _Operator:
-    """A person who approves every pending approval in a state database, from a thread,
-    as ``trainguard approvals approve`` would (what they approved is kept)."""
+    """A person who answers every pending approval in a state database, from a thread,
+    as ``trainguard approve [--deny]`` would (what they answered is kept)."""
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, *, approve: bool = True) -> None:
         self.target = target
-        self.approved: list[tuple[str, str]] = []  # (kind, why)
+        self.answer = ApprovalState.APPROVED if approve else ApprovalState.DENIED
+        self.approved: list[tuple[str, str]] = []  # (kind, why) of each one answered
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -271,7 +273,7 @@ class _Operator:
                     fleet = FleetStore(store)
                     for a in fleet.list_approvals(state=ApprovalState.PENDING):
                         fleet.decide_approval(
-                            a.id, ApprovalState.APPROVED, actor="operator:test",
+                            a.id, self.answer, actor="operator:test",
                             reason="looked at it", at=time.time(),
                         )  # fmt: skip
                         self.approved.append((a.kind, a.why))
@@ -279,22 +281,14 @@ class _Operator:
                 continue
 
 
-# run never asks: it has no approvals (0341).
-_RUN_ASKS_NOBODY = pytest.mark.xfail(
-    strict=True,
-    reason="divergence: run restarts a second unknown-cause failure without a person's "
-    "approval (policy/approvals.approval_reason, 0084); serve waits for one (0341)",
-)
-
-
-@pytest.mark.parametrize("mode", [pytest.param("run", marks=_RUN_ASKS_NOBODY), "serve"])
+@pytest.mark.parametrize("mode", MODES)
 def test_a_failure_without_a_diagnosis_on_every_attempt_stops_when_the_budget_is_spent(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
     # Every attempt exits 1 at step 3 without printing why: no signature of the job's
     # own doing, so the futile rule does not apply. The second restart of a failure
-    # nobody understands waits for a person (0084), who approves it; the restart
-    # budget (2) then ends the job.
+    # nobody understands waits for a person (0084; run used not to ask, 0341), who
+    # approves it; the restart budget (2) then ends the job.
     target = str(tmp_path / "state.db") if mode == "run" else sqlite_target
     with _Operator(target) as person:
         w = _scenario(
@@ -314,3 +308,28 @@ def test_a_failure_without_a_diagnosis_on_every_attempt_stops_when_the_budget_is
     assert out.quarantined == [] and out.repairs == [], w
     [(kind, why)] = person.approved
     assert kind == "restart" and "the cause is unknown" in why, (person.approved, w)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_denied_second_blind_restart_stops_the_job(
+    mode: str, tmp_path: Path, sqlite_target: str
+) -> None:
+    # As above, but the person refuses the second restart: nothing restarts the job.
+    target = str(tmp_path / "state.db") if mode == "run" else sqlite_target
+    with _Operator(target, approve=False) as person:
+        w = _scenario(
+            mode,
+            tmp_path,
+            sqlite_target,
+            ["--fail-attempts", "0,1,2,3", "--fail-at", "3", "--steps", "12"],
+            Policy(max_restarts=3),
+        )
+    out = w.out
+    [inc] = out.incidents
+    assert (inc["kind"], inc["state"]) == ("crash", "stopped"), w
+    assert out.attempts == ["failed", "failed"] and w.job_state == "stopped", w
+    assert [k for k, _why in person.approved] == ["restart"], (person.approved, w)
+    # Stopped as a plan left without its restart, in the same words (0344).
+    assert inc["actions"] == ["restart"], w
+    assert w.reasons == [RESTART_DENIED] and w.job_reason == RESTART_DENIED, w
+    assert out.quarantined == [] and out.repairs == [], w

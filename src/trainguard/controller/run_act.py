@@ -32,8 +32,10 @@ from trainguard.controller.run_verify import RunVerification
 from trainguard.diagnose.attribution import attribute
 from trainguard.model.devices import Device
 from trainguard.model.findings import Attribution, Domain
+from trainguard.model.fleet import ApprovalState, action_key
 from trainguard.model.health import HealthState
 from trainguard.model.plan import (
+    Action,
     ActionKind,
     Mode,
     Plan,
@@ -52,8 +54,13 @@ from trainguard.model.records import (
     JobState,
 )
 from trainguard.policy import decide
+from trainguard.policy.approvals import approval_reason
 from trainguard.policy.budget import budget_refills
+from trainguard.policy.step import RESTART_DENIED
 from trainguard.store.fleet import FleetStore
+
+# How often a run waiting for a person reads the approval's answer.
+APPROVAL_POLL_SECONDS = 0.2
 
 
 class RunActions(RunVerification):
@@ -248,7 +255,16 @@ class RunActions(RunVerification):
             self.db.update_job_state(self.job_id, JobState.RECOVERING, at=now, actor=ACTOR)
         self.crash.hit("act.after_acting")
         quarantined: list[str] = []
-        for action in plan.actions:
+        for index, action in enumerate(plan.actions):
+            denied = self._await_approval(incident_id, index, action)
+            if denied is not None and isinstance(action, Restart):
+                # Stopped as serve's step() stops a plan left without its restart: no
+                # stop action, the shared reason (0344).
+                self.say(f"incident {incident_id}: the restart was {denied}")
+                self._end_attempt(att, _failed(att, attribution), AttemptState.FAILED)
+                return self._stop_job(incident_id, RESTART_DENIED, EXIT_STOPPED)
+            if denied is not None:
+                continue  # a denied quarantine is skipped; the rest of the plan goes on
             if isinstance(action, Quarantine):
                 quarantined += self._do_quarantine(incident_id, action)
                 self.isolated.setdefault(incident_id, []).append(action.resource_id)
@@ -291,7 +307,13 @@ class RunActions(RunVerification):
         if job.state is JobState.RUNNING:
             self.db.update_job_state(self.job_id, JobState.RECOVERING, at=self.clock(), actor=ACTOR)
         done = _quarantined_by(inc)
-        for action in plan.actions:
+        for index, action in enumerate(plan.actions):
+            denied = self._await_approval(incident_id, index, action)
+            if denied is not None and isinstance(action, Restart):
+                self.say(f"incident {incident_id}: the restart was {denied}")
+                return self._stop_job(incident_id, RESTART_DENIED, EXIT_STOPPED)
+            if denied is not None:
+                continue
             if isinstance(action, Quarantine):
                 self._do_quarantine(incident_id, action, note=note, skip=done)
                 self.isolated.setdefault(incident_id, []).append(action.resource_id)
@@ -310,6 +332,56 @@ class RunActions(RunVerification):
             elif isinstance(action, Stop | WaitForCapacity):
                 return self._finish_stop(incident_id, action)
         return self._finish_stop(incident_id, Stop(reason="the plan has no restart"))
+
+    def _await_approval(self, incident_id: int, index: int, action: Action) -> str | None:
+        """Wait for a person when the shared rule says this action needs one (0084:
+        a restart or quarantine of an unknown cause the job already failed for
+        before), as serve does (0341). ``None``: go on; else how it was denied.
+
+        The approval is keyed by the action like serve's, so a resumed run finds the
+        one its dead supervisor asked for instead of asking again."""
+        inc = self.db.get_incident(incident_id)
+        # The failure the plan answers (the last in the history), judged against the
+        # job's failures before it, as serve judges it (0344).
+        domain = self.history[-1].domain if self.history else inc.domain.value
+        prior = [h.domain for h in self.history[:-1]]
+        why = approval_reason(action.kind.value, domain=domain, prior_domains=prior)
+        if why is None:
+            return None
+        fleet = FleetStore(self.db)
+        key = action_key(incident_id, inc.plan_generation, index)
+        approval = fleet.approval_for(key)
+        if approval is None:
+            approval = fleet.request_approval(
+                kind=action.kind.value,
+                subject=f"job:{self.job_id}",
+                why=why,
+                at=self.clock(),
+                actor=ACTOR,
+                incident_id=incident_id,
+                action_key=key,
+                data={"generation": inc.plan_generation, "index": index},
+                fence=self.fence,
+            )
+        if approval.state is ApprovalState.PENDING:
+            self.db.update_incident(
+                incident_id,
+                at=self.clock(),
+                note=f"{action.kind.value} waits for approval {approval.id}: {why}",
+                actor=ACTOR,
+            )
+            self.say(
+                f"incident {incident_id}: the {action.kind.value} waits for a person: {why}; "
+                f"answer with `trainguard approve {approval.id} --state {self.opt.state} "
+                "--reason ...` (add --deny to refuse)"
+            )
+        while approval.state is ApprovalState.PENDING:
+            time.sleep(APPROVAL_POLL_SECONDS)
+            self._check_fence()  # a deposed run waits for nothing
+            approval = fleet.get_approval(approval.id)
+        if approval.state is ApprovalState.DENIED:
+            return f"denied by {approval.decided_by}: {approval.decision_reason}"
+        return None
 
     def _do_quarantine(
         self,

@@ -236,13 +236,17 @@ class SnapshotBuilder(AttemptSync):
                 ledger=ledger,
                 plan_attempt=int(plan.get("attempt", inc.attempt)),
             )
+        failures = plan.get("failures") or []
         prior_domains = tuple(f.domain for f in self._failures(inc.job_id, inc.id)) + tuple(
-            str(f["domain"]) for f in (plan.get("failures") or [])[:-1]
+            str(f["domain"]) for f in failures[:-1]
         )
+        # The failure this plan answers is judged, not the incident's first one: a
+        # restart that failed on an XID is no unknown cause any more (0344).
+        domain = str(failures[-1]["domain"]) if failures else inc.domain.value
         nxt = pending[0]
         approvals: dict[int, ApprovalState] = {}
         if nxt.index not in ledger and approval_reason(
-            str(raw[nxt.index].get("type")), domain=inc.domain.value, prior_domains=prior_domains
+            str(raw[nxt.index].get("type")), domain=domain, prior_domains=prior_domains
         ):
             got = self.fleet.approval_for(action_key(inc.id, inc.plan_generation, nxt.index))
             if got is not None:
@@ -269,6 +273,7 @@ class SnapshotBuilder(AttemptSync):
             ledger=ledger,
             approvals=approvals,
             mode=self.effective_mode(fj, modes).mode,
+            domain=domain,
             prior_domains=prior_domains,
             plan_attempt=int(plan.get("attempt", inc.attempt)),
             **placement,
