@@ -10,7 +10,7 @@ import itertools
 import os
 import queue
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from trainguard.controller.checkpoint_care import move_aside, select_checkpoints
@@ -256,7 +256,14 @@ class RunActions(RunVerification):
         self.crash.hit("act.after_acting")
         quarantined: list[str] = []
         for index, action in enumerate(plan.actions):
-            denied = self._await_approval(incident_id, index, action)
+            # The failed attempt is over before anyone is asked: a run that dies while
+            # it waits resumes this plan, not that attempt (0341).
+            denied = self._await_approval(
+                incident_id,
+                index,
+                action,
+                lambda: self._end_attempt(att, _failed(att, attribution), AttemptState.FAILED),
+            )
             if denied is not None and isinstance(action, Restart):
                 # Stopped as serve's step() stops a plan left without its restart: no
                 # stop action, the shared reason (0344).
@@ -333,7 +340,13 @@ class RunActions(RunVerification):
                 return self._finish_stop(incident_id, action)
         return self._finish_stop(incident_id, Stop(reason="the plan has no restart"))
 
-    def _await_approval(self, incident_id: int, index: int, action: Action) -> str | None:
+    def _await_approval(
+        self,
+        incident_id: int,
+        index: int,
+        action: Action,
+        before_asking: Callable[[], None] | None = None,
+    ) -> str | None:
         """Wait for a person when the shared rule says this action needs one (0084:
         a restart or quarantine of an unknown cause the job already failed for
         before), as serve does (0341). ``None``: go on; else how it was denied.
@@ -348,6 +361,8 @@ class RunActions(RunVerification):
         why = approval_reason(action.kind.value, domain=domain, prior_domains=prior)
         if why is None:
             return None
+        if before_asking is not None:
+            before_asking()
         fleet = FleetStore(self.db)
         key = action_key(incident_id, inc.plan_generation, index)
         approval = fleet.approval_for(key)
