@@ -7,6 +7,7 @@ thread answering the approval in the state database, as ``trainguard approve`` d
 
 from __future__ import annotations
 
+import shlex
 import signal
 import subprocess
 import sys
@@ -16,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from trainguard.controller.run_base import EXIT_STOPPED
 from trainguard.model.fleet import Approval, ApprovalState
+from trainguard.policy.step import RESTART_DENIED
 from trainguard.store import Store
 from trainguard.store.fleet import FleetStore
 
@@ -104,3 +107,40 @@ def test_a_run_killed_while_it_waits_for_approval_asks_the_same_question_again(
         [approval] = FleetStore(store).list_approvals()
         assert approval.kind == "restart" and approval.state is ApprovalState.APPROVED
         assert approval.action_key == f"inc{inc.id}-g2-a0", approval
+
+
+@pytest.mark.slow
+def test_the_printed_command_answers_the_question_and_a_denial_stops_the_job(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "kern.log").write_text("")
+    run = subprocess.Popen(_command(tmp_path), cwd=tmp_path, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert run.stderr is not None
+    said: list[str] = []
+    try:
+        for line in run.stderr:
+            said.append(line)
+            if "waits for a person" in line:
+                break
+        [asked] = [line for line in said if "waits for a person" in line]
+        # What run tells the user to type, typed (with the denial flag it mentions).
+        command = shlex.split(asked.split("answer with `", 1)[1].split("`", 1)[0])
+        assert command[:2] == ["trainguard", "approve"], asked
+        command = [a if a != "..." else "the data loader is broken" for a in command]
+        answer = subprocess.run([sys.executable, "-m", "trainguard.cli", *command[1:], "--deny"],
+                                capture_output=True, text=True, timeout=30)  # fmt: skip
+        assert answer.returncode == 0, answer.stderr
+        rest = run.communicate(timeout=60)[1]
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait(10)
+    assert run.returncode == EXIT_STOPPED, "".join(said) + rest
+    assert "the restart was denied by" in rest and "the data loader is broken" in rest, rest
+    with Store.open(tmp_path / "state.db") as store:
+        [job] = store.list_jobs()
+        assert (job.state.value, job.reason) == ("stopped", RESTART_DENIED), job
+        [approval] = FleetStore(store).list_approvals()
+        assert approval.state is ApprovalState.DENIED, approval
+        assert approval.decision_reason == "the data loader is broken", approval
