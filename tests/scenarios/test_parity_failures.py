@@ -1,6 +1,8 @@
 """Parity for the job's own failures: out of memory, the same error on every attempt,
-and a damaged newest checkpoint get one recovery under ``trainguard run`` and under the
-cluster reconciler (``serve`` over procs), asserted once for both (issue 12)."""
+a failure without a diagnosis on every attempt (a person asked before the second blind
+restart) and a damaged newest checkpoint get one recovery under ``trainguard run`` and
+under the cluster reconciler (``serve`` over procs), asserted once for both (issue 12;
+decisions 0340-0344 record what used to differ)."""
 
 from __future__ import annotations
 
