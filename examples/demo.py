@@ -15,8 +15,10 @@ The demo plays the part of the machine and injects, in turn:
 2. **A hang** (attempt 1): rank 1 stops making progress (tiny_train
    ``--hang-at-step``). No process dies; trainguard notices after the hang timeout.
 3. **A damaged newest checkpoint** (attempt 2): the demo flips one byte in the
-   newest checkpoint and then kills a rank. trainguard skips the damaged one
-   (sha256 mismatch) and restores the one before it.
+   newest checkpoint and then kills a rank. A second failure without a diagnosis
+   (after the hang) waits for a person (decision 0341): the demo approves it with
+   ``trainguard approve``. trainguard skips the damaged checkpoint (sha256
+   mismatch) and restores the one before it.
 
 Then it prints each incident report (``trainguard report ID``) and the device
 table, and checks that the job completed, that the XID device was quarantined and
@@ -214,6 +216,13 @@ def damage_checkpoint(job: Job) -> tuple[Path, Path]:
     pid, _ = job.rank(2, 0)
     print(f"  demo: rank 0 (pid {pid}) crashes", flush=True)
     os.kill(pid, signal.SIGKILL)
+    # The job's second failure nobody diagnosed (after the hang): trainguard asks a
+    # person before restarting it (decision 0341); the demo is that person.
+    job.wait_said("waits for a person")
+    with job.lock:
+        asked = next(line for line in job.said if "waits for a person" in line)
+    approval = asked.split("trainguard approve ", 1)[1].split()[0]
+    cli("approve", approval, "--state", str(job.state), "--reason", "the crash was the demo's")
     job.wait_said("incident 3 recovered")
     return newest, previous
 

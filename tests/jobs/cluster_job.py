@@ -24,6 +24,10 @@ fails on cue:
   --silent-rank-attempts 1,2  attempts in which only rank 0 reports (the others are mute)
   --warn TEXT           ... printing this line before the failure (an NCCL warning before
                         the exception it causes, as a real log reads)
+  --damage-newest       ... after truncating the newest checkpoint's ``state.json``
+                        (its manifest then disagrees: damaged on storage)
+  --env-log FILE        append ``{"attempt": N, "PYTORCH_CUDA_ALLOC_CONF": ...}`` to FILE
+                        at start (what the attempt's environment really had)
 """
 
 from __future__ import annotations
@@ -74,6 +78,14 @@ def xid(kernel_log: str, index: int) -> None:
     time.sleep(0.3)  # the supervisor reads the evidence before the exit it explains
 
 
+def damage_newest(root: Path) -> None:
+    """Half of the newest checkpoint's state.json is lost (size and sha256 no longer
+    match its manifest): a restore from it would fail, validation must reject it."""
+    newest = max(root.glob("step_*"))
+    data = (newest / "state.json").read_bytes()
+    (newest / "state.json").write_bytes(data[: len(data) // 2])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ckpt")
@@ -94,11 +106,20 @@ def main() -> int:
     ap.add_argument("--ranks", type=int, default=0)
     ap.add_argument("--silent-rank-attempts", default="")
     ap.add_argument("--warn")
+    ap.add_argument("--damage-newest", action="store_true")
+    ap.add_argument("--env-log")
     args = ap.parse_args()
     attempt = int(os.environ.get("TRAINGUARD_ATTEMPT", "0"))
     failing = {int(a) for a in args.fail_attempts.split(",") if a.strip()}
     if attempt in {int(a) for a in args.slow_attempts.split(",") if a.strip()}:
         args.interval = args.slow_interval
+    if args.env_log:
+        seen = {
+            "attempt": attempt,
+            "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+        }
+        with open(args.env_log, "a") as fh:
+            fh.write(json.dumps(seen) + "\n")
     step = 0
     resume = os.environ.get("TRAINGUARD_RESUME_FROM")
     if resume:
@@ -121,6 +142,8 @@ def main() -> int:
         if args.ckpt and step % args.every == 0:
             save(Path(args.ckpt), step)
         if attempt in failing and step >= args.fail_at:
+            if args.damage_newest and args.ckpt:
+                damage_newest(Path(args.ckpt))
             if args.xid_log:
                 xid(args.xid_log, args.xid_device)
             if args.warn:

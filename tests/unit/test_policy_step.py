@@ -27,6 +27,7 @@ from trainguard.model.plan import (
 )
 from trainguard.model.records import AttemptState, IncidentState
 from trainguard.policy.step import (
+    RESTART_DENIED,
     IncidentSnapshot,
     OutcomeKind,
     PlannedAction,
@@ -100,6 +101,9 @@ def test_a_repeated_unknown_failure_waits_for_approval_and_a_denial_skips() -> N
     assert step(snap(**kw, approvals={0: ApprovalState.PENDING})).kind is StepKind.REQUEST_APPROVAL
     assert step(snap(**kw, approvals={0: ApprovalState.DENIED})).kind is StepKind.SKIP
     assert step(snap(**kw, approvals={0: ApprovalState.APPROVED})).kind is StepKind.APPLY
+    # The denied restart skipped: the job stops, saying so (run says the same, 0344).
+    s = step(snap(**kw, ledger={0: ActionState.SKIPPED}))
+    assert (s.kind, s.reason) == (StepKind.MARK_STOPPED, RESTART_DENIED)
 
 
 def test_a_plan_that_ran_out() -> None:

@@ -57,6 +57,7 @@ from trainguard.model.records import (
 from trainguard.policy import decide
 from trainguard.policy.approvals import approval_reason, judged_failure
 from trainguard.policy.budget import budget_refills
+from trainguard.policy.step import RESTART_DENIED
 from trainguard.store.fleet import FleetStore
 
 # How often a run waiting for an approval reads the state database (an operator's
@@ -219,12 +220,18 @@ class RunActions(RunVerification):
             self.db.update_job_state(self.job_id, JobState.RECOVERING, at=now, actor=ACTOR)
         self.crash.hit("act.after_acting")
         quarantined: list[str] = []
+        restart_denied = False
         for index, action in enumerate(plan.actions):
-            gate = self._approved(att, incident_id, index, action, attribution.domain.value)
+            gate = self._approved(
+                att, incident_id, index, action, attribution.domain.value, _failed(att, attribution)
+            )
             if isinstance(gate, RunResult):
                 return gate
             if not gate:
-                continue  # denied: skipped, as serve skips it (0346)
+                # Denied: skipped, as serve skips it (0346); a plan left without its
+                # restart stops below with the shared reason (0344).
+                restart_denied = restart_denied or isinstance(action, Restart)
+                continue
             if isinstance(action, Quarantine):
                 taken = self._do_quarantine(incident_id, action)
                 quarantined += taken
@@ -239,7 +246,9 @@ class RunActions(RunVerification):
                         repair=_repair_advice(attribution, quarantined),
                         actor=ACTOR,
                     )
-                return self._do_restart(att, incident_id, action, plan, failed_step)
+                return self._do_restart(
+                    att, incident_id, action, plan, failed_step, _failed(att, attribution)
+                )
             elif isinstance(action, Stop | WaitForCapacity):
                 if quarantined:
                     self.db.update_incident(
@@ -248,18 +257,24 @@ class RunActions(RunVerification):
                         repair=_repair_advice(attribution, quarantined),
                         actor=ACTOR,
                     )
-                return self._do_stop(att, incident_id, action)
-        return self._plan_ran_out(att, incident_id)
+                return self._do_stop(att, incident_id, action, _failed(att, attribution))
+        return self._plan_ran_out(
+            incident_id, restart_denied, att, _failed(att, attribution) if att else None
+        )
 
-    def _plan_ran_out(self, att: _Attempt | None, incident_id: int) -> RunResult:
+    def _plan_ran_out(
+        self,
+        incident_id: int,
+        restart_denied: bool,
+        att: _Attempt | None = None,
+        failed: str | None = None,
+    ) -> RunResult:
         """Every action is done or skipped and none restarted or stopped the job: it
-        stops, no stop action recorded (serve's MARK_STOPPED, policy/step.py; 0346)."""
-        why = "the plan ended without a restart"
+        stops, no stop action recorded, with serve's reason (MARK_STOPPED, policy/step.py;
+        0344, 0346). ``att``: the failed attempt, when it has not ended yet."""
+        why = RESTART_DENIED if restart_denied else "the plan ended without a restart"
         if att is not None:
-            trigger = att.trigger
-            self._end_attempt(
-                att, f"failed: {trigger.message}" if trigger else why, AttemptState.FAILED
-            )
+            self._end_attempt(att, failed or why, AttemptState.FAILED)
         return self._stop_job(incident_id, why, EXIT_STOPPED)
 
     def _approved(
@@ -269,6 +284,7 @@ class RunActions(RunVerification):
         index: int,
         action: Action,
         domain: str,
+        failed: str | None = None,
     ) -> bool | RunResult:
         """May action ``index`` of the incident's current plan go ahead? The rule is
         policy/approvals.py's, asked as serve's step() asks it, and the approval is the
@@ -293,11 +309,9 @@ class RunActions(RunVerification):
             if why is None:
                 return True
             if att is not None:
-                # The attempt failed; nothing of it may run on while a person decides.
-                trigger = att.trigger
-                self._end_attempt(
-                    att, f"failed: {trigger.message}" if trigger else why, AttemptState.FAILED
-                )
+                # The attempt is over before anyone is asked: nothing of it runs on while a
+                # person decides, and a run that dies waiting resumes this plan (0341).
+                self._end_attempt(att, failed or f"failed: {why}", AttemptState.FAILED)
             self._check_fence()
             planned = ((inc.plan or {}).get("actions") or [{}])[index]
             approval = fleet.request_approval(
@@ -311,10 +325,16 @@ class RunActions(RunVerification):
                 data={"action": planned, "generation": inc.plan_generation},
             )
         if approval.state is ApprovalState.PENDING:
+            self.db.update_incident(
+                incident_id,
+                at=self.clock(),
+                note=f"{kind} waits for approval {approval.id}: {approval.why}",
+                actor=ACTOR,
+            )
             self.say(
-                f"incident {incident_id}: {kind} waits for approval {approval.id} "
-                f"({approval.why}): trainguard approve {approval.id} --reason TEXT [--deny] "
-                f"--state {self.opt.state}"
+                f"incident {incident_id}: the {kind} waits for a person: {approval.why}; "
+                f"answer with `trainguard approve {approval.id} --state {self.opt.state} "
+                "--reason ...` (add --deny to refuse)"
             )
         held: list[Any] = []
         while approval.state is ApprovalState.PENDING:
@@ -345,6 +365,8 @@ class RunActions(RunVerification):
             incident_id,
         )
         self.say(f"{what}: skipped ({who})")
+        if isinstance(action, Restart):
+            self.say(f"incident {incident_id}: the restart was {who}")
         return False
 
     def _carry_out(
@@ -361,11 +383,13 @@ class RunActions(RunVerification):
         if job.state is JobState.RUNNING:
             self.db.update_job_state(self.job_id, JobState.RECOVERING, at=self.clock(), actor=ACTOR)
         done = _quarantined_by(inc)
+        restart_denied = False
         for index, action in enumerate(plan.actions):
             gate = self._approved(None, incident_id, index, action, inc.domain.value)
             if isinstance(gate, RunResult):
                 return gate
             if not gate:
+                restart_denied = restart_denied or isinstance(action, Restart)
                 continue
             if isinstance(action, Quarantine):
                 self._do_quarantine(incident_id, action, note=note, skip=done)
@@ -384,7 +408,7 @@ class RunActions(RunVerification):
                 return self._restart(number, incident_id, action, plan, inc.failed_step)
             elif isinstance(action, Stop | WaitForCapacity):
                 return self._finish_stop(incident_id, action)
-        return self._plan_ran_out(None, incident_id)
+        return self._plan_ran_out(incident_id, restart_denied)
 
     def _do_quarantine(
         self,
@@ -589,10 +613,9 @@ class RunActions(RunVerification):
         action: Restart,
         plan: Plan,
         failed_step: int | None,
+        failed: str,
     ) -> _Attempt | RunResult:
-        trigger = att.trigger
-        assert trigger is not None
-        self._end_attempt(att, f"failed: {trigger.message}", AttemptState.FAILED)
+        self._end_attempt(att, failed, AttemptState.FAILED)
         if action.delay_seconds > 0:
             self.say(f"backing off {action.delay_seconds:g} s before restarting")
             deadline = time.monotonic() + action.delay_seconds
@@ -713,13 +736,9 @@ class RunActions(RunVerification):
         )
 
     def _do_stop(
-        self, att: _Attempt, incident_id: int, action: Stop | WaitForCapacity
+        self, att: _Attempt, incident_id: int, action: Stop | WaitForCapacity, failed: str
     ) -> RunResult:
-        reason = action.reason
-        trigger = att.trigger
-        self._end_attempt(
-            att, f"failed: {trigger.message}" if trigger else reason, AttemptState.FAILED
-        )
+        self._end_attempt(att, failed, AttemptState.FAILED)
         return self._finish_stop(incident_id, action)
 
     def _finish_stop(self, incident_id: int, action: Stop | WaitForCapacity) -> RunResult:
@@ -745,3 +764,15 @@ class RunActions(RunVerification):
         )
         full = reason + (f" (advice: {advice})" if advice else "")
         return self._stop_job(incident_id, full, EXIT_STOPPED)
+
+
+def _failed(att: _Attempt, attribution: Attribution) -> str:
+    """The failed attempt's reason: the diagnosis (the attribution's summary), as serve
+    records it, not the symptom (the exit code has its own column; 0342). A hang and a
+    failed verification keep the detector's words, which say what was measured."""
+    trigger = att.trigger
+    if trigger is None:
+        return f"failed: {attribution.summary}"
+    if trigger.kind in ("hang", "verify_failed"):
+        return f"failed: {trigger.message}"
+    return f"failed: {attribution.summary}"

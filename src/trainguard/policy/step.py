@@ -153,6 +153,11 @@ class Step:
     accounting: Accounting | None = None
 
 
+# Why a job stops when a person denied its restart: run and serve say the same (0344);
+# who denied it and why are on the approval and in the audit log.
+RESTART_DENIED = "a person denied the restart: nothing restarts the job"
+
+
 def step(s: IncidentSnapshot) -> Step:
     """The next step for one live incident; see the module docstring."""
     if s.state.terminal:
@@ -269,7 +274,11 @@ def _plan_ran_out(s: IncidentSnapshot) -> Step:
             failed_attempt=s.plan_attempt,
             only_if_changed=True,
         )
-    why = "the plan ended without a restart"
+    denied = any(
+        a.kind is ActionKind.RESTART and s.ledger.get(a.index) is ActionState.SKIPPED
+        for a in s.actions
+    )
+    why = RESTART_DENIED if denied else "the plan ended without a restart"
     return Step(StepKind.MARK_STOPPED, Outcome(OutcomeKind.TERMINAL, reason=why), why)
 
 
@@ -326,6 +335,7 @@ def _verify(s: IncidentSnapshot) -> Step:
 __all__ = [
     "AGAIN",
     "DONE",
+    "RESTART_DENIED",
     "IncidentSnapshot",
     "Outcome",
     "OutcomeKind",

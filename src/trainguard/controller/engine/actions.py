@@ -6,6 +6,7 @@ store effect in one fenced transaction.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -502,19 +503,32 @@ class ActionRunner(SnapshotBuilder):
             for c in plan.get("skipped_checkpoints") or ()
             if isinstance(c, dict) and c.get("path") and not c.get("valid")
         ]
+        # Still where they were: a restart retried after a crash moves nothing twice.
+        todo = [c for c in todo if os.path.exists(c.path)]
         job = self.store.get_job(inc.job_id)
         if self.config.keep_rejected_in_place or not todo or not job.checkpoint_dir:
             return
+        subject = f"job:{inc.job_id}"
+        # Intent first, as run writes it (0343): the user's files are renamed.
+        intent = self.store.append_audit(
+            self.clock(),
+            self.identity,
+            AuditKind.INTENT,
+            subject,
+            "move rejected checkpoint(s) aside: " + ", ".join(c.path for c in todo),
+            {"checkpoints": [c.to_dict() for c in todo]},
+            job_id=inc.job_id,
+            incident_id=inc.id,
+        )
         moved = move_aside(todo, job.checkpoint_dir, at=self.clock(), by=self.identity)
-        if moved:
-            self.store.append_audit(
-                self.clock(),
-                self.identity,
-                AuditKind.RESULT,
-                f"job:{inc.job_id}",
-                f"moved {sum(1 for m in moved if m.moved_to)} of {len(todo)} rejected "
-                "checkpoint(s) aside",
-                {"moved": [m.to_dict() for m in moved]},
-                job_id=inc.job_id,
-                incident_id=inc.id,
-            )
+        self.store.append_audit(
+            self.clock(),
+            self.identity,
+            AuditKind.RESULT,
+            subject,
+            f"moved {sum(1 for m in moved if m.moved_to)} of {len(todo)} rejected "
+            "checkpoint(s) aside",
+            {"intent_id": intent, "moved": [m.to_dict() for m in moved]},
+            job_id=inc.job_id,
+            incident_id=inc.id,
+        )

@@ -123,6 +123,7 @@ class SnapshotBuilder(AttemptSync):
             checkpoints=self._checkpoints(job),
             history=tuple(history),
             isolated=isolated,
+            env=self._launch_env(inc, failed_attempt),
         )
         plan = decide(snapshot)
         plan_dict = plan.to_dict()
@@ -176,6 +177,21 @@ class SnapshotBuilder(AttemptSync):
         report.planned.append(inc.id)
         self.crash.hit("plan.after_recorded")
         return self.store.get_incident(inc.id)
+
+    def _launch_env(self, inc: IncidentRecord, attempt: int) -> dict[str, str]:
+        """The extra environment a plan gave ``attempt`` (its restart's ledger intent), as
+        run reads its launch intent: decide() must know what the failed attempt already
+        ran with, or the OOM rule retries with expandable segments forever (0340)."""
+        for earlier in self.store.list_incidents(job_id=inc.job_id):
+            if earlier.id > inc.id:
+                break
+            for entry in earlier.actions:
+                if entry.get("type") != ActionKind.RESTART or entry.get("attempt") != attempt:
+                    continue
+                rec = self.fleet.get_action(str(entry.get("key")))
+                env = (rec.data.get("env") if rec is not None else None) or {}
+                return {str(k): str(v) for k, v in env.items()}
+        return {}
 
     def _incident_snapshot(
         self, inc: IncidentRecord, fj: FleetJob, modes: Mapping[str, Mode]
