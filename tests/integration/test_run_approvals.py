@@ -14,6 +14,7 @@ import pytest
 
 from trainguard.controller.operations import LocalOperations
 from trainguard.controller.service import ControlPlane
+from trainguard.policy.step import RESTART_DENIED
 from trainguard.store import Store
 from trainguard.store.fleet import FleetStore
 
@@ -78,6 +79,6 @@ def test_a_run_that_died_waiting_for_approval_carries_out_the_decision_it_finds(
             assert attempts == ["failed", "failed", "completed"]
         else:
             assert (inc.state.value, job.state.value) == ("stopped", "stopped")
-            assert inc.reason == "the plan ended without a restart"
+            assert inc.reason == RESTART_DENIED
             assert [a["type"] for a in inc.actions] == ["restart"]
             assert attempts == ["failed", "failed"]

@@ -27,6 +27,7 @@ from trainguard.controller.run import RunOptions, run_job
 from trainguard.controller.service import ControlPlane
 from trainguard.model.findings import Culprit, Domain, Finding, Severity
 from trainguard.model.plan import Mode
+from trainguard.policy.step import RESTART_DENIED
 from trainguard.store import Store
 from trainguard.store.fleet import FleetStore
 
@@ -362,9 +363,9 @@ def test_a_denied_restart_is_skipped_and_the_job_stops(
     # The first restart ran; the denied one is skipped, not recorded as done, and no
     # stop action is invented: the plan ran out.
     assert inc["actions"] == ["restart"], w
-    assert "acting -> stopped: the plan ended without a restart" in inc["notes"], w
+    assert f"acting -> stopped: {RESTART_DENIED}" in inc["notes"], w
     assert w.out.attempts == ["failed", "failed"] and w.job == "stopped", w
-    assert w.job_reason == "the plan ended without a restart", w
+    assert w.job_reason == RESTART_DENIED, w
 
 
 # --- the quarantine breaker ----------------------------------------------------------------
