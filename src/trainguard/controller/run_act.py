@@ -10,12 +10,9 @@ import itertools
 import os
 import queue
 import time
-from collections.abc import Collection, Sequence
 from typing import Any
 
-from trainguard.controller.breaker import BreakerConfig, check_quarantine, hold_back
 from trainguard.controller.checkpoint_care import move_aside, select_checkpoints
-from trainguard.controller.repair import open_quarantine_repair
 from trainguard.controller.run_base import (
     ACTOR,
     ALLOC_CONF,
@@ -29,14 +26,10 @@ from trainguard.controller.run_base import (
     _repair_advice,
     _step_of,
 )
-from trainguard.controller.run_verify import RunVerification
+from trainguard.controller.run_quarantine import RunQuarantine
 from trainguard.diagnose.attribution import attribute, with_link_evidence
-from trainguard.model.devices import Device
 from trainguard.model.findings import Attribution
-from trainguard.model.fleet import ApprovalState, action_key
-from trainguard.model.health import HealthState
 from trainguard.model.plan import (
-    Action,
     ActionKind,
     Mode,
     Plan,
@@ -55,17 +48,11 @@ from trainguard.model.records import (
     JobState,
 )
 from trainguard.policy import decide
-from trainguard.policy.approvals import approval_reason, judged_failure
 from trainguard.policy.budget import budget_refills
 from trainguard.policy.step import RESTART_DENIED
-from trainguard.store.fleet import FleetStore
-
-# How often a run waiting for an approval reads the state database (an operator's
-# decision arrives there, from the CLI or another process).
-APPROVAL_POLL_SECONDS = 0.2
 
 
-class RunActions(RunVerification):
+class RunActions(RunQuarantine):
     """Acting on a failure in ``trainguard run`` (see the module docstring)."""
 
     def _handle_failure(self, att: _Attempt) -> _Attempt | RunResult:
@@ -277,98 +264,6 @@ class RunActions(RunVerification):
             self._end_attempt(att, failed or why, AttemptState.FAILED)
         return self._stop_job(incident_id, why, EXIT_STOPPED)
 
-    def _approved(
-        self,
-        att: _Attempt | None,
-        incident_id: int,
-        index: int,
-        action: Action,
-        domain: str,
-        failed: str | None = None,
-    ) -> bool | RunResult:
-        """May action ``index`` of the incident's current plan go ahead? The rule is
-        policy/approvals.py's, asked as serve's step() asks it, and the approval is the
-        same row under the same key (decision 0346): an operator decides it with
-        ``trainguard approve ID --reason TEXT [--deny] --state DB`` while run waits
-        here. A row already there (a resumed run) decides; denied: the skip is audited
-        and ``False``."""
-        fleet = FleetStore(self.db)
-        inc = self.db.get_incident(incident_id)
-        key = action_key(incident_id, inc.plan_generation, index)
-        kind = action.kind.value
-        subject = (
-            f"{action.resource_kind}:{action.resource_id}"
-            if isinstance(action, Quarantine)
-            else f"job:{self.job_id}"
-        )
-        approval = fleet.approval_for(key)
-        if approval is None:
-            # The job's failures, oldest first: the one this plan answers is the last (0348).
-            judged, prior = judged_failure([h.domain for h in self.history], domain)
-            why = approval_reason(kind, domain=judged, prior_domains=prior)
-            if why is None:
-                return True
-            if att is not None:
-                # The attempt is over before anyone is asked: nothing of it runs on while a
-                # person decides, and a run that dies waiting resumes this plan (0341).
-                self._end_attempt(att, failed or f"failed: {why}", AttemptState.FAILED)
-            self._check_fence()
-            planned = ((inc.plan or {}).get("actions") or [{}])[index]
-            approval = fleet.request_approval(
-                kind=kind,
-                subject=subject,
-                why=why,
-                at=self.clock(),
-                actor=ACTOR,
-                incident_id=incident_id,
-                action_key=key,
-                data={"action": planned, "generation": inc.plan_generation},
-            )
-        if approval.state is ApprovalState.PENDING:
-            self.db.update_incident(
-                incident_id,
-                at=self.clock(),
-                note=f"{kind} waits for approval {approval.id}: {approval.why}",
-                actor=ACTOR,
-            )
-            self.say(
-                f"incident {incident_id}: the {kind} waits for a person: {approval.why}; "
-                f"answer with `trainguard approve {approval.id} --state {self.opt.state} "
-                "--reason ...` (add --deny to refuse)"
-            )
-        held: list[Any] = []
-        while approval.state is ApprovalState.PENDING:
-            try:
-                ev = self.events.get(timeout=APPROVAL_POLL_SECONDS)
-            except queue.Empty:
-                ev = None
-            if isinstance(ev, _Interrupt):
-                return self._stop_job(incident_id, "interrupted", EXIT_INTERRUPTED)
-            if isinstance(ev, _LeaseLost):
-                return self._lease_lost(ev.reason)
-            if ev is not None:
-                held.append(ev)  # kernel lines etc. still matter to the next attempt
-            approval = fleet.get_approval(approval.id)
-        for ev in held:
-            self.events.put(ev)
-        if approval.state is ApprovalState.APPROVED:
-            self.say(f"approval {approval.id} granted by {approval.decided_by}")
-            return True
-        who = f"denied by {approval.decided_by}: {approval.decision_reason}"
-        what = f"{kind} {subject}"
-        intent = self.audit(AuditKind.INTENT, subject, what, {"key": key}, incident_id)
-        self.audit(
-            AuditKind.RESULT,
-            subject,
-            f"{what}: skipped ({who})",
-            {"key": key, "intent_id": intent, "skipped": who},
-            incident_id,
-        )
-        self.say(f"{what}: skipped ({who})")
-        if isinstance(action, Restart):
-            self.say(f"incident {incident_id}: the restart was {who}")
-        return False
-
     def _carry_out(
         self, incident_id: int, number: int, plan: Plan, inc: IncidentRecord, resumed: bool
     ) -> _Attempt | RunResult:
@@ -409,202 +304,6 @@ class RunActions(RunVerification):
             elif isinstance(action, Stop | WaitForCapacity):
                 return self._finish_stop(incident_id, action)
         return self._plan_ran_out(incident_id, restart_denied)
-
-    def _do_quarantine(
-        self,
-        incident_id: int,
-        action: Quarantine,
-        job_id: str | None = None,
-        hosts_devices: Sequence[Device] | None = None,
-        note: str = "",
-        skip: Collection[str] = (),
-    ) -> list[str]:
-        """Quarantine a device, or a host, with intent and result audited.
-
-        Level-based: a device already out of service is left as it is (result
-        ``already <state>``), so doing it again after a crash is harmless. Devices in
-        ``skip`` (a result already in the incident's ledger) are not touched again.
-        A host is quarantined itself, as serve drains a node (0352): its cards are
-        out of service with it, not each put in repair.
-        """
-        job_id = job_id or self.job_id
-        if action.resource_kind == "node":
-            self._quarantine_node(incident_id, action, job_id, note, skip)
-            return []
-        if action.resource_kind == "device":
-            targets = [action.resource_id]
-        else:
-            pool = self.inventory if hosts_devices is None else hosts_devices
-            targets = [d.uuid for d in pool if d.host == action.resource_id]
-        done: list[str] = []
-        for uuid in targets:
-            if uuid in skip:
-                self.say(f"device {uuid}: its quarantine is already recorded, kept{note}")
-                continue
-            subject = f"device:{uuid}"
-            intent = self.audit(
-                AuditKind.INTENT,
-                subject,
-                f"quarantine {uuid}: {action.reason}{note}",
-                {"reason": action.reason, "resource_kind": action.resource_kind,
-                 "resource_id": action.resource_id},
-                incident_id,
-                job_id=job_id,
-            )  # fmt: skip
-            self.crash.hit("action.after_intent")
-            state = self.db.get_device_state(uuid)
-            held = None
-            if state in (HealthState.HEALTHY, HealthState.SUSPECT):
-                held = self._breaker_holds_back(incident_id, uuid)
-            if held is not None:
-                # Refused as serve refuses it (0347): recorded, no repair record; the
-                # plan's restart still avoids the card (decide() placed it elsewhere).
-                result, repair_id = "suppressed", None
-            elif state in (HealthState.HEALTHY, HealthState.SUSPECT):
-                with self.db.transaction():
-                    self.db.transition_device(
-                        uuid,
-                        HealthState.QUARANTINED,
-                        action.reason[:400],
-                        ACTOR,
-                        self.clock(),
-                        job_id=job_id,
-                        incident_id=incident_id,
-                    )
-                    # Counted in the breaker's window, as the reconciler counts its own.
-                    FleetStore(self.db).record_quarantine(
-                        "device", uuid, at=self.clock(), incident_id=incident_id
-                    )
-                    # Step 10, as the reconciler does it: a repair record in the same
-                    # transaction as the quarantine (0130).
-                    repair = open_quarantine_repair(
-                        FleetStore(self.db),
-                        self.db.get_incident(incident_id),
-                        resource_kind="device",
-                        resource_id=uuid,
-                        host=next((d.host for d in self.inventory if d.uuid == uuid), None),
-                        at=self.clock(),
-                        actor=ACTOR,
-                    )
-                result, repair_id = "quarantined", repair.id
-            else:
-                result, repair_id = f"already {state.value}", None
-            self.crash.hit("action.after_apply")
-            self.db.add_incident_action(
-                incident_id,
-                {
-                    "type": ActionKind.QUARANTINE.value,
-                    "resource_kind": "device",
-                    "resource_id": uuid,
-                    "reason": action.reason,
-                    "result": result,
-                    "repair_id": repair_id,
-                    "summary": (
-                        f"device {uuid} not quarantined: {held}{note}"
-                        if held is not None
-                        else f"device {uuid} {result}{note}"
-                    ),
-                    "intent_id": intent,
-                },
-                at=self.clock(),
-                actor=ACTOR,
-                audit_kind=AuditKind.RESULT,
-            )
-            self.say(f"device {uuid} {result}{note}" + (f": {held}" if held else ""))
-            if held is None:
-                done.append(uuid)
-        return done
-
-    def _breaker_holds_back(self, incident_id: int, uuid: str) -> str | None:
-        """Why the quarantine breaker refuses to take ``uuid`` out (``None``: it may go):
-        the fleet here is run's own inventory, the rule and the recording serve's
-        (controller/breaker.py, decision 0347)."""
-        fleet = FleetStore(self.db)
-        now = self.clock()
-        verdict = check_quarantine(
-            fleet, BreakerConfig(), resource_kind="device", population=len(self.inventory), now=now
-        )
-        if verdict.allow:
-            return None
-        reason = verdict.reason or "breaker"
-        with self.db.transaction():
-            hold_back(
-                fleet,
-                resource_kind="device",
-                resource_id=uuid,
-                reason=reason,
-                trip=verdict.tripped_now,
-                at=now,
-                actor=ACTOR,
-                incident_id=incident_id,
-            )
-        return reason
-
-    def _quarantine_node(
-        self, incident_id: int, action: Quarantine, job_id: str, note: str, skip: Collection[str]
-    ) -> None:
-        """Quarantine host ``action.resource_id``: the node's health (the cards on it are
-        then out of service, ``device_statuses``), one repair record for the node, the
-        incident's repair advice from it; the ledger row names the node, as serve's."""
-        host = action.resource_id
-        if host in skip:
-            self.say(f"node {host}: its quarantine is already recorded, kept{note}")
-            return
-        fleet = FleetStore(self.db)
-        intent = self.audit(
-            AuditKind.INTENT,
-            f"node:{host}",
-            f"quarantine {host}: {action.reason}{note}",
-            {"reason": action.reason, "resource_kind": "node", "resource_id": host},
-            incident_id,
-            job_id=job_id,
-        )
-        self.crash.hit("action.after_intent")
-        now = self.clock()
-        repair_id = None
-        with self.db.transaction():
-            node = fleet.register_node(host, at=now, actor=ACTOR)
-            if node.state.schedulable:
-                fleet.transition_node(
-                    host,
-                    HealthState.QUARANTINED,
-                    action.reason[:400],
-                    ACTOR,
-                    now,
-                    job_id=job_id,
-                    incident_id=incident_id,
-                )
-                repair = open_quarantine_repair(
-                    fleet,
-                    self.db.get_incident(incident_id),
-                    resource_kind="node",
-                    resource_id=host,
-                    host=host,
-                    at=now,
-                    actor=ACTOR,
-                )
-                self.db.update_incident(incident_id, at=now, repair=repair.recommended, actor=ACTOR)
-                result, repair_id = "quarantined", repair.id
-            else:
-                result = f"already {node.state.value}"
-        self.crash.hit("action.after_apply")
-        self.db.add_incident_action(
-            incident_id,
-            {
-                "type": ActionKind.QUARANTINE.value,
-                "resource_kind": "node",
-                "resource_id": host,
-                "reason": action.reason,
-                "result": result,
-                "repair_id": repair_id,
-                "summary": f"node {host} {result}{note}",
-                "intent_id": intent,
-            },
-            at=self.clock(),
-            actor=ACTOR,
-            audit_kind=AuditKind.RESULT,
-        )
-        self.say(f"node {host} {result}{note}")
 
     def _do_restart(
         self,
