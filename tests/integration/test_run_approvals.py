@@ -4,6 +4,7 @@ carries out what the operator decided meanwhile, without asking again."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -12,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from trainguard.controller.crash import CRASH_ENV
 from trainguard.controller.operations import LocalOperations
 from trainguard.controller.service import ControlPlane
+from trainguard.model.fleet import action_key
 from trainguard.policy.step import RESTART_DENIED
 from trainguard.store import Store
 from trainguard.store.fleet import FleetStore
@@ -82,3 +85,63 @@ def test_a_run_that_died_waiting_for_approval_carries_out_the_decision_it_finds(
             assert inc.reason == RESTART_DENIED
             assert [a["type"] for a in inc.actions] == ["restart"]
             assert attempts == ["failed", "failed"]
+
+
+def _start(tmp: Path, crash_at: str | None = None) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if k != CRASH_ENV}
+    if crash_at:
+        env[CRASH_ENV] = crash_at
+    return subprocess.Popen(_command(tmp), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=tmp, env=env)  # fmt: skip
+
+
+def _wait_pending(proc: subprocess.Popen[str], state: Path) -> int:
+    deadline = time.monotonic() + 60
+    while not _pending(state):
+        assert proc.poll() is None, f"rc={proc.returncode}: " + proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "no approval was asked for"
+        time.sleep(0.1)
+    [approval_id] = _pending(state)
+    return approval_id
+
+
+@pytest.mark.parametrize("crash_at", [None, "plan.after_recorded#2"])
+def test_a_run_resumed_after_a_second_failure_asks_as_the_live_run_asks(
+    tmp_path: Path, crash_at: str | None
+) -> None:
+    # Attempt 0 crashes (no diagnosis), its restart too: the second plan answers a second
+    # blind failure, and its restart waits for a person (0341, 0348). A run killed just
+    # after recording that plan is resumed: it rebuilds decide()'s history one entry per
+    # failure, as the live run and serve have it (0360), so it asks the same question
+    # under the same key; it used to rebuild one entry per incident and restart unasked.
+    (tmp_path / "kern.log").write_text("")
+    state = tmp_path / "state.db"
+    run = _start(tmp_path, crash_at)
+    if crash_at is not None:
+        run.wait(60)
+        assert run.returncode == -signal.SIGKILL, run.communicate()[1][-3000:]
+        run = _start(tmp_path)
+    try:
+        approval_id = _wait_pending(run, state)
+        with Store.open(state) as store:
+            ops = LocalOperations(ControlPlane(store, None), "operator:test")
+            ops.approve(approval_id, "a second look: go on")
+        _, err = run.communicate(timeout=90)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 0, err[-3000:]
+    with Store.open(state) as store:
+        [job] = store.list_jobs()
+        [inc] = store.list_incidents(job_id=job.id)
+        [approval] = FleetStore(store).list_approvals()
+        assert approval.action_key == action_key(inc.id, 2, 0), approval
+        assert (approval.kind, approval.state.value) == ("restart", "approved")
+        assert "failed for an unknown cause 1 time(s) before" in approval.why
+        assert [f["attempt"] for f in (inc.plan or {})["failures"]] == [0, 1]
+        assert (inc.state.value, job.state.value) == ("recovered", "completed")
+        assert [a["type"] for a in inc.actions] == ["restart", "restart"]
+        assert [a.state.value for a in store.list_attempts(job.id)] == [
+            "failed", "failed", "completed"
+        ]  # fmt: skip
+

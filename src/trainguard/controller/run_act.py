@@ -49,6 +49,7 @@ from trainguard.model.records import (
 )
 from trainguard.policy import decide
 from trainguard.policy.budget import budget_refills
+from trainguard.policy.history import with_failure
 from trainguard.policy.step import RESTART_DENIED
 
 
@@ -169,7 +170,11 @@ class RunActions(RunQuarantine):
         plan = decide(snapshot)
         # Which failure it answers (as serve records it): a resumed run tells a plan
         # spent by a failed restart from one still to carry out (0331).
-        recorded = {**plan.to_dict(), "attempt": attempt}
+        # The incident's failures so far, as serve lists them in its plan: a resumed run
+        # rebuilds decide()'s history from them, one entry per failure (0360).
+        previous = self.db.get_incident(incident_id).plan or {}
+        failures = with_failure(previous.get("failures") or [], attempt, attribution)
+        recorded = {**plan.to_dict(), "attempt": attempt, "failures": failures}
         self.db.record_plan(incident_id, recorded, at=self.clock(), actor=ACTOR)
         self.crash.hit("plan.after_recorded")
         return plan

@@ -41,6 +41,7 @@ from trainguard.model.records import (
     JobState,
 )
 from trainguard.policy.evidence import Route, route_finding
+from trainguard.policy.history import failure_history
 from trainguard.schedulers.local import (
     identity_alive,
     job_processes,
@@ -274,8 +275,11 @@ class RunResume(RunActions):
         for a in attempts:
             if a.state.terminal:
                 continue
+            # The attempt the latest plan answers failed too (a restart that failed, the
+            # supervisor killed once that plan was recorded): failed, not stopped.
             failed = inc is not None and a.number in (
                 inc.attempt,
+                (inc.plan or {}).get("attempt"),
                 refailed[0].number if refailed else None,
             )
             self.db.finish_attempt(
@@ -292,15 +296,9 @@ class RunResume(RunActions):
             1 for i in incidents for x in i.actions if x.get("type") == ActionKind.RESTART.value
         )
         number = max((a.number for a in attempts), default=-1) + 1
-        # The failures so far, as decide() would have had them (the futile-retry and
-        # repeat rules): one per incident, what its attribution named.
-        self.history = [
-            PriorFailure(
-                attempt=i.attempt, signature=i.signature, domain=i.domain.value,
-                kind=i.kind.value, culprit=i.culprit,
-            )
-            for i in sorted(incidents, key=lambda i: i.id)
-        ]  # fmt: skip
+        # The failures so far, as decide() had them live and as serve rebuilds them: one
+        # per failure, from each incident's latest plan (0360), not one per incident.
+        self.history = failure_history(incidents)
         if inc is None:
             return self._resume_running(job, number, attempts)
         self.restarts_used = sum(

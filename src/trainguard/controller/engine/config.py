@@ -12,7 +12,6 @@ from trainguard.controller.breaker import BreakerConfig
 from trainguard.controller.lease import CONTROLLER_LEASE, DEFAULT_TTL_SECONDS
 from trainguard.controller.repair import DeliveryConfig
 from trainguard.diagnose.attribution import DEFAULT_CORRELATION_WINDOW
-from trainguard.model.findings import Culprit
 from trainguard.model.fleet import ActionRecord, ActionState, EffectiveMode, Node, Scope, ScopeKind
 from trainguard.model.health import HealthState
 from trainguard.model.plan import (
@@ -20,10 +19,10 @@ from trainguard.model.plan import (
     ActionKind,
     Mode,
     PlanFormatError,
-    PriorFailure,
     action_from_dict,
 )
 from trainguard.model.records import AttemptState, DeviceRecord, IncidentState
+from trainguard.policy.history import prior_failure
 
 ACTOR = "trainguard-serve"
 _LIVE = (IncidentState.OPEN, IncidentState.ACTING, IncidentState.VERIFYING)
@@ -138,22 +137,8 @@ class _OutputState:
     first_at: float | None = None  # when the attempt's first output line was read
 
 
-def _prior(f: Mapping[str, Any], fallback: Culprit | None = None) -> PriorFailure:
-    """A failure recorded in a plan's ``failures`` as ``decide()``'s history entry.
-
-    Its culprit goes with it (the network-repeat rule compares culprits, decision
-    0110); a plan recorded before culprits were kept takes ``fallback`` (the
-    incident's own culprit for the failure that opened it).
-    """
-    raw = f.get("culprit")
-    culprit = Culprit.from_dict(raw) if isinstance(raw, dict) else (fallback or Culprit())
-    return PriorFailure(
-        attempt=int(f["attempt"]),
-        signature=f.get("signature"),
-        domain=str(f["domain"]),
-        kind=str(f["kind"]),
-        culprit=culprit,
-    )
+# A plan's ``failures`` item as decide()'s history entry: one rule for every mode (0360).
+_prior = prior_failure
 
 
 _VERIFIABLE = (

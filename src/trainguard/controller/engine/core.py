@@ -20,7 +20,6 @@ from trainguard.controller.engine.config import (
     PassReport,
     _HealthView,
     _OutputState,
-    _prior,
     resolve_mode,
 )
 from trainguard.controller.engine.traits import SchedulerTraits, traits_of
@@ -38,6 +37,7 @@ from trainguard.model.fleet import (
 from trainguard.model.plan import ActionKind, Mode, PriorFailure, RecoveryPolicy
 from trainguard.model.records import AttemptRecord, IncidentRecord, IncidentState, JobRecord
 from trainguard.policy.budget import BudgetEntry, restarts_used
+from trainguard.policy.history import failure_history
 from trainguard.schedulers.base import ClusterScheduler, Observation
 from trainguard.store import NotFound, Store
 from trainguard.store.fleet import Fence, FleetStore
@@ -178,21 +178,8 @@ class EngineCore:
         return select_checkpoints(job.checkpoint_dir, "full")
 
     def _failures(self, job_id: str, before_incident: int) -> list[PriorFailure]:
-        out: list[PriorFailure] = []
-        for inc in self.store.list_incidents(job_id=job_id):
-            if inc.id >= before_incident:
-                break
-            for f in (inc.plan or {}).get("failures") or [
-                {
-                    "attempt": inc.attempt,
-                    "signature": inc.signature,
-                    "domain": inc.domain.value,
-                    "kind": inc.kind.value,
-                    "culprit": inc.culprit.to_dict(),
-                }
-            ]:
-                out.append(_prior(f, inc.culprit if int(f["attempt"]) == inc.attempt else None))
-        return out
+        """The job's failures before incident ``before_incident``, one per failure (0360)."""
+        return failure_history(self.store.list_incidents(job_id=job_id), before=before_incident)
 
     def _restarts_used(self, inc: IncidentRecord, ledger: Sequence[ActionRecord]) -> int:
         """The job's restarts that count against this incident's budget (0130): the

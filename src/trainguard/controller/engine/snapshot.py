@@ -30,6 +30,7 @@ from trainguard.model.records import (
 )
 from trainguard.policy import decide
 from trainguard.policy.approvals import approval_reason, judged_failure
+from trainguard.policy.history import with_failure
 from trainguard.policy.step import IncidentSnapshot, PlannedAction
 from trainguard.policy.verify import (
     DEFAULT_STEP_WINDOW,
@@ -87,17 +88,8 @@ class SnapshotBuilder(AttemptSync):
                 oj if oj and oj.attempt == failed_attempt and not hung else None,
                 hang_since=(att.last_step_at or att.started_at) if hung else None,
             )
-        if not any(int(f["attempt"]) == failed_attempt for f in failures):
-            failures.append(
-                {
-                    "attempt": failed_attempt,
-                    "signature": attribution.signature,
-                    "domain": attribution.domain.value,
-                    "kind": attribution.kind.value,
-                    "summary": attribution.summary,
-                    "culprit": attribution.culprit.to_dict(),
-                }
-            )
+        # One entry per failure, as trainguard run records it too (0360).
+        failures = with_failure(failures, failed_attempt, attribution)
         history = self._failures(inc.job_id, inc.id) + [
             _prior(f, inc.culprit if int(f["attempt"]) == inc.attempt else None) for f in failures
         ]
