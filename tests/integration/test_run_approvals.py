@@ -145,3 +145,40 @@ def test_a_run_resumed_after_a_second_failure_asks_as_the_live_run_asks(
             "failed", "failed", "completed"
         ]  # fmt: skip
 
+
+@pytest.mark.parametrize("crash_at", [None, "action.after_result#1"])
+def test_a_denial_found_at_resume_is_audited_once(tmp_path: Path, crash_at: str | None) -> None:
+    # The run dies waiting; the operator denies. The next run finds the denial and records
+    # the skip (intent and result, under the approval's key); killed right after, the run
+    # after it stops the job without recording the skip a second time (0361), as serve
+    # keeps one SKIPPED row per key.
+    (tmp_path / "kern.log").write_text("")
+    state = tmp_path / "state.db"
+    first = _start(tmp_path)
+    try:
+        approval_id = _wait_pending(first, state)
+    finally:
+        first.kill()
+        first.wait(10)
+    with Store.open(state) as store:
+        ops = LocalOperations(ControlPlane(store, None), "operator:test")
+        ops.deny(approval_id, "not again")
+    if crash_at is not None:
+        second = _start(tmp_path, crash_at)
+        second.communicate(timeout=90)
+        assert second.returncode == -signal.SIGKILL
+    last = _start(tmp_path)
+    _, err = last.communicate(timeout=90)
+    assert last.returncode == 1, err[-3000:]
+    with Store.open(state) as store:
+        [job] = store.list_jobs()
+        [inc] = store.list_incidents(job_id=job.id)
+        key = action_key(inc.id, 2, 0)
+        keyed = [ev for ev in store.list_audit(job_id=job.id) if ev.data.get("key") == key]
+        assert [(ev.kind.value, ev.subject) for ev in keyed] == [
+            ("intent", f"job:{job.id}"),
+            ("result", f"job:{job.id}"),
+        ], keyed
+        assert "skipped (denied by operator:test: not again)" in keyed[1].message
+        assert (inc.state.value, job.state.value) == ("stopped", "stopped")
+        assert job.reason == RESTART_DENIED

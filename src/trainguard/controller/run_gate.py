@@ -1,7 +1,7 @@
 """The approval gate of ``trainguard run``: may a plan's action go ahead? Asked as
 serve's ``step()`` asks it (policy/approvals.py, on the failure the plan answers,
 0348), under the same approval row and key (0346); run waits here while a person
-decides, and a denied action's skip is audited."""
+decides, and a denied action's skip is audited once per key (0361)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ class RunApprovalGate(RunVerification):
         same row under the same key (decision 0346): an operator decides it with
         ``trainguard approve ID --reason TEXT [--deny] --state DB`` while run waits
         here. A row already there (a resumed run) decides; denied: the skip is audited
-        and ``False``."""
+        (once per key, 0361) and ``False``."""
         fleet = FleetStore(self.db)
         inc = self.db.get_incident(incident_id)
         key = action_key(incident_id, inc.plan_generation, index)
@@ -110,15 +110,27 @@ class RunApprovalGate(RunVerification):
             return True
         who = f"denied by {approval.decided_by}: {approval.decision_reason}"
         what = f"{kind} {subject}"
-        intent = self.audit(AuditKind.INTENT, subject, what, {"key": key}, incident_id)
-        self.audit(
-            AuditKind.RESULT,
-            subject,
-            f"{what}: skipped ({who})",
-            {"key": key, "intent_id": intent, "skipped": who},
-            incident_id,
-        )
+        # Once per approval key: a run resumed after the skip was recorded (it died before
+        # the job stopped, or while the plan's next action ran) finds it in the audit and
+        # does not record it again, as serve's ledger holds one SKIPPED row per key (0361).
+        if not self._skip_recorded(incident_id, key):
+            intent = self.audit(AuditKind.INTENT, subject, what, {"key": key}, incident_id)
+            self.audit(
+                AuditKind.RESULT,
+                subject,
+                f"{what}: skipped ({who})",
+                {"key": key, "intent_id": intent, "skipped": who},
+                incident_id,
+            )
+            self.crash.hit("action.after_result")
         self.say(f"{what}: skipped ({who})")
         if isinstance(action, Restart):
             self.say(f"incident {incident_id}: the restart was {who}")
         return False
+
+    def _skip_recorded(self, incident_id: int, key: str) -> bool:
+        """Is the skip of the action under ``key`` already in the audit (its result)?"""
+        return any(
+            isinstance(ev.data, dict) and ev.data.get("key") == key and "skipped" in ev.data
+            for ev in self.db.list_audit(incident_id=incident_id, kind=AuditKind.RESULT)
+        )

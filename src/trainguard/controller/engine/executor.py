@@ -93,6 +93,8 @@ class Executor(ActionRunner):
                 else "denied"
             )
             self._skip(inc, st.key, generation, st.index, action, fence, who)
+            # The skip's result is recorded: the same crash point as run's (0361).
+            self.crash.hit("action.after_result")
             report.applied.append(st.key)
             return inc
         # APPLY
