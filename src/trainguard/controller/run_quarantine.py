@@ -126,14 +126,21 @@ class RunQuarantine(RunApprovalGate):
                 done.append(uuid)
         return done
 
-    def _breaker_holds_back(self, incident_id: int, uuid: str) -> str | None:
-        """Why the quarantine breaker refuses to take ``uuid`` out (``None``: it may go):
-        the fleet here is run's own inventory, the rule and the recording serve's
-        (controller/breaker.py, decision 0347)."""
+    def _breaker_holds_back(
+        self, incident_id: int, resource_id: str, resource_kind: str = "device"
+    ) -> str | None:
+        """Why the quarantine breaker refuses to take ``resource_id`` out (``None``: it
+        may go): the rule and the recording serve's (controller/breaker.py, 0347), the
+        fleet run's own inventory counted by kind as serve counts its own (its cards, or
+        its hosts for a node, 0362)."""
         fleet = FleetStore(self.db)
         now = self.clock()
+        if resource_kind == "node":
+            population = len({d.host for d in self.inventory if d.host})
+        else:
+            population = len(self.inventory)
         verdict = check_quarantine(
-            fleet, BreakerConfig(), resource_kind="device", population=len(self.inventory), now=now
+            fleet, BreakerConfig(), resource_kind=resource_kind, population=population, now=now
         )
         if verdict.allow:
             return None
@@ -141,8 +148,8 @@ class RunQuarantine(RunApprovalGate):
         with self.db.transaction():
             hold_back(
                 fleet,
-                resource_kind="device",
-                resource_id=uuid,
+                resource_kind=resource_kind,
+                resource_id=resource_id,
                 reason=reason,
                 trip=verdict.tripped_now,
                 at=now,
@@ -172,10 +179,16 @@ class RunQuarantine(RunApprovalGate):
         )
         self.crash.hit("action.after_intent")
         now = self.clock()
-        repair_id = None
-        with self.db.transaction():
-            node = fleet.register_node(host, at=now, actor=ACTOR)
-            if node.state.schedulable:
+        repair_id, held = None, None
+        node = fleet.register_node(host, at=now, actor=ACTOR)
+        if node.state.schedulable:
+            # Asked as serve's engine asks it for a node (0362): refused, the host stays in
+            # service (no repair record); the plan's restart still avoids it.
+            held = self._breaker_holds_back(incident_id, host, resource_kind="node")
+        if held is not None:
+            result = "suppressed"
+        elif node.state.schedulable:
+            with self.db.transaction():
                 fleet.transition_node(
                     host,
                     HealthState.QUARANTINED,
@@ -185,6 +198,8 @@ class RunQuarantine(RunApprovalGate):
                     job_id=job_id,
                     incident_id=incident_id,
                 )
+                # Counted in the breaker's window, as the reconciler counts its own.
+                fleet.record_quarantine("node", host, at=now, incident_id=incident_id)
                 repair = open_quarantine_repair(
                     fleet,
                     self.db.get_incident(incident_id),
@@ -195,9 +210,9 @@ class RunQuarantine(RunApprovalGate):
                     actor=ACTOR,
                 )
                 self.db.update_incident(incident_id, at=now, repair=repair.recommended, actor=ACTOR)
-                result, repair_id = "quarantined", repair.id
-            else:
-                result = f"already {node.state.value}"
+            result, repair_id = "quarantined", repair.id
+        else:
+            result = f"already {node.state.value}"
         self.crash.hit("action.after_apply")
         self.db.add_incident_action(
             incident_id,
@@ -208,11 +223,15 @@ class RunQuarantine(RunApprovalGate):
                 "reason": action.reason,
                 "result": result,
                 "repair_id": repair_id,
-                "summary": f"node {host} {result}{note}",
+                "summary": (
+                    f"node {host} not quarantined: {held}{note}"
+                    if held is not None
+                    else f"node {host} {result}{note}"
+                ),
                 "intent_id": intent,
             },
             at=self.clock(),
             actor=ACTOR,
             audit_kind=AuditKind.RESULT,
         )
-        self.say(f"node {host} {result}{note}")
+        self.say(f"node {host} {result}{note}" + (f": {held}" if held else ""))
