@@ -44,7 +44,8 @@ job it left (0114).
 The controller is one class built in a line, one module per concept (0220):
 run_base.py (options, the attempt record, state, launch) -> run_observe.py
 (event dispatch and detection) -> run_verify.py (verification of a restart) ->
-run_act.py (plan, quarantine, restart, stop) -> run_resume.py (a dead
+run_gate.py (approvals) -> run_quarantine.py (quarantine, through the breaker) ->
+run_act.py (attribution, plan, restart, stop) -> run_resume.py (a dead
 supervisor's job) -> this module (the loop, the lease, start-up).
 """
 

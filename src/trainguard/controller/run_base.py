@@ -4,8 +4,9 @@ controller/run.py, decision 0220).
 
 :class:`RunBase` holds the state of one supervised job; the concept modules
 build on it in one line — :mod:`run_observe` (event dispatch and detection),
-:mod:`run_verify` (verification of a restart), :mod:`run_act` (plan, quarantine,
-restart, stop), :mod:`run_resume` (a dead supervisor's job, resumed or closed) —
+:mod:`run_verify` (verification of a restart), :mod:`run_gate` (approvals),
+:mod:`run_quarantine` (quarantine, through the breaker), :mod:`run_act`
+(attribution, plan, restart, stop), :mod:`run_resume` (a dead supervisor's job, resumed or closed) —
 and :class:`~trainguard.controller.run.RunController` drives the loop.
 """
 
