@@ -11,6 +11,7 @@ fails on cue:
   --exit CODE           ... with this exit code (default 1)
   --error TEXT          ... printing this as a Python exception first
   --hang                ... by hanging (no more output, never exits) instead
+  --hang-for SECONDS    ... by hanging that long once, then stepping on to the end
   --xid-log FILE        ... after appending an XID 79 line for its device ``--xid-device``
                         (an index into ``TRAINGUARD_DEVICES``) to this kernel log
   --steps N             stop (exit 0) after step N (default: run for a long time)
@@ -95,6 +96,7 @@ def main() -> int:
     ap.add_argument("--exit", type=int, default=1)
     ap.add_argument("--error")
     ap.add_argument("--hang", action="store_true")
+    ap.add_argument("--hang-for", type=float, default=0.0)
     ap.add_argument("--steps", type=int, default=100000)
     ap.add_argument("--interval", type=float, default=0.05)
     ap.add_argument("--no-steps", action="store_true")
@@ -111,6 +113,7 @@ def main() -> int:
     args = ap.parse_args()
     attempt = int(os.environ.get("TRAINGUARD_ATTEMPT", "0"))
     failing = {int(a) for a in args.fail_attempts.split(",") if a.strip()}
+    hung = False
     if attempt in {int(a) for a in args.slow_attempts.split(",") if a.strip()}:
         args.interval = args.slow_interval
     if args.env_log:
@@ -148,6 +151,11 @@ def main() -> int:
                 xid(args.xid_log, args.xid_device)
             if args.warn:
                 print(args.warn, flush=True)
+            if args.hang_for:
+                if not hung:  # silent for a while, then on to the end as if nothing happened
+                    hung = True
+                    time.sleep(args.hang_for)
+                continue
             if args.hang:
                 while True:
                     time.sleep(3600)

@@ -313,6 +313,25 @@ def test_observe_mode_records_the_plan_for_a_crash_and_restarts_nothing(
     assert w.out.quarantined == [] and w.out.repairs == [], w
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_observe_mode_records_a_hang_and_the_attempt_that_steps_on_completes(
+    mode: str, tmp_path: Path, sqlite_target: str
+) -> None:
+    # Attempt 0 goes silent at step 6 for 3 s (the adaptive detector: 1 s floor), then
+    # steps on to its end. Observe mode records the hang and its plan; the attempt was
+    # never over, so its record is not "failed" and the job completes (serve used to fail
+    # the attempt's record while the process hung on, 0365).
+    w = _scenario(
+        mode, tmp_path, sqlite_target, ["--fail-attempts", "0", "--fail-at", "6",
+        "--hang-for", "3", "--steps", "10"], Policy(), job_mode=Mode.OBSERVE,
+    )  # fmt: skip
+    [inc] = w.out.incidents
+    assert (inc["kind"], inc["state"]) == ("hang", "observed"), w
+    assert inc["failed_step"] == 6 and inc["actions"] == [] and w.ledger == [], w
+    assert "plan 1: restart" in inc["notes"], w
+    assert w.out.attempts == ["completed"] and w.job == "completed", w
+
+
 # --- approvals ---------------------------------------------------------------------------
 
 

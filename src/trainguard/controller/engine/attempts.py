@@ -144,7 +144,12 @@ class AttemptSync(HealthEnforcer):
         if hang.check(now) is not None:
             del self._hangs[key]
             since = hang.last_progress_at if hang.last_progress_at is not None else att.started_at
-            self._attempt_failed(fj, job, att, oj, fence, report, hang_since=since)
+            # Observe mode: a hung attempt is still running; its record says so and only
+            # the incident is opened, as run leaves it (0365). It may yet step on.
+            observe = self.effective_mode(fj).mode is Mode.OBSERVE
+            self._attempt_failed(
+                fj, job, att, oj, fence, report, hang_since=since, keep_running=observe
+            )
 
     def _requeued_by_the_scheduler(
         self,
@@ -341,7 +346,7 @@ class AttemptSync(HealthEnforcer):
                     att.number,
                     attribution,
                     detected_at=now,
-                    fault_at=oj.ended_at,
+                    fault_at=oj.ended_at if hang_since is None else hang_since,
                     failed_step=att.last_step,
                     actor=self.identity,
                 )
