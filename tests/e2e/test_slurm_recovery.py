@@ -230,8 +230,13 @@ def test_a_repeated_application_error_is_stopped_as_futile_without_drain(
             inc.signature or ""
         )
         assert w.store.get_job(mid).state is JobState.STOPPED
-        job = slurm.job(jid)
-        # Restarted once, failed the same way, never requeued again.
+        # Restarted once, failed the same way, never requeued again (COMPLETING is the
+        # moment before FAILED: Slurm is still cleaning up the job's steps).
+        job = wait_until(
+            lambda: (j := slurm.job(jid))["JobState"] != "COMPLETING" and j,
+            30,
+            "Slurm to finish the job",
+        )
         assert job["Restarts"] == "1" and job["JobState"] in ("FAILED", "CANCELLED")
         w.run_once()
         assert slurm.job(jid)["Restarts"] == "1"

@@ -129,6 +129,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="SIGTERM -> SIGKILL grace when stopping an attempt (default 5)",
     )
     p.add_argument(
+        "--settle",
+        type=_non_negative_float,
+        default=0.3,
+        metavar="S",
+        help="after the first sign of a failure, gather evidence this long (the other ranks' "
+        "tracebacks, a kernel line) before deciding, unless the launcher has already "
+        "exited and its output is drained (default 0.3; more on a loaded machine)",
+    )
+    p.add_argument(
         "--kill-grace",
         type=_non_negative_float,
         default=0.2,
@@ -238,6 +247,7 @@ def handle(args: argparse.Namespace) -> int:
             log_dir=args.log_dir,
             verify_window=args.verify_window,
             grace=args.grace,
+            settle=args.settle,
             kill_grace=args.kill_grace,
             snapshot_flush_wait=args.snapshot_flush_wait,
             warm_standby=args.warm_standby,
