@@ -258,6 +258,28 @@ def serve_mode(
         fleet.close()
 
 
+def scenario(
+    mode: str,
+    tmp: Path,
+    store_target: str,
+    job_args: Sequence[str],
+    policy: Policy,
+    *,
+    xid: Xid | None = None,
+    inventory: Sequence[dict[str, Any]] | None = None,
+) -> Outcome:
+    """One scenario in ``mode``: :func:`run_mode` (on ``inventory``'s cards when given) or
+    :func:`serve_mode` (on ``store_target``)."""
+    if mode == "run":
+        return run_mode(tmp, job_args, policy, xid=xid, inventory=inventory)
+    return serve_mode(store_target, tmp, job_args, policy, xid=xid)
+
+
+def state_of(mode: str, tmp: Path, store_target: str) -> str:
+    """Where a scenario's state database is: run keeps it beside the job."""
+    return str(tmp / "state.db") if mode == "run" else store_target
+
+
 # --- crash points: trainguard itself SIGKILLed mid-recovery, then restarted ----------------
 
 CONTROLLER_PROC = ROOT / "tests" / "integration" / "_controller_proc.py"

@@ -7,22 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _modes import MODES, Outcome, Policy, Xid, run_mode, serve_mode
+from _modes import MODES, Policy, Xid, scenario
 
 pytestmark = pytest.mark.slow
-
-
-def _scenario(
-    mode: str, tmp: Path, store_target: str, job_args: list[str], policy: Policy, **kw: object
-) -> Outcome:
-    if mode == "run":
-        return run_mode(tmp, job_args, policy, **kw)  # type: ignore[arg-type]
-    return serve_mode(store_target, tmp, job_args, policy, **kw)  # type: ignore[arg-type]
-
-
-@pytest.fixture
-def sqlite_target(tmp_path: Path) -> str:
-    return str(tmp_path / "state" / "state.db")
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -31,7 +18,7 @@ def test_a_hang_is_detected_by_the_adaptive_detector_by_default(
 ) -> None:
     # No hang_timeout_seconds anywhere: the adaptive rule (floor 1 s, 3 x the slowest
     # step interval) must notice that attempt 0 stopped at step 6 while still running.
-    out = _scenario(
+    out = scenario(
         mode,
         tmp_path,
         sqlite_target,
@@ -54,7 +41,7 @@ def test_a_fatal_xid_on_the_running_attempts_gpu_recovers_now_and_opens_a_repair
     # The job itself never fails: only the XID on its card can end attempt 0, and it
     # must (serve used to wait for the job to crash on the card; run never opened a
     # repair record).
-    out = _scenario(
+    out = scenario(
         mode, tmp_path, sqlite_target, ["--steps", "30"], Policy(), xid=Xid(after_checkpoint=10)
     )
     [inc] = out.incidents
@@ -74,7 +61,7 @@ def test_a_fatal_xid_on_an_idle_card_quarantines_it_and_leaves_the_job_alone(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
     # serve used to store such a finding and nothing more.
-    out = _scenario(
+    out = scenario(
         mode,
         tmp_path,
         sqlite_target,
@@ -97,7 +84,7 @@ def test_a_slow_restart_keeps_running_unverified_and_is_not_restarted_again(
     # (JSON lines with "time": serve compares them, 0320). A slow restart is progress:
     # both modes note it once and keep it running, no second restart (run used to
     # restart it, 0321); it ends recovered when the job completes.
-    out = _scenario(
+    out = scenario(
         mode,
         tmp_path,
         sqlite_target,

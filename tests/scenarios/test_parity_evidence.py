@@ -15,29 +15,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _modes import MODES, Outcome, Policy, Xid, procs_inventory, run_mode, serve_mode
+from _modes import MODES, Policy, Xid, procs_inventory, scenario
 
 pytestmark = pytest.mark.slow
-
-
-def _scenario(
-    mode: str,
-    tmp: Path,
-    store_target: str,
-    job_args: list[str],
-    policy: Policy,
-    xid: Xid | None = None,
-    procs_cards: bool = False,
-) -> Outcome:
-    if mode == "run":
-        inventory = procs_inventory() if procs_cards else None
-        return run_mode(tmp, job_args, policy, xid=xid, inventory=inventory)
-    return serve_mode(store_target, tmp, job_args, policy, xid=xid)
-
-
-@pytest.fixture
-def sqlite_target(tmp_path: Path) -> str:
-    return str(tmp_path / "state" / "state.db")
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -51,7 +31,7 @@ def test_a_restart_that_loses_a_rank_is_not_recovered(
     # restart recovered: it checked no ranks and ended no attempt on a verdict, 0350,
     # 0351). The first failure is hardware, so serve asks no person before restarting
     # again (approvals, 0084, are serve's only; run has nobody to ask).
-    out = _scenario(
+    out = scenario(
         mode,
         tmp_path,
         sqlite_target,
@@ -93,14 +73,14 @@ def test_an_ib_link_error_isolates_the_host_in_both_modes(
     # what failed, not a GPU: the host is isolated (one node quarantine, one repair
     # record for the node, its cards left healthy) and the job moves to n2. run used to
     # quarantine each card of the host and open a repair record per card (0352).
-    out = _scenario(
+    out = scenario(
         mode,
         tmp_path,
         sqlite_target,
         ["--fail-attempts", "0", "--fail-at", "8", "--warn", IB_WARN, "--error", NCCL_ERROR,
          "--steps", "20"],
         Policy(),
-        procs_cards=True,
+        inventory=procs_inventory(),
     )  # fmt: skip
     [inc] = out.incidents
     culprit = (inc["kind"], inc["domain"], inc["culprit"])
@@ -130,14 +110,14 @@ def test_link_evidence_beside_a_gpu_fault_isolates_the_host_too(
     # job moves to n2: restarting on the card's neighbour would meet the same link
     # (0110). serve used to quarantine the card only: the re-attribution that keeps
     # link evidence beside the winner was run's (0353).
-    out = _scenario(
+    out = scenario(
         mode,
         tmp_path,
         sqlite_target,
         ["--fail-attempts", "0", "--fail-at", "8", "--warn", IB_WARN, "--error", ECC_ERROR,
          "--steps", "20"],
         Policy(),
-        procs_cards=True,
+        inventory=procs_inventory(),
     )  # fmt: skip
     [inc] = out.incidents
     culprit = (inc["kind"], inc["domain"], inc["culprit"])

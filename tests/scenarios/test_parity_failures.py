@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _modes import MODES, Outcome, Policy, run_mode, serve_mode
+from _modes import MODES, Outcome, Policy, scenario, state_of
 
 from trainguard.model.fleet import ApprovalState
 from trainguard.policy.step import RESTART_DENIED
@@ -45,13 +45,8 @@ class World:
 def _scenario(
     mode: str, tmp: Path, store_target: str, job_args: list[str], policy: Policy
 ) -> World:
-    if mode == "run":
-        out = run_mode(tmp, job_args, policy)
-        target = str(tmp / "state.db")  # where run_mode keeps run's state
-    else:
-        out = serve_mode(store_target, tmp, job_args, policy)
-        target = store_target
-    with Store.open(target) as store:
+    out = scenario(mode, tmp, store_target, job_args, policy)
+    with Store.open(state_of(mode, tmp, store_target)) as store:
         [job] = store.list_jobs()
         incidents = store.list_incidents(job_id=job.id)
         return World(
@@ -68,11 +63,6 @@ def _scenario(
                 if "checkpoint(s) aside" in e.message
             ],
         )
-
-
-@pytest.fixture
-def sqlite_target(tmp_path: Path) -> str:
-    return str(tmp_path / "state" / "state.db")
 
 
 def _alloc_conf(env_log: Path) -> list[str | None]:

@@ -246,11 +246,6 @@ def _scenario(
     return serve_gate(store_target, tmp, job_args, policy, **kw)
 
 
-@pytest.fixture
-def sqlite_target(tmp_path: Path) -> str:
-    return str(tmp_path / "state" / "state.db")
-
-
 # --- observe mode ----------------------------------------------------------------------
 
 

@@ -27,11 +27,6 @@ pytestmark = pytest.mark.slow
 OPERATOR = "operator:test"
 
 
-@pytest.fixture
-def sqlite_target(tmp_path: Path) -> str:
-    return str(tmp_path / "state" / "state.db")
-
-
 def _open_breaker(state: Path) -> None:
     """An operator opened the quarantine breaker (a fleet-wide event is being looked at)."""
     state.parent.mkdir(parents=True, exist_ok=True)

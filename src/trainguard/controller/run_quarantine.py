@@ -101,30 +101,48 @@ class RunQuarantine(RunApprovalGate):
             else:
                 result, repair_id = f"already {state.value}", None
             self.crash.hit("action.after_apply")
-            self.db.add_incident_action(
-                incident_id,
-                {
-                    "type": ActionKind.QUARANTINE.value,
-                    "resource_kind": "device",
-                    "resource_id": uuid,
-                    "reason": action.reason,
-                    "result": result,
-                    "repair_id": repair_id,
-                    "summary": (
-                        f"device {uuid} not quarantined: {held}{note}"
-                        if held is not None
-                        else f"device {uuid} {result}{note}"
-                    ),
-                    "intent_id": intent,
-                },
-                at=self.clock(),
-                actor=ACTOR,
-                audit_kind=AuditKind.RESULT,
+            self._quarantine_result(
+                incident_id, action, "device", uuid, result, repair_id, held, note, intent
             )
-            self.say(f"device {uuid} {result}{note}" + (f": {held}" if held else ""))
             if held is None:
                 done.append(uuid)
         return done
+
+    def _quarantine_result(
+        self,
+        incident_id: int,
+        action: Quarantine,
+        kind: str,
+        resource_id: str,
+        result: str,
+        repair_id: int | None,
+        held: str | None,
+        note: str,
+        intent: int | None,
+    ) -> None:
+        """The incident's ledger row of one quarantine (a card or a host) and its line:
+        what was done, or why the breaker held it back (``held``)."""
+        self.db.add_incident_action(
+            incident_id,
+            {
+                "type": ActionKind.QUARANTINE.value,
+                "resource_kind": kind,
+                "resource_id": resource_id,
+                "reason": action.reason,
+                "result": result,
+                "repair_id": repair_id,
+                "summary": (
+                    f"{kind} {resource_id} not quarantined: {held}{note}"
+                    if held is not None
+                    else f"{kind} {resource_id} {result}{note}"
+                ),
+                "intent_id": intent,
+            },
+            at=self.clock(),
+            actor=ACTOR,
+            audit_kind=AuditKind.RESULT,
+        )
+        self.say(f"{kind} {resource_id} {result}{note}" + (f": {held}" if held else ""))
 
     def _breaker_holds_back(
         self, incident_id: int, resource_id: str, resource_kind: str = "device"
@@ -214,24 +232,6 @@ class RunQuarantine(RunApprovalGate):
         else:
             result = f"already {node.state.value}"
         self.crash.hit("action.after_apply")
-        self.db.add_incident_action(
-            incident_id,
-            {
-                "type": ActionKind.QUARANTINE.value,
-                "resource_kind": "node",
-                "resource_id": host,
-                "reason": action.reason,
-                "result": result,
-                "repair_id": repair_id,
-                "summary": (
-                    f"node {host} not quarantined: {held}{note}"
-                    if held is not None
-                    else f"node {host} {result}{note}"
-                ),
-                "intent_id": intent,
-            },
-            at=self.clock(),
-            actor=ACTOR,
-            audit_kind=AuditKind.RESULT,
+        self._quarantine_result(
+            incident_id, action, "node", host, result, repair_id, held, note, intent
         )
-        self.say(f"node {host} {result}{note}" + (f": {held}" if held else ""))
