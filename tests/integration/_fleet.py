@@ -18,6 +18,7 @@ from typing import Any
 
 from trainguard.controller.reconcile import ControlConfig, PassReport
 from trainguard.controller.service import ControlPlane
+from trainguard.model.devices import Device
 from trainguard.model.findings import Culprit, Domain, Finding, Severity
 from trainguard.model.fleet import FleetJob
 from trainguard.model.records import AuditKind
@@ -27,6 +28,11 @@ from trainguard.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "tests" / "jobs" / "cluster_job.py"
+
+
+def xid_line(pci_bus_id: str, xid: int) -> str:
+    """The kernel's line for an XID on the card at ``pci_bus_id`` (as NVRM writes it)."""
+    return f"NVRM: Xid (PCI:{pci_bus_id[:-2]}): {xid}, pid=1234, GPU has fallen off the bus."
 
 
 class Fleet:
@@ -108,9 +114,12 @@ class Fleet:
         """An agent reports an XID line for the job's device; returns the device uuid."""
         oj = self.wait_running(fj)
         dev = oj.devices[device_index]
-        line = (
-            f"NVRM: Xid (PCI:{dev.pci_bus_id[:-2]}): {xid}, pid=1234, GPU has fallen off the bus."
-        )
+        self.report_xid(dev, xid)
+        return dev.uuid
+
+    def report_xid(self, dev: Device, xid: int = 79) -> None:
+        """An agent on ``dev``'s host reports an XID kernel line for it (by PCI bus id)."""
+        line = xid_line(dev.pci_bus_id, xid)
         self.cp.ingest_finding(
             Finding(
                 kind="xid",
@@ -126,7 +135,6 @@ class Fleet:
             ),
             host=dev.host,
         )
-        return dev.uuid
 
     def incident_state(self, job_id: str) -> str | None:
         incs = self.store.list_incidents(job_id=job_id)

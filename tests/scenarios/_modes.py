@@ -30,11 +30,10 @@ ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "tests" / "jobs" / "cluster_job.py"
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 
-from _fleet import Fleet  # noqa: E402
+from _fleet import Fleet, xid_line  # noqa: E402
 
 from trainguard.controller.run import RunOptions, run_job  # noqa: E402
 from trainguard.controller.service import ControlPlane  # noqa: E402
-from trainguard.model.findings import Culprit, Domain, Finding, Severity  # noqa: E402
 from trainguard.model.health import HealthState  # noqa: E402
 from trainguard.schedulers.local import job_processes  # noqa: E402
 from trainguard.store import Store  # noqa: E402
@@ -128,29 +127,10 @@ def _read(store: Store, job_id: str, xid_device: str | None) -> Outcome:
     )
 
 
-def _xid_line(pci_bus_id: str, xid: int) -> str:
-    return f"NVRM: Xid (PCI:{pci_bus_id[:-2]}): {xid}, pid=1234, GPU has fallen off the bus."
-
-
 def _ingest_idle_xid(fleet: Fleet, held: set[str], xid: int) -> str:
     """An agent reports an XID for a card no job holds (by PCI bus id on its host)."""
     dev = next(d for d in fleet.cluster.observe().devices if d.uuid not in held)
-    line = _xid_line(dev.pci_bus_id, xid)
-    fleet.cp.ingest_finding(
-        Finding(
-            kind="xid",
-            domain=Domain.HARDWARE,
-            at=time.time(),
-            source="kernel",
-            message=line,
-            severity=Severity.FATAL,
-            evidence=(line,),
-            culprit=Culprit(pci_bus_id=dev.pci_bus_id),
-            xid=xid,
-            signature=f"xid:{xid}",
-        ),
-        host=dev.host,
-    )
+    fleet.report_xid(dev, xid)
     return dev.uuid
 
 
@@ -213,7 +193,7 @@ def run_mode(
                     dev = store.get_device(att.device_uuids[0])
             named.append(dev.uuid)
             with kern.open("a") as fh:
-                fh.write(_xid_line(dev.device.pci_bus_id, xid.xid) + "\n")
+                fh.write(xid_line(dev.device.pci_bus_id, xid.xid) + "\n")
 
         injector = threading.Thread(target=inject, daemon=True)
         injector.start()

@@ -20,12 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _modes import JOB, MODES, Fleet, Outcome, Policy, _read, _wait, _xid_line
+from _modes import JOB, MODES, Fleet, Outcome, Policy, _read, _wait, xid_line
 
 from trainguard.controller.operations import LocalOperations
 from trainguard.controller.run import RunOptions, run_job
 from trainguard.controller.service import ControlPlane
-from trainguard.model.findings import Culprit, Domain, Finding, Severity
 from trainguard.model.plan import Mode
 from trainguard.policy.step import RESTART_DENIED
 from trainguard.store import Store
@@ -137,7 +136,7 @@ def run_gate(
                 dev = store.get_device(att.device_uuids[0])
             named.append(dev.uuid)
             with kern.open("a") as fh:
-                fh.write(_xid_line(dev.device.pci_bus_id, 79) + "\n")
+                fh.write(xid_line(dev.device.pci_bus_id, 79) + "\n")
 
     def operate() -> None:
         assert operator is not None
@@ -161,27 +160,6 @@ def run_gate(
             t.join(5)
     with Store.open(state) as store:
         return _world(store, result.job_id, named)
-
-
-def _ingest_xid(fleet: Fleet, uuid: str) -> None:
-    """An agent reports an XID 79 for this card (by PCI bus id on its host)."""
-    dev = next(d for d in fleet.cluster.observe().devices if d.uuid == uuid)
-    line = _xid_line(dev.pci_bus_id, 79)
-    fleet.cp.ingest_finding(
-        Finding(
-            kind="xid",
-            domain=Domain.HARDWARE,
-            at=time.time(),
-            source="kernel",
-            message=line,
-            severity=Severity.FATAL,
-            evidence=(line,),
-            culprit=Culprit(pci_bus_id=dev.pci_bus_id),
-            xid=79,
-            signature="xid:79",
-        ),
-        host=dev.host,
-    )
 
 
 def serve_gate(
@@ -224,9 +202,9 @@ def serve_gate(
                 return oj.attempt == a and oj.phase.value == "running" and t.is_dir()
 
             fleet.run_until(reached, timeout=60, interval=0.05)
-            uuid = fleet.observed(fj).devices[0].uuid
-            named.append(uuid)
-            _ingest_xid(fleet, uuid)
+            dev = fleet.observed(fj).devices[0]
+            named.append(dev.uuid)
+            fleet.report_xid(dev)
 
         def finished() -> bool:
             look()
