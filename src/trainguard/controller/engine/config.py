@@ -22,7 +22,6 @@ from trainguard.model.plan import (
     action_from_dict,
 )
 from trainguard.model.records import AttemptState, DeviceRecord, IncidentState
-from trainguard.policy.history import prior_failure
 
 ACTOR = "trainguard-serve"
 _LIVE = (IncidentState.OPEN, IncidentState.ACTING, IncidentState.VERIFYING)
@@ -135,10 +134,6 @@ class _OutputState:
     offset: int = 0
     partial: bytes = b""
     first_at: float | None = None  # when the attempt's first output line was read
-
-
-# A plan's ``failures`` item as decide()'s history entry: one rule for every mode (0360).
-_prior = prior_failure
 
 
 _VERIFIABLE = (

@@ -14,7 +14,6 @@ from trainguard.controller.engine.attempts import AttemptSync
 from trainguard.controller.engine.config import (
     _VERIFIABLE,
     PassReport,
-    _prior,
     _typed,
     isolated_for_incident,
 )
@@ -30,7 +29,7 @@ from trainguard.model.records import (
 )
 from trainguard.policy import decide
 from trainguard.policy.approvals import approval_reason, judged_failure
-from trainguard.policy.history import with_failure
+from trainguard.policy.history import prior_failure, with_failure
 from trainguard.policy.step import IncidentSnapshot, PlannedAction
 from trainguard.policy.verify import (
     DEFAULT_STEP_WINDOW,
@@ -91,7 +90,8 @@ class SnapshotBuilder(AttemptSync):
         # One entry per failure, as trainguard run records it too (0360).
         failures = with_failure(failures, failed_attempt, attribution)
         history = self._failures(inc.job_id, inc.id) + [
-            _prior(f, inc.culprit if int(f["attempt"]) == inc.attempt else None) for f in failures
+            prior_failure(f, inc.culprit if int(f["attempt"]) == inc.attempt else None)
+            for f in failures
         ]
         ledger = self.fleet.list_actions(inc.id)
         isolated = isolated_for_incident(ledger)
