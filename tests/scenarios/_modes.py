@@ -35,6 +35,7 @@ from _fleet import Fleet, xid_line  # noqa: E402
 from trainguard.controller.run import RunOptions, run_job  # noqa: E402
 from trainguard.controller.service import ControlPlane  # noqa: E402
 from trainguard.model.health import HealthState  # noqa: E402
+from trainguard.model.plan import Mode  # noqa: E402
 from trainguard.schedulers.local import job_processes  # noqa: E402
 from trainguard.store import Store  # noqa: E402
 from trainguard.store.fleet import FleetStore  # noqa: E402
@@ -142,6 +143,32 @@ def _wait(pred: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
+def run_options(
+    tmp: Path, job_args: Sequence[str], policy: Policy, *, mode: Mode = Mode.ACT, devices: int = 2
+) -> RunOptions:
+    """``trainguard run``'s options for a scenario: the job under ``policy`` on ``devices``
+    simulated cards, its checkpoints, kernel log and state in ``tmp``."""
+    ckpt = tmp / "ckpt"
+    return RunOptions(
+        command=(sys.executable, str(JOB), *job_args, "--ckpt", str(ckpt)),
+        state=str(tmp / "state.db"),
+        checkpoint_dir=str(ckpt),
+        need=1,
+        simulate_devices=devices,
+        kernel_log=str(tmp / "kern.log"),
+        hang_timeout=policy.hang_timeout,
+        hang_floor=policy.hang_floor,
+        hang_multiple=policy.hang_multiple,
+        startup_timeout=policy.hang_startup,
+        max_restarts=policy.max_restarts,
+        backoff_base=0.0,
+        verify_window=policy.verify_window,
+        grace=1.0,
+        echo=False,
+        mode=mode,
+    )
+
+
 def run_mode(
     tmp: Path,
     job_args: Sequence[str],
@@ -156,23 +183,7 @@ def run_mode(
     kern = tmp / "kern.log"
     kern.write_text("")
     state = tmp / "state.db"
-    options = RunOptions(
-        command=(sys.executable, str(JOB), *job_args, "--ckpt", str(ckpt)),
-        state=str(state),
-        checkpoint_dir=str(ckpt),
-        need=1,
-        simulate_devices=2,
-        kernel_log=str(kern),
-        hang_timeout=policy.hang_timeout,
-        hang_floor=policy.hang_floor,
-        hang_multiple=policy.hang_multiple,
-        startup_timeout=policy.hang_startup,
-        max_restarts=policy.max_restarts,
-        backoff_base=0.0,
-        verify_window=policy.verify_window,
-        grace=1.0,
-        echo=False,
-    )
+    options = run_options(tmp, job_args, policy)
     if inventory is not None:
         (tmp / "inventory.json").write_text(json.dumps(list(inventory)))
         options = dataclasses.replace(

@@ -11,7 +11,6 @@ runs, for ``serve`` between the reconcile passes.
 from __future__ import annotations
 
 import dataclasses
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -20,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _modes import JOB, MODES, Fleet, Outcome, Policy, _read, _wait, xid_line
+from _modes import MODES, Fleet, Outcome, Policy, _read, _wait, run_options, xid_line
 
 from trainguard.controller.operations import LocalOperations
-from trainguard.controller.run import RunOptions, run_job
+from trainguard.controller.run import run_job
 from trainguard.controller.service import ControlPlane
 from trainguard.model.plan import Mode
 from trainguard.policy.step import RESTART_DENIED
@@ -105,24 +104,7 @@ def run_gate(
     kern = tmp / "kern.log"
     kern.write_text("")
     state = tmp / "state.db"
-    options = RunOptions(
-        command=(sys.executable, str(JOB), *job_args, "--ckpt", str(ckpt)),
-        state=str(state),
-        checkpoint_dir=str(ckpt),
-        need=1,
-        simulate_devices=devices,
-        kernel_log=str(kern),
-        hang_timeout=policy.hang_timeout,
-        hang_floor=policy.hang_floor,
-        hang_multiple=policy.hang_multiple,
-        startup_timeout=policy.hang_startup,
-        max_restarts=policy.max_restarts,
-        backoff_base=0.0,
-        verify_window=policy.verify_window,
-        grace=1.0,
-        echo=False,
-        mode=job_mode,
-    )
+    options = run_options(tmp, job_args, policy, mode=job_mode, devices=devices)
     named: list[str] = []
     stop = threading.Event()
 
