@@ -11,7 +11,10 @@ the contract test gives the devices two host names to exercise placement).
 
 It passes tests/integration/test_scheduler_contract.py like the stand-in
 process cluster and Slurm (decision 0220), so an engine written against the
-protocol can drive ``trainguard run``'s processes as well. Its state (keys,
+protocol can drive ``trainguard run``'s processes as well. It launches what
+``run`` launches (:class:`LocalLaunch`: the warm standby and warm workers of
+issue 16, the progress socket, echoing the output): the first stage of making
+``run`` a driver over the engine (decision 0380). Its state (keys,
 tokens, exclusions; the bookkeeping ``procs`` shares, ``_keys.py``, 0327) lives
 in memory: the supervisor that holds it is the only one (the state database's
 lease, decision 0220); after a crash the ledger in the store, not this object,
@@ -48,6 +51,23 @@ from trainguard.schedulers.local import (
     LocalAttempt,
     LocalScheduler,
 )
+
+
+@dataclass(frozen=True)
+class LocalLaunch:
+    """How each attempt is launched: the options ``trainguard run`` gives its launcher.
+
+    ``warm_standby``/``warm_workers``: a parked torchrun agent (and a forked zygote for
+    the workers) takes over the next attempt (decisions 0271, 0310);
+    ``progress_url``: the progress socket every attempt reports to
+    (``TRAINGUARD_PROGRESS``); ``echo``: copy the attempt's output to this process's
+    own stdout/stderr besides its log.
+    """
+
+    warm_standby: bool = False
+    warm_workers: bool = False
+    progress_url: str | None = None
+    echo: bool = False
 
 
 @dataclass
@@ -96,6 +116,7 @@ class LocalCluster:
         grace: float = DEFAULT_GRACE_SECONDS,
         clock: Callable[[], float] = time.time,
         sink: Callable[[Any], None] | None = None,
+        launch: LocalLaunch | None = None,
     ) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -103,7 +124,13 @@ class LocalCluster:
         self.grace = grace
         self.clock = clock
         # Output lines and exits go to the owner's event queue when it wants them.
-        self.launcher = LocalScheduler(sink or (lambda _ev: None), clock)
+        self.launch_options = launch = launch or LocalLaunch()
+        self.launcher = LocalScheduler(
+            sink or (lambda _ev: None),
+            clock,
+            warm_standby=launch.warm_standby,
+            warm_workers=launch.warm_workers,
+        )
         self._lock = threading.RLock()
         self._jobs: dict[str, _Job] = {}
         self._keys = KeyBook({})  # idempotency key -> first result, highest token
@@ -165,11 +192,11 @@ class LocalCluster:
             command=job.spec.command,
             attempt=job.attempt,
             devices=devices,
-            progress_url=None,
+            progress_url=self.launch_options.progress_url,
             log_path=str(output),
             resume_from=job.resume_from,
             extra_env={**job.spec.env, **job.env},
-            echo=False,
+            echo=self.launch_options.echo,
             cwd=job.spec.cwd,
             job_id=job.ref,
             grace=self.grace,
@@ -375,11 +402,20 @@ class LocalCluster:
                 return False
             return True
 
+    def start_note(self, ref: str) -> str | None:
+        """How the current attempt started: ``warm start: ...`` or ``cold start: <why>``
+        with a warm standby, ``None`` without one (or before the attempt started)."""
+        with self._lock:
+            job = self._job(ref)
+            return job.launch.start_note if job.launch is not None else None
+
     def shutdown(self) -> None:
-        """Stop every attempt still running (the owner is going away)."""
+        """Stop every attempt still running and dismiss the parked standby (the owner
+        is going away)."""
         with self._lock:
             for job in self._jobs.values():
                 self._stop(job)
+        self.launcher.close()
 
 
-__all__ = ["LocalCluster"]
+__all__ = ["LocalCluster", "LocalLaunch"]

@@ -1,0 +1,84 @@
+"""LocalCluster launches what ``trainguard run`` launches (decision 0380, stage 1).
+
+Real processes: a real torchrun job under a LocalCluster with a warm standby and a
+progress socket. The requeued attempt is taken over by the parked standby, every
+attempt gets the progress URL, and shutting the cluster down leaves nothing parked.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from trainguard.schedulers.base import JobPhase, JobSpec, Observation
+from trainguard.schedulers.local import job_processes
+from trainguard.schedulers.local_cluster import LocalCluster, LocalLaunch
+from trainguard.schedulers.procs import simulated_devices
+from trainguard.signals.process import read_environ
+
+JOB = (
+    "import os\n"
+    "print('attempt', os.environ['TRAINGUARD_ATTEMPT'], 'progress',"
+    " os.environ.get('TRAINGUARD_PROGRESS'), flush=True)\n"
+)
+PROGRESS = "unix:///tmp/trainguard-test-progress.sock"
+
+
+def _parked(job_id: str) -> list[int]:
+    return [p for p in job_processes(job_id) if read_environ(p).get("TRAINGUARD_STANDBY") == "1"]
+
+
+def _until(cluster: LocalCluster, ref: str, attempt: int, timeout: float = 120.0) -> Observation:
+    deadline = time.monotonic() + timeout
+    while True:
+        obs = cluster.observe()
+        job = obs.jobs[ref]
+        if job.attempt == attempt and job.phase.terminal:
+            return obs
+        assert time.monotonic() < deadline, f"attempt {attempt} did not end: {job}"
+        time.sleep(0.1)
+
+
+def test_a_requeued_attempt_starts_warm_and_every_attempt_gets_the_progress_url(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    cluster = LocalCluster(
+        tmp_path / "local",
+        simulated_devices("localhost", 0, 1),
+        grace=1.0,
+        launch=LocalLaunch(warm_standby=True, progress_url=PROGRESS),
+    )
+    ref = ""
+    try:
+        spec = JobSpec(
+            name="warm",
+            command=(sys.executable, "-m", "torch.distributed.run", "--standalone",
+                     "--nproc-per-node", "1", str(script)),
+        )  # fmt: skip
+        ref = str(cluster.submit(spec, key="submit-1", token=1).detail["ref"])
+        first = _until(cluster, ref, 0).jobs[ref]
+        assert first.phase is JobPhase.COMPLETED
+        assert "no standby was parked" in (cluster.start_note(ref) or "")
+        deadline = time.monotonic() + 60
+        while not _parked(ref) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _parked(ref), "no standby was parked after the first attempt"
+
+        cluster.requeue(ref, key="requeue-1", token=1)
+        second = _until(cluster, ref, 1).jobs[ref]
+        assert second.phase is JobPhase.COMPLETED
+        assert (cluster.start_note(ref) or "").startswith("warm start: ")
+        for job in (first, second):
+            assert job.output_path is not None
+        logs = [Path(str(j.output_path)).read_text() for j in (first, second)]
+        assert f"attempt 0 progress {PROGRESS}" in logs[0]
+        assert f"attempt 1 progress {PROGRESS}" in logs[1]
+    finally:
+        cluster.shutdown()
+    deadline = time.monotonic() + 15
+    while _parked(ref) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _parked(ref) == []  # the standby parked for attempt 2 was dismissed
