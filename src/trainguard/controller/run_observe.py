@@ -9,7 +9,7 @@ import contextlib
 import dataclasses
 from typing import Any
 
-from trainguard.controller.breaker import BreakerConfig, check_quarantine, hold_back
+from trainguard.controller.breaker import check_quarantine, hold_back
 from trainguard.controller.repair import idle_card_repair
 from trainguard.controller.run_base import (
     ACTOR,
@@ -305,7 +305,7 @@ class RunObservers(RunBase):
             # The fleet-share breaker refuses it as serve's idle-card quarantine does (0347).
             verdict = check_quarantine(
                 fleet,
-                BreakerConfig(),
+                self.opt.breaker,
                 resource_kind="device",
                 population=len(self.inventory),
                 now=now,
