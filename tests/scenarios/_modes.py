@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -99,6 +100,15 @@ class Outcome:
     resumed_steps: list[int | None] = field(default_factory=list)  # each attempt's first step
     nodes_out: list[str] = field(default_factory=list)  # hosts out of service
     attempt_hosts: list[list[str]] = field(default_factory=list)  # each attempt's hosts
+
+
+_SECONDS = re.compile(r"\b\d+(?:\.\d+)? s\b")
+
+
+def seconds_masked(text: str | None) -> str | None:
+    """``text`` with every "N s" (a duration) as "# s": what a user reads, compared
+    across the modes without the timing of their loops (run's events, serve's passes)."""
+    return None if text is None else _SECONDS.sub("# s", text)
 
 
 def _read(store: Store, job_id: str, xid_device: str | None) -> Outcome:

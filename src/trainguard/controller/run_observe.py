@@ -34,7 +34,7 @@ from trainguard.model.records import (
     AuditKind,
 )
 from trainguard.policy.evidence import Route, idle_quarantine_reason, route_finding
-from trainguard.policy.verify import no_step_signal_warning
+from trainguard.policy.verify import first_progress_note, no_step_signal_warning
 from trainguard.signals.kernel_log import KernelLine
 from trainguard.signals.output import OutputClosed, OutputLine
 from trainguard.signals.process import AttemptProcessExit
@@ -205,7 +205,7 @@ class RunObservers(RunBase):
         self.db.update_incident(
             att.incident_id,
             at=at,
-            note=f"first progress after restart: step {step} (attempt {att.number})",
+            note=first_progress_note(step, att.number),
             resumed_step=step,
             actor=ACTOR,
         )
