@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -32,10 +33,12 @@ sys.path.insert(0, str(ROOT / "tests" / "integration"))
 
 from _fleet import Fleet, xid_line  # noqa: E402
 
+from trainguard.controller.reconcile import ControlConfig  # noqa: E402
 from trainguard.controller.run import RunOptions, run_job  # noqa: E402
 from trainguard.controller.service import ControlPlane  # noqa: E402
 from trainguard.model.health import HealthState  # noqa: E402
 from trainguard.model.plan import Mode  # noqa: E402
+from trainguard.policy.breaker import BreakerConfig  # noqa: E402
 from trainguard.schedulers.local import job_processes  # noqa: E402
 from trainguard.store import Store  # noqa: E402
 from trainguard.store.fleet import FleetStore  # noqa: E402
@@ -53,6 +56,13 @@ class Policy:
     hang_startup: float = 30.0
     verify_window: float = 0.5
     max_restarts: int = 3
+    # The quarantine breaker: run's --breaker-* (RunOptions.breaker), serve's
+    # ControlConfig.breaker; not part of the policy document.
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)
+
+    def control_config(self) -> ControlConfig:
+        """serve's controller configuration for the scenario."""
+        return ControlConfig(breaker=self.breaker)
 
     def document(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -90,6 +100,15 @@ class Outcome:
     resumed_steps: list[int | None] = field(default_factory=list)  # each attempt's first step
     nodes_out: list[str] = field(default_factory=list)  # hosts out of service
     attempt_hosts: list[list[str]] = field(default_factory=list)  # each attempt's hosts
+
+
+_SECONDS = re.compile(r"\b\d+(?:\.\d+)? s\b")
+
+
+def seconds_masked(text: str | None) -> str | None:
+    """``text`` with every "N s" (a duration) as "# s": what a user reads, compared
+    across the modes without the timing of their loops (run's events, serve's passes)."""
+    return None if text is None else _SECONDS.sub("# s", text)
 
 
 def _read(store: Store, job_id: str, xid_device: str | None) -> Outcome:
@@ -166,6 +185,7 @@ def run_options(
         grace=1.0,
         echo=False,
         mode=mode,
+        breaker=policy.breaker,
     )
 
 
@@ -226,7 +246,9 @@ def serve_mode(
     timeout: float = 60.0,
 ) -> Outcome:
     """The scenario under the cluster reconciler (``serve`` over procs)."""
-    fleet = Fleet(store_target, tmp, verify_window=policy.verify_window)
+    fleet = Fleet(
+        store_target, tmp, verify_window=policy.verify_window, config=policy.control_config()
+    )
     try:
         fleet.cp.put_policy(policy.document(), "operator:test")
         fj = fleet.submit(*job_args, devices_per_node=1, policy="scenario")

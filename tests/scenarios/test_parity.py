@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _modes import MODES, Policy, Xid, scenario
+from _modes import MODES, Policy, Xid, scenario, seconds_masked
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +30,17 @@ def test_a_hang_is_detected_by_the_adaptive_detector_by_default(
     assert (inc["failed_step"], inc["checkpoint_step"]) == (6, 5), out
     assert inc["actions"] == ["restart"], out
     assert out.attempts == ["failed", "completed"], out
-    assert "no progress" in (out.attempt0_reason or ""), out
+    # What a user reads is the same in both modes (one wording, decision 0376): the
+    # finding, the incident's diagnosis and the attempt's reason; only the seconds differ.
+    said = "no progress for # s (timeout # s); last step 6"
+    assert seconds_masked(out.attempt0_reason) == f"failed: {said}", out
+    detected = [seconds_masked(n) for n in inc["notes"] if n.startswith("detected")]
+    assert detected == [f"detected hang (unknown): {said}"], out
+    # The restart's first step is noted before it is verified, in the same words.
+    first = "first progress after restart: step 5 (attempt 1)"
+    assert inc["notes"].count(first) == 1, out
+    assert inc["notes"].index(first) < inc["notes"].index("verifying -> recovered"), out
+    assert out.resumed_steps == [1, 5], out
     assert out.quarantined == [] and out.repairs == [], out
 
 
@@ -54,6 +64,10 @@ def test_a_fatal_xid_on_the_running_attempts_gpu_recovers_now_and_opens_a_repair
     assert out.attempts == ["failed", "completed"], out
     assert out.quarantined == [out.xid_device], out
     assert out.repairs == [out.xid_device], out
+    # The restart's first step, noted once before it is verified, in both modes (0376).
+    first = f"first progress after restart: step {out.resumed_steps[1]} (attempt 1)"
+    assert inc["notes"].count(first) == 1, out
+    assert inc["notes"].index(first) < inc["notes"].index("verifying -> recovered"), out
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -25,6 +25,7 @@ from trainguard.controller.operations import LocalOperations
 from trainguard.controller.run import run_job
 from trainguard.controller.service import ControlPlane
 from trainguard.model.plan import Mode
+from trainguard.policy.breaker import BreakerConfig
 from trainguard.policy.step import RESTART_DENIED
 from trainguard.store import Store
 from trainguard.store.fleet import FleetStore
@@ -160,7 +161,12 @@ def serve_gate(
     set on the cluster through the operations interface, passes driven here, the
     operator looking between them."""
     per_node = devices // 2
-    fleet = Fleet(store_target, tmp, nodes={"n1": per_node, "n2": devices - per_node})
+    fleet = Fleet(
+        store_target,
+        tmp,
+        nodes={"n1": per_node, "n2": devices - per_node},
+        config=policy.control_config(),
+    )
     try:
         ops = _operations(fleet.store)
         ops.set_mode("cluster", job_mode.value, "the scenario's mode")
@@ -345,18 +351,22 @@ def test_a_denied_restart_is_skipped_and_the_job_stops(
 # --- the quarantine breaker ----------------------------------------------------------------
 
 
+# Four cards, two XIDs: the first on attempt 0's card, the second on the card the
+# restart runs on before it verified. Checkpoints every 10 steps: attempt 0 cannot write
+# step 20 before it is killed.
+TWO_XIDS = ["--steps", "30", "--every", "10", "--interval", "0.08"]
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_the_breaker_holds_back_a_quarantine_beyond_the_share_and_the_job_avoids_the_card(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
-    # Four cards, the default breaker (at most 25% quarantined within an hour, from 4
-    # cards on): the first XID quarantines its card (1 of 4); the second, on the card
-    # the restart runs on before it verified, would make it 2 of 4: held back with its
-    # reason, the breaker trips. The job is still restarted, on neither card.
-    # Checkpoints every 10 steps: attempt 0 cannot write step 20 before it is killed.
+    # The default breaker (at most 25% quarantined within an hour, from 4 cards on): the
+    # first XID quarantines its card (1 of 4); the second would make it 2 of 4: held back
+    # with its reason, the breaker trips. The job is still restarted, on neither card.
     w = _scenario(
-        mode, tmp_path, sqlite_target, ["--steps", "30", "--every", "10", "--interval",
-        "0.08"], Policy(verify_window=5.0), devices=4, xids=[(0, 10), (1, 20)],
+        mode, tmp_path, sqlite_target, TWO_XIDS, Policy(verify_window=5.0), devices=4,
+        xids=[(0, 10), (1, 20)],
     )  # fmt: skip
     first, second = w.named
     assert first != second, w
@@ -375,6 +385,36 @@ def test_the_breaker_holds_back_a_quarantine_beyond_the_share_and_the_job_avoids
     assert w.health == {first: "quarantined", second: "healthy"}, w
     assert w.out.attempts == ["failed", "failed", "completed"] and w.job == "completed", w
     assert w.out.resumed_steps == [1, 10, 20], w
+    assert not {first, second} & set(w.attempt_devices[2]), w
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_breaker_set_to_a_larger_share_lets_the_second_quarantine_through(
+    mode: str, tmp_path: Path, sqlite_target: str
+) -> None:
+    # The scenario above with --breaker-max-share 0.5 (run's option, serve's
+    # ControlConfig.breaker, decision 0375): 2 of 4 is not more than half, so the
+    # quarantine the default breaker suppresses is made, and the breaker stays closed.
+    policy = Policy(verify_window=5.0, breaker=BreakerConfig(max_share=0.5))
+    w = _scenario(
+        mode, tmp_path, sqlite_target, TWO_XIDS, policy, devices=4, xids=[(0, 10), (1, 20)]
+    )
+    first, second = w.named
+    assert first != second, w
+    [inc] = w.out.incidents
+    assert (inc["kind"], inc["state"]) == ("xid", "recovered"), w
+    assert w.ledger == [
+        ("quarantine", "quarantined"),
+        ("restart", ""),
+        ("quarantine", "quarantined"),
+        ("restart", ""),
+    ], w
+    assert not any("not quarantined" in n for n in inc["notes"]), w
+    assert w.out.quarantined == sorted([first, second]), w
+    assert w.out.repairs == sorted([first, second]), w
+    assert w.suppressed == [] and w.breaker == "closed", w
+    assert w.health == {first: "quarantined", second: "quarantined"}, w
+    assert w.out.attempts == ["failed", "failed", "completed"] and w.job == "completed", w
     assert not {first, second} & set(w.attempt_devices[2]), w
 
 

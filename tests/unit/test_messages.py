@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from trainguard.controller.run import no_progress_hint
-from trainguard.diagnose.attribution import attribute
-from trainguard.diagnose.detectors import HangConfig, HangDetector
+from trainguard.diagnose.attribution import attempt_failure_reason, attribute
+from trainguard.diagnose.detectors import HangConfig, HangDetector, hang_message
 from trainguard.model import Culprit, Domain, Finding, Severity
+from trainguard.policy.verify import first_progress_note
 
 T0 = 1_700_000_000.0
 
@@ -63,3 +64,45 @@ def test_a_job_that_made_progress_and_stopped_gets_no_hint() -> None:
     hang.observe(2, T0 + 1.5)
     finding = hang.check(T0 + 10)
     assert finding is not None and "X" not in finding.message
+
+
+# --- one wording for a hang and a restart's first step, in every mode (decision 0376) ---
+
+
+def test_hang_message_says_how_long_against_what_and_the_last_step() -> None:
+    assert (
+        hang_message(stalled_for=12.34, timeout=10.0, last_step=7)
+        == "no progress for 12.3 s (timeout 10 s); last step 7"
+    )
+    assert (
+        hang_message(stalled_for=700.0, timeout=600.0, last_step=None, hint="say step=N")
+        == "no progress within 600 s of the start: say step=N"
+    )
+    assert (
+        hang_message(stalled_for=61.0, timeout=60.0, last_step=None, alive=True)
+        == "no progress and no sign of life for 61.0 s (timeout 60 s)"
+    )
+
+
+def test_the_hang_detectors_finding_is_worded_by_hang_message() -> None:
+    hang = HangDetector(HangConfig(timeout=2.0, startup=2.0), started_at=T0)
+    hang.observe(4, T0 + 1)
+    hang.observe(5, T0 + 2)
+    finding = hang.check(T0 + 5)
+    assert finding is not None
+    assert finding.message == hang_message(stalled_for=3.0, timeout=2.0, last_step=5)
+    assert finding.details["since"] == T0 + 2
+
+
+def test_a_failed_attempts_reason_is_the_diagnosis_or_the_detectors_words() -> None:
+    hang = HangDetector(HangConfig(timeout=1.0, startup=1.0), started_at=T0).check(T0 + 2)
+    assert hang is not None
+    crash = _app_error(0)
+    a = attribute([crash], (), failed_at=T0 + 1)
+    assert attempt_failure_reason(a) == f"failed: {a.summary}"
+    assert attempt_failure_reason(a, crash) == f"failed: {a.summary}"
+    assert attempt_failure_reason(a, hang) == f"failed: {hang.message}"
+
+
+def test_a_restarts_first_step_is_noted_in_one_wording() -> None:
+    assert first_progress_note(120, 2) == "first progress after restart: step 120 (attempt 2)"

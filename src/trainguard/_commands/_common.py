@@ -16,10 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from trainguard.model.text import visible
+from trainguard.policy.breaker import BreakerConfig
 
 DEFAULT_STATE = ".trainguard/state.db"
 
@@ -34,8 +35,10 @@ __all__ = [
     "EXIT_USAGE",
     "ArgumentParser",
     "UsageError",
+    "add_breaker_options",
     "add_log_level_option",
     "add_state_option",
+    "breaker_config",
     "error",
     "print_json",
     "print_table",
@@ -72,6 +75,62 @@ def add_log_level_option(parser: argparse.ArgumentParser, default: str) -> None:
         choices=("debug", "info", "warning", "error"),
         help=f"least severe log messages shown on stderr (default: {default})",
     )
+
+
+def _breaker_field(name: str, convert: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse ``type`` for one :class:`BreakerConfig` field, checked by building a
+    config with it: the rule lives in ``BreakerConfig.__post_init__`` only, and each
+    field's check is independent of the others, so a bad value is refused with its
+    flag named (exit 2)."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = convert(text)
+            BreakerConfig(**{name: value})
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return value
+
+    parse.__name__ = name  # argparse names the type in "invalid <name> value"
+    return parse
+
+
+def add_breaker_options(parser: argparse.ArgumentParser) -> None:
+    """``--breaker-max-share``, ``--breaker-window``, ``--breaker-min-population``: the
+    quarantine breaker (decision 0375), the same options for ``run`` and ``serve``."""
+    d = BreakerConfig()
+    parser.add_argument(
+        "--breaker-max-share",
+        type=_breaker_field("max_share", float),
+        metavar="F",
+        help="the quarantine breaker trips when quarantining one more device (or node) "
+        f"would put more than this share of them out within --breaker-window, in (0, 1] "
+        f"(default {d.max_share:g}; 1: never trips on the share)",
+    )
+    parser.add_argument(
+        "--breaker-window",
+        type=_breaker_field("window_seconds", float),
+        metavar="S",
+        help=f"the quarantine breaker's window in seconds, > 0 (default {d.window_seconds:g})",
+    )
+    parser.add_argument(
+        "--breaker-min-population",
+        type=_breaker_field("min_population", int),
+        metavar="N",
+        help="below this many devices (or nodes) the share rule is off, >= 0 "
+        f"(default {d.min_population})",
+    )
+
+
+def breaker_config(args: argparse.Namespace) -> BreakerConfig:
+    """The quarantine breaker that :func:`add_breaker_options` asked for; an option not
+    given keeps :class:`BreakerConfig`'s default."""
+    given = {
+        "max_share": args.breaker_max_share,
+        "window_seconds": args.breaker_window,
+        "min_population": args.breaker_min_population,
+    }
+    return BreakerConfig(**{k: v for k, v in given.items() if v is not None})
 
 
 def print_json(data: Any) -> None:

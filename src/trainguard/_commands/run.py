@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from trainguard._commands._common import add_state_option, error
+from trainguard._commands._common import (
+    add_breaker_options,
+    add_state_option,
+    breaker_config,
+    error,
+)
 
 DESCRIPTION = """\
 Run COMMAND (typically `torchrun ... train.py`) under supervision. On a crash, a
@@ -213,6 +218,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="one trainguard at a time acts on a state database: a run that cannot renew "
         "its lease for S seconds (paused, stuck disk) loses it to the next (default 15)",
     )
+    add_breaker_options(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     p.set_defaults(func=handle)
 
@@ -258,6 +264,7 @@ def handle(args: argparse.Namespace) -> int:
             resume_arg=args.resume_arg,
             keep_rejected_in_place=args.keep_rejected_in_place,
             lease_ttl=args.lease_ttl,
+            breaker=breaker_config(args),
         )
         controller = RunController(options)
     except ValueError as exc:

@@ -6,7 +6,14 @@ import argparse
 import logging
 from typing import Any
 
-from trainguard._commands._common import DEFAULT_STATE, add_log_level_option, error, usage_error
+from trainguard._commands._common import (
+    DEFAULT_STATE,
+    add_breaker_options,
+    add_log_level_option,
+    breaker_config,
+    error,
+    usage_error,
+)
 
 
 def register(subparsers: Any) -> None:
@@ -98,6 +105,7 @@ def register(subparsers: Any) -> None:
         "act mode a node that stops answering is looked at out of band, isolated, "
         "power-cycled after an approval and returned after it answers again (0242)",
     )
+    add_breaker_options(parser)
     add_log_level_option(parser, "warning")
     parser.set_defaults(func=run)
 
@@ -134,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
         default_database=args.database == DEFAULT_STATE,
         keep_rejected_in_place=args.keep_rejected_in_place,
         bmc_config=args.bmc_config,
+        breaker=breaker_config(args),
     )
     try:
         return serve(options, say=lambda m: print(m, flush=True))

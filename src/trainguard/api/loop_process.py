@@ -59,7 +59,7 @@ def child_main(config: dict[str, Any]) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    options = ServeOptions(**config)
+    options = ServeOptions.from_json(config)
     clock = time.time
     store = open_store(options.database, at=clock())
     control = build_control(store, options, clock, load_scheduler(options.scheduler, options))

@@ -205,7 +205,7 @@ def serve(options: ServeOptions, say: Callable[[str], None] = print) -> int:
     elif control is not None:
         from trainguard.api.loop_process import ControllerProcess
 
-        child = ControllerProcess(dataclasses.asdict(options), _loop_reporter(ctx)).start()
+        child = ControllerProcess(options.to_json(), _loop_reporter(ctx)).start()
     config = uvicorn.Config(
         app,
         log_level=options.log_level,

@@ -9,13 +9,15 @@ the other (no server <-> loop_process cycle).
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trainguard.api.middleware import DEFAULT_MAX_BODY
+from trainguard.policy.breaker import BreakerConfig
 
 
 @dataclass
@@ -43,6 +45,19 @@ class ServeOptions:
     default_database: bool = False  # the database is the default path (its dir may be made)
     keep_rejected_in_place: bool = False  # do not move damaged checkpoints aside (0146)
     bmc_config: str | None = None  # nodes' BMCs (TOML): the lost-node step runs (0242)
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)  # --breaker-* (0375)
+
+    def to_json(self) -> dict[str, Any]:
+        """The options as plain JSON values: how they travel to the reconcile child."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ServeOptions:
+        """:meth:`to_json` back: the nested configs become dataclasses again."""
+        data = dict(data)
+        if isinstance(data.get("breaker"), dict):
+            data["breaker"] = BreakerConfig(**data["breaker"])
+        return cls(**data)
 
 
 def parse_nodes(text: str) -> dict[str, int]:
@@ -111,6 +126,7 @@ def build_control(
         repair_webhook=options.repair_webhook,
         page_webhook=options.page_webhook,
         keep_rejected_in_place=options.keep_rejected_in_place,
+        breaker=options.breaker,
     )
     control = ControlPlane(store, scheduler, clock, config=config, identity=options.holder)
     if options.bmc_config:

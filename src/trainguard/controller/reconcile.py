@@ -198,6 +198,7 @@ class Reconciler(Executor):
         """Reconcile one live incident: snapshot -> ``step()`` -> the one executor, again
         while the step says "go on now" (the next action of the same plan)."""
         for _ in range(_MAX_STEPS):
+            inc = self._note_first_progress(inc)
             snap = self._incident_snapshot(inc, fj, modes)
             st = step(snap)
             generation = inc.plan_generation

@@ -27,7 +27,11 @@ from trainguard.controller.run_base import (
     _step_of,
 )
 from trainguard.controller.run_quarantine import RunQuarantine
-from trainguard.diagnose.attribution import attribute, with_link_evidence
+from trainguard.diagnose.attribution import (
+    attempt_failure_reason,
+    attribute,
+    with_link_evidence,
+)
 from trainguard.model.findings import Attribution
 from trainguard.model.plan import (
     ActionKind,
@@ -471,12 +475,5 @@ class RunActions(RunQuarantine):
 
 
 def _failed(att: _Attempt, attribution: Attribution) -> str:
-    """The failed attempt's reason: the diagnosis (the attribution's summary), as serve
-    records it, not the symptom (the exit code has its own column; 0342). A hang and a
-    failed verification keep the detector's words, which say what was measured."""
-    trigger = att.trigger
-    if trigger is None:
-        return f"failed: {attribution.summary}"
-    if trigger.kind in ("hang", "verify_failed"):
-        return f"failed: {trigger.message}"
-    return f"failed: {attribution.summary}"
+    """The failed attempt's reason, worded as serve words it (0342, 0376)."""
+    return attempt_failure_reason(attribution, att.trigger)

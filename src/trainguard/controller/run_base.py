@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainguard.controller.breaker import BreakerConfig
 from trainguard.controller.crash import CrashPoints
 from trainguard.controller.lease import (
     DEFAULT_TTL_SECONDS,
@@ -143,6 +144,8 @@ class RunOptions:
     keep_rejected_in_place: bool = False
     # --lease-ttl: how long the state database's lease outlives a silent holder (0220).
     lease_ttl: float = DEFAULT_TTL_SECONDS
+    # --breaker-*: the quarantine breaker, as serve's ControlConfig.breaker (0375).
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)
 
     def __post_init__(self) -> None:
         if self.resume_arg is not None:

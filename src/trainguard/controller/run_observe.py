@@ -9,7 +9,7 @@ import contextlib
 import dataclasses
 from typing import Any
 
-from trainguard.controller.breaker import BreakerConfig, check_quarantine, hold_back
+from trainguard.controller.breaker import check_quarantine, hold_back
 from trainguard.controller.repair import idle_card_repair
 from trainguard.controller.run_base import (
     ACTOR,
@@ -34,7 +34,7 @@ from trainguard.model.records import (
     AuditKind,
 )
 from trainguard.policy.evidence import Route, idle_quarantine_reason, route_finding
-from trainguard.policy.verify import no_step_signal_warning
+from trainguard.policy.verify import first_progress_note, no_step_signal_warning
 from trainguard.signals.kernel_log import KernelLine
 from trainguard.signals.output import OutputClosed, OutputLine
 from trainguard.signals.process import AttemptProcessExit
@@ -205,7 +205,7 @@ class RunObservers(RunBase):
         self.db.update_incident(
             att.incident_id,
             at=at,
-            note=f"first progress after restart: step {step} (attempt {att.number})",
+            note=first_progress_note(step, att.number),
             resumed_step=step,
             actor=ACTOR,
         )
@@ -305,7 +305,7 @@ class RunObservers(RunBase):
             # The fleet-share breaker refuses it as serve's idle-card quarantine does (0347).
             verdict = check_quarantine(
                 fleet,
-                BreakerConfig(),
+                self.opt.breaker,
                 resource_kind="device",
                 population=len(self.inventory),
                 now=now,

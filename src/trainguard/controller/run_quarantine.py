@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-from trainguard.controller.breaker import BreakerConfig, check_quarantine, hold_back
+from trainguard.controller.breaker import check_quarantine, hold_back
 from trainguard.controller.repair import open_quarantine_repair
 from trainguard.controller.run_base import ACTOR
 from trainguard.controller.run_gate import RunApprovalGate
@@ -158,7 +158,11 @@ class RunQuarantine(RunApprovalGate):
         else:
             population = len(self.inventory)
         verdict = check_quarantine(
-            fleet, BreakerConfig(), resource_kind=resource_kind, population=population, now=now
+            fleet,
+            self.opt.breaker,
+            resource_kind=resource_kind,
+            population=population,
+            now=now,
         )
         if verdict.allow:
             return None

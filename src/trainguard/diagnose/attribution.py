@@ -415,4 +415,19 @@ def with_link_evidence(
     )
 
 
-__all__ = ["DEFAULT_CORRELATION_WINDOW", "attribute", "with_link_evidence"]
+def attempt_failure_reason(attribution: Attribution, trigger: Finding | None = None) -> str:
+    """A failed attempt's recorded reason, in every mode (decisions 0342, 0376): the
+    diagnosis (the attribution's summary), not the symptom (the exit code has its own
+    column). When what ended the attempt was a hang or a failed verification
+    (``trigger``), its detector's words, which say what was measured."""
+    if trigger is not None and trigger.kind in ("hang", "verify_failed"):
+        return f"failed: {trigger.message}"
+    return f"failed: {attribution.summary}"
+
+
+__all__ = [
+    "DEFAULT_CORRELATION_WINDOW",
+    "attempt_failure_reason",
+    "attribute",
+    "with_link_evidence",
+]

@@ -206,6 +206,27 @@ class HangConfig:
     window: int = 20
 
 
+def hang_message(
+    *,
+    stalled_for: float,
+    timeout: float,
+    last_step: int | None,
+    alive: bool = False,
+    hint: str = "",
+) -> str:
+    """What a hang says, in every mode (decision 0376): nothing moved for ``stalled_for``
+    seconds against the allowance ``timeout``, and the last step seen; when no step was
+    ever seen, whether there was a sign of life, and ``hint`` (how to make progress
+    visible). The times are the caller's: nothing here reads a clock."""
+    if last_step is not None:
+        return f"no progress for {stalled_for:.1f} s (timeout {timeout:g} s); last step {last_step}"
+    if alive:
+        message = f"no progress and no sign of life for {stalled_for:.1f} s (timeout {timeout:g} s)"
+    else:
+        message = f"no progress within {timeout:g} s of the start"
+    return f"{message}: {hint}" if hint else message
+
+
 class HangDetector:
     """No progress for the hang timeout -> one ``hang`` finding (then quiet until progress)."""
 
@@ -286,21 +307,13 @@ class HangDetector:
             slowest_rank = min(self.rank_last, key=lambda r: self.rank_last[r])
             if self.rank_last[slowest_rank] < max(self.rank_last.values()):
                 culprit = Culprit(rank=slowest_rank)
-        if self.last_step is None and self.last_alive_at is not None:
-            message = (
-                f"no progress and no sign of life for {now - since:.1f} s (timeout {timeout:g} s)"
-            )
-            if self.no_progress_hint:
-                message += f": {self.no_progress_hint}"
-        elif self.last_step is None:
-            message = f"no progress within {timeout:g} s of the start"
-            if self.no_progress_hint:
-                message += f": {self.no_progress_hint}"
-        else:
-            message = (
-                f"no progress for {now - since:.1f} s (timeout {timeout:g} s); "
-                f"last step {self.last_step}"
-            )
+        message = hang_message(
+            stalled_for=now - since,
+            timeout=timeout,
+            last_step=self.last_step,
+            alive=self.last_alive_at is not None,
+            hint=self.no_progress_hint,
+        )
         return Finding(
             kind="hang",
             domain=Domain.UNKNOWN,
@@ -538,6 +551,7 @@ __all__ = [
     "TorchrunSummaryParser",
     "crash_finding",
     "device_for_rank",
+    "hang_message",
     "line_finding",
     "rank_for_device",
     "rank_prefix",

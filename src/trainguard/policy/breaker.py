@@ -20,10 +20,13 @@ class BreakerConfig:
     min_population: int = 4  # below this many resources of a kind the share rule is off
 
     def __post_init__(self) -> None:
+        # Written so that NaN fails each check too (every comparison with NaN is false).
         if not 0.0 < self.max_share <= 1.0:
-            raise ValueError("breaker max_share must be in (0, 1]")
-        if self.window_seconds <= 0:
-            raise ValueError("breaker window_seconds must be > 0")
+            raise ValueError(f"breaker max_share must be in (0, 1], got {self.max_share:g}")
+        if not self.window_seconds > 0:
+            raise ValueError(f"breaker window_seconds must be > 0, got {self.window_seconds:g}")
+        if not self.min_population >= 0:
+            raise ValueError(f"breaker min_population must be >= 0, got {self.min_population}")
 
 
 @dataclass(frozen=True)

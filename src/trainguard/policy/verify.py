@@ -86,6 +86,12 @@ def no_step_signal_warning(
     return NO_STEP_SIGNAL_WARNING
 
 
+def first_progress_note(step: int, attempt: int) -> str:
+    """The incident's timeline note when a restart shows its first step, in every mode
+    (decision 0376): where the job really resumed, before it is verified."""
+    return f"first progress after restart: step {step} (attempt {attempt})"
+
+
 class StepClock(StrEnum):
     """What a step's time says: when the step happened, or when trainguard looked.
 
@@ -515,6 +521,7 @@ __all__ = [
     "account",
     "expected_ranks",
     "failed_finding",
+    "first_progress_note",
     "no_step_signal_warning",
     "rate_unchecked",
     "step_window",

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from trainguard.controller.engine.config import _LIVE, PassReport
 from trainguard.controller.engine.health import HealthEnforcer
-from trainguard.diagnose.attribution import attribute
-from trainguard.model.findings import Attribution
+from trainguard.diagnose.attribution import attempt_failure_reason, attribute
+from trainguard.model.findings import Attribution, Finding
 from trainguard.model.fleet import ActionState, FleetJob
 from trainguard.model.plan import ActionKind, Mode
 from trainguard.model.records import (
@@ -107,7 +107,7 @@ class AttemptSync(HealthEnforcer):
                     )
             return
         if oj.phase is JobPhase.FAILED:
-            self._attempt_failed(fj, job, att, oj, fence, report, hang_since=None)
+            self._attempt_failed(fj, job, att, oj, fence, report, hang=None)
             return
         # Running: fatal hardware evidence on its GPUs (a kernel-log XID an agent sent), or
         # a fatal node finding on its hosts, fails it now instead of waiting for the job
@@ -120,14 +120,14 @@ class AttemptSync(HealthEnforcer):
                 job = self.store.get_job(job.id)
                 failed = self._failed_view(oj, att, job.id, evidence)
                 self._attempt_failed(
-                    fj, job, att, failed, fence, report, hang_since=None, keep_running=True
+                    fj, job, att, failed, fence, report, hang=None, keep_running=True
                 )
             return
         if evidence:
             self._hangs.pop((job.id, att.number), None)
             job = self.store.get_job(job.id)  # _start_attempt may have just made it running
             failed = self._failed_view(oj, att, job.id, evidence)
-            self._attempt_failed(fj, job, att, failed, fence, report, hang_since=None)
+            self._attempt_failed(fj, job, att, failed, fence, report, hang=None)
             return
         # Running: a hang is no progress for the policy's hang allowance, adaptive unless
         # a fixed timeout is configured; the same detector as `trainguard run` (0130).
@@ -141,14 +141,14 @@ class AttemptSync(HealthEnforcer):
             hang.observe(att.first_step, att.first_step_at)
         if att.last_step is not None and att.last_step_at is not None:
             hang.observe(att.last_step, att.last_step_at)
-        if hang.check(now) is not None:
+        finding = hang.check(now)
+        if finding is not None:
             del self._hangs[key]
-            since = hang.last_progress_at if hang.last_progress_at is not None else att.started_at
             # Observe mode: a hung attempt is still running; its record says so and only
             # the incident is opened, as run leaves it (0365). It may yet step on.
             observe = self.effective_mode(fj).mode is Mode.OBSERVE
             self._attempt_failed(
-                fj, job, att, oj, fence, report, hang_since=since, keep_running=observe
+                fj, job, att, oj, fence, report, hang=finding, keep_running=observe
             )
 
     def _requeued_by_the_scheduler(
@@ -173,9 +173,7 @@ class AttemptSync(HealthEnforcer):
             evidence = self.fatal_evidence(job.id, att, now)
             if evidence:
                 failed = self._failed_view(oj, att, job.id, evidence)
-                self._attempt_failed(
-                    fj, job, att, failed, fence, report, hang_since=None, observed=oj
-                )
+                self._attempt_failed(fj, job, att, failed, fence, report, hang=None, observed=oj)
                 job = self.store.get_job(job.id)
         return job
 
@@ -291,7 +289,7 @@ class AttemptSync(HealthEnforcer):
         fence: Fence,
         report: PassReport,
         *,
-        hang_since: float | None,
+        hang: Finding | None,
         observed: ObservedJob | None = None,
         keep_running: bool = False,
         attribution: Attribution | None = None,
@@ -303,21 +301,19 @@ class AttemptSync(HealthEnforcer):
         An attempt whose failure observe mode already recorded ends without a second
         incident, and the job stops (run's _observed_end). ``attribution``: the cause
         when the caller knows it (a failed verification), else attributed from the
-        evidence."""
+        evidence. ``hang``: the hang detector's finding, when a hang ended it."""
         # Read progress, then decide: the failed step is the last one printed before the
         # fault, not what an earlier pass had read (issue 13).
         seen = self._progress_up_to_now(job.id, att, observed or oj)
-        if hang_since is not None and seen.last_step != att.last_step:
+        if hang is not None and seen.last_step != att.last_step:
             return  # it moved after all: not a hang (the next pass times it again)
         att = seen
+        # The job stopped moving then (the detector's "since"), as run dates a hang.
+        hang_since = None if hang is None else float(hang.details.get("since", att.started_at))
         if attribution is None:
-            attribution = self.failure_attribution(job, att, oj, hang_since=hang_since)
+            attribution = self.failure_attribution(job, att, oj, hang=hang)
         now = self.clock()
-        reason = (
-            f"hang: no progress since {hang_since:.0f}"
-            if hang_since is not None
-            else f"failed: {attribution.summary}"
-        )
+        reason = attempt_failure_reason(attribution, hang)
         recovering = next(
             (
                 i
@@ -336,6 +332,12 @@ class AttemptSync(HealthEnforcer):
                 self._end_observed(job, att, oj, fence, reason)
             # A hang of it: still running, and its failure is already recorded (0345).
             return
+        if hang is not None:
+            # Kept as the attempt's evidence (after it was attributed, so not twice): a
+            # re-plan of this attempt re-attributes its failure from it (snapshot._plan).
+            self.fleet.add_finding(
+                hang.to_dict(), received_at=now, host=None, job_id=job.id, attempt=att.number
+            )
         with self.fleet.fenced(fence, now):
             current = self.store.get_attempt(job.id, att.number)
             if current.state.terminal:
@@ -428,5 +430,5 @@ class AttemptSync(HealthEnforcer):
         attribution = attribute([f], att.devices, f.at, self.config.correlation_window)
         failed = self._failed_view(oj, att, job.id, [f])
         self._attempt_failed(
-            fj, job, att, failed, fence, report, hang_since=None, attribution=attribution
+            fj, job, att, failed, fence, report, hang=None, attribution=attribution
         )

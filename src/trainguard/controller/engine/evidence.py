@@ -369,33 +369,33 @@ class EvidenceFollower(EngineCore):
             output_path=att.log_path or oj.output_path,
         )
 
+    def stored_hang(self, job_id: str, att: AttemptRecord) -> Finding | None:
+        """The hang that ended ``att``, as its detector worded it (kept by
+        ``_attempt_failed``); ``None`` when it did not hang."""
+        until = (att.ended_at if att.ended_at is not None else self.clock()) + 1.0
+        for row in self.fleet.findings_between(att.started_at, until, job_id=job_id):
+            if row.get("attempt") == att.number and row.get("kind") == "hang":
+                return Finding.from_dict(row["finding"])
+        return None
+
     def failure_attribution(
         self,
         job: JobRecord,
         att: AttemptRecord,
         oj: ObservedJob | None,
         *,
-        hang_since: float | None,
+        hang: Finding | None = None,
     ) -> Attribution:
-        """Everything known about why one attempt failed, attributed (diagnose.attribution)."""
+        """Everything known about why one attempt failed, attributed (diagnose.attribution).
+        ``hang``: the hang detector's finding (the same words as run's, 0376), when a
+        hang ended it; then the job's exit status is not asked for."""
         now = self.clock()
         devices = att.devices
         findings: list[Finding] = []
         failed_at = now
         tail = self._tail(att.log_path or (oj.output_path if oj else None))
-        if hang_since is not None:
-            findings.append(
-                Finding(
-                    kind="hang",
-                    domain=Domain.UNKNOWN,
-                    at=now,
-                    source="controller",
-                    message=f"no progress for {now - hang_since:.0f} s",
-                    severity=Severity.FATAL,
-                    signature="hang",
-                    details={"since": hang_since},
-                )
-            )
+        if hang is not None:
+            findings.append(hang)
         elif oj is not None:
             failed_at = oj.ended_at or now
             exit_finding = crash_finding(

@@ -15,6 +15,7 @@ from trainguard.model.fleet import ActionRecord, ActionState, ApprovalState, Fle
 from trainguard.model.plan import ActionKind, Mode
 from trainguard.model.records import AttemptState, IncidentRecord, IncidentState, JobState
 from trainguard.policy.step import Step, StepKind
+from trainguard.policy.verify import first_progress_note
 from trainguard.schedulers.base import Observation
 from trainguard.store.fleet import Fence
 
@@ -202,6 +203,25 @@ class Executor(ActionRunner):
                 self.store.update_job_state(
                     inc.job_id, JobState.STOPPED, at=now, reason=reason, actor=self.identity
                 )
+
+    def _note_first_progress(self, inc: IncidentRecord) -> IncidentRecord:
+        """The restart being verified showed its first step: noted once on the incident,
+        with the step it resumed at, before any verdict on it, as run notes it (0376)."""
+        if inc.state is not IncidentState.VERIFYING or inc.recovery_attempt is None:
+            return inc
+        att = self._attempt_or_none(inc.job_id, inc.recovery_attempt)
+        if att is None or att.first_step is None:
+            return inc
+        note = first_progress_note(att.first_step, att.number)
+        if any(t.what == note for t in inc.timeline):
+            return inc  # the timeline is the record of it: once, across passes and leaders
+        return self.store.update_incident(
+            inc.id,
+            at=self.clock(),
+            note=note,
+            resumed_step=att.first_step,
+            actor=self.identity,
+        )
 
     def _mark_recovered(
         self, st: Step, inc: IncidentRecord, fence: Fence, report: PassReport

@@ -79,13 +79,11 @@ class SnapshotBuilder(AttemptSync):
         else:
             att = self.store.get_attempt(inc.job_id, failed_attempt)
             oj = obs.jobs.get(fj.scheduler_ref)
-            # A recovery attempt that hung is attributed as a hang, as when it was detected.
-            hung = (att.reason or "").startswith("hang:")
+            # A recovery attempt that hung is attributed as a hang, as when it was detected:
+            # from the detector's finding, kept with the attempt's evidence (read there).
+            hung = self.stored_hang(inc.job_id, att) is not None
             attribution = self.failure_attribution(
-                job,
-                att,
-                oj if oj and oj.attempt == failed_attempt and not hung else None,
-                hang_since=(att.last_step_at or att.started_at) if hung else None,
+                job, att, oj if oj and oj.attempt == failed_attempt and not hung else None
             )
         # One entry per failure, as trainguard run records it too (0360).
         failures = with_failure(failures, failed_attempt, attribution)
