@@ -91,7 +91,7 @@ class Xid:
 
 @dataclass
 class Outcome:
-    incidents: list[dict[str, Any]]  # kind, domain, state, failed/checkpoint step, culprit
+    incidents: list[dict[str, Any]]  # kind, domain, state, failed/checkpoint/lost steps, culprit
     attempts: list[str]  # attempt states, in order
     attempt0_reason: str | None
     quarantined: list[str]  # device uuids out of service
@@ -119,6 +119,7 @@ def _read(store: Store, job_id: str, xid_device: str | None) -> Outcome:
             "state": i.state.value,
             "failed_step": i.failed_step,
             "checkpoint_step": i.checkpoint_step,
+            "lost_steps": i.lost_steps,
             "culprit": i.culprit.device_uuid,
             "actions": [a["type"] for a in i.actions],
             "notes": [t.what for t in i.timeline],

@@ -277,7 +277,7 @@ class _Operator:
 def test_a_failure_without_a_diagnosis_on_every_attempt_stops_when_the_budget_is_spent(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
-    # Every attempt exits 1 at step 3 without printing why: no signature of the job's
+    # Every attempt exits 1 at step 7 without printing why: no signature of the job's
     # own doing, so the futile rule does not apply. The second restart of a failure
     # nobody understands waits for a person (0084; run used not to ask, 0341), who
     # approves it; the restart budget (2) then ends the job.
@@ -287,12 +287,15 @@ def test_a_failure_without_a_diagnosis_on_every_attempt_stops_when_the_budget_is
             mode,
             tmp_path,
             sqlite_target,
-            ["--fail-attempts", "0,1,2,3", "--fail-at", "3", "--steps", "12"],
+            ["--fail-attempts", "0,1,2,3", "--fail-at", "7", "--steps", "12"],
             Policy(max_restarts=2),
         )
     out = w.out
     [inc] = out.incidents
     assert (inc["kind"], inc["state"]) == ("crash", "stopped"), w
+    # Both restarts restored step 5 and got to 7 again: each failed attempt lost its
+    # own 2 steps (0370); the incident began at the first failure's step.
+    assert (inc["failed_step"], inc["checkpoint_step"], inc["lost_steps"]) == (7, 5, 4), w
     assert inc["actions"] == ["restart", "restart", "stop"], w
     assert (w.reasons[0] or "").startswith("restart budget exhausted: 2 of 2"), w
     assert out.attempts == ["failed", "failed", "failed"] and w.job_state == "stopped", w

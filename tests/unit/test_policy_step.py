@@ -26,6 +26,7 @@ from trainguard.model.plan import (
     WaitForCapacity,
 )
 from trainguard.model.records import AttemptState, IncidentState
+from trainguard.policy.lost import Segment
 from trainguard.policy.step import (
     RESTART_DENIED,
     IncidentSnapshot,
@@ -153,6 +154,24 @@ def test_a_restart_that_advances_over_the_window_is_recovered() -> None:
     s = step(verifying(o))
     assert s.kind is StepKind.MARK_RECOVERED and s.outcome.kind is OutcomeKind.TERMINAL
     assert s.accounting is not None and s.accounting.restored_step == 250
+
+
+def test_a_recovered_restart_counts_the_loss_of_every_failed_attempt_of_the_incident() -> None:
+    # Failed at 300, restart 1 restored 250 and failed at 280, restart 2 (this one)
+    # was offered 270 and resumed there: 50 + 10 lost (0370), not 300 - 270.
+    o = RestartObservation(
+        now=100.0, started_at=0.0, restored_step=270, first_step=271, first_at=5.0,
+        last_step=320, last_at=30.0, rate=1.6,
+    )  # fmt: skip
+    incident = (Segment(None, 300), Segment(250, 280), Segment(270, None))
+    s = step(verifying(o, segments=incident))
+    assert s.kind is StepKind.MARK_RECOVERED and s.accounting is not None
+    assert (s.accounting.restored_step, s.accounting.lost_steps) == (270, 60)
+    # It resumed below the offer, at 260 (its first step): counted from there.
+    below = dataclasses.replace(o, first_step=260)
+    s = step(verifying(below, segments=incident))
+    assert s.accounting is not None and s.accounting.resumed_on_its_own
+    assert (s.accounting.restored_step, s.accounting.lost_steps) == (260, 50 + 20)
 
 
 def test_a_failed_verdict_that_says_restart_again_fails_the_attempt() -> None:

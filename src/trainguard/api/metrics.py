@@ -144,7 +144,8 @@ class StoreCollector(Collector):
             )
         )
         lost_f = CounterMetricFamily(
-            "trainguard_lost_steps", "Training steps lost to incidents (failed - restored step)"
+            "trainguard_lost_steps",
+            "Training steps lost to incidents (reached - next restored step, per failed attempt)",
         )
         lost_f.add_metric([], lost)
         out.append(lost_f)

@@ -54,6 +54,7 @@ from trainguard.model.records import (
 from trainguard.policy import decide
 from trainguard.policy.budget import budget_refills
 from trainguard.policy.history import with_failure
+from trainguard.policy.lost import lost_steps
 from trainguard.policy.step import RESTART_DENIED
 
 
@@ -142,7 +143,7 @@ class RunActions(RunQuarantine):
         )
         if o.mode is Mode.OBSERVE:
             return self._observe(att, incident_id, plan)
-        return self._act(att, incident_id, plan, attribution, failed_step, user_env=env)
+        return self._act(att, incident_id, plan, attribution, user_env=env)
 
     def _decide(
         self,
@@ -204,7 +205,6 @@ class RunActions(RunQuarantine):
         incident_id: int,
         plan: Plan,
         attribution: Attribution,
-        failed_step: int | None,
         user_env: dict[str, str],
     ) -> _Attempt | RunResult:
         now = self.clock()
@@ -242,9 +242,7 @@ class RunActions(RunQuarantine):
                         repair=_repair_advice(attribution, quarantined),
                         actor=ACTOR,
                     )
-                return self._do_restart(
-                    att, incident_id, action, plan, failed_step, _failed(att, attribution)
-                )
+                return self._do_restart(att, incident_id, action, plan, _failed(att, attribution))
             elif isinstance(action, Stop | WaitForCapacity):
                 if quarantined:
                     self.db.update_incident(
@@ -309,7 +307,7 @@ class RunActions(RunQuarantine):
                         wait = WaitForCapacity("not enough healthy devices", self.need, available)
                         return self._finish_stop(incident_id, wait)
                     action = dataclasses.replace(action, devices=tuple(d.uuid for d in devices))
-                return self._restart(number, incident_id, action, plan, inc.failed_step)
+                return self._restart(number, incident_id, action, plan)
             elif isinstance(action, Stop | WaitForCapacity):
                 return self._finish_stop(incident_id, action)
         return self._plan_ran_out(incident_id, restart_denied)
@@ -320,7 +318,6 @@ class RunActions(RunQuarantine):
         incident_id: int,
         action: Restart,
         plan: Plan,
-        failed_step: int | None,
         failed: str,
     ) -> _Attempt | RunResult:
         self._end_attempt(att, failed, AttemptState.FAILED)
@@ -340,7 +337,7 @@ class RunActions(RunQuarantine):
                 held.append(ev)  # kernel lines etc. still matter to the next attempt
             for ev in held:
                 self.events.put(ev)
-        return self._restart(att.number + 1, incident_id, action, plan, failed_step)
+        return self._restart(att.number + 1, incident_id, action, plan)
 
     def _restart(
         self,
@@ -348,7 +345,6 @@ class RunActions(RunQuarantine):
         incident_id: int,
         action: Restart,
         plan: Plan,
-        failed_step: int | None,
     ) -> _Attempt | RunResult:
         """Launch attempt ``number`` as the plan's restart (the failed one has ended)."""
         self._move_rejected_aside(incident_id, plan)
@@ -359,17 +355,14 @@ class RunActions(RunQuarantine):
         self.restarts_total += 1
         # What is offered; verification corrects it to what the job really did (0145).
         ckpt_step = _step_of(ckpt)
-        # A recovery attempt that failed too: the furthest step reached is what is at risk.
-        recorded = self.db.get_incident(incident_id).failed_step
-        if recorded is not None and (failed_step is None or recorded > failed_step):
-            failed_step = recorded
-        lost = None if failed_step is None else max(0, failed_step - (ckpt_step or 0))
+        # Every failed attempt of the incident loses its own work, the first failure's
+        # step staying where the incident began (0370).
+        lost = lost_steps(self._segments(incident_id, number, ckpt_step))
         self.db.update_incident(
             incident_id,
             at=self.clock(),
             checkpoint_path=ckpt.path if ckpt else None,
             checkpoint_step=ckpt_step,
-            failed_step=failed_step,
             lost_steps=lost,
             recovery_attempt=number,
             clear=() if ckpt else ("checkpoint_path", "checkpoint_step"),
@@ -385,7 +378,8 @@ class RunActions(RunQuarantine):
                 "attempt": number,
                 "devices": list(action.devices),
                 "checkpoint": ckpt.path if ckpt else None,
-                "checkpoint_step": ckpt.step if ckpt else None,
+                # In steps, as serve records it: what policy.lost counts from (0370).
+                "checkpoint_step": ckpt_step,
                 "skipped_checkpoints": [
                     {"path": c.path, "reason": c.reason} for c in plan.skipped_checkpoints
                 ],

@@ -62,6 +62,7 @@ from trainguard.model.records import (
     JobState,
 )
 from trainguard.policy.hang import hang_detector
+from trainguard.policy.lost import Segment, incident_segments
 from trainguard.schedulers.local import (
     DEFAULT_KILL_GRACE_SECONDS,
     LaunchSpec,
@@ -550,6 +551,14 @@ class RunBase:
             + "; release one with `trainguard devices release ID --reason ...`"
         )
         return None
+
+    def _segments(self, incident_id: int, running: int, restored: int | None) -> list[Segment]:
+        """The incident's attempts as policy.lost counts them, attempt ``running``
+        having restored ``restored`` (0370): read as serve reads them, from the store."""
+        attempts = {a.number: a for a in self.db.list_attempts(self.job_id)}
+        return incident_segments(
+            self.db.get_incident(incident_id), attempts, running=running, restored=restored
+        )
 
     def _end_attempt(self, att: _Attempt, reason: str, state: AttemptState) -> None:
         """Stop the attempt's process tree (if still running) and record its end."""

@@ -4,6 +4,7 @@ policy/verify.py, and the incident closed as recovered (step 9)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from trainguard.checkpoints import scan
@@ -19,6 +20,7 @@ from trainguard.model.records import (
     AttemptState,
     IncidentState,
 )
+from trainguard.policy.lost import furthest_reached, lost_restored_at
 from trainguard.policy.verify import (
     DEFAULT_STEP_WINDOW,
     RestartObservation,
@@ -93,8 +95,9 @@ class RunVerification(RunObservers):
             saved_steps=tuple(saved),
             completed=completed,
             memory_step=att.memory_step,
+            # A restart that failed too may have got further: its snapshot is not a jump.
             failed_step=(
-                self.db.get_incident(att.incident_id).failed_step
+                furthest_reached(self._segments(att.incident_id, att.number, att.expected_step))
                 if att.memory_step is not None and att.incident_id is not None
                 else None
             ),
@@ -202,15 +205,18 @@ class RunVerification(RunObservers):
         inc = self.db.get_incident(att.incident_id)
         for w in self.warnings:
             self.db.update_incident(att.incident_id, at=now, warning=w, actor=ACTOR)
+        segments = self._segments(att.incident_id, att.number, att.expected_step)
         a = account(
             v,
             att.expected_step,
-            inc.failed_step,
+            segments[-2].reached,  # the note's loss: the last failed attempt's
             offered_path=inc.checkpoint_path,
             exact=att.steps.resumed_step is not None,
         )
         if not a.resumed_on_its_own:
             return
+        # The incident's loss over all its failed attempts, this restore the last (0370).
+        a = dataclasses.replace(a, lost_steps=lost_restored_at(segments, a.restored_step))
         if a.warning and not self.told_resume_fix:
             self.told_resume_fix = True
             self.say(f"warning: {a.warning}")

@@ -40,13 +40,14 @@ No I/O and no clock: the snapshot carries ``now`` (decision 0130's rule for
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from trainguard.model.fleet import ActionState, ApprovalState, action_key
 from trainguard.model.plan import Action, ActionKind, Mode, Quarantine, Restart
 from trainguard.model.records import AttemptState, IncidentState
 from trainguard.policy.approvals import approval_reason
+from trainguard.policy.lost import Segment, lost_restored_at
 from trainguard.policy.verify import (
     Accounting,
     RestartObservation,
@@ -128,6 +129,8 @@ class IncidentSnapshot:
     restart: RestartObservation | None = None
     verify_rules: VerifyRules = field(default_factory=VerifyRules)
     failed_step: int | None = None
+    # The incident's attempts, the recovery attempt last (policy.lost, 0370).
+    segments: tuple[Segment, ...] = ()
     offered_path: str | None = None
     # Notes already on the incident's timeline (a failed verdict is said once per kind).
     said: tuple[str, ...] = ()
@@ -310,7 +313,10 @@ def _verify(s: IncidentSnapshot) -> Step:
         if any(t.startswith(key) for t in s.said):
             return Step(StepKind.NOTHING, DONE, v.reason, verification=v)
         return Step(StepKind.NOTE_NOT_VERIFIED, DONE, f"{key} {v.reason}", verification=v)
-    acc = account(v, s.restart.restored_step, s.failed_step, offered_path=s.offered_path)
+    # The incident's attempts (0370); without them, its one failure and this restart.
+    segments = s.segments or (Segment(None, s.failed_step), Segment(s.restart.restored_step, None))
+    failed = segments[-2].reached  # the note's loss: the last failed attempt's
+    acc = account(v, s.restart.restored_step, failed, offered_path=s.offered_path)
     first = s.restart.first_step
     restored = acc.restored_step if acc.resumed_on_its_own else s.restart.restored_step
     if first is not None and restored is not None and first < restored:
@@ -318,11 +324,14 @@ def _verify(s: IncidentSnapshot) -> Step:
         # the accounting must have moved the restored step down to where it resumed.
         acc = Accounting(
             None if first <= 1 else first,
-            None if s.failed_step is None else max(0, s.failed_step - first),
+            lost_restored_at(segments, first),
             True,
             acc.warning,
             f"the job resumed at step {first}, below the offered step {restored}",
         )
+    else:
+        # Lost over all the incident's failed attempts, this restore the last.
+        acc = replace(acc, lost_steps=lost_restored_at(segments, acc.restored_step))
     return Step(
         StepKind.MARK_RECOVERED,
         Outcome(OutcomeKind.TERMINAL, reason=v.reason),

@@ -177,7 +177,8 @@ class IncidentStore(JobStore):
           (both ``at``) unless given explicitly or already set; a terminal state
           stamps ``closed_at``.
         * ``note`` adds a timeline entry at ``at``; ``evidence`` lines are appended.
-        * ``lost_steps`` defaults to ``failed_step - checkpoint_step`` once both are known.
+        * ``lost_steps`` defaults to ``failed_step - checkpoint_step`` once both are known,
+          when the change sets one of them and gives no ``lost_steps``.
         """
         with self.transaction():
             old = self.get_incident(incident_id)
@@ -226,8 +227,12 @@ class IncidentStore(JobStore):
                 )
             if note:
                 timeline.append(TimelineEntry(at=float(at), what=note))
+            # Only when this change moves a step: an incident whose restarts failed too
+            # carries a loss over all its attempts (0370), which a note or a state
+            # change must not set back to the single-failure difference.
             if (
                 lost_steps is None
+                and ("failed_step" in changes or "checkpoint_step" in changes)
                 and inc.failed_step is not None
                 and inc.checkpoint_step is not None
             ):

@@ -5,7 +5,8 @@ the job's attempts, the device health history); nothing is measured again.
 How the figures are computed (also in ``docs/store.md``):
 
 * **lost work, steps**: the incident's ``lost_steps`` (``failed_step`` minus the
-  restored ``checkpoint_step``).
+  restored ``checkpoint_step``; when a restart failed too, each failed attempt's
+  reached step minus the next restore, summed: policy/lost.py, 0370).
 * **lost work, seconds**: lost steps divided by the pre-failure step rate, the
   failed attempt's (last step - first step) / (time of last step - time of first
   step); when that attempt has no measurable rate, the newest earlier attempt

@@ -19,6 +19,7 @@ from trainguard.model.fleet import ActionRecord, ActionState, FleetJob
 from trainguard.model.health import HealthState
 from trainguard.model.plan import ActionKind
 from trainguard.model.records import AuditKind, IncidentRecord, IncidentState, JobState
+from trainguard.policy.lost import lost_steps
 from trainguard.schedulers.base import NodePhase, Observation, SchedulerError
 from trainguard.store import NotFound
 from trainguard.store.fleet import Fence
@@ -349,9 +350,9 @@ class ActionRunner(SnapshotBuilder):
                 resume, ckpt_step = newest.path, newest.step
 
         def effects() -> None:
-            lost = None
-            if inc.failed_step is not None:
-                lost = max(0, inc.failed_step - int(ckpt_step or 0))
+            # Every failed attempt of the incident loses its own work (0370).
+            restored = int(ckpt_step) if ckpt_step is not None else None
+            lost = lost_steps(self._segments(inc.id, inc.job_id, new_attempt, restored))
             self.store.update_incident(
                 inc.id,
                 at=now,

@@ -38,6 +38,7 @@ from trainguard.model.plan import ActionKind, Mode, PriorFailure, RecoveryPolicy
 from trainguard.model.records import AttemptRecord, IncidentRecord, IncidentState, JobRecord
 from trainguard.policy.budget import BudgetEntry, restarts_used
 from trainguard.policy.history import failure_history
+from trainguard.policy.lost import Segment, incident_segments
 from trainguard.schedulers.base import ClusterScheduler, Observation
 from trainguard.store import NotFound, Store
 from trainguard.store.fleet import Fence, FleetStore
@@ -134,6 +135,16 @@ class EngineCore:
             return self.store.get_attempt(job_id, number)
         except NotFound:
             return None
+
+    def _segments(
+        self, inc_id: int, job_id: str, running: int, restored: int | None
+    ) -> list[Segment]:
+        """The incident's attempts as policy.lost counts them, attempt ``running``
+        having restored ``restored`` (0370): read as run reads them, from the store."""
+        attempts = {a.number: a for a in self.store.list_attempts(job_id)}
+        return incident_segments(
+            self.store.get_incident(inc_id), attempts, running=running, restored=restored
+        )
 
     def _incident_for_attempt(self, job_id: str, number: int) -> IncidentRecord | None:
         for inc in self.store.list_incidents(job_id=job_id):

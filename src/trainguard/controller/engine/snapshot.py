@@ -30,6 +30,7 @@ from trainguard.model.records import (
 from trainguard.policy import decide
 from trainguard.policy.approvals import approval_reason, judged_failure
 from trainguard.policy.history import prior_failure, with_failure
+from trainguard.policy.lost import incident_segments
 from trainguard.policy.step import IncidentSnapshot, PlannedAction
 from trainguard.policy.verify import (
     DEFAULT_STEP_WINDOW,
@@ -346,4 +347,6 @@ class SnapshotBuilder(AttemptSync):
             # logging stride: the configured window.
             step_window=DEFAULT_STEP_WINDOW,
         )
-        return dataclasses.replace(base, restart=observation, verify_rules=rules)
+        attempts = {a.number: a for a in [*others, att]}
+        segments = tuple(incident_segments(inc, attempts, running=att.number, restored=restored))
+        return dataclasses.replace(base, restart=observation, verify_rules=rules, segments=segments)
