@@ -15,6 +15,7 @@ from trainguard.schedulers.base import JobPhase, JobSpec, Observation
 from trainguard.schedulers.local import job_processes
 from trainguard.schedulers.local_cluster import LocalCluster, LocalLaunch
 from trainguard.schedulers.procs import simulated_devices
+from trainguard.signals.output import is_annotation
 from trainguard.signals.process import read_environ
 
 JOB = (
@@ -76,6 +77,8 @@ def test_a_requeued_attempt_starts_warm_and_every_attempt_gets_the_progress_url(
         logs = [Path(str(j.output_path)).read_text() for j in (first, second)]
         assert f"attempt 0 progress {PROGRESS}" in logs[0]
         assert f"attempt 1 progress {PROGRESS}" in logs[1]
+        # The header naming the command is trainguard's note, never read as the job's.
+        assert all(is_annotation(log.splitlines()[0]) for log in logs)
     finally:
         cluster.shutdown()
     deadline = time.monotonic() + 15

@@ -3,7 +3,10 @@
 * ``run``: the local supervisor behind ``trainguard run`` (``run_job`` in this
   process, simulated devices, a real kernel-log file the test appends XID lines to);
 * ``serve``: the cluster reconciler (``ControlPlane`` over the procs stand-in
-  cluster, passes driven by the test, XIDs ingested as an agent sends them).
+  cluster, passes driven by the test, XIDs ingested as an agent sends them);
+* ``engine``: ``trainguard run --engine`` (``LocalDriver``: the same engine through
+  LocalCluster, the local supervisor as a scheduler, decision 0380), with run's
+  options and kernel-log file; in the scenarios it already agrees on.
 
 Both run the same job (``tests/jobs/cluster_job.py``: ``step=N`` lines, a
 checkpoint every 5 steps, failures on cue) under the same recovery policy, and
@@ -33,8 +36,9 @@ sys.path.insert(0, str(ROOT / "tests" / "integration"))
 
 from _fleet import Fleet, xid_line  # noqa: E402
 
+from trainguard.controller.local_driver import LocalDriver  # noqa: E402
 from trainguard.controller.reconcile import ControlConfig  # noqa: E402
-from trainguard.controller.run import RunOptions, run_job  # noqa: E402
+from trainguard.controller.run import RunOptions, RunResult, run_job  # noqa: E402
 from trainguard.controller.service import ControlPlane  # noqa: E402
 from trainguard.model.health import HealthState  # noqa: E402
 from trainguard.model.plan import Mode  # noqa: E402
@@ -44,6 +48,8 @@ from trainguard.store import Store  # noqa: E402
 from trainguard.store.fleet import FleetStore  # noqa: E402
 
 MODES = ("run", "serve")
+# The scenarios ``run --engine`` (decision 0380) already agrees on run them too.
+ENGINE_MODES = (*MODES, "engine")
 
 
 @dataclass(frozen=True)
@@ -190,6 +196,14 @@ def run_options(
     )
 
 
+def supervise(options: RunOptions, *, engine: bool = False) -> RunResult:
+    """Run the job as ``trainguard run`` does (in this process), or with ``engine`` as
+    ``trainguard run --engine`` does (LocalDriver)."""
+    if engine:
+        return LocalDriver(options, say=lambda _m: None).run()
+    return run_job(options)
+
+
 def run_mode(
     tmp: Path,
     job_args: Sequence[str],
@@ -197,9 +211,11 @@ def run_mode(
     *,
     xid: Xid | None = None,
     inventory: Sequence[dict[str, Any]] | None = None,
+    engine: bool = False,
 ) -> Outcome:
-    """The scenario under ``trainguard run`` (the supervisor in this process);
-    ``inventory``: its cards as named (``procs_inventory()``) instead of 2 simulated."""
+    """The scenario under ``trainguard run`` (the supervisor in this process; with
+    ``engine``, ``run --engine``'s driver); ``inventory``: its cards as named
+    (``procs_inventory()``) instead of 2 simulated."""
     ckpt = tmp / "ckpt"
     kern = tmp / "kern.log"
     kern.write_text("")
@@ -214,7 +230,7 @@ def run_mode(
     injector = None
     if xid is not None:
 
-        def inject() -> None:
+        def inject() -> None:  # the kernel's line for the card, once the checkpoint exists
             _wait(lambda: (ckpt / f"step_{xid.after_checkpoint:08d}").is_dir(), 60, "checkpoint")
             with Store.open(state) as store:
                 [job] = store.list_jobs()
@@ -229,7 +245,7 @@ def run_mode(
 
         injector = threading.Thread(target=inject, daemon=True)
         injector.start()
-    result = run_job(options)
+    result = supervise(options, engine=engine)
     if injector is not None:
         injector.join(5)
     with Store.open(state) as store:
@@ -284,14 +300,15 @@ def scenario(
 ) -> Outcome:
     """One scenario in ``mode``: :func:`run_mode` (on ``inventory``'s cards when given) or
     :func:`serve_mode` (on ``store_target``)."""
-    if mode == "run":
-        return run_mode(tmp, job_args, policy, xid=xid, inventory=inventory)
+    if mode in ("run", "engine"):
+        engine = mode == "engine"
+        return run_mode(tmp, job_args, policy, xid=xid, inventory=inventory, engine=engine)
     return serve_mode(store_target, tmp, job_args, policy, xid=xid)
 
 
 def state_of(mode: str, tmp: Path, store_target: str) -> str:
     """Where a scenario's state database is: run keeps it beside the job."""
-    return str(tmp / "state.db") if mode == "run" else store_target
+    return str(tmp / "state.db") if mode in ("run", "engine") else store_target
 
 
 # --- crash points: trainguard itself SIGKILLed mid-recovery, then restarted ----------------

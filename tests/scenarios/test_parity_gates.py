@@ -19,10 +19,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _modes import MODES, Fleet, Outcome, Policy, _read, _wait, run_options, xid_line
+from _modes import (
+    ENGINE_MODES,
+    Fleet,
+    Outcome,
+    Policy,
+    _read,
+    _wait,
+    run_options,
+    supervise,
+    xid_line,
+)
 
 from trainguard.controller.operations import LocalOperations
-from trainguard.controller.run import run_job
 from trainguard.controller.service import ControlPlane
 from trainguard.model.plan import Mode
 from trainguard.policy.breaker import BreakerConfig
@@ -97,8 +106,10 @@ def run_gate(
     devices: int = 2,
     xids: Sequence[tuple[int, int]] = (),
     operator: Operator | None = None,
+    engine: bool = False,
 ) -> World:
-    """``trainguard run`` (in this process) on ``devices`` simulated cards; each of
+    """``trainguard run`` (in this process; ``engine``: ``run --engine``) on ``devices``
+    simulated cards; each of
     ``xids`` is (attempt, checkpoint step): once that attempt wrote that checkpoint, an
     XID 79 on its first card. ``operator`` looks at the state database from a thread."""
     ckpt = tmp / "ckpt"
@@ -136,7 +147,7 @@ def run_gate(
     for t in threads:
         t.start()
     try:
-        result = run_job(options)
+        result = supervise(options, engine=engine)
     finally:
         stop.set()
         for t in threads:
@@ -207,15 +218,15 @@ def serve_gate(
 def _scenario(
     mode: str, tmp: Path, store_target: str, job_args: list[str], policy: Policy, **kw: Any
 ) -> World:
-    if mode == "run":
-        return run_gate(tmp, job_args, policy, **kw)
+    if mode in ("run", "engine"):
+        return run_gate(tmp, job_args, policy, engine=mode == "engine", **kw)
     return serve_gate(store_target, tmp, job_args, policy, **kw)
 
 
 # --- observe mode ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ENGINE_MODES)
 def test_observe_mode_records_the_plan_for_an_xid_and_touches_nothing(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
@@ -239,7 +250,7 @@ def test_observe_mode_records_the_plan_for_an_xid_and_touches_nothing(
     assert w.health == {w.named[0]: "healthy"}, w
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ENGINE_MODES)
 def test_observe_mode_an_observed_xid_then_the_crash_it_caused_is_one_incident(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
@@ -258,7 +269,7 @@ def test_observe_mode_an_observed_xid_then_the_crash_it_caused_is_one_incident(
     assert w.health == {w.named[0]: "healthy"}, w
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ENGINE_MODES)
 def test_observe_mode_records_the_plan_for_a_crash_and_restarts_nothing(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
@@ -274,7 +285,7 @@ def test_observe_mode_records_the_plan_for_a_crash_and_restarts_nothing(
     assert w.out.quarantined == [] and w.out.repairs == [], w
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ENGINE_MODES)
 def test_observe_mode_records_a_hang_and_the_attempt_that_steps_on_completes(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
@@ -315,7 +326,7 @@ def _decide(approve: bool) -> Operator:
 REPEATED_UNKNOWN = ["--fail-attempts", "0,1", "--fail-at", "6", "--steps", "14"]
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ENGINE_MODES)
 def test_a_repeated_unknown_failure_waits_for_approval_and_an_approved_restart_runs(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
@@ -330,7 +341,7 @@ def test_a_repeated_unknown_failure_waits_for_approval_and_an_approved_restart_r
     assert w.out.quarantined == [], w
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ENGINE_MODES)
 def test_a_denied_restart_is_skipped_and_the_job_stops(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
@@ -357,7 +368,7 @@ def test_a_denied_restart_is_skipped_and_the_job_stops(
 TWO_XIDS = ["--steps", "30", "--every", "10", "--interval", "0.08"]
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ENGINE_MODES)
 def test_the_breaker_holds_back_a_quarantine_beyond_the_share_and_the_job_avoids_the_card(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
@@ -388,7 +399,7 @@ def test_the_breaker_holds_back_a_quarantine_beyond_the_share_and_the_job_avoids
     assert not {first, second} & set(w.attempt_devices[2]), w
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ENGINE_MODES)
 def test_a_breaker_set_to_a_larger_share_lets_the_second_quarantine_through(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
@@ -418,7 +429,7 @@ def test_a_breaker_set_to_a_larger_share_lets_the_second_quarantine_through(
     assert not {first, second} & set(w.attempt_devices[2]), w
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ENGINE_MODES)
 def test_a_known_cause_after_an_unknown_one_in_the_same_incident_does_not_wait(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:

@@ -219,6 +219,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "its lease for S seconds (paused, stuck disk) loses it to the next (default 15)",
     )
     add_breaker_options(p)
+    p.add_argument(
+        "--engine",
+        action="store_true",
+        help="experimental: recover the job with the engine behind `serve` (the local "
+        "supervisor as its scheduler, decision 0380) instead of run's own loop",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     p.set_defaults(func=handle)
 
@@ -266,7 +272,12 @@ def handle(args: argparse.Namespace) -> int:
             lease_ttl=args.lease_ttl,
             breaker=breaker_config(args),
         )
-        controller = RunController(options)
+        if args.engine:
+            from trainguard.controller.local_driver import LocalDriver
+
+            controller: RunController | LocalDriver = LocalDriver(options)
+        else:
+            controller = RunController(options)
     except ValueError as exc:
         return error(str(exc), 2)
     try:

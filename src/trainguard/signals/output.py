@@ -71,6 +71,16 @@ class LineSplitter:
         return [data[i : i + self.max_line] for i in range(0, len(data), self.max_line)]
 
 
+# The lines trainguard itself writes into an attempt's log (the header naming the
+# command, warm/cold start, stop markers): never the job's output, so never evidence.
+ANNOTATION_PREFIX = "# trainguard"
+
+
+def is_annotation(line: str) -> bool:
+    """Whether ``line`` of an attempt's log is trainguard's own note, not the job's."""
+    return line.startswith(ANNOTATION_PREFIX)
+
+
 def split_lines(data: bytes) -> tuple[list[bytes], bytes]:
     r"""Complete lines of ``data`` (split as :class:`LineSplitter` does) and the unterminated rest.
 
@@ -190,11 +200,13 @@ class OutputFollower:
 
 
 __all__ = [
+    "ANNOTATION_PREFIX",
     "MAX_LINE",
     "LineSplitter",
     "LogFile",
     "OutputClosed",
     "OutputFollower",
     "OutputLine",
+    "is_annotation",
     "split_lines",
 ]

@@ -39,7 +39,7 @@ from trainguard.policy.decide import evidence_resources
 from trainguard.policy.evidence import Route, route_finding
 from trainguard.policy.verify import no_step_signal_warning
 from trainguard.schedulers.base import JobPhase, NodePhase, Observation, ObservedJob, ObservedNode
-from trainguard.signals.output import split_lines
+from trainguard.signals.output import is_annotation, split_lines
 
 # How much of a shared output file identifies it (traits.shared_output).
 HEAD_BYTES = 256
@@ -127,6 +127,8 @@ class EvidenceFollower(EngineCore):
         ranks: set[int] = set()  # ranks that named themselves on a step, as run counts them
         for raw in lines:
             text = raw.decode("utf-8", "replace")
+            if is_annotation(text):
+                continue
             reading = self._progress.read(text)
             if reading is None or not reading.is_step or reading.step is None:
                 continue
@@ -211,7 +213,8 @@ class EvidenceFollower(EngineCore):
         except OSError:
             return []
         lines = data.decode("utf-8", "replace").splitlines()
-        return lines[-self.config.tail_lines :]
+        # The log's header names the command: its arguments are not the job's output.
+        return [line for line in lines if not is_annotation(line)][-self.config.tail_lines :]
 
     def _hosts(self, job_id: str, att: AttemptRecord) -> set[str]:
         """The hosts whose fatal node findings fail the attempt (with the nodes it started
