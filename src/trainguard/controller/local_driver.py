@@ -30,18 +30,19 @@ import queue
 import shutil
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from trainguard.controller.engine.config import ControlConfig
+from trainguard.controller.interrupts import on_interrupt
 from trainguard.controller.lease import process_holder
 from trainguard.controller.run_base import (
     EXIT_INTERRUPTED,
     EXIT_STOPPED,
     RunOptions,
     RunResult,
+    _Interrupt,
 )
 from trainguard.controller.service import ControlPlane
 from trainguard.diagnose.detectors import line_finding
@@ -262,27 +263,7 @@ class LocalDriver:
                 self.say(audit_line(event))
 
     def _install_signal_handlers(self) -> Callable[[], None]:
-        if threading.current_thread() is not threading.main_thread():
-            return lambda: None
-        old: dict[int, Any] = {}
-
-        def handler(signum: int, _frame: Any) -> None:
-            self.events.put(_Interrupt(signum))
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            old[sig] = signal.signal(sig, handler)
-
-        def restore() -> None:
-            for sig, h in old.items():
-                with contextlib.suppress(ValueError, TypeError):
-                    signal.signal(sig, h)
-
-        return restore
-
-
-class _Interrupt:
-    def __init__(self, signum: int) -> None:
-        self.signum = signum
+        return on_interrupt(lambda signum: self.events.put(_Interrupt(signum)))
 
 
 def drive(options: RunOptions) -> RunResult:

@@ -51,16 +51,14 @@ supervisor's job) -> this module (the loop, the lease, start-up).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import queue
 import shutil
 import signal
-import threading
 from collections.abc import Callable
-from typing import Any
 
 from trainguard.controller.checkpoint_care import select_checkpoints
+from trainguard.controller.interrupts import on_interrupt
 from trainguard.controller.lease import (
     CONTROLLER_LEASE,
     LeaseKeeper,
@@ -270,22 +268,7 @@ class RunController(RunResume):
                 self.db.transition_device(fail.uuid, HealthState.QUARANTINED, reason, ACTOR, at)
 
     def _install_signal_handlers(self) -> Callable[[], None]:
-        if threading.current_thread() is not threading.main_thread():
-            return lambda: None
-        old: dict[int, Any] = {}
-
-        def handler(signum: int, _frame: Any) -> None:
-            self.events.put(_Interrupt(signum))
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            old[sig] = signal.signal(sig, handler)
-
-        def restore() -> None:
-            for sig, h in old.items():
-                with contextlib.suppress(ValueError, TypeError):
-                    signal.signal(sig, h)
-
-        return restore
+        return on_interrupt(lambda signum: self.events.put(_Interrupt(signum)))
 
     def _loop(self, att: _Attempt) -> RunResult:
         while True:
