@@ -137,6 +137,8 @@ class LocalDriver:
                 warm_workers=o.warm_workers,
                 progress_url=listener.url,
                 echo=o.echo,
+                kill_grace=o.kill_grace,
+                snapshot_flush_wait=o.snapshot_flush_wait,
             ),
         )
         store = Store.open(o.state, at=self.clock())

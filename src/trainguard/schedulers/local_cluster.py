@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainguard.diagnose.detectors import ProcessExit
 from trainguard.model.devices import Device
 from trainguard.schedulers._keys import KeyBook, widen
 from trainguard.schedulers.base import (
@@ -47,10 +48,12 @@ from trainguard.schedulers.base import (
 )
 from trainguard.schedulers.local import (
     DEFAULT_GRACE_SECONDS,
+    DEFAULT_KILL_GRACE_SECONDS,
     LaunchSpec,
     LocalAttempt,
     LocalScheduler,
 )
+from trainguard.signals.process import AttemptProcessExit
 
 
 @dataclass(frozen=True)
@@ -61,13 +64,17 @@ class LocalLaunch:
     the workers) takes over the next attempt (decisions 0271, 0310);
     ``progress_url``: the progress socket every attempt reports to
     (``TRAINGUARD_PROGRESS``); ``echo``: copy the attempt's output to this process's
-    own stdout/stderr besides its log.
+    own stdout/stderr besides its log; ``kill_grace``/``snapshot_flush_wait``: how a
+    requeue ends the failed attempt (``LocalAttempt.kill``: the launcher frozen, the
+    ranks' memory snapshots flushed, then SIGTERM and SIGKILL, decisions 0261, 0270).
     """
 
     warm_standby: bool = False
     warm_workers: bool = False
     progress_url: str | None = None
     echo: bool = False
+    kill_grace: float = DEFAULT_KILL_GRACE_SECONDS
+    snapshot_flush_wait: float = 0.0
 
 
 @dataclass
@@ -92,12 +99,17 @@ class _Job:
     env: dict[str, str] = field(default_factory=dict)
     last_key: str | None = None
     drained: bool = False  # output pipes joined after the exit (the log is complete)
+    # A rank of the current attempt that died (killed, or exited non-zero): the attempt
+    # has failed now, not when torchrun's agent has torn the others down and exited.
+    rank_failure: ProcessExit | None = None
 
     def phase(self) -> JobPhase:
         if self.cancelled:
             return JobPhase.CANCELLED
         if self.launch is None:
             return JobPhase.PENDING
+        if self.rank_failure is not None:
+            return JobPhase.FAILED
         if self.launch.running() or not self.drained:
             return JobPhase.RUNNING
         return JobPhase.COMPLETED if self.launch.proc.returncode == 0 else JobPhase.FAILED
@@ -125,8 +137,9 @@ class LocalCluster:
         self.clock = clock
         # Output lines and exits go to the owner's event queue when it wants them.
         self.launch_options = launch = launch or LocalLaunch()
+        self._sink = sink or (lambda _ev: None)
         self.launcher = LocalScheduler(
-            sink or (lambda _ev: None),
+            self._on_event,
             clock,
             warm_standby=launch.warm_standby,
             warm_workers=launch.warm_workers,
@@ -138,6 +151,23 @@ class LocalCluster:
         self._quarantined: dict[str, str] = {}  # device uuid -> reason
         self._next_ref = 1
 
+    def _on_event(self, ev: Any) -> None:
+        """The launcher's events: a rank's death fails its attempt now (as ``run``
+        detects it, every rank watched); each event goes on to the owner's sink."""
+        if isinstance(ev, AttemptProcessExit) and ev.exit.source == "rank" and ev.exit.failed:
+            with self._lock:
+                for job in self._jobs.values():
+                    launch = job.launch
+                    if (
+                        launch is not None
+                        and job.attempt == ev.attempt
+                        and job.rank_failure is None
+                        and ev.exit.pid in launch.ranks.rank_pids().values()
+                    ):
+                        job.rank_failure = ev.exit
+                        job.ended_at = ev.exit.at
+        self._sink(ev)
+
     # --- placement -------------------------------------------------------------------
 
     def _nodes(self) -> tuple[str, ...]:
@@ -147,7 +177,7 @@ class LocalCluster:
         return {
             d.uuid
             for j in self._jobs.values()
-            if j.launch is not None and j.phase() is JobPhase.RUNNING
+            if j.launch is not None and (j.launch.running() or j.phase() is JobPhase.RUNNING)
             for d in j.devices
         }
 
@@ -225,6 +255,14 @@ class LocalCluster:
             job.launch.stop(self.grace)
         self._settle(job)
 
+    def _kill(self, job: _Job) -> None:
+        """End a failed (or hung) attempt fast, as ``run`` ends one (0270)."""
+        if job.launch is not None and job.launch.running():
+            job.launch.kill(
+                self.launch_options.kill_grace, flush_wait=self.launch_options.snapshot_flush_wait
+            )
+        self._settle(job)
+
     def _job(self, ref: str) -> _Job:
         job = self._jobs.get(ref)
         if job is None:
@@ -266,6 +304,10 @@ class LocalCluster:
     def _observed(self, job: _Job) -> ObservedJob:
         phase = job.phase()
         rc = job.launch.proc.returncode if job.launch is not None else None
+        if rc is None and job.rank_failure is not None:
+            # The launcher is still tearing down: the attempt ended as its rank did.
+            dead = job.rank_failure
+            rc = -dead.signal if dead.signal else dead.exit_code
         ended = phase.terminal and not job.cancelled
         return ObservedJob(
             ref=job.ref,
@@ -321,9 +363,10 @@ class LocalCluster:
             job = self._job(ref)
             if job.cancelled:
                 raise SchedulerError(f"job {ref} was cancelled: nothing to requeue")
-            self._stop(job)
+            self._kill(job)
             job.attempt += 1
             job.launch = None
+            job.rank_failure = None
             job.devices = ()
             job.nodes = ()
             job.excluded_nodes = widen(job.excluded_nodes, exclude_nodes)
