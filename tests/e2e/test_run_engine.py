@@ -43,6 +43,9 @@ def test_a_killed_rank_is_restarted_from_the_newest_checkpoint_by_the_engine(
 
     [inc] = case.incidents()
     assert inc["kind"] == "crash" and inc["outcome"] == "recovered", inc
+    # The rank whose death failed the attempt is the culprit, with its card (as run).
+    assert inc["culprit"]["rank"] == 1, inc
+    assert inc["culprit"]["device_uuid"] == devices_of(rank1)[1]["uuid"], inc
     failed, restored = inc["failed_step"], inc["checkpoint_step"]
     assert restored % 4 == 0 and failed - 4 < restored <= failed, inc
     assert inc["lost_steps"] == failed - restored, inc

@@ -93,6 +93,10 @@ class ObservedJob:
     excluded_devices: tuple[str, ...] = ()
     resume_from: str | None = None
     last_key: str | None = None  # the key of the last action applied to this job
+    # The rank whose death failed the attempt, when the scheduler watches ranks (the
+    # local supervisor does): the crash's culprit, as run attributes it (0380).
+    failed_rank: int | None = None
+    failed_local_rank: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -114,6 +118,8 @@ class ObservedJob:
             "excluded_devices": list(self.excluded_devices),
             "resume_from": self.resume_from,
             "last_key": self.last_key,
+            "failed_rank": self.failed_rank,
+            "failed_local_rank": self.failed_local_rank,
         }
 
 

@@ -304,9 +304,9 @@ class LocalCluster:
     def _observed(self, job: _Job) -> ObservedJob:
         phase = job.phase()
         rc = job.launch.proc.returncode if job.launch is not None else None
-        if rc is None and job.rank_failure is not None:
+        dead = job.rank_failure if phase is JobPhase.FAILED else None
+        if rc is None and dead is not None:
             # The launcher is still tearing down: the attempt ended as its rank did.
-            dead = job.rank_failure
             rc = -dead.signal if dead.signal else dead.exit_code
         ended = phase.terminal and not job.cancelled
         return ObservedJob(
@@ -328,6 +328,8 @@ class LocalCluster:
             excluded_devices=tuple(job.excluded_devices),
             resume_from=job.resume_from,
             last_key=job.last_key,
+            failed_rank=dead.rank if dead is not None else None,
+            failed_local_rank=dead.local_rank if dead is not None else None,
         )
 
     # Each action keyed and fenced through KeyBook (decision 0327), under the lock.

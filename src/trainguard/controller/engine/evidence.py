@@ -401,10 +401,15 @@ class EvidenceFollower(EngineCore):
             findings.append(hang)
         elif oj is not None:
             failed_at = oj.ended_at or now
+            # A scheduler that watches ranks names the one whose death failed the
+            # attempt: the crash's culprit and its card, as run attributes it.
+            ranked = oj.failed_rank is not None or oj.failed_local_rank is not None
             exit_finding = crash_finding(
                 ProcessExit(
                     at=failed_at,
-                    source="launcher",
+                    source="rank" if ranked else "launcher",
+                    rank=oj.failed_rank,
+                    local_rank=oj.failed_local_rank,
                     exit_code=oj.exit_code,
                     signal=oj.signal,
                     tail=tuple(tail[-20:]),
