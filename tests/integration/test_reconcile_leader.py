@@ -157,7 +157,9 @@ def test_a_deposed_leader_cannot_act_when_it_wakes_up(store_target: str, tmp_pat
         out, err = old.communicate(timeout=60)
         lines = [json.loads(line) for line in out.splitlines() if line.strip()]
         deposed = [line for line in lines if line.get("deposed")]
-        assert deposed and "no longer the leader" in " ".join(deposed[0]["errors"]), out + err
+        # Under load a pass may also have outlived the 1 s lease before the pause (then
+        # deposed by expiry first); the pass that woke up is told it lost the lease.
+        assert any("no longer the leader" in " ".join(d["errors"]) for d in deposed), out + err
 
         # Nothing happened twice: one restart (by the new leader, token 2), one result.
         starts = fleet.cluster.starts()

@@ -119,7 +119,12 @@ def test_a_killed_job_is_observed_failed_with_its_signal(sched: ClusterScheduler
     signal_job = getattr(sched, "signal_job", None)
     if signal_job is None:
         pytest.skip(f"{sched.name} cannot crash a job from here")
-    assert signal_job(ref, signal.SIGKILL)
+    # Running as the scheduler sees it may come before the command itself has started
+    # (procs: its wrapper runs first): try until there is a command to hit.
+    deadline = time.monotonic() + 10
+    while not signal_job(ref, signal.SIGKILL):
+        assert time.monotonic() < deadline, "the job's command never started"
+        time.sleep(0.05)
     obs = wait_for(sched, lambda o: o.jobs[ref].phase.terminal)
     assert obs.jobs[ref].phase is JobPhase.FAILED and obs.jobs[ref].signal == signal.SIGKILL
 

@@ -139,6 +139,7 @@ class LocalDriver:
                 echo=o.echo,
                 kill_grace=o.kill_grace,
                 snapshot_flush_wait=o.snapshot_flush_wait,
+                settle=o.settle,
             ),
         )
         store = Store.open(o.state, at=self.clock())

@@ -66,7 +66,8 @@ class LocalLaunch:
     (``TRAINGUARD_PROGRESS``); ``echo``: copy the attempt's output to this process's
     own stdout/stderr besides its log; ``kill_grace``/``snapshot_flush_wait``: how a
     requeue ends the failed attempt (``LocalAttempt.kill``: the launcher frozen, the
-    ranks' memory snapshots flushed, then SIGTERM and SIGKILL, decisions 0261, 0270).
+    ranks' memory snapshots flushed, then SIGTERM and SIGKILL, decisions 0261, 0270);
+    ``settle``: how long a rank's death waits for late evidence before it is reported.
     """
 
     warm_standby: bool = False
@@ -75,6 +76,7 @@ class LocalLaunch:
     echo: bool = False
     kill_grace: float = DEFAULT_KILL_GRACE_SECONDS
     snapshot_flush_wait: float = 0.0
+    settle: float = 0.3  # a rank's death is reported this long after it (run's --settle)
 
 
 @dataclass
@@ -102,6 +104,8 @@ class _Job:
     # A rank of the current attempt that died (killed, or exited non-zero): the attempt
     # has failed now, not when torchrun's agent has torn the others down and exited.
     rank_failure: ProcessExit | None = None
+    # A rank death not yet reported: it waits out the settle window first (below).
+    dying: ProcessExit | None = None
 
     def phase(self) -> JobPhase:
         if self.cancelled:
@@ -162,10 +166,10 @@ class LocalCluster:
                         launch is not None
                         and job.attempt == ev.attempt
                         and job.rank_failure is None
+                        and job.dying is None
                         and ev.exit.pid in launch.ranks.rank_pids().values()
                     ):
-                        job.rank_failure = ev.exit
-                        job.ended_at = ev.exit.at
+                        job.dying = ev.exit
         self._sink(ev)
 
     # --- placement -------------------------------------------------------------------
@@ -281,7 +285,13 @@ class LocalCluster:
 
     def observe(self) -> Observation:
         with self._lock:
+            now = self.clock()
             for job in self._jobs.values():
+                # A rank's death is reported after the settle window, as run waits for
+                # late evidence (the kernel's XID line for the card that killed it).
+                if job.dying is not None and now >= job.dying.at + self.launch_options.settle:
+                    job.rank_failure, job.dying = job.dying, None
+                    job.ended_at = job.rank_failure.at
                 self._settle(job)
             self._schedule()
             jobs = {ref: self._observed(job) for ref, job in self._jobs.items()}
@@ -304,9 +314,10 @@ class LocalCluster:
     def _observed(self, job: _Job) -> ObservedJob:
         phase = job.phase()
         rc = job.launch.proc.returncode if job.launch is not None else None
-        dead = job.rank_failure if phase is JobPhase.FAILED else None
-        if rc is None and dead is not None:
-            # The launcher is still tearing down: the attempt ended as its rank did.
+        dead = (job.rank_failure or job.dying) if phase is JobPhase.FAILED else None
+        if dead is not None:
+            # The attempt ended as its rank did (the launcher's own status, when it has
+            # one yet, is only how it took the others down).
             rc = -dead.signal if dead.signal else dead.exit_code
         ended = phase.terminal and not job.cancelled
         return ObservedJob(
@@ -368,7 +379,7 @@ class LocalCluster:
             self._kill(job)
             job.attempt += 1
             job.launch = None
-            job.rank_failure = None
+            job.rank_failure = job.dying = None
             job.devices = ()
             job.nodes = ()
             job.excluded_nodes = widen(job.excluded_nodes, exclude_nodes)
