@@ -70,7 +70,9 @@ def _assert_verified_restart(w: Watcher, job_id: str, step: int) -> None:
     text = w.output(job_id).read_text()
     after = text[text.index("trainguard: resumed from") :]
     steps = [int(m.group(1)) for m in re.finditer(r"^step=(\d+) ", after, re.MULTILINE)]
-    assert steps and min(steps) == step + 1
+    # Each node's lines reach the shared file in its own order: another rank's first step
+    # may come before the resume line counted from, so the floor is checked, not equality.
+    assert steps and min(steps) >= step + 1, (step, steps[:10])
 
 
 def test_xid_on_n2_drains_n2_requeues_without_it_and_resumes(
