@@ -187,7 +187,7 @@ class LocalDriver:
         plane.put_policy(policy_document(o), ACTOR)
         need = o.need if o.need is not None else len(self.devices)
         spec = JobSpec(
-            name=o.job_name or os.path.basename(o.command[0]) + " " + " ".join(o.command[1:3]),
+            name=o.display_name(),
             command=tuple(o.command),
             nodes=1,
             devices_per_node=need,

@@ -151,8 +151,7 @@ class RunController(RunResume):
                 healthy = [s for s in statuses if s.state.schedulable]
                 self.need = o.need if o.need is not None else len(healthy)
                 job = self.db.create_job(
-                    name=o.job_name
-                    or os.path.basename(o.command[0]) + " " + " ".join(o.command[1:3]),
+                    name=o.display_name(),
                     command=o.command,
                     need=self.need,
                     at=now,

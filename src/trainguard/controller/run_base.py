@@ -152,6 +152,12 @@ class RunOptions:
         if self.resume_arg is not None:
             resume_arg_tokens(self.resume_arg)  # a bad template is a usage error, now
 
+    def display_name(self) -> str:
+        """The job's name: ``job_name``, else the program and its first two arguments."""
+        return self.job_name or (
+            os.path.basename(self.command[0]) + " " + " ".join(self.command[1:3])
+        )
+
 
 def resume_arg_tokens(template: str) -> tuple[str, ...]:
     """``--resume-arg`` split as a shell would; raises ``ValueError`` with the fix."""
