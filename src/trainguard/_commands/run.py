@@ -222,15 +222,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--engine",
         action="store_true",
-        help="experimental: recover the job with the engine behind `serve` (the local "
-        "supervisor as its scheduler, decision 0380) instead of run's own loop",
+        help=argparse.SUPPRESS,  # kept so scripts that passed it still run (0380)
     )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     p.set_defaults(func=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
-    from trainguard.controller.run import RunController, RunOptions
+    from trainguard.controller.local_driver import LocalDriver
+    from trainguard.controller.run_base import RunOptions
     from trainguard.model.plan import Mode
     from trainguard.store import StoreError
 
@@ -272,12 +272,7 @@ def handle(args: argparse.Namespace) -> int:
             lease_ttl=args.lease_ttl,
             breaker=breaker_config(args),
         )
-        if args.engine:
-            from trainguard.controller.local_driver import LocalDriver
-
-            controller: RunController | LocalDriver = LocalDriver(options)
-        else:
-            controller = RunController(options)
+        controller = LocalDriver(options)
     except ValueError as exc:
         return error(str(exc), 2)
     try:

@@ -95,18 +95,6 @@ class LocalDriver:
         say: Callable[[str], None] | None = None,
         tick: float = DEFAULT_TICK,
     ) -> None:
-        unsupported = [
-            flag
-            for flag, value in (
-                ("--preflight", options.preflight),
-                ("--resume-arg", options.resume_arg),
-                ("--log-dir", options.log_dir),
-            )
-            if value is not None
-        ]
-        if unsupported:
-            # Said, not ignored: the user asked for something this driver does not do yet.
-            raise ValueError(f"--engine does not support {', '.join(unsupported)} yet")
         self.opt = options
         self.clock = clock
         self.tick = tick

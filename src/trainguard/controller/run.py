@@ -363,7 +363,9 @@ class RunController(RunResume):
 
 def run_job(options: RunOptions) -> RunResult:
     """Run one job under supervision (what ``trainguard run`` calls)."""
-    return RunController(options).run()
+    from trainguard.controller.local_driver import LocalDriver
+
+    return LocalDriver(options).run()
 
 
 __all__ = [
