@@ -1,12 +1,10 @@
 """One failure scenario, run in each mode on real parts, reduced to what both must agree on.
 
-* ``run``: the local supervisor behind ``trainguard run`` (``run_job`` in this
-  process, simulated devices, a real kernel-log file the test appends XID lines to);
+* ``run``: ``trainguard run`` (``LocalDriver`` in this process: the engine over
+  LocalCluster, the local supervisor as a scheduler, decision 0380; simulated devices,
+  a real kernel-log file the test appends XID lines to);
 * ``serve``: the cluster reconciler (``ControlPlane`` over the procs stand-in
   cluster, passes driven by the test, XIDs ingested as an agent sends them);
-* ``engine``: ``trainguard run --engine`` (``LocalDriver``: the same engine through
-  LocalCluster, the local supervisor as a scheduler, decision 0380), with run's
-  options and kernel-log file; in the scenarios it already agrees on.
 
 Both run the same job (``tests/jobs/cluster_job.py``: ``step=N`` lines, a
 checkpoint every 5 steps, failures on cue) under the same recovery policy, and
@@ -38,7 +36,7 @@ from _fleet import Fleet, xid_line  # noqa: E402
 
 from trainguard.controller.local_driver import LocalDriver  # noqa: E402
 from trainguard.controller.reconcile import ControlConfig  # noqa: E402
-from trainguard.controller.run import RunOptions, RunResult, run_job  # noqa: E402
+from trainguard.controller.run_base import RunOptions, RunResult  # noqa: E402
 from trainguard.controller.service import ControlPlane  # noqa: E402
 from trainguard.model.health import HealthState  # noqa: E402
 from trainguard.model.plan import Mode  # noqa: E402
@@ -48,8 +46,6 @@ from trainguard.store import Store  # noqa: E402
 from trainguard.store.fleet import FleetStore  # noqa: E402
 
 MODES = ("run", "serve")
-# The scenarios ``run --engine`` (decision 0380) already agrees on run them too.
-ENGINE_MODES = (*MODES, "engine")
 
 
 @dataclass(frozen=True)
@@ -196,12 +192,9 @@ def run_options(
     )
 
 
-def supervise(options: RunOptions, *, engine: bool = False) -> RunResult:
-    """Run the job as ``trainguard run`` does (in this process), or with ``engine`` as
-    ``trainguard run --engine`` does (LocalDriver)."""
-    if engine:
-        return LocalDriver(options, say=lambda _m: None).run()
-    return run_job(options)
+def supervise(options: RunOptions) -> RunResult:
+    """Run the job as ``trainguard run`` does, in this process."""
+    return LocalDriver(options, say=lambda _m: None).run()
 
 
 def run_mode(
@@ -211,10 +204,9 @@ def run_mode(
     *,
     xid: Xid | None = None,
     inventory: Sequence[dict[str, Any]] | None = None,
-    engine: bool = False,
 ) -> Outcome:
-    """The scenario under ``trainguard run`` (the supervisor in this process; with
-    ``engine``, ``run --engine``'s driver); ``inventory``: its cards as named
+    """The scenario under ``trainguard run`` (its driver in this process); ``inventory``:
+    its cards as named
     (``procs_inventory()``) instead of 2 simulated."""
     ckpt = tmp / "ckpt"
     kern = tmp / "kern.log"
@@ -245,7 +237,7 @@ def run_mode(
 
         injector = threading.Thread(target=inject, daemon=True)
         injector.start()
-    result = supervise(options, engine=engine)
+    result = supervise(options)
     if injector is not None:
         injector.join(5)
     with Store.open(state) as store:
@@ -300,15 +292,14 @@ def scenario(
 ) -> Outcome:
     """One scenario in ``mode``: :func:`run_mode` (on ``inventory``'s cards when given) or
     :func:`serve_mode` (on ``store_target``)."""
-    if mode in ("run", "engine"):
-        engine = mode == "engine"
-        return run_mode(tmp, job_args, policy, xid=xid, inventory=inventory, engine=engine)
+    if mode == "run":
+        return run_mode(tmp, job_args, policy, xid=xid, inventory=inventory)
     return serve_mode(store_target, tmp, job_args, policy, xid=xid)
 
 
 def state_of(mode: str, tmp: Path, store_target: str) -> str:
     """Where a scenario's state database is: run keeps it beside the job."""
-    return str(tmp / "state.db") if mode in ("run", "engine") else store_target
+    return str(tmp / "state.db") if mode == "run" else store_target
 
 
 # --- crash points: trainguard itself SIGKILLed mid-recovery, then restarted ----------------

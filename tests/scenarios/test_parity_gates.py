@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from _modes import (
-    ENGINE_MODES,
+    MODES,
     Fleet,
     Outcome,
     Policy,
@@ -106,10 +106,8 @@ def run_gate(
     devices: int = 2,
     xids: Sequence[tuple[int, int]] = (),
     operator: Operator | None = None,
-    engine: bool = False,
 ) -> World:
-    """``trainguard run`` (in this process; ``engine``: ``run --engine``) on ``devices``
-    simulated cards; each of
+    """``trainguard run`` (its driver in this process) on ``devices`` simulated cards; each of
     ``xids`` is (attempt, checkpoint step): once that attempt wrote that checkpoint, an
     XID 79 on its first card. ``operator`` looks at the state database from a thread."""
     ckpt = tmp / "ckpt"
@@ -147,7 +145,7 @@ def run_gate(
     for t in threads:
         t.start()
     try:
-        result = supervise(options, engine=engine)
+        result = supervise(options)
     finally:
         stop.set()
         for t in threads:
@@ -218,15 +216,15 @@ def serve_gate(
 def _scenario(
     mode: str, tmp: Path, store_target: str, job_args: list[str], policy: Policy, **kw: Any
 ) -> World:
-    if mode in ("run", "engine"):
-        return run_gate(tmp, job_args, policy, engine=mode == "engine", **kw)
+    if mode == "run":
+        return run_gate(tmp, job_args, policy, **kw)
     return serve_gate(store_target, tmp, job_args, policy, **kw)
 
 
 # --- observe mode ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", ENGINE_MODES)
+@pytest.mark.parametrize("mode", MODES)
 def test_observe_mode_records_the_plan_for_an_xid_and_touches_nothing(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
@@ -250,7 +248,7 @@ def test_observe_mode_records_the_plan_for_an_xid_and_touches_nothing(
     assert w.health == {w.named[0]: "healthy"}, w
 
 
-@pytest.mark.parametrize("mode", ENGINE_MODES)
+@pytest.mark.parametrize("mode", MODES)
 def test_observe_mode_an_observed_xid_then_the_crash_it_caused_is_one_incident(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
@@ -269,7 +267,7 @@ def test_observe_mode_an_observed_xid_then_the_crash_it_caused_is_one_incident(
     assert w.health == {w.named[0]: "healthy"}, w
 
 
-@pytest.mark.parametrize("mode", ENGINE_MODES)
+@pytest.mark.parametrize("mode", MODES)
 def test_observe_mode_records_the_plan_for_a_crash_and_restarts_nothing(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
@@ -285,7 +283,7 @@ def test_observe_mode_records_the_plan_for_a_crash_and_restarts_nothing(
     assert w.out.quarantined == [] and w.out.repairs == [], w
 
 
-@pytest.mark.parametrize("mode", ENGINE_MODES)
+@pytest.mark.parametrize("mode", MODES)
 def test_observe_mode_records_a_hang_and_the_attempt_that_steps_on_completes(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
@@ -326,7 +324,7 @@ def _decide(approve: bool) -> Operator:
 REPEATED_UNKNOWN = ["--fail-attempts", "0,1", "--fail-at", "6", "--steps", "14"]
 
 
-@pytest.mark.parametrize("mode", ENGINE_MODES)
+@pytest.mark.parametrize("mode", MODES)
 def test_a_repeated_unknown_failure_waits_for_approval_and_an_approved_restart_runs(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
@@ -341,7 +339,7 @@ def test_a_repeated_unknown_failure_waits_for_approval_and_an_approved_restart_r
     assert w.out.quarantined == [], w
 
 
-@pytest.mark.parametrize("mode", ENGINE_MODES)
+@pytest.mark.parametrize("mode", MODES)
 def test_a_denied_restart_is_skipped_and_the_job_stops(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
@@ -368,7 +366,7 @@ def test_a_denied_restart_is_skipped_and_the_job_stops(
 TWO_XIDS = ["--steps", "30", "--every", "10", "--interval", "0.08"]
 
 
-@pytest.mark.parametrize("mode", ENGINE_MODES)
+@pytest.mark.parametrize("mode", MODES)
 def test_the_breaker_holds_back_a_quarantine_beyond_the_share_and_the_job_avoids_the_card(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
@@ -399,7 +397,7 @@ def test_the_breaker_holds_back_a_quarantine_beyond_the_share_and_the_job_avoids
     assert not {first, second} & set(w.attempt_devices[2]), w
 
 
-@pytest.mark.parametrize("mode", ENGINE_MODES)
+@pytest.mark.parametrize("mode", MODES)
 def test_a_breaker_set_to_a_larger_share_lets_the_second_quarantine_through(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
@@ -429,7 +427,7 @@ def test_a_breaker_set_to_a_larger_share_lets_the_second_quarantine_through(
     assert not {first, second} & set(w.attempt_devices[2]), w
 
 
-@pytest.mark.parametrize("mode", ENGINE_MODES)
+@pytest.mark.parametrize("mode", MODES)
 def test_a_known_cause_after_an_unknown_one_in_the_same_incident_does_not_wait(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:

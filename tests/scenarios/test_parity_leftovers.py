@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _modes import ENGINE_MODES, Policy, procs_inventory, run_mode, serve_mode, state_of
+from _modes import MODES, Policy, procs_inventory, run_mode, serve_mode, state_of
 from test_parity_evidence import IB_WARN, NCCL_ERROR
 
 from trainguard.model.fleet import BreakerState
@@ -37,7 +37,7 @@ def _open_breaker(state: Path) -> None:
         )  # fmt: skip
 
 
-@pytest.mark.parametrize("mode", ENGINE_MODES)
+@pytest.mark.parametrize("mode", MODES)
 def test_an_open_breaker_holds_back_a_host_quarantine_and_the_job_moves_anyway(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
@@ -50,9 +50,8 @@ def test_an_open_breaker_holds_back_a_host_quarantine_and_the_job_moves_anyway(
     _open_breaker(state)
     args = ["--fail-attempts", "0", "--fail-at", "8", "--warn", IB_WARN, "--error", NCCL_ERROR,
             "--steps", "20"]  # fmt: skip
-    if mode in ("run", "engine"):
-        engine = mode == "engine"
-        out = run_mode(tmp_path, args, Policy(), inventory=procs_inventory(), engine=engine)
+    if mode == "run":
+        out = run_mode(tmp_path, args, Policy(), inventory=procs_inventory())
     else:
         out = serve_mode(sqlite_target, tmp_path, args, Policy())
     [inc] = out.incidents
