@@ -78,7 +78,7 @@ def test_breaker_config_refuses_what_the_options_refuse() -> None:
 
 
 def test_run_passes_the_breaker_to_its_controller(monkeypatch: pytest.MonkeyPatch) -> None:
-    import trainguard.controller.run as run_module
+    import trainguard.controller.local_driver as run_module
 
     seen: list[Any] = []
 
@@ -89,7 +89,7 @@ def test_run_passes_the_breaker_to_its_controller(monkeypatch: pytest.MonkeyPatc
         def run(self) -> Any:
             return argparse.Namespace(exit_code=0)
 
-    monkeypatch.setattr(run_module, "RunController", Stub)
+    monkeypatch.setattr(run_module, "LocalDriver", Stub)
     args = _parse(_command("run", GIVEN))
     assert args.func(args) == 0
     [options] = seen

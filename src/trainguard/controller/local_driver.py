@@ -172,7 +172,11 @@ class LocalDriver:
             listener.start()
             if kernel is not None:
                 kernel.start()
-            self.say(f"trainguard: job {self.job_id}: {inv.message}; {description}; logs in {logs}")
+            unmanaged = "" if inv.found else "; running without device management"
+            self.say(
+                f"trainguard: job {self.job_id}: {inv.message}{unmanaged}; {description}; "
+                f"logs in {logs}"
+            )
             return self._drive(plane, store, o)
         finally:
             restore()

@@ -192,6 +192,10 @@ class LocalCluster:
     def _place(self, job: _Job) -> tuple[Device, ...] | None:
         """Devices for the job's next attempt: ``nodes`` nodes in service, not excluded,
         each with ``devices_per_node`` free devices; ``None`` while there is no room."""
+        if not self.devices and job.spec.devices_per_node == 0:
+            # A machine without managed devices (no GPUs found): the job runs as it is,
+            # as run runs it "without device management", instead of pending for ever.
+            return ()
         busy = self._in_use()
         chosen: list[Device] = []
         nodes = 0
