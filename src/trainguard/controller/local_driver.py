@@ -15,7 +15,11 @@ through :class:`~trainguard.controller.service.ControlPlane`) drives the job thr
 * **the run's options as a policy**: hang, verification, restart budget and backoff
   become the job's recovery policy document (``run``), stored and audited;
 * **what the user sees**: each audit record of the job, one line on stderr as it is
-  written (the seed of stage 4's one formatter).
+  written (the seed of stage 4's one formatter);
+* **start-up** (controller/local_start.py, policy/start.py, decision 0381):
+  ``--preflight`` quarantines the cards that fail before the job is submitted; a
+  job the schedulable cards cannot start is recorded stopped, with the reason;
+  attempt logs go to ``--log-dir`` (else ``<state dir>/logs/<job id>``).
 
 The lease is the engine's (the ``controller`` lease that ``run`` and ``serve``
 share), so two drivers, or a driver and a ``serve``, on one state database exclude
@@ -31,12 +35,14 @@ import shutil
 import signal
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
 from trainguard.controller.engine.config import ControlConfig
 from trainguard.controller.interrupts import on_interrupt
 from trainguard.controller.lease import process_holder
+from trainguard.controller.local_start import device_statuses, log_dir, preflight, refuse
 from trainguard.controller.run_base import (
     EXIT_INTERRUPTED,
     EXIT_STOPPED,
@@ -45,16 +51,19 @@ from trainguard.controller.run_base import (
     _Interrupt,
 )
 from trainguard.controller.service import ControlPlane
-from trainguard.diagnose.detectors import line_finding
+from trainguard.diagnose.detectors import ProgressLineParser, line_finding
 from trainguard.diagnose.signatures import classify_line
 from trainguard.model.devices import Device
-from trainguard.model.records import AttemptState, AuditEvent, JobState
+from trainguard.model.plan import Mode
+from trainguard.model.records import AttemptState, AuditEvent, AuditKind, JobState
+from trainguard.policy.start import default_need, start_devices
 from trainguard.schedulers.base import JobSpec
 from trainguard.schedulers.local_cluster import LocalCluster, LocalLaunch
 from trainguard.signals.inventory import InventoryError, load
 from trainguard.signals.kernel_log import KernelLine, open_kernel_log
 from trainguard.signals.progress import ProgressListener, ProgressReceived, short_socket_dir
 from trainguard.store import NotFound, Store
+from trainguard.store.fleet import Fenced
 
 ACTOR = "trainguard-run"
 POLICY = "run"  # the policy document a driven job runs under
@@ -73,6 +82,9 @@ def policy_document(o: RunOptions) -> dict[str, Any]:
         "hang_startup_seconds": o.startup_timeout,
         "verify_window_seconds": o.verify_window,
         "verify_min_rate_ratio": o.verify_min_rate_ratio,
+        # Nobody is about to release a card while a local run waits: it stops and says
+        # how to return one (0381).
+        "wait_for_capacity": False,
     }
     if o.hang_timeout is not None:
         doc["hang_timeout_seconds"] = o.hang_timeout
@@ -95,12 +107,16 @@ class LocalDriver:
         say: Callable[[str], None] | None = None,
         tick: float = DEFAULT_TICK,
     ) -> None:
+        # A bad --progress-pattern is a usage error now, not a failure once running.
+        ProgressLineParser(options.progress_pattern)
         self.opt = options
         self.clock = clock
         self.tick = tick
         self.say = say or (lambda m: print(m, file=sys.stderr, flush=True))
         self.events: queue.Queue[Any] = queue.Queue()
         self.devices: tuple[Device, ...] = ()
+        self.job_id = ""
+        self.logs = ""
         self._audit_cursor = 0
 
     def run(self) -> RunResult:
@@ -112,6 +128,10 @@ class LocalDriver:
             return RunResult("", 2, JobState.STOPPED, str(exc))
         self.devices = inv.devices
         root = os.path.join(os.path.dirname(os.path.abspath(o.state)), "local")
+        # The job's id is chosen here, so its attempt logs have their directory (--log-dir,
+        # else <state dir>/logs/<job id>, as run names them) before it is submitted.
+        self.job_id = f"job-{uuid.uuid4().hex[:12]}"
+        self.logs = logs = log_dir(o.state, self.job_id, o.log_dir)
         sock_dir = short_socket_dir()
         listener = ProgressListener(os.path.join(sock_dir, "progress.sock"), self.events.put)
         cluster = LocalCluster(
@@ -128,6 +148,7 @@ class LocalDriver:
                 kill_grace=o.kill_grace,
                 snapshot_flush_wait=o.snapshot_flush_wait,
                 settle=o.settle,
+                log_dir=logs,
             ),
         )
         store = Store.open(o.state, at=self.clock())
@@ -151,7 +172,11 @@ class LocalDriver:
             listener.start()
             if kernel is not None:
                 kernel.start()
-            self.say(f"trainguard: {inv.message}; {description}")
+            unmanaged = "" if inv.found else "; running without device management"
+            self.say(
+                f"trainguard: job {self.job_id}: {inv.message}{unmanaged}; {description}; "
+                f"logs in {logs}"
+            )
             return self._drive(plane, store, o)
         finally:
             restore()
@@ -173,12 +198,33 @@ class LocalDriver:
             return RunResult("", EXIT_STOPPED, JobState.STOPPED, reason)
         self._audit_cursor = store.last_audit_id()
         plane.put_policy(policy_document(o), ACTOR)
-        need = o.need if o.need is not None else len(self.devices)
+        # Start-up (0381): --preflight, then how many devices the job starts on, or why
+        # it does not start.
+        try:
+            if o.preflight and self.devices:
+                preflight(
+                    store, self.devices, o.preflight, kernel_log=o.kernel_log,
+                    fence=plane.reconciler.elector.fence, clock=self.clock, actor=ACTOR,
+                )  # fmt: skip
+                plane.run_once()  # the cluster is told of the quarantines before the start
+        except Fenced as exc:
+            self.say(f"trainguard: lost the lease on {o.state} before the job started: {exc}")
+            return RunResult("", EXIT_STOPPED, JobState.STOPPED, str(exc))
+        statuses = device_statuses(store, self.devices)
+        start = start_devices(
+            statuses, o.need if o.need is not None else default_need(statuses), o.min_need
+        )
+        if start.count is None:
+            reason = start.reason or "too few devices"
+            refuse(store, o, self.job_id, start.need, reason, at=self.clock(), actor=ACTOR)
+            self._tell(store, self.job_id)
+            return RunResult(self.job_id, EXIT_STOPPED, JobState.STOPPED, reason)
+        os.makedirs(self.logs, exist_ok=True)
         spec = JobSpec(
             name=o.display_name(),
             command=tuple(o.command),
             nodes=1,
-            devices_per_node=need,
+            devices_per_node=start.count,
         )
         fj = plane.submit_job(
             spec,
@@ -186,7 +232,13 @@ class LocalDriver:
             policy=POLICY,
             checkpoint_dir=o.checkpoint_dir,
             min_need=o.min_need,
+            job_id=self.job_id,
         )
+        if start.note is not None:
+            store.append_audit(
+                self.clock(), ACTOR, AuditKind.NOTE, f"job:{fj.job_id}", start.note,
+                job_id=fj.job_id,
+            )  # fmt: skip
         while True:
             report = plane.run_once()
             for error in report.errors:
@@ -195,7 +247,7 @@ class LocalDriver:
             job = store.get_job(fj.job_id)
             if job.state.terminal:
                 incidents = tuple(i.id for i in store.list_incidents(job_id=fj.job_id))
-                code = 0 if job.state is JobState.COMPLETED else EXIT_STOPPED
+                code = self._exit_code(store, job.id, job.state)
                 return RunResult(fj.job_id, code, job.state, job.reason, incidents)
             interrupted = self._wait(plane, fj.job_id)
             if interrupted is not None:
@@ -203,6 +255,21 @@ class LocalDriver:
                 self._stop(store, fj.job_id, reason)
                 self._tell(store, fj.job_id)
                 return RunResult(fj.job_id, EXIT_INTERRUPTED, JobState.STOPPED, reason)
+
+    def _exit_code(self, store: Store, job_id: str, state: JobState) -> int:
+        """0 when the job completed; in observe mode, the job's own exit status (nothing
+        was done about its failure: a script sees what it would have seen without
+        trainguard, 128 + N for a signal); else EXIT_STOPPED."""
+        if state is JobState.COMPLETED:
+            return 0
+        if self.opt.mode is Mode.OBSERVE:
+            attempts = store.list_attempts(job_id)
+            last = attempts[-1] if attempts else None
+            if last is not None and last.exit_code:
+                return last.exit_code
+            if last is not None and last.signal:
+                return 128 + last.signal
+        return EXIT_STOPPED
 
     def _stop(self, store: Store, job_id: str, reason: str) -> None:
         """The user stopped the job: its running attempt and the job end as stopped (the

@@ -21,6 +21,8 @@ format (every field optional)::
     placement: node                     # "device" (any healthy devices) or "node" (whole hosts)
     isolate_network_after: 2            # integer >= 1: the same culprit of a collective
                                         # timeout/error this many times is isolated (0110)
+    wait_for_capacity: true             # too few devices, some could return: wait (true)
+                                        # or stop the job with the reason (false; 0381)
 
 Every error names the field (``backoff.base_seconds``) and what was wrong with
 it; an unknown field is an error (with the nearest known name), so a typo never
@@ -59,6 +61,7 @@ _FIELDS = (
     "placement",
     "isolate_network_after",
     "max_checkpoint_age_seconds",
+    "wait_for_capacity",
 )
 
 
@@ -158,6 +161,14 @@ def parse_policy(data: Any, *, name: str | None = None) -> PolicyDocument:
                 policy=pname,
             )
         out["allow_quarantine"] = data["allow_quarantine"]
+    if data.get("wait_for_capacity") is not None:
+        if not isinstance(data["wait_for_capacity"], bool):
+            raise PolicyError(
+                "wait_for_capacity",
+                f"must be true or false, got {_describe(data['wait_for_capacity'])}",
+                policy=pname,
+            )
+        out["wait_for_capacity"] = data["wait_for_capacity"]
     backoff = data.get("backoff")
     if backoff is not None:
         if isinstance(backoff, Mapping):
@@ -318,6 +329,7 @@ def resolve(
         ("verify_min_rate_ratio", "verify_min_rate_ratio"),
         ("placement", "placement"),
         ("isolate_network_after", "isolate_network_after"),
+        ("wait_for_capacity", "wait_for_capacity"),
     ):
         value = getattr(doc, src)
         if value is not None:

@@ -61,7 +61,7 @@ from trainguard.model.records import (
     IncidentState,
     JobState,
 )
-from trainguard.policy.hang import hang_detector
+from trainguard.policy.hang import hang_detector, no_progress_hint
 from trainguard.policy.lost import Segment, incident_segments
 from trainguard.schedulers.local import (
     DEFAULT_KILL_GRACE_SECONDS,
@@ -81,22 +81,6 @@ PROGRESS_WRITE_SECONDS = 1.0
 SAVE_SCAN_SECONDS = 1.0  # how often a restart being verified looks for new checkpoints
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 SUPERVISOR_DIED = "supervisor died"
-
-
-def no_progress_hint(pattern: str | None) -> str:
-    """What a user can do when a job never showed progress: it may be training fine in a
-    form trainguard cannot see, and will then be restarted as hung again and again."""
-    matched = (
-        f"no output line matched --progress-pattern {pattern!r}"
-        if pattern
-        else "no output line looked like progress (step=N, step N, iteration N, [N/M])"
-    )
-    return (
-        f"{matched} and no trainguard.train progress report arrived; if the job does make "
-        "progress, give --progress-pattern REGEX with a group for the step, or report it "
-        "with trainguard.train.report_progress(step) or a trainguard.integrations callback "
-        "(Hugging Face Trainer, Lightning); docs/run.md"
-    )
 
 
 @dataclass(frozen=True)

@@ -209,6 +209,7 @@ class PolicyDocument:
     description: str | None = None
     isolate_network_after: int | None = None  # RecoveryPolicy.isolate_network_after (0110)
     max_checkpoint_age_seconds: float | None = None  # checkpoint protection alert (0251)
+    wait_for_capacity: bool | None = None  # RecoveryPolicy.wait_for_capacity (0381)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name}
@@ -234,6 +235,7 @@ class PolicyDocument:
             ("placement", self.placement),
             ("isolate_network_after", self.isolate_network_after),
             ("max_checkpoint_age_seconds", self.max_checkpoint_age_seconds),
+            ("wait_for_capacity", self.wait_for_capacity),
         ):
             if value is not None:
                 out[key] = value

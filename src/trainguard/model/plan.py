@@ -53,6 +53,9 @@ class RecoveryPolicy:
     # A symptom-only network failure (collective timeout/error) naming the same culprit
     # this many times (this one included) isolates that culprit (decision 0110).
     isolate_network_after: int = 2
+    # Too few healthy devices while some could come back (released, repaired): wait for
+    # them (serve's default) or stop with the reason (trainguard run, decision 0381).
+    wait_for_capacity: bool = True
 
     def __post_init__(self) -> None:
         if self.placement not in PLACEMENTS:

@@ -26,7 +26,8 @@ The rules, in the order they are applied (docs/run.md, decision 0050):
    failed attempt's healthy devices first (locality, warm caches) and then the
    lowest indices; with fewer, it continues only down to ``min_need``, else it
    waits for capacity (some device may come back from repair) or stops (none
-   can). With ``placement="node"`` only whole usable hosts count, so the host
+   can, or the policy does not wait: ``wait_for_capacity``, 0381). With
+   ``placement="node"`` only whole usable hosts count, so the host
    of a bad device is replaced by a whole spare host (decision 0112).
 6. **Checkpoint.** Restart from the newest *valid* checkpoint in the catalog's
    list; every invalid one newer than it is listed in ``skipped_checkpoints``
@@ -525,13 +526,23 @@ def decide(snapshot: RecoverySnapshot) -> Plan:
             + (f" (at least {minimum})" if minimum != need else "")
             + f", only {available} available"
         )
-        if could_return + available >= minimum:
+        if could_return + available >= minimum and policy.wait_for_capacity:
             return finish(
                 WaitForCapacity(
                     reason=f"{message}; waiting for quarantined/repaired devices to return "
                     "(release one with `trainguard devices release`)",
                     needed=minimum,
                     available=available,
+                )
+            )
+        if could_return + available >= minimum:
+            # The policy does not wait (trainguard run, 0381): said now, with the way out.
+            return finish(
+                Stop(
+                    reason=f"{message}; the policy does not wait for quarantined/repaired "
+                    "devices to return",
+                    advice="release one with `trainguard devices release ID --reason ...` "
+                    "and run again",
                 )
             )
         return finish(

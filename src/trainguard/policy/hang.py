@@ -25,6 +25,22 @@ def hang_config(policy: RecoveryPolicy) -> HangConfig:
     )
 
 
+def no_progress_hint(pattern: str | None) -> str:
+    """What a user can do when a job never showed progress: it may be training fine in a
+    form trainguard cannot see, and will then be restarted as hung again and again."""
+    matched = (
+        f"no output line matched --progress-pattern {pattern!r}"
+        if pattern
+        else "no output line looked like progress (step=N, step N, iteration N, [N/M])"
+    )
+    return (
+        f"{matched} and no trainguard.train progress report arrived; if the job does make "
+        "progress, give --progress-pattern REGEX with a group for the step, or report it "
+        "with trainguard.train.report_progress(step) or a trainguard.integrations callback "
+        "(Hugging Face Trainer, Lightning); docs/run.md"
+    )
+
+
 def hang_detector(
     policy: RecoveryPolicy, started_at: float, no_progress_hint: str = ""
 ) -> HangDetector:
@@ -35,4 +51,4 @@ def hang_detector(
     )
 
 
-__all__ = ["hang_config", "hang_detector"]
+__all__ = ["hang_config", "hang_detector", "no_progress_hint"]

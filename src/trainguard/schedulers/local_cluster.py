@@ -67,7 +67,10 @@ class LocalLaunch:
     own stdout/stderr besides its log; ``kill_grace``/``snapshot_flush_wait``: how a
     requeue ends the failed attempt (``LocalAttempt.kill``: the launcher frozen, the
     ranks' memory snapshots flushed, then SIGTERM and SIGKILL, decisions 0261, 0270);
-    ``settle``: how long a rank's death waits for late evidence before it is reported.
+    ``settle``: how long a rank's death waits for late evidence before it is reported;
+    ``log_dir``: each attempt's output in ``<log_dir>/attempt-N.log``, as ``trainguard
+    run --log-dir`` names it (one job's directory: the driver submits one job), else
+    ``<root>/<ref>.attempt-N.log``.
     """
 
     warm_standby: bool = False
@@ -77,6 +80,7 @@ class LocalLaunch:
     kill_grace: float = DEFAULT_KILL_GRACE_SECONDS
     snapshot_flush_wait: float = 0.0
     settle: float = 0.3  # a rank's death is reported this long after it (run's --settle)
+    log_dir: str | None = None
 
 
 @dataclass
@@ -188,6 +192,10 @@ class LocalCluster:
     def _place(self, job: _Job) -> tuple[Device, ...] | None:
         """Devices for the job's next attempt: ``nodes`` nodes in service, not excluded,
         each with ``devices_per_node`` free devices; ``None`` while there is no room."""
+        if not self.devices and job.spec.devices_per_node == 0:
+            # A machine without managed devices (no GPUs found): the job runs as it is,
+            # as run runs it "without device management", instead of pending for ever.
+            return ()
         busy = self._in_use()
         chosen: list[Device] = []
         nodes = 0
@@ -221,7 +229,12 @@ class LocalCluster:
             self._start(job, devices)
 
     def _start(self, job: _Job, devices: tuple[Device, ...]) -> None:
-        output = self.root / f"{job.ref}.attempt-{job.attempt}.log"
+        log_dir = self.launch_options.log_dir
+        output = (
+            Path(log_dir) / f"attempt-{job.attempt}.log"
+            if log_dir
+            else self.root / f"{job.ref}.attempt-{job.attempt}.log"
+        )
         spec = LaunchSpec(
             command=job.spec.command,
             attempt=job.attempt,

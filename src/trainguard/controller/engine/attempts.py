@@ -19,7 +19,7 @@ from trainguard.model.records import (
     JobRecord,
     JobState,
 )
-from trainguard.policy.hang import hang_detector
+from trainguard.policy.hang import hang_detector, no_progress_hint
 from trainguard.policy.verify import Verification, failed_finding
 from trainguard.schedulers.base import JobPhase, Observation, ObservedJob
 from trainguard.store.fleet import Fence
@@ -134,7 +134,11 @@ class AttemptSync(HealthEnforcer):
         key = (job.id, att.number)
         hang = self._hangs.get(key)
         if hang is None:
-            hang = self._hangs[key] = hang_detector(self._policy(fj, job), att.started_at)
+            hang = self._hangs[key] = hang_detector(
+                self._policy(fj, job),
+                att.started_at,
+                no_progress_hint=no_progress_hint(self.config.progress_pattern),
+            )
         # The first step seen and the last: two progress points once the job moved past
         # its first step, however many steps one pass saw (a pass samples progress).
         if att.first_step is not None and att.first_step_at is not None:
