@@ -31,12 +31,15 @@ import shutil
 import signal
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
+from trainguard.controller import local_orphans
+from trainguard.controller.crash import CrashPoints
 from trainguard.controller.engine.config import ControlConfig
 from trainguard.controller.interrupts import on_interrupt
-from trainguard.controller.lease import process_holder
+from trainguard.controller.lease import holder_alive, process_holder, take_from_dead
 from trainguard.controller.run_base import (
     EXIT_INTERRUPTED,
     EXIT_STOPPED,
@@ -48,8 +51,9 @@ from trainguard.controller.service import ControlPlane
 from trainguard.diagnose.detectors import line_finding
 from trainguard.diagnose.signatures import classify_line
 from trainguard.model.devices import Device
-from trainguard.model.records import AttemptState, AuditEvent, JobState
+from trainguard.model.records import AttemptState, AuditEvent, AuditKind, JobState
 from trainguard.schedulers.base import JobSpec
+from trainguard.schedulers.local import JOB_ID_ENV
 from trainguard.schedulers.local_cluster import LocalCluster, LocalLaunch
 from trainguard.signals.inventory import InventoryError, load
 from trainguard.signals.kernel_log import KernelLine, open_kernel_log
@@ -102,6 +106,8 @@ class LocalDriver:
         self.events: queue.Queue[Any] = queue.Queue()
         self.devices: tuple[Device, ...] = ()
         self._audit_cursor = 0
+        self._inventory_line = ""
+        self._noted: tuple[int, int] | None = None
 
     def run(self) -> RunResult:
         o = self.opt
@@ -144,6 +150,8 @@ class LocalDriver:
                 lease_ttl=o.lease_ttl,
             ),
             identity=process_holder(),
+            # run's crash points; lenient: the variable also names the job's own phases
+            crash=CrashPoints(strict=False),
         )
         kernel, description = open_kernel_log(o.kernel_log, self.events.put, self.clock)
         restore = self._install_signal_handlers()
@@ -151,8 +159,8 @@ class LocalDriver:
             listener.start()
             if kernel is not None:
                 kernel.start()
-            self.say(f"trainguard: {inv.message}; {description}")
-            return self._drive(plane, store, o)
+            self._inventory_line = f"trainguard: {inv.message}; {description}"
+            return self._drive(plane, store, o, cluster)
         finally:
             restore()
             if kernel is not None:
@@ -163,35 +171,77 @@ class LocalDriver:
             store.close()
             shutil.rmtree(sock_dir, ignore_errors=True)
 
-    def _drive(self, plane: ControlPlane, store: Store, o: RunOptions) -> RunResult:
-        first = plane.run_once()  # take the lease before anything is submitted
-        if not first.leader:
-            lease = plane.leader()
-            holder = lease.holder if lease is not None else "another trainguard"
-            reason = f"{o.state} is in use: {holder} holds its lease"
+    def _drive(
+        self, plane: ControlPlane, store: Store, o: RunOptions, cluster: LocalCluster
+    ) -> RunResult:
+        # Take the lease before anything is submitted, at once from a run that provably
+        # died (0220, 0385), without a pass: the dead run's jobs are not adopted yet.
+        cfg = plane.config
+        if take_from_dead(plane.fleet, cfg.lease_name, plane.identity, cfg.lease_ttl,
+                          self.clock()) is None:  # fmt: skip
+            reason = f"{o.state} is in use: {_holder_words(plane)} holds its lease"
             self.say(f"trainguard: {reason}")
             return RunResult("", EXIT_STOPPED, JobState.STOPPED, reason)
+        self.say(self._inventory_line)
         self._audit_cursor = store.last_audit_id()
         plane.put_policy(policy_document(o), ACTOR)
-        need = o.need if o.need is not None else len(self.devices)
-        spec = JobSpec(
-            name=o.display_name(),
-            command=tuple(o.command),
-            nodes=1,
-            devices_per_node=need,
-        )
-        fj = plane.submit_job(
-            spec,
-            actor="user:" + (os.environ.get("USER") or "local"),
-            policy=POLICY,
-            checkpoint_dir=o.checkpoint_dir,
-            min_need=o.min_need,
-        )
+        took = local_orphans.take_over(
+            store, cluster, command=o.command, checkpoint_dir=o.checkpoint_dir, mode=o.mode,
+            policy=POLICY, grace=o.grace, at=self.clock(), say=self.say,
+        )  # fmt: skip
+        self._tell(store, None)
+        if took.problem is not None:
+            self.say(f"trainguard: {took.problem}")
+            return RunResult("", EXIT_STOPPED, JobState.STOPPED, took.problem)
+        # One pass before a new job is placed: the stored health (a card a dead run's
+        # recovery quarantined) is enforced in the cluster first (0385).
+        plane.run_once()
+        if took.job_id is not None:
+            job_id = took.job_id
+        else:
+            job_id = f"job-{uuid.uuid4().hex[:12]}"
+            need = o.need if o.need is not None else len(self.devices)
+            spec = JobSpec(
+                name=o.display_name(),
+                command=tuple(o.command),
+                nodes=1,
+                devices_per_node=need,
+                env={JOB_ID_ENV: job_id},  # its processes carry it: how leftovers are found
+            )
+            plane.submit_job(
+                spec,
+                actor="user:" + (os.environ.get("USER") or "local"),
+                policy=POLICY,
+                checkpoint_dir=o.checkpoint_dir,
+                min_need=o.min_need,
+                job_id=job_id,
+            )
+        local_orphans.note_supervisor(store, job_id, self.clock(), resumed=took.job_id is not None)
+        fj = plane.fleet.get_fleet_job(job_id)
+        resume = took.resume_attempt
+        token: int | None = None
         while True:
+            # Paused past the lease (SIGSTOP), this run may find it released by the one
+            # that took over: it must not take it back and act (0220).
+            held = plane.leader()
+            if token is not None and (
+                held is None or held.holder != plane.identity or held.token != token
+            ):
+                return self._lease_lost(o, fj.job_id)
             report = plane.run_once()
             for error in report.errors:
                 self.say(f"trainguard: reconcile: {error}")
             self._tell(store, fj.job_id)
+            if not report.leader:
+                return self._lease_lost(o, fj.job_id)
+            held = plane.leader()
+            token = held.token if held is not None else None
+            if resume is not None:
+                # The engine judged the dead run's attempt once (evidence on its cards
+                # fails it); nothing did: the job runs again, no incident (0385).
+                self._resume(store, cluster, fj.scheduler_ref, fj.job_id, resume)
+                resume = None
+            self._note_start(store, cluster, fj.scheduler_ref, fj.job_id)
             job = store.get_job(fj.job_id)
             if job.state.terminal:
                 incidents = tuple(i.id for i in store.list_incidents(job_id=fj.job_id))
@@ -203,6 +253,48 @@ class LocalDriver:
                 self._stop(store, fj.job_id, reason)
                 self._tell(store, fj.job_id)
                 return RunResult(fj.job_id, EXIT_INTERRUPTED, JobState.STOPPED, reason)
+
+    def _lease_lost(self, o: RunOptions, job_id: str) -> RunResult:
+        """Another trainguard holds the lease now (this one was paused past it): write
+        nothing more; the new holder owns the job and resumes it (0220)."""
+        message = (
+            f"lost the lease on {o.state}; stopped supervising job {job_id} without "
+            "closing it: the new holder owns it"
+        )
+        self.say(f"trainguard: {message}")
+        return RunResult(job_id, EXIT_STOPPED, JobState.STOPPED, message)
+
+    def _resume(
+        self, store: Store, cluster: LocalCluster, ref: str, job_id: str, number: int
+    ) -> None:
+        att = store.get_attempt(job_id, number)
+        if att.state.terminal or any(
+            i.attempt == number for i in store.list_incidents(job_id=job_id)
+        ):
+            return
+        new = cluster.resume(ref)
+        store.append_audit(
+            self.clock(), ACTOR, AuditKind.NOTE, f"job:{job_id}",
+            f"resuming job {job_id} after its supervisor died: attempt {new} replaces "
+            f"attempt {number}", {"attempt": new, "replaces": number}, job_id=job_id,
+        )  # fmt: skip
+
+    def _note_start(self, store: Store, cluster: LocalCluster, ref: str, job_id: str) -> None:
+        """Each attempt's process group, once: the next run stops what is left of it if
+        both this process and the watchdog die (local_orphans.stop_leftovers)."""
+        try:
+            started = cluster.process_group(ref)
+        except Exception:  # a job the cluster no longer knows: nothing to note
+            return
+        if started is None or started == self._noted:
+            return
+        self._noted = started
+        pid, pgid = started
+        store.append_audit(
+            self.clock(), ACTOR, AuditKind.RESULT, f"job:{job_id}",
+            f"attempt started: launcher pid {pid}, process group {pgid}",
+            {"pid": pid, "pgid": pgid}, job_id=job_id,
+        )  # fmt: skip
 
     def _stop(self, store: Store, job_id: str, reason: str) -> None:
         """The user stopped the job: its running attempt and the job end as stopped (the
@@ -247,14 +339,25 @@ class LocalDriver:
             with contextlib.suppress(NotFound, ValueError):
                 plane.ingest_progress(job_id, attempt, ev.event.step, at=ev.at)
 
-    def _tell(self, store: Store, job_id: str) -> None:
+    def _tell(self, store: Store, job_id: str | None) -> None:
         for event in store.list_audit(after_id=self._audit_cursor):
             self._audit_cursor = event.id
-            if event.job_id in (None, job_id):
+            if job_id is None or event.job_id in (None, job_id):
                 self.say(audit_line(event))
 
     def _install_signal_handlers(self) -> Callable[[], None]:
         return on_interrupt(lambda signum: self.events.put(_Interrupt(signum)))
+
+
+def _holder_words(plane: ControlPlane) -> str:
+    """Who holds the lease, in words: ``trainguard run pid N on HOST`` for a run."""
+    lease = plane.leader()
+    if lease is None:
+        return "another trainguard"
+    parts = lease.holder.split(":")
+    if len(parts) == 4 and holder_alive(lease.holder) is not None:
+        return f"trainguard run pid {parts[1]} on {parts[0]}"
+    return lease.holder
 
 
 def drive(options: RunOptions) -> RunResult:

@@ -49,6 +49,7 @@ from trainguard.schedulers.base import (
 from trainguard.schedulers.local import (
     DEFAULT_GRACE_SECONDS,
     DEFAULT_KILL_GRACE_SECONDS,
+    JOB_ID_ENV,
     LaunchSpec,
     LocalAttempt,
     LocalScheduler,
@@ -106,10 +107,15 @@ class _Job:
     rank_failure: ProcessExit | None = None
     # A rank death not yet reported: it waits out the settle window first (below).
     dying: ProcessExit | None = None
+    # An adopted attempt a dead supervisor launched (``adopt``): no process of ours runs
+    # it; RUNNING while it is judged, FAILED when it had ended (decision 0385).
+    orphan: JobPhase | None = None
 
     def phase(self) -> JobPhase:
         if self.cancelled:
             return JobPhase.CANCELLED
+        if self.orphan is not None and self.launch is None:
+            return self.orphan
         if self.launch is None:
             return JobPhase.PENDING
         if self.rank_failure is not None:
@@ -213,8 +219,8 @@ class LocalCluster:
     def _schedule(self) -> None:
         """Start every pending job that fits, oldest first (FIFO, no backfill)."""
         for job in self._jobs.values():
-            if job.cancelled or job.launch is not None:
-                continue
+            if job.cancelled or job.launch is not None or job.orphan is not None:
+                continue  # an adopted attempt waits for resume() or a requeue
             devices = self._place(job)
             if devices is None:
                 continue
@@ -352,7 +358,9 @@ class LocalCluster:
             raise SchedulerError("a job needs nodes >= 1 and devices_per_node >= 0")
 
         def act() -> dict[str, Any]:
-            ref = f"local-{self._next_ref}"
+            # The job's own id, when the owner names it, is the ref: unique on the state
+            # database across supervisors, and what its processes carry (JOB_ID_ENV).
+            ref = spec.env.get(JOB_ID_ENV) or f"local-{self._next_ref}"
             self._next_ref += 1
             self._jobs[ref] = _Job(ref, spec, submitted_at=self.clock(), last_key=key)
             self._schedule()
@@ -380,6 +388,7 @@ class LocalCluster:
             job.attempt += 1
             job.launch = None
             job.rank_failure = job.dying = None
+            job.orphan = None
             job.devices = ()
             job.nodes = ()
             job.excluded_nodes = widen(job.excluded_nodes, exclude_nodes)
@@ -445,6 +454,55 @@ class LocalCluster:
             return self._keys.once(key, token, act)
 
     # --- beyond the protocol ---------------------------------------------------------
+
+    def adopt(
+        self,
+        ref: str,
+        spec: JobSpec,
+        attempt: int | None,
+        *,
+        devices: tuple[Device, ...] = (),
+        started_at: float | None = None,
+        ended: bool = False,
+    ) -> None:
+        """Know again a job a dead supervisor launched (decision 0385); its processes
+        are already stopped. ``attempt``: its last attempt (``None``: none started, so
+        it starts now), shown RUNNING until :meth:`resume` or a requeue moves past it,
+        or FAILED when it had ``ended``."""
+        with self._lock:
+            job = _Job(ref, spec, submitted_at=started_at or self.clock())
+            if attempt is not None:
+                job.attempt = attempt
+                job.orphan = JobPhase.FAILED if ended else JobPhase.RUNNING
+                job.devices = devices
+                job.nodes = tuple(dict.fromkeys(d.host or "localhost" for d in devices))
+                job.started_at = started_at
+                job.ended_at = self.clock() if ended else None
+            self._jobs[ref] = job
+            self._schedule()
+
+    def resume(self, ref: str) -> int:
+        """Start the next attempt of an adopted job whose last one nothing failed (the
+        supervisor died under it): the user's act of running it again, not a recovery."""
+        with self._lock:
+            job = self._job(ref)
+            if job.orphan is None:
+                return job.attempt
+            job.attempt += 1
+            job.orphan = None
+            job.devices = job.nodes = ()
+            job.started_at = job.ended_at = None
+            self._schedule()
+            return job.attempt
+
+    def process_group(self, ref: str) -> tuple[int, int] | None:
+        """The current attempt's launcher pid and process group (how leftovers of a
+        supervisor that died are told apart), ``None`` before it started."""
+        with self._lock:
+            job = self._job(ref)
+            if job.launch is None:
+                return None
+            return job.launch.pid, job.launch.pgid
 
     def signal_job(self, ref: str, sig: int = signal.SIGKILL) -> bool:
         """Send ``sig`` to the current attempt's command (a crash, for tests)."""
