@@ -281,18 +281,18 @@ def _dead_run(store: Store, job_id: str, at: float) -> None:
 def _audited_xid(
     store: Store, job_id: str, attempt: int, bad: Any, on: list[Any], at: float
 ) -> None:
-    """An XID 79 on ``bad`` as the run audits it for ``attempt`` (running on ``on``)."""
+    """An XID 79 on ``bad`` as the run records it while ``attempt`` runs on ``on``: a
+    stored finding of the kernel log (the engine driver's evidence source, 0380)."""
+    from trainguard.controller.service import ControlPlane
     from trainguard.diagnose.detectors import line_finding
     from trainguard.diagnose.signatures import classify_line
-    from trainguard.model.records import AuditKind
 
     line = (f"NVRM: Xid (PCI:{bad.pci_bus_id[:-2]}): 79, pid=1, name=python, "
             "GPU has fallen off the bus.")  # fmt: skip
     match = classify_line(line)
     assert match is not None
-    xid = line_finding(match, match.text, at, "kernel_log", on, simulated(3))
-    store.append_audit(at, "trainguard-run", AuditKind.OBSERVATION, f"attempt:{job_id}/{attempt}",
-                       f"xid: {xid.message}", xid.to_dict(), job_id=job_id)  # fmt: skip
+    xid = line_finding(match, match.text, at, "kernel_log", (), simulated(3))
+    ControlPlane(store, clock=lambda: at).ingest_finding(xid, host=xid.culprit.host)
 
 
 def _run_again(tmp: Path) -> None:
