@@ -278,6 +278,19 @@ def _dead_run(store: Store, job_id: str, at: float) -> None:
                        {"supervisor": dead}, job_id=job_id)  # fmt: skip
 
 
+def _dead_run_lease(store: Store, at: float) -> Any:
+    """The state's lease, held by a run that no longer exists (this pid, another start
+    time): the fence its ledger entries were written under."""
+    from trainguard.controller.lease import CONTROLLER_LEASE, process_holder
+    from trainguard.store.fleet import Fence, FleetStore
+
+    host, pid, _, boot = process_holder().split(":")
+    dead = f"{host}:{pid}:1:{boot}"
+    lease = FleetStore(store).acquire_lease(CONTROLLER_LEASE, dead, 3600.0, at)
+    assert lease is not None
+    return Fence(CONTROLLER_LEASE, dead, lease.token)
+
+
 def _audited_xid(
     store: Store, job_id: str, attempt: int, bad: Any, on: list[Any], at: float
 ) -> None:
@@ -350,6 +363,9 @@ def test_a_restart_that_failed_on_an_xid_before_the_next_plan_is_decided_again(
     # incident's note and the plan, no crash point). The next run must not carry the
     # spent plan out again onto card 1: it decides again from attempt 1's evidence.
     from trainguard.model.findings import Attribution, Culprit, Domain, IncidentKind
+    from trainguard.model.fleet import ActionState, action_key
+    from trainguard.policy.history import with_failure
+    from trainguard.store.fleet import FleetStore
     from trainguard.model.plan import Plan, Restart
     from trainguard.model.records import AttemptState, IncidentState, JobState
 
@@ -362,10 +378,23 @@ def test_a_restart_that_failed_on_an_xid_before_the_next_plan_is_decided_again(
         crash = Attribution(IncidentKind.CRASH, Domain.UNKNOWN, Culprit(), 0.5, "exit 1")
         inc = store.open_incident(job.id, 0, crash, detected_at=now + 1)
         plan = Plan(actions=(Restart(devices=(devices[0].uuid, bad.uuid), checkpoint=None),))
-        store.record_plan(inc.id, {**plan.to_dict(), "attempt": 0}, at=now + 1)
+        # As the engine records a plan: with the failure it answers (0360).
+        failures = with_failure([], 0, crash)
+        store.record_plan(inc.id, {**plan.to_dict(), "attempt": 0, "failures": failures},
+                          at=now + 1)  # fmt: skip
         store.update_incident(inc.id, at=now + 1, state=IncidentState.ACTING)
+        # The plan's restart, carried out: its ledger entry as the engine writes it.
+        inc = store.get_incident(inc.id)
+        fence = _dead_run_lease(store, now)
+        key = action_key(inc.id, inc.plan_generation, 0)
+        fleet = FleetStore(store)
+        fleet.record_intent(key, incident_id=inc.id, generation=inc.plan_generation, index=0,
+                            type="restart", data={}, subject=f"job:{job.id}", message="restart",
+                            fence=fence, at=now + 2, job_id=job.id)  # fmt: skip
         store.start_attempt(job.id, 1, devices[:2], at=now + 2)
         store.add_incident_action(inc.id, {"type": "restart", "attempt": 1}, at=now + 2)
+        fleet.record_result(key, ActionState.DONE, {"attempt": 1}, subject=f"job:{job.id}",
+                            message="attempt 1 requested", fence=fence, at=now + 2)  # fmt: skip
         store.update_incident(inc.id, at=now + 2, state=IncidentState.VERIFYING,
                               recovery_attempt=1)  # fmt: skip
         _dead_run(store, job.id, now)
