@@ -35,6 +35,7 @@ from typing import Any
 from trainguard.diagnose.detectors import ProcessExit
 from trainguard.model.devices import Device
 from trainguard.schedulers._keys import KeyBook, widen
+from trainguard.schedulers._reaper import STATUS_ENV
 from trainguard.schedulers.base import (
     GENERIC_TRAITS,
     ActionResult,
@@ -110,6 +111,7 @@ class _Job:
     # An adopted attempt a dead supervisor launched (``adopt``): no process of ours runs
     # it; RUNNING while it is judged, FAILED when it had ended (decision 0385).
     orphan: JobPhase | None = None
+    orphan_rc: int | None = None  # its launcher's end, as the watchdog recorded it
 
     def phase(self) -> JobPhase:
         if self.cancelled:
@@ -235,7 +237,8 @@ class LocalCluster:
             progress_url=self.launch_options.progress_url,
             log_path=str(output),
             resume_from=job.resume_from,
-            extra_env={**job.spec.env, **job.env},
+            # The watchdog records the launcher's end beside the log (adopt() reads it).
+            extra_env={**job.spec.env, **job.env, STATUS_ENV: str(self.root / job.ref)},
             echo=self.launch_options.echo,
             cwd=job.spec.cwd,
             job_id=job.ref,
@@ -319,7 +322,7 @@ class LocalCluster:
 
     def _observed(self, job: _Job) -> ObservedJob:
         phase = job.phase()
-        rc = job.launch.proc.returncode if job.launch is not None else None
+        rc = job.launch.proc.returncode if job.launch is not None else job.orphan_rc
         dead = (job.rank_failure or job.dying) if phase is JobPhase.FAILED else None
         if dead is not None:
             # The attempt ended as its rank did (the launcher's own status, when it has
@@ -468,12 +471,17 @@ class LocalCluster:
         """Know again a job a dead supervisor launched (decision 0385); its processes
         are already stopped. ``attempt``: its last attempt (``None``: none started, so
         it starts now), shown RUNNING until :meth:`resume` or a requeue moves past it,
-        or FAILED when it had ``ended``."""
+        FAILED when it had ``ended``, or as it ended by itself (the watchdog's status
+        file: the supervisor died before it saw the end)."""
         with self._lock:
             job = _Job(ref, spec, submitted_at=started_at or self.clock())
             if attempt is not None:
                 job.attempt = attempt
                 job.orphan = JobPhase.FAILED if ended else JobPhase.RUNNING
+                rc = None if ended else _recorded_end(self.root / f"{ref}.attempt-{attempt}")
+                if rc is not None:
+                    job.orphan = JobPhase.COMPLETED if rc == 0 else JobPhase.FAILED
+                    job.orphan_rc, ended = rc, True
                 job.devices = devices
                 job.nodes = tuple(dict.fromkeys(d.host or "localhost" for d in devices))
                 job.started_at = started_at
@@ -530,6 +538,17 @@ class LocalCluster:
             for job in self._jobs.values():
                 self._stop(job)
         self.launcher.close()
+
+
+def _recorded_end(prefix: Path) -> int | None:
+    """An attempt's end as its watchdog recorded it (``_reaper.STATUS_ENV``): the exit
+    code, or minus the signal, as ``Popen.returncode`` says it; ``None`` without one."""
+    try:
+        kind, _, value = Path(f"{prefix}.status").read_text().strip().partition(" ")
+        number = int(value)
+    except (OSError, ValueError):
+        return None
+    return -number if kind == "signal" else number
 
 
 __all__ = ["LocalCluster", "LocalLaunch"]
