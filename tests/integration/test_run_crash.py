@@ -364,10 +364,10 @@ def test_a_restart_that_failed_on_an_xid_before_the_next_plan_is_decided_again(
     # spent plan out again onto card 1: it decides again from attempt 1's evidence.
     from trainguard.model.findings import Attribution, Culprit, Domain, IncidentKind
     from trainguard.model.fleet import ActionState, action_key
-    from trainguard.policy.history import with_failure
-    from trainguard.store.fleet import FleetStore
     from trainguard.model.plan import Plan, Restart
     from trainguard.model.records import AttemptState, IncidentState, JobState
+    from trainguard.policy.history import with_failure
+    from trainguard.store.fleet import FleetStore
 
     devices = simulated(3)
     bad = devices[1]
@@ -419,21 +419,19 @@ def test_a_supervisor_dead_between_a_crash_and_its_incident_opens_it_at_resume(
     tmp_path: Path,
 ) -> None:
     # The same window for a job that crashed (no hardware evidence; the settle time
-    # makes it the longer one): the next run opens the incident from the audited
-    # crash and restarts under it, as the live run would have (0331).
-    from trainguard.diagnose.detectors import ProcessExit, crash_finding
-    from trainguard.model.records import AuditKind, JobState
+    # makes it the longer one): the next run opens the incident from the recorded
+    # crash and restarts under it, as the live run would have (0331). The crash is
+    # recorded as the watchdog records its launcher's end (exit 1) beside the
+    # attempt's log, for a supervisor that died before it saw it (0385).
+    from trainguard.model.records import JobState
 
     devices = simulated(3)
     now = time.time()
     with Store.open(tmp_path / "state.db") as store:
         job = _running_job(store, devices, now)
         _dead_run(store, job.id, now)
-        crash = crash_finding(ProcessExit(at=now + 1, source="launcher", exit_code=1), devices[:2])
-        assert crash is not None
-        store.append_audit(now + 1, "trainguard-run", AuditKind.OBSERVATION,
-                           f"attempt:{job.id}/0", f"crash: {crash.message}", crash.to_dict(),
-                           job_id=job.id)  # fmt: skip
+    (tmp_path / "local").mkdir()
+    (tmp_path / "local" / f"{job.id}.attempt-0.status").write_text("exit 1\n")
 
     _run_again(tmp_path)
     with Store.open(tmp_path / "state.db") as store:
