@@ -130,9 +130,11 @@ def resumable(
     )
 
 
-def stop_leftovers(store: Store, orphan: Orphan, grace: float, at: float) -> list[int]:
+def stop_leftovers(
+    store: Store, orphan: Orphan, grace: float, at: float
+) -> tuple[list[int], list[int]]:
     """Nothing of the job may keep running (the watchdog normally saw to that); returns
-    the processes that would not stop."""
+    the processes found running, and those of them that would not stop."""
     job_id = orphan.job.id
     pids = job_processes(job_id)
     groups = sorted(
@@ -166,7 +168,7 @@ def stop_leftovers(store: Store, orphan: Orphan, grace: float, at: float) -> lis
         {"intent_id": intent, "stopped": [p for p in pids if p not in left], "left": left},
         job_id=job_id,
     )
-    return left
+    return pids, left
 
 
 def answer_abandoned_intents(store: Store, job_id: str, at: float) -> None:
@@ -231,7 +233,7 @@ def take_over(
     docstring). Called with the lease held, before anything is submitted."""
     adopted = TakeOver()
     for orphan in find_orphans(store, say):
-        left = stop_leftovers(store, orphan, grace, at)
+        running, left = stop_leftovers(store, orphan, grace, at)
         if left:
             return TakeOver(
                 problem=f"processes {', '.join(map(str, left))} of job {orphan.job.id} (left "
@@ -239,7 +241,9 @@ def take_over(
             )
         answer_abandoned_intents(store, orphan.job.id, at)
         if adopted.job_id is None and resumable(orphan.job, command, checkpoint_dir, mode):
-            adopted = _adopt(store, cluster, orphan, policy, at, say)
+            # Its processes still ran (a deposed run's): how they ended is our stop, not
+            # an end of theirs the watchdog recorded.
+            adopted = _adopt(store, cluster, orphan, policy, at, stopped=bool(running))
             continue
         message = f"job {orphan.job.id} was left open by {orphan.gone} ({orphan.who}); closing it"
         store.append_audit(at, ACTOR, AuditKind.NOTE, f"job:{orphan.job.id}", message,
@@ -254,7 +258,8 @@ def _adopt(
     orphan: Orphan,
     policy: str,
     at: float,
-    say: Callable[[str], None],
+    *,
+    stopped: bool,
 ) -> TakeOver:
     """Give the engine the orphan's job again: managed under its old scheduler ref (or its
     id, for a job the old loop ran), known to ``cluster`` at its last attempt."""
@@ -285,6 +290,7 @@ def _adopt(
         devices=devices,
         started_at=last.started_at if last is not None else None,
         ended=last is not None and last.state.terminal,
+        recorded_end=not stopped,
     )
     recovering = any(not i.state.terminal for i in store.list_incidents(job_id=job.id))
     message = f"job {job.id} was left open by {orphan.gone} ({orphan.who}); " + (

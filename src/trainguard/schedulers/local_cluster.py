@@ -467,18 +467,24 @@ class LocalCluster:
         devices: tuple[Device, ...] = (),
         started_at: float | None = None,
         ended: bool = False,
+        recorded_end: bool = True,
     ) -> None:
         """Know again a job a dead supervisor launched (decision 0385); its processes
         are already stopped. ``attempt``: its last attempt (``None``: none started, so
         it starts now), shown RUNNING until :meth:`resume` or a requeue moves past it,
         FAILED when it had ``ended``, or as it ended by itself (the watchdog's status
-        file: the supervisor died before it saw the end)."""
+        file: the supervisor died before it saw the end; not with ``recorded_end``
+        False, when the caller stopped the attempt's processes itself)."""
         with self._lock:
             job = _Job(ref, spec, submitted_at=started_at or self.clock())
             if attempt is not None:
                 job.attempt = attempt
                 job.orphan = JobPhase.FAILED if ended else JobPhase.RUNNING
-                rc = None if ended else _recorded_end(self.root / f"{ref}.attempt-{attempt}")
+                rc = (
+                    None
+                    if ended or not recorded_end
+                    else _recorded_end(self.root / f"{ref}.attempt-{attempt}")
+                )
                 if rc is not None:
                     job.orphan = JobPhase.COMPLETED if rc == 0 else JobPhase.FAILED
                     job.orphan_rc, ended = rc, True
