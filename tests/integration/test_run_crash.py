@@ -278,21 +278,34 @@ def _dead_run(store: Store, job_id: str, at: float) -> None:
                        {"supervisor": dead}, job_id=job_id)  # fmt: skip
 
 
+def _dead_run_lease(store: Store, at: float) -> Any:
+    """The state's lease, held by a run that no longer exists (this pid, another start
+    time): the fence its ledger entries were written under."""
+    from trainguard.controller.lease import CONTROLLER_LEASE, process_holder
+    from trainguard.store.fleet import Fence, FleetStore
+
+    host, pid, _, boot = process_holder().split(":")
+    dead = f"{host}:{pid}:1:{boot}"
+    lease = FleetStore(store).acquire_lease(CONTROLLER_LEASE, dead, 3600.0, at)
+    assert lease is not None
+    return Fence(CONTROLLER_LEASE, dead, lease.token)
+
+
 def _audited_xid(
     store: Store, job_id: str, attempt: int, bad: Any, on: list[Any], at: float
 ) -> None:
-    """An XID 79 on ``bad`` as the run audits it for ``attempt`` (running on ``on``)."""
+    """An XID 79 on ``bad`` as the run records it while ``attempt`` runs on ``on``: a
+    stored finding of the kernel log (the engine driver's evidence source, 0380)."""
+    from trainguard.controller.service import ControlPlane
     from trainguard.diagnose.detectors import line_finding
     from trainguard.diagnose.signatures import classify_line
-    from trainguard.model.records import AuditKind
 
     line = (f"NVRM: Xid (PCI:{bad.pci_bus_id[:-2]}): 79, pid=1, name=python, "
             "GPU has fallen off the bus.")  # fmt: skip
     match = classify_line(line)
     assert match is not None
-    xid = line_finding(match, match.text, at, "kernel_log", on, simulated(3))
-    store.append_audit(at, "trainguard-run", AuditKind.OBSERVATION, f"attempt:{job_id}/{attempt}",
-                       f"xid: {xid.message}", xid.to_dict(), job_id=job_id)  # fmt: skip
+    xid = line_finding(match, match.text, at, "kernel_log", (), simulated(3))
+    ControlPlane(store, clock=lambda: at).ingest_finding(xid, host=xid.culprit.host)
 
 
 def _run_again(tmp: Path) -> None:
@@ -350,8 +363,11 @@ def test_a_restart_that_failed_on_an_xid_before_the_next_plan_is_decided_again(
     # incident's note and the plan, no crash point). The next run must not carry the
     # spent plan out again onto card 1: it decides again from attempt 1's evidence.
     from trainguard.model.findings import Attribution, Culprit, Domain, IncidentKind
+    from trainguard.model.fleet import ActionState, action_key
     from trainguard.model.plan import Plan, Restart
     from trainguard.model.records import AttemptState, IncidentState, JobState
+    from trainguard.policy.history import with_failure
+    from trainguard.store.fleet import FleetStore
 
     devices = simulated(3)
     bad = devices[1]
@@ -362,10 +378,23 @@ def test_a_restart_that_failed_on_an_xid_before_the_next_plan_is_decided_again(
         crash = Attribution(IncidentKind.CRASH, Domain.UNKNOWN, Culprit(), 0.5, "exit 1")
         inc = store.open_incident(job.id, 0, crash, detected_at=now + 1)
         plan = Plan(actions=(Restart(devices=(devices[0].uuid, bad.uuid), checkpoint=None),))
-        store.record_plan(inc.id, {**plan.to_dict(), "attempt": 0}, at=now + 1)
+        # As the engine records a plan: with the failure it answers (0360).
+        failures = with_failure([], 0, crash)
+        store.record_plan(inc.id, {**plan.to_dict(), "attempt": 0, "failures": failures},
+                          at=now + 1)  # fmt: skip
         store.update_incident(inc.id, at=now + 1, state=IncidentState.ACTING)
+        # The plan's restart, carried out: its ledger entry as the engine writes it.
+        inc = store.get_incident(inc.id)
+        fence = _dead_run_lease(store, now)
+        key = action_key(inc.id, inc.plan_generation, 0)
+        fleet = FleetStore(store)
+        fleet.record_intent(key, incident_id=inc.id, generation=inc.plan_generation, index=0,
+                            type="restart", data={}, subject=f"job:{job.id}", message="restart",
+                            fence=fence, at=now + 2, job_id=job.id)  # fmt: skip
         store.start_attempt(job.id, 1, devices[:2], at=now + 2)
         store.add_incident_action(inc.id, {"type": "restart", "attempt": 1}, at=now + 2)
+        fleet.record_result(key, ActionState.DONE, {"attempt": 1}, subject=f"job:{job.id}",
+                            message="attempt 1 requested", fence=fence, at=now + 2)  # fmt: skip
         store.update_incident(inc.id, at=now + 2, state=IncidentState.VERIFYING,
                               recovery_attempt=1)  # fmt: skip
         _dead_run(store, job.id, now)
@@ -390,21 +419,19 @@ def test_a_supervisor_dead_between_a_crash_and_its_incident_opens_it_at_resume(
     tmp_path: Path,
 ) -> None:
     # The same window for a job that crashed (no hardware evidence; the settle time
-    # makes it the longer one): the next run opens the incident from the audited
-    # crash and restarts under it, as the live run would have (0331).
-    from trainguard.diagnose.detectors import ProcessExit, crash_finding
-    from trainguard.model.records import AuditKind, JobState
+    # makes it the longer one): the next run opens the incident from the recorded
+    # crash and restarts under it, as the live run would have (0331). The crash is
+    # recorded as the watchdog records its launcher's end (exit 1) beside the
+    # attempt's log, for a supervisor that died before it saw it (0385).
+    from trainguard.model.records import JobState
 
     devices = simulated(3)
     now = time.time()
     with Store.open(tmp_path / "state.db") as store:
         job = _running_job(store, devices, now)
         _dead_run(store, job.id, now)
-        crash = crash_finding(ProcessExit(at=now + 1, source="launcher", exit_code=1), devices[:2])
-        assert crash is not None
-        store.append_audit(now + 1, "trainguard-run", AuditKind.OBSERVATION,
-                           f"attempt:{job.id}/0", f"crash: {crash.message}", crash.to_dict(),
-                           job_id=job.id)  # fmt: skip
+    (tmp_path / "local").mkdir()
+    (tmp_path / "local" / f"{job.id}.attempt-0.status").write_text("exit 1\n")
 
     _run_again(tmp_path)
     with Store.open(tmp_path / "state.db") as store:

@@ -127,15 +127,17 @@ def test_a_run_paused_past_its_lease_is_deposed_and_its_job_taken_over(tmp_path:
     (tmp_path / "job.py").write_text(textwrap.dedent(JOB))
     (tmp_path / "kern.log").write_text("")
     ttl = ("--lease-ttl", "6")
+    # 150 steps (15 s): the job still runs when it is taken over, 7 s into the pause (a
+    # job that ended meanwhile is recorded as it ended, from its watchdog's status).
     first = subprocess.Popen(
-        run_cmd(tmp_path, 60, *ttl), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        run_cmd(tmp_path, 150, *ttl), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     try:
         wait_for_attempt(tmp_path / "state.db")
         first.send_signal(signal.SIGSTOP)
         time.sleep(7.0)  # past its lease: nobody renewed it
         second = subprocess.run(
-            run_cmd(tmp_path, 60, *ttl), capture_output=True, text=True, timeout=90, check=False
+            run_cmd(tmp_path, 150, *ttl), capture_output=True, text=True, timeout=90, check=False
         )
         assert second.returncode == 0, second.stderr[-3000:]
         assert "lost its lease" in second.stderr and "resuming" in second.stderr

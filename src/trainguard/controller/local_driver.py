@@ -24,11 +24,16 @@ through :class:`~trainguard.controller.service.ControlPlane`) drives the job thr
 The lease is the engine's (the ``controller`` lease that ``run`` and ``serve``
 share), so two drivers, or a driver and a ``serve``, on one state database exclude
 each other. ``trainguard run`` without ``--engine`` is still its own loop (run.py).
+
+The lease is the engine's (the ``controller`` lease that ``run`` and ``serve``
+share), so two drivers, or a driver and a ``serve``, on one state database exclude
+each other. ``trainguard run`` without ``--engine`` is still its own loop (run.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import queue
 import shutil
@@ -39,9 +44,11 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from trainguard.controller import local_orphans
+from trainguard.controller.crash import CrashPoints
 from trainguard.controller.engine.config import ControlConfig
 from trainguard.controller.interrupts import on_interrupt
-from trainguard.controller.lease import process_holder
+from trainguard.controller.lease import holder_alive, process_holder, take_from_dead
 from trainguard.controller.local_start import device_statuses, log_dir, preflight, refuse
 from trainguard.controller.run_base import (
     EXIT_INTERRUPTED,
@@ -58,6 +65,7 @@ from trainguard.model.plan import Mode
 from trainguard.model.records import AttemptState, AuditEvent, AuditKind, JobState
 from trainguard.policy.start import default_need, start_devices
 from trainguard.schedulers.base import JobSpec
+from trainguard.schedulers.local import JOB_ID_ENV
 from trainguard.schedulers.local_cluster import LocalCluster, LocalLaunch
 from trainguard.signals.inventory import InventoryError, load
 from trainguard.signals.kernel_log import KernelLine, open_kernel_log
@@ -118,6 +126,8 @@ class LocalDriver:
         self.job_id = ""
         self.logs = ""
         self._audit_cursor = 0
+        self._inventory_line = ""
+        self._noted: tuple[int, int] | None = None
 
     def run(self) -> RunResult:
         o = self.opt
@@ -129,9 +139,10 @@ class LocalDriver:
         self.devices = inv.devices
         root = os.path.join(os.path.dirname(os.path.abspath(o.state)), "local")
         # The job's id is chosen here, so its attempt logs have their directory (--log-dir,
-        # else <state dir>/logs/<job id>, as run names them) before it is submitted.
+        # else <state dir>/logs/<job id>, as run names them) before it is submitted; a
+        # dead run's job that is adopted keeps its own (_drive).
         self.job_id = f"job-{uuid.uuid4().hex[:12]}"
-        self.logs = logs = log_dir(o.state, self.job_id, o.log_dir)
+        self.logs = log_dir(o.state, self.job_id, o.log_dir)
         sock_dir = short_socket_dir()
         listener = ProgressListener(os.path.join(sock_dir, "progress.sock"), self.events.put)
         cluster = LocalCluster(
@@ -148,7 +159,7 @@ class LocalDriver:
                 kill_grace=o.kill_grace,
                 snapshot_flush_wait=o.snapshot_flush_wait,
                 settle=o.settle,
-                log_dir=logs,
+                log_dir=self.logs,
             ),
         )
         store = Store.open(o.state, at=self.clock())
@@ -165,6 +176,8 @@ class LocalDriver:
                 lease_ttl=o.lease_ttl,
             ),
             identity=process_holder(),
+            # run's crash points; lenient: the variable also names the job's own phases
+            crash=CrashPoints(strict=False),
         )
         kernel, description = open_kernel_log(o.kernel_log, self.events.put, self.clock)
         restore = self._install_signal_handlers()
@@ -173,11 +186,8 @@ class LocalDriver:
             if kernel is not None:
                 kernel.start()
             unmanaged = "" if inv.found else "; running without device management"
-            self.say(
-                f"trainguard: job {self.job_id}: {inv.message}{unmanaged}; {description}; "
-                f"logs in {logs}"
-            )
-            return self._drive(plane, store, o)
+            self._inventory_line = f"{inv.message}{unmanaged}; {description}"
+            return self._drive(plane, store, o, cluster)
         finally:
             restore()
             if kernel is not None:
@@ -188,18 +198,83 @@ class LocalDriver:
             store.close()
             shutil.rmtree(sock_dir, ignore_errors=True)
 
-    def _drive(self, plane: ControlPlane, store: Store, o: RunOptions) -> RunResult:
-        first = plane.run_once()  # take the lease before anything is submitted
-        if not first.leader:
-            lease = plane.leader()
-            holder = lease.holder if lease is not None else "another trainguard"
-            reason = f"{o.state} is in use: {holder} holds its lease"
+    def _drive(
+        self, plane: ControlPlane, store: Store, o: RunOptions, cluster: LocalCluster
+    ) -> RunResult:
+        # Take the lease before anything is submitted, at once from a run that provably
+        # died (0220, 0385), without a pass: the dead run's jobs are not adopted yet.
+        cfg = plane.config
+        if take_from_dead(plane.fleet, cfg.lease_name, plane.identity, cfg.lease_ttl,
+                          self.clock()) is None:  # fmt: skip
+            reason = f"{o.state} is in use: {_holder_words(plane)} holds its lease"
             self.say(f"trainguard: {reason}")
             return RunResult("", EXIT_STOPPED, JobState.STOPPED, reason)
         self._audit_cursor = store.last_audit_id()
         plane.put_policy(policy_document(o), ACTOR)
-        # Start-up (0381): --preflight, then how many devices the job starts on, or why
-        # it does not start.
+        took = local_orphans.take_over(
+            store, cluster, command=o.command, checkpoint_dir=o.checkpoint_dir, mode=o.mode,
+            policy=POLICY, grace=o.grace, at=self.clock(), say=self.say,
+        )  # fmt: skip
+        self._tell(store, None)
+        if took.problem is not None:
+            self.say(f"trainguard: {took.problem}")
+            return RunResult("", EXIT_STOPPED, JobState.STOPPED, took.problem)
+        # One pass before a new job is placed: the stored health (a card a dead run's
+        # recovery quarantined) is enforced in the cluster first (0385).
+        plane.run_once()
+        if took.job_id is not None:
+            self.job_id = job_id = took.job_id
+            self.logs = log_dir(o.state, job_id, o.log_dir)
+            cluster.launch_options = dataclasses.replace(cluster.launch_options, log_dir=self.logs)
+        self.say(f"trainguard: job {self.job_id}: {self._inventory_line}; logs in {self.logs}")
+        if took.job_id is None:
+            job_id = self.job_id
+            started = self._start(plane, store, o, job_id)
+            if started is not None:
+                return started
+        local_orphans.note_supervisor(store, job_id, self.clock(), resumed=took.job_id is not None)
+        fj = plane.fleet.get_fleet_job(job_id)
+        resume = took.resume_attempt
+        token: int | None = None
+        while True:
+            # Paused past the lease (SIGSTOP), this run may find it released by the one
+            # that took over: it must not take it back and act (0220).
+            held = plane.leader()
+            if token is not None and (
+                held is None or held.holder != plane.identity or held.token != token
+            ):
+                return self._lease_lost(o, fj.job_id)
+            report = plane.run_once()
+            for error in report.errors:
+                self.say(f"trainguard: reconcile: {error}")
+            self._tell(store, fj.job_id)
+            if not report.leader:
+                return self._lease_lost(o, fj.job_id)
+            held = plane.leader()
+            token = held.token if held is not None else None
+            if resume is not None:
+                # The engine judged the dead run's attempt once (evidence on its cards
+                # fails it); nothing did: the job runs again, no incident (0385).
+                self._resume(store, cluster, fj.scheduler_ref, fj.job_id, resume)
+                resume = None
+            self._note_start(store, cluster, fj.scheduler_ref, fj.job_id)
+            job = store.get_job(fj.job_id)
+            if job.state.terminal:
+                incidents = tuple(i.id for i in store.list_incidents(job_id=fj.job_id))
+                code = self._exit_code(store, job.id, job.state)
+                return RunResult(fj.job_id, code, job.state, job.reason, incidents)
+            interrupted = self._wait(plane, fj.job_id)
+            if interrupted is not None:
+                reason = f"interrupted by {signal.Signals(interrupted).name}"
+                self._stop(store, fj.job_id, reason)
+                self._tell(store, fj.job_id)
+                return RunResult(fj.job_id, EXIT_INTERRUPTED, JobState.STOPPED, reason)
+
+    def _start(
+        self, plane: ControlPlane, store: Store, o: RunOptions, job_id: str
+    ) -> RunResult | None:
+        """Start-up (0381): --preflight, then how many devices the job starts on, and its
+        submission; a result when it does not start."""
         try:
             if o.preflight and self.devices:
                 preflight(
@@ -216,45 +291,31 @@ class LocalDriver:
         )
         if start.count is None:
             reason = start.reason or "too few devices"
-            refuse(store, o, self.job_id, start.need, reason, at=self.clock(), actor=ACTOR)
-            self._tell(store, self.job_id)
-            return RunResult(self.job_id, EXIT_STOPPED, JobState.STOPPED, reason)
+            refuse(store, o, job_id, start.need, reason, at=self.clock(), actor=ACTOR)
+            self._tell(store, job_id)
+            return RunResult(job_id, EXIT_STOPPED, JobState.STOPPED, reason)
         os.makedirs(self.logs, exist_ok=True)
         spec = JobSpec(
             name=o.display_name(),
             command=tuple(o.command),
             nodes=1,
             devices_per_node=start.count,
+            env={JOB_ID_ENV: job_id},  # its processes carry it: how leftovers are found
         )
-        fj = plane.submit_job(
+        plane.submit_job(
             spec,
             actor="user:" + (os.environ.get("USER") or "local"),
             policy=POLICY,
             checkpoint_dir=o.checkpoint_dir,
             min_need=o.min_need,
-            job_id=self.job_id,
+            job_id=job_id,
         )
         if start.note is not None:
             store.append_audit(
-                self.clock(), ACTOR, AuditKind.NOTE, f"job:{fj.job_id}", start.note,
-                job_id=fj.job_id,
+                self.clock(), ACTOR, AuditKind.NOTE, f"job:{job_id}", start.note,
+                job_id=job_id,
             )  # fmt: skip
-        while True:
-            report = plane.run_once()
-            for error in report.errors:
-                self.say(f"trainguard: reconcile: {error}")
-            self._tell(store, fj.job_id)
-            job = store.get_job(fj.job_id)
-            if job.state.terminal:
-                incidents = tuple(i.id for i in store.list_incidents(job_id=fj.job_id))
-                code = self._exit_code(store, job.id, job.state)
-                return RunResult(fj.job_id, code, job.state, job.reason, incidents)
-            interrupted = self._wait(plane, fj.job_id)
-            if interrupted is not None:
-                reason = f"interrupted by {signal.Signals(interrupted).name}"
-                self._stop(store, fj.job_id, reason)
-                self._tell(store, fj.job_id)
-                return RunResult(fj.job_id, EXIT_INTERRUPTED, JobState.STOPPED, reason)
+        return None
 
     def _exit_code(self, store: Store, job_id: str, state: JobState) -> int:
         """0 when the job completed; in observe mode, the job's own exit status (nothing
@@ -270,6 +331,48 @@ class LocalDriver:
             if last is not None and last.signal:
                 return 128 + last.signal
         return EXIT_STOPPED
+
+    def _lease_lost(self, o: RunOptions, job_id: str) -> RunResult:
+        """Another trainguard holds the lease now (this one was paused past it): write
+        nothing more; the new holder owns the job and resumes it (0220)."""
+        message = (
+            f"lost the lease on {o.state}; stopped supervising job {job_id} without "
+            "closing it: the new holder owns it"
+        )
+        self.say(f"trainguard: {message}")
+        return RunResult(job_id, EXIT_STOPPED, JobState.STOPPED, message)
+
+    def _resume(
+        self, store: Store, cluster: LocalCluster, ref: str, job_id: str, number: int
+    ) -> None:
+        att = store.get_attempt(job_id, number)
+        if att.state.terminal or any(
+            i.attempt == number for i in store.list_incidents(job_id=job_id)
+        ):
+            return
+        new = cluster.resume(ref)
+        store.append_audit(
+            self.clock(), ACTOR, AuditKind.NOTE, f"job:{job_id}",
+            f"resuming job {job_id} after its supervisor died: attempt {new} replaces "
+            f"attempt {number}", {"attempt": new, "replaces": number}, job_id=job_id,
+        )  # fmt: skip
+
+    def _note_start(self, store: Store, cluster: LocalCluster, ref: str, job_id: str) -> None:
+        """Each attempt's process group, once: the next run stops what is left of it if
+        both this process and the watchdog die (local_orphans.stop_leftovers)."""
+        try:
+            started = cluster.process_group(ref)
+        except Exception:  # a job the cluster no longer knows: nothing to note
+            return
+        if started is None or started == self._noted:
+            return
+        self._noted = started
+        pid, pgid = started
+        store.append_audit(
+            self.clock(), ACTOR, AuditKind.RESULT, f"job:{job_id}",
+            f"attempt started: launcher pid {pid}, process group {pgid}",
+            {"pid": pid, "pgid": pgid}, job_id=job_id,
+        )  # fmt: skip
 
     def _stop(self, store: Store, job_id: str, reason: str) -> None:
         """The user stopped the job: its running attempt and the job end as stopped (the
@@ -314,14 +417,25 @@ class LocalDriver:
             with contextlib.suppress(NotFound, ValueError):
                 plane.ingest_progress(job_id, attempt, ev.event.step, at=ev.at)
 
-    def _tell(self, store: Store, job_id: str) -> None:
+    def _tell(self, store: Store, job_id: str | None) -> None:
         for event in store.list_audit(after_id=self._audit_cursor):
             self._audit_cursor = event.id
-            if event.job_id in (None, job_id):
+            if job_id is None or event.job_id in (None, job_id):
                 self.say(audit_line(event))
 
     def _install_signal_handlers(self) -> Callable[[], None]:
         return on_interrupt(lambda signum: self.events.put(_Interrupt(signum)))
+
+
+def _holder_words(plane: ControlPlane) -> str:
+    """Who holds the lease, in words: ``trainguard run pid N on HOST`` for a run."""
+    lease = plane.leader()
+    if lease is None:
+        return "another trainguard"
+    parts = lease.holder.split(":")
+    if len(parts) == 4 and holder_alive(lease.holder) is not None:
+        return f"trainguard run pid {parts[1]} on {parts[0]}"
+    return lease.holder
 
 
 def drive(options: RunOptions) -> RunResult:

@@ -23,7 +23,11 @@ a crash). It
 6. when the launcher exits: the same to any leftover descendant (an orphaned
    rank, a stray helper), then exits with the launcher's status (its exit code,
    or the same signal), so the supervisor sees what it would have seen;
-7. forwards SIGTERM, SIGINT and SIGHUP it receives to the launcher.
+7. forwards SIGTERM, SIGINT and SIGHUP it receives to the launcher;
+8. with ``TRAINGUARD_STATUS_PREFIX`` in its environment, writes the launcher's own end
+   (``exit N`` / ``signal N``) to ``PREFIX.attempt-<TRAINGUARD_ATTEMPT>.status`` first:
+   a supervisor that dies before it read the status learns it from there when the
+   next one takes the job over (decision 0385). Not when the supervisor is gone.
 
 Standard library only, and it does not import trainguard: it must start in
 milliseconds and must not be breakable by the package it protects.
@@ -43,6 +47,7 @@ import time
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 EXIT_CANNOT_START = 127
+STATUS_ENV = "TRAINGUARD_STATUS_PREFIX"
 POLL_SECONDS = 0.05
 
 _libc: ctypes.CDLL | None = None
@@ -201,6 +206,22 @@ def stop_tree(grace: float, statuses: dict[int, int]) -> None:
                 os.close(fd)
 
 
+def _write_status(prefix: str | None, status: int) -> None:
+    """The launcher's end, written whole (rename) for a supervisor that may not read
+    our exit status (module docstring, 8)."""
+    if not prefix:
+        return
+    if os.WIFSIGNALED(status):
+        line = f"signal {os.WTERMSIG(status)}\n"
+    else:
+        line = f"exit {os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1}\n"
+    path = f"{prefix}.attempt-{os.environ.get('TRAINGUARD_ATTEMPT', '0')}.status"
+    with contextlib.suppress(OSError):
+        with open(path + ".tmp", "w") as fh:
+            fh.write(line)
+        os.replace(path + ".tmp", path)
+
+
 def _exit_like(status: int) -> None:
     """Exit with the launcher's status: its code, or death by the same signal."""
     if os.WIFSIGNALED(status):
@@ -262,6 +283,7 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, on_signal)
     signal.signal(signal.SIGCHLD, lambda _s, _f: None)  # only to wake select()
 
+    status_prefix = os.environ.pop(STATUS_ENV, None)  # ours, not the job's
     launcher, error = _spawn(command)
     with contextlib.suppress(OSError):
         os.write(report, (f"ok {launcher}\n" if launcher else f"error {error}\n").encode())
@@ -296,6 +318,7 @@ def main(argv: list[str]) -> int:
         _say("the supervisor is gone: stopping every process of the job")
         stop_tree(grace, statuses)
         return 1
+    _write_status(status_prefix, statuses[launcher])
     stop_tree(grace, statuses)  # leftovers of a launcher that exited
     _exit_like(statuses[launcher])
     return 1  # not reached

@@ -35,6 +35,7 @@ from typing import Any
 from trainguard.diagnose.detectors import ProcessExit
 from trainguard.model.devices import Device
 from trainguard.schedulers._keys import KeyBook, widen
+from trainguard.schedulers._reaper import STATUS_ENV
 from trainguard.schedulers.base import (
     GENERIC_TRAITS,
     ActionResult,
@@ -49,6 +50,7 @@ from trainguard.schedulers.base import (
 from trainguard.schedulers.local import (
     DEFAULT_GRACE_SECONDS,
     DEFAULT_KILL_GRACE_SECONDS,
+    JOB_ID_ENV,
     LaunchSpec,
     LocalAttempt,
     LocalScheduler,
@@ -110,10 +112,16 @@ class _Job:
     rank_failure: ProcessExit | None = None
     # A rank death not yet reported: it waits out the settle window first (below).
     dying: ProcessExit | None = None
+    # An adopted attempt a dead supervisor launched (``adopt``): no process of ours runs
+    # it; RUNNING while it is judged, FAILED when it had ended (decision 0385).
+    orphan: JobPhase | None = None
+    orphan_rc: int | None = None  # its launcher's end, as the watchdog recorded it
 
     def phase(self) -> JobPhase:
         if self.cancelled:
             return JobPhase.CANCELLED
+        if self.orphan is not None and self.launch is None:
+            return self.orphan
         if self.launch is None:
             return JobPhase.PENDING
         if self.rank_failure is not None:
@@ -221,8 +229,8 @@ class LocalCluster:
     def _schedule(self) -> None:
         """Start every pending job that fits, oldest first (FIFO, no backfill)."""
         for job in self._jobs.values():
-            if job.cancelled or job.launch is not None:
-                continue
+            if job.cancelled or job.launch is not None or job.orphan is not None:
+                continue  # an adopted attempt waits for resume() or a requeue
             devices = self._place(job)
             if devices is None:
                 continue
@@ -242,7 +250,8 @@ class LocalCluster:
             progress_url=self.launch_options.progress_url,
             log_path=str(output),
             resume_from=job.resume_from,
-            extra_env={**job.spec.env, **job.env},
+            # The watchdog records the launcher's end beside the log (adopt() reads it).
+            extra_env={**job.spec.env, **job.env, STATUS_ENV: str(self.root / job.ref)},
             echo=self.launch_options.echo,
             cwd=job.spec.cwd,
             job_id=job.ref,
@@ -326,7 +335,7 @@ class LocalCluster:
 
     def _observed(self, job: _Job) -> ObservedJob:
         phase = job.phase()
-        rc = job.launch.proc.returncode if job.launch is not None else None
+        rc = job.launch.proc.returncode if job.launch is not None else job.orphan_rc
         dead = (job.rank_failure or job.dying) if phase is JobPhase.FAILED else None
         if dead is not None:
             # The attempt ended as its rank did (the launcher's own status, when it has
@@ -365,7 +374,9 @@ class LocalCluster:
             raise SchedulerError("a job needs nodes >= 1 and devices_per_node >= 0")
 
         def act() -> dict[str, Any]:
-            ref = f"local-{self._next_ref}"
+            # The job's own id, when the owner names it, is the ref: unique on the state
+            # database across supervisors, and what its processes carry (JOB_ID_ENV).
+            ref = spec.env.get(JOB_ID_ENV) or f"local-{self._next_ref}"
             self._next_ref += 1
             self._jobs[ref] = _Job(ref, spec, submitted_at=self.clock(), last_key=key)
             self._schedule()
@@ -393,6 +404,7 @@ class LocalCluster:
             job.attempt += 1
             job.launch = None
             job.rank_failure = job.dying = None
+            job.orphan = None
             job.devices = ()
             job.nodes = ()
             job.excluded_nodes = widen(job.excluded_nodes, exclude_nodes)
@@ -459,6 +471,66 @@ class LocalCluster:
 
     # --- beyond the protocol ---------------------------------------------------------
 
+    def adopt(
+        self,
+        ref: str,
+        spec: JobSpec,
+        attempt: int | None,
+        *,
+        devices: tuple[Device, ...] = (),
+        started_at: float | None = None,
+        ended: bool = False,
+        recorded_end: bool = True,
+    ) -> None:
+        """Know again a job a dead supervisor launched (decision 0385); its processes
+        are already stopped. ``attempt``: its last attempt (``None``: none started, so
+        it starts now), shown RUNNING until :meth:`resume` or a requeue moves past it,
+        FAILED when it had ``ended``, or as it ended by itself (the watchdog's status
+        file: the supervisor died before it saw the end; not with ``recorded_end``
+        False, when the caller stopped the attempt's processes itself)."""
+        with self._lock:
+            job = _Job(ref, spec, submitted_at=started_at or self.clock())
+            if attempt is not None:
+                job.attempt = attempt
+                job.orphan = JobPhase.FAILED if ended else JobPhase.RUNNING
+                rc = (
+                    None
+                    if ended or not recorded_end
+                    else _recorded_end(self.root / f"{ref}.attempt-{attempt}")
+                )
+                if rc is not None:
+                    job.orphan = JobPhase.COMPLETED if rc == 0 else JobPhase.FAILED
+                    job.orphan_rc, ended = rc, True
+                job.devices = devices
+                job.nodes = tuple(dict.fromkeys(d.host or "localhost" for d in devices))
+                job.started_at = started_at
+                job.ended_at = self.clock() if ended else None
+            self._jobs[ref] = job
+            self._schedule()
+
+    def resume(self, ref: str) -> int:
+        """Start the next attempt of an adopted job whose last one nothing failed (the
+        supervisor died under it): the user's act of running it again, not a recovery."""
+        with self._lock:
+            job = self._job(ref)
+            if job.orphan is None:
+                return job.attempt
+            job.attempt += 1
+            job.orphan = None
+            job.devices = job.nodes = ()
+            job.started_at = job.ended_at = None
+            self._schedule()
+            return job.attempt
+
+    def process_group(self, ref: str) -> tuple[int, int] | None:
+        """The current attempt's launcher pid and process group (how leftovers of a
+        supervisor that died are told apart), ``None`` before it started."""
+        with self._lock:
+            job = self._job(ref)
+            if job.launch is None:
+                return None
+            return job.launch.pid, job.launch.pgid
+
     def signal_job(self, ref: str, sig: int = signal.SIGKILL) -> bool:
         """Send ``sig`` to the current attempt's command (a crash, for tests)."""
         with self._lock:
@@ -485,6 +557,17 @@ class LocalCluster:
             for job in self._jobs.values():
                 self._stop(job)
         self.launcher.close()
+
+
+def _recorded_end(prefix: Path) -> int | None:
+    """An attempt's end as its watchdog recorded it (``_reaper.STATUS_ENV``): the exit
+    code, or minus the signal, as ``Popen.returncode`` says it; ``None`` without one."""
+    try:
+        kind, _, value = Path(f"{prefix}.status").read_text().strip().partition(" ")
+        number = int(value)
+    except (OSError, ValueError):
+        return None
+    return -number if kind == "signal" else number
 
 
 __all__ = ["LocalCluster", "LocalLaunch"]
