@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from trainguard.controller.approval_prompt import approval_prompt
 from trainguard.controller.engine.config import ControlConfig
 from trainguard.controller.interrupts import on_interrupt
 from trainguard.controller.lease import process_holder
@@ -55,6 +56,7 @@ from trainguard.signals.inventory import InventoryError, load
 from trainguard.signals.kernel_log import KernelLine, open_kernel_log
 from trainguard.signals.progress import ProgressListener, ProgressReceived, short_socket_dir
 from trainguard.store import NotFound, Store
+from trainguard.store.fleet import FleetStore
 
 ACTOR = "trainguard-run"
 POLICY = "run"  # the policy document a driven job runs under
@@ -102,6 +104,7 @@ class LocalDriver:
         self.events: queue.Queue[Any] = queue.Queue()
         self.devices: tuple[Device, ...] = ()
         self._audit_cursor = 0
+        self._asked: set[int] = set()  # approvals whose answering command was printed
 
     def run(self) -> RunResult:
         o = self.opt
@@ -192,6 +195,7 @@ class LocalDriver:
             for error in report.errors:
                 self.say(f"trainguard: reconcile: {error}")
             self._tell(store, fj.job_id)
+            self._ask(store, fj.job_id, report.waiting)
             job = store.get_job(fj.job_id)
             if job.state.terminal:
                 incidents = tuple(i.id for i in store.list_incidents(job_id=fj.job_id))
@@ -252,6 +256,19 @@ class LocalDriver:
             self._audit_cursor = event.id
             if event.job_id in (None, job_id):
                 self.say(audit_line(event))
+
+    def _ask(self, store: Store, job_id: str, waiting: list[int]) -> None:
+        """Each approval the job waits for, once: the command that answers it."""
+        for approval_id in waiting:
+            if approval_id in self._asked:
+                continue
+            approval = FleetStore(store).get_approval(approval_id)
+            if approval.incident_id is None or (
+                store.get_incident(approval.incident_id).job_id != job_id
+            ):
+                continue  # another job's question (a state database serve shares)
+            self._asked.add(approval_id)
+            self.say(approval_prompt(approval, self.opt.state))
 
     def _install_signal_handlers(self) -> Callable[[], None]:
         return on_interrupt(lambda signum: self.events.put(_Interrupt(signum)))
