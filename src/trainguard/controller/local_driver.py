@@ -50,6 +50,7 @@ from trainguard.diagnose.detectors import line_finding
 from trainguard.diagnose.signatures import classify_line
 from trainguard.model.devices import Device
 from trainguard.model.records import AttemptState, AuditEvent, JobState
+from trainguard.policy.resume_arg import resume_command
 from trainguard.schedulers.base import JobSpec
 from trainguard.schedulers.local_cluster import LocalCluster, LocalLaunch
 from trainguard.signals.inventory import InventoryError, load
@@ -61,6 +62,7 @@ from trainguard.store.fleet import FleetStore
 ACTOR = "trainguard-run"
 POLICY = "run"  # the policy document a driven job runs under
 DEFAULT_TICK = 0.25  # seconds between passes when nothing happens
+CLOSING_PASSES = 3  # passes after the job ended in which its live incidents may close
 
 
 def policy_document(o: RunOptions) -> dict[str, Any]:
@@ -79,6 +81,15 @@ def policy_document(o: RunOptions) -> dict[str, Any]:
     if o.hang_timeout is not None:
         doc["hang_timeout_seconds"] = o.hang_timeout
     return doc
+
+
+def _resume_command(
+    template: str | None,
+) -> Callable[[tuple[str, ...], str], tuple[str, ...]] | None:
+    """``--resume-arg`` as the local cluster applies it to a restart (0393)."""
+    if template is None:
+        return None
+    return lambda command, checkpoint: resume_command(command, template, checkpoint)
 
 
 def audit_line(event: AuditEvent) -> str:
@@ -131,6 +142,7 @@ class LocalDriver:
                 kill_grace=o.kill_grace,
                 snapshot_flush_wait=o.snapshot_flush_wait,
                 settle=o.settle,
+                resume_command=_resume_command(o.resume_arg),
             ),
         )
         store = Store.open(o.state, at=self.clock())
@@ -190,6 +202,7 @@ class LocalDriver:
             checkpoint_dir=o.checkpoint_dir,
             min_need=o.min_need,
         )
+        closing = 0  # passes run after the job ended, to close its incidents
         while True:
             report = plane.run_once()
             for error in report.errors:
@@ -197,6 +210,12 @@ class LocalDriver:
             self._tell(store, fj.job_id)
             self._ask(store, fj.job_id, report.waiting)
             job = store.get_job(fj.job_id)
+            live = [i for i in store.list_incidents(job_id=fj.job_id) if not i.state.terminal]
+            if job.state.terminal and live and closing < CLOSING_PASSES:
+                # The job ended in the pass that saw its last attempt exit; the verdict on
+                # that restart (a completed one is recovered) is the next pass's (0393).
+                closing += 1
+                continue
             if job.state.terminal:
                 incidents = tuple(i.id for i in store.list_incidents(job_id=fj.job_id))
                 code = 0 if job.state is JobState.COMPLETED else EXIT_STOPPED
