@@ -125,6 +125,8 @@ def test_the_ledger_records_each_intent_and_result_exactly_once(fleet: FleetStor
     results = fleet.store.list_audit(kind=AuditKind.RESULT)
     assert [e.id for e in intents] == [done.intent_audit_id]
     assert [e.id for e in results] == [done.result_audit_id]
+    # The result is the job's as its intent is: a job's audit shows both (0393).
+    assert [e.job_id for e in (*intents, *results)] == ["j", "j"]
     with pytest.raises(NotFound):
         fleet.record_result(
             "nope", ActionState.DONE, {}, subject="s", message="m", fence=fence, at=T0

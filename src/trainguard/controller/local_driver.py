@@ -45,6 +45,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trainguard.controller import local_orphans
+from trainguard.controller.approval_prompt import approval_prompt
 from trainguard.controller.crash import CrashPoints
 from trainguard.controller.engine.config import ControlConfig
 from trainguard.controller.interrupts import on_interrupt
@@ -63,6 +64,7 @@ from trainguard.diagnose.signatures import classify_line
 from trainguard.model.devices import Device
 from trainguard.model.plan import Mode
 from trainguard.model.records import AttemptState, AuditEvent, AuditKind, JobState
+from trainguard.policy.resume_arg import resume_command
 from trainguard.policy.start import default_need, start_devices
 from trainguard.schedulers.base import JobSpec
 from trainguard.schedulers.local import JOB_ID_ENV
@@ -71,11 +73,12 @@ from trainguard.signals.inventory import InventoryError, load
 from trainguard.signals.kernel_log import KernelLine, open_kernel_log
 from trainguard.signals.progress import ProgressListener, ProgressReceived, short_socket_dir
 from trainguard.store import NotFound, Store
-from trainguard.store.fleet import Fenced
+from trainguard.store.fleet import Fenced, FleetStore
 
 ACTOR = "trainguard-run"
 POLICY = "run"  # the policy document a driven job runs under
 DEFAULT_TICK = 0.25  # seconds between passes when nothing happens
+CLOSING_PASSES = 3  # passes after the job ended in which its live incidents may close
 
 
 def policy_document(o: RunOptions) -> dict[str, Any]:
@@ -97,6 +100,15 @@ def policy_document(o: RunOptions) -> dict[str, Any]:
     if o.hang_timeout is not None:
         doc["hang_timeout_seconds"] = o.hang_timeout
     return doc
+
+
+def _resume_command(
+    template: str | None,
+) -> Callable[[tuple[str, ...], str], tuple[str, ...]] | None:
+    """``--resume-arg`` as the local cluster applies it to a restart (0393)."""
+    if template is None:
+        return None
+    return lambda command, checkpoint: resume_command(command, template, checkpoint)
 
 
 def audit_line(event: AuditEvent) -> str:
@@ -128,6 +140,7 @@ class LocalDriver:
         self._audit_cursor = 0
         self._inventory_line = ""
         self._noted: tuple[int, int] | None = None
+        self._asked: set[int] = set()  # approvals whose answering command was printed
 
     def run(self) -> RunResult:
         o = self.opt
@@ -160,6 +173,7 @@ class LocalDriver:
                 snapshot_flush_wait=o.snapshot_flush_wait,
                 settle=o.settle,
                 log_dir=self.logs,
+                resume_command=_resume_command(o.resume_arg),
             ),
         )
         store = Store.open(o.state, at=self.clock())
@@ -236,6 +250,7 @@ class LocalDriver:
         fj = plane.fleet.get_fleet_job(job_id)
         resume = took.resume_attempt
         token: int | None = None
+        closing = 0  # passes run after the job ended, to close its incidents
         while True:
             # Paused past the lease (SIGSTOP), this run may find it released by the one
             # that took over: it must not take it back and act (0220).
@@ -258,7 +273,14 @@ class LocalDriver:
                 self._resume(store, cluster, fj.scheduler_ref, fj.job_id, resume)
                 resume = None
             self._note_start(store, cluster, fj.scheduler_ref, fj.job_id)
+            self._ask(store, fj.job_id, report.waiting)
             job = store.get_job(fj.job_id)
+            live = [i for i in store.list_incidents(job_id=fj.job_id) if not i.state.terminal]
+            if job.state.terminal and live and closing < CLOSING_PASSES:
+                # The job ended in the pass that saw its last attempt exit; the verdict on
+                # that restart (a completed one is recovered) is the next pass's (0393).
+                closing += 1
+                continue
             if job.state.terminal:
                 incidents = tuple(i.id for i in store.list_incidents(job_id=fj.job_id))
                 code = self._exit_code(store, job.id, job.state)
@@ -422,6 +444,19 @@ class LocalDriver:
             self._audit_cursor = event.id
             if job_id is None or event.job_id in (None, job_id):
                 self.say(audit_line(event))
+
+    def _ask(self, store: Store, job_id: str, waiting: list[int]) -> None:
+        """Each approval the job waits for, once: the command that answers it."""
+        for approval_id in waiting:
+            if approval_id in self._asked:
+                continue
+            approval = FleetStore(store).get_approval(approval_id)
+            if approval.incident_id is None or (
+                store.get_incident(approval.incident_id).job_id != job_id
+            ):
+                continue  # another job's question (a state database serve shares)
+            self._asked.add(approval_id)
+            self.say(approval_prompt(approval, self.opt.state))
 
     def _install_signal_handlers(self) -> Callable[[], None]:
         return on_interrupt(lambda signum: self.events.put(_Interrupt(signum)))

@@ -16,7 +16,6 @@ import contextlib
 import dataclasses
 import os
 import queue
-import shlex
 import sys
 import time
 from collections import deque
@@ -63,6 +62,7 @@ from trainguard.model.records import (
 )
 from trainguard.policy.hang import hang_detector, no_progress_hint
 from trainguard.policy.lost import Segment, incident_segments
+from trainguard.policy.resume_arg import resume_arg_tokens, resume_command  # moved: 0393
 from trainguard.schedulers.local import (
     DEFAULT_KILL_GRACE_SECONDS,
     LaunchSpec,
@@ -141,31 +141,6 @@ class RunOptions:
         return self.job_name or (
             os.path.basename(self.command[0]) + " " + " ".join(self.command[1:3])
         )
-
-
-def resume_arg_tokens(template: str) -> tuple[str, ...]:
-    """``--resume-arg`` split as a shell would; raises ``ValueError`` with the fix."""
-    try:
-        tokens = tuple(shlex.split(template))
-    except ValueError as exc:
-        raise ValueError(f"--resume-arg {template!r}: {exc}") from None
-    if not tokens or not any("{checkpoint}" in t for t in tokens):
-        raise ValueError(
-            f"--resume-arg {template!r} must name {{checkpoint}}, e.g. "
-            "'--resume_from_checkpoint {checkpoint}' or 'ckpt_path={checkpoint}'"
-        )
-    return tokens
-
-
-def resume_command(
-    command: Sequence[str], template: str | None, checkpoint: str | None
-) -> tuple[str, ...]:
-    """The command of an attempt: as written, plus ``--resume-arg`` when it restores
-    ``checkpoint`` (substituted per token, so a path with spaces stays one argument)."""
-    if template is None or checkpoint is None:
-        return tuple(command)
-    extra = tuple(t.replace("{checkpoint}", checkpoint) for t in resume_arg_tokens(template))
-    return (*command, *extra)
 
 
 @dataclass(frozen=True)

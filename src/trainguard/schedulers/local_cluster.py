@@ -83,6 +83,10 @@ class LocalLaunch:
     snapshot_flush_wait: float = 0.0
     settle: float = 0.3  # a rank's death is reported this long after it (run's --settle)
     log_dir: str | None = None
+    # The command of an attempt that restores a checkpoint, from the job's command and
+    # the checkpoint's path (run's --resume-arg, policy/resume_arg.py; 0393). None: as
+    # written.
+    resume_command: Callable[[tuple[str, ...], str], tuple[str, ...]] | None = None
 
 
 @dataclass
@@ -243,8 +247,11 @@ class LocalCluster:
             if log_dir
             else self.root / f"{job.ref}.attempt-{job.attempt}.log"
         )
+        command = job.spec.command
+        if job.resume_from is not None and self.launch_options.resume_command is not None:
+            command = self.launch_options.resume_command(command, job.resume_from)
         spec = LaunchSpec(
-            command=job.spec.command,
+            command=command,
             attempt=job.attempt,
             devices=devices,
             progress_url=self.launch_options.progress_url,

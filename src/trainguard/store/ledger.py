@@ -108,6 +108,12 @@ class LedgerStore(LeaseStore):
                 return action
             check_action_transition(action.state, state)
             who = actor or (fence.holder if fence is not None else "trainguard")
+            # The result belongs to the job its intent was written for: a job's audit
+            # (list_audit(job_id=...), GET /v1/jobs/ID) shows both halves of an action.
+            try:
+                job_id: str | None = self.store.get_incident(action.incident_id).job_id
+            except NotFound:
+                job_id = None
             audit_id = self.store.append_audit(
                 at,
                 who,
@@ -115,6 +121,7 @@ class LedgerStore(LeaseStore):
                 subject,
                 message,
                 {"key": key, "type": action.type, "state": state.value, **result},
+                job_id=job_id,
                 incident_id=action.incident_id,
             )
             changed = self.store.execute(

@@ -134,6 +134,10 @@ class _OutputState:
     offset: int = 0
     partial: bytes = b""
     first_at: float | None = None  # when the attempt's first output line was read
+    # Liveness of a job with no step signal (policy/verify.py): its output lines, and
+    # when the last was read (one line is a start, not a running job), as run counts.
+    lines: int = 0
+    last_at: float | None = None
 
 
 _VERIFIABLE = (

@@ -144,6 +144,10 @@ class EvidenceFollower(EngineCore):
         now = self.clock()
         if lines and state.first_at is None:
             state.first_at = now
+        output = [raw for raw in lines if not is_annotation(raw.decode("utf-8", "replace"))]
+        if output:
+            state.lines += len(output)
+            state.last_at = now
         if not steps:
             if lines and att.first_step is None:
                 self._warn_no_step_signal(job_id, att, state.first_at, now)

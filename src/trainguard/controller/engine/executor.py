@@ -13,7 +13,13 @@ from trainguard.controller.engine.actions import ActionRunner
 from trainguard.controller.engine.config import PassReport
 from trainguard.model.fleet import ActionRecord, ActionState, ApprovalState, FleetJob
 from trainguard.model.plan import ActionKind, Mode
-from trainguard.model.records import AttemptState, IncidentRecord, IncidentState, JobState
+from trainguard.model.records import (
+    AttemptState,
+    AuditKind,
+    IncidentRecord,
+    IncidentState,
+    JobState,
+)
 from trainguard.policy.step import Step, StepKind
 from trainguard.policy.verify import first_progress_note
 from trainguard.schedulers.base import Observation
@@ -259,6 +265,8 @@ class Executor(ActionRunner):
                     note=acc.note,
                     actor=self.identity,
                 )
+                if acc.warning:
+                    self._tell_resume_fix(inc, acc.warning, now)
             for w in self._job_warnings(inc.job_id):  # what the job was told, as in run
                 self.store.update_incident(inc.id, at=now, warning=w, actor=self.identity)
             self.store.update_incident(
@@ -271,3 +279,17 @@ class Executor(ActionRunner):
             )
         report.recovered.append(inc.id)
         self.crash.hit("verify.after_recovered")
+
+    def _tell_resume_fix(self, inc: IncidentRecord, warning: str, now: float) -> None:
+        """The job resumed below the offered checkpoint: the user is told how to pass it,
+        once per job (as run said it), in an audit note of the job that the drivers
+        print. Not a job warning (``_job_warnings``): it belongs to this incident's
+        restart, and later incidents carry their own (0393)."""
+        told = self.store.list_audit(kind=AuditKind.NOTE, job_id=inc.job_id)
+        if any("resume_warning" in e.data for e in told):
+            return
+        self.store.append_audit(
+            now, self.identity, AuditKind.NOTE, f"job:{inc.job_id}", f"warning: {warning}",
+            {"resume_warning": warning, "incident": inc.id},
+            job_id=inc.job_id, incident_id=inc.id,
+        )  # fmt: skip

@@ -14,6 +14,7 @@ from trainguard.controller.engine.attempts import AttemptSync
 from trainguard.controller.engine.config import (
     _VERIFIABLE,
     PassReport,
+    _OutputState,
     _typed,
     isolated_for_incident,
 )
@@ -330,11 +331,10 @@ class SnapshotBuilder(AttemptSync):
             expected_ranks=expected,
             reported_ranks=reported,
             step_signal=att.first_step is not None or any(a.first_step is not None for a in others),
-            # Liveness is checkpoints it wrote since: a job the scheduler merely
-            # reports running has not shown progress.
-            alive_from=att.started_at if saves else None,
-            alive_until=max((t for _, t in saves), default=None),
-            alive_evidence=f"{len(saves)} checkpoint(s) written",
+            # Liveness is output lines (two at least) and checkpoints it wrote since, as
+            # run counts it: a job the scheduler merely reports running has not shown
+            # progress (0393).
+            **_liveness(self._outputs.get((inc.job_id, att.number)), att, saves),
             saved_steps=tuple(s for s, _ in saves if s is not None),
             newer_valid_steps=newer,
             trained_on_to=self._trained_on_to(inc),
@@ -350,3 +350,26 @@ class SnapshotBuilder(AttemptSync):
         attempts = {a.number: a for a in [*others, att]}
         segments = tuple(incident_segments(inc, attempts, running=att.number, restored=restored))
         return dataclasses.replace(base, restart=observation, verify_rules=rules, segments=segments)
+
+
+def _liveness(
+    out: _OutputState | None, att: AttemptRecord, saves: list[tuple[int | None, float]]
+) -> dict[str, Any]:
+    """RestartObservation's liveness fields: the restart's output lines as this controller
+    read them (two at least: one line is a start) and the checkpoints it wrote since."""
+    lines = out.lines if out is not None else 0
+    alive = [t for _, t in saves]
+    if out is not None and out.last_at is not None and lines >= 2:
+        alive.append(out.last_at)
+    alive_from = out.first_at if out is not None and lines else None
+    if alive_from is None and saves:
+        alive_from = att.started_at
+    said = [f"{lines} output line(s)"] if lines else []
+    if saves or not lines:
+        said.append(f"{len(saves)} checkpoint(s) written")
+    evidence = ", ".join(said)
+    return {
+        "alive_from": alive_from,
+        "alive_until": max(alive, default=None),
+        "alive_evidence": evidence,
+    }
