@@ -233,13 +233,14 @@ class LocalDriver:
         if took.problem is not None:
             self.say(f"trainguard: {took.problem}")
             return RunResult("", EXIT_STOPPED, JobState.STOPPED, took.problem)
-        # One pass before a new job is placed: the stored health (a card a dead run's
-        # recovery quarantined) is enforced in the cluster first (0385).
-        plane.run_once()
-        if took.job_id is not None:
+        if took.job_id is not None:  # its attempts' logs stay in its own directory
             self.job_id = job_id = took.job_id
             self.logs = log_dir(o.state, job_id, o.log_dir)
             cluster.launch_options = dataclasses.replace(cluster.launch_options, log_dir=self.logs)
+        os.makedirs(self.logs, exist_ok=True)
+        # One pass before a new job is placed: the stored health (a card a dead run's
+        # recovery quarantined) is enforced in the cluster first (0385).
+        plane.run_once()
         self.say(f"trainguard: job {self.job_id}: {self._inventory_line}; logs in {self.logs}")
         if took.job_id is None:
             job_id = self.job_id
@@ -316,7 +317,6 @@ class LocalDriver:
             refuse(store, o, job_id, start.need, reason, at=self.clock(), actor=ACTOR)
             self._tell(store, job_id)
             return RunResult(job_id, EXIT_STOPPED, JobState.STOPPED, reason)
-        os.makedirs(self.logs, exist_ok=True)
         spec = JobSpec(
             name=o.display_name(),
             command=tuple(o.command),
