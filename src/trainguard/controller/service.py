@@ -19,6 +19,7 @@ bad input or a state that does not allow the request -> HTTP 4xx;
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 import uuid as uuidlib
@@ -360,9 +361,19 @@ class ControlPlane:
         return matches[0] if len(matches) == 1 else None
 
     def ingest_progress(
-        self, job_id: str, attempt: int, step: int, at: float | None = None
+        self,
+        job_id: str,
+        attempt: int,
+        step: int,
+        at: float | None = None,
+        *,
+        rank: int | None = None,
+        job_time: float | None = None,
     ) -> None:
-        """A progress report (``trainguard.train`` over HTTP): the attempt's last step.
+        """A progress report (``trainguard.train`` over HTTP): the attempt's last step;
+        ``rank``: the rank that reported it (verification expects every rank that
+        reported before a failure to report again, 0350); ``job_time``: when the job
+        made the step, by its own clock (a step rate batching cannot bend, 0320).
 
         Not audited (hot path). Raises ``NotFound`` for an unknown job/attempt,
         ``ValueError`` for a negative step.
@@ -372,6 +383,12 @@ class ControlPlane:
         self.store.update_attempt_progress(
             job_id, int(attempt), int(step), at=self.clock() if at is None else float(at)
         )
+        if rank is not None:
+            self.store.note_ranks_reported(job_id, int(attempt), (int(rank),))
+        if job_time is not None and math.isfinite(job_time):
+            self.store.record_job_step_time(
+                job_id, int(attempt), int(step), time=float(job_time), rank=rank or 0
+            )
 
     # --- modes -----------------------------------------------------------------------
 
