@@ -25,13 +25,14 @@ each other. ``trainguard run`` without ``--engine`` is still its own loop (run.p
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import queue
 import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from trainguard.controller.engine.config import ControlConfig
@@ -48,7 +49,8 @@ from trainguard.controller.service import ControlPlane
 from trainguard.diagnose.detectors import line_finding
 from trainguard.diagnose.signatures import classify_line
 from trainguard.model.devices import Device
-from trainguard.model.records import AttemptState, AuditEvent, JobState
+from trainguard.model.findings import Domain, Finding
+from trainguard.model.records import AttemptState, AuditEvent, IncidentState, JobState
 from trainguard.schedulers.base import JobSpec
 from trainguard.schedulers.local_cluster import LocalCluster, LocalLaunch
 from trainguard.signals.inventory import InventoryError, load
@@ -59,6 +61,7 @@ from trainguard.store import NotFound, Store
 ACTOR = "trainguard-run"
 POLICY = "run"  # the policy document a driven job runs under
 DEFAULT_TICK = 0.25  # seconds between passes when nothing happens
+NO_WAIT = "trainguard run does not wait for capacity: release a device and run again"
 
 
 def policy_document(o: RunOptions) -> dict[str, Any]:
@@ -82,6 +85,20 @@ def policy_document(o: RunOptions) -> dict[str, Any]:
 def audit_line(event: AuditEvent) -> str:
     """One audit record as the line the user reads."""
     return f"trainguard: {event.kind.value} {event.subject}: {event.message}"
+
+
+def this_host(f: Finding, devices: Sequence[Device]) -> tuple[Finding, str | None]:
+    """A finding of this machine's kernel log and the host it comes from: the host of
+    the inventory's devices when it names exactly one (else the finding's own). A NIC or
+    link event that names no host names this one, so that it isolates the host (0110),
+    as an agent's finding names the node it runs on."""
+    hosts = {d.host for d in devices}
+    host = next(iter(hosts)) if len(hosts) == 1 else None
+    if host is None or f.culprit.host is not None:
+        return f, f.culprit.host or host
+    if f.domain is Domain.NETWORK:
+        f = dataclasses.replace(f, culprit=dataclasses.replace(f.culprit, host=host))
+    return f, host
 
 
 class LocalDriver:
@@ -197,6 +214,13 @@ class LocalDriver:
                 incidents = tuple(i.id for i in store.list_incidents(job_id=fj.job_id))
                 code = 0 if job.state is JobState.COMPLETED else EXIT_STOPPED
                 return RunResult(fj.job_id, code, job.state, job.reason, incidents)
+            if job.state is JobState.WAITING:
+                # On one machine nothing returns by itself: run stops, says why (0058).
+                reason = f"{job.reason}; {NO_WAIT}"
+                self._stop(store, fj.job_id, reason)
+                self._tell(store, fj.job_id)
+                incidents = tuple(i.id for i in store.list_incidents(job_id=fj.job_id))
+                return RunResult(fj.job_id, EXIT_STOPPED, JobState.STOPPED, reason, incidents)
             interrupted = self._wait(plane, fj.job_id)
             if interrupted is not None:
                 reason = f"interrupted by {signal.Signals(interrupted).name}"
@@ -205,13 +229,19 @@ class LocalDriver:
                 return RunResult(fj.job_id, EXIT_INTERRUPTED, JobState.STOPPED, reason)
 
     def _stop(self, store: Store, job_id: str, reason: str) -> None:
-        """The user stopped the job: its running attempt and the job end as stopped (the
-        cluster's shutdown then stops the processes)."""
+        """The user stopped the job, or run does not wait for capacity: its running
+        attempt, its live incidents and the job end as stopped (the cluster's shutdown
+        then stops the processes)."""
         now = self.clock()
         for att in store.list_attempts(job_id):
             if not att.state.terminal:
                 store.finish_attempt(
                     job_id, att.number, AttemptState.STOPPED, at=now, reason=reason, actor=ACTOR
+                )
+        for inc in store.list_incidents(job_id=job_id):
+            if not inc.state.terminal:
+                store.update_incident(
+                    inc.id, at=now, state=IncidentState.STOPPED, reason=reason, actor=ACTOR
                 )
         store.update_job_state(job_id, JobState.STOPPED, at=now, reason=reason, actor=ACTOR)
 
@@ -239,13 +269,20 @@ class LocalDriver:
                 return
             if match is not None:
                 f = line_finding(match, match.text, ev.at, "kernel_log", (), self.devices)
-                plane.ingest_finding(f, host=f.culprit.host)
+                plane.ingest_finding(*this_host(f, self.devices))
         elif isinstance(ev, ProgressReceived) and ev.event.event == "progress":
             attempt = ev.event.attempt
             if attempt is None or ev.event.step is None:
                 return
             with contextlib.suppress(NotFound, ValueError):
-                plane.ingest_progress(job_id, attempt, ev.event.step, at=ev.at)
+                plane.ingest_progress(
+                    job_id,
+                    attempt,
+                    ev.event.step,
+                    at=ev.at,
+                    rank=ev.event.rank,
+                    job_time=ev.event.time,
+                )
 
     def _tell(self, store: Store, job_id: str) -> None:
         for event in store.list_audit(after_id=self._audit_cursor):
@@ -262,4 +299,4 @@ def drive(options: RunOptions) -> RunResult:
     return LocalDriver(options).run()
 
 
-__all__ = ["POLICY", "LocalDriver", "audit_line", "drive", "policy_document"]
+__all__ = ["POLICY", "LocalDriver", "audit_line", "drive", "policy_document", "this_host"]
