@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainguard.controller.local_driver import this_host
+from trainguard.controller.local_driver import rank_view, this_host
 from trainguard.controller.service import ControlPlane
 from trainguard.model.devices import Device
 from trainguard.model.findings import Culprit, Domain, Finding, Severity
+from trainguard.model.progress import ProgressEvent
+from trainguard.model.records import RankReport
 from trainguard.store import Store
 
 
@@ -56,3 +58,15 @@ def test_progress_keeps_the_rank_that_reported_and_the_jobs_time(tmp_path: Path)
         att = store.get_attempt(job.id, 0)
     assert [r.rank for r in att.rank_reports] == [1]
     assert att.job_first_step == 3
+
+
+def test_a_progress_event_carries_its_ranks_view_of_its_devices(tmp_path: Path) -> None:
+    e = ProgressEvent("progress", 3, 4.5, rank=1, local_rank=1, visible_devices="2, 3", host="h")
+    view = rank_view(e)
+    assert view == RankReport(rank=1, host="h", local_rank=1, visible=("2", "3"))
+    assert rank_view(ProgressEvent("progress", 3, 4.5, rank=1)) is None
+    with Store.open(tmp_path / "state.db", at=0.0) as store:
+        job = store.create_job(name="j", command=("true",), need=1, at=0.0)
+        store.start_attempt(job.id, 0, [_device(0, "hosta")], at=0.0)
+        ControlPlane(store, None).ingest_progress(job.id, 0, 3, rank=1, view=view)
+        assert store.get_attempt(job.id, 0).rank_reports == (view,)

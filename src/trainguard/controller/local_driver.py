@@ -50,7 +50,14 @@ from trainguard.diagnose.detectors import line_finding
 from trainguard.diagnose.signatures import classify_line
 from trainguard.model.devices import Device
 from trainguard.model.findings import Domain, Finding
-from trainguard.model.records import AttemptState, AuditEvent, IncidentState, JobState
+from trainguard.model.progress import ProgressEvent
+from trainguard.model.records import (
+    AttemptState,
+    AuditEvent,
+    IncidentState,
+    JobState,
+    RankReport,
+)
 from trainguard.schedulers.base import JobSpec
 from trainguard.schedulers.local_cluster import LocalCluster, LocalLaunch
 from trainguard.signals.inventory import InventoryError, load
@@ -101,6 +108,14 @@ def this_host(f: Finding, devices: Sequence[Device]) -> tuple[Finding, str | Non
     return f, host
 
 
+def rank_view(e: ProgressEvent) -> RankReport | None:
+    """A progress event's own view of its rank's devices (0322), when it carries one."""
+    if e.visible_devices is None:
+        return None
+    visible = tuple(v.strip() for v in e.visible_devices.split(",") if v.strip())
+    return RankReport(rank=e.rank, host=e.host, local_rank=e.local_rank, visible=visible)
+
+
 class LocalDriver:
     """Drive one job through the engine until it ends; see the module docstring."""
 
@@ -119,6 +134,7 @@ class LocalDriver:
         self.events: queue.Queue[Any] = queue.Queue()
         self.devices: tuple[Device, ...] = ()
         self._audit_cursor = 0
+        self._views: dict[tuple[int, int], RankReport] = {}  # (attempt, rank): kept view
 
     def run(self) -> RunResult:
         o = self.opt
@@ -274,6 +290,9 @@ class LocalDriver:
             attempt = ev.event.attempt
             if attempt is None or ev.event.step is None:
                 return
+            view = rank_view(ev.event)
+            if view is not None and self._views.get((attempt, view.rank)) == view:
+                view = None  # kept already: written only when it changes
             with contextlib.suppress(NotFound, ValueError):
                 plane.ingest_progress(
                     job_id,
@@ -282,7 +301,10 @@ class LocalDriver:
                     at=ev.at,
                     rank=ev.event.rank,
                     job_time=ev.event.time,
+                    view=view,
                 )
+                if view is not None:
+                    self._views[(attempt, view.rank)] = view
 
     def _tell(self, store: Store, job_id: str) -> None:
         for event in store.list_audit(after_id=self._audit_cursor):
@@ -299,4 +321,12 @@ def drive(options: RunOptions) -> RunResult:
     return LocalDriver(options).run()
 
 
-__all__ = ["POLICY", "LocalDriver", "audit_line", "drive", "policy_document", "this_host"]
+__all__ = [
+    "POLICY",
+    "LocalDriver",
+    "audit_line",
+    "drive",
+    "policy_document",
+    "rank_view",
+    "this_host",
+]

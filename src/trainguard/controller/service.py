@@ -59,7 +59,7 @@ from trainguard.model.fleet import (
 )
 from trainguard.model.health import HealthState
 from trainguard.model.plan import Mode, RecoveryPolicy
-from trainguard.model.records import AuditKind, DeviceRecord, JobRecord
+from trainguard.model.records import AuditKind, DeviceRecord, JobRecord, RankReport
 from trainguard.model.statemachine import IllegalTransition
 from trainguard.schedulers.base import ClusterScheduler, JobSpec
 from trainguard.store import NotFound, Store
@@ -369,11 +369,14 @@ class ControlPlane:
         *,
         rank: int | None = None,
         job_time: float | None = None,
+        view: RankReport | None = None,
     ) -> None:
         """A progress report (``trainguard.train`` over HTTP): the attempt's last step;
         ``rank``: the rank that reported it (verification expects every rank that
         reported before a failure to report again, 0350); ``job_time``: when the job
-        made the step, by its own clock (a step rate batching cannot bend, 0320).
+        made the step, by its own clock (a step rate batching cannot bend, 0320);
+        ``view``: that rank's own view of its devices (the device map, 0322; written
+        each time: pass it only when it changed).
 
         Not audited (hot path). Raises ``NotFound`` for an unknown job/attempt,
         ``ValueError`` for a negative step.
@@ -383,7 +386,9 @@ class ControlPlane:
         self.store.update_attempt_progress(
             job_id, int(attempt), int(step), at=self.clock() if at is None else float(at)
         )
-        if rank is not None:
+        if view is not None:
+            self.store.record_rank_report(job_id, int(attempt), view)
+        elif rank is not None:
             self.store.note_ranks_reported(job_id, int(attempt), (int(rank),))
         if job_time is not None and math.isfinite(job_time):
             self.store.record_job_step_time(
