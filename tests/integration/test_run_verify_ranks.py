@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from trainguard.controller.operations import LocalOperations
-from trainguard.controller.run import torchrun_world_size
 from trainguard.controller.service import ControlPlane
+from trainguard.diagnose.device_map import torchrun_world_size
 from trainguard.store import Store
 from trainguard.store.fleet import FleetStore
 

@@ -414,3 +414,17 @@ def test_a_missing_rank_fails_with_a_finding_that_names_the_rank() -> None:
     assert f.culprit.rank == 1 and f.details == {"missing_ranks": [1]}
     wrong = failed_finding(verify_restart(moving(900, 950), RULES), 1.0)
     assert wrong.domain.value == "application" and wrong.culprit.rank is None
+
+
+def test_a_verified_restart_says_what_its_rank_check_found() -> None:
+    # The same words in run and serve (0389): which ranks were checked, and why.
+    source = "the ranks that reported before the failure"
+    both = frozenset({0, 1})
+    v = verify_restart(
+        moving(251, 300, expected_ranks=both, reported_ranks=both, ranks_source=source), RULES
+    )
+    assert v.verdict is Verdict.VERIFIED
+    assert v.reason.endswith(f"; all 2 rank(s) reported ({source})")
+    unchecked = verify_restart(moving(251, 300, ranks_source="no rank reported"), RULES)
+    assert "; ranks not checked (no rank reported)" in unchecked.reason
+    assert "rank" not in verify_restart(moving(251, 300), RULES).reason  # no source: silent

@@ -41,7 +41,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from trainguard.controller import local_orphans
@@ -62,8 +62,17 @@ from trainguard.controller.service import ControlPlane
 from trainguard.diagnose.detectors import ProgressLineParser, line_finding
 from trainguard.diagnose.signatures import classify_line
 from trainguard.model.devices import Device
+from trainguard.model.findings import Domain, Finding
 from trainguard.model.plan import Mode
-from trainguard.model.records import AttemptState, AuditEvent, AuditKind, JobState
+from trainguard.model.progress import ProgressEvent
+from trainguard.model.records import (
+    AttemptState,
+    AuditEvent,
+    AuditKind,
+    IncidentState,
+    JobState,
+    RankReport,
+)
 from trainguard.policy.resume_arg import resume_command
 from trainguard.policy.start import default_need, start_devices
 from trainguard.schedulers.base import JobSpec
@@ -116,6 +125,28 @@ def audit_line(event: AuditEvent) -> str:
     return f"trainguard: {event.kind.value} {event.subject}: {event.message}"
 
 
+def this_host(f: Finding, devices: Sequence[Device]) -> tuple[Finding, str | None]:
+    """A finding of this machine's kernel log and the host it comes from: the host of
+    the inventory's devices when it names exactly one (else the finding's own). A NIC or
+    link event that names no host names this one, so that it isolates the host (0110),
+    as an agent's finding names the node it runs on."""
+    hosts = {d.host for d in devices}
+    host = next(iter(hosts)) if len(hosts) == 1 else None
+    if host is None or f.culprit.host is not None:
+        return f, f.culprit.host or host
+    if f.domain is Domain.NETWORK:
+        f = dataclasses.replace(f, culprit=dataclasses.replace(f.culprit, host=host))
+    return f, host
+
+
+def rank_view(e: ProgressEvent) -> RankReport | None:
+    """A progress event's own view of its rank's devices (0322), when it carries one."""
+    if e.visible_devices is None:
+        return None
+    visible = tuple(v.strip() for v in e.visible_devices.split(",") if v.strip())
+    return RankReport(rank=e.rank, host=e.host, local_rank=e.local_rank, visible=visible)
+
+
 class LocalDriver:
     """Drive one job through the engine until it ends; see the module docstring."""
 
@@ -141,6 +172,7 @@ class LocalDriver:
         self._inventory_line = ""
         self._noted: tuple[int, int] | None = None
         self._asked: set[int] = set()  # approvals whose answering command was printed
+        self._views: dict[tuple[int, int], RankReport] = {}  # (attempt, rank): kept view
 
     def run(self) -> RunResult:
         o = self.opt
@@ -397,13 +429,19 @@ class LocalDriver:
         )  # fmt: skip
 
     def _stop(self, store: Store, job_id: str, reason: str) -> None:
-        """The user stopped the job: its running attempt and the job end as stopped (the
-        cluster's shutdown then stops the processes)."""
+        """The user stopped the job: its running attempt, its live incidents and the job
+        end as stopped (the cluster's shutdown
+        then stops the processes)."""
         now = self.clock()
         for att in store.list_attempts(job_id):
             if not att.state.terminal:
                 store.finish_attempt(
                     job_id, att.number, AttemptState.STOPPED, at=now, reason=reason, actor=ACTOR
+                )
+        for inc in store.list_incidents(job_id=job_id):
+            if not inc.state.terminal:
+                store.update_incident(
+                    inc.id, at=now, state=IncidentState.STOPPED, reason=reason, actor=ACTOR
                 )
         store.update_job_state(job_id, JobState.STOPPED, at=now, reason=reason, actor=ACTOR)
 
@@ -431,13 +469,26 @@ class LocalDriver:
                 return
             if match is not None:
                 f = line_finding(match, match.text, ev.at, "kernel_log", (), self.devices)
-                plane.ingest_finding(f, host=f.culprit.host)
+                plane.ingest_finding(*this_host(f, self.devices))
         elif isinstance(ev, ProgressReceived) and ev.event.event == "progress":
             attempt = ev.event.attempt
             if attempt is None or ev.event.step is None:
                 return
+            view = rank_view(ev.event)
+            if view is not None and self._views.get((attempt, view.rank)) == view:
+                view = None  # kept already: written only when it changes
             with contextlib.suppress(NotFound, ValueError):
-                plane.ingest_progress(job_id, attempt, ev.event.step, at=ev.at)
+                plane.ingest_progress(
+                    job_id,
+                    attempt,
+                    ev.event.step,
+                    at=ev.at,
+                    rank=ev.event.rank,
+                    job_time=ev.event.time,
+                    view=view,
+                )
+                if view is not None:
+                    self._views[(attempt, view.rank)] = view
 
     def _tell(self, store: Store, job_id: str | None) -> None:
         for event in store.list_audit(after_id=self._audit_cursor):
@@ -478,4 +529,12 @@ def drive(options: RunOptions) -> RunResult:
     return LocalDriver(options).run()
 
 
-__all__ = ["POLICY", "LocalDriver", "audit_line", "drive", "policy_document"]
+__all__ = [
+    "POLICY",
+    "LocalDriver",
+    "audit_line",
+    "drive",
+    "policy_document",
+    "rank_view",
+    "this_host",
+]

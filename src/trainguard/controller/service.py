@@ -19,6 +19,7 @@ bad input or a state that does not allow the request -> HTTP 4xx;
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 import uuid as uuidlib
@@ -58,7 +59,7 @@ from trainguard.model.fleet import (
 )
 from trainguard.model.health import HealthState
 from trainguard.model.plan import Mode, RecoveryPolicy
-from trainguard.model.records import AuditKind, DeviceRecord, JobRecord
+from trainguard.model.records import AuditKind, DeviceRecord, JobRecord, RankReport
 from trainguard.model.statemachine import IllegalTransition
 from trainguard.schedulers.base import ClusterScheduler, JobSpec
 from trainguard.store import NotFound, Store
@@ -360,9 +361,22 @@ class ControlPlane:
         return matches[0] if len(matches) == 1 else None
 
     def ingest_progress(
-        self, job_id: str, attempt: int, step: int, at: float | None = None
+        self,
+        job_id: str,
+        attempt: int,
+        step: int,
+        at: float | None = None,
+        *,
+        rank: int | None = None,
+        job_time: float | None = None,
+        view: RankReport | None = None,
     ) -> None:
-        """A progress report (``trainguard.train`` over HTTP): the attempt's last step.
+        """A progress report (``trainguard.train`` over HTTP): the attempt's last step;
+        ``rank``: the rank that reported it (verification expects every rank that
+        reported before a failure to report again, 0350); ``job_time``: when the job
+        made the step, by its own clock (a step rate batching cannot bend, 0320);
+        ``view``: that rank's own view of its devices (the device map, 0322; written
+        each time: pass it only when it changed).
 
         Not audited (hot path). Raises ``NotFound`` for an unknown job/attempt,
         ``ValueError`` for a negative step.
@@ -372,6 +386,14 @@ class ControlPlane:
         self.store.update_attempt_progress(
             job_id, int(attempt), int(step), at=self.clock() if at is None else float(at)
         )
+        if view is not None:
+            self.store.record_rank_report(job_id, int(attempt), view)
+        elif rank is not None:
+            self.store.note_ranks_reported(job_id, int(attempt), (int(rank),))
+        if job_time is not None and math.isfinite(job_time):
+            self.store.record_job_step_time(
+                job_id, int(attempt), int(step), time=float(job_time), rank=rank or 0
+            )
 
     # --- modes -----------------------------------------------------------------------
 

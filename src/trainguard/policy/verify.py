@@ -152,6 +152,9 @@ class RestartObservation:
     baseline_clock: StepClock | None = None
     expected_ranks: frozenset[int] | None = None  # None: ranks not checked
     reported_ranks: frozenset[int] = frozenset()
+    # Where expected_ranks comes from (expected_ranks()'s second value): the verified
+    # reason says which ranks were checked and why, as run said it (0115).
+    ranks_source: str | None = None
     step_signal: bool = True  # the job reports steps at all (in any attempt)
     # Liveness of the restarted attempt: from when to when it was seen alive, and by
     # what ("14 output line(s)", "the scheduler reports it running").
@@ -382,12 +385,23 @@ def verify_restart(o: RestartObservation, rules: VerifyRules = VerifyRules()) ->
     unchecked_note = f"; rate not checked: {unchecked}" if unchecked else ""
     return Verification(
         Verdict.VERIFIED,
-        f"steps {o.first_step} -> {last_step}{rate_note}{memory_note}{unchecked_note}" + below_note,
+        f"steps {o.first_step} -> {last_step}{rate_note}{memory_note}{unchecked_note}"
+        + _ranks_note(o)
+        + below_note,
         resumed_below=below,
         resumed_from=resumed_from,
         from_memory=memory,
         rate_unchecked=unchecked,
     )
+
+
+def _ranks_note(o: RestartObservation) -> str:
+    """What the rank check of a verified restart found (empty when no source is known)."""
+    if o.ranks_source is None:
+        return ""
+    if o.expected_ranks is None:
+        return f"; ranks not checked ({o.ranks_source})"
+    return f"; all {len(o.expected_ranks)} rank(s) reported ({o.ranks_source})"
 
 
 def expected_ranks(

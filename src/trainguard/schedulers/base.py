@@ -97,6 +97,7 @@ class ObservedJob:
     # local supervisor does): the crash's culprit, as run attributes it (0380).
     failed_rank: int | None = None
     failed_local_rank: int | None = None
+    failed_pid: int | None = None  # that rank's process: the user matches it to its log
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -120,6 +121,7 @@ class ObservedJob:
             "last_key": self.last_key,
             "failed_rank": self.failed_rank,
             "failed_local_rank": self.failed_local_rank,
+            "failed_pid": self.failed_pid,
         }
 
 

@@ -370,6 +370,7 @@ class LocalCluster:
             last_key=job.last_key,
             failed_rank=dead.rank if dead is not None else None,
             failed_local_rank=dead.local_rank if dead is not None else None,
+            failed_pid=dead.pid if dead is not None else None,
         )
 
     # Each action keyed and fenced through KeyBook (decision 0327), under the lock.

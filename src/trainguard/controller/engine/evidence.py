@@ -414,6 +414,7 @@ class EvidenceFollower(EngineCore):
                     source="rank" if ranked else "launcher",
                     rank=oj.failed_rank,
                     local_rank=oj.failed_local_rank,
+                    pid=oj.failed_pid,
                     exit_code=oj.exit_code,
                     signal=oj.signal,
                     tail=tuple(tail[-20:]),
@@ -492,6 +493,10 @@ class EvidenceFollower(EngineCore):
             if n.phase is not NodePhase.UP
             and not (self.traits.down_nodes_return and _down_not_drained(n))
         }
+        # The stored node health too: a node quarantined in this pass is drained after
+        # the pass observed the cluster, and a re-plan in the same pass (waiting for
+        # capacity) must not hand its cards back to the job (the store is written first).
+        drained |= set(self.fleet.unschedulable_nodes())
         out = []
         for rec in self.store.list_devices():
             if rec.uuid in busy:

@@ -305,7 +305,7 @@ class SnapshotBuilder(AttemptSync):
         # Every rank that reported before the failure reports again: the ranks the failed
         # attempt reported from (output lines, progress events), by run's rule (0350).
         reported = frozenset(r.rank for r in att.rank_reports)
-        expected, _ = expected_ranks(
+        expected, ranks_source = expected_ranks(
             frozenset(r.rank for r in failed.rank_reports) if failed is not None else None,
             baseline_devices=len(failed.devices) if failed is not None else 0,
             restart_devices=len(att.devices),
@@ -330,6 +330,7 @@ class SnapshotBuilder(AttemptSync):
             baseline_clock=baseline_clock,
             expected_ranks=expected,
             reported_ranks=reported,
+            ranks_source=ranks_source,
             step_signal=att.first_step is not None or any(a.first_step is not None for a in others),
             # Liveness is output lines (two at least) and checkpoints it wrote since, as
             # run counts it: a job the scheduler merely reports running has not shown
