@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.controller.run_base import EXIT_STOPPED
+from trainguard.controller.local_options import EXIT_STOPPED
 from trainguard.model.fleet import Approval, ApprovalState
 from trainguard.policy.step import RESTART_DENIED
 from trainguard.store import Store

@@ -309,11 +309,12 @@ def _audited_xid(
 
 
 def _run_again(tmp: Path) -> None:
-    from trainguard.controller.run import RunOptions, run_job
+    from trainguard.controller.local_driver import drive
+    from trainguard.controller.local_options import RunOptions
 
     kern = tmp / "kern.log"
     kern.write_text("")
-    result = run_job(
+    result = drive(
         RunOptions(command=COMMAND, state=str(tmp / "state.db"), need=2, simulate_devices=3,
                    kernel_log=str(kern), verify_window=0.5, grace=1.0, echo=False)
     )  # fmt: skip

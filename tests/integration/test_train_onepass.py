@@ -20,7 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from trainguard.checkpoints import validate  # noqa: E402
-from trainguard.controller.run import select_checkpoints  # noqa: E402
+from trainguard.controller.checkpoint_care import select_checkpoints  # noqa: E402
 from trainguard.model.checkpoint import MANIFEST_NAME, RESUME_DIGEST_ENV  # noqa: E402
 from trainguard.train import CheckpointManager, ResumeError, resume  # noqa: E402
 from trainguard.train import manager as manager_mod  # noqa: E402

@@ -35,8 +35,8 @@ sys.path.insert(0, str(ROOT / "tests" / "integration"))
 from _fleet import Fleet, xid_line  # noqa: E402
 
 from trainguard.controller.local_driver import LocalDriver  # noqa: E402
+from trainguard.controller.local_options import RunOptions, RunResult  # noqa: E402
 from trainguard.controller.reconcile import ControlConfig  # noqa: E402
-from trainguard.controller.run_base import RunOptions, RunResult  # noqa: E402
 from trainguard.controller.service import ControlPlane  # noqa: E402
 from trainguard.model.health import HealthState  # noqa: E402
 from trainguard.model.plan import Mode  # noqa: E402

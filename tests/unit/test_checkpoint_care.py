@@ -12,7 +12,7 @@ from test_checkpoints_trainguard import flip_byte, write_checkpoint
 
 from trainguard.checkpoints import latest_valid, scan
 from trainguard.controller.checkpoint_care import REJECTED_DIR, move_aside, select_checkpoints
-from trainguard.controller.run_base import RunOptions
+from trainguard.controller.local_options import RunOptions
 from trainguard.policy.resume_arg import resume_command
 
 

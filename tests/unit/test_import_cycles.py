@@ -19,7 +19,7 @@ PKG = SRC / "trainguard"
 # the control plane through controller.service and uses a few leaf modules; it must
 # not reach into a driver directly (issue 12: "api does not import drivers").
 DRIVERS = {
-    "trainguard.controller.run",
+    "trainguard.controller.local_driver",
     "trainguard.controller.reconcile",
     "trainguard.controller.slurm_watch",
 }

@@ -93,7 +93,7 @@ ENGINE_MUST_NOT_IMPORT = (
     "trainguard.api",
     "trainguard.cli",
     "trainguard._commands",
-    "trainguard.controller.run",
+    "trainguard.controller.local_driver",
     "trainguard.controller.reconcile",
     "trainguard.controller.slurm_watch",
     "trainguard.controller.service",

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from trainguard.controller.run import no_progress_hint
 from trainguard.diagnose.attribution import attempt_failure_reason, attribute
 from trainguard.diagnose.detectors import HangConfig, HangDetector, hang_message
 from trainguard.model import Culprit, Domain, Finding, Severity
+from trainguard.policy.hang import no_progress_hint
 from trainguard.policy.verify import first_progress_note
 
 T0 = 1_700_000_000.0

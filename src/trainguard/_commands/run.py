@@ -230,7 +230,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def handle(args: argparse.Namespace) -> int:
     from trainguard.controller.local_driver import LocalDriver
-    from trainguard.controller.run_base import RunOptions
+    from trainguard.controller.local_options import RunOptions
     from trainguard.model.plan import Mode
     from trainguard.store import StoreError
 

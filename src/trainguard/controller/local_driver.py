@@ -50,14 +50,14 @@ from trainguard.controller.crash import CrashPoints
 from trainguard.controller.engine.config import ControlConfig
 from trainguard.controller.interrupts import on_interrupt
 from trainguard.controller.lease import holder_alive, process_holder, take_from_dead
-from trainguard.controller.local_start import device_statuses, log_dir, preflight, refuse
-from trainguard.controller.run_base import (
+from trainguard.controller.local_options import (
     EXIT_INTERRUPTED,
     EXIT_STOPPED,
+    Interrupt,
     RunOptions,
     RunResult,
-    _Interrupt,
 )
+from trainguard.controller.local_start import device_statuses, log_dir, preflight, refuse
 from trainguard.controller.service import ControlPlane
 from trainguard.diagnose.detectors import ProgressLineParser, line_finding
 from trainguard.diagnose.signatures import classify_line
@@ -453,7 +453,7 @@ class LocalDriver:
         except queue.Empty:
             return None
         while True:
-            if isinstance(ev, _Interrupt):
+            if isinstance(ev, Interrupt):
                 return ev.signum
             self._evidence(plane, job_id, ev)
             try:
@@ -510,7 +510,7 @@ class LocalDriver:
             self.say(approval_prompt(approval, self.opt.state))
 
     def _install_signal_handlers(self) -> Callable[[], None]:
-        return on_interrupt(lambda signum: self.events.put(_Interrupt(signum)))
+        return on_interrupt(lambda signum: self.events.put(Interrupt(signum)))
 
 
 def _holder_words(plane: ControlPlane) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 
-from trainguard.controller.run_base import RunOptions
+from trainguard.controller.local_options import RunOptions
 from trainguard.model.devices import Device
 from trainguard.model.health import HealthState
 from trainguard.model.plan import DeviceStatus
