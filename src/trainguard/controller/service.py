@@ -372,6 +372,7 @@ class ControlPlane:
         self.store.update_attempt_progress(
             job_id, int(attempt), int(step), at=self.clock() if at is None else float(at)
         )
+        self.reconciler.note_self_reported(job_id, int(attempt))
 
     # --- modes -----------------------------------------------------------------------
 

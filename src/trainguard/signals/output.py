@@ -81,6 +81,17 @@ def is_annotation(line: str) -> bool:
     return line.startswith(ANNOTATION_PREFIX)
 
 
+# trainguard.train's own messages in the job's output ("trainguard: resumed from ...
+# (step 8 ...)", "trainguard: checkpoint step 9 saved ..."): written by the job's
+# process, so evidence, but the steps they name are not the job's progress.
+TRAIN_MESSAGE_PREFIX = "trainguard:"
+
+
+def is_train_message(line: str) -> bool:
+    """Whether ``line`` is trainguard.train's own message, not a progress line."""
+    return line.startswith(TRAIN_MESSAGE_PREFIX)
+
+
 def split_lines(data: bytes) -> tuple[list[bytes], bytes]:
     r"""Complete lines of ``data`` (split as :class:`LineSplitter` does) and the unterminated rest.
 
