@@ -388,7 +388,10 @@ class LocalCluster:
             job.env = dict(env or {})
             job.last_key = key
             self._schedule()
-            return {"ref": ref, "attempt": job.attempt}
+            # How the new attempt started (warm through the parked standby, or cold and
+            # why): the restart's result says it to the user (0398).
+            note = job.launch.start_note if job.launch is not None else None
+            return {"ref": ref, "attempt": job.attempt, **({"start": note} if note else {})}
 
         with self._lock:
             return self._keys.once(key, token, act)
