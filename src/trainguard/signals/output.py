@@ -74,11 +74,13 @@ class LineSplitter:
 # The lines trainguard itself writes into an attempt's log (the header naming the
 # command, warm/cold start, stop markers): never the job's output, so never evidence.
 ANNOTATION_PREFIX = "# trainguard"
+# The header's second line (schedulers/local.py): the devices and resume path it was given.
+HEADER_ENV_PREFIX = "# CUDA_VISIBLE_DEVICES="
 
 
 def is_annotation(line: str) -> bool:
     """Whether ``line`` of an attempt's log is trainguard's own note, not the job's."""
-    return line.startswith(ANNOTATION_PREFIX)
+    return line.startswith((ANNOTATION_PREFIX, HEADER_ENV_PREFIX))
 
 
 # trainguard.train's own messages in the job's output ("trainguard: resumed from ...

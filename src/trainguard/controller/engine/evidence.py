@@ -133,7 +133,7 @@ class EvidenceFollower(EngineCore):
             text = raw.decode("utf-8", "replace")
             if is_annotation(text) or is_train_message(text):
                 continue
-            job_lines += 1
+            job_lines += bool(text.strip())  # a blank line says nothing (run's rule)
             if reported:
                 continue
             reading = self._progress.read(text)
