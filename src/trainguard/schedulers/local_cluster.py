@@ -79,6 +79,15 @@ class LocalLaunch:
     settle: float = 0.3  # a rank's death is reported this long after it (run's --settle)
 
 
+@dataclass(frozen=True)
+class RankDeathReportable:
+    """On the owner's sink when a rank death held for the settle window becomes
+    reportable: an owner that waits for events observes then, not on its next tick."""
+
+    ref: str
+    attempt: int
+
+
 @dataclass
 class _Job:
     """What the adapter knows of one submitted job."""
@@ -170,7 +179,17 @@ class LocalCluster:
                         and ev.exit.pid in launch.ranks.rank_pids().values()
                     ):
                         job.dying = ev.exit
+                        self._wake_when_reportable(job, ev.exit.at)
         self._sink(ev)
+
+    def _wake_when_reportable(self, job: _Job, died_at: float) -> None:
+        """Tell the owner when the settle window of a held rank death ends (0399)."""
+        settle = self.launch_options.settle
+        # Bounded by the window: with an injected clock the two clocks need not agree.
+        delay = min(settle, max(0.0, died_at + settle - self.clock())) + 0.005
+        timer = threading.Timer(delay, self._sink, (RankDeathReportable(job.ref, job.attempt),))
+        timer.daemon = True  # a wake-up only: never keeps the process alive
+        timer.start()
 
     # --- placement -------------------------------------------------------------------
 
@@ -477,4 +496,4 @@ class LocalCluster:
         self.launcher.close()
 
 
-__all__ = ["LocalCluster", "LocalLaunch"]
+__all__ = ["LocalCluster", "LocalLaunch", "RankDeathReportable"]
