@@ -188,9 +188,25 @@ def job_args(ckpt: Path, extra: list[str]) -> list[str]:
     ]  # fmt: skip
 
 
+def attempt_logs(state: Path, number: int) -> list[Path]:
+    """Attempt ``number``'s log, where its record in the state database says it is
+    (wherever the supervisor keeps its logs)."""
+    if not state.exists():
+        return []
+    from trainguard.store import Store
+
+    with Store.open(str(state)) as store:
+        return [
+            Path(a.log_path)
+            for job in store.list_jobs()
+            for a in store.list_attempts(job.id)
+            if a.number == number and a.log_path and Path(a.log_path).exists()
+        ]
+
+
 def stop_seconds(state: Path) -> float | None:
     """How long trainguard's stop of attempt 0 took, from the line it writes into the log."""
-    for log in sorted((state.parent / "logs").glob("*/attempt-0.log")):
+    for log in attempt_logs(state, 0):
         for line in log.read_text(errors="replace").splitlines():
             if m := STOPPED_RE.match(line):
                 return float(m.group(1))
@@ -199,7 +215,7 @@ def stop_seconds(state: Path) -> float | None:
 
 def start_note(state: Path) -> str | None:
     """How attempt 1 started: ``warm start: ... waited X s ...`` or ``cold start: why``."""
-    for log in sorted((state.parent / "logs").glob("*/attempt-1.log")):
+    for log in attempt_logs(state, 1):
         for line in log.read_text(errors="replace").splitlines():
             if line.startswith(("# trainguard: warm start", "# trainguard: cold start")):
                 return line[len("# trainguard: ") :]

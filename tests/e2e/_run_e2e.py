@@ -206,9 +206,12 @@ class RunCase:
         return found
 
     def attempt_log(self, attempt: int) -> str:
-        """What the job wrote in ``attempt`` (its log under the job's log dir)."""
-        [log] = self.tmp.glob(f"**/attempt-{attempt}.log")
-        return log.read_text(errors="replace")
+        """What the job wrote in ``attempt``: the log its attempt record names (wherever
+        the supervisor keeps it)."""
+        _, attempts = self.job()
+        [path] = [a.log_path for a in attempts if a.number == attempt]
+        assert path, f"attempt {attempt} has no log:\n{self.output()[-3000:]}"
+        return Path(path).read_text(errors="replace")
 
     def has_record(self, attempt: int, rank: int) -> bool:
         return (self.records / f"attempt{attempt}-rank{rank}.json").exists()

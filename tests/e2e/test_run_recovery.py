@@ -92,7 +92,9 @@ def test_xid_quarantines_the_device_and_the_next_attempt_never_gets_it(case: Run
         assert str(bad["index"]) not in visible and len(visible) == 2
         assert bad["uuid"] not in {d["uuid"] for d in devices_of(rec)}
     # Write-ahead: the quarantine intent is audited before the health change, and
-    # the health change before the restart's launch.
+    # the health change before the restart's launch (the restart's intent, then
+    # attempt 1's start).
+    job, _ = case.job()
     audit = case.audit()
     idx = {
         name: next(i for i, a in enumerate(audit) if pred(a))
@@ -100,11 +102,12 @@ def test_xid_quarantines_the_device_and_the_next_attempt_never_gets_it(case: Run
             "intent": lambda a: a["kind"] == "intent" and a["subject"] == f"device:{bad['uuid']}",
             "health": lambda a: a["kind"] == "health" and a["subject"] == f"device:{bad['uuid']}",
             "launch": lambda a: (
-                a["kind"] == "intent" and a["message"].startswith("launch attempt 1")
+                a["kind"] == "intent" and a["message"].startswith(f"restart job {job.id} ")
             ),
+            "started": lambda a: a["kind"] == "action" and a["subject"] == f"attempt:{job.id}/1",
         }.items()
     }
-    assert idx["intent"] < idx["health"] < idx["launch"]
+    assert idx["intent"] < idx["health"] < idx["launch"] < idx["started"]
     report = case.cli_json("report", str(inc["id"]))
     assert report["replacement_devices"] and "release" in report["repair"]
 

@@ -72,8 +72,7 @@ def _fault(case: RunCase, kind: str) -> dict[str, Any]:
 
 
 def _attempt_log(case: RunCase, attempt: int) -> str:
-    [log] = (case.tmp / "logs").glob(f"*/attempt-{attempt}.log")
-    return log.read_text(errors="replace")
+    return case.attempt_log(attempt)
 
 
 @pytest.mark.parametrize("kind", ["crash", "xid", "hang"])
@@ -91,6 +90,8 @@ def test_a_fault_restarts_through_the_parked_standby(case: RunCase, kind: str) -
     assert inc["kind"] == kind and inc["outcome"] == "recovered"
     log = _attempt_log(case, 1)
     assert f"# trainguard: warm start: standby pid {parked} " in log, log[:2000]
+    # The user is told too: the restart's result says how attempt 1 started.
+    assert f"attempt 1 requested; warm start: standby pid {parked} " in case.output()
     # The standby became attempt 1's agent, and its zygote forked the ranks (decision
     # 0310), with attempt 1's contract (devices without the XID'd one, the resume path),
     # not the parked one's.
@@ -122,6 +123,7 @@ def test_a_dead_standby_falls_back_to_a_cold_start_and_says_why(case: RunCase) -
     assert inc["outcome"] == "recovered"
     log = _attempt_log(case, 1)
     assert "# trainguard: cold start: the standby died" in log, log[:2000]
+    assert "attempt 1 requested; cold start: the standby died" in case.output()
     assert case.record(1, 0)["ppid"] != parked
     job, attempts = case.job()
     assert job.state.value == "completed" and len(attempts) == 2
@@ -134,3 +136,4 @@ def test_no_warm_standby_parks_nothing(case: RunCase) -> None:
     _fault(case, "crash")
     assert case.finish(200) == 0, case.output()[-3000:]
     assert "warm start" not in _attempt_log(case, 1)
+    assert "warm start" not in case.output() and "cold start" not in case.output()

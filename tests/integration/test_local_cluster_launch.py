@@ -77,8 +77,10 @@ def test_a_requeued_attempt_starts_warm_and_every_attempt_gets_the_progress_url(
         logs = [Path(str(j.output_path)).read_text() for j in (first, second)]
         assert f"attempt 0 progress {PROGRESS}" in logs[0]
         assert f"attempt 1 progress {PROGRESS}" in logs[1]
-        # The header naming the command is trainguard's note, never read as the job's.
-        assert all(is_annotation(log.splitlines()[0]) for log in logs)
+        # The header naming the command and the devices is trainguard's note, never read
+        # as the job's (the devices line was taken for output: 0397).
+        assert all(is_annotation(line) for log in logs for line in log.splitlines()[:2])
+        assert logs[0].splitlines()[1].startswith("# CUDA_VISIBLE_DEVICES=")
     finally:
         cluster.shutdown()
     deadline = time.monotonic() + 15

@@ -32,8 +32,11 @@ from trainguard.store.fleet import FleetStore
 USER_AGENT = "trainguard-controller"
 
 
-def recommend(attribution: Mapping[str, Any] | None, resource_kind: str) -> str:
-    """The recommended repair for a quarantined resource, from the incident's attribution."""
+def recommend(
+    attribution: Mapping[str, Any] | None, resource_kind: str, resource_id: str | None = None
+) -> str:
+    """The recommended repair for a quarantined resource, from the incident's attribution,
+    with both ways back to service: validation, or a device's release by hand."""
     attribution = attribution or {}
     xid = None
     for f in attribution.get("findings") or ():
@@ -52,10 +55,17 @@ def recommend(attribution: Mapping[str, Any] | None, resource_kind: str) -> str:
         base = "node failure: check power, BMC event log and kernel log; reboot"
     else:
         base = f"{attribution.get('kind', 'hardware')} failure: reset the device"
-    return (
+    advice = (
         base + "; then run validation (`trainguard validate`, DCGM diag level 3 where "
         "available) before it returns to service"
     )
+    if resource_kind == "device" and resource_id:
+        # A machine without validation (run's single host) returns it by hand, on record.
+        advice += (
+            ", or, once your own diagnostics pass, return it by hand: "
+            f"`trainguard devices release {resource_id} --reason ...`"
+        )
+    return advice
 
 
 def open_repair_for(
@@ -79,7 +89,7 @@ def open_repair_for(
         resource_kind=resource_kind,
         resource_id=resource_id,
         what_failed=what_failed[:500],
-        recommended=recommend(attribution, resource_kind),
+        recommended=recommend(attribution, resource_kind, resource_id),
         evidence=list(evidence[:20]),
         at=at,
         actor=actor,

@@ -394,6 +394,7 @@ class ControlPlane:
             self.store.record_job_step_time(
                 job_id, int(attempt), int(step), time=float(job_time), rank=rank or 0
             )
+        self.reconciler.note_self_reported(job_id, int(attempt))
 
     # --- modes -----------------------------------------------------------------------
 

@@ -89,6 +89,15 @@ class LocalLaunch:
     resume_command: Callable[[tuple[str, ...], str], tuple[str, ...]] | None = None
 
 
+@dataclass(frozen=True)
+class RankDeathReportable:
+    """On the owner's sink when a rank death held for the settle window becomes
+    reportable: an owner that waits for events observes then, not on its next tick."""
+
+    ref: str
+    attempt: int
+
+
 @dataclass
 class _Job:
     """What the adapter knows of one submitted job."""
@@ -186,7 +195,17 @@ class LocalCluster:
                         and ev.exit.pid in launch.ranks.rank_pids().values()
                     ):
                         job.dying = ev.exit
+                        self._wake_when_reportable(job, ev.exit.at)
         self._sink(ev)
+
+    def _wake_when_reportable(self, job: _Job, died_at: float) -> None:
+        """Tell the owner when the settle window of a held rank death ends (0399)."""
+        settle = self.launch_options.settle
+        # Bounded by the window: with an injected clock the two clocks need not agree.
+        delay = min(settle, max(0.0, died_at + settle - self.clock())) + 0.005
+        timer = threading.Timer(delay, self._sink, (RankDeathReportable(job.ref, job.attempt),))
+        timer.daemon = True  # a wake-up only: never keeps the process alive
+        timer.start()
 
     # --- placement -------------------------------------------------------------------
 
@@ -421,7 +440,10 @@ class LocalCluster:
             job.env = dict(env or {})
             job.last_key = key
             self._schedule()
-            return {"ref": ref, "attempt": job.attempt}
+            # How the new attempt started (warm through the parked standby, or cold and
+            # why): the restart's result says it to the user (0398).
+            note = job.launch.start_note if job.launch is not None else None
+            return {"ref": ref, "attempt": job.attempt, **({"start": note} if note else {})}
 
         with self._lock:
             return self._keys.once(key, token, act)
@@ -578,4 +600,4 @@ def _recorded_end(prefix: Path) -> int | None:
     return -number if kind == "signal" else number
 
 
-__all__ = ["LocalCluster", "LocalLaunch"]
+__all__ = ["LocalCluster", "LocalLaunch", "RankDeathReportable"]

@@ -74,11 +74,24 @@ class LineSplitter:
 # The lines trainguard itself writes into an attempt's log (the header naming the
 # command, warm/cold start, stop markers): never the job's output, so never evidence.
 ANNOTATION_PREFIX = "# trainguard"
+# The header's second line (schedulers/local.py): the devices and resume path it was given.
+HEADER_ENV_PREFIX = "# CUDA_VISIBLE_DEVICES="
 
 
 def is_annotation(line: str) -> bool:
     """Whether ``line`` of an attempt's log is trainguard's own note, not the job's."""
-    return line.startswith(ANNOTATION_PREFIX)
+    return line.startswith((ANNOTATION_PREFIX, HEADER_ENV_PREFIX))
+
+
+# trainguard.train's own messages in the job's output ("trainguard: resumed from ...
+# (step 8 ...)", "trainguard: checkpoint step 9 saved ..."): written by the job's
+# process, so evidence, but the steps they name are not the job's progress.
+TRAIN_MESSAGE_PREFIX = "trainguard:"
+
+
+def is_train_message(line: str) -> bool:
+    """Whether ``line`` is trainguard.train's own message, not a progress line."""
+    return line.startswith(TRAIN_MESSAGE_PREFIX)
 
 
 def split_lines(data: bytes) -> tuple[list[bytes], bytes]:

@@ -397,7 +397,14 @@ class ActionRunner(SnapshotBuilder):
         self._finish(
             rec,
             ActionState.DONE,
-            {**outcome, "attempt": new_attempt, "summary": f"attempt {new_attempt} requested"},
+            {
+                **outcome,
+                "attempt": new_attempt,
+                # The scheduler's word on how it started the attempt, when it has one
+                # (the local supervisor: warm through its standby, or cold and why; 0398).
+                "summary": f"attempt {new_attempt} requested"
+                + (f"; {outcome['start']}" if outcome.get("start") else ""),
+            },
             inc,
             action,
             fence,

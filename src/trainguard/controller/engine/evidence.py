@@ -39,7 +39,7 @@ from trainguard.policy.decide import evidence_resources
 from trainguard.policy.evidence import Route, route_finding
 from trainguard.policy.verify import no_step_signal_warning
 from trainguard.schedulers.base import JobPhase, NodePhase, Observation, ObservedJob, ObservedNode
-from trainguard.signals.output import is_annotation, split_lines
+from trainguard.signals.output import is_annotation, is_train_message, split_lines
 
 # How much of a shared output file identifies it (traits.shared_output).
 HEAD_BYTES = 256
@@ -125,9 +125,16 @@ class EvidenceFollower(EngineCore):
         steps = []
         timed: list[tuple[int, float, int]] = []  # (step, the job's time, rank)
         ranks: set[int] = set()  # ranks that named themselves on a step, as run counts them
+        # A job that reports its steps itself: its output's "step 8" is a message's
+        # ("injecting hang at step 8"), not a step it made (0397).
+        reported = (job_id, att.number) in self._self_reported
+        job_lines = 0
         for raw in lines:
             text = raw.decode("utf-8", "replace")
-            if is_annotation(text):
+            if is_annotation(text) or is_train_message(text):
+                continue
+            job_lines += bool(text.strip())  # a blank line says nothing (run's rule)
+            if reported:
                 continue
             reading = self._progress.read(text)
             if reading is None or not reading.is_step or reading.step is None:
@@ -142,14 +149,14 @@ class EvidenceFollower(EngineCore):
             # Verification expects every rank that reported before to report again (0350).
             self.store.note_ranks_reported(job_id, att.number, ranks)
         now = self.clock()
-        if lines and state.first_at is None:
+        if job_lines and state.first_at is None:
             state.first_at = now
         output = [raw for raw in lines if not is_annotation(raw.decode("utf-8", "replace"))]
         if output:
             state.lines += len(output)
             state.last_at = now
         if not steps:
-            if lines and att.first_step is None:
+            if job_lines and att.first_step is None:
                 self._warn_no_step_signal(job_id, att, state.first_at, now)
             return
         if att.first_step is None:
@@ -168,6 +175,11 @@ class EvidenceFollower(EngineCore):
         for rank, first_last in ends.items():
             for step, at in dict.fromkeys(first_last):
                 self.store.record_job_step_time(job_id, att.number, step, time=at, rank=rank)
+
+    def note_self_reported(self, job_id: str, attempt: int) -> None:
+        """The job reported a step of ``attempt`` itself (trainguard.train): from now on
+        its reports, not its output's step-like lines, are its progress (0397)."""
+        self._self_reported.add((job_id, attempt))
 
     def _warn_no_step_signal(
         self, job_id: str, att: AttemptRecord, first_at: float | None, now: float
