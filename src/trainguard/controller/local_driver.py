@@ -51,6 +51,7 @@ from trainguard.controller.service import ControlPlane
 from trainguard.diagnose.detectors import line_finding
 from trainguard.diagnose.signatures import classify_line
 from trainguard.model.devices import Device
+from trainguard.model.health import HealthState
 from trainguard.model.records import AttemptState, AuditEvent, AuditKind, JobState
 from trainguard.schedulers.base import JobSpec
 from trainguard.schedulers.local import JOB_ID_ENV
@@ -185,6 +186,15 @@ class LocalDriver:
         self.say(self._inventory_line)
         self._audit_cursor = store.last_audit_id()
         plane.put_policy(policy_document(o), ACTOR)
+        # A dead run's quarantines are this cluster's from the start (a scheduler that
+        # kept its state), not a difference the engine quarantines again (0385).
+        cluster.hold_out(
+            {
+                d.uuid: d.reason or "quarantined"
+                for d in store.list_devices()
+                if d.state is HealthState.QUARANTINED
+            }
+        )
         took = local_orphans.take_over(
             store, cluster, command=o.command, checkpoint_dir=o.checkpoint_dir, mode=o.mode,
             policy=POLICY, grace=o.grace, at=self.clock(), say=self.say,
