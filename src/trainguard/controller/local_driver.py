@@ -63,6 +63,7 @@ from trainguard.diagnose.detectors import ProgressLineParser, line_finding
 from trainguard.diagnose.signatures import classify_line
 from trainguard.model.devices import Device
 from trainguard.model.findings import Domain, Finding
+from trainguard.model.health import HealthState
 from trainguard.model.plan import Mode
 from trainguard.model.progress import ProgressEvent
 from trainguard.model.records import (
@@ -257,6 +258,15 @@ class LocalDriver:
             return RunResult("", EXIT_STOPPED, JobState.STOPPED, reason)
         self._audit_cursor = store.last_audit_id()
         plane.put_policy(policy_document(o), ACTOR)
+        # A dead run's quarantines are this cluster's from the start (a scheduler that
+        # kept its state), not a difference the engine quarantines again (0385).
+        cluster.hold_out(
+            {
+                d.uuid: d.reason or "quarantined"
+                for d in store.list_devices()
+                if d.state is HealthState.QUARANTINED
+            }
+        )
         took = local_orphans.take_over(
             store, cluster, command=o.command, checkpoint_dir=o.checkpoint_dir, mode=o.mode,
             policy=POLICY, grace=o.grace, at=self.clock(), say=self.say,

@@ -292,10 +292,8 @@ def _adopt(
         ended=last is not None and last.state.terminal,
         recorded_end=not stopped,
     )
-    recovering = any(not i.state.terminal for i in store.list_incidents(job_id=job.id))
-    message = f"job {job.id} was left open by {orphan.gone} ({orphan.who}); " + (
-        "resuming its recovery" if recovering else "resuming it"
-    )
+    # The old loop's words: the recovery goes on (from the ledger, or a restart).
+    message = f"job {job.id} was left open by {orphan.gone} ({orphan.who}); resuming its recovery"
     store.append_audit(at, ACTOR, AuditKind.NOTE, f"job:{job.id}", message,
                        {"supervisor": orphan.supervisor, "ref": ref}, job_id=job.id)  # fmt: skip
     resume = last.number if last is not None and not last.state.terminal else None

@@ -538,6 +538,13 @@ class LocalCluster:
             self._jobs[ref] = job
             self._schedule()
 
+    def hold_out(self, devices: Mapping[str, str]) -> None:
+        """Devices (uuid -> reason) already out of service when this supervisor starts
+        (a previous run's quarantines, in the store): out of placement from the start,
+        as a scheduler that kept its state would have them (decision 0385)."""
+        with self._lock:
+            self._quarantined.update(devices)
+
     def resume(self, ref: str) -> int:
         """Start the next attempt of an adopted job whose last one nothing failed (the
         supervisor died under it): the user's act of running it again, not a recovery."""
