@@ -280,6 +280,7 @@ class LocalDriver:
             self.logs = log_dir(o.state, job_id, o.log_dir)
             cluster.launch_options = dataclasses.replace(cluster.launch_options, log_dir=self.logs)
         os.makedirs(self.logs, exist_ok=True)
+        local_orphans.replay_restart(store, cluster, took, self.clock())
         # One pass before a new job is placed: the stored health (a card a dead run's
         # recovery quarantined) is enforced in the cluster first (0385).
         plane.run_once()

@@ -215,6 +215,8 @@ class TakeOver:
     ref: str | None = None
     resume_attempt: int | None = None
     problem: str | None = None
+    # A restart the dead run applied whose processes died with it (lost_restart).
+    replay: tuple[str, str | None, dict[str, str]] | None = None
 
 
 def take_over(
@@ -250,6 +252,54 @@ def take_over(
                            {"supervisor": orphan.supervisor}, job_id=orphan.job.id)  # fmt: skip
         close(store, orphan, at)
     return adopted
+
+
+def lost_restart(
+    store: Store, job_id: str, last_attempt: int
+) -> tuple[str, str | None, dict[str, str]] | None:
+    """The restart a dead run applied (its result in the ledger names attempt
+    ``last_attempt + 1``) whose attempt the store never saw start: its key, the
+    checkpoint it restores and its environment, from the restart's intent."""
+    results = [
+        e
+        for e in store.list_audit(kind=AuditKind.RESULT, job_id=job_id)
+        if e.data.get("type") == "restart"
+        and e.data.get("applied")
+        and e.data.get("attempt") == last_attempt + 1
+    ]
+    if not results:
+        return None
+    key = results[-1].data.get("key")
+    intents = [
+        e
+        for e in store.list_audit(kind=AuditKind.INTENT, job_id=job_id)
+        if key is not None and e.data.get("key") == key
+    ]
+    if not intents:
+        return None
+    data = intents[-1].data
+    checkpoint = data.get("checkpoint")
+    path = checkpoint.get("path") if isinstance(checkpoint, dict) else None
+    env = data.get("env")
+    pairs = env.items() if isinstance(env, dict) else ()
+    return str(key), path, {str(k): str(v) for k, v in pairs}
+
+
+def replay_restart(store: Store, cluster: LocalCluster, took: TakeOver, at: float) -> None:
+    """Carry out again the restart ``took`` names: the ledger says it was done, but its
+    processes died with the dead run's scheduler before the attempt was seen, so this
+    one does it again under the same key, and the engine finds the attempt its ledger
+    promises (0385)."""
+    if took.replay is None or took.ref is None or took.job_id is None:
+        return
+    key, checkpoint, env = took.replay
+    result = cluster.requeue(took.ref, key=key, token=0, resume_from=checkpoint, env=env)
+    store.append_audit(
+        at, ACTOR, AuditKind.NOTE, f"job:{took.job_id}",
+        f"the restart {key} of the dead run left no process: attempt "
+        f"{result.detail.get('attempt', '?')} started again", {"key": key},
+        job_id=took.job_id,
+    )  # fmt: skip
 
 
 def _adopt(
@@ -296,8 +346,10 @@ def _adopt(
     message = f"job {job.id} was left open by {orphan.gone} ({orphan.who}); resuming its recovery"
     store.append_audit(at, ACTOR, AuditKind.NOTE, f"job:{job.id}", message,
                        {"supervisor": orphan.supervisor, "ref": ref}, job_id=job.id)  # fmt: skip
+    lost = lost_restart(store, job.id, last.number) if last is not None else None
+    replay = lost if last is not None and last.state.terminal else None
     resume = last.number if last is not None and not last.state.terminal else None
-    return TakeOver(job_id=job.id, ref=ref, resume_attempt=resume)
+    return TakeOver(job_id=job.id, ref=ref, resume_attempt=resume, replay=replay)
 
 
 __all__ = [
