@@ -129,6 +129,7 @@ class EvidenceFollower(EngineCore):
         # ("injecting hang at step 8"), not a step it made (0397).
         reported = (job_id, att.number) in self._self_reported
         job_lines = 0
+        alive_lines = 0  # liveness readings (a bar, a logged loss): run's count (0393)
         for raw in lines:
             text = raw.decode("utf-8", "replace")
             if is_annotation(text) or is_train_message(text):
@@ -137,6 +138,8 @@ class EvidenceFollower(EngineCore):
             if reported:
                 continue
             reading = self._progress.read(text)
+            if reading is not None and not reading.is_step:
+                alive_lines += 1
             if reading is None or not reading.is_step or reading.step is None:
                 continue
             steps.append(reading.step)
@@ -151,9 +154,12 @@ class EvidenceFollower(EngineCore):
         now = self.clock()
         if job_lines and state.first_at is None:
             state.first_at = now
-        output = [raw for raw in lines if not is_annotation(raw.decode("utf-8", "replace"))]
-        if output:
-            state.lines += len(output)
+        if alive_lines:
+            # Liveness of a job with no step signal is what the progress reader calls
+            # a sign of life, not any line: a framework's start-up banner is not a
+            # running job (run's rule), or a restart that starts over would be verified
+            # before its first checkpoint showed where it resumed.
+            state.lines += alive_lines
             state.last_at = now
         if not steps:
             if job_lines and att.first_step is None:
