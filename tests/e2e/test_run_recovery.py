@@ -59,7 +59,9 @@ def test_killed_rank_is_restarted_from_the_newest_checkpoint_and_completes(case:
     # Detected fast: the rank's death is seen through a pidfd, not torchrun's summary.
     from trainguard.model.records import parse_iso_utc
 
-    assert parse_iso_utc(inc["detected_at"]) - killed_at < 1.0
+    # Detected after run's settle window for late evidence (0.3 s) and the pass it wakes
+    # (0399); the latency itself is bench/recovery_latency.py's figure, not a timed test.
+    assert parse_iso_utc(inc["detected_at"]) - killed_at < 2.0
     kinds = _kinds(case.audit())
     assert "decision" in kinds and "intent" in kinds and "result" in kinds
 

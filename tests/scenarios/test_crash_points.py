@@ -68,9 +68,12 @@ RUN_RESTART_LAUNCHED = {
 
 def _assert_world(w: CrashWorld, *, restart_died: bool) -> None:
     assert w.incidents == ["recovered"], w
-    assert w.attempts == (
-        ["failed", "stopped", "completed"] if restart_died else ["failed", "completed"]
-    ), w
+    if restart_died:
+        # ... unless the short restart finished before trainguard reached the point
+        # (a loaded machine): then no attempt died with it.
+        assert w.attempts in (["failed", "stopped", "completed"], ["failed", "completed"]), w
+    else:
+        assert w.attempts == ["failed", "completed"], w
     assert w.bad in w.attempt_devices[0]
     assert all(w.bad not in devices for devices in w.attempt_devices[1:]), w
     assert w.bad_history == ["healthy", "quarantined"], w

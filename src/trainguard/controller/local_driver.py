@@ -51,6 +51,7 @@ from trainguard.controller.engine.config import ControlConfig
 from trainguard.controller.interrupts import on_interrupt
 from trainguard.controller.lease import holder_alive, process_holder, take_from_dead
 from trainguard.controller.local_options import (
+    ACTOR,
     EXIT_INTERRUPTED,
     EXIT_STOPPED,
     Interrupt,
@@ -67,16 +68,14 @@ from trainguard.model.health import HealthState
 from trainguard.model.plan import Mode
 from trainguard.model.progress import ProgressEvent
 from trainguard.model.records import (
-    AttemptState,
     AuditEvent,
     AuditKind,
-    IncidentState,
     JobState,
     RankReport,
 )
 from trainguard.policy.resume_arg import resume_command
 from trainguard.policy.start import default_need, start_devices
-from trainguard.schedulers.base import JobSpec
+from trainguard.schedulers.base import JobSpec, SchedulerError
 from trainguard.schedulers.local import JOB_ID_ENV
 from trainguard.schedulers.local_cluster import LocalCluster, LocalLaunch
 from trainguard.signals.inventory import InventoryError, load
@@ -85,7 +84,6 @@ from trainguard.signals.progress import ProgressListener, ProgressReceived, shor
 from trainguard.store import NotFound, Store
 from trainguard.store.fleet import Fenced, FleetStore
 
-ACTOR = "trainguard-run"
 POLICY = "run"  # the policy document a driven job runs under
 DEFAULT_TICK = 0.25  # seconds between passes when nothing happens
 CLOSING_PASSES = 3  # passes after the job ended in which its live incidents may close
@@ -367,14 +365,22 @@ class LocalDriver:
             devices_per_node=start.count,
             env={JOB_ID_ENV: job_id},  # its processes carry it: how leftovers are found
         )
-        plane.submit_job(
-            spec,
-            actor="user:" + (os.environ.get("USER") or "local"),
-            policy=POLICY,
-            checkpoint_dir=o.checkpoint_dir,
-            min_need=o.min_need,
-            job_id=job_id,
-        )
+        try:
+            plane.submit_job(
+                spec,
+                actor="user:" + (os.environ.get("USER") or "local"),
+                policy=POLICY,
+                checkpoint_dir=o.checkpoint_dir,
+                min_need=o.min_need,
+                job_id=job_id,
+            )
+        except SchedulerError as exc:  # the command cannot start (missing, not executable)
+            reason = f"the job cannot start: {exc}"
+            with contextlib.suppress(NotFound):  # recorded before the launch failed
+                local_orphans.stop_job(store, job_id, reason, self.clock())
+            self._tell(store, job_id)
+            self.say(f"trainguard: {reason}")
+            return RunResult(job_id, EXIT_STOPPED, JobState.STOPPED, reason)
         if start.note is not None:
             store.append_audit(
                 self.clock(), ACTOR, AuditKind.NOTE, f"job:{job_id}", start.note,
@@ -441,20 +447,8 @@ class LocalDriver:
 
     def _stop(self, store: Store, job_id: str, reason: str) -> None:
         """The user stopped the job: its running attempt, its live incidents and the job
-        end as stopped (the cluster's shutdown
-        then stops the processes)."""
-        now = self.clock()
-        for att in store.list_attempts(job_id):
-            if not att.state.terminal:
-                store.finish_attempt(
-                    job_id, att.number, AttemptState.STOPPED, at=now, reason=reason, actor=ACTOR
-                )
-        for inc in store.list_incidents(job_id=job_id):
-            if not inc.state.terminal:
-                store.update_incident(
-                    inc.id, at=now, state=IncidentState.STOPPED, reason=reason, actor=ACTOR
-                )
-        store.update_job_state(job_id, JobState.STOPPED, at=now, reason=reason, actor=ACTOR)
+        end as stopped (the cluster's shutdown then stops the processes)."""
+        local_orphans.stop_job(store, job_id, reason, self.clock())
 
     def _wait(self, plane: ControlPlane, job_id: str) -> int | None:
         """Until an event or the next tick; hands evidence to the plane. A signal number

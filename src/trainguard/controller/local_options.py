@@ -19,6 +19,7 @@ from trainguard.policy.breaker import BreakerConfig
 from trainguard.policy.resume_arg import resume_arg_tokens
 from trainguard.schedulers.local import DEFAULT_KILL_GRACE_SECONDS
 
+ACTOR = "trainguard-run"  # who the audit says acted, for run's driver
 EXIT_STOPPED = 1
 EXIT_INTERRUPTED = 130
 
@@ -101,4 +102,4 @@ class Interrupt:
     signum: int
 
 
-__all__ = ["EXIT_INTERRUPTED", "EXIT_STOPPED", "Interrupt", "RunOptions", "RunResult"]
+__all__ = ["ACTOR", "EXIT_INTERRUPTED", "EXIT_STOPPED", "Interrupt", "RunOptions", "RunResult"]

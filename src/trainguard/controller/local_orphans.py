@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from trainguard.controller.local_options import ACTOR
 from trainguard.model.fleet import FleetJob
 from trainguard.model.plan import Mode
 from trainguard.model.records import (
@@ -48,7 +49,6 @@ from trainguard.schedulers.local_cluster import LocalCluster
 from trainguard.store import NotFound, Store
 from trainguard.store.fleet import FleetStore
 
-ACTOR = "trainguard-run"
 SUPERVISOR_DIED = "supervisor died"
 
 
@@ -194,6 +194,12 @@ def close(store: Store, orphan: Orphan, at: float) -> None:
     reason = f"{SUPERVISOR_DIED} ({orphan.who}); closed by the next trainguard run"
     if orphan.alive:
         reason = f"{SUPERVISOR_DIED}: it lost its lease ({orphan.who}); closed by the next run"
+    stop_job(store, job_id, reason, at)
+
+
+def stop_job(store: Store, job_id: str, reason: str, at: float) -> None:
+    """End a job as stopped, with its open attempts and live incidents, for ``reason``
+    (the user's interrupt, or a dead run's job nobody resumes)."""
     with store.transaction():
         for att in store.list_attempts(job_id):
             if not att.state.terminal:
@@ -202,7 +208,10 @@ def close(store: Store, orphan: Orphan, at: float) -> None:
                 )
         for inc in store.list_incidents(job_id=job_id):
             if not inc.state.terminal:
-                store.update_incident(inc.id, at=at, state=IncidentState.STOPPED, note=reason)
+                store.update_incident(
+                    inc.id, at=at, state=IncidentState.STOPPED, reason=reason, note=reason,
+                    actor=ACTOR,
+                )  # fmt: skip
         store.update_job_state(job_id, JobState.STOPPED, at=at, reason=reason, actor=ACTOR)
 
 
