@@ -113,9 +113,14 @@ def test_gloo_allreduce_across_processes_and_its_failures() -> None:
         level_spec(Level.STANDARD, gpu=False), allreduce_bytes=(256 * 1024, MiB), allreduce_iters=3
     )
     devs = simulated(2)
-    ok = interconnect.allreduce(devs, "cpu", {}, spec, Thresholds(), CPU_SPEC, ())
+    # The pass case under a floor any machine meets: this machine's real gloo bandwidth
+    # under a loaded test run is not what the test is about (the floor's verdict is:
+    # ``over`` and ``slow`` below).
+    ok = interconnect.allreduce(
+        devs, "cpu", {}, spec, Thresholds(busbw_gbps_min=1e-6), CPU_SPEC, ()
+    )
     assert ok.status is CheckStatus.PASS, ok.reason
-    assert ok.device is None and ok.value > CPU_SPEC.busbw_gbps_min
+    assert ok.device is None and ok.value > 1e-6
     sizes = ok.details["sizes"]
     assert [s["bytes"] for s in sizes] == [256 * 1024, MiB] and all(s["correct"] for s in sizes)
     # busbw = algbw * 2(n-1)/n: equal for n = 2.
