@@ -16,7 +16,7 @@ from trainguard.schedulers.local import job_processes
 from trainguard.schedulers.local_cluster import LocalCluster, LocalLaunch
 from trainguard.schedulers.procs import simulated_devices
 from trainguard.signals.output import is_annotation
-from trainguard.signals.process import read_environ
+from trainguard.signals.process import AttemptProcessExit, read_environ
 
 JOB = (
     "import os\n"
@@ -87,3 +87,42 @@ def test_a_requeued_attempt_starts_warm_and_every_attempt_gets_the_progress_url(
     while _parked(ref) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _parked(ref) == []  # the standby parked for attempt 2 was dismissed
+
+
+SLEEPER = "import time\nprint('ready', flush=True)\ntime.sleep(600)\n"
+
+
+def test_requeueing_a_running_attempt_joins_its_rank_watcher(tmp_path: Path) -> None:
+    """The killed ranks' exits reach the cluster while requeue holds its lock: the
+    watcher that delivers them must not wait for that lock, or requeue's join of it
+    times out and each kill of a live attempt stalls (decision 0401)."""
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    delivered: list[object] = []
+    cluster = LocalCluster(
+        tmp_path / "local", simulated_devices("localhost", 0, 2), grace=1.0,
+        sink=delivered.append, launch=LocalLaunch(kill_grace=0.2),
+    )  # fmt: skip
+    try:
+        spec = JobSpec(
+            name="sleeper",
+            command=(sys.executable, "-m", "torch.distributed.run", "--standalone",
+                     "--nproc-per-node", "2", str(script)),
+            devices_per_node=2,
+        )  # fmt: skip
+        ref = str(cluster.submit(spec, key="submit-1", token=1).detail["ref"])
+        launch = cluster._jobs[ref].launch
+        assert launch is not None
+        deadline = time.monotonic() + 60
+        while len(launch.ranks.rank_pids()) < 2:
+            assert time.monotonic() < deadline, "the ranks were never found"
+            time.sleep(0.05)
+        cluster.requeue(ref, key="requeue-1", token=1)
+        assert not launch.ranks.thread.is_alive(), "the rank watcher was left blocked"
+        exits = [e for e in delivered if isinstance(e, AttemptProcessExit) and e.attempt == 0]
+        assert {e.exit.pid for e in exits if e.exit.source == "rank"} == set(
+            launch.ranks.rank_pids().values()
+        )
+        assert cluster.observe().jobs[ref].attempt == 1
+    finally:
+        cluster.shutdown()

@@ -37,6 +37,7 @@ from trainguard.controller.policies import (
 )
 from trainguard.controller.reconcile import ControlConfig, CrashPoints, PassReport, Reconciler
 from trainguard.controller.repair import export_repair as repair_json
+from trainguard.diagnose.matcher import get_prefilter
 from trainguard.model.devices import Device, normalize_pci_bus_id
 from trainguard.model.findings import Finding
 from trainguard.model.fleet import (
@@ -100,6 +101,9 @@ class ControlPlane:
             clock=clock,
             crash=crash,
         )
+        # The log signatures' matcher compiles once per process (about 0.2 s, Hyperscan):
+        # now, beside the start, not in the pass that meets the first failure (0401).
+        threading.Thread(target=get_prefilter, name="prefilter-warm-up", daemon=True).start()
 
     @property
     def identity(self) -> str:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import threading
 from typing import Any, Protocol
 
 from trainguard.diagnose.rules import MARKERS, RULES, Rule
@@ -259,6 +260,7 @@ class HyperscanPrefilter:
 
 
 _CACHE: dict[str, Prefilter] = {}
+_CACHE_LOCK = threading.Lock()  # one compile per engine, also when threads race for it
 
 
 def hyperscan_available() -> bool:
@@ -278,8 +280,11 @@ def get_prefilter(engine: str = "auto", cache: PrefilterCache | None = None) -> 
         engine = "hyperscan" if hyperscan_available() else "portable"
     if engine not in ("hyperscan", "portable"):
         raise ValueError(f"unknown matcher engine {engine!r} (hyperscan, portable or auto)")
-    cached = _CACHE.get(engine)
-    if cached is None:
-        cached = HyperscanPrefilter(cache=cache) if engine == "hyperscan" else PortablePrefilter()
-        _CACHE[engine] = cached
-    return cached
+    with _CACHE_LOCK:
+        cached = _CACHE.get(engine)
+        if cached is None:
+            cached = (
+                HyperscanPrefilter(cache=cache) if engine == "hyperscan" else PortablePrefilter()
+            )
+            _CACHE[engine] = cached
+        return cached

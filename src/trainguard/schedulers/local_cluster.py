@@ -27,6 +27,7 @@ import os
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,10 +93,12 @@ class LocalLaunch:
 @dataclass(frozen=True)
 class RankDeathReportable:
     """On the owner's sink when a rank death held for the settle window becomes
-    reportable: an owner that waits for events observes then, not on its next tick."""
+    reportable: an owner that waits for events observes then, not on its next tick.
+    ``attempt`` and ``pid`` are the dead rank's (a rank of a stopped attempt still
+    wakes the owner once: a pass that finds nothing to do)."""
 
-    ref: str
     attempt: int
+    pid: int | None
 
 
 @dataclass
@@ -179,31 +182,46 @@ class LocalCluster:
         self._drained: dict[str, str] = {}  # node -> reason
         self._quarantined: dict[str, str] = {}  # device uuid -> reason
         self._next_ref = 1
+        # Failed ranks' exits as the watcher threads deliver them, taken under the lock
+        # by the next observe (_take_rank_exits).
+        self._rank_exits: deque[AttemptProcessExit] = deque()
 
     def _on_event(self, ev: Any) -> None:
         """The launcher's events: a rank's death fails its attempt now (as ``run``
-        detects it, every rank watched); each event goes on to the owner's sink."""
+        detects it, every rank watched); each event goes on to the owner's sink.
+
+        Never takes the lock: requeue and cancel hold it while they stop an attempt and
+        join the watcher thread that delivers these events, so a watcher waiting for the
+        lock stalled every kill of a running attempt by the join's 2 s (decision 0401).
+        """
         if isinstance(ev, AttemptProcessExit) and ev.exit.source == "rank" and ev.exit.failed:
-            with self._lock:
-                for job in self._jobs.values():
-                    launch = job.launch
-                    if (
-                        launch is not None
-                        and job.attempt == ev.attempt
-                        and job.rank_failure is None
-                        and job.dying is None
-                        and ev.exit.pid in launch.ranks.rank_pids().values()
-                    ):
-                        job.dying = ev.exit
-                        self._wake_when_reportable(job, ev.exit.at)
+            self._rank_exits.append(ev)
+            self._wake_when_reportable(ev)
         self._sink(ev)
 
-    def _wake_when_reportable(self, job: _Job, died_at: float) -> None:
-        """Tell the owner when the settle window of a held rank death ends (0399)."""
+    def _take_rank_exits(self) -> None:
+        """Under the lock: the delivered rank deaths of each job's current attempt become
+        its held death (the first one; a stopped attempt's are dropped)."""
+        while self._rank_exits:
+            ev = self._rank_exits.popleft()
+            for job in self._jobs.values():
+                launch = job.launch
+                if (
+                    launch is not None
+                    and job.attempt == ev.attempt
+                    and job.rank_failure is None
+                    and job.dying is None
+                    and ev.exit.pid in launch.ranks.rank_pids().values()
+                ):
+                    job.dying = ev.exit
+
+    def _wake_when_reportable(self, ev: AttemptProcessExit) -> None:
+        """Tell the owner when the settle window of a rank death ends (0399)."""
         settle = self.launch_options.settle
         # Bounded by the window: with an injected clock the two clocks need not agree.
-        delay = min(settle, max(0.0, died_at + settle - self.clock())) + 0.005
-        timer = threading.Timer(delay, self._sink, (RankDeathReportable(job.ref, job.attempt),))
+        delay = min(settle, max(0.0, ev.exit.at + settle - self.clock())) + 0.005
+        wake = RankDeathReportable(ev.attempt, ev.exit.pid)
+        timer = threading.Timer(delay, self._sink, (wake,))
         timer.daemon = True  # a wake-up only: never keeps the process alive
         timer.start()
 
@@ -334,6 +352,7 @@ class LocalCluster:
     def observe(self) -> Observation:
         with self._lock:
             now = self.clock()
+            self._take_rank_exits()
             for job in self._jobs.values():
                 # A rank's death is reported after the settle window, as run waits for
                 # late evidence (the kernel's XID line for the card that killed it).
