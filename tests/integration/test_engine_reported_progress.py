@@ -9,20 +9,12 @@ endpoint do), the steps its output names are not its progress any more: a line s
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from _fleet import Fleet
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def fleet(store_target: str, tmp_path: Path) -> Iterator[Fleet]:
-    f = Fleet(store_target, tmp_path)
-    yield f
-    f.close()
 
 
 def test_reported_steps_outrank_the_steps_printed_in_the_output(fleet: Fleet) -> None:

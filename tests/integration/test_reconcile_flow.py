@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,13 +25,6 @@ from trainguard.model.statemachine import IllegalTransition
 from trainguard.schedulers.base import JobSpec
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def fleet(store_target: str, tmp_path: Path) -> Iterator[Fleet]:
-    f = Fleet(store_target, tmp_path)
-    yield f
-    f.close()
 
 
 def test_xid_quarantines_restarts_from_the_checkpoint_and_verifies(fleet: Fleet) -> None:

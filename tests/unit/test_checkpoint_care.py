@@ -1,5 +1,5 @@
 """Damaged checkpoints are moved aside, never deleted, and never offered again;
-``--resume-arg`` templates (controller/checkpoint_care.py, controller/run.py)."""
+``--resume-arg`` templates (controller/checkpoint_care.py, policy/resume_arg.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Which checkpoint a restart restores, and the damaged ones moved out of the job's way.
 
-Shared by ``trainguard run`` (controller/run.py) and the serve reconciler
-(controller/reconcile.py), so both pick and treat checkpoints the same way.
+Used by the one recovery engine (controller/engine/) behind every mode, so ``run``,
+``serve`` and ``slurm watch`` pick and treat checkpoints the same way.
 
 * :func:`select_checkpoints`: the catalog's verdicts, newest first, down to the
   first valid one (what ``policy.decide`` chooses from).

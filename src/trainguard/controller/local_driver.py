@@ -1,33 +1,33 @@
-"""``trainguard run --engine``: one job on this machine, recovered by the one engine.
+"""``trainguard run``: one job on this machine, recovered by the one engine.
 
-Stage 3 of decision 0380: the recovery engine behind ``serve`` (controller/engine/,
-through :class:`~trainguard.controller.service.ControlPlane`) drives the job through
+The recovery engine behind ``serve`` (controller/engine/, through
+:class:`~trainguard.controller.service.ControlPlane`) drives the job through
 :class:`~trainguard.schedulers.local_cluster.LocalCluster`, the local supervisor as a
-``ClusterScheduler``. This module is only a driver; it decides nothing:
+``ClusterScheduler`` (decisions 0380, 0400). This module is only a driver; it decides
+nothing:
 
-* **wake on events**: the launcher's events (output lines, exits), kernel-log lines
-  and progress datagrams land on one queue; each wakes a reconcile pass at once, and
-  a pass runs at least every ``tick`` seconds (the engine's settle, hang, backoff and
-  verification deadlines are level-based: a pass past the deadline acts);
+* **wake on events**: the launcher's events (output lines, exits, the end of a rank
+  death's settle window), kernel-log lines and progress datagrams land on one queue;
+  each wakes a reconcile pass at once, and a pass runs at least every ``tick`` seconds
+  (the engine's settle, hang, backoff and verification deadlines are level-based: a
+  pass past the deadline acts);
 * **evidence sources**: a kernel-log line the classifier knows becomes a stored
   finding (as an agent reports it to ``serve``), a progress datagram the attempt's
   progress (as ``POST /v1/jobs/ID/progress`` does);
 * **the run's options as a policy**: hang, verification, restart budget and backoff
   become the job's recovery policy document (``run``), stored and audited;
 * **what the user sees**: each audit record of the job, one line on stderr as it is
-  written (the seed of stage 4's one formatter);
+  written;
 * **start-up** (controller/local_start.py, policy/start.py, decision 0381):
   ``--preflight`` quarantines the cards that fail before the job is submitted; a
   job the schedulable cards cannot start is recorded stopped, with the reason;
-  attempt logs go to ``--log-dir`` (else ``<state dir>/logs/<job id>``).
+  attempt logs go to ``--log-dir`` (else ``<state dir>/logs/<job id>``);
+* **take-over** (controller/local_orphans.py, decision 0385): a job a dead or deposed
+  run left open is adopted or closed before anything new is submitted.
 
 The lease is the engine's (the ``controller`` lease that ``run`` and ``serve``
-share), so two drivers, or a driver and a ``serve``, on one state database exclude
-each other. ``trainguard run`` without ``--engine`` is still its own loop (run.py).
-
-The lease is the engine's (the ``controller`` lease that ``run`` and ``serve``
-share), so two drivers, or a driver and a ``serve``, on one state database exclude
-each other. ``trainguard run`` without ``--engine`` is still its own loop (run.py).
+share), so two runs, or a run and a ``serve``, on one state database exclude each
+other.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def policy_document(o: RunOptions) -> dict[str, Any]:
     """``run``'s recovery options as a policy document (controller/policies.py)."""
     doc: dict[str, Any] = {
         "name": POLICY,
-        "description": "the options of trainguard run --engine",
+        "description": "the options of trainguard run",
         "max_restarts": o.max_restarts,
         "backoff": {"base_seconds": o.backoff_base, "max_seconds": o.backoff_max},
         "hang_floor_seconds": o.hang_floor,
@@ -312,9 +312,13 @@ class LocalDriver:
             if resume is not None:
                 # The engine judged the dead run's attempt once (evidence on its cards
                 # fails it); nothing did: the job runs again, no incident (0385).
-                self._resume(store, cluster, fj.scheduler_ref, fj.job_id, resume)
+                local_orphans.resume_adopted(
+                    store, cluster, fj.scheduler_ref, fj.job_id, resume, self.clock()
+                )
                 resume = None
-            self._note_start(store, cluster, fj.scheduler_ref, fj.job_id)
+            self._noted = local_orphans.note_process_group(
+                store, cluster, fj.scheduler_ref, fj.job_id, self.clock(), self._noted
+            )
             self._ask(store, fj.job_id, report.waiting)
             job = store.get_job(fj.job_id)
             live = [i for i in store.list_incidents(job_id=fj.job_id) if not i.state.terminal]
@@ -413,38 +417,6 @@ class LocalDriver:
         self.say(f"trainguard: {message}")
         return RunResult(job_id, EXIT_STOPPED, JobState.STOPPED, message)
 
-    def _resume(
-        self, store: Store, cluster: LocalCluster, ref: str, job_id: str, number: int
-    ) -> None:
-        att = store.get_attempt(job_id, number)
-        if att.state.terminal or any(
-            i.attempt == number for i in store.list_incidents(job_id=job_id)
-        ):
-            return
-        new = cluster.resume(ref)
-        store.append_audit(
-            self.clock(), ACTOR, AuditKind.NOTE, f"job:{job_id}",
-            f"resuming job {job_id} after its supervisor died: attempt {new} replaces "
-            f"attempt {number}", {"attempt": new, "replaces": number}, job_id=job_id,
-        )  # fmt: skip
-
-    def _note_start(self, store: Store, cluster: LocalCluster, ref: str, job_id: str) -> None:
-        """Each attempt's process group, once: the next run stops what is left of it if
-        both this process and the watchdog die (local_orphans.stop_leftovers)."""
-        try:
-            started = cluster.process_group(ref)
-        except Exception:  # a job the cluster no longer knows: nothing to note
-            return
-        if started is None or started == self._noted:
-            return
-        self._noted = started
-        pid, pgid = started
-        store.append_audit(
-            self.clock(), ACTOR, AuditKind.RESULT, f"job:{job_id}",
-            f"attempt started: launcher pid {pid}, process group {pgid}",
-            {"pid": pid, "pgid": pgid}, job_id=job_id,
-        )  # fmt: skip
-
     def _stop(self, store: Store, job_id: str, reason: str) -> None:
         """The user stopped the job: its running attempt, its live incidents and the job
         end as stopped (the cluster's shutdown then stops the processes)."""
@@ -530,7 +502,7 @@ def _holder_words(plane: ControlPlane) -> str:
 
 
 def drive(options: RunOptions) -> RunResult:
-    """Run one job under the engine (what ``trainguard run --engine`` calls)."""
+    """Run one job under the engine (what ``trainguard run`` calls)."""
     return LocalDriver(options).run()
 
 

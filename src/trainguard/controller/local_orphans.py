@@ -311,6 +311,45 @@ def replay_restart(store: Store, cluster: LocalCluster, took: TakeOver, at: floa
     )  # fmt: skip
 
 
+def resume_adopted(
+    store: Store, cluster: LocalCluster, ref: str, job_id: str, number: int, at: float
+) -> None:
+    """The adopted job's attempt ``number`` runs again under this driver, once the engine
+    judged it (evidence on its cards fails it: then nothing is left to resume): no
+    incident, the job did not fail, its supervisor did (0385)."""
+    att = store.get_attempt(job_id, number)
+    if att.state.terminal or any(i.attempt == number for i in store.list_incidents(job_id=job_id)):
+        return
+    new = cluster.resume(ref)
+    store.append_audit(
+        at, ACTOR, AuditKind.NOTE, f"job:{job_id}",
+        f"resuming job {job_id} after its supervisor died: attempt {new} replaces "
+        f"attempt {number}", {"attempt": new, "replaces": number}, job_id=job_id,
+    )  # fmt: skip
+
+
+def note_process_group(
+    store: Store, cluster: LocalCluster, ref: str, job_id: str, at: float,
+    noted: tuple[int, int] | None,
+) -> tuple[int, int] | None:  # fmt: skip
+    """The running attempt's launcher pid and process group, recorded once (``noted``:
+    the last one recorded; returned, new or not): the next run stops what is left of
+    it if both this process and the watchdog die (stop_leftovers)."""
+    try:
+        started = cluster.process_group(ref)
+    except Exception:  # a job the cluster no longer knows: nothing to note
+        return noted
+    if started is None or started == noted:
+        return noted
+    pid, pgid = started
+    store.append_audit(
+        at, ACTOR, AuditKind.RESULT, f"job:{job_id}",
+        f"attempt started: launcher pid {pid}, process group {pgid}",
+        {"pid": pid, "pgid": pgid}, job_id=job_id,
+    )  # fmt: skip
+    return started
+
+
 def _adopt(
     store: Store,
     cluster: LocalCluster,
