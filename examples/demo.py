@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -52,6 +53,15 @@ SAVE_EVERY = 4
 HANG_AT = 30  # in attempt 1, which restarts from step 8
 XID_AT = 10  # attempt 0
 DAMAGE_AFTER = 49  # attempt 2: right after the step-48 checkpoint is written
+
+
+# trainguard's audit lines, as the demo follows them: "attempt N started on ..." and an
+# incident's state change "incident N verifying -> recovered".
+ATTEMPT_STARTED = re.compile(r"\battempt (\d+) started on\b")
+
+
+def recovered(incident: int) -> str:
+    return rf"\bincident {incident} \w+ -> recovered\b"
 
 
 def banner(text: str) -> None:
@@ -131,9 +141,10 @@ class Job:
             elif line.startswith("trainguard:"):
                 with self.lock:
                     self.said.append(line)
-                if "attempt " in line and " started" in line:
+                started = ATTEMPT_STARTED.search(line)
+                if started is not None:
                     with self.lock:
-                        self.attempt = int(line.split("attempt ")[1].split()[0])
+                        self.attempt = int(started.group(1))
                         self.step = 0
                 print(f"  {line}", flush=True)
             elif "tiny_train: injecting" in line:
@@ -151,11 +162,13 @@ class Job:
         raise SystemExit(f"demo: attempt {attempt} did not reach step {step}")
 
     def wait_said(self, text: str, timeout: float = 120.0) -> None:
-        """Wait until trainguard has said something containing ``text``."""
+        """Wait until trainguard has said something ``text`` (a regular expression)
+        matches."""
         deadline = time.monotonic() + timeout
+        pattern = re.compile(text)
         while time.monotonic() < deadline:
             with self.lock:
-                if any(text in line for line in self.said):
+                if any(pattern.search(line) for line in self.said):
                     return
             if self.proc.poll() is not None:
                 raise SystemExit(f"demo: trainguard run ended before saying {text!r}")
@@ -187,13 +200,13 @@ def inject_xid(job: Job) -> dict[str, Any]:
         fh.write(line + "\n")
     print(f"  demo: rank 1 (pid {pid}) dies with its GPU", flush=True)
     os.kill(pid, signal.SIGKILL)
-    job.wait_said("incident 1 recovered")
+    job.wait_said(recovered(1))
     return dict(device)
 
 
 def wait_hang(job: Job) -> None:
     banner(f"Fault 2: rank 1 hangs at step {HANG_AT} (attempt 1); no process dies")
-    job.wait_said("incident 2 recovered")
+    job.wait_said(recovered(2))
 
 
 def damage_checkpoint(job: Job) -> tuple[Path, Path]:
@@ -223,7 +236,7 @@ def damage_checkpoint(job: Job) -> tuple[Path, Path]:
         asked = next(line for line in job.said if "waits for a person" in line)
     approval = asked.split("trainguard approve ", 1)[1].split()[0]
     cli("approve", approval, "--state", str(job.state), "--reason", "the crash was the demo's")
-    job.wait_said("incident 3 recovered")
+    job.wait_said(recovered(3))
     return newest, previous
 
 
