@@ -101,9 +101,7 @@ class ControlPlane:
             clock=clock,
             crash=crash,
         )
-        # The log signatures' matcher compiles once per process (about 0.2 s, Hyperscan):
-        # now, beside the start, not in the pass that meets the first failure (0401).
-        threading.Thread(target=get_prefilter, name="prefilter-warm-up", daemon=True).start()
+        self._warmed = False
 
     @property
     def identity(self) -> str:
@@ -113,6 +111,12 @@ class ControlPlane:
 
     def run_once(self, now: float | None = None) -> PassReport:
         """One reconcile pass (lead or stand by, observe, plan, act, verify, deliver)."""
+        if not self._warmed:
+            # The log signatures' matcher compiles once per process (about 0.2 s,
+            # Hyperscan): beside the first pass, not in the pass that meets the first
+            # failure (0401); a process that only answers requests never compiles it.
+            self._warmed = True
+            threading.Thread(target=get_prefilter, name="prefilter-warm-up", daemon=True).start()
         return self.reconciler.run_once(now)
 
     def run_forever(self, stop_event: threading.Event, interval: float | None = None) -> None:
