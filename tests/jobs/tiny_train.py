@@ -30,6 +30,9 @@ Options:
   --seed S             base seed (default 1234)
   --verify MODE        checkpoint verification on resume: full or quick (default full)
   --memory-snapshots   a memory snapshot after every step (TRAINGUARD_SNAPSHOT_DIR: where)
+  --device D           cpu (default) or cuda (the rank's LOCAL_RANK device; deterministic kernels)
+  --backend B          process-group backend: gloo (default) or nccl; nccl starts a process
+                       group even for one rank, so the NCCL paths run on a one-GPU machine
 
 Output: ``step=N loss=X`` per step on stdout (flushed), ``done steps=N`` at the end.
 A fault is announced on stderr before it happens (``tiny_train: injecting ...``).
@@ -118,17 +121,25 @@ class Job:
     ys: torch.Tensor
 
 
-def build(seed: int, rank: int = 0, world: int = 1, extra_state_mb: int = 0) -> Job:
+def build(
+    seed: int,
+    rank: int = 0,
+    world: int = 1,
+    extra_state_mb: int = 0,
+    device: torch.device | None = None,
+) -> Job:
     """Model, optimizer, LR schedule, grad scaler, sampler and data; seeds every RNG."""
+    device = device or torch.device("cpu")
     torch.manual_seed(seed)  # identical model and data on every rank
     g = torch.Generator().manual_seed(seed)
     xs = torch.randn(N_SAMPLES, N_FEATURES, generator=g)
     ys = xs @ torch.randn(N_FEATURES, 1, generator=g) + 0.1 * torch.randn(N_SAMPLES, 1, generator=g)
-    model = TinyMLP(extra_state_mb)
+    xs, ys = xs.to(device), ys.to(device)
+    model = TinyMLP(extra_state_mb).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=4, gamma=0.7)
     # Enabled on CPU too, with a short growth interval, so its state changes and matters.
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3)
+    scaler = torch.amp.GradScaler(device.type, init_scale=2.0**10, growth_interval=3)
     sampler = ShardedSampler(N_SAMPLES, rank, world, seed)
     # Per-rank streams (dropout, augmentation) differ between ranks, as in real jobs.
     torch.manual_seed(seed + rank)
@@ -184,6 +195,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--verify", choices=("full", "quick"), default="full")
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--memory-snapshots", action="store_true")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     return p.parse_args(argv)
 
 
@@ -217,14 +230,26 @@ def _inject(args: argparse.Namespace, step: int, rank: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1 or args.backend == "nccl"
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        # Bitwise-reproducible CUDA kernels, so a restored run can be compared with an
+        # uninterrupted one step by step.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0") or 0))
+        torch.cuda.set_device(device)
     if distributed:
-        dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout))
+        dist.init_process_group(
+            args.backend,
+            timeout=timedelta(seconds=args.pg_timeout),
+            device_id=device if device.type == "cuda" else None,
+        )
         rank, world = dist.get_rank(), dist.get_world_size()
     else:
         rank, world = 0, 1
 
-    job = build(args.seed, rank, world, args.extra_state_mb)
+    job = build(args.seed, rank, world, args.extra_state_mb, device)
     state = job_state(job)
     # Without --ckpt-dir: a private directory, removed at the end (nothing to resume from).
     scratch = None if args.ckpt_dir else Path(tempfile.mkdtemp(prefix="tiny_train-"))
@@ -244,7 +269,9 @@ def main(argv: list[str] | None = None) -> int:
         start = resume(ckpt, state, verify=args.verify).step
         net: nn.Module = job.model
         if distributed:
-            net = nn.parallel.DistributedDataParallel(job.model)
+            net = nn.parallel.DistributedDataParallel(
+                job.model, device_ids=[device.index] if device.type == "cuda" else None
+            )
         net.train()
         for step in range(start + 1, args.steps + 1):
             _inject(args, step, rank)
