@@ -13,6 +13,14 @@ else
     SUDO=
 fi
 export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null
+# apt's and dpkg's progress goes to a log, shown only when the install fails.
+log=$(mktemp)
+if ! { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends \
+        chromium fonts-dejavu-core; } >"$log" 2>&1; then
+    cat "$log" >&2
+    rm -f "$log"
+    echo "install-chromium: installing Debian's chromium failed (output above)" >&2
+    exit 1
+fi
+rm -f "$log"
 command -v chromium

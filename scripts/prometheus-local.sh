@@ -32,9 +32,17 @@ if [ ! -e /usr/sbin/policy-rc.d ]; then
     $SUDO chmod 755 /usr/sbin/policy-rc.d
     cleanup=1
 fi
-$SUDO apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >&2 \
-    || { $SUDO apt-get update -qq >&2 \
-        && $SUDO apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >&2; }
+# apt's and dpkg's progress goes to a log, shown only when the install fails: the
+# test command's output stays readable.
+log=$(mktemp)
+if ! { $SUDO apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager \
+        || { $SUDO apt-get update -qq \
+            && $SUDO apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager; }; \
+     } >"$log" 2>&1; then
+    cat "$log" >&2
+    echo "prometheus-local: installing Debian's prometheus failed (output above)" >&2
+fi
+rm -f "$log"
 status=0
 find_dir || status=$?
 if [ -n "$cleanup" ]; then $SUDO rm -f /usr/sbin/policy-rc.d; fi
