@@ -279,3 +279,34 @@ def test_dashboard_plots_the_fleet_report(tmp_path: Path) -> None:
                 browser.close()
     finally:
         server.stop()
+
+
+@pytest.mark.slow
+def test_api_docs_render_offline_from_this_server(tmp_path: Path) -> None:
+    """``/v1/docs`` draws the API's operations with every file from this server: no
+    request leaves loopback (a machine without internet access gets the same page)."""
+    write_tokens(tmp_path)
+    server = Server(tmp_path, free_port())
+    try:
+        with playwright.sync_playwright() as pw:
+            browser = pw.chromium.launch_persistent_context(
+                str(tmp_path / "chromium-profile"),
+                executable_path=CHROMIUM,
+                headless=True,
+                args=FLAGS,
+            )
+            try:
+                page = browser.new_page()
+                requested: list[str] = []
+                page.on("request", lambda request: requested.append(request.url))
+                page.goto(server.url + "/v1/docs")
+                title = page.wait_for_selector(".swagger-ui .info .title", timeout=30_000)
+                assert title is not None and "trainguard control plane" in title.inner_text()
+                page.wait_for_selector(".opblock-summary-path:has-text('/v1/jobs')")
+                elsewhere = [u for u in requested if not u.startswith(server.url)]
+                assert elsewhere == [], elsewhere
+                assert any(u.endswith("/v1/openapi.json") for u in requested), requested
+            finally:
+                browser.close()
+    finally:
+        server.stop()

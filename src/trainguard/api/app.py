@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from trainguard import __version__
 from trainguard.api import routes_ingest, routes_operate, routes_read
 from trainguard.api.context import ApiContext
+from trainguard.api.docs_page import mount_docs
 from trainguard.api.fastlane import FastLane
 from trainguard.api.jsonbody import StrictJson, validation_error
 from trainguard.api.middleware import BodyLimit, RouteTiming, SecurityHeaders
@@ -41,10 +42,11 @@ def create_app(ctx: ApiContext, *, serve_dashboard: bool = True, fast_lane: bool
         version=__version__,
         description=DESCRIPTION,
         openapi_url="/v1/openapi.json",
-        docs_url="/v1/docs",
+        docs_url=None,  # served from the package's own files (docs_page), not a CDN
         redoc_url=None,
     )
     app.state.ctx = ctx
+    mount_docs(app, "/v1/openapi.json")
     app.include_router(routes_read.router)
     app.include_router(routes_operate.router)
     app.include_router(routes_ingest.router)

@@ -150,11 +150,11 @@ DASHBOARD_CSP = (
     "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
     "frame-ancestors 'none'"
 )
-# FastAPI's /v1/docs page loads Swagger UI from its CDN and starts it with an inline script.
+# /v1/docs loads Swagger UI from this origin (api/docs_page.py) and no inline script;
+# Swagger UI sets inline styles on its elements, hence 'unsafe-inline' for styles alone.
 DOCS_CSP = (
-    "default-src 'self'; script-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net; "
-    "style-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net; "
-    "img-src 'self' data: https://fastapi.tiangolo.com; "
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; connect-src 'self'; "
     "object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
 )
 API_CSP = "default-src 'none'; frame-ancestors 'none'"
@@ -174,7 +174,7 @@ _EXTRA = {
 def csp_for(path: str) -> str:
     if path.startswith("/ui") or path == "/":
         return DASHBOARD_CSP
-    if path == "/v1/docs":
+    if path == "/v1/docs" or path.startswith("/v1/docs/"):
         return DOCS_CSP
     return API_CSP
 
