@@ -502,3 +502,22 @@ def test_jobs_are_registered_and_submit_without_a_scheduler_says_so(api: Api) ->
     assert again.status_code == 422 and "already managed" in again.json()["detail"]
     r = api.post("/v1/jobs/submit", {"name": "x", "command": ["true"]})
     assert r.status_code == 422 and "no scheduler" in r.json()["detail"]
+
+
+def test_never_changed_breaker_says_null_not_1970(api: Api) -> None:
+    body = api.get("/v1/breaker").json()
+    assert body["state"] == "closed"
+    assert body["changed_at"] is None and body["changed_by"] is None
+
+
+def test_times_take_the_clis_syntax_durations_ago_too(api: Api) -> None:
+    """One time syntax for CLI and API (model.records.parse_time): 30d, 2h, ISO, epoch."""
+    r = api.get("/v1/fleet/report", since="30d")
+    assert r.status_code == 200, r.text
+    assert r.json()["since"] == api.get("/v1/fleet/report", since=str(T0 - 30 * 86400)).json()[
+        "since"
+    ]
+    assert api.get("/v1/audit", since="2h", until="0s").status_code == 200
+    bad = api.get("/v1/fleet/report", since="30 days")
+    assert bad.status_code == 422
+    assert "a duration ago such as 30m, 2h or 7d" in bad.text

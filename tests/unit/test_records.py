@@ -160,3 +160,20 @@ def test_incident_json_has_the_public_keys() -> None:
     assert out["acted_at"] is None and out["recovered_at"] is None
     assert out["outcome"] == "open"
     assert out["timeline"] == [{"at": "2025-11-29T07:06:40.000Z", "what": "detected"}]
+
+
+def test_parse_time_reads_durations_ago_iso_and_epoch_seconds() -> None:
+    from trainguard.model.records import parse_time
+
+    now = 1_764_400_000.0
+    assert parse_time("90s", now) == now - 90
+    assert parse_time("30m", now) == now - 1800
+    assert parse_time("2h", now) == now - 7200
+    assert parse_time("7d", now) == now - 7 * 86400
+    assert parse_time("2w", now) == now - 14 * 86400
+    assert parse_time("1.5h", now) == now - 5400
+    assert parse_time("2025-11-29T07:06:40Z", now) == 1_764_400_000.0
+    assert parse_time("1764400000", now) == 1_764_400_000.0
+    for bad in ("", "30 days", "-2h", "inf", "2y"):
+        with pytest.raises(ValueError, match="not a time"):
+            parse_time(bad, now)

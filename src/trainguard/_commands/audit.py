@@ -30,7 +30,9 @@ def register(subparsers: Any) -> None:
     add_server_option(parser)
     parser.add_argument("--json", action="store_true", help="print a JSON array")
     parser.add_argument(
-        "--since", metavar="TIME", help="only records at or after TIME (ISO 8601 or epoch seconds)"
+        "--since",
+        metavar="TIME",
+        help="only records at or after TIME (30m/2h/7d ago, ISO 8601 or epoch seconds)",
     )
     parser.add_argument(
         "--kind",
@@ -51,13 +53,15 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainguard.model.records import AuditKind, parse_iso_utc
+    import time
+
+    from trainguard.model.records import AuditKind, parse_time
     from trainguard.store import Store, StoreError
 
     since = None
     if args.since:
         try:
-            since = parse_iso_utc(args.since)
+            since = parse_time(args.since, time.time())
         except ValueError as exc:
             return usage_error(f"--since: {exc}")
     if args.kind is not None:

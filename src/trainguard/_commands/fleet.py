@@ -59,10 +59,10 @@ def register(subparsers: Any) -> None:
 
 
 def _window(args: argparse.Namespace, now: float) -> tuple[float, float]:
-    from trainguard._commands.preflight import parse_since
+    from trainguard.model.records import parse_time
 
-    until = now if args.until is None else parse_since(args.until, now)
-    return parse_since(args.since, now), until
+    until = now if args.until is None else parse_time(args.until, now)
+    return parse_time(args.since, now), until
 
 
 def _local_report(args: argparse.Namespace, since: float, until: float) -> dict[str, Any] | int:

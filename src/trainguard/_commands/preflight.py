@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import re
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -36,19 +35,6 @@ devices, DCGM diagnostics when installed, and optionally one step of your own jo
 (--dry-run -- COMMAND...). Without GPUs the same checks run on the CPU; GPU-only
 checks say not_applicable. Exit status: 0 all passed, 1 a check failed, 2 usage.
 """
-
-_DURATION_RE = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>[smhd])$")
-
-
-def parse_since(text: str, now: float) -> float:
-    """``2h``, ``30m``, ``1d`` (ago), an ISO 8601 time or epoch seconds -> epoch seconds."""
-    from trainguard.model.records import parse_iso_utc
-
-    m = _DURATION_RE.match(text.strip())
-    if m:
-        scale = {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group("unit")]
-        return now - float(m.group("n")) * scale
-    return parse_iso_utc(text)
 
 
 def add_check_options(p: argparse.ArgumentParser, *, default_level: str) -> None:
@@ -148,7 +134,9 @@ def build_options(args: argparse.Namespace, *, now: float) -> PreflightOptions:
     }  # fmt: skip
     if unknown:
         raise ValueError(f"--skip: unknown check(s) {', '.join(sorted(unknown))}")
-    since = parse_since(args.since, now) if args.since else None
+    from trainguard.model.records import parse_time
+
+    since = parse_time(args.since, now) if args.since else None
     return PreflightOptions(
         level=Level(args.level),
         backend=args.backend,

@@ -19,7 +19,7 @@ from trainguard.model.records import (
     IncidentState,
     JobRecord,
     iso_utc,
-    parse_iso_utc,
+    parse_time,
 )
 
 router = APIRouter(prefix="/v1", responses=S.INVALID_RESPONSES)
@@ -377,15 +377,16 @@ def get_node(
 
 # --- audit -------------------------------------------------------------------------
 
+# The CLI's syntax too (model.records.parse_time).
+TIME_DESCRIPTION = "a duration ago (30m, 2h, 7d), ISO 8601 (naive = UTC) or epoch seconds"
+
 
 @router.get("/audit", response_model=S.AuditPage, tags=["audit"])
 def list_audit(
     ctx: Ctx,
     _: Viewer,
-    since: Annotated[
-        str | None, Query(description="ISO 8601 (naive = UTC) or epoch seconds")
-    ] = None,
-    until: Annotated[str | None, Query(description="ISO 8601 or epoch seconds (exclusive)")] = None,
+    since: Annotated[str | None, Query(description=TIME_DESCRIPTION)] = None,
+    until: Annotated[str | None, Query(description=f"{TIME_DESCRIPTION} (exclusive)")] = None,
     kind: AuditKind | None = None,
     subject: Annotated[str | None, Query(description="exact, or a prefix ending in `*`")] = None,
     job_id: str | None = None,
@@ -401,8 +402,9 @@ def list_audit(
 ) -> dict[str, Any]:
     """Audit records matching every filter, oldest first, ``limit`` per page."""
     try:
-        since_f = None if since is None else parse_iso_utc(since)
-        until_f = None if until is None else parse_iso_utc(until)
+        now = ctx.clock()
+        since_f = None if since is None else parse_time(since, now)
+        until_f = None if until is None else parse_time(until, now)
     except ValueError as exc:
         raise HTTPException(422, str(exc)) from None
     after: int | None = None
@@ -444,11 +446,9 @@ def fleet_report(
     _: Viewer,
     since: Annotated[
         str | None,
-        Query(description="ISO 8601 (naive = UTC) or epoch seconds; default 30 days ago"),
+        Query(description=f"{TIME_DESCRIPTION}; default 30 days ago"),
     ] = None,
-    until: Annotated[
-        str | None, Query(description="ISO 8601 or epoch seconds; default now")
-    ] = None,
+    until: Annotated[str | None, Query(description=f"{TIME_DESCRIPTION}; default now")] = None,
     bucket: Annotated[
         float, Query(ge=60, le=366 * 86400, description="trend bucket in seconds (default a day)")
     ] = 86400.0,
@@ -456,8 +456,9 @@ def fleet_report(
     """Where interrupted GPU-hours go (by cause, domain, card model, node, rack), first-restart
     success, detect/act/recover and checkpoint-write trends, repeat offenders (0252)."""
     try:
-        until_f = ctx.clock() if until is None else parse_iso_utc(until)
-        since_f = until_f - DEFAULT_REPORT_WINDOW_S if since is None else parse_iso_utc(since)
+        now = ctx.clock()
+        until_f = now if until is None else parse_time(until, now)
+        since_f = until_f - DEFAULT_REPORT_WINDOW_S if since is None else parse_time(since, now)
     except ValueError as exc:
         raise HTTPException(422, str(exc)) from None
     if since_f > until_f:

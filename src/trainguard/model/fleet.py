@@ -438,7 +438,7 @@ def check_breaker_transition(old: BreakerState, new: BreakerState) -> BreakerSta
 class BreakerStatus:
     name: str
     state: BreakerState
-    changed_at: float
+    changed_at: float  # 0.0: never changed (no row yet)
     reason: str | None = None
     changed_by: str | None = None
     suppressed: int = 0  # quarantines suppressed since it tripped
@@ -447,7 +447,7 @@ class BreakerStatus:
         return {
             "name": self.name,
             "state": self.state.value,
-            "changed_at": iso_utc(self.changed_at),
+            "changed_at": iso_utc(self.changed_at) if self.changed_at else None,
             "changed_by": self.changed_by,
             "reason": self.reason,
             "suppressed": self.suppressed,

@@ -19,6 +19,7 @@ forms write them as ISO 8601 UTC strings (``null`` when not reached) because
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -56,6 +57,25 @@ def parse_iso_utc(text: str) -> float:
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=UTC)
     return dt.timestamp()
+
+
+_AGO_RE = re.compile(r"^(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>[smhdw])$")
+_UNIT_SECONDS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+
+
+def parse_time(text: str, now: float) -> float:
+    """The one time syntax of the CLI and the API: a duration ago (``90s``, ``30m``,
+    ``2h``, ``7d``, ``2w``), an ISO 8601 time (naive = UTC) or epoch seconds."""
+    m = _AGO_RE.match(text.strip())
+    if m:
+        return now - float(m.group("n")) * _UNIT_SECONDS[m.group("unit")]
+    try:
+        return parse_iso_utc(text)
+    except ValueError:
+        raise ValueError(
+            f"not a time: {text!r} (a duration ago such as 30m, 2h or 7d, an ISO 8601 "
+            "time or epoch seconds)"
+        ) from None
 
 
 # --- jobs ----------------------------------------------------------------------------
@@ -560,4 +580,5 @@ __all__ = [
     "check_job_transition",
     "iso_utc",
     "parse_iso_utc",
+    "parse_time",
 ]
