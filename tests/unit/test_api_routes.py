@@ -514,9 +514,9 @@ def test_times_take_the_clis_syntax_durations_ago_too(api: Api) -> None:
     """One time syntax for CLI and API (model.records.parse_time): 30d, 2h, ISO, epoch."""
     r = api.get("/v1/fleet/report", since="30d")
     assert r.status_code == 200, r.text
-    assert r.json()["since"] == api.get("/v1/fleet/report", since=str(T0 - 30 * 86400)).json()[
-        "since"
-    ]
+    assert (
+        r.json()["since"] == api.get("/v1/fleet/report", since=str(T0 - 30 * 86400)).json()["since"]
+    )
     assert api.get("/v1/audit", since="2h", until="0s").status_code == 200
     bad = api.get("/v1/fleet/report", since="30 days")
     assert bad.status_code == 422
