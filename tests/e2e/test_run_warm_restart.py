@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -137,3 +138,49 @@ def test_no_warm_standby_parks_nothing(case: RunCase) -> None:
     assert case.finish(200) == 0, case.output()[-3000:]
     assert "warm start" not in _attempt_log(case, 1)
     assert "warm start" not in case.output() and "cold start" not in case.output()
+
+
+def _proc(pid: int) -> tuple[list[bytes], dict[str, str], bytes]:
+    """What outside tools read of a process: its command line, environment and name."""
+    base = Path(f"/proc/{pid}")
+    argv = base.joinpath("cmdline").read_bytes().split(b"\0")
+    while argv and argv[-1] == b"":
+        argv.pop()
+    env = dict(
+        item.decode().split("=", 1)
+        for item in base.joinpath("environ").read_bytes().split(b"\0")
+        if b"=" in item
+    )
+    return argv, env, base.joinpath("comm").read_bytes().strip()
+
+
+def test_warm_ranks_look_like_cold_ones_to_outside_tools(case: RunCase) -> None:
+    """ps, pgrep -f, profilers and scripts that read /proc find a warm rank by its script,
+    its environment (LOCAL_RANK, RANK, the attempt) and its name, as they find a cold one."""
+    case.start(
+        ["--steps", "60", "--save-every", "3", "--step-sleep", "0.1", "--pg-timeout", "60"]
+    )
+    cold = case.record(0, 1)
+    cold_argv, cold_env, cold_comm = _proc(cold["pid"])
+    assert cold_env["LOCAL_RANK"] == "1"
+    case.wait_step(8)
+    os.kill(cold["pid"], signal.SIGKILL)
+    warm = case.record(1, 1)
+    argv, env, comm = _proc(warm["pid"])
+    assert "; warm workers: zygote pid" in _attempt_log(case, 1)
+    assert argv == cold_argv
+    assert comm == cold_comm != b"tg-zygote"
+    assert env["LOCAL_RANK"] == "1" and env["RANK"] == "1"
+    assert env["TRAINGUARD_ATTEMPT"] == "1"
+    assert "TRAINGUARD_TITLE_SPACE" not in env
+    script = next(a for a in argv if a.endswith(b".py")).decode()
+    found = subprocess.run(["pgrep", "-f", script], capture_output=True, text=True).stdout
+    assert str(warm["pid"]) in found.split()
+    # The agent too shows the launcher's command line, not standby.py's.
+    agent = re.search(r"warm start: standby pid (\d+)", _attempt_log(case, 1))
+    assert agent is not None
+    agent_argv, agent_env, _ = _proc(int(agent.group(1)))
+    assert not any(a.endswith(b"standby.py") for a in agent_argv), agent_argv
+    assert b"--nproc-per-node" in agent_argv or b"--nproc_per_node" in agent_argv, agent_argv
+    assert agent_env["TRAINGUARD_ATTEMPT"] == "1" and "TRAINGUARD_STANDBY" not in agent_env
+    assert case.finish(200) == 0, case.output()[-3000:]

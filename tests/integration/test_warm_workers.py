@@ -80,9 +80,10 @@ def test_a_killed_warm_worker_is_seen_with_its_rank_and_the_attempt_dies_whole(
         ranks = _wait(lambda: len(second.ranks.rank_pids()) == 2 and second.ranks.rank_pids(),
                       60, f"ranks not found:\n{logs[1].read_text()}")  # fmt: skip
         for local, pid in ranks.items():
-            # Forked by the zygote: the kernel shows the zygote's environment; trainguard
-            # reads the worker's own, which the zygote wrote for it.
-            assert _raw_environ(pid).get("LOCAL_RANK") is None
+            # Forked by the zygote, the worker rewrote the environment the kernel shows
+            # (zygote.impersonate) to its own, as a cold worker's; trainguard's reading
+            # (the copy the zygote wrote for it) agrees.
+            assert _raw_environ(pid)["LOCAL_RANK"] == str(local)
             assert Path(f"/proc/{pid}/stat").read_text().split(") ")[1].split()[1] == str(
                 zygotes[0]
             )  # ppid: the zygote

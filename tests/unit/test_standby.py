@@ -53,11 +53,15 @@ def test_only_what_the_interpreter_read_at_start_must_match() -> None:
 def test_the_request_is_one_line_read_without_consuming_what_follows() -> None:
     a, b = socket.socketpair()
     with a, b:
-        a.sendall(standby.request_line(["torchrun", "t.py"], {"A": "1\n2"}, "/w", "/w") + b"ok\n")
+        line = standby.request_line(
+            ["torchrun", "t.py"], {"A": "1\n2"}, "/w", "/w", title=["/py", "/b/torchrun", "t.py"]
+        )
+        a.sendall(line + b"ok\n")
         import json
 
         assert json.loads(standby.read_line(b, 5.0)) == {
             "argv": ["torchrun", "t.py"], "env": {"A": "1\n2"}, "cwd": "/w", "path0": "/w",
+            "title": ["/py", "/b/torchrun", "t.py"],
         }  # fmt: skip
         assert standby.read_line(b, 5.0) == b"ok"
         a.close()

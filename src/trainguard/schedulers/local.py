@@ -67,7 +67,7 @@ from trainguard.model.snapshot import (
     rank_dir_name,
     snapshot_base_for,
 )
-from trainguard.schedulers import standby
+from trainguard.schedulers import standby, zygote
 from trainguard.signals.output import LogFile, OutputFollower
 from trainguard.signals.process import (
     LauncherWatcher,
@@ -458,7 +458,13 @@ class LocalScheduler:
                 park_env[standby.ZYGOTE_ENVIRON_VAR] = self._environ_dir
             ours, theirs = socket.socketpair()
             try:
-                command = (interpreter, standby.STANDBY, "--channel", str(theirs.fileno()))
+                # Room to show a restarted worker's own command line and environment.
+                arg_space, env_space = zygote.title_space(spec.command)
+                park_env[zygote.TITLE_SPACE_VAR] = env_space
+                command = (
+                    interpreter, standby.STANDBY, "--channel", str(theirs.fileno()),
+                    zygote.TITLE_SPACE_ARG, arg_space,
+                )  # fmt: skip
                 proc, pid, lifeline = _start_with_reaper(
                     dataclasses.replace(spec, command=command), park_env, (theirs.fileno(),)
                 )
@@ -514,9 +520,17 @@ class LocalScheduler:
                 return None, f"cold start: {problem}"
             waited = time.monotonic() - waited
             cwd = os.path.abspath(spec.cwd or os.getcwd())
-            line = standby.request_line(
-                ("torchrun", *args), env, cwd, script_dir if script_dir is not None else cwd
+            # What a cold launcher shows in /proc: a console script's #! interpreter, its
+            # path and arguments; `python -m torch.distributed.run ...` as given.
+            title = (
+                (interpreter, os.path.join(script_dir, os.path.basename(spec.command[0])), *args)
+                if script_dir is not None
+                else tuple(spec.command)
             )
+            line = standby.request_line(
+                ("torchrun", *args), env, cwd, script_dir if script_dir is not None else cwd,
+                title=title,
+            )  # fmt: skip
             problem = parked.hand_over(line)
             if problem is not None:
                 return None, f"cold start: {problem}"

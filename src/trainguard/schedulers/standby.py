@@ -108,13 +108,22 @@ def warm_command(
     return "the command is not torchrun (torchrun ... or python -m torch.distributed.run ...)"
 
 
-def request_line(argv: Sequence[str], env: Mapping[str, str], cwd: str, path0: str) -> bytes:
+def request_line(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str,
+    path0: str,
+    title: Sequence[str] = (),
+) -> bytes:
     """The one line that turns a parked standby into an attempt's agent.
 
     ``path0`` is the ``sys.path[0]`` the cold interpreter would have had: the cwd for
-    ``python -m``, the console script's directory for ``torchrun``.
+    ``python -m``, the console script's directory for ``torchrun``. ``title`` is the
+    command line a cold launcher shows in /proc, which the agent then shows too.
     """
-    body = {"argv": list(argv), "env": dict(env), "cwd": cwd, "path0": path0}
+    body = {
+        "argv": list(argv), "env": dict(env), "cwd": cwd, "path0": path0, "title": list(title),
+    }  # fmt: skip
     return json.dumps(body).encode() + b"\n"
 
 
@@ -297,17 +306,18 @@ def main(argv: list[str]) -> int:
         sock.sendall(REFUSE + f" cannot park at idle priority: {exc}\n".encode())
         return 0
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # nothing here may see a GPU while parked
+    zygote: Any = _load_zygote()
+    # Our own command line without the room kept for a restarted process's (title_space).
+    zygote.impersonate([sys.executable, STANDBY, "--channel", str(fd)])
     import torch  # the point: imported before the restart
     import torch.distributed.run
 
     # Warm workers (decision 0310): a copy of this process, forked now (single-threaded,
     # torch imported, CUDA never initialised), forks the agent's script workers later.
-    zygote: Any = None
     client: Any = None
     zygote_env = dict(os.environ)
     environ_dir = os.environ.get(ZYGOTE_ENVIRON_VAR)
     if environ_dir:
-        zygote = _load_zygote()
         forked = zygote.fork_zygote(environ_dir, drop=(sock,))
         if isinstance(forked, zygote.Job):  # a worker forked by the zygote, not the standby
             zygote.run_job(forked)  # its exceptions end it as they end a cold interpreter
@@ -343,6 +353,10 @@ def main(argv: list[str]) -> int:
     os.environ.update(request["env"])
     sys.argv = list(request["argv"])
     sys.path.insert(0, request["path0"])
+    title = request.get("title") or []
+    if title:  # what `ps` and `pgrep -f` show of a cold launcher, and its environment
+        shebang = len(title) > 1 and title[1] != "-m"
+        zygote.impersonate(title, request["env"], comm=title[1] if shebang else title[0])
     if workers.startswith("warm"):
         zygote.install(client, zygote_env, _say)
     sock.sendall(OK + (b" " + workers.encode() if workers else b"") + b"\n")

@@ -21,8 +21,10 @@ agent only, by a request to the zygote:
   the worker is reaped only once the agent has taken its status, so — as with
   ``Popen`` — its pid and process group stay valid for torchrun's ``killpg`` until
   then, and trainguard's RankWatcher can read its status from ``/proc``;
-* ``/proc/PID/environ`` of a forked worker shows the zygote's exec-time environment,
-  not the one set after the fork, so the zygote writes each worker's environment into
+* ``/proc/PID/cmdline``, ``environ`` and ``comm`` of a forked worker would show the
+  zygote's exec-time values; the worker rewrites them in place to a cold worker's
+  (:func:`impersonate`, in the room the standby was started with). Until it has, the
+  kernel shows the zygote's, so the zygote also writes each worker's environment into
   ``$TRAINGUARD_WARM_ENVIRON/PID-STARTTICKS.env`` (the format of ``/proc/PID/environ``)
   before the worker is reported; ``trainguard.signals.process.read_environ`` reads it
   for any process whose exec-time environment names that directory. Ranks, the culprit
@@ -124,6 +126,89 @@ def _prctl(option: int, value: int | bytes) -> bool:
         return False
 
 
+# --- what outside tools see of a warm process ---------------------------------------------
+#
+# `ps`, `pgrep -f`, profilers and monitoring scripts read /proc/PID/cmdline, environ and
+# comm. A forked process shows its forking interpreter's exec-time values there; the
+# kernel reads them from two areas of the process's own memory (argument and environment
+# strings, bounds in /proc/PID/stat), which the process may rewrite in place. trainguard
+# starts the standby with room to spare in both (TITLE_SPACE_ARG, TITLE_SPACE_VAR), so a
+# warm worker can show exactly what a cold one shows.
+
+TITLE_SPACE_ARG = "--title-space"  # standby.py's padding argument, never read
+TITLE_SPACE_VAR = "TRAINGUARD_TITLE_SPACE"  # padding in the standby's exec-time environment
+
+
+def title_space(command: Sequence[str]) -> tuple[str, str]:
+    """``(argument padding, environment padding)`` to start a standby with: room for the
+    longest worker or agent command line the job's ``command`` can give, and for an
+    environment a few KiB larger than the one it starts with."""
+    return "_" * (2 * len(" ".join(command)) + 1024), "_" * 8192
+
+
+def _areas() -> tuple[int, int, int, int] | None:
+    """``(arg_start, arg_end, env_start, env_end)`` of this process, from /proc/self/stat."""
+    try:
+        with open("/proc/self/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+        # Field N of proc(5) is fields[N - 3] here (the split starts at field 3).
+        return int(fields[45]), int(fields[46]), int(fields[47]), int(fields[48])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _detach_environ(libc: Any, start: int, end: int) -> None:
+    """Point every C ``environ`` entry that lies in [start, end) at a copy of its own, so
+    that ``getenv`` (CUDA, NCCL, OpenMP) never reads the area we are about to rewrite."""
+    libc.strdup.restype = ctypes.c_void_p
+    libc.strdup.argtypes = [ctypes.c_void_p]
+    entries = ctypes.POINTER(ctypes.c_void_p).in_dll(libc, "environ")
+    i = 0
+    while entries[i]:
+        addr = entries[i]
+        if start <= addr < end:
+            copy = libc.strdup(addr)
+            if copy:
+                entries[i] = copy
+        i += 1
+
+
+def _fill(data: bytes, size: int) -> bytes:
+    """``data`` cut at a NUL boundary to fit ``size`` bytes, padded with NULs."""
+    if len(data) > size:
+        data = data[: data.rfind(b"\0", 0, size) + 1]
+    return data.ljust(size, b"\0")
+
+
+def impersonate(
+    argv: Sequence[str], env: Mapping[str, str] | None = None, comm: str | None = None
+) -> bool:
+    """Show ``argv`` as this process's command line, ``env`` (when given) as its
+    environment and ``comm`` as its name in /proc, as far as the areas allow; False
+    when nothing could be rewritten (another OS, an unreadable /proc)."""
+    areas = _areas()
+    if areas is None:
+        return False
+    arg_start, arg_end, env_start, env_end = areas
+    try:
+        libc = ctypes.CDLL(None)
+        if env is not None and env_end > env_start:
+            _detach_environ(libc, env_start, env_end)
+            # The names a person looks for first, so that they survive a tight area.
+            first = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+            order = [k for k in first if k in env] + [k for k in env if k not in first]
+            data = b"".join(f"{k}={env[k]}".encode(errors="surrogateescape") + b"\0" for k in order)
+            ctypes.memmove(env_start, _fill(data, env_end - env_start), env_end - env_start)
+        if arg_end > arg_start:
+            data = b"".join(a.encode(errors="surrogateescape") + b"\0" for a in argv)
+            ctypes.memmove(arg_start, _fill(data, arg_end - arg_start), arg_end - arg_start)
+    except (OSError, AttributeError, ValueError):
+        return False
+    if comm:
+        _prctl(PR_SET_NAME, os.path.basename(comm).encode(errors="replace")[:15])
+    return True
+
+
 def _send(sock: socket.socket, body: Mapping[str, Any], fds: Sequence[int] = ()) -> None:
     data = json.dumps(body).encode()
     if fds:
@@ -197,6 +282,8 @@ def _child(request: dict[str, Any], fds: list[int], ready_w: int, sock: socket.s
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
     kind, target, argv = request["plan"]
+    args = request.get("args") or [sys.executable, "-u", target, *argv]
+    impersonate(args, request["env"], comm=args[0])  # what a cold worker shows in /proc
     return Job(kind, target, list(argv), dict(request["env"]))
 
 
@@ -454,9 +541,14 @@ class Client:
         return f"the zygote died (exit {os.waitstatus_to_exitcode(status)})"
 
     def start(
-        self, plan: tuple[str, str, list[str]], env: Mapping[str, str], cwd: str, fds: Sequence[int]
+        self,
+        plan: tuple[str, str, list[str]],
+        env: Mapping[str, str],
+        cwd: str,
+        fds: Sequence[int],
+        args: Sequence[str] = (),
     ) -> WarmWorker:
-        body = {"op": "start", "plan": list(plan), "env": dict(env), "cwd": cwd}
+        body = {"op": "start", "plan": list(plan), "env": dict(env), "cwd": cwd, "args": list(args)}
         reply = self.call(body, fds, START_SECONDS)
         if "pid" not in reply:
             raise ZygoteGone(str(reply.get("error", "the zygote did not start the worker")))
@@ -556,7 +648,7 @@ def install(client: Client, zygote_env: Mapping[str, str], say: Callable[[str], 
         out = self._stdout.fileno() if self._stdout is not None else 1
         err = self._stderr.fileno() if self._stderr is not None else 2
         try:
-            return client.start(what, env, os.getcwd(), (0, out, err))
+            return client.start(what, env, os.getcwd(), (0, out, err), args)
         except OSError as exc:
             cold(str(exc))
             return popen(self, args, env)
