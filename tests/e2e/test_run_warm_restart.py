@@ -157,9 +157,7 @@ def _proc(pid: int) -> tuple[list[bytes], dict[str, str], bytes]:
 def test_warm_ranks_look_like_cold_ones_to_outside_tools(case: RunCase) -> None:
     """ps, pgrep -f, profilers and scripts that read /proc find a warm rank by its script,
     its environment (LOCAL_RANK, RANK, the attempt) and its name, as they find a cold one."""
-    case.start(
-        ["--steps", "60", "--save-every", "3", "--step-sleep", "0.1", "--pg-timeout", "60"]
-    )
+    case.start(["--steps", "60", "--save-every", "3", "--step-sleep", "0.1", "--pg-timeout", "60"])
     cold = case.record(0, 1)
     cold_argv, cold_env, cold_comm = _proc(cold["pid"])
     assert cold_env["LOCAL_RANK"] == "1"
