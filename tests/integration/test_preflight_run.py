@@ -82,3 +82,16 @@ def test_all_pass_and_without_preflight_nothing_is_checked(tmp_path: Path) -> No
     other.mkdir()
     proc, assigned = _run(other, faults="memory@1")  # no --preflight: the fault is never seen
     assert proc.returncode == 0 and "preflight" not in proc.stderr and len(assigned) == 2
+
+
+@pytest.mark.slow
+def test_a_preflight_longer_than_the_lease_keeps_it(tmp_path: Path) -> None:
+    """The lease is renewed while the preflight runs (controller.lease.LeaseKeeper), not
+    only by passes: a preflight of several lease TTLs still starts the job (issue 30)."""
+    proc, assigned = _run(tmp_path, "--preflight", "quick", "--lease-ttl", "0.5")
+    assert proc.returncode == 0, proc.stderr
+    assert "lost the lease" not in proc.stderr
+    assert "all passed" in proc.stderr and len(assigned) == 2
+    with Store.open(tmp_path / "state.db") as store:
+        [job] = store.list_jobs()
+        assert job.state.value == "completed"

@@ -16,8 +16,8 @@ tracks tokens refuses its calls.
 :func:`process_holder` names the holder durably (host, pid, process start time,
 boot id), so a ``run`` that finds the lease held by a process of this host that
 provably no longer runs takes it over at once (:func:`take_from_dead`) instead of
-waiting out the TTL, and :class:`LeaseKeeper` renews it from a thread of its own,
-since the run loop sleeps on its event queue for as long as nothing happens.
+waiting out the TTL. :class:`LeaseKeeper` renews a held lease from a thread of its
+own, so that no long step between passes (a preflight, a wait) lets it lapse.
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from trainguard.model.fleet import Lease
 from trainguard.model.records import AuditKind
 from trainguard.schedulers.local import identity_alive, process_identity
-from trainguard.store import Store, StoreError
+from trainguard.store import StoreError
 from trainguard.store.fleet import Fence, FleetStore
 
 CONTROLLER_LEASE = "controller"
@@ -127,60 +127,51 @@ def take_from_dead(
         return fleet.acquire_lease(name, holder, ttl, now)
 
 
-@dataclass
 class LeaseKeeper:
-    """Renews a held lease every ``ttl / 3`` s from a thread with its own connection.
+    """Renews the lease an elector holds every ``ttl / 3`` s from a thread of its own.
 
-    ``on_lost`` is called once, from the keeper's thread, when a renewal fails
-    (another holder took the lease over after we were paused past the TTL, or the
-    database cannot be reached for longer than the TTL); the owner must then stop
-    acting. :meth:`stop` ends the thread and releases the lease.
+    The lease must never lapse on our own account: a preflight, a slow scheduler call or
+    a long wait between passes renews nothing through the passes, so the keeper does,
+    whatever the owner is doing; only a holder that is really gone (killed, paused past
+    the TTL) or deposed loses it. A renewal that finds another token (someone took the
+    lease over while we were paused) drops the elector's lease, so the next pass is not
+    the leader's and every fenced write in flight fails. The keeper renews through the
+    elector's store (its lock serialises the calls with the owner's).
     """
 
-    state: str
-    fence: Fence
-    ttl: float
-    on_lost: Callable[[str], None]
-    clock: Callable[[], float]
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
+    def __init__(self, elector: LeaderElector, clock: Callable[[], float]) -> None:
+        self.elector = elector
+        self.clock = clock
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="trainguard-lease", daemon=True)
-        self._thread.start()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="trainguard-lease", daemon=True)
+            self._thread.start()
+
+    def renew(self) -> None:
+        """One renewal of the lease the elector holds (nothing when it holds none)."""
+        held = self.elector.lease
+        if held is None:
+            return
+        try:
+            lease = self.elector.fleet.acquire_lease(
+                self.elector.name, self.elector.identity, self.elector.ttl, self.clock()
+            )
+        except StoreError:
+            return  # a busy or unreachable database: the next try, or expiry, decides
+        if lease is None or lease.token != held.token:
+            self.elector.lease = None
+        elif self.elector.lease is not None:
+            self.elector.lease = lease
 
     def _run(self) -> None:
-        try:
-            store = Store.open(self.state)
-        except StoreError as exc:
-            self.on_lost(f"cannot renew the lease on {self.state}: {exc}")
-            return
-        fleet = FleetStore(store)
-        renewed = self.clock()
-        try:
-            while not self._stop.wait(self.ttl / 3.0):
-                now = self.clock()
-                try:
-                    lease = fleet.acquire_lease(self.fence.lease, self.fence.holder, self.ttl, now)
-                except StoreError:
-                    if now < renewed + self.ttl:
-                        continue  # a busy database: try again before the lease runs out
-                    lease = None
-                if lease is None or lease.token != self.fence.token:
-                    self.on_lost(
-                        f"fencing token {self.fence.token} no longer current: not renewed in "
-                        "time, or another trainguard took the lease over"
-                    )
-                    return
-                renewed = now
-            fleet.release_lease(self.fence, self.clock())
-        except StoreError:
-            pass  # released or not, the lease ends at expiry
-        finally:
-            store.close()
+        while not self._stop.wait(self.elector.ttl / 3.0):
+            self.renew()
 
     def stop(self) -> None:
-        """Stop renewing and release the lease (it stays until expiry if that fails)."""
+        """Stop renewing (the owner releases the lease itself)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10.0)

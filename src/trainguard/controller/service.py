@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from trainguard.controller.breaker import QUARANTINE_BREAKER
-from trainguard.controller.lease import default_identity
+from trainguard.controller.lease import LeaseKeeper, default_identity
 from trainguard.controller.policies import (
     DEFAULT_POLICY,
     load_policy_text,
@@ -102,6 +102,7 @@ class ControlPlane:
             crash=crash,
         )
         self._warmed = False
+        self._keeper = LeaseKeeper(self.reconciler.elector, clock)
 
     @property
     def identity(self) -> str:
@@ -117,7 +118,10 @@ class ControlPlane:
             # failure (0401); a process that only answers requests never compiles it.
             self._warmed = True
             threading.Thread(target=get_prefilter, name="prefilter-warm-up", daemon=True).start()
-        return self.reconciler.run_once(now)
+        report = self.reconciler.run_once(now)
+        if report.leader:
+            self._keeper.start()  # from the first pass that leads, renewals need no pass
+        return report
 
     def run_forever(self, stop_event: threading.Event, interval: float | None = None) -> None:
         """Pass after pass until ``stop_event`` is set; then give the lease up.
@@ -136,13 +140,11 @@ class ControlPlane:
             except Exception:
                 log.exception("reconcile pass failed")
             stop_event.wait(max(0.0, period - (time.monotonic() - started)))
-        try:
-            self.reconciler.elector.release(self.clock())
-        except Exception:
-            log.exception("could not release the controller lease")
+        self.close()
 
     def close(self) -> None:
         """Give the lease up if this process holds it (the store is closed by its owner)."""
+        self._keeper.stop()
         try:
             self.reconciler.elector.release(self.clock())
         except Exception:
