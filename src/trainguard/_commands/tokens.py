@@ -41,8 +41,7 @@ def register(subparsers: Any) -> None:
     add.add_argument(
         "--out",
         metavar="FILE",
-        help="write the token to FILE (mode 0600; the agent's --token-file) instead of "
-        "printing it",
+        help="write the token to FILE (mode 0600; the agent's --token-file) instead of printing it",
     )
     listing = sub.add_parser("list", help="who holds a token, and its role (never the token)")
     listing.add_argument("--json", action="store_true", help="print JSON")

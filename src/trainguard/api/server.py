@@ -110,7 +110,7 @@ def load_tokens(options: ServeOptions, say: Callable[[str], None]) -> tuple[Toke
         say(warning)
     if ANY_HOST in table.agent_hosts():
         say(
-            f"note: {path} holds a fleet-proxy token (agent, name \"*\"): it reports for any "
+            f'note: {path} holds a fleet-proxy token (agent, name "*"): it reports for any '
             "host and posts any job's progress; per-host agent tokens and the jobs' own "
             "progress tokens need no such token (docs/api.md#authentication)"
         )
