@@ -8,9 +8,11 @@ and the audit of refused reports (decisions 0402, 0403).
   refresh on a miss (at most once a second); a token stops counting once its job is
   over (the periodic refresh drops it).
 * :func:`foreign_references` - what in an agent's finding names a card or a node of
-  another host than the one its token speaks for: a culprit host, a device uuid
-  registered on another host, or one no inventory of this host lists (a uuid named
-  before its inventory could be claimed later by another host's).
+  another host than the one its token speaks for: a culprit host, or a device uuid
+  registered on another host. A uuid no inventory lists yet is taken (a finding may
+  come before its host's inventory), recorded as the reporting host's; should another
+  host's inventory list it later, the controller still ties the finding to no card of
+  that host (it matches a finding's card against the finding's host).
 * :class:`Refusals` - a refused report is audited with the token that sent it
   (role, holder, hash prefix; never the token) and counted; at most one record per
   token and subject every :data:`REFUSAL_AUDIT_EVERY_S` seconds, with the count of
@@ -170,12 +172,7 @@ def foreign_references(finding: Finding, host: str, device_host: DeviceHosts) ->
         out.append(f"its culprit names host {c.host!r}")
     if c.device_uuid is not None:
         owner = device_host(c.device_uuid)
-        if owner is None:
-            out.append(
-                f"its culprit names device {c.device_uuid!r}, which no inventory of {host!r} "
-                "lists (post the inventory first)"
-            )
-        elif owner != host:
+        if owner is not None and owner != host:
             out.append(f"its culprit names device {c.device_uuid!r} of host {owner!r}")
     return out
 
