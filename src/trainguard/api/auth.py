@@ -133,6 +133,10 @@ class TokenTable:
             return None
         return self._by_hash.get(hash_token(token))
 
+    def by_hash(self, digest: str) -> Principal | None:
+        """The holder of the token whose SHA-256 (hex) is ``digest``."""
+        return self._by_hash.get(digest)
+
     def holders(self) -> list[dict[str, str]]:
         """Each token's role, holder and hash prefix (never the token)."""
         return [p.describe() for p in self._by_hash.values()]

@@ -84,7 +84,9 @@ class JobTokens:
         """The job a token belongs to, from memory (no query)."""
         if not token.startswith(JOB_TOKEN_PREFIX):
             return None
-        digest = hash_token(token)
+        return self.by_hash(hash_token(token))
+
+    def by_hash(self, digest: str) -> Principal | None:
         job_id = self._by_hash.get(digest)
         if job_id is None:
             return None
