@@ -11,6 +11,9 @@ its progress and nothing else; a host's token posts for its own host only.
 
 from __future__ import annotations
 
+import json
+import stat
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -201,3 +204,53 @@ def test_forged_cross_host_evidence_is_refused_and_tokens_speak_only_for_their_o
 
 def _progress(step: int) -> dict[str, Any]:
     return {"events": [{"step": step, "time": time.time(), "rank": 0}]}
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "trainguard.cli", *args],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=60,
+        check=False,
+    )
+
+
+def test_tokens_add_issues_a_host_token_a_running_serve_takes_at_first_use(
+    tmp_path: Path,
+) -> None:
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text(f'"{OP}": {{role: operator, name: alice}}\n')
+    server = Server(tmp_path, free_port(), "--no-controller")
+    try:
+        out = _cli("tokens", "add", "--role", "agent", "--name", "node1", "--token-file",
+                   str(tokens), "--out", str(tmp_path / "node1.token"))  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        assert stat.S_IMODE((tmp_path / "node1.token").stat().st_mode) == 0o600
+        assert stat.S_IMODE(tokens.stat().st_mode) == 0o600
+        token = (tmp_path / "node1.token").read_text().strip()
+        beat = {"seq": 1, "at": time.time()}
+        r = wait_for(
+            lambda: (
+                (r := _post(server, token, "/v1/agents/node1/heartbeat", beat)).status_code == 200
+                and r
+            ),
+            10,
+            "serve to take the new token",
+        )
+        assert r.json()["ok"] is True
+        assert _post(server, token, "/v1/agents/node2/heartbeat", beat).status_code == 403
+        # The any-host token is never issued by trainguard.
+        out = _cli("tokens", "add", "--role", "agent", "--name", "*", "--token-file", str(tokens))
+        assert out.returncode != 0 and "by hand" in out.stderr
+        listing = _cli("tokens", "list", "--token-file", str(tokens), "--json")
+        assert listing.returncode == 0, listing.stderr
+        holders = json.loads(listing.stdout)
+        assert sorted((h["role"], h["name"]) for h in holders) == [
+            ("agent", "node1"),
+            ("operator", "alice"),
+        ]
+        assert token not in listing.stdout and OP not in listing.stdout
+    finally:
+        server.stop()

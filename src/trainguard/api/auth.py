@@ -300,8 +300,9 @@ def create_token_file(path: str | os.PathLike[str]) -> dict[str, str]:
 
 def add_token(path: str | os.PathLike[str], role: Role, name: str) -> str:
     """Append a fresh token for ``role`` held by ``name`` to the token file at ``path``
-    (created 0600 when missing); returns the token. A running ``serve`` picks it up
-    at the token's first use (:meth:`TokenTable.reload_if_changed`).
+    (created 0600 when missing, made 0600 when others could read it); returns the
+    token. A running ``serve`` picks it up at the token's first use
+    (:meth:`TokenTable.reload_if_changed`).
 
     Refuses the any-host agent name ``*`` (a fleet proxy is written by hand) and a
     JSON token file (edit that one by hand too).
@@ -325,6 +326,10 @@ def add_token(path: str | os.PathLike[str], role: Role, name: str) -> str:
     token = new_token()
     p.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    if stat.S_IMODE(os.fstat(fd).st_mode) & 0o077:
+        # A credential goes in: nobody but the owner reads the file from now on.
+        log.warning("%s was readable by other users; now mode 0600", p)
+        os.fchmod(fd, 0o600)
     with os.fdopen(fd, "a", encoding="utf-8") as fh:
         if existing is None:
             fh.write("# trainguard tokens: token -> role and name (docs/api.md#authentication)\n")
