@@ -159,6 +159,8 @@ def test_forged_cross_host_evidence_is_refused_and_tokens_speak_only_for_their_o
             # The job's own token: its progress, nothing else.
             job_token = (tmp_path / "tok").read_text()
             assert job_token.startswith("tgj_")
+            # Where the stand-in cluster keeps the job's environment, only its owner reads.
+            assert stat.S_IMODE((cluster / "state.json").stat().st_mode) == 0o600
             r = _post(server, job_token, "/v1/jobs/job-victim/progress", _progress(1))
             assert r.status_code == 202, r.text
             for path, body in (
