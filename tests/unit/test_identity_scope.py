@@ -30,6 +30,7 @@ with warnings.catch_warnings():
 from trainguard.api.app import create_app
 from trainguard.api.auth import Role, TokenTable
 from trainguard.api.context import ApiContext, build_context
+from trainguard.api.identity import REFUSAL_AUDITS_PER_TOKEN
 from trainguard.controller.service import ControlPlane
 from trainguard.model.findings import Domain, Severity
 from trainguard.model.records import JobState
@@ -261,6 +262,13 @@ def test_refusals_are_audited_at_most_once_per_token_and_subject_in_a_window(
     assert len(refused) == 1 and plane.ctx.refusals.refused == 20
     text = plane.client.get("/metrics").text
     assert 'trainguard_http_rejected_total{reason="out_of_scope"} 20.0' in text
+    # A batch naming 500 made-up hosts writes a bounded number of records.
+    batch = [xid(f"m{i}", host=f"made-up-{i}") for i in range(500)]
+    r = plane.post("/v1/agents/n3/findings", {"findings": batch}, TOKENS["n3"])
+    assert r.status_code == 409 and len(r.json()["detail"]) < 2000
+    from_n3 = [e for e in plane.refusals() if e.actor == "agent:n3"]
+    assert len(from_n3) == REFUSAL_AUDITS_PER_TOKEN
+    assert plane.ctx.refusals.refused == 520
 
 
 # --- the property --------------------------------------------------------------------

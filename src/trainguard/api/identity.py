@@ -16,7 +16,8 @@ and the audit of refused reports (decisions 0402, 0403).
 * :class:`Refusals` - a refused report is audited with the token that sent it
   (role, holder, hash prefix; never the token) and counted; at most one record per
   token and subject every :data:`REFUSAL_AUDIT_EVERY_S` seconds, with the count of
-  those in between, so a flood of forgeries cannot flood the audit log.
+  those in between, and at most :data:`REFUSAL_AUDITS_PER_TOKEN` per token in that
+  time whatever the subjects, so a flood of forgeries cannot flood the audit log.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ JOB_TOKEN_PREFIX = "tgj_"
 REFRESH_ON_MISS_EVERY_S = 1.0
 REFRESH_EVERY_S = 5.0
 REFUSAL_AUDIT_EVERY_S = 10.0
+REFUSAL_AUDITS_PER_TOKEN = 20  # in each REFUSAL_AUDIT_EVERY_S window, whatever the subjects
 _MAX_REFUSAL_KEYS = 10_000
 
 
@@ -218,6 +220,7 @@ class Refusals:
         self.clock = clock
         self.count = count
         self._last: dict[tuple[str, str, str], tuple[float, int]] = {}
+        self._budget: dict[tuple[str, str], tuple[float, int]] = {}  # window start, written
         self._lock = threading.Lock()
         self.refused = 0
 
@@ -225,9 +228,13 @@ class Refusals:
         """Whether :meth:`record` would write (else it only counts): lets an async
         route skip the thread hop for a suppressed record."""
         key = (who.role.value, who.name, subject)
+        now = self.clock()
         with self._lock:
             last = self._last.get(key)
-        return last is None or self.clock() - last[0] >= REFUSAL_AUDIT_EVERY_S
+            start, written = self._budget.get(key[:2], (float("-inf"), 0))
+        if now - start < REFUSAL_AUDIT_EVERY_S and written >= REFUSAL_AUDITS_PER_TOKEN:
+            return False
+        return last is None or now - last[0] >= REFUSAL_AUDIT_EVERY_S
 
     def record(
         self,
@@ -244,12 +251,19 @@ class Refusals:
         self.count()
         with self._lock:
             at, suppressed = self._last.get(key, (float("-inf"), 0))
-            if now - at < REFUSAL_AUDIT_EVERY_S:
+            start, written = self._budget.get(key[:2], (float("-inf"), 0))
+            if now - start >= REFUSAL_AUDIT_EVERY_S:
+                start, written = now, 0
+            # One record per token and subject in a window, and a few per token whatever
+            # the subjects (a forger can name any number of hosts): the rest are counted.
+            if now - at < REFUSAL_AUDIT_EVERY_S or written >= REFUSAL_AUDITS_PER_TOKEN:
                 self._last[key] = (at, suppressed + 1)
                 return False
             if len(self._last) >= _MAX_REFUSAL_KEYS:
                 self._last.clear()
+                self._budget.clear()
             self._last[key] = (now, 0)
+            self._budget[key[:2]] = (start, written + 1)
         record = {
             "refused": True,
             "token": who.describe(),
@@ -273,6 +287,8 @@ class Refusals:
 
 __all__ = [
     "JOB_TOKEN_PREFIX",
+    "REFUSAL_AUDITS_PER_TOKEN",
+    "REFUSAL_AUDIT_EVERY_S",
     "DeviceOwners",
     "JobTokens",
     "Refusals",
