@@ -61,7 +61,9 @@ class JobTokens:
         self.backend = backend
         self.monotonic = monotonic
         self._by_hash: dict[str, str] = {}
+        self._issued_during_refresh: dict[str, str] = {}
         self._lock = threading.Lock()
+        self._refresh_lock = threading.Lock()  # one store read at a time
         self._refreshed_at = float("-inf")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -73,6 +75,7 @@ class JobTokens:
         self.backend.add_job_token(digest, job_id, at=at, actor=actor)
         with self._lock:
             self._by_hash[digest] = job_id
+            self._issued_during_refresh[digest] = job_id
         return token
 
     def revoke(self, token: str) -> None:
@@ -81,6 +84,7 @@ class JobTokens:
         self.backend.delete_job_token(digest)
         with self._lock:
             self._by_hash.pop(digest, None)
+            self._issued_during_refresh.pop(digest, None)
 
     def lookup(self, token: str) -> Principal | None:
         """The job a token belongs to, from memory (no query)."""
@@ -104,10 +108,15 @@ class JobTokens:
 
     def refresh(self) -> None:
         """Load the live tokens from the store (a job that is over loses its token)."""
-        self._refreshed_at = self.monotonic()
-        live = self.backend.live_job_tokens()
-        with self._lock:
-            self._by_hash = live
+        with self._refresh_lock:
+            self._refreshed_at = self.monotonic()
+            with self._lock:
+                self._issued_during_refresh = {}
+            live = self.backend.live_job_tokens()
+            with self._lock:
+                # A token issued while the store was read may not be in what was read.
+                live.update(self._issued_during_refresh)
+                self._by_hash = live
 
     def start(self) -> JobTokens:
         if self._thread is None:
