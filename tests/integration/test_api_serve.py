@@ -244,6 +244,9 @@ def test_serve_creates_private_tokens_and_listens_on_loopback(tmp_path: Path) ->
         port = wait_for(lambda: listening_port(proc.output()), 30, "the listening line")
         tokens = tmp_path / "db" / "tokens.yaml"
         assert stat.S_IMODE(tokens.stat().st_mode) == 0o600
+        # No agent token, least of all an any-host one: each host gets its own (0402).
+        assert "role: agent" not in tokens.read_text()
+        assert "trainguard tokens add --role agent" in proc.output()
         url = f"http://127.0.0.1:{port}"
         assert httpx.get(url + "/healthz").json()["ok"] is True
         assert httpx.get(url + "/v1/jobs").status_code == 401

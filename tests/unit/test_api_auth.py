@@ -14,6 +14,7 @@ from trainguard.api.auth import (
     Role,
     TokenFileError,
     TokenTable,
+    add_token,
     create_token_file,
     hash_token,
     read_token,
@@ -87,7 +88,7 @@ def test_load_yaml_and_json_and_garbage(tmp_path: Path) -> None:
         TokenTable.load(tmp_path / "missing.yaml")
 
 
-def test_created_token_file_is_private_and_has_one_token_per_role(tmp_path: Path) -> None:
+def test_created_token_file_is_private_and_holds_no_agent_token(tmp_path: Path) -> None:
     path = tmp_path / "sub" / "tokens.yaml"
     tokens = create_token_file(path)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
@@ -95,10 +96,49 @@ def test_created_token_file_is_private_and_has_one_token_per_role(tmp_path: Path
     assert {table.authenticate(t).role.value for t in tokens.values()} == {  # type: ignore[union-attr]
         "operator",
         "viewer",
-        "agent",
     }
+    # Each host gets its own agent token; the any-host one is never created (0402).
+    assert table.roles() == {"operator": 1, "viewer": 1}
     with pytest.raises(FileExistsError):
         create_token_file(path)  # never overwrites an operator's file
+
+
+def test_add_token_issues_one_hosts_agent_token_and_refuses_the_any_host_one(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "tokens.yaml"
+    create_token_file(path)
+    table = TokenTable.load(path)
+    token = add_token(path, Role.AGENT, "n7")
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert table.authenticate(token) is None
+    assert table.reload_if_changed(now=1e9)  # a running serve takes it at first use
+    who = table.authenticate(token)
+    assert who == Principal("n7", Role.AGENT) and who.may_report_for("n7")
+    assert not who.may_report_for("n8") and not who.may_post_progress("job-1")
+    assert who.token_id == hash_token(token)[:12] and token not in str(who.describe())
+    with pytest.raises(TokenFileError, match="by hand"):
+        add_token(path, Role.AGENT, "*")
+    with pytest.raises(TokenFileError, match="not written in a token file"):
+        add_token(path, Role.JOB, "job-1")
+    fresh = tmp_path / "new" / "tokens.yaml"
+    add_token(fresh, Role.AGENT, "n1")  # created, private
+    assert stat.S_IMODE(os.stat(fresh).st_mode) == 0o600
+    assert TokenTable.load(fresh).agent_hosts() == {"n1"}
+
+
+def test_a_token_file_cannot_grant_the_job_role() -> None:
+    with pytest.raises(TokenFileError, match="issued by submit"):
+        TokenTable.from_mapping({"job-token-0123456789": {"role": "job", "name": "j"}})
+
+
+def test_progress_is_posted_by_the_jobs_own_token_or_a_fleet_proxy() -> None:
+    job = Principal("job-a", Role.JOB)
+    assert job.may_post_progress("job-a") and not job.may_post_progress("job-b")
+    assert not job.may_report_for("n1") and not job.fleet_proxy
+    proxy = Principal("*", Role.AGENT)
+    assert proxy.fleet_proxy and proxy.may_post_progress("job-b")
+    assert not Principal("n1", Role.AGENT).may_post_progress("job-a")
 
 
 def test_client_token_readers(tmp_path: Path) -> None:

@@ -109,7 +109,12 @@ PROGRESS: list[tuple[str, str | None, Any]] = [
     ),
     (
         "job-1",
-        AGENT_N1,
+        AGENT_N1,  # a host's agent token posts no job's progress (0403): 403
+        {"events": [{"event": "resumed", "step": 0, "time": 1, "checkpoint": "/c"}]},
+    ),
+    (
+        "job-1",
+        AGENT_ANY,  # a fleet proxy does
         {"events": [{"event": "resumed", "step": 0, "time": 1, "checkpoint": "/c"}]},
     ),
     ("job-1", AGENT_ANY, {"events": [{"step": 3, "time": T0, "loss": "nan", "attempt": 1}]}),

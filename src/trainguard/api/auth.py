@@ -5,20 +5,32 @@ A token file (YAML or JSON) maps each token to a role and a name::
     # .trainguard/tokens.yaml
     "k3x...":          {role: operator, name: alice}
     "sha256:9f86d0...": {role: viewer, name: grafana}      # the hash, not the token
-    "q7a...":          {role: agent, name: gpu-node-017}    # per-host agent token
-    "z1c...":          {role: agent, name: "*"}             # any host (a fleet proxy)
+    "q7a...":          {role: agent, name: gpu-node-017}    # one host's agent
+    "z1c...":          {role: agent, name: "*"}             # a fleet proxy (by hand only)
 
 Roles (decision 0091):
 
 * ``viewer`` reads everything (``GET``);
 * ``operator`` reads and steers: approve/deny, modes, breaker reset, release, jobs;
-* ``agent`` reports: inventory, heartbeats and findings for the host named by the
-  token (``*``: any host), and job progress. An agent token reads nothing.
+* ``agent`` reports inventory, heartbeats and findings for the one host named by the
+  token, and nothing about another host: a culprit, device or GPU figure of another
+  host's card is refused (decision 0402). An agent token reads nothing and posts no
+  job's progress.
+* ``job`` (never in a token file): the progress token ``POST /v1/jobs/submit`` issues
+  to one job, stored hashed in the store (:mod:`trainguard.api.job_tokens`); it posts
+  that job's progress and nothing else (decision 0403).
+
+The any-host agent token (name ``*``, a *fleet proxy*) is an explicit opt-in an
+operator writes by hand: it reports for any host (each report still only about the
+host in its path) and may post any job's progress. ``serve`` never creates one, and
+``trainguard tokens add`` refuses to (decision 0402).
 
 Only the SHA-256 of each token is kept in memory; a file may list the hash
 itself (``sha256:<hex>``) so that the plain token lives only with its holder.
 Lookup hashes the presented token, so comparison time does not depend on how
-much of a guessed token is right.
+much of a guessed token is right. The audit names a token by its role and
+holder and the first characters of its hash (:attr:`Principal.token_id`), never
+by the token.
 """
 
 from __future__ import annotations
@@ -29,8 +41,9 @@ import logging
 import os
 import secrets
 import stat
+import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -44,16 +57,20 @@ class Role(StrEnum):
     VIEWER = "viewer"
     OPERATOR = "operator"
     AGENT = "agent"
+    JOB = "job"  # a job's own progress token: issued by submit, never in a token file
 
 
 # What each role may do. An operator can do everything a viewer can; an agent only reports.
 READ_ROLES = frozenset({Role.VIEWER, Role.OPERATOR})
 OPERATE_ROLES = frozenset({Role.OPERATOR})
 REPORT_ROLES = frozenset({Role.AGENT})
+PROGRESS_ROLES = frozenset({Role.AGENT, Role.JOB})
+FILE_ROLES = (Role.OPERATOR, Role.VIEWER, Role.AGENT)
 
 ANY_HOST = "*"
 HASH_PREFIX = "sha256:"
 MIN_TOKEN_LENGTH = 16
+TOKEN_ID_LENGTH = 12
 
 
 class TokenFileError(ValueError):
@@ -62,13 +79,29 @@ class TokenFileError(ValueError):
 
 @dataclass(frozen=True)
 class Principal:
-    """Who made a request: the name and role of the token presented."""
+    """Who made a request: the name and role of the token presented; ``token_id``: the
+    first hex digits of the token's hash, which tell two tokens of one name apart in
+    the audit without saying anything of the token."""
 
     name: str
     role: Role
+    token_id: str = field(default="", compare=False)
+
+    @property
+    def fleet_proxy(self) -> bool:
+        """The hand-written any-host agent token (``name: "*"``)."""
+        return self.role is Role.AGENT and self.name == ANY_HOST
 
     def may_report_for(self, host: str) -> bool:
         return self.role is Role.AGENT and self.name in (ANY_HOST, host)
+
+    def may_post_progress(self, job_id: str) -> bool:
+        """A job's own token for that job; a fleet proxy for any job; nobody else."""
+        return (self.role is Role.JOB and self.name == job_id) or self.fleet_proxy
+
+    def describe(self) -> dict[str, str]:
+        """The token as the audit records it: role, holder, hash prefix; never the token."""
+        return {"role": self.role.value, "name": self.name, "token_id": self.token_id}
 
     @property
     def actor(self) -> str:
@@ -83,9 +116,14 @@ def hash_token(token: str) -> str:
 class TokenTable:
     """Token hashes -> principals. Build with :meth:`load` or :meth:`from_mapping`."""
 
+    RELOAD_EVERY_S = 1.0
+
     def __init__(self, entries: Mapping[str, Principal], source: str = "<memory>") -> None:
         self._by_hash = dict(entries)
         self.source = source
+        self.path: Path | None = None  # set by load(): the file reload_if_changed() watches
+        self._stamp: tuple[int, int] | None = None
+        self._checked_at = 0.0
 
     def __len__(self) -> int:
         return len(self._by_hash)
@@ -94,6 +132,40 @@ class TokenTable:
         if not token:
             return None
         return self._by_hash.get(hash_token(token))
+
+    def by_hash(self, digest: str) -> Principal | None:
+        """The holder of the token whose SHA-256 (hex) is ``digest``."""
+        return self._by_hash.get(digest)
+
+    def holders(self) -> list[dict[str, str]]:
+        """Each token's role, holder and hash prefix (never the token)."""
+        return [p.describe() for p in self._by_hash.values()]
+
+    def agent_hosts(self) -> set[str]:
+        return {p.name for p in self._by_hash.values() if p.role is Role.AGENT}
+
+    def reload_if_changed(self, now: float | None = None) -> bool:
+        """Read the token file again when it changed (at most once a second); ``True``
+        when the table changed. Called on an unknown token, so a token added by
+        ``trainguard tokens add`` works without a restart. A file that became invalid
+        keeps the table as it was (and says why)."""
+        now = time.monotonic() if now is None else now
+        if self.path is None or now - self._checked_at < self.RELOAD_EVERY_S:
+            return False
+        self._checked_at = now
+        stamp = _stamp(self.path)
+        if stamp is None or stamp == self._stamp:
+            return False
+        try:
+            fresh = TokenTable.load(self.path)
+        except TokenFileError as exc:
+            log.warning("token file changed but cannot be used (%s); the old tokens stay", exc)
+            self._stamp = stamp
+            return False
+        self._by_hash = fresh._by_hash
+        self._stamp = stamp
+        log.info("token file %s reloaded (%d tokens)", self.path, len(self._by_hash))
+        return True
 
     def roles(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -117,11 +189,14 @@ class TokenTable:
                 raise TokenFileError(f"{where}: expected {{role: ..., name: ...}}")
             role_raw = value.get("role")
             try:
-                role = Role(str(role_raw))
+                role: Role | None = Role(str(role_raw))
             except ValueError:
-                allowed = ", ".join(r.value for r in Role)
+                role = None
+            if role is None or role not in FILE_ROLES:
+                allowed = ", ".join(r.value for r in FILE_ROLES)
                 raise TokenFileError(
                     f"{where}: role {role_raw!r} is not one of {allowed}"
+                    + (" (job tokens are issued by submit)" if role is Role.JOB else "")
                 ) from None
             name = value.get("name")
             if not isinstance(name, str) or not name.strip():
@@ -140,7 +215,9 @@ class TokenTable:
                 digest = hash_token(key)
             if digest in entries:
                 raise TokenFileError(f"{where}: the same token is listed twice")
-            entries[digest] = Principal(name=name.strip(), role=role)
+            entries[digest] = Principal(
+                name=name.strip(), role=role, token_id=digest[:TOKEN_ID_LENGTH]
+            )
         return cls(entries, source)
 
     @classmethod
@@ -158,7 +235,18 @@ class TokenTable:
             raise TokenFileError(
                 f"{p}: not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {exc}"
             ) from exc
-        return cls.from_mapping(data or {}, str(p))
+        table = cls.from_mapping(data or {}, str(p))
+        table.path = p
+        table._stamp = _stamp(p)
+        return table
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
 
 
 def token_file_warning(path: str | os.PathLike[str]) -> str | None:
@@ -184,23 +272,71 @@ def new_token() -> str:
     return secrets.token_urlsafe(24)
 
 
+def _token_line(token: str, role: Role, name: str) -> str:
+    return f"{json.dumps(token)}: {{role: {role.value}, name: {json.dumps(name)}}}"
+
+
 def create_token_file(path: str | os.PathLike[str]) -> dict[str, str]:
-    """Write a token file with one fresh token per role (mode 0600); returns role -> token.
+    """Write a token file with a fresh operator and viewer token (mode 0600); returns
+    role -> token.
 
     Used by ``trainguard serve`` when no token file exists yet, so that a fresh
-    control plane is never open to anyone who can reach its port.
+    control plane is never open to anyone who can reach its port. It holds no agent
+    token: each host gets its own (``trainguard tokens add --role agent --name HOST``,
+    :func:`add_token`), and an any-host token is written by hand (decision 0402).
     """
     p = Path(path)
     p.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tokens = {r.value: new_token() for r in Role}
-    names = {Role.OPERATOR.value: "admin", Role.VIEWER.value: "viewer", Role.AGENT.value: ANY_HOST}
+    tokens = {Role.OPERATOR.value: new_token(), Role.VIEWER.value: new_token()}
+    names = {Role.OPERATOR.value: "admin", Role.VIEWER.value: "viewer"}
     lines = ["# trainguard tokens: token -> role and name (docs/api.md#authentication)"]
     for role, token in tokens.items():
-        lines.append(f'"{token}": {{role: {role}, name: "{names[role]}"}}')
+        lines.append(_token_line(token, Role(role), names[role]))
     fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write("\n".join(lines) + "\n")
     return tokens
+
+
+def add_token(path: str | os.PathLike[str], role: Role, name: str) -> str:
+    """Append a fresh token for ``role`` held by ``name`` to the token file at ``path``
+    (created 0600 when missing, made 0600 when others could read it); returns the
+    token. A running ``serve`` picks it up at the token's first use
+    (:meth:`TokenTable.reload_if_changed`).
+
+    Refuses the any-host agent name ``*`` (a fleet proxy is written by hand) and a
+    JSON token file (edit that one by hand too).
+    """
+    if role not in FILE_ROLES:
+        raise TokenFileError(f"role {role.value!r} is not written in a token file")
+    name = name.strip()
+    if not name:
+        raise TokenFileError("a token needs a holder name (for an agent: its host)")
+    if role is Role.AGENT and name == ANY_HOST:
+        raise TokenFileError(
+            "an any-host agent token (a fleet proxy) is not issued by trainguard: if you "
+            'need one, write it into the token file by hand ({role: agent, name: "*"})'
+        )
+    p = Path(path)
+    if p.suffix == ".json":
+        raise TokenFileError(f"{p}: a JSON token file is edited by hand")
+    existing = TokenTable.load(p) if p.exists() else None  # a broken file is said now
+    if existing is not None and role is Role.AGENT and name in existing.agent_hosts():
+        log.warning("%s already holds an agent token for %s; adding another", p, name)
+    token = new_token()
+    p.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    if stat.S_IMODE(os.fstat(fd).st_mode) & 0o077:
+        # A credential goes in: nobody but the owner reads the file from now on.
+        log.warning("%s was readable by other users; now mode 0600", p)
+        os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "a", encoding="utf-8") as fh:
+        if existing is None:
+            fh.write("# trainguard tokens: token -> role and name (docs/api.md#authentication)\n")
+        elif not p.read_text(encoding="utf-8").endswith("\n"):
+            fh.write("\n")
+        fh.write(_token_line(token, role, name) + "\n")
+    return token
 
 
 def read_token(path: str | os.PathLike[str]) -> str:
@@ -236,13 +372,16 @@ def read_token(path: str | os.PathLike[str]) -> str:
 
 __all__ = [
     "ANY_HOST",
+    "FILE_ROLES",
     "OPERATE_ROLES",
+    "PROGRESS_ROLES",
     "READ_ROLES",
     "REPORT_ROLES",
     "Principal",
     "Role",
     "TokenFileError",
     "TokenTable",
+    "add_token",
     "create_token_file",
     "hash_token",
     "new_token",

@@ -1,9 +1,10 @@
 """Everything one API server works with, in one object the routes share.
 
-:class:`ApiContext` holds the store, the token table, the controller (the
-``ControlPlane`` facade, or ``None`` for a read-and-ingest-only server), the
-ingestion pipelines and the metrics. :func:`build_context` wires the pipelines
-to the controller when there is one, and to the store otherwise.
+:class:`ApiContext` holds the store, the token table and the jobs' progress
+tokens, the controller (the ``ControlPlane`` facade, or ``None`` for a
+read-and-ingest-only server), the ingestion pipelines and the metrics.
+:func:`build_context` wires the pipelines to the controller when there is one, and
+to the store otherwise.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainguard.api.auth import TokenTable
+from trainguard.api.auth import Principal, TokenTable, hash_token
+from trainguard.api.identity import DeviceOwners, JobTokens, Refusals
 from trainguard.api.ingest import (
     FindingIngestor,
     FindingSink,
@@ -45,6 +47,9 @@ class ApiContext:
     findings: FindingIngestor
     metrics: Metrics
     fleet: FleetStore
+    job_tokens: JobTokens
+    refusals: Refusals
+    device_owners: DeviceOwners
     clock: Callable[[], float] = time.time
     control: Any | None = None
     mode: str = "observe"
@@ -57,9 +62,18 @@ class ApiContext:
     def start(self) -> None:
         self.findings.load_receipts()
         self.progress.start()
+        self.job_tokens.start()
 
     def stop(self) -> None:
+        self.job_tokens.stop()
         self.progress.stop()
+
+    def authenticate(self, token: str) -> Principal | None:
+        """The holder of ``token`` from memory: the token file, then the jobs' tokens."""
+        if not token:
+            return None
+        digest = hash_token(token)  # once: this is the progress fast lane's path
+        return self.tokens.by_hash(digest) or self.job_tokens.by_hash(digest)
 
 
 def _latest_attempt(store: Store, job_id: str, cache: dict[str, int]) -> int | None:
@@ -198,6 +212,16 @@ def _storable(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _device_host(store: Store) -> Callable[[str], str | None]:
+    def read(uuid: str) -> str | None:
+        try:
+            return store.get_device(uuid).device.host
+        except NotFound:
+            return None
+
+    return read
+
+
 def _control_finding_sink(control: Any) -> FindingSink:
     def sink(item: IncomingFinding) -> None:
         control.ingest_finding(item.finding, host=item.host)
@@ -229,6 +253,7 @@ def build_context(
     )
     is_poison = poison_check(store.dialect.record_errors)
     on_poison = poison_recorder(store, metrics, clock)
+    fleet = FleetStore(store)
     ctx = ApiContext(
         store=store,
         tokens=tokens,
@@ -244,7 +269,10 @@ def build_context(
             store, finding_sink, clock=clock, is_poison=is_poison, on_poison=on_poison
         ),
         metrics=metrics,
-        fleet=FleetStore(store),
+        fleet=fleet,
+        job_tokens=JobTokens(fleet),
+        refusals=Refusals(store, clock=clock, count=metrics.rejected.labels("out_of_scope").inc),
+        device_owners=DeviceOwners(_device_host(store)),
         clock=clock,
         control=control,
         mode=mode,

@@ -11,10 +11,11 @@ middleware answers exactly the well-formed, authorised case of
 
 itself, with the same effect and the same response body as the FastAPI routes in
 :mod:`trainguard.api.routes_ingest` (which stay the contract in the OpenAPI schema
-and a test holds them equal). Anything else — no or wrong token, a body that is
-not exactly what the schema accepts, another path — is passed on untouched (the
-body replayed), so every error is the framework's own 4xx with its message
-(decision 0092).
+and a test holds them equal). Anything else — no or wrong token, a token that does
+not speak for that host or job, a heartbeat naming a card not known here as the
+host's own, a body that is not exactly what the schema accepts, another path — is
+passed on untouched (the body replayed), so every error (and its audit) is the
+framework's own 4xx with its message (decisions 0092, 0402).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from trainguard.api.auth import Role
 from trainguard.api.context import ApiContext
 from trainguard.api.jsonbody import PARSED, BadJson, Malformed, parse
 from trainguard.api.schemas import (
@@ -196,7 +196,7 @@ class FastLane:
             if name == b"authorization":
                 scheme, _, token = value.decode("latin-1").partition(" ")
                 if scheme.lower() == "bearer":
-                    principal = self.ctx.tokens.authenticate(token.strip())
+                    principal = self.ctx.authenticate(token.strip())
                 break
         body = b""
         more = True
@@ -207,16 +207,22 @@ class FastLane:
             body += message.get("body", b"")
             more = message.get("more_body", False)
         handled = False
-        if principal is not None and principal.role is Role.AGENT:
+        # Only the authorised case: a host's own heartbeat, a job's own progress (0402,
+        # 0403). Anything else goes to the route, which refuses and audits it.
+        if principal is not None and (
+            principal.may_report_for(host)
+            if kind == "heartbeat"
+            else principal.may_post_progress(host)
+        ):
             data = scope.get(PARSED)  # parsed (and checked) by StrictJson before us
             if data is None:
                 try:
                     data = parse(body)
                 except (BadJson, Malformed):
                     data = None
-            if kind == "heartbeat" and principal.may_report_for(host):
+            if kind == "heartbeat":
                 handled = await self._heartbeat(host, data, send)
-            elif kind == "progress":
+            else:
                 handled = await self._progress(host, data, send)
         if handled:
             self._timers[kind].observe(time.perf_counter() - t0)
@@ -248,6 +254,9 @@ class FastLane:
             return False
         seq, at, buffered, gpus, version = fields
         ctx = self.ctx
+        owners = ctx.device_owners
+        if any(owners.known(uuid) != host for uuid in gpus):
+            return False  # a card not known here as this host's: the route checks it
         now = ctx.clock()
         ctx.nodes.beat(
             host,

@@ -346,6 +346,8 @@ class IncomingFinding:
     host: str
     finding: Finding
     received_at: float
+    # The token that sent it, as the audit names it (role, holder, hash prefix: 0402).
+    token: dict[str, str] | None = None
 
 
 FindingSink = Callable[[IncomingFinding], None]
@@ -480,13 +482,15 @@ class FindingIngestor:
     def _record(self, item: IncomingFinding) -> None:
         f = item.finding
         with self.store.transaction():
+            token = item.token or {}
             self.store.append_audit(
                 item.received_at,
-                f"agent:{item.host}",
+                f"{token['role']}:{token['name']}" if token else f"agent:{item.host}",
                 AuditKind.OBSERVATION,
                 f"{RECEIPT_PREFIX}{item.id}",
                 f"{f.kind} on {item.host}: {f.message}"[:500],
-                {"id": item.id, "host": item.host, "finding": f.to_dict()},
+                {"id": item.id, "host": item.host, "finding": f.to_dict()}
+                | ({"token": token} if token else {}),
             )
             if self.sink is not None:
                 self.sink(item)

@@ -1,8 +1,14 @@
-"""Ingestion endpoints (``agent`` role): inventory, heartbeats, findings, job progress.
+"""Ingestion endpoints: inventory, heartbeats and findings (``agent`` role), job
+progress (the job's own token, or a fleet proxy).
 
 Heartbeats and progress are ``async`` and touch only memory (no thread hop, no
 database), because they arrive thousands of times a second; inventory and
 findings write the store before they answer, in the thread pool.
+
+Each report is about the host its token speaks for, and only that host (decision
+0402): a path of another host is refused (403), and so is a body that names a card
+or a node of another host (409, the whole batch, nothing recorded). A job's progress
+comes from that job's token (decision 0403). Every refusal is audited with the token.
 """
 
 from __future__ import annotations
@@ -10,10 +16,12 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Path
+from starlette.concurrency import run_in_threadpool
 
 from trainguard.api import schemas as S
 from trainguard.api.auth import Principal
-from trainguard.api.deps import Agent, Ctx
+from trainguard.api.deps import Agent, Ctx, ProgressReporter, refuse
+from trainguard.api.identity import foreign_gpus, foreign_references
 from trainguard.api.ingest import IncomingFinding, finding_from_wire
 from trainguard.model.devices import Device
 from trainguard.model.progress import ProgressEvent
@@ -25,9 +33,17 @@ HostParam = Annotated[
 ]
 
 
-def _check_host(who: Principal, host: str) -> None:
-    if not who.may_report_for(host):
-        raise HTTPException(403, f"this agent token ({who.name}) may not report for host {host!r}")
+def _host_refusal(who: Principal, host: str) -> str | None:
+    if who.may_report_for(host):
+        return None
+    return f"this agent token ({who.name}) may not report for host {host!r}"
+
+
+def _check_host(ctx: Ctx, who: Principal, host: str, what: str) -> None:
+    """403 (audited) unless ``who`` speaks for ``host``; from a worker thread."""
+    if (message := _host_refusal(who, host)) is not None:
+        ctx.refusals.record(who, f"node:{host}", f"{who.actor}: {what} for {host}: {message}")
+        raise HTTPException(403, message)
 
 
 @router.post("/agents/{host}/inventory", response_model=S.InventoryOut)
@@ -38,7 +54,7 @@ def post_inventory(
     who: Agent,
 ) -> dict[str, Any]:
     """The devices of one host; new devices enter ``healthy``, known ones keep their state."""
-    _check_host(who, host)
+    _check_host(ctx, who, host, "inventory")
     try:
         devices = [
             Device(
@@ -62,9 +78,11 @@ def post_inventory(
         except LookupError:
             continue
         if known.device.host != host:
-            raise HTTPException(
-                409, f"device {d.uuid} is registered on host {known.device.host!r}, not {host!r}"
+            message = f"device {d.uuid} is registered on host {known.device.host!r}, not {host!r}"
+            ctx.refusals.record(
+                who, f"device:{d.uuid}", f"{who.actor}: inventory of {host}: {message}"
             )
+            raise HTTPException(409, message)
     before = {d.uuid for d in ctx.store.list_devices(host=host)}
     control = ctx.control
     try:
@@ -81,6 +99,8 @@ def post_inventory(
             "inventory", f"host:{host}", {"host": host, "devices": body.model_dump()}, exc
         )
         raise HTTPException(422, f"inventory cannot be recorded: {exc}") from None
+    for d in devices:
+        ctx.device_owners.note(d.uuid, host)
     ctx.nodes.inventoried.add(host)
     ctx.metrics.inventories.inc()
     return {
@@ -97,8 +117,23 @@ async def post_heartbeat(
     ctx: Ctx,
     who: Agent,
 ) -> dict[str, Any]:
-    """Liveness and current GPU figures of one host (kept in memory, not in the store)."""
-    _check_host(who, host)
+    """Liveness and current GPU figures of one host (kept in memory, not in the store).
+
+    GPU figures are about the host's own cards: a uuid registered on another host is
+    refused (409)."""
+    if (message := _host_refusal(who, host)) is not None:
+        await refuse(ctx, who, f"node:{host}", f"{who.actor}: heartbeat for {host}: {message}")
+        raise HTTPException(403, message)
+    unknown = [u for u in body.gpus if ctx.device_owners.known(u) != host]
+    if unknown:
+        owners = await run_in_threadpool(lambda: foreign_gpus(unknown, host, ctx.device_owners))
+        if owners:
+            message = (
+                f"the heartbeat of {host} carries figures of device(s) of another host: "
+                + ", ".join(f"{u} ({ctx.device_owners.known(u)})" for u in owners[:5])
+            )
+            await refuse(ctx, who, f"device:{owners[0]}", f"{who.actor}: {message}")
+            raise HTTPException(409, message)
     now = ctx.clock()
     ctx.nodes.beat(
         host,
@@ -124,20 +159,43 @@ def post_findings(
 
     Resending a recorded id acknowledges it again and records nothing new.
     """
-    _check_host(who, host)
+    _check_host(ctx, who, host, "findings")
     ids = [f.id for f in body.findings]
     if len(set(ids)) != len(ids):
         raise HTTPException(422, "the batch lists a finding id twice")
     now = ctx.clock()
+    token = who.describe()
     items = [
         IncomingFinding(
             id=f.id,
             host=host,
             finding=finding_from_wire(f.model_dump(mode="json"), host),
             received_at=now,
+            token=token,
         )
         for f in body.findings
     ]
+    # Nothing of a batch that names another host's card or node is recorded (0402).
+    foreign = [
+        (item, why)
+        for item in items
+        for why in foreign_references(item.finding, host, ctx.device_owners)
+    ]
+    if foreign:
+        for item, why in foreign:
+            c = item.finding.culprit
+            subject = f"device:{c.device_uuid}" if c.device_uuid else f"node:{c.host or host}"
+            ctx.refusals.record(
+                who,
+                subject,
+                f"{who.actor}: finding {item.id} ({item.finding.kind}) for {host}: {why}",
+                {"id": item.id, "host": host, "finding": item.finding.to_dict()},
+            )
+        detail = "; ".join(f"finding {item.id}: {why}" for item, why in foreign[:10])
+        raise HTTPException(
+            409,
+            f"an agent token for {host!r} reports on {host!r} only; {detail}",
+        )
     rejected: list[str] = []
     acked, new, dup = ctx.findings.ingest(items, rejected)
     ctx.metrics.findings.labels("new").inc(new)
@@ -152,12 +210,17 @@ async def post_progress(
     body: S.ProgressBatchIn,
     job_id: Annotated[str, Path(max_length=100, pattern=r"^[A-Za-z0-9_.:-]+$")],
     ctx: Ctx,
-    _: Agent,
+    who: ProgressReporter,
 ) -> dict[str, Any]:
-    """Progress events of one job (``TRAINGUARD_PROGRESS=http://.../v1/jobs/ID/progress``).
+    """Progress events of one job (``TRAINGUARD_PROGRESS=http://.../v1/jobs/ID/progress``),
+    sent with the job's own token (``TRAINGUARD_PROGRESS_TOKEN``, issued by submit).
 
     Accepted into a buffer and handed to the controller within a fraction of a second.
     """
+    if not who.may_post_progress(job_id):
+        message = f"this token ({who.actor}) may not post progress for job {job_id!r}"
+        await refuse(ctx, who, f"job:{job_id}", message)
+        raise HTTPException(403, message)
     events = [
         ProgressEvent(
             event=e.event,

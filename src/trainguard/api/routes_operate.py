@@ -13,10 +13,11 @@ runs on a state database (decision 0230).
 
 from __future__ import annotations
 
+import contextlib
 import uuid as uuidlib
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, HTTPException, Query, Request
 
 from trainguard.api import schemas as S
 from trainguard.api.auth import Principal
@@ -98,31 +99,48 @@ def register_job(body: S.JobIn, ctx: Ctx, who: Operator) -> dict[str, Any]:
 
 
 @router.post("/jobs/submit", response_model=S.FleetJobOut, status_code=201, tags=["jobs"])
-def submit_job(body: S.SubmitIn, ctx: Ctx, who: Operator) -> dict[str, Any]:
-    """Submit a job through the cluster scheduler and manage it."""
+def submit_job(body: S.SubmitIn, ctx: Ctx, who: Operator, request: Request) -> dict[str, Any]:
+    """Submit a job through the cluster scheduler and manage it.
+
+    The job gets its own progress token in ``TRAINGUARD_PROGRESS_TOKEN`` (replacing any
+    given): it posts this job's progress and nothing else, and dies with the job
+    (decision 0403). ``TRAINGUARD_PROGRESS`` defaults to this server's progress URL.
+    """
     from trainguard.schedulers.base import JobSpec
 
+    ctl = control(ctx)
+    job_id = body.job_id or f"job-{uuidlib.uuid4().hex[:12]}"
+    token = ctx.job_tokens.issue(job_id, at=ctx.clock(), actor=who.actor)
+    env = dict(body.env)
+    env.setdefault(
+        "TRAINGUARD_PROGRESS", f"{str(request.base_url).rstrip('/')}/v1/jobs/{job_id}/progress"
+    )
+    env["TRAINGUARD_PROGRESS_TOKEN"] = token
     spec = JobSpec(
         name=body.name,
         command=tuple(body.command),
         nodes=body.nodes,
         devices_per_node=body.devices_per_node,
         partition=body.partition,
-        env=dict(body.env),
+        env=env,
         cwd=body.cwd,
     )
     try:
-        fj = control(ctx).submit_job(
+        fj = ctl.submit_job(
             spec,
             actor=who.actor,
             policy=body.policy,
             opted_in=body.opted_in,
             checkpoint_dir=body.checkpoint_dir,
             min_need=body.min_need,
-            job_id=body.job_id,
+            job_id=job_id,
         )
-    except ValueError as exc:
-        raise _refuse(exc) from None
+    except BaseException as exc:
+        with contextlib.suppress(Exception):
+            ctx.job_tokens.revoke(token)  # no job holds it
+        if isinstance(exc, ValueError):
+            raise _refuse(exc) from None
+        raise
     return dict(fj.to_json())
 
 

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainguard.api.auth import TokenTable, create_token_file, token_file_warning
+from trainguard.api.auth import ANY_HOST, TokenTable, create_token_file, token_file_warning
 from trainguard.api.context import ApiContext, build_context
 from trainguard.api.wiring import ServeOptions, build_control, load_scheduler, parse_nodes
 
@@ -96,20 +96,25 @@ def default_token_file(database: str) -> Path:
 def load_tokens(options: ServeOptions, say: Callable[[str], None]) -> tuple[TokenTable, str]:
     if options.token_file:
         path = Path(options.token_file)
-        table = TokenTable.load(path)
-        if (warning := token_file_warning(path)) is not None:
-            say(warning)
-        return table, str(path)
-    path = default_token_file(options.database)
-    if not path.exists():
-        create_token_file(path)
-        say(
-            f"created {path} with an operator, a viewer and an agent token (mode 0600); "
-            "give each holder their token"
-        )
-    elif (warning := token_file_warning(path)) is not None:
+    else:
+        path = default_token_file(options.database)
+        if not path.exists():
+            create_token_file(path)
+            say(
+                f"created {path} with an operator and a viewer token (mode 0600); give each "
+                "holder their token, and each host its own agent token: trainguard tokens add "
+                f"--role agent --name HOST --token-file {path}"
+            )
+    table = TokenTable.load(path)
+    if (warning := token_file_warning(path)) is not None:
         say(warning)
-    return TokenTable.load(path), str(path)
+    if ANY_HOST in table.agent_hosts():
+        say(
+            f'note: {path} holds a fleet-proxy token (agent, name "*"): it reports for any '
+            "host and posts any job's progress; per-host agent tokens and the jobs' own "
+            "progress tokens need no such token (docs/api.md#authentication)"
+        )
+    return table, str(path)
 
 
 class ReconcileLoop:

@@ -331,12 +331,17 @@ class ControlPlane:
 
         The device is resolved from the culprit's UUID, or its PCI bus id on
         ``host``, so the reconciler can tie a kernel-log XID to the attempt that
-        used the card. Raises ``ValueError`` for a malformed finding.
+        used the card. Raises ``ValueError`` for a malformed finding, and for one
+        of ``host`` that names another host or its card (decision 0402).
         """
         try:
             f = finding if isinstance(finding, Finding) else Finding.from_dict(dict(finding))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed finding: {exc}") from exc
+        if host is not None and f.culprit.host not in (None, host):
+            # The reporter speaks for ``host`` only (0402): the API refuses this before it
+            # gets here; kept so no other path records one host's word about another.
+            raise ValueError(f"a finding of {host} names host {f.culprit.host}")
         host = host or f.culprit.host
         device_uuid = self._resolve_device(f.culprit.device_uuid, f.culprit.pci_bus_id, host)
         if job is not None:
@@ -356,9 +361,12 @@ class ControlPlane:
     def _resolve_device(self, uuid: str | None, pci: str | None, host: str | None) -> str | None:
         if uuid:
             try:
-                return self.store.get_device(uuid).uuid
+                rec = self.store.get_device(uuid)
             except NotFound:
                 return uuid
+            if host is not None and rec.device.host != host:
+                raise ValueError(f"a finding of {host} names device {uuid} of {rec.device.host}")
+            return rec.uuid
         if not pci:
             return None
         try:

@@ -162,7 +162,11 @@ class ProcessCluster:
             after = json.dumps(state, sort_keys=True)
             if after != before:
                 tmp = path.with_suffix(".tmp")
-                with open(tmp, "w") as f:
+                # Private: the jobs' environments hold their progress tokens (0403).
+                with os.fdopen(
+                    os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w"
+                ) as f:
+                    os.fchmod(f.fileno(), 0o600)
                     f.write(after)
                     f.flush()
                     os.fsync(f.fileno())

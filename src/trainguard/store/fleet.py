@@ -1,5 +1,6 @@
 """The control plane's tables: lease, nodes, managed jobs, policies, scope modes,
-findings, the action ledger, approvals, the breaker, repairs and the webhook outbox.
+findings, the action ledger, approvals, the breaker, repairs, the webhook outbox and
+the jobs' progress tokens.
 
 :class:`FleetStore` wraps a :class:`~trainguard.store.core.Store` (either
 backend) and shares its connection and transactions through the store's public
@@ -13,7 +14,8 @@ Each concept is a module of its own, assembled here: :mod:`~trainguard.store.lea
 :mod:`~trainguard.store.fleet_jobs`, :mod:`~trainguard.store.policies` (with scope
 modes), :mod:`~trainguard.store.findings`, :mod:`~trainguard.store.ledger`,
 :mod:`~trainguard.store.approvals`, :mod:`~trainguard.store.breaker`,
-:mod:`~trainguard.store.repairs` and :mod:`~trainguard.store.outbox`.
+:mod:`~trainguard.store.repairs`, :mod:`~trainguard.store.outbox` and
+:mod:`~trainguard.store.job_tokens`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from trainguard.store.approvals import ApprovalStore
 from trainguard.store.breaker import BreakerStore
 from trainguard.store.findings import FindingStore
 from trainguard.store.fleet_jobs import FleetJobStore
+from trainguard.store.job_tokens import JobTokenStore
 from trainguard.store.lease import Fence, Fenced
 from trainguard.store.ledger import LedgerStore
 from trainguard.store.nodes import NodeStore
@@ -40,6 +43,7 @@ class FleetStore(
     BreakerStore,
     RepairStore,
     OutboxStore,
+    JobTokenStore,
 ):
     """Typed access to the control-plane tables of one store."""
 

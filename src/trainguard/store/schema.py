@@ -404,6 +404,19 @@ MIGRATIONS: tuple[Migration, ...] = (
             "ALTER TABLE attempts ADD COLUMN rank_reports {json}",
         ),
     ),
+    Migration(
+        version=6,
+        description="job progress tokens: the hash of each job's own token (decision 0403)",
+        statements=(
+            """CREATE TABLE job_tokens (
+                token_hash TEXT PRIMARY KEY,
+                job_id TEXT NOT NULL,
+                created_at {float} NOT NULL,
+                created_by TEXT NOT NULL
+            )""",
+            "CREATE INDEX job_tokens_job ON job_tokens (job_id)",
+        ),
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

@@ -434,3 +434,16 @@ UPDATE_DELIVERY = (
     " delivered_at = :delivered_at, last_error = :last_error, status_code = :status_code"
     " WHERE id = :id AND delivered_at IS NULL"
 )
+
+# Job progress tokens (decision 0403): only the SHA-256 of a token is stored; a token
+# counts while its job is not over (a job not registered yet counts: submit issues the
+# token before the scheduler starts the job).
+INSERT_JOB_TOKEN = (
+    "INSERT INTO job_tokens (token_hash, job_id, created_at, created_by)"
+    " VALUES (:token_hash, :job_id, :at, :actor)"
+)
+DELETE_JOB_TOKEN = "DELETE FROM job_tokens WHERE token_hash = :token_hash"
+SELECT_LIVE_JOB_TOKENS = (
+    "SELECT t.token_hash, t.job_id FROM job_tokens t LEFT JOIN jobs j ON j.id = t.job_id"
+    " WHERE j.id IS NULL OR j.state NOT IN ('completed', 'stopped')"
+)

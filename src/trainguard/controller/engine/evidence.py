@@ -337,6 +337,7 @@ class EvidenceFollower(EngineCore):
         fatal hardware faults on its GPUs, fatal node faults on its hosts; oldest first.
         ``rows``: judge these stored findings instead of reading the attempt's."""
         uuids = {d.uuid for d in att.devices}
+        host_of = {d.uuid: d.host for d in att.devices}
         # A finding ingested before the inventory knew the card names it by PCI bus id
         # on its host: resolve it against the attempt's own devices.
         by_pci: dict[tuple[str | None, str], str] = {
@@ -355,6 +356,10 @@ class EvidenceFollower(EngineCore):
                 continue
             host = row.get("host") or f.culprit.host
             uuid = row.get("device_uuid") or f.culprit.device_uuid
+            if uuid is not None and host is not None and host_of.get(uuid, host) != host:
+                # One host's word about a card of another host (a uuid it named before
+                # that host's inventory listed it): never this attempt's evidence (0402).
+                continue
             if uuid is None and f.culprit.pci_bus_id:
                 try:
                     uuid = by_pci.get((host, normalize_pci_bus_id(f.culprit.pci_bus_id)))

@@ -342,6 +342,8 @@ class HealthEnforcer(EvidenceFollower):
                 dev = self.store.get_device(uuid)
             except NotFound:
                 continue
+            if row.get("host") is not None and dev.device.host != row["host"]:
+                continue  # one host's word about another host's card acts on nothing (0402)
             if dev.state not in (HealthState.HEALTHY, HealthState.SUSPECT):
                 continue
             if any(h.at > f.at for h in self.store.device_history(uuid)[1:]):

@@ -434,7 +434,11 @@ class SlurmJobActions(SlurmNodeActions):
         lines.append('export TRAINGUARD_ATTEMPT="${SLURM_RESTART_COUNT:-0}"')
         lines.append("exec " + " ".join(shlex.quote(str(a)) for a in spec.command))
         script = jobs_dir / f"{safe_key}.sh"
-        script.write_text("\n".join(lines) + "\n")
+        # Private: the job's environment holds its progress token (0403).
+        fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write("\n".join(lines) + "\n")
         out_dir = self.state_dir / "output"
         out_dir.mkdir(parents=True, exist_ok=True)
         args = [
