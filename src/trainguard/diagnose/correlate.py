@@ -4,7 +4,10 @@ Pure: findings (with their times) and an optional rank placement map come in;
 incidents come out. The rules (docs/diagnosis.md, decision 0031):
 
 1. **Grouping.** Findings are sorted by time; a gap longer than ``window``
-   seconds, or a different job id, starts a new incident.
+   seconds, or a different job id, starts a new incident. Lines of different
+   attempts (``details.attempt``, from trainguard's attempt header) are never one
+   incident; a line no attempt claims joins the nearest attempt's (decision 0418).
+   trainguard's own stop of an attempt and what follows it are dropped first.
 2. **Root cause.** Findings fall into tiers: infrastructure evidence (an XID,
    SXid, lost GPU, ECC, PCIe AER, host memory, IB/NIC, storage, node, kernel
    OOM killer, thermal shutdown) beats a scheduler decision (time limit,
@@ -12,7 +15,9 @@ incidents come out. The rules (docs/diagnosis.md, decision 0031):
    error, traceback, NaN, segfault), which beats symptoms (collective
    timeouts and errors, ``killed``, launcher wrappers such as
    ``ChildFailedError``, sympathetic XIDs). Within the strongest tier present,
-   the first finding by time is the root cause. Warnings that only ask to
+   the rank torchrun's summary names as the first observed failure comes first, a
+   rank killed by SIGTERM (torchrun's victim) last, else the first finding by time
+   is the root cause. Warnings that only ask to
    monitor (corrected AER/ECC, non-fatal NVLink, blocked tasks) never become a
    root cause while anything else is there.
 3. **Sympathetic XIDs.** XID 45 (and lines saying "caused by previous Xid")
@@ -341,7 +346,13 @@ def _mark_sympathetic(group: list[Finding]) -> list[Finding]:
 # --- incidents -----------------------------------------------------------------------------
 
 
-def _group(
+def _attempt(f: Finding) -> int | None:
+    """The attempt whose log holds ``f`` (``# trainguard attempt N:``), if one says so."""
+    attempt = f.details.get("attempt")
+    return attempt if isinstance(attempt, int) else None
+
+
+def _group_by_time(
     findings: Sequence[Finding], window: float, symptom_window: float
 ) -> list[list[Finding]]:
     groups: list[list[Finding]] = []
@@ -362,6 +373,57 @@ def _group(
         last_at = f.at
         last_job = job or last_job
     return groups
+
+
+def _distance(f: Finding, start: float, end: float) -> float:
+    return start - f.at if f.at < start else max(0.0, f.at - end)
+
+
+def _group(
+    findings: Sequence[Finding], window: float, symptom_window: float
+) -> list[list[Finding]]:
+    """Findings of one attempt (``details.attempt``) are grouped by time among themselves:
+    lines of different attempts are different failures however close in time. A line no
+    attempt claims (a kernel log, a scheduler's log) joins the nearest attempt's group
+    within its window; the others are grouped by time among themselves."""
+    per_attempt: dict[int, list[Finding]] = defaultdict(list)
+    loose: list[Finding] = []
+    for f in findings:
+        attempt = _attempt(f)
+        if attempt is None:
+            loose.append(f)
+        else:
+            per_attempt[attempt].append(f)
+    groups = [
+        g
+        for attempt in sorted(per_attempt)
+        for g in _group_by_time(per_attempt[attempt], window, symptom_window)
+    ]
+    spans = [(g[0].at, g[-1].at) for g in groups]
+    rest: list[Finding] = []
+    for f in loose:
+        gap = symptom_window if tier(f) == 3 else window
+        near = [(_distance(f, *span), i) for i, span in enumerate(spans)]
+        best = min((d, i) for d, i in near if d <= gap) if any(d <= gap for d, _ in near) else None
+        if best is None:
+            rest.append(f)
+        else:
+            groups[best[1]].append(f)
+    groups.extend(_group_by_time(rest, window, symptom_window))
+    for g in groups:
+        g.sort(key=lambda f: f.at)
+    return sorted(groups, key=lambda g: g[0].at)
+
+
+def first_failure_order(f: Finding) -> int:
+    """Order within one tier, before time: the rank torchrun's summary names as the first
+    observed failure (``root_cause``) first; a rank sent SIGTERM, or one torchrun lists
+    only under "Failures:", last: it is a victim of the first death, never its cause."""
+    if f.details.get("root_cause"):
+        return 0
+    if f.signal == 15 or f.details.get("elastic_failure"):
+        return 2
+    return 1
 
 
 def _complete(culprit: Culprit, placements: Mapping[int, Placement]) -> Culprit:
@@ -401,18 +463,21 @@ def correlate(
     current one up to ``symptom_window`` seconds after its last line.
     """
     placements = placements or {}
-    incidents = []
-    for group in _group(list(findings), window, symptom_window):
-        if all(is_own_stop(f) for f in group):
-            continue  # trainguard stopped the attempt and nothing else failed: no incident
-        incidents.append(_incident(_mark_sympathetic(group), placements))
-    return incidents
+    # trainguard's own stop of an attempt, and what it caused, is no evidence at all.
+    failures = [f for f in findings if not is_own_stop(f)]
+    return [
+        _incident(_mark_sympathetic(group), placements)
+        for group in _group(failures, window, symptom_window)
+    ]
 
 
 def _incident(group: list[Finding], placements: Mapping[int, Placement]) -> Incident:
     tiers = [tier(f) for f in group]
     top = min(tiers)
-    root = next(f for f, t in zip(group, tiers, strict=True) if t == top)
+    root = min(
+        (f for f, t in zip(group, tiers, strict=True) if t == top),
+        key=lambda f: (first_failure_order(f), f.at),
+    )
     stuck = stuck_rank(group, expected_ranks=placements.keys())
     symptoms = tuple(f for f, t in zip(group, tiers, strict=True) if f is not root and t < 4)
     context = tuple(f for f, t in zip(group, tiers, strict=True) if f is not root and t >= 4)

@@ -34,6 +34,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from trainguard.diagnose.elastic import ElasticSummary
 from trainguard.diagnose.matcher import ALL_RULES, Prefilter, PrefilterCache, get_prefilter
 from trainguard.diagnose.nvlink import decode_xid74, sxid_info
 from trainguard.diagnose.prefix import Prefix, split_prefix
@@ -46,7 +47,7 @@ from trainguard.diagnose.xid import (
 )
 from trainguard.model.devices import normalize_pci_bus_id
 from trainguard.model.findings import Culprit, Domain, Finding, Severity
-from trainguard.model.signature import Action, LineMatch
+from trainguard.model.signature import ATTEMPT_MARKER, Action, LineMatch
 
 MAX_LINE_BYTES = 1 << 20  # a "line" longer than this is cut: garbage must not exhaust memory
 TRACEBACK_MAX_LINES = 5000
@@ -467,20 +468,6 @@ class _Traceback:
     head: LineMatch | None = None  # the header's own finding, reported if no final line comes
 
 
-@dataclass
-class _Summary:
-    """torchelastic's failure summary: the host/rank of the entry being read."""
-
-    opened: int
-    host: str | None = None
-    rank: int | None = None
-    timestamp: str | None = None
-
-
-_SUMMARY_FIELD_RE = re.compile(r"^\s+(?P<key>time|host|rank)\s*:\s*(?P<value>\S+)")
-_SUMMARY_ENTRY_RE = re.compile(r"^\[\d+\]:\s*$")
-
-
 class Classifier:
     """Streaming classifier; see the module docstring. Not thread-safe."""
 
@@ -489,8 +476,9 @@ class Classifier:
         self._pending = b""
         self._lines_done = 0
         self._tracebacks: dict[str, _Traceback] = {}
-        self._summaries: dict[str, _Summary] = {}
+        self._summaries: dict[str, ElasticSummary] = {}
         self._stopped_at: int | None = None  # line of trainguard's stop marker, if seen
+        self._attempt: int | None = None  # the attempt the header above these lines names
 
     @property
     def engine(self) -> str:
@@ -587,18 +575,39 @@ class Classifier:
             raw = raw[:MAX_LINE_BYTES]
         text = raw.decode("utf-8", "replace").rstrip("\r")
         rule = _match_rules(text, mask) if mask else None
+        header = _ATTEMPT_RE.match(text) if rule is None else None
+        if header is not None:
+            self._new_attempt(int(header.group(1)), out)
+            return
         stateful = bool(self._tracebacks or self._summaries)
         if rule is None and not stateful and TRACEBACK_HEADER not in text:
             return
         prefix = split_prefix(text)
         match = _build(rule, text, prefix, lineno) if rule is not None else None
+        if match is not None:
+            match = self._tag(match)
         match = self._walk(text, prefix, lineno, match, out)
         if match is not None:
+            match = self._tag(match)
             if match.details.get("trainguard_stop"):
                 self._stopped_at = lineno
             elif self._stopped_at is not None and _stop_consequence(match):
                 match = _after_stop(match, self._stopped_at)
             out.append(match)
+
+    def _new_attempt(self, attempt: int, out: list[LineMatch]) -> None:
+        """``# trainguard attempt N:``: what was open belongs to the attempt before."""
+        for stream in sorted(self._tracebacks, key=lambda s: self._tracebacks[s].opened):
+            self._drop_traceback(stream, out)
+        self._summaries.clear()
+        self._stopped_at = None
+        self._attempt = attempt
+
+    def _tag(self, match: LineMatch) -> LineMatch:
+        """``match`` marked with the attempt whose log it is in (``details.attempt``)."""
+        if self._attempt is None or "attempt" in match.details:
+            return match
+        return replace(match, details={**match.details, "attempt": self._attempt})
 
     def _drop_traceback(self, stream: str, out: list[LineMatch]) -> None:
         """Close a traceback without a final line: its header is the evidence."""
@@ -628,7 +637,9 @@ class Classifier:
             return None
         summary = self._summaries.get(stream)
         if summary is not None:
-            match = self._summary_line(summary, stream, body, lineno, match)
+            match = summary.line(body, lineno, match)
+            if summary.done:
+                del self._summaries[stream]
         tb = self._tracebacks.get(stream)
         if tb is not None:
             if lineno - tb.opened > TRACEBACK_MAX_LINES:
@@ -651,50 +662,7 @@ class Classifier:
             and match.details.get("rule") == "launcher"
             and ("ChildFailedError" in text)
         ):
-            self._summaries[stream] = _Summary(opened=lineno)
-        return match
-
-    def _summary_line(
-        self, summary: _Summary, stream: str, body: str, lineno: int, match: LineMatch | None
-    ) -> LineMatch | None:
-        if lineno - summary.opened > 400:
-            del self._summaries[stream]
-            return match
-        if _SUMMARY_ENTRY_RE.match(body):
-            summary.host = summary.rank = summary.timestamp = None
-            return match
-        fm = _SUMMARY_FIELD_RE.match(body)
-        if fm:
-            key, value = fm.group("key"), fm.group("value")
-            if key == "host":
-                summary.host = value
-            elif key == "rank" and value.isdigit():
-                summary.rank = int(value)
-            elif key == "time":
-                summary.timestamp = value
-            return match
-        if body.startswith("=====") and lineno - summary.opened > 2 and summary.host is not None:
-            del self._summaries[stream]
-            return match
-        if match is not None:
-            details = dict(match.details)
-            details["elastic_summary"] = True
-            return LineMatch(
-                kind=match.kind,
-                domain=match.domain,
-                severity=match.severity,
-                action=match.action,
-                text=match.text,
-                signature=match.signature,
-                xid=match.xid,
-                pci_bus_id=match.pci_bus_id,
-                rank=summary.rank if summary.rank is not None else match.rank,
-                host=summary.host or match.host,
-                job_id=match.job_id,
-                lineno=match.lineno,
-                timestamp=summary.timestamp or match.timestamp,
-                details=details,
-            )
+            self._summaries[stream] = ElasticSummary(opened=lineno)
         return match
 
     @staticmethod
@@ -722,6 +690,7 @@ class Classifier:
         )
 
 
+_ATTEMPT_RE = re.compile(rf"^{re.escape(ATTEMPT_MARKER)} (\d+):")
 _SIGTERM_RE = re.compile(r"SIGTERM|got signal: 15|[Ss]ignal 15\b|exitcode: -15|Terminated")
 
 
