@@ -132,11 +132,15 @@ def _files(inc: Incident) -> set[str]:
 def test_the_demo_logs_make_one_incident_per_failure(engine: str) -> None:
     xid, gloo, killed = _diagnose(DEMO, engine)
     assert (xid.kind, xid.culprit.pci_bus_id, _files(xid)) == ("xid", "0000:11:00.0", {"kern.log"})
-    assert (gloo.kind, gloo.root.source, _files(gloo)) == (
+    # Rank 0 says its peer reset the connection; the attempt ran 2 ranks (its header's
+    # --nproc-per-node 2): rank 1, the one on the card that fell off the bus, went away.
+    assert (gloo.kind, gloo.culprit.rank, gloo.root.source, _files(gloo)) == (
         "collective_error",
+        1,
         "attempt-0.log:10",
         {"attempt-0.log"},
     )
+    assert gloo.summary == "collective_error: rank 1 went away: rank 0 lost the connection to it"
     # torchrun's "Root Cause (first observed failure)" names rank 0 (SIGKILL); rank 1 got
     # torchrun's SIGTERM afterwards and is a victim, though its entry comes first.
     assert (killed.kind, killed.culprit.rank, killed.root.source) == (
@@ -183,7 +187,7 @@ def test_the_cli_prints_the_root_cause_rank_and_no_marker(
     out = json.loads(capsys.readouterr().out)
     assert [(i["kind"], i["culprit"].get("rank")) for i in out] == [
         ("xid", None),
-        ("collective_error", 0),
+        ("collective_error", 1),
         ("killed", 0),
     ]
     assert main(["diagnose", *paths]) == 0
@@ -278,3 +282,37 @@ def test_a_kernel_line_joins_the_attempt_it_happened_in() -> None:
         ("xid", {"attempt-0.log", "kern"}),
         ("killed", {"attempt-2.log"}),
     ]
+
+
+def test_a_lost_peer_is_named_only_when_the_world_is_known() -> None:
+    line = (
+        "[rank2]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:598] "
+        "Connection closed by peer [10.0.0.3]:28048\n"
+    )
+    two = "# trainguard attempt 0: torchrun --nproc_per_node=2 train.py\n"
+    (inc,) = _diagnose({"a": two + line.replace("rank2", "rank0")})
+    assert inc.culprit.rank == 1 and inc.root.details["world_size"] == 2
+    # Three ranks, two of them lost their peer: the third went away.
+    three = "# trainguard attempt 0: torchrun --nproc-per-node 3 train.py\n"
+    (inc,) = _diagnose({"a": three + line + line.replace("rank2", "rank0")})
+    assert inc.culprit.rank == 1
+    assert inc.summary.endswith("rank 1 went away: ranks 0, 2 lost the connection to it")
+    # Three ranks, one report: which peer is not known; the reporting rank stays named.
+    (inc,) = _diagnose({"a": three + line})
+    assert (inc.culprit.rank, inc.confidence) == (2, 0.35)
+    # Several nodes: the header's --nproc-per-node is not the world.
+    many = "# trainguard attempt 0: torchrun --nnodes 2 --nproc-per-node 2 train.py\n"
+    (inc,) = _diagnose({"a": many + line.replace("rank2", "rank0")})
+    assert "world_size" not in inc.root.details and inc.culprit.rank == 0
+
+
+def test_run_and_serve_name_the_lost_peer_too() -> None:
+    from trainguard.diagnose.attribution import attribute
+    from trainguard.signals.inventory import simulated
+
+    matches = Classifier("portable").feed_all([ATTEMPT_0])
+    findings = timeline(matches, source="output", year=2026)
+    devices = simulated(2)
+    got = attribute(findings, devices, failed_at=max(f.at for f in findings))
+    assert (got.culprit.rank, got.culprit.device_uuid) == (1, devices[1].uuid)
+    assert got.summary == "collective error: rank 1 went away: rank 0 lost the connection to it"

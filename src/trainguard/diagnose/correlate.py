@@ -274,6 +274,39 @@ def stuck_rank(findings: Iterable[Finding], expected_ranks: Iterable[int] = ()) 
     return best
 
 
+def peer_witnesses(findings: Iterable[Finding]) -> set[int]:
+    """The ranks that report their peer closed or reset the connection."""
+    return {
+        f.culprit.rank
+        for f in findings
+        if f.details.get("peer_lost") and f.culprit.rank is not None
+    }
+
+
+def peer_lost_rank(findings: Sequence[Finding], expected_ranks: Iterable[int] = ()) -> int | None:
+    """The rank the others lost: when ranks report that their peer closed or reset the
+    connection (``details.peer_lost``) and exactly one rank of the job (``expected_ranks``,
+    else the attempt's ``world_size``) did not report so, that one."""
+    witnesses = peer_witnesses(findings)
+    if not witnesses:
+        return None
+    expected = set(expected_ranks)
+    if not expected:
+        sizes = {w for f in findings if isinstance(w := f.details.get("world_size"), int)}
+        if len(sizes) != 1:
+            return None
+        expected = set(range(sizes.pop()))
+    silent = sorted(expected - witnesses)
+    return silent[0] if len(silent) == 1 else None
+
+
+def peer_lost_reason(lost: int, witnesses: Iterable[int]) -> str:
+    """``rank 1 went away: rank 0 lost its connection to it``."""
+    seen = sorted(witnesses)
+    who = f"rank {seen[0]}" if len(seen) == 1 else "ranks " + ", ".join(map(str, seen))
+    return f"rank {lost} went away: {who} lost the connection to it"
+
+
 def _stuck_in_group(
     pg: str, ranks: dict[int, tuple[int, int]], expected: set[int]
 ) -> StuckRank | None:
@@ -489,7 +522,13 @@ def _incident(group: list[Finding], placements: Mapping[int, Placement]) -> Inci
     domain = root.domain
     action = _action(root)
     summary = f"{kind} ({_TIER_NAMES[top]} evidence): {root.message}"
-    if top == 3 and stuck is not None:
+    lost = peer_lost_rank(group, placements.keys()) if top == 3 and stuck is None else None
+    if lost is not None and root.details.get("peer_lost"):
+        # Only symptoms, and the first is a rank whose peer went away: that peer failed.
+        culprit = Culprit(rank=lost)
+        confidence = 0.5
+        summary = f"collective_error: {peer_lost_reason(lost, peer_witnesses(group))}"
+    elif top == 3 and stuck is not None:
         # Only symptoms: the NCCL sequence numbers name the rank the others waited for.
         kind = "collective_timeout"
         domain = Domain.NETWORK

@@ -107,6 +107,10 @@ _C10D_RETRY_RE = re.compile(
     r"client socket has failed to connect to (?!any network address)|not yet listening|retrying"
 )
 _STORAGE_RETRY_RE = re.compile(r"Attempting reconnect")
+_PEER_LOST_RE = re.compile(r"Connection (?:closed|reset) by peer|remote process exited")
+# torchrun's size options on the attempt header's command line: the world of one node.
+_NPROC_RE = re.compile(r"--nproc[-_]per[-_]node[= ](?P<n>\d+)\b")
+_NNODES_RE = re.compile(r"--nnodes[= ](?P<n>\S+)")
 _EXC_LINE_RE = re.compile(
     r"(?P<name>(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)|\bException): (?P<msg>.*)$"
 )
@@ -293,6 +297,8 @@ def _refine(rule: Rule, text: str, f: _Fields, details: dict[str, object]) -> No
             details["exit_code"] = int(m_exit.group("code"))
         details["wrapper"] = True
     elif rule.name == "collective_timeout" or rule.name == "collective_error":
+        if rule.name == "collective_error" and _PEER_LOST_RE.search(text):
+            details["peer_lost"] = True  # this rank's peer went away: a witness, not a cause
         if rule.name == "collective_error" and _C10D_RETRY_RE.search(text):
             # One address refused or timed out during rendezvous: c10d retries by itself
             # until its timeout; only "any network address" / a timeout is the failure.
@@ -479,6 +485,7 @@ class Classifier:
         self._summaries: dict[str, ElasticSummary] = {}
         self._stopped_at: int | None = None  # line of trainguard's stop marker, if seen
         self._attempt: int | None = None  # the attempt the header above these lines names
+        self._world: int | None = None  # its ranks, when its command line says
 
     @property
     def engine(self) -> str:
@@ -578,6 +585,7 @@ class Classifier:
         header = _ATTEMPT_RE.match(text) if rule is None else None
         if header is not None:
             self._new_attempt(int(header.group(1)), out)
+            self._world = _world_size(text)
             return
         stateful = bool(self._tracebacks or self._summaries)
         if rule is None and not stateful and TRACEBACK_HEADER not in text:
@@ -607,7 +615,10 @@ class Classifier:
         """``match`` marked with the attempt whose log it is in (``details.attempt``)."""
         if self._attempt is None or "attempt" in match.details:
             return match
-        return replace(match, details={**match.details, "attempt": self._attempt})
+        details = {**match.details, "attempt": self._attempt}
+        if self._world is not None:
+            details["world_size"] = self._world
+        return replace(match, details=details)
 
     def _drop_traceback(self, stream: str, out: list[LineMatch]) -> None:
         """Close a traceback without a final line: its header is the evidence."""
@@ -692,6 +703,16 @@ class Classifier:
 
 _ATTEMPT_RE = re.compile(rf"^{re.escape(ATTEMPT_MARKER)} (\d+):")
 _SIGTERM_RE = re.compile(r"SIGTERM|got signal: 15|[Ss]ignal 15\b|exitcode: -15|Terminated")
+
+
+def _world_size(header: str) -> int | None:
+    """The number of ranks of a one-node torchrun command line (``--nproc-per-node N``
+    without ``--nnodes`` or with one node), else ``None``."""
+    nproc = _NPROC_RE.search(header)
+    nnodes = _NNODES_RE.search(header)
+    if nproc is None or (nnodes is not None and nnodes.group("n") not in ("1", "1:1")):
+        return None
+    return int(nproc.group("n"))
 
 
 def _stop_consequence(m: LineMatch) -> bool:
