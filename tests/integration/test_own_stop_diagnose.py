@@ -87,3 +87,42 @@ def test_a_failed_attempt_and_a_stopped_one_make_one_incident(tmp_path: Path) ->
     (incident,) = json.loads(proc.stdout)
     assert (incident["kind"], incident["culprit"]["rank"]) == ("cuda_error", 1)
     assert all("attempt-0.log" in line for line in incident["evidence"]), incident["evidence"]
+
+
+RANK0_KILLED = r"""
+import os, signal, time
+rank = int(os.environ["RANK"])
+print(f"step=1 rank={rank}", flush=True)
+if rank == 0:
+    time.sleep(1.0)
+    os.kill(os.getpid(), signal.SIGKILL)
+time.sleep(60)
+"""
+
+
+def test_real_torchrun_root_cause_is_named_not_its_sigterm_victim(tmp_path: Path) -> None:
+    """torchrun SIGTERMs rank 1 after rank 0 died of SIGKILL; its summary lists rank 1
+    under Failures: (first) and rank 0 under Root Cause; both with the same whole second."""
+    log = tmp_path / "attempt-0.log"
+    job = tmp_path / "rank0_killed.py"
+    job.write_text(RANK0_KILLED)
+    command = (
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        str(job),
+    )  # fmt: skip
+    sched = LocalScheduler(sink=lambda ev: None, stdout=io.BytesIO(), stderr=io.BytesIO())
+    att = sched.launch(LaunchSpec(command, 0, (), None, str(log)))
+    deadline = time.monotonic() + 120
+    while att.running() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    att.wait_closed(5.0)
+    text = log.read_text()
+    assert "Root Cause (first observed failure)" in text, text
+    assert text.index("(SIGTERM)") < text.index("(SIGKILL)")  # the victim is listed first
+    stopped, _text = _stopped_attempt(tmp_path, 1)
+    proc = _diagnose(log, stopped)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (incident,) = json.loads(proc.stdout)
+    assert (incident["kind"], incident["culprit"]["rank"]) == ("killed", 0), incident
+    assert incident["root"]["signal"] == 9
+    assert all("attempt-0.log" in line for line in incident["evidence"]), incident["evidence"]
