@@ -193,7 +193,10 @@ def test_the_cli_prints_the_root_cause_rank_and_no_marker(
     assert main(["diagnose", *paths]) == 0
     text = capsys.readouterr().out
     assert "trainguard stopped attempt" not in text
-    assert "SIGTERM" not in text.split("incident 3:")[1].split("root:")[0]  # the why/culprit
+    third = text.split("incident 3:")[1]
+    assert "SIGTERM" not in third.split("root:")[0]  # the culprit and why
+    assert "  why:     killed (symptom evidence, torchrun's first observed failure): " in third
+    assert "[killed: a victim, not the cause] exitcode  : -15 (pid: 13075)" in third
 
 
 def _elastic(first: tuple[int, int, str], root: tuple[int, int, str] | None) -> str:

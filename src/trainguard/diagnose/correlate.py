@@ -521,7 +521,8 @@ def _incident(group: list[Finding], placements: Mapping[int, Placement]) -> Inci
     kind = root.kind
     domain = root.domain
     action = _action(root)
-    summary = f"{kind} ({_TIER_NAMES[top]} evidence): {root.message}"
+    named = ", torchrun's first observed failure" if root.details.get("root_cause") else ""
+    summary = f"{kind} ({_TIER_NAMES[top]} evidence{named}): {root.message}"
     lost = peer_lost_rank(group, placements.keys()) if top == 3 and stuck is None else None
     if lost is not None and root.details.get("peer_lost"):
         # Only symptoms, and the first is a rank whose peer went away: that peer failed.
