@@ -102,3 +102,27 @@ def test_column_kinds() -> None:
     assert column_kind([simulated_uuid(1), "job-6d9f19ef9a77"]) == "id"
     assert column_kind(["1", "12", ""]) == "number"
     assert column_kind(["registered", XID_REASON]) is None
+
+
+def test_audit_and_incidents_tables_keep_times_and_ids() -> None:
+    audit = [
+        [str(70 + i), f"2026-12-0{3 + i % 2}T17:27:3{i}.93{i}Z", "trainguard run", "state",
+         "attempt:job-6d9f19ef9a77/3", "attempt 3 verifying -> verified: " + "steps " * 20]
+        for i in range(4)
+    ]  # fmt: skip
+    buf = io.StringIO()
+    cols = ["ID", "AT", "ACTOR", "KIND", "SUBJECT", "MESSAGE"]
+    render("Audit log", cols, audit, Console(file=buf, width=80, color_system=None))
+    text = buf.getvalue()
+    # Two days: the date stays; the fraction of a second goes; every row keeps its second.
+    assert text.splitlines()[0].strip() == "Audit log"
+    for i in range(4):
+        assert f"│ {70 + i} │ 2026-12-0{3 + i % 2}T17:27:3{i}Z │" in text
+    incidents = [
+        [str(i), f"job-{j}", str(i), "xid", f"2026-12-04T17:27:2{i}.188Z"]
+        for i, j in enumerate(["6d9f19ef9a77", "6d9f19ef0000", "0123456789ab"])
+    ]
+    plan = layout("Incidents", ["ID", "JOB", "ATTEMPT", "KIND", "DETECTED"], incidents, 40)
+    assert [r[1] for r in plan.rows] == ["job-6d9f19ef9…", "job-6d9f19ef0…", "job-012345678…"]
+    assert [r[4] for r in plan.rows] == ["17:27:20Z", "17:27:21Z", "17:27:22Z"]
+    assert plan.title == "Incidents (times on 2026-12-04)"

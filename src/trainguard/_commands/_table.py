@@ -84,20 +84,27 @@ def short_ids(values: Sequence[str]) -> dict[str, str]:
     longest = max(map(len, distinct))
     first = _ID_RE.match(distinct[0])
     tag = len(first.group("tag") or "") if first else 0
-    forms: list[dict[str, str]] = []
+    prefix: dict[str, str] | None = None
     for p in range(tag + 8, longest - 1):
         if _unique([v[:p] for v in distinct]):
-            forms.append({v: v[:p] + ELLIPSIS if len(v) > p + 1 else v for v in distinct})
+            prefix = {v: v[:p] + ELLIPSIS if len(v) > p + 1 else v for v in distinct}
             break
+    tail: dict[str, str] | None = None
     head = tag + 4
     for s in range(4, longest - head - 1):
         if _unique([(v[:head], v[-s:]) for v in distinct]):
-            forms.append(
-                {v: v[:head] + ELLIPSIS + v[-s:] if len(v) > head + s + 1 else v for v in distinct}
-            )
+            tail = {
+                v: v[:head] + ELLIPSIS + v[-s:] if len(v) > head + s + 1 else v for v in distinct
+            }
             break
-    best = min(forms, key=lambda f: max(map(len, f.values())), default=full)
-    return best if max(map(len, best.values())) < longest else full
+
+    def width(forms: dict[str, str] | None) -> int:
+        return longest if forms is None else max(map(len, forms.values()))
+
+    # The prefix, as git's short hashes, unless a head and tail is much shorter (ids that
+    # differ only at the end).
+    best = prefix if prefix is not None and width(prefix) <= width(tail) + 4 else tail
+    return best if best is not None and width(best) < longest else full
 
 
 def _map_column(rows: list[list[str]], col: int, fn: Callable[[str], str | None]) -> None:
