@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from trainguard.cli import main
 from trainguard.diagnose.correlate import Incident, correlate
@@ -319,3 +321,36 @@ def test_run_and_serve_name_the_lost_peer_too() -> None:
     got = attribute(findings, devices, failed_at=max(f.at for f in findings))
     assert (got.culprit.rank, got.culprit.device_uuid) == (1, devices[1].uuid)
     assert got.summary == "collective error: rank 1 went away: rank 0 lost the connection to it"
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.sampled_from(["cuda", "gloo", "kill", "term"])),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_no_incident_mixes_attempts(lines: list[tuple[int, str]]) -> None:
+    """However the failure lines of attempts interleave in time, an incident's lines are of
+    one attempt, and trainguard's stop markers are never among them."""
+    text = {
+        "cuda": "[rank{r}]: RuntimeError: CUDA error: an illegal memory access was encountered",
+        "gloo": "[rank{r}]: RuntimeError: [gloo/tcp/pair.cc:598] Connection closed by peer",
+        "kill": "[rank{r}]: exitcode  : -9 (pid: 10{r})  (SIGKILL)",
+        "term": "[rank{r}]: exitcode  : -15 (pid: 10{r})  (SIGTERM)",
+    }
+    logs: dict[str, list[str]] = {}
+    for n, (attempt, kind) in enumerate(lines):
+        log = logs.setdefault(f"attempt-{attempt}.log", [f"# trainguard attempt {attempt}: x"])
+        log.append(f"2026-12-04T17:27:{n:02d}Z " + text[kind].format(r=n % 3))
+    for name, log in logs.items():
+        log.append(f"# trainguard stopped attempt {name[8]}: SIGTERM to process group 1 at now")
+        log.append("[rank0]: exitcode  : -15 (pid: 100)  (SIGTERM)")
+    incidents = _diagnose({k: "\n".join(v) + "\n" for k, v in logs.items()})
+    assert len(incidents) == len(logs)
+    for inc in incidents:
+        found = (inc.root, *inc.symptoms, *inc.context)
+        assert len({f.details["attempt"] for f in found}) == 1
+        assert not any(f.details.get("trainguard_stop") for f in found)
+        assert not any(f.details.get("after_trainguard_stop") for f in found)

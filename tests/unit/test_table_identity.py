@@ -7,6 +7,8 @@ from __future__ import annotations
 import io
 import re
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from rich.console import Console
 
 from trainguard._commands._table import column_kind, layout, render, short_ids
@@ -126,3 +128,25 @@ def test_audit_and_incidents_tables_keep_times_and_ids() -> None:
     assert [r[1] for r in plan.rows] == ["job-6d9f19ef9…", "job-6d9f19ef0…", "job-012345678…"]
     assert [r[4] for r in plan.rows] == ["17:27:20Z", "17:27:21Z", "17:27:22Z"]
     assert plan.title == "Incidents (times on 2026-12-04)"
+
+
+_HEX = "0123456789abcdef"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.text(_HEX, min_size=8, max_size=8), st.text(_HEX, min_size=12, max_size=12)),
+        min_size=1,
+        max_size=12,
+        unique=True,
+    )
+)
+def test_short_ids_stay_unique_and_name_their_id(parts: list[tuple[str, str]]) -> None:
+    ids = [f"GPU-{a}-0000-4000-8000-{b}" for a, b in parts]
+    forms = short_ids(ids)
+    assert len(set(forms.values())) == len(set(ids))
+    for full, short in forms.items():
+        head, _, tail = short.partition("…")
+        assert full.startswith(head) and full.endswith(tail)
+        assert len(short) <= len(full)
