@@ -25,7 +25,14 @@ dropped.
 
 torchelastic's error summary (after ``ChildFailedError``) lists each failed
 rank with ``host :`` and ``rank :`` lines; the ``exitcode :`` and
-``traceback :`` lines that follow inherit that host and rank.
+``traceback :`` lines that follow inherit that host and rank, and say whether
+torchrun named that rank its root cause (:mod:`trainguard.diagnose.elastic`).
+
+trainguard's own lines: the header ``# trainguard attempt N: <command>`` at the top
+of every attempt log marks each line after it ``details.attempt = N`` (and
+``world_size`` when the command is a one-node torchrun); the stop marker
+``# trainguard stopped attempt N`` marks itself and the kills, summaries and
+collective errors after it as that stop's doing (docs/diagnosis.md).
 """
 
 from __future__ import annotations
