@@ -143,20 +143,18 @@ def _cell(value: Any) -> str:
 
 
 def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    """A rich table on a terminal, tab-separated plain text otherwise; cells made visible."""
+    """A rich table on a terminal, tab-separated plain text otherwise; cells made visible.
+
+    On a terminal, columns that identify a row (ids, PCI bus ids, times) are never cut:
+    they take short forms that stay unique, and free text folds (:mod:`._table`)."""
     if sys.stdout.isatty():
         from rich.console import Console
-        from rich.table import Table
-        from rich.text import Text
 
-        # Text(), not str: a cell such as "[bold]" or "[/x]" from a log line is data, not
-        # rich markup (a stray closing tag would even raise).
-        table = Table(title=None if title is None else Text(visible(title)))
-        for col in columns:
-            table.add_column(col)
-        for row in rows:
-            table.add_row(*(Text(_cell(v)) for v in row))
-        Console().print(table)
+        from trainguard._commands._table import render
+
+        cells = [[_cell(v) for v in row] for row in rows]
+        head = [visible(c) for c in columns]
+        render(None if title is None else visible(title), head, cells, Console())
         return
     if title:
         print(visible(title))

@@ -124,6 +124,18 @@ def _describe(culprit: Any) -> str:
     return ", ".join(parts) or "not named by the evidence"
 
 
+def _role(f: Any) -> str:
+    """What a line other than the root is to the incident: its kind, or that it is a
+    rank torchrun stopped after the first death, or the launcher's summary."""
+    from trainguard.diagnose.correlate import first_failure_order, is_wrapper
+
+    if first_failure_order(f) == 2:
+        return f"{f.kind}: a victim, not the cause"
+    if is_wrapper(f):
+        return "launcher's summary"
+    return str(f.kind)
+
+
 def _print_incidents(incidents: list[Any]) -> None:
     """The human rendering; every line goes through visible() (log text is untrusted)."""
 
@@ -140,7 +152,7 @@ def _print_incidents(incidents: list[Any]) -> None:
         say(f"  root:    {inc.root.source}: {inc.root.message}")
         shown = (*inc.symptoms, *inc.context)
         for f in shown[:12]:
-            say(f"  also:    {f.source}: [{f.kind}] {f.message[:200]}")
+            say(f"  also:    {f.source}: [{_role(f)}] {f.message[:200]}")
         if len(shown) > 12:
             say(f"  ... and {len(shown) - 12} more lines")
 

@@ -34,7 +34,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 
-from trainguard.diagnose.correlate import is_own_stop, stuck_rank, tier
+from trainguard.diagnose.correlate import (
+    is_own_stop,
+    peer_lost_rank,
+    peer_lost_reason,
+    peer_witnesses,
+    stuck_rank,
+    tier,
+)
 from trainguard.diagnose.detectors import RankView, rank_using
 from trainguard.model.devices import Device
 from trainguard.model.findings import (
@@ -321,6 +328,20 @@ def attribute(
     if collective:
         first = collective[0]
         stuck = stuck_rank(collective, expected_ranks=range(len(devices)))
+        lost = peer_lost_rank(collective, range(len(devices))) if stuck is None else None
+        if lost is not None and first.details.get("peer_lost"):
+            # The first error says its peer went away; the one rank that did not say so
+            # is that peer (as diagnose).
+            return Attribution(
+                kind=IncidentKind.COLLECTIVE_ERROR,
+                domain=Domain.NETWORK,
+                culprit=_complete_culprit(Culprit(rank=lost), devices, views),
+                confidence=0.5,
+                summary=f"collective error: {peer_lost_reason(lost, peer_witnesses(collective))}",
+                evidence=_evidence(collective),
+                findings=tuple(collective),
+                signature=_signature_text(first),
+            )
         if stuck is not None:
             # The NCCL sequence numbers name the rank the others waited for (as diagnose).
             return Attribution(

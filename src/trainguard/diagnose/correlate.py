@@ -4,7 +4,10 @@ Pure: findings (with their times) and an optional rank placement map come in;
 incidents come out. The rules (docs/diagnosis.md, decision 0031):
 
 1. **Grouping.** Findings are sorted by time; a gap longer than ``window``
-   seconds, or a different job id, starts a new incident.
+   seconds, or a different job id, starts a new incident. Lines of different
+   attempts (``details.attempt``, from trainguard's attempt header) are never one
+   incident; a line no attempt claims joins the nearest attempt's (decision 0418).
+   trainguard's own stop of an attempt and what follows it are dropped first.
 2. **Root cause.** Findings fall into tiers: infrastructure evidence (an XID,
    SXid, lost GPU, ECC, PCIe AER, host memory, IB/NIC, storage, node, kernel
    OOM killer, thermal shutdown) beats a scheduler decision (time limit,
@@ -12,7 +15,9 @@ incidents come out. The rules (docs/diagnosis.md, decision 0031):
    error, traceback, NaN, segfault), which beats symptoms (collective
    timeouts and errors, ``killed``, launcher wrappers such as
    ``ChildFailedError``, sympathetic XIDs). Within the strongest tier present,
-   the first finding by time is the root cause. Warnings that only ask to
+   the rank torchrun's summary names as the first observed failure comes first, a
+   rank killed by SIGTERM (torchrun's victim) last, else the first finding by time
+   is the root cause. Warnings that only ask to
    monitor (corrected AER/ECC, non-fatal NVLink, blocked tasks) never become a
    root cause while anything else is there.
 3. **Sympathetic XIDs.** XID 45 (and lines saying "caused by previous Xid")
@@ -269,6 +274,39 @@ def stuck_rank(findings: Iterable[Finding], expected_ranks: Iterable[int] = ()) 
     return best
 
 
+def peer_witnesses(findings: Iterable[Finding]) -> set[int]:
+    """The ranks that report their peer closed or reset the connection."""
+    return {
+        f.culprit.rank
+        for f in findings
+        if f.details.get("peer_lost") and f.culprit.rank is not None
+    }
+
+
+def peer_lost_rank(findings: Sequence[Finding], expected_ranks: Iterable[int] = ()) -> int | None:
+    """The rank the others lost: when ranks report that their peer closed or reset the
+    connection (``details.peer_lost``) and exactly one rank of the job (``expected_ranks``,
+    else the attempt's ``world_size``) did not report so, that one."""
+    witnesses = peer_witnesses(findings)
+    if not witnesses:
+        return None
+    expected = set(expected_ranks)
+    if not expected:
+        sizes = {w for f in findings if isinstance(w := f.details.get("world_size"), int)}
+        if len(sizes) != 1:
+            return None
+        expected = set(range(sizes.pop()))
+    silent = sorted(expected - witnesses)
+    return silent[0] if len(silent) == 1 else None
+
+
+def peer_lost_reason(lost: int, witnesses: Iterable[int]) -> str:
+    """``rank 1 went away: rank 0 lost its connection to it``."""
+    seen = sorted(witnesses)
+    who = f"rank {seen[0]}" if len(seen) == 1 else "ranks " + ", ".join(map(str, seen))
+    return f"rank {lost} went away: {who} lost the connection to it"
+
+
 def _stuck_in_group(
     pg: str, ranks: dict[int, tuple[int, int]], expected: set[int]
 ) -> StuckRank | None:
@@ -341,7 +379,13 @@ def _mark_sympathetic(group: list[Finding]) -> list[Finding]:
 # --- incidents -----------------------------------------------------------------------------
 
 
-def _group(
+def _attempt(f: Finding) -> int | None:
+    """The attempt whose log holds ``f`` (``# trainguard attempt N:``), if one says so."""
+    attempt = f.details.get("attempt")
+    return attempt if isinstance(attempt, int) else None
+
+
+def _group_by_time(
     findings: Sequence[Finding], window: float, symptom_window: float
 ) -> list[list[Finding]]:
     groups: list[list[Finding]] = []
@@ -362,6 +406,57 @@ def _group(
         last_at = f.at
         last_job = job or last_job
     return groups
+
+
+def _distance(f: Finding, start: float, end: float) -> float:
+    return start - f.at if f.at < start else max(0.0, f.at - end)
+
+
+def _group(
+    findings: Sequence[Finding], window: float, symptom_window: float
+) -> list[list[Finding]]:
+    """Findings of one attempt (``details.attempt``) are grouped by time among themselves:
+    lines of different attempts are different failures however close in time. A line no
+    attempt claims (a kernel log, a scheduler's log) joins the nearest attempt's group
+    within its window; the others are grouped by time among themselves."""
+    per_attempt: dict[int, list[Finding]] = defaultdict(list)
+    loose: list[Finding] = []
+    for f in findings:
+        attempt = _attempt(f)
+        if attempt is None:
+            loose.append(f)
+        else:
+            per_attempt[attempt].append(f)
+    groups = [
+        g
+        for attempt in sorted(per_attempt)
+        for g in _group_by_time(per_attempt[attempt], window, symptom_window)
+    ]
+    spans = [(g[0].at, g[-1].at) for g in groups]
+    rest: list[Finding] = []
+    for f in loose:
+        gap = symptom_window if tier(f) == 3 else window
+        near = [(_distance(f, *span), i) for i, span in enumerate(spans)]
+        best = min((d, i) for d, i in near if d <= gap) if any(d <= gap for d, _ in near) else None
+        if best is None:
+            rest.append(f)
+        else:
+            groups[best[1]].append(f)
+    groups.extend(_group_by_time(rest, window, symptom_window))
+    for g in groups:
+        g.sort(key=lambda f: f.at)
+    return sorted(groups, key=lambda g: g[0].at)
+
+
+def first_failure_order(f: Finding) -> int:
+    """Order within one tier, before time: the rank torchrun's summary names as the first
+    observed failure (``root_cause``) first; a rank sent SIGTERM, or one torchrun lists
+    only under "Failures:", last: it is a victim of the first death, never its cause."""
+    if f.details.get("root_cause"):
+        return 0
+    if f.signal == 15 or f.details.get("elastic_failure"):
+        return 2
+    return 1
 
 
 def _complete(culprit: Culprit, placements: Mapping[int, Placement]) -> Culprit:
@@ -401,18 +496,21 @@ def correlate(
     current one up to ``symptom_window`` seconds after its last line.
     """
     placements = placements or {}
-    incidents = []
-    for group in _group(list(findings), window, symptom_window):
-        if all(is_own_stop(f) for f in group):
-            continue  # trainguard stopped the attempt and nothing else failed: no incident
-        incidents.append(_incident(_mark_sympathetic(group), placements))
-    return incidents
+    # trainguard's own stop of an attempt, and what it caused, is no evidence at all.
+    failures = [f for f in findings if not is_own_stop(f)]
+    return [
+        _incident(_mark_sympathetic(group), placements)
+        for group in _group(failures, window, symptom_window)
+    ]
 
 
 def _incident(group: list[Finding], placements: Mapping[int, Placement]) -> Incident:
     tiers = [tier(f) for f in group]
     top = min(tiers)
-    root = next(f for f, t in zip(group, tiers, strict=True) if t == top)
+    root = min(
+        (f for f, t in zip(group, tiers, strict=True) if t == top),
+        key=lambda f: (first_failure_order(f), f.at),
+    )
     stuck = stuck_rank(group, expected_ranks=placements.keys())
     symptoms = tuple(f for f, t in zip(group, tiers, strict=True) if f is not root and t < 4)
     context = tuple(f for f, t in zip(group, tiers, strict=True) if f is not root and t >= 4)
@@ -423,8 +521,15 @@ def _incident(group: list[Finding], placements: Mapping[int, Placement]) -> Inci
     kind = root.kind
     domain = root.domain
     action = _action(root)
-    summary = f"{kind} ({_TIER_NAMES[top]} evidence): {root.message}"
-    if top == 3 and stuck is not None:
+    named = ", torchrun's first observed failure" if root.details.get("root_cause") else ""
+    summary = f"{kind} ({_TIER_NAMES[top]} evidence{named}): {root.message}"
+    lost = peer_lost_rank(group, placements.keys()) if top == 3 and stuck is None else None
+    if lost is not None and root.details.get("peer_lost"):
+        # Only symptoms, and the first is a rank whose peer went away: that peer failed.
+        culprit = Culprit(rank=lost)
+        confidence = 0.5
+        summary = f"collective_error: {peer_lost_reason(lost, peer_witnesses(group))}"
+    elif top == 3 and stuck is not None:
         # Only symptoms: the NCCL sequence numbers name the rank the others waited for.
         kind = "collective_timeout"
         domain = Domain.NETWORK

@@ -4,7 +4,7 @@ Classifying a log line by line with Python regexes runs at a twentieth of
 ``grep``. Instead a prefilter scans a whole buffer of complete lines at once
 and returns the start offsets of lines that *may* carry a signature, each with
 the set of rules (a bit mask over :data:`~trainguard.diagnose.rules.RULES`, bit
-``MARKER_BIT`` for the traceback marker) that may match it. Only those lines are
+``MARKER_BIT`` for the markers) that may match it. Only those lines are
 decoded, and only the rules in their mask are tried by Python (with the guards
 and fields of :mod:`trainguard.diagnose.signatures`): a line of NCCL chatter that
 one pattern matches costs one regex, not one per rule. Two implementations:

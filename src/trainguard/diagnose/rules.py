@@ -97,8 +97,12 @@ FATAL, ERROR, WARN = Severity.FATAL, Severity.ERROR, Severity.WARNING
 
 TRACEBACK_HEADER = "Traceback (most recent call last)"
 ELASTIC_SUMMARY = "ChildFailedError"
+# Lines the classifier must see that carry no signature themselves: a traceback's head,
+# and the header trainguard writes at the top of each attempt's log
+# (model.signature.ATTEMPT_MARKER): the lines after it are that attempt's.
 MARKERS: tuple[tuple[str, str], ...] = (
     (r"Traceback \(most recent call last\)", "traceback (most recent call last)"),
+    (r"# trainguard attempt \d+:", "# trainguard attempt "),
 )
 
 RULES: tuple[Rule, ...] = (

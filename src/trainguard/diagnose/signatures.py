@@ -25,7 +25,14 @@ dropped.
 
 torchelastic's error summary (after ``ChildFailedError``) lists each failed
 rank with ``host :`` and ``rank :`` lines; the ``exitcode :`` and
-``traceback :`` lines that follow inherit that host and rank.
+``traceback :`` lines that follow inherit that host and rank, and say whether
+torchrun named that rank its root cause (:mod:`trainguard.diagnose.elastic`).
+
+trainguard's own lines: the header ``# trainguard attempt N: <command>`` at the top
+of every attempt log marks each line after it ``details.attempt = N`` (and
+``world_size`` when the command is a one-node torchrun); the stop marker
+``# trainguard stopped attempt N`` marks itself and the kills, summaries and
+collective errors after it as that stop's doing (docs/diagnosis.md).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from trainguard.diagnose.elastic import ElasticSummary
 from trainguard.diagnose.matcher import ALL_RULES, Prefilter, PrefilterCache, get_prefilter
 from trainguard.diagnose.nvlink import decode_xid74, sxid_info
 from trainguard.diagnose.prefix import Prefix, split_prefix
@@ -46,7 +54,7 @@ from trainguard.diagnose.xid import (
 )
 from trainguard.model.devices import normalize_pci_bus_id
 from trainguard.model.findings import Culprit, Domain, Finding, Severity
-from trainguard.model.signature import Action, LineMatch
+from trainguard.model.signature import ATTEMPT_MARKER, Action, LineMatch
 
 MAX_LINE_BYTES = 1 << 20  # a "line" longer than this is cut: garbage must not exhaust memory
 TRACEBACK_MAX_LINES = 5000
@@ -106,6 +114,10 @@ _C10D_RETRY_RE = re.compile(
     r"client socket has failed to connect to (?!any network address)|not yet listening|retrying"
 )
 _STORAGE_RETRY_RE = re.compile(r"Attempting reconnect")
+_PEER_LOST_RE = re.compile(r"Connection (?:closed|reset) by peer|remote process exited")
+# torchrun's size options on the attempt header's command line: the world of one node.
+_NPROC_RE = re.compile(r"--nproc[-_]per[-_]node[= ](?P<n>\d+)\b")
+_NNODES_RE = re.compile(r"--nnodes[= ](?P<n>\S+)")
 _EXC_LINE_RE = re.compile(
     r"(?P<name>(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)|\bException): (?P<msg>.*)$"
 )
@@ -292,6 +304,8 @@ def _refine(rule: Rule, text: str, f: _Fields, details: dict[str, object]) -> No
             details["exit_code"] = int(m_exit.group("code"))
         details["wrapper"] = True
     elif rule.name == "collective_timeout" or rule.name == "collective_error":
+        if rule.name == "collective_error" and _PEER_LOST_RE.search(text):
+            details["peer_lost"] = True  # this rank's peer went away: a witness, not a cause
         if rule.name == "collective_error" and _C10D_RETRY_RE.search(text):
             # One address refused or timed out during rendezvous: c10d retries by itself
             # until its timeout; only "any network address" / a timeout is the failure.
@@ -467,20 +481,6 @@ class _Traceback:
     head: LineMatch | None = None  # the header's own finding, reported if no final line comes
 
 
-@dataclass
-class _Summary:
-    """torchelastic's failure summary: the host/rank of the entry being read."""
-
-    opened: int
-    host: str | None = None
-    rank: int | None = None
-    timestamp: str | None = None
-
-
-_SUMMARY_FIELD_RE = re.compile(r"^\s+(?P<key>time|host|rank)\s*:\s*(?P<value>\S+)")
-_SUMMARY_ENTRY_RE = re.compile(r"^\[\d+\]:\s*$")
-
-
 class Classifier:
     """Streaming classifier; see the module docstring. Not thread-safe."""
 
@@ -489,8 +489,10 @@ class Classifier:
         self._pending = b""
         self._lines_done = 0
         self._tracebacks: dict[str, _Traceback] = {}
-        self._summaries: dict[str, _Summary] = {}
+        self._summaries: dict[str, ElasticSummary] = {}
         self._stopped_at: int | None = None  # line of trainguard's stop marker, if seen
+        self._attempt: int | None = None  # the attempt the header above these lines names
+        self._world: int | None = None  # its ranks, when its command line says
 
     @property
     def engine(self) -> str:
@@ -587,18 +589,43 @@ class Classifier:
             raw = raw[:MAX_LINE_BYTES]
         text = raw.decode("utf-8", "replace").rstrip("\r")
         rule = _match_rules(text, mask) if mask else None
+        header = _ATTEMPT_RE.match(text) if rule is None else None
+        if header is not None:
+            self._new_attempt(int(header.group(1)), out)
+            self._world = _world_size(text)
+            return
         stateful = bool(self._tracebacks or self._summaries)
         if rule is None and not stateful and TRACEBACK_HEADER not in text:
             return
         prefix = split_prefix(text)
         match = _build(rule, text, prefix, lineno) if rule is not None else None
+        if match is not None:
+            match = self._tag(match)
         match = self._walk(text, prefix, lineno, match, out)
         if match is not None:
+            match = self._tag(match)
             if match.details.get("trainguard_stop"):
                 self._stopped_at = lineno
             elif self._stopped_at is not None and _stop_consequence(match):
                 match = _after_stop(match, self._stopped_at)
             out.append(match)
+
+    def _new_attempt(self, attempt: int, out: list[LineMatch]) -> None:
+        """``# trainguard attempt N:``: what was open belongs to the attempt before."""
+        for stream in sorted(self._tracebacks, key=lambda s: self._tracebacks[s].opened):
+            self._drop_traceback(stream, out)
+        self._summaries.clear()
+        self._stopped_at = None
+        self._attempt = attempt
+
+    def _tag(self, match: LineMatch) -> LineMatch:
+        """``match`` marked with the attempt whose log it is in (``details.attempt``)."""
+        if self._attempt is None or "attempt" in match.details:
+            return match
+        details = {**match.details, "attempt": self._attempt}
+        if self._world is not None:
+            details["world_size"] = self._world
+        return replace(match, details=details)
 
     def _drop_traceback(self, stream: str, out: list[LineMatch]) -> None:
         """Close a traceback without a final line: its header is the evidence."""
@@ -628,7 +655,9 @@ class Classifier:
             return None
         summary = self._summaries.get(stream)
         if summary is not None:
-            match = self._summary_line(summary, stream, body, lineno, match)
+            match = summary.line(body, lineno, match)
+            if summary.done:
+                del self._summaries[stream]
         tb = self._tracebacks.get(stream)
         if tb is not None:
             if lineno - tb.opened > TRACEBACK_MAX_LINES:
@@ -651,50 +680,7 @@ class Classifier:
             and match.details.get("rule") == "launcher"
             and ("ChildFailedError" in text)
         ):
-            self._summaries[stream] = _Summary(opened=lineno)
-        return match
-
-    def _summary_line(
-        self, summary: _Summary, stream: str, body: str, lineno: int, match: LineMatch | None
-    ) -> LineMatch | None:
-        if lineno - summary.opened > 400:
-            del self._summaries[stream]
-            return match
-        if _SUMMARY_ENTRY_RE.match(body):
-            summary.host = summary.rank = summary.timestamp = None
-            return match
-        fm = _SUMMARY_FIELD_RE.match(body)
-        if fm:
-            key, value = fm.group("key"), fm.group("value")
-            if key == "host":
-                summary.host = value
-            elif key == "rank" and value.isdigit():
-                summary.rank = int(value)
-            elif key == "time":
-                summary.timestamp = value
-            return match
-        if body.startswith("=====") and lineno - summary.opened > 2 and summary.host is not None:
-            del self._summaries[stream]
-            return match
-        if match is not None:
-            details = dict(match.details)
-            details["elastic_summary"] = True
-            return LineMatch(
-                kind=match.kind,
-                domain=match.domain,
-                severity=match.severity,
-                action=match.action,
-                text=match.text,
-                signature=match.signature,
-                xid=match.xid,
-                pci_bus_id=match.pci_bus_id,
-                rank=summary.rank if summary.rank is not None else match.rank,
-                host=summary.host or match.host,
-                job_id=match.job_id,
-                lineno=match.lineno,
-                timestamp=summary.timestamp or match.timestamp,
-                details=details,
-            )
+            self._summaries[stream] = ElasticSummary(opened=lineno)
         return match
 
     @staticmethod
@@ -722,7 +708,18 @@ class Classifier:
         )
 
 
+_ATTEMPT_RE = re.compile(rf"^{re.escape(ATTEMPT_MARKER)} (\d+):")
 _SIGTERM_RE = re.compile(r"SIGTERM|got signal: 15|[Ss]ignal 15\b|exitcode: -15|Terminated")
+
+
+def _world_size(header: str) -> int | None:
+    """The number of ranks of a one-node torchrun command line (``--nproc-per-node N``
+    without ``--nnodes`` or with one node), else ``None``."""
+    nproc = _NPROC_RE.search(header)
+    nnodes = _NNODES_RE.search(header)
+    if nproc is None or (nnodes is not None and nnodes.group("n") not in ("1", "1:1")):
+        return None
+    return int(nproc.group("n"))
 
 
 def _stop_consequence(m: LineMatch) -> bool:

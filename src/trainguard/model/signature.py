@@ -44,6 +44,10 @@ class Action(StrEnum):
 # (schedulers/local.py). diagnose reads what follows it as the consequence of that stop,
 # never as a root cause (docs/diagnosis.md).
 STOP_MARKER = "# trainguard stopped attempt"
+# The first line of every attempt's log: ``# trainguard attempt N: <command>``. diagnose
+# reads the lines after it as attempt N's; lines of different attempts are different
+# failures, never one incident.
+ATTEMPT_MARKER = "# trainguard attempt"
 
 # Every kind the classifier emits; extend only with good reason and document it.
 KINDS: tuple[str, ...] = (

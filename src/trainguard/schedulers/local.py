@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from trainguard.model.devices import Device
-from trainguard.model.signature import STOP_MARKER
+from trainguard.model.signature import ATTEMPT_MARKER, STOP_MARKER
 from trainguard.model.snapshot import (
     FLUSHED_FILE,
     JOB_DIR_PREFIX,
@@ -377,7 +377,7 @@ class LocalScheduler:
         log = LogFile(spec.log_path) if spec.log_path else None
         if log is not None:
             header = (
-                f"# trainguard attempt {spec.attempt}: {' '.join(spec.command)}\n"
+                f"{ATTEMPT_MARKER} {spec.attempt}: {' '.join(spec.command)}\n"
                 f"# CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}"
                 + (f" TRAINGUARD_RESUME_FROM={spec.resume_from}" if spec.resume_from else "")
                 + "\n"
