@@ -7,9 +7,10 @@ the host answers (powered on, not hung) the node's slurmd runs; when it does not
 slurmd is SIGKILLed, as a hung or powered-off server's daemon stops answering Slurm.
 
 * two servers on one PostgreSQL: the leader is SIGKILLed between the cycle's ForceOff
-  and its On; the other server takes the lease, resumes the cycle from the shared
-  power-action ledger (On, never a second ForceOff), validates the node once its slurmd
-  answers and returns it to service in Slurm (issue #25 items 5 and 8).
+  and its On, or right after the cycle; the other server takes the lease, resumes the
+  cycle from the shared power-action ledger (On, never a second ForceOff) or sees it
+  done, validates the node once its slurmd answers and returns it to service in Slurm
+  (issue #25 items 5 and 8).
 """
 
 from __future__ import annotations
@@ -137,18 +138,27 @@ def _kill_host(server: Server) -> None:
     server.p.wait(20)
 
 
+def _finished(fleet: FleetStore) -> bool:
+    return any(x.finished for x in fleet.list_power_actions(node=NODE))
+
+
 def _requests(fleet: FleetStore) -> list[tuple[str, str]]:
     [action] = fleet.list_power_actions(node=NODE)
     return [(r.request, r.state) for r in action.requests]
 
 
-def test_failover_between_forceoff_and_on_resumes_the_cycle_once_and_returns_the_node(
+@pytest.mark.parametrize("kill_at", ["between_forceoff_and_on", "after_the_cycle"])
+def test_failover_never_repeats_a_power_cycle_and_the_node_returns_to_service(
+    kill_at: str,
     slurm: LocalSlurm,
     postgres_url: str,
     bmc: tuple[Emulator, Path],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """``between_forceoff_and_on``: serve-b resumes the half-sent cycle (On only).
+    ``after_the_cycle`` (issue #25 item 5 as found: the new leader cycled again under the
+    same key and approval): serve-b sees the finished cycle and only validates."""
     emu, cfg = bmc
     store = Store.open(postgres_url)
     fleet = FleetStore(store)
@@ -176,23 +186,23 @@ def test_failover_between_forceoff_and_on_resumes_the_cycle_once_and_returns_the
             fleet.decide_approval(
                 approval.id, ApprovalState.APPROVED, actor="alice", reason="hung", at=time.time()
             )
-            # The leader sends ForceOff (written ahead, then marked sent) and waits for the
-            # off: its host dies right there, before the On.
-            wait_for(lambda: ("ForceOff", "sent") in _requests(fleet), 60, "the ForceOff to go out")
-            _kill_host(a)
-            assert [r for r, _ in _requests(fleet)] == ["ForceOff"]  # no On yet
-            emu.fault(delay=1)
-            # serve-b takes the lease when serve-a's expires and carries the cycle on.
-            wait_for(
-                lambda: fleet.list_power_actions(node=NODE)[0].finished, 120, "the cycle to end"
-            )
+            if kill_at == "between_forceoff_and_on":
+                # serve-a sends ForceOff (written ahead, then marked sent) and waits for the
+                # off: its host dies right there, before the On.
+                wait_for(
+                    lambda: ("ForceOff", "sent") in _requests(fleet), 60, "the ForceOff to go out"
+                )
+                _kill_host(a)
+                assert [r for r, _ in _requests(fleet)] == ["ForceOff"]  # no On yet
+                emu.fault(delay=1)
+            else:
+                wait_for(lambda: _finished(fleet), 60, "the cycle")
+                _kill_host(a)
+            # serve-b takes the lease when serve-a's expires and carries on from the ledger.
+            wait_for(lambda: _finished(fleet), 120, "the cycle to end")
             [action] = fleet.list_power_actions(node=NODE)
             assert _requests(fleet) == [("ForceOff", "sent"), ("On", "sent")]
             assert action.result is not None and action.result["verified"] is True
-            off, on = action.requests
-            lease = fleet.get_lease("controller")
-            assert lease is not None and lease.holder == "serve-b"
-            assert on.token == lease.token > off.token  # the On was sent by the new leader
             # The node boots, its slurmd answers; Slurm holds it DOWN/DRAIN with our
             # reason: it is validated and resumed, back in service.
             wait_for(
@@ -200,6 +210,14 @@ def test_failover_between_forceoff_and_on_resumes_the_cycle_once_and_returns_the
                 120,
                 f"{NODE} validated and returned",
             )
+            lease = wait_for(
+                lambda: (got := fleet.get_lease("controller")) and got.holder == "serve-b" and got,
+                60,
+                "serve-b to lead",
+            )
+            off, on = action.requests
+            if kill_at == "between_forceoff_and_on":
+                assert on.token == lease.token > off.token  # the On came from the new leader
             seen = slurm.node(NODE)
             assert "DRAIN" not in seen["state_flags"], seen
             assert seen["state"] in ("idle", "IDLE"), seen
