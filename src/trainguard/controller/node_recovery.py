@@ -138,6 +138,8 @@ class NodeRecovery:
         self.scheduler = scheduler
         self.worker = worker or BmcWorker(bmcs)
         self.clock = clock
+        # why a cycle was left unfinished on this server (shown while it is resumed)
+        self._unfinished: dict[str, str] = {}
         self.validate = validate
         self.probe = probe
         self.policy = policy or NodeRecoveryPolicy()
@@ -412,12 +414,15 @@ class NodeRecovery:
         requests = [f"{r.request}:{r.state}" for r in got.requests] if got else []
         if node not in self.worker.nodes:
             return {"key": key, "requests": requests, "error": "no BMC is configured any more"}
+        out: dict[str, Any] = {"key": key, "requests": requests}
+        if key in self._unfinished:
+            out["last_error"] = self._unfinished[key]
         if self.worker.busy(node, key):
-            return {"key": key, "requests": requests, "in_progress": True}
+            return {**out, "in_progress": True}
         submitted = self._submit(
             node, key, repair.id, facts.power_cycles + 1, "resumed from the ledger", fence
         )
-        return {"key": key, "requests": requests, "resumed": submitted}
+        return {**out, "resumed": submitted}
 
     def _submit(self, node: str, key: str, repair_id: int, n: int, why: str, fence: Fence) -> bool:
         bmc = self.worker.bmc(node)
@@ -443,6 +448,7 @@ class NodeRecovery:
         except SchedulerError as exc:
             if journal.requests():
                 log.warning("power cycle %s left unfinished, resumed later: %s", key, exc)
+                self._unfinished[key] = str(exc)
                 return
             result = None
             error = str(exc)
@@ -465,6 +471,7 @@ class NodeRecovery:
                 if result.verified
                 else f"not verified, power {result.power_after.value}"
             )
+        self._unfinished.pop(key, None)
         try:
             self.fleet.finish_power_action(key, data, message=message, fence=fence, at=at)
         except Fenced as exc:
