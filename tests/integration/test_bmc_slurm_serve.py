@@ -105,8 +105,9 @@ def _serve(
 ) -> Server:
     """One server as on its own host (its own Slurm adapter state), sharing ``database``."""
     home = tmp_path / name
-    home.mkdir()
-    write_tokens(home)
+    if not home.exists():  # a restart keeps the host's directory
+        home.mkdir()
+        write_tokens(home)
     with monkeypatch.context() as m:
         for k, v in slurm.env.items():
             if k.startswith(("SLURM", "TRAINGUARD_SLURM", "MUNGE")):
@@ -129,6 +130,76 @@ def _serve(
             "--reconcile-interval",
             "0.5",
         )
+
+
+def _hang_and_approve(fleet: FleetStore, emu: Emulator) -> None:
+    """n3 hangs (powered on, its slurmd stops answering; power changes take 4 s); the
+    lost-node step isolates it and asks for the cycle; alice approves."""
+    emu.fault(hung=True, delay=4)
+    pending = wait_for(
+        lambda: [x for x in fleet.list_approvals() if x.state is ApprovalState.PENDING],
+        120,
+        "the power cycle's approval request",
+    )
+    [approval] = pending
+    assert approval.kind == "power_cycle" and approval.subject == f"node:{NODE}"
+    assert fleet.get_node(NODE).state is HealthState.QUARANTINED
+    fleet.decide_approval(
+        approval.id, ApprovalState.APPROVED, actor="alice", reason="hung", at=time.time()
+    )
+
+
+def _returned_once(fleet: FleetStore, emu: Emulator, slurm: LocalSlurm) -> None:
+    """One cycle, verified, and the node validated and back in service in Slurm."""
+    wait_for(lambda: _finished(fleet), 120, "the cycle to end")
+    [action] = fleet.list_power_actions(node=NODE)
+    assert _requests(fleet) == [("ForceOff", "sent"), ("On", "sent")]
+    assert action.result is not None and action.result["verified"] is True
+    # The node boots, its slurmd answers; Slurm holds it DOWN/DRAIN with our reason:
+    # it is validated and resumed, back in service.
+    wait_for(
+        lambda: fleet.get_node(NODE).state is HealthState.HEALTHY,
+        120,
+        f"{NODE} validated and returned",
+    )
+    seen = slurm.node(NODE)
+    assert "DRAIN" not in seen["state_flags"], seen
+    assert seen["state"] in ("idle", "IDLE"), seen
+    # exactly one cycle: the BMC accepted one ForceOff and one On, nothing more
+    assert emu.host()["resets"] == ["ForceOff", "On"]
+    [rec] = fleet.list_repairs(resource_kind="node", resource_id=NODE)
+    assert rec.outcome == "validated"
+
+
+def test_serve_killed_between_forceoff_and_on_resumes_the_cycle_when_it_restarts(
+    slurm: LocalSlurm,
+    bmc: tuple[Emulator, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One server (SQLite), SIGKILLed after the BMC accepted ForceOff: restarted, it
+    carries the half-sent cycle on from the ledger (On), it does not count it as done."""
+    emu, cfg = bmc
+    db = str(tmp_path / "state.db")
+    a = _serve(tmp_path, "serve-a", db, cfg, slurm, monkeypatch)
+    store = Store.open(db)
+    fleet = FleetStore(store)
+    try:
+        with PowerBridge(slurm, NODE, emu):
+            _hang_and_approve(fleet, emu)
+            wait_for(lambda: ("ForceOff", "sent") in _requests(fleet), 60, "the ForceOff")
+            _kill_host(a)
+            assert [r for r, _ in _requests(fleet)] == ["ForceOff"]  # no On yet
+            emu.fault(delay=1)
+            wait_for(lambda: emu.host()["power"] == "Off", 30, "the node off")
+            time.sleep(2)
+            assert emu.host()["power"] == "Off" and not _finished(fleet)  # off, stays off
+            a = _serve(tmp_path, "serve-a", db, cfg, slurm, monkeypatch)
+            _returned_once(fleet, emu, slurm)
+    finally:
+        if a.p.poll() is None:
+            a.stop()
+        store.close()
 
 
 def _kill_host(server: Server) -> None:
@@ -173,25 +244,11 @@ def test_failover_never_repeats_a_power_cycle_and_the_node_returns_to_service(
                 "serve-a to lead",
             )
             servers.append(_serve(tmp_path, "serve-b", postgres_url, cfg, slurm, monkeypatch))
-            # n3 hangs: powered on, its slurmd stops answering; power changes take 4 s.
-            emu.fault(hung=True, delay=4)
-            pending = wait_for(
-                lambda: [x for x in fleet.list_approvals() if x.state is ApprovalState.PENDING],
-                120,
-                "the power cycle's approval request",
-            )
-            [approval] = pending
-            assert approval.kind == "power_cycle" and approval.subject == f"node:{NODE}"
-            assert fleet.get_node(NODE).state is HealthState.QUARANTINED
-            fleet.decide_approval(
-                approval.id, ApprovalState.APPROVED, actor="alice", reason="hung", at=time.time()
-            )
+            _hang_and_approve(fleet, emu)
             if kill_at == "between_forceoff_and_on":
                 # serve-a sends ForceOff (written ahead, then marked sent) and waits for the
                 # off: its host dies right there, before the On.
-                wait_for(
-                    lambda: ("ForceOff", "sent") in _requests(fleet), 60, "the ForceOff to go out"
-                )
+                wait_for(lambda: ("ForceOff", "sent") in _requests(fleet), 60, "the ForceOff")
                 _kill_host(a)
                 assert [r for r, _ in _requests(fleet)] == ["ForceOff"]  # no On yet
                 emu.fault(delay=1)
@@ -199,33 +256,16 @@ def test_failover_never_repeats_a_power_cycle_and_the_node_returns_to_service(
                 wait_for(lambda: _finished(fleet), 60, "the cycle")
                 _kill_host(a)
             # serve-b takes the lease when serve-a's expires and carries on from the ledger.
-            wait_for(lambda: _finished(fleet), 120, "the cycle to end")
-            [action] = fleet.list_power_actions(node=NODE)
-            assert _requests(fleet) == [("ForceOff", "sent"), ("On", "sent")]
-            assert action.result is not None and action.result["verified"] is True
-            # The node boots, its slurmd answers; Slurm holds it DOWN/DRAIN with our
-            # reason: it is validated and resumed, back in service.
-            wait_for(
-                lambda: fleet.get_node(NODE).state is HealthState.HEALTHY,
-                120,
-                f"{NODE} validated and returned",
-            )
+            _returned_once(fleet, emu, slurm)
             lease = wait_for(
                 lambda: (got := fleet.get_lease("controller")) and got.holder == "serve-b" and got,
                 60,
                 "serve-b to lead",
             )
+            [action] = fleet.list_power_actions(node=NODE)
             off, on = action.requests
             if kill_at == "between_forceoff_and_on":
                 assert on.token == lease.token > off.token  # the On came from the new leader
-            seen = slurm.node(NODE)
-            assert "DRAIN" not in seen["state_flags"], seen
-            assert seen["state"] in ("idle", "IDLE"), seen
-            # exactly one cycle: the BMC accepted one ForceOff and one On, nothing more
-            assert emu.host()["resets"] == ["ForceOff", "On"]
-            assert len(fleet.list_power_actions(node=NODE)) == 1
-            [rec] = fleet.list_repairs(resource_kind="node", resource_id=NODE)
-            assert rec.outcome == "validated"
     finally:
         for s in servers:
             if s.p.poll() is None:
