@@ -258,3 +258,18 @@ def test_serve_options_build_the_node_step_from_a_bmc_config(rig: BmcRig) -> Non
     missing = ServeOptions(database=str(rig.tmp / "tg.db"), bmc_config=str(rig.tmp / "no.toml"))
     with pytest.raises(ValueError, match=r"no\.toml"):
         build_control(rig.store, missing, lambda: T0, rig.cluster)
+
+
+def test_nodes_lost_together_with_their_bmcs_name_a_shared_rack_feed_or_switch(
+    rig: BmcRig,
+) -> None:
+    """Both servers and both BMCs silent in the same pass: each repair record names the
+    other node and a shared rack power feed or management switch (decision 0417)."""
+    for emu in rig.emulators.values():
+        emu.stop()
+    rig.settle(T0)
+    for node, other in (("n1", "n2"), ("n2", "n1")):
+        text = _isolated_for_repair(rig, node)
+        assert "shared rack power feed or management switch" in text, text
+        assert f"lost together with their BMC now: {other}" in text
+        _no_power_action(rig, node)
