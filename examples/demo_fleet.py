@@ -110,15 +110,16 @@ def main() -> int:
 
         banner("1. the BMCs before anything happens")
         trainguard("bmc", "status", "--config", str(cfg))
-        check(rig.step(time.time()) == [], "a pass over healthy nodes does nothing")
+        check(rig.settle(time.time()) == [], "a pass over healthy nodes does nothing")
 
         banner("2. node n1 hangs: powered on, the host stops answering")
         rig.emulators["n1"].fault(hung=True)
         check(not rig.emulators["n1"].answering(), "n1 does not answer its probe")
 
-        banner("3. pass: n1 lost -> ask its BMC -> isolate")
-        out = rig.step(time.time())
+        banner("3. passes: n1 lost -> its BMC is read (off the pass) -> isolate")
+        out = rig.settle(time.time())
         show(out)
+        out = out[-1:]
         check(
             out[0].step is NodeStep.ISOLATE and out[0].detail["route"] == "power_cycle",
             "the BMC says on, health OK, no alarm: hung -> the power-cycle route",
@@ -127,7 +128,7 @@ def main() -> int:
         check(rig.cluster.observe().nodes["n1"].phase is NodePhase.DRAINED, "n1 drained")
 
         banner("4. pass: a power cycle is destructive -> ask a person")
-        out = rig.step(time.time())
+        out = rig.settle(time.time())
         show(out)
         check(out[0].step is NodeStep.REQUEST_APPROVAL, "approval requested")
         trainguard("approve", "--state", str(work / "tg.db"))
@@ -144,20 +145,24 @@ def main() -> int:
         )
         check(r.returncode == 0, f"approval {approval} approved")
 
-        banner("6. pass: power cycle through the BMC, keyed, fenced, verified")
+        banner("6. pass: power cycle through the BMC, keyed, fenced, written ahead, verified")
         t = time.monotonic()
         out = rig.step(time.time())
         show(out)
+        check(out[0].step is NodeStep.POWER_CYCLE, "power cycle handed to n1's BMC lane")
+        rig.recovery.worker.wait_idle(120)
+        [action] = rig.fleet.list_power_actions(node="n1")
         check(
-            out[0].step is NodeStep.POWER_CYCLE and out[0].detail["verified"] is True,
-            f"power cycle verified from a fresh read ({time.monotonic() - t:.1f}s)",
+            action.finished and bool((action.result or {}).get("verified")),
+            f"power cycle verified from a fresh read ({time.monotonic() - t:.1f}s), requests "
+            + ", ".join(f"{r.request} {r.state}" for r in action.requests),
         )
         check(rig.emulators["n1"].answering(), "n1 answers again")
 
         banner("7. pass: validate, then return to service")
-        out = rig.step(time.time())
+        out = rig.settle(time.time())
         show(out)
-        check(out[0].detail.get("then") == "return", "validation passed")
+        check(out[-1].detail.get("then") == "return", "validation passed")
         check(rig.fleet.get_node("n1").state is HealthState.HEALTHY, "n1 healthy")
         check(rig.cluster.observe().nodes["n1"].phase is NodePhase.UP, "n1 back in the cluster")
         [rec] = rig.fleet.list_repairs(resource_kind="node", resource_id="n1")
@@ -165,7 +170,7 @@ def main() -> int:
         print("  repair evidence:")
         for line in rec.evidence:
             print(f"    - {line}")
-        check(rig.step(time.time()) == [], "the next pass has nothing to do")
+        check(rig.settle(time.time()) == [], "the next pass has nothing to do")
         banner("8. the BMCs after")
         trainguard("bmc", "status", "--config", str(cfg))
     finally:

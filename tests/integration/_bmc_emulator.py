@@ -11,12 +11,15 @@ here as ordinary Redfish resources, served from ``DIR/faults.json``:
   the system's ``Status.Health`` / ``HealthRollup``;
 * a ``/_fault`` endpoint the test uses to inject faults: ``power`` (a power loss
   sets the fake driver's state directly, as pulling the plug does), ``health``,
-  ``sel`` entries, and ``hung`` (the host stops answering while powered; any reset
-  or power-off clears it, which is what "a power cycle brings it back" means).
+  ``sel`` entries, ``hung`` (the host stops answering while powered; any reset
+  or power-off clears it, which is what "a power cycle brings it back" means) and
+  ``delay`` (seconds a power change takes). ``GET /_host`` also lists ``resets``:
+  every reset request the BMC accepted, in order.
 
 ``GET /_host`` answers the test's in-band probe: ``{"answering": bool}`` (powered
 on and not hung). The fake driver's 1-11 s power-change delay is cut to 1 s so
-the tests stay short; the adapter polls, so it does not depend on the delay.
+the tests stay short (the ``delay`` fault sets it); the adapter polls, so it does not
+depend on the delay.
 """
 
 from __future__ import annotations
@@ -42,7 +45,6 @@ def _serve(port: int, state: Path, auth: str | None) -> None:  # pragma: no cove
     from sushy_tools.emulator import main as emu
     from sushy_tools.emulator.resources.systems import fakedriver
 
-    fakedriver.random.randint = lambda a, b: a  # type: ignore[attr-defined]
     faults_path = state / "faults.json"
 
     def faults() -> dict[str, Any]:
@@ -50,6 +52,9 @@ def _serve(port: int, state: Path, auth: str | None) -> None:  # pragma: no cove
             return dict(json.loads(faults_path.read_text()))
         except (OSError, ValueError):
             return {}
+
+    # The fake driver's power-change delay: 1 s, or the ``delay`` fault (seconds).
+    fakedriver.random.randint = lambda a, b: int(faults().get("delay", a))  # type: ignore[attr-defined]
 
     def save(data: dict[str, Any]) -> None:
         tmp = faults_path.with_suffix(".tmp")
@@ -122,8 +127,12 @@ def _serve(port: int, state: Path, auth: str | None) -> None:  # pragma: no cove
             response.set_data(json.dumps(body))
         if req.method == "POST" and req.path.endswith("ComputerSystem.Reset"):
             data = faults()
-            if data.pop("hung", False):
-                save(data)
+            data.pop("hung", None)
+            # every reset the BMC accepted, in order: what a test counts ("never twice")
+            if response.status_code < 300:
+                sent = (req.get_json(silent=True) or {}).get("ResetType")
+                data["resets"] = [*data.get("resets", []), sent]
+            save(data)
         return response
 
     @app.route("/_fault", methods=["POST"])
@@ -133,7 +142,7 @@ def _serve(port: int, state: Path, auth: str | None) -> None:  # pragma: no cove
         if "power" in body:
             system = driver()._get(uuid())
             driver()._update(system, power_state=body["power"], pending_power=None)
-        for name in ("health", "hung"):
+        for name in ("health", "hung", "delay"):
             if name in body:
                 data[name] = body[name]
         if "sel" in body:
@@ -144,7 +153,14 @@ def _serve(port: int, state: Path, auth: str | None) -> None:  # pragma: no cove
     @app.route("/_host", methods=["GET"])
     def host() -> Any:
         on = driver().get_power_state(uuid()) == "On"
-        return flask.jsonify({"answering": on and not faults().get("hung", False)})
+        data = faults()
+        return flask.jsonify(
+            {
+                "answering": on and not data.get("hung", False),
+                "power": driver().get_power_state(uuid()),
+                "resets": data.get("resets", []),
+            }
+        )
 
     # The auth middleware wraps every path; the test's own endpoints skip it.
     emu.RedfishAuthMiddleware._EXCLUDE_PATHS = frozenset(

@@ -3,6 +3,10 @@
 Shared by the node-recovery tests and ``examples/demo_fleet.py``: the in-band
 probe of node ``n`` is its emulator's ``/_host`` (powered on and not hung), the
 validation after a power cycle is that probe answering again.
+
+BMC I/O runs on the step's worker lanes, off the pass (decision 0416): :meth:`BmcRig.step`
+is one pass; :meth:`BmcRig.settle` passes until the BMCs' work is done and a pass
+waits on nothing, as a running ``serve`` does over a few intervals.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from pathlib import Path
 from _bmc_emulator import Emulator, write_htpasswd
 
 from trainguard.controller.node_recovery import NodeRecovery, Validation
-from trainguard.policy.node_recovery import NodeRecoveryPolicy
+from trainguard.policy.node_recovery import NodeRecoveryPolicy, NodeStep
 from trainguard.schedulers.procs import ProcessCluster
 from trainguard.schedulers.redfish import BmcEndpoint, RedfishBmc
 from trainguard.store import Store
@@ -43,6 +47,7 @@ class BmcRig:
         for emu in self.emulators.values():
             emu.start()
         self.bmcs = {n: self.bmc(n) for n in nodes}
+        self.now = t0
         self.recovery = NodeRecovery(
             self.fleet,
             self.cluster,
@@ -51,6 +56,7 @@ class BmcRig:
             probe=lambda n: self.emulators[n].answering(),
             policy=policy or NodeRecoveryPolicy(boot_grace=120.0),
             actor="rig",
+            clock=lambda: self.now,
         )
 
     def bmc(self, node: str, password: str = PASSWORD) -> RedfishBmc:
@@ -58,16 +64,32 @@ class BmcRig:
         cred.write_text(f"{USER}\n{password}\n")
         os.chmod(cred, 0o600)
         ep = BmcEndpoint(node=node, address=self.emulators[node].url, credentials=cred)
-        return RedfishBmc(ep, state_dir=self.tmp / "bmc-ledger", poll=0.2, action_timeout=30.0)
+        return RedfishBmc(ep, poll=0.2, action_timeout=30.0)
 
     def validate(self, node: str) -> Validation:
         ok = self.emulators[node].answering()
         return Validation(ok, "the host answers its probe" if ok else "the host does not answer")
 
     def step(self, now: float) -> list:  # type: ignore[type-arg]
+        """One pass at ``now`` (BMC reads and actions it starts run in the background)."""
+        self.now = now
         return self.recovery.run_once(self.cluster.observe(), self.fence, now)
 
+    def settle(self, now: float, timeout: float = 90.0) -> list:  # type: ignore[type-arg]
+        """Passes at ``now`` while a pass hands the BMCs work (a reading, a power cycle)
+        and that work is done; every pass's outcomes, in order."""
+        background = (NodeStep.WAIT_BMC, NodeStep.POWER_CYCLE, NodeStep.FINISH_CYCLE)
+        seen: list = []  # type: ignore[type-arg]
+        for _ in range(20):
+            out = self.step(now)
+            seen += out
+            if not any(o.step in background for o in out):
+                return seen
+            assert self.recovery.worker.wait_idle(timeout), "the BMC lanes did not finish"
+        raise AssertionError(f"the node step kept waiting for its BMCs: {seen}")
+
     def close(self) -> None:
+        self.recovery.close()
         for emu in self.emulators.values():
             emu.stop()
         self.cluster.shutdown()

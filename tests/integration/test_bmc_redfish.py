@@ -13,8 +13,8 @@ pytest.importorskip("sushy_tools")
 
 from _bmc_emulator import Emulator, write_htpasswd
 
+from trainguard.controller.node_recovery import StoreJournal
 from trainguard.model.bmc import BmcHealth, PowerState
-from trainguard.schedulers.base import FencingRejected
 from trainguard.schedulers.redfish import (
     BmcConfigError,
     BmcEndpoint,
@@ -22,6 +22,8 @@ from trainguard.schedulers.redfish import (
     load_bmc_config,
     read_credentials,
 )
+from trainguard.store import Store
+from trainguard.store.fleet import Fence, Fenced, FleetStore
 
 
 def _creds(path: Path, user: str = "admin", password: str = "s3cret") -> Path:
@@ -44,7 +46,7 @@ def _bmc(emu: Emulator, tmp_path: Path, password: str = "s3cret") -> RedfishBmc:
     ep = BmcEndpoint(
         node="n1", address=emu.url, credentials=_creds(tmp_path / "n1.cred", password=password)
     )
-    return RedfishBmc(ep, state_dir=tmp_path / "ledger", poll=0.2, action_timeout=30)
+    return RedfishBmc(ep, poll=0.2, action_timeout=30)
 
 
 def test_credentials_file_must_be_0600(tmp_path: Path) -> None:
@@ -116,43 +118,93 @@ def test_wrong_credentials_give_a_clear_error(emulator: Emulator, tmp_path: Path
     assert r.error is not None and "refused the credentials" in r.error and "401" in r.error
 
 
-def test_power_cycle_brings_a_hung_host_back_verified_keyed_and_fenced(
+class Ledger:
+    """The shared power-action ledger of a real store, with a leader's fence."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.store = Store.open(tmp_path / "tg.db")
+        self.fleet = FleetStore(self.store)
+        lease = self.fleet.acquire_lease("controller", "t", 3600.0, T0)
+        assert lease is not None
+        self.fence = Fence("controller", "t", lease.token)
+
+    def journal(self, key: str, fence: Fence | None = None) -> StoreJournal:
+        self.fleet.begin_power_action(
+            key, node="n1", action="power_cycle", message="test", data={}, fence=self.fence, at=T0
+        )
+        return StoreJournal(self.fleet, key, fence or self.fence, lambda: T0 + 1)
+
+    def requests(self, key: str) -> list[tuple[str, str]]:
+        got = self.fleet.get_power_action(key)
+        assert got is not None
+        return [(r.request, r.state) for r in got.requests]
+
+
+T0 = 1_800_000_000.0
+
+
+def test_power_cycle_brings_a_hung_host_back_written_ahead_and_fenced(
     emulator: Emulator, tmp_path: Path
 ) -> None:
+    ledger = Ledger(tmp_path)
     emulator.fault(hung=True)
     assert not emulator.answering()
     bmc = _bmc(emulator, tmp_path)
-    res = bmc.act("power_cycle", key="k1", token=5)
+    res = bmc.act("power_cycle", key="k1", journal=ledger.journal("k1"))
     assert res.applied and res.verified and res.power_after is PowerState.ON
     assert res.detail["sent"] == ["ForceOff", "On"]  # the emulator has no PowerCycle
+    assert ledger.requests("k1") == [("ForceOff", "sent"), ("On", "sent")]
     assert emulator.answering()
-    # the same key again: nothing sent again, the first result returned
+    # a deposed leader's journal refuses the write-ahead: nothing is sent
     emulator.fault(hung=True)
-    again = bmc.act("power_cycle", key="k1", token=5)
-    assert not again.applied and again.verified and again.detail == res.detail
-    assert not emulator.answering()  # not cycled a second time
-    with pytest.raises(FencingRejected):
-        bmc.act("power_cycle", key="k2", token=4)
+    stale = Fence("controller", "old", ledger.fence.token - 1)
+    with pytest.raises(Fenced):
+        bmc.act("power_cycle", key="k2", journal=ledger.journal("k2", fence=stale))
+    assert ledger.requests("k2") == [] and not emulator.answering()
 
 
 def test_power_off_and_restarts_are_verified(emulator: Emulator, tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path)
     bmc = _bmc(emulator, tmp_path)
-    off = bmc.act("power_off", key="off", token=1)
+    off = bmc.act("power_off", key="off", journal=ledger.journal("off"))
     assert off.verified and off.power_after is PowerState.OFF
     assert bmc.read().power is PowerState.OFF
-    on = bmc.act("force_restart", key="r1", token=1)  # an off node is switched on
+    on = bmc.act("force_restart", key="r1", journal=ledger.journal("r1"))  # off: switched on
     assert on.verified and on.power_after is PowerState.ON and on.detail["sent"] == ["On"]
-    g = bmc.act("graceful_restart", key="r2", token=1)
+    g = bmc.act("graceful_restart", key="r2", journal=ledger.journal("r2"))
     assert g.verified and g.detail["sent"] == ["GracefulRestart"]
 
 
-def test_a_pending_key_after_a_crash_is_verified_not_resent(
+def test_a_cycle_left_after_its_forceoff_is_resumed_to_on_never_off_twice(
     emulator: Emulator, tmp_path: Path
 ) -> None:
+    """As a crash between the two requests leaves it: ForceOff sent, no On. The resume
+    waits for the off and switches the node on; ForceOff is not sent again."""
+    ledger = Ledger(tmp_path)
     bmc = _bmc(emulator, tmp_path)
-    with bmc._ledger.locked() as state:  # as a crash right after the request leaves it
-        state["keys"]["k"] = {"action": "power_cycle", "state": "pending", "at": 0}
+    journal = ledger.journal("k")
+    journal.intend("ForceOff")
     emulator.fault(hung=True)
-    res = bmc.act("power_cycle", key="k", token=1)
-    assert not res.applied and res.detail == {"replayed": True} and res.verified
+    import sushy
+
+    # the request the crash let out
+    bmc._system(bmc._client()).reset_system(sushy.ResetType.FORCE_OFF)
+    journal.sent("ForceOff")
+    res = bmc.act("power_cycle", key="k", journal=journal)
+    assert res.verified and res.power_after is PowerState.ON and res.applied
+    assert res.detail["sent"] == ["ForceOff", "On"] and res.detail["resumed"] == ["ForceOff:sent"]
+    assert ledger.requests("k") == [("ForceOff", "sent"), ("On", "sent")]
+    assert emulator.answering()
+
+
+def test_a_single_request_action_after_a_crash_is_verified_not_resent(
+    emulator: Emulator, tmp_path: Path
+) -> None:
+    ledger = Ledger(tmp_path)
+    bmc = _bmc(emulator, tmp_path)
+    journal = ledger.journal("k")
+    journal.intend("GracefulRestart")  # a crash right after: did it go out? never resent
+    emulator.fault(hung=True)
+    res = bmc.act("graceful_restart", key="k", journal=journal)
+    assert not res.applied and res.verified and res.detail["sent"] == []
     assert not emulator.answering()  # nothing was sent

@@ -17,7 +17,7 @@ import trainguard.controller.node_recovery
 trainguard.cli.build_parser()
 ep = r.BmcEndpoint(node="n1", address="http://127.0.0.1:9", credentials=r.Path(sys.argv[1]))
 try:
-    r.RedfishBmc(ep, state_dir=sys.argv[2]).read()
+    r.RedfishBmc(ep).read()
 except r.BmcError as exc:
     print("ERR", exc)
 """

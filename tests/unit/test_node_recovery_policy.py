@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -26,6 +28,7 @@ def reading(
     reachable: bool = True,
     events: tuple[SelEntry, ...] = (),
     health: BmcHealth = BmcHealth.OK,
+    error: str | None = None,
 ) -> BmcReading:
     return BmcReading(
         node="n1",
@@ -35,7 +38,7 @@ def reading(
         health=health,
         health_rollup=health,
         events=events,
-        error=None if reachable else "the BMC of n1 is unreachable",
+        error=None if reachable else (error or "the BMC of n1 is unreachable"),
     )
 
 
@@ -69,10 +72,39 @@ def test_psu_alarm_is_isolated_for_repair_with_the_sel_entry() -> None:
 
 
 def test_unreachable_bmc_isolates_and_says_so() -> None:
-    for r in (reading(reachable=False), None):
-        d = decide_node(facts(reading=r), POLICY)
-        assert d.step is NodeStep.ISOLATE and d.route is Route.REPAIR
-        assert "cause unknown" in d.reason
+    d = decide_node(facts(reading=None), POLICY)
+    assert d.step is NodeStep.ISOLATE and d.route is Route.REPAIR
+    assert "cause unknown" in d.reason
+    d = decide_node(facts(reading=reading(reachable=False)), POLICY)
+    assert d.step is NodeStep.ISOLATE and d.route is Route.REPAIR
+    assert "rack's power or the management network" in d.reason
+
+
+def test_a_host_lost_with_its_bmc_names_rack_power_or_the_management_network() -> None:
+    """The host and its BMC (own standby power, own management port) silent together:
+    what they share is the likelier cause; other nodes lost with theirs make it shared."""
+    silent = reading(reachable=False, error="the BMC of n1 at http://10.0.0.11 is unreachable: "
+                     "HTTPConnectionPool: Read timed out. (read timeout=10)")  # fmt: skip
+    d = decide_node(facts(reading=silent), POLICY)
+    assert "rack's power or the management network" in d.reason
+    assert any("own standby power" in e for e in d.evidence)
+    d = decide_node(facts(reading=silent, peers_lost_with_bmc=("n2", "n3")), POLICY)
+    assert "shared rack power feed or management switch" in d.reason
+    assert any("n2, n3" in e for e in d.evidence)
+    refused = reading(reachable=False, error="unreachable: [Errno 111] Connection refused")
+    d = decide_node(facts(reading=refused), POLICY)
+    assert "the BMC itself" in d.reason
+    assert any("refuses connections" in e for e in d.evidence)
+
+
+def test_a_pending_bmc_reading_waits_and_an_unfinished_cycle_is_carried_on() -> None:
+    d = decide_node(facts(reading=None, bmc_pending=True), POLICY)
+    assert d.step is NodeStep.WAIT_BMC and not d.power_action
+    held = facts(health=HealthState.QUARANTINED, cycle_in_progress=True)
+    assert decide_node(held, POLICY).step is NodeStep.FINISH_CYCLE
+    # even when the node answers again (the On went out) or its approval is gone
+    d = decide_node(replace(held, answering=True, approval=Approval.NONE), POLICY)
+    assert d.step is NodeStep.FINISH_CYCLE
 
 
 def test_hung_node_is_isolated_then_power_cycled_after_approval_then_validated() -> None:
@@ -139,6 +171,9 @@ all_facts = st.builds(
     approval=st.sampled_from(list(Approval)),
     power_cycles=st.integers(0, 3),
     last_cycle_at=st.one_of(st.none(), st.floats(0, 2000)),
+    cycle_in_progress=st.booleans(),
+    bmc_pending=st.booleans(),
+    peers_lost_with_bmc=st.sampled_from([(), ("n2",)]),
     validation=st.one_of(st.none(), st.booleans()),
     ours=st.booleans(),
     now=st.floats(0, 2000),
@@ -170,6 +205,21 @@ def test_never_a_power_action_on_a_node_that_answers_or_with_bad_bmc_evidence(
         assert f.reading is not None and f.reading.reachable
         assert f.reading.power is PowerState.ON and not d.findings
         assert f.health is HealthState.QUARANTINED and f.ours  # isolated first
+
+
+@given(all_facts, policies)
+def test_a_cycle_under_way_is_carried_on_never_started_again(
+    f: NodeFacts, p: NodeRecoveryPolicy
+) -> None:
+    """The ledger holds an unfinished cycle: no second cycle is started, no approval asked
+    (its approval was given), and no node is isolated or returned on a pending reading."""
+    d = decide_node(f, p)
+    if f.cycle_in_progress and f.health is HealthState.QUARANTINED and f.ours:
+        assert d.step is NodeStep.FINISH_CYCLE
+    if f.cycle_in_progress:
+        assert d.step not in (NodeStep.POWER_CYCLE, NodeStep.REQUEST_APPROVAL)
+    if f.bmc_pending:
+        assert d.step not in (NodeStep.ISOLATE, NodeStep.POWER_CYCLE)
 
 
 @given(all_facts, policies)

@@ -85,6 +85,26 @@ def test_nodes_from_json_and_scontrol() -> None:
     assert kv["n3"].reason_by == "root"
 
 
+def test_down_drain_by_trainguard_with_slurmd_answering_is_held_not_lost() -> None:
+    """After a power cycle Slurm keeps the node DOWN+DRAIN (trainguard's reason replaced its
+    "Not responding"; seen on Slurm 22.05, FIELD-NOTES 2026-12-04): its slurmd answers, so
+    it is held (drained), not lost, and resumed after validation (decision 0415)."""
+    line = (
+        "NodeName=n4 Arch=x86_64 CPUTot=4 State={state} Partitions=gpu "
+        "Reason={reason} [root@2026-12-04T17:27:18]"
+    )
+    held = parse_scontrol_nodes(
+        line.format(state="DOWN+DRAIN", reason="trainguard: node recovery: hung")
+    )[0]
+    assert held.held_down_by_trainguard and held.drained and not held.down
+    lost = parse_scontrol_nodes(
+        line.format(state="DOWN*+DRAIN", reason="trainguard: node recovery: hung")
+    )[0]
+    assert lost.down and not lost.held_down_by_trainguard  # slurmd still silent
+    theirs = parse_scontrol_nodes(line.format(state="DOWN+DRAIN", reason="bad DIMM"))[0]
+    assert theirs.down and not theirs.held_down_by_trainguard  # an operator's: left alone
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [

@@ -45,8 +45,6 @@ def register(subparsers: Any) -> None:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    import tempfile
-
     from trainguard.diagnose.bmc_events import bmc_findings
     from trainguard.schedulers.redfish import BmcConfigError, BmcError, RedfishBmc, load_bmc_config
 
@@ -59,14 +57,13 @@ def run_status(args: argparse.Namespace) -> int:
         return error(f"no BMC configured for {', '.join(unknown)} in {args.config}")
     names = args.nodes or sorted(config)
     results: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as ledger:  # reads keep no ledger
-        for name in names:
-            try:
-                reading = RedfishBmc(config[name], state_dir=ledger).read()
-            except (BmcConfigError, BmcError) as exc:
-                return error(str(exc))
-            findings = bmc_findings(reading)
-            results.append({**reading.to_dict(), "findings": [f.to_dict() for f in findings]})
+    for name in names:
+        try:
+            reading = RedfishBmc(config[name]).read()
+        except (BmcConfigError, BmcError) as exc:
+            return error(str(exc))
+        findings = bmc_findings(reading)
+        results.append({**reading.to_dict(), "findings": [f.to_dict() for f in findings]})
     if args.json:
         print_json(results)
     else:

@@ -135,24 +135,23 @@ def build_control(
 
 
 def _node_recovery(control: Any, scheduler: Any | None, options: ServeOptions) -> Any:
-    """The lost-node step over the BMCs of ``--bmc-config`` (decision 0242); its action
-    ledger lives beside a SQLite state database, else beside the BMC config."""
+    """The lost-node step over the BMCs of ``--bmc-config`` (decision 0242); its power
+    actions are kept in the shared store with the approvals (decision 0414)."""
     from trainguard.controller.node_recovery import NodeRecovery, scheduler_validation
     from trainguard.schedulers.base import SchedulerError
 
     if scheduler is None:
         raise ValueError("--bmc-config needs a cluster scheduler (--scheduler)")
     assert options.bmc_config is not None
-    beside = options.database if "://" not in options.database else options.bmc_config
     try:
         return NodeRecovery.from_config(
             control.fleet,
             scheduler,
             options.bmc_config,
-            ledger_dir=Path(beside).absolute().parent / "bmc-ledger",
             validate=scheduler_validation(scheduler),
             actor=control.identity,
             webhook=options.repair_webhook,
+            clock=control.clock,
         )
     except (SchedulerError, ImportError) as exc:
         raise ValueError(str(exc)) from None

@@ -5,34 +5,44 @@
 fencing token and the time (decision 0242). Each call re-reads what it needs
 (level-based): in-band answering (the ``probe``; default: the scheduler does
 not report the node ``down``), the node's health and repair record in the
-store, the BMC (only for a node that does not answer or that this recovery
-holds), the approval of the next power cycle, and the BMC ledger's cycles. It
-asks :func:`trainguard.policy.node_recovery.decide_node` and carries the step out:
+store, the BMC's latest reading (only for a node that does not answer or that
+this recovery holds), the approval of the next power cycle, and the power cycles
+of the shared power-action ledger (decision 0414). It asks
+:func:`trainguard.policy.node_recovery.decide_node` and carries the step out:
 
 * ``isolate``: drain through the scheduler, quarantine in the store, open the
   repair record with the BMC evidence (controller/repair.py), audit the
   route; the node's health reason starts with :data:`MARK`, which is how later
   passes know the isolation is this recovery's.
 * ``request_approval``: an approval row for the power cycle's action key.
-* ``power_cycle``: intent audit, the BMC action (keyed, fenced, verified from a
-  fresh read), result audit, the result on the repair record.
+* ``power_cycle``: the ledger row and its intent audit (one fenced transaction),
+  then the BMC action is handed to the node's lane of the :class:`BmcWorker`
+  (decision 0416): every request is written ahead in the ledger under the fencing
+  token, the result (verified from fresh reads) and its audit are written when it
+  ends, with the result on the repair record; the pass never waits for a BMC.
+* ``finish_cycle``: a cycle the ledger holds unfinished (this server crashed, or
+  another server led when it started) is resumed from its recorded requests.
 * ``validate``: quarantined -> validating, the validation (``validate``), its
   result on the repair record; ``return``: resume the node, validating ->
   healthy, the repair closed as ``validated``; ``repair``: -> repair, record open.
 
-Keys are per repair episode (``node-recovery:<node>:r<repair id>:...``), so a
-restarted controller neither repeats a cycle nor asks twice.
+Keys are per repair episode (``node-recovery:<node>:r<repair id>:...``) and live
+in the shared store with the approvals, so neither a restarted controller nor a
+new leader on another server repeats a cycle or asks twice.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from trainguard.controller.bmc_worker import BmcWorker
 from trainguard.controller.repair import open_repair_for
-from trainguard.model.bmc import BmcActionResult, BmcReading
+from trainguard.model.bmc import BmcActionResult, BmcReading, PowerActionRecord
 from trainguard.model.fleet import ApprovalState, RepairRecord, RepairState
 from trainguard.model.health import HealthState
 from trainguard.model.records import AuditKind
@@ -44,11 +54,19 @@ from trainguard.policy.node_recovery import (
     NodeStep,
     decide_node,
 )
-from trainguard.schedulers.base import ClusterScheduler, JobPhase, NodePhase, Observation
+from trainguard.schedulers.base import (
+    ClusterScheduler,
+    JobPhase,
+    NodePhase,
+    Observation,
+    SchedulerError,
+)
+from trainguard.schedulers.redfish import ActionJournal
 from trainguard.store.errors import NotFound
-from trainguard.store.fleet import Fence, FleetStore
+from trainguard.store.fleet import Fence, Fenced, FleetStore
 
 MARK = "node recovery: "
+log = logging.getLogger(__name__)
 
 
 class Bmc(Protocol):
@@ -56,9 +74,31 @@ class Bmc(Protocol):
 
     def read(self) -> BmcReading: ...
 
-    def act(self, action: str, *, key: str, token: int) -> BmcActionResult: ...
+    def act(self, action: str, *, key: str, journal: ActionJournal) -> BmcActionResult: ...
 
-    def recorded(self, key: str) -> dict[str, Any] | None: ...
+
+class StoreJournal:
+    """One power action's requests in the shared ledger, written under ``fence``: a
+    deposed leader's ``intend`` raises :class:`Fenced` and its request is not sent."""
+
+    def __init__(
+        self, fleet: FleetStore, key: str, fence: Fence, clock: Callable[[], float]
+    ) -> None:
+        self.fleet, self.key, self.fence, self.clock = fleet, key, fence, clock
+
+    def requests(self) -> list[tuple[str, str]]:
+        got = self.fleet.get_power_action(self.key)
+        return [] if got is None else [(r.request, r.state) for r in got.requests]
+
+    def intend(self, request: str) -> None:
+        self.fleet.record_power_request(
+            self.key, request, "intended", fence=self.fence, at=self.clock()
+        )
+
+    def sent(self, request: str) -> None:
+        self.fleet.record_power_request(
+            self.key, request, "sent", fence=self.fence, at=self.clock()
+        )
 
 
 @dataclass(frozen=True)
@@ -91,15 +131,24 @@ class NodeRecovery:
         policy: NodeRecoveryPolicy | None = None,
         actor: str = "trainguard",
         webhook: str | None = None,
+        clock: Callable[[], float] = time.time,
+        worker: BmcWorker | None = None,
     ) -> None:
         self.fleet = fleet
         self.scheduler = scheduler
-        self.bmcs = dict(bmcs)
+        self.worker = worker or BmcWorker(bmcs)
+        self.clock = clock
+        # why a cycle was left unfinished on this server (shown while it is resumed)
+        self._unfinished: dict[str, str] = {}
         self.validate = validate
         self.probe = probe
         self.policy = policy or NodeRecoveryPolicy()
         self.actor = actor
         self.webhook = webhook
+
+    @property
+    def bmcs(self) -> dict[str, Bmc]:
+        return {n: self.worker.bmc(n) for n in self.worker.nodes}
 
     @classmethod
     def from_config(
@@ -108,16 +157,18 @@ class NodeRecovery:
         scheduler: ClusterScheduler,
         bmc_config: str | os.PathLike[str],
         *,
-        ledger_dir: str | os.PathLike[str],
         validate: Callable[[str], Validation],
         **kwargs: Any,
     ) -> NodeRecovery:
         """The step for the nodes of a BMC config file (``schedulers.redfish.load_bmc_config``);
-        ``ledger_dir`` keeps the BMC action ledger (next to the state database)."""
+        its power actions are kept in ``fleet``'s shared power-action ledger."""
         from trainguard.schedulers.redfish import bmcs_from_config, load_bmc_config
 
-        bmcs = bmcs_from_config(load_bmc_config(bmc_config), state_dir=ledger_dir)
+        bmcs = bmcs_from_config(load_bmc_config(bmc_config))
         return cls(fleet, scheduler, bmcs, validate=validate, **kwargs)
+
+    def close(self) -> None:
+        self.worker.close()
 
     # --- facts -----------------------------------------------------------------------
 
@@ -139,35 +190,61 @@ class NodeRecovery:
     def key(node: str, repair_id: int, what: str) -> str:
         return f"node-recovery:{node}:r{repair_id}:{what}"
 
-    def _cycles(self, node: str, repair: RepairRecord | None) -> tuple[int, float | None]:
-        """Power cycles sent in this repair episode and when the last one finished."""
-        bmc = self.bmcs.get(node)
-        if bmc is None or repair is None:
-            return 0, None
+    def _cycles(
+        self, node: str, repair: RepairRecord | None
+    ) -> tuple[int, float | None, PowerActionRecord | None]:
+        """Power cycles finished in this repair episode, when the last one finished, and
+        the next one when the ledger holds it unfinished (all from the shared store)."""
+        if repair is None:
+            return 0, None, None
         n, last = 0, None
-        while (hit := bmc.recorded(self.key(node, repair.id, f"power_cycle:{n + 1}"))) is not None:
-            n, last = n + 1, float(hit.get("at") or 0.0)
-        return n, last
+        while True:
+            got = self.fleet.get_power_action(self.key(node, repair.id, f"power_cycle:{n + 1}"))
+            if got is None:
+                return n, last, None
+            if not got.finished:
+                return n, last, got
+            n, last = n + 1, got.finished_at
+
+    def _seen(self, obs: Observation, node: str) -> tuple[bool, BmcReading | None, bool]:
+        """In-band answering, the BMC's latest reading (when it is needed) and whether a
+        configured BMC's reading is still pending (off the pass: never waits)."""
+        answering = self._answering(obs, node)
+        if node not in self.worker.nodes:
+            return answering, None, False
+        try:
+            rec = self.fleet.get_node(node)
+            wanted = (not answering and rec.state.schedulable) or (
+                (rec.reason or "").startswith(MARK)
+                and rec.state in (HealthState.QUARANTINED, HealthState.VALIDATING)
+            )
+        except NotFound:
+            wanted = not answering
+        if not wanted:
+            return answering, None, False
+        reading = self.worker.reading(node)
+        return answering, reading, reading is None
 
     def facts(
-        self, obs: Observation, node: str, now: float
+        self,
+        obs: Observation,
+        node: str,
+        now: float,
+        seen: Mapping[str, tuple[bool, BmcReading | None, bool]] | None = None,
     ) -> tuple[NodeFacts, RepairRecord | None]:
-        """Everything :func:`decide_node` needs about ``node``, read fresh."""
+        """Everything :func:`decide_node` needs about ``node``, read fresh (``seen``: the
+        pass's in-band and BMC view of every node, for the nodes lost with their BMC)."""
+        seen = dict(seen) if seen is not None else {node: self._seen(obs, node)}
         try:
             rec = self.fleet.get_node(node)
         except NotFound:
             rec = self.fleet.register_node(
                 node, at=now, partition=obs.nodes[node].partition, actor=self.actor
             )
-        answering = self._answering(obs, node)
+        answering, reading, pending = seen[node]
         ours = (rec.reason or "").startswith(MARK)
         repair = self.fleet.open_repair_for("node", node) if ours else None
-        reading = None
-        bmc = self.bmcs.get(node)
-        held = ours and rec.state in (HealthState.QUARANTINED, HealthState.VALIDATING)
-        if bmc is not None and ((not answering and rec.state.schedulable) or held):
-            reading = bmc.read()
-        cycles, last = self._cycles(node, repair)
+        cycles, last, unfinished = self._cycles(node, repair)
         approval = Approval.NONE
         if repair is not None:
             got = self.fleet.approval_for(self.key(node, repair.id, f"power_cycle:{cycles + 1}"))
@@ -178,6 +255,13 @@ class NodeRecovery:
             last_v = repair.validations[-1]
             if last_v.get("by") == "node-recovery" and last_v.get("after_cycle") == cycles:
                 validation = bool(last_v.get("passed"))
+        peers = tuple(
+            sorted(
+                n
+                for n, (ans, r, _) in seen.items()
+                if n != node and not ans and r is not None and not r.reachable
+            )
+        )
         return (
             NodeFacts(
                 node=node,
@@ -188,6 +272,9 @@ class NodeRecovery:
                 approval=approval,
                 power_cycles=cycles,
                 last_cycle_at=last,
+                cycle_in_progress=unfinished is not None,
+                bmc_pending=pending,
+                peers_lost_with_bmc=peers,
                 validation=validation,
                 ours=ours,
                 now=now,
@@ -201,8 +288,9 @@ class NodeRecovery:
         """One pass over every node of ``obs`` (nodes with nothing to do are not listed)."""
         self.fleet.check_fence(fence, now)
         out: list[NodeOutcome] = []
+        seen = {node: self._seen(obs, node) for node in sorted(obs.nodes)}
         for node in sorted(obs.nodes):
-            facts, repair = self.facts(obs, node, now)
+            facts, repair = self.facts(obs, node, now, seen)
             decision = decide_node(facts, self.policy)
             if decision.step is NodeStep.NOTHING and (
                 not facts.ours or facts.health in (HealthState.REPAIR, HealthState.RETIRED)
@@ -251,8 +339,10 @@ class NodeRecovery:
             detail.update(approval=approval.id, key=key)
         elif step is NodeStep.POWER_CYCLE:
             assert repair is not None
-            result = self._power_cycle(d, facts, repair, fence, now)
-            detail.update(result.to_dict())
+            detail.update(self._power_cycle(d, facts, repair, fence, now))
+        elif step is NodeStep.FINISH_CYCLE:
+            assert repair is not None
+            detail.update(self._finish_cycle(node, facts, repair, fence))
         elif step is NodeStep.VALIDATE:
             assert repair is not None
             detail.update(self._validate(d, facts, repair, fence, now))
@@ -293,7 +383,8 @@ class NodeRecovery:
 
     def _power_cycle(
         self, d: NodeDecision, facts: NodeFacts, repair: RepairRecord, fence: Fence, now: float
-    ) -> BmcActionResult:
+    ) -> dict[str, Any]:
+        """The ledger row and intent (fenced), then the cycle on the node's BMC lane."""
         node = d.node
         key = self.key(node, repair.id, f"power_cycle:{facts.power_cycles + 1}")
         approval = self.fleet.approval_for(key)
@@ -302,37 +393,91 @@ class NodeRecovery:
             if approval is not None and approval.state is ApprovalState.APPROVED
             else "allowed by policy for a drained node"
         )
-        self._audit(
-            AuditKind.INTENT,
-            node,
-            f"power cycle {node} ({why}): {d.reason}",
-            {"key": key, "type": "power_cycle", "token": fence.token},
-            now,
-        )
-        result = self.bmcs[node].act("power_cycle", key=key, token=fence.token)
-        self._audit(
-            AuditKind.RESULT,
-            node,
-            f"power cycle {node}: "
-            + ("verified on" if result.verified else "NOT verified")
-            + f" (power {result.power_after.value})",
-            {"key": key, "type": "power_cycle", **result.to_dict()},
-            now,
-        )
-        self.fleet.update_repair(
-            repair.id,
+        self.fleet.begin_power_action(
+            key,
+            node=node,
+            action="power_cycle",
+            message=f"power cycle {node} ({why}): {d.reason}",
+            data={"why": why, "repair": repair.id},
+            fence=fence,
             at=now,
-            actor=self.actor,
-            evidence=[
-                f"power cycle {facts.power_cycles + 1} ({why}): "
-                + (
-                    "verified, power on"
-                    if result.verified
-                    else f"not verified, power {result.power_after.value}"
-                )
-            ],
         )
-        return result
+        submitted = self._submit(node, key, repair.id, facts.power_cycles + 1, why, fence)
+        return {"key": key, "submitted": submitted}
+
+    def _finish_cycle(
+        self, node: str, facts: NodeFacts, repair: RepairRecord, fence: Fence
+    ) -> dict[str, Any]:
+        """Carry on a cycle the ledger holds unfinished (unless this server's lane is on it)."""
+        key = self.key(node, repair.id, f"power_cycle:{facts.power_cycles + 1}")
+        got = self.fleet.get_power_action(key)
+        requests = [f"{r.request}:{r.state}" for r in got.requests] if got else []
+        if node not in self.worker.nodes:
+            return {"key": key, "requests": requests, "error": "no BMC is configured any more"}
+        out: dict[str, Any] = {"key": key, "requests": requests}
+        if key in self._unfinished:
+            out["last_error"] = self._unfinished[key]
+        if self.worker.busy(node, key):
+            return {**out, "in_progress": True}
+        submitted = self._submit(
+            node, key, repair.id, facts.power_cycles + 1, "resumed from the ledger", fence
+        )
+        return {**out, "resumed": submitted}
+
+    def _submit(self, node: str, key: str, repair_id: int, n: int, why: str, fence: Fence) -> bool:
+        bmc = self.worker.bmc(node)
+
+        def job() -> None:
+            self._run_cycle(bmc, node, key, repair_id, n, why, fence)
+
+        return self.worker.submit(node, key, job)
+
+    def _run_cycle(
+        self, bmc: Bmc, node: str, key: str, repair_id: int, n: int, why: str, fence: Fence
+    ) -> None:
+        """On the node's BMC lane: the cycle to its end, its result in the ledger (fenced)
+        and on the repair record. A deposed leader stops at its next write (the new one
+        resumes); a BMC error after a request went out leaves the action unfinished, to be
+        resumed by a later pass, never counted done half-way."""
+        journal = StoreJournal(self.fleet, key, fence, self.clock)
+        try:
+            result = bmc.act("power_cycle", key=key, journal=journal)
+        except Fenced as exc:
+            log.warning("power cycle %s stopped: %s", key, exc)
+            return
+        except SchedulerError as exc:
+            if journal.requests():
+                log.warning("power cycle %s left unfinished, resumed later: %s", key, exc)
+                self._unfinished[key] = str(exc)
+                return
+            result = None
+            error = str(exc)
+        at = self.clock()
+        if result is None:
+            data: dict[str, Any] = {"verified": False, "error": error, "sent": []}
+            message = f"power cycle {node}: nothing sent ({error})"
+            line = f"power cycle {n} ({why}): nothing sent: {error}"
+        else:
+            data = result.to_dict()
+            message = (
+                f"power cycle {node}: "
+                + ("verified on" if result.verified else "NOT verified")
+                + f" (power {result.power_after.value}; sent "
+                + (", ".join(result.detail.get("sent") or []) or "nothing")
+                + ")"
+            )
+            line = f"power cycle {n} ({why}): " + (
+                "verified, power on"
+                if result.verified
+                else f"not verified, power {result.power_after.value}"
+            )
+        self._unfinished.pop(key, None)
+        try:
+            self.fleet.finish_power_action(key, data, message=message, fence=fence, at=at)
+        except Fenced as exc:
+            log.warning("power cycle %s: result not recorded, deposed: %s", key, exc)
+            return
+        self.fleet.update_repair(repair_id, at=at, actor=self.actor, evidence=[line])
 
     def _validate(
         self, d: NodeDecision, facts: NodeFacts, repair: RepairRecord, fence: Fence, now: float

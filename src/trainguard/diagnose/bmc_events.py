@@ -172,11 +172,56 @@ def hardware_alarm(reading: BmcReading) -> list[Finding]:
     return [f for f in bmc_findings(reading) if f.severity is Severity.FATAL]
 
 
+_SILENT_RE = re.compile(r"timed?\s*out|timeout|no route|host is down|network is down", re.I)
+_REFUSED_RE = re.compile(r"refused|reset by peer", re.I)
+
+
+def lost_with_bmc(error: str | None, peers: tuple[str, ...] = ()) -> tuple[str, tuple[str, ...]]:
+    """The likelier cause when a host stops answering and its BMC cannot be reached either,
+    and the evidence for it (decision 0417).
+
+    A BMC has its own power rail (standby power) and its own network port on the
+    management network: a fault of the server itself (hung kernel, dead PSU, failed
+    board) leaves the BMC answering. Host and BMC silent together points first at what
+    they share, the rack's power feed or the management network; other nodes lost with
+    their BMCs at the same time make that a shared cause. A BMC that actively refuses
+    connections is reachable over the network: then the BMC itself (rebooting, hung)
+    is as likely. ``peers``: the other nodes now lost together with their BMCs.
+    """
+    text = error or "no answer"
+    evidence = [f"BMC unreachable: {text}"]
+    if peers:
+        evidence.append(
+            f"{len(peers)} other node(s) lost together with their BMC now: {', '.join(peers)}"
+        )
+        cause = (
+            "likely a shared rack power feed or management switch "
+            f"({len(peers) + 1} nodes and their BMCs went silent together): "
+            "check the rack's power and the management network first"
+        )
+    elif _REFUSED_RE.search(text) and not _SILENT_RE.search(text):
+        evidence.append("the BMC's address refuses connections: its network path is up")
+        cause = (
+            "the BMC itself (restarting or hung) as much as the server: the management "
+            "network reaches the BMC's address; check the BMC, then the server on site"
+        )
+    else:
+        evidence.append(
+            "the host and its BMC (own standby power, own management port) went silent together"
+        )
+        cause = (
+            "likely the rack's power or the management network, not the server alone: "
+            "check the rack's power and the management network first"
+        )
+    return cause, tuple(evidence)
+
+
 __all__ = [
     "SEL_CLASSES",
     "SelClass",
     "bmc_findings",
     "classify_sel",
     "hardware_alarm",
+    "lost_with_bmc",
     "sel_finding",
 ]

@@ -136,10 +136,69 @@ class BmcActionResult:
         }
 
 
+class PowerActionState(StrEnum):
+    """A power action in the shared ledger: ``intended`` until its result is recorded."""
+
+    INTENDED = "intended"
+    DONE = "done"
+
+
+@dataclass(frozen=True)
+class PowerRequest:
+    """One request of a power action to the BMC (``ForceOff``, ``On``, ``PowerCycle`` ...):
+    ``intended`` is written before it goes out, ``sent`` once the BMC accepted it."""
+
+    request: str
+    state: str  # "intended" | "sent"
+    at: float
+    token: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"request": self.request, "state": self.state, "at": self.at, "token": self.token}
+
+
+@dataclass(frozen=True)
+class PowerActionRecord:
+    """One power action of the shared ledger (decision 0414): its key, its requests so
+    far, and once finished its result."""
+
+    key: str
+    node: str
+    action: str
+    state: PowerActionState
+    fencing_token: int
+    requests: tuple[PowerRequest, ...]
+    intended_at: float
+    updated_at: float
+    finished_at: float | None = None
+    result: dict[str, Any] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.state is PowerActionState.DONE
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "node": self.node,
+            "action": self.action,
+            "state": self.state.value,
+            "fencing_token": self.fencing_token,
+            "requests": [r.to_dict() for r in self.requests],
+            "intended_at": self.intended_at,
+            "updated_at": self.updated_at,
+            "finished_at": self.finished_at,
+            "result": self.result,
+        }
+
+
 __all__ = [
     "BmcActionResult",
     "BmcHealth",
     "BmcReading",
+    "PowerActionRecord",
+    "PowerActionState",
+    "PowerRequest",
     "PowerState",
     "SelEntry",
     "SensorReading",

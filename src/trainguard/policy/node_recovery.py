@@ -26,6 +26,13 @@ The sequence (design §recovery, steps 3 and 10):
    does not come back, fails validation, or needs more than ``max_power_cycles``
    goes to repair.
 
+A cycle is recorded request by request in the shared power-action ledger; one the
+ledger holds unfinished (a crash or a failover between ``ForceOff`` and ``On``) is
+carried on (``finish_cycle``) before anything else, never started again. BMC readings
+are taken off the pass: until a configured BMC's first reading arrives the step waits
+(``wait_bmc``). A host lost together with its BMC names the rack's power or the
+management network as the likelier cause (:func:`~trainguard.diagnose.bmc_events.lost_with_bmc`).
+
 Safety rules (property-tested): a power action only on a node that does not
 answer, whose BMC is reachable and reports it on without a hardware alarm, and
 only with an approval or the drained-node allowance; a node returns to service
@@ -37,7 +44,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from trainguard.diagnose.bmc_events import hardware_alarm
+from trainguard.diagnose.bmc_events import hardware_alarm, lost_with_bmc
 from trainguard.model.bmc import BmcReading, PowerState
 from trainguard.model.findings import Finding
 from trainguard.model.health import HealthState
@@ -49,7 +56,9 @@ class NodeStep(StrEnum):
     ISOLATE = "isolate"  # drain + quarantine + repair record (route says what next)
     REQUEST_APPROVAL = "request_approval"  # ask a person for the power cycle
     WAIT_APPROVAL = "wait_approval"
+    WAIT_BMC = "wait_bmc"  # the BMC's reading is being taken (off the pass)
     POWER_CYCLE = "power_cycle"
+    FINISH_CYCLE = "finish_cycle"  # a cycle the ledger holds unfinished: carry it on
     WAIT_BOOT = "wait_boot"  # cycled, not answering yet, within boot_grace
     VALIDATE = "validate"  # cycled and answering: run validation
     RETURN = "return"  # validation passed: back to service
@@ -86,8 +95,11 @@ class NodeFacts:
     reading: BmcReading | None  # None: no BMC configured for this node
     drained: bool = False  # isolated and no running job on it
     approval: Approval = Approval.NONE  # of the next power cycle
-    power_cycles: int = 0  # verified cycles made in this repair episode
+    power_cycles: int = 0  # cycles finished in this repair episode (the shared ledger)
     last_cycle_at: float | None = None
+    cycle_in_progress: bool = False  # the next cycle is in the ledger, not finished
+    bmc_pending: bool = False  # a BMC is configured but its reading has not come yet
+    peers_lost_with_bmc: tuple[str, ...] = ()  # other nodes silent together with their BMC
     validation: bool | None = None  # the validation after the cycle: None = not run yet
     ours: bool = True  # the isolation is this recovery's (not an operator's or an incident's)
     now: float = 0.0
@@ -108,12 +120,14 @@ class NodeDecision:
         return self.step is NodeStep.POWER_CYCLE
 
 
-def bmc_evidence(reading: BmcReading | None) -> tuple[tuple[str, ...], tuple[Finding, ...]]:
+def bmc_evidence(
+    reading: BmcReading | None, peers: tuple[str, ...] = ()
+) -> tuple[tuple[str, ...], tuple[Finding, ...]]:
     """The evidence lines and alarm findings of a reading (for the repair record)."""
     if reading is None:
         return ("no BMC is configured for this node",), ()
     if not reading.reachable:
-        return (f"BMC unreachable: {reading.error or 'no answer'}",), ()
+        return lost_with_bmc(reading.error, peers)[1], ()
     alarms = tuple(hardware_alarm(reading))
     lines = [
         f"BMC: power {reading.power.value}, health {reading.health.value}, "
@@ -124,14 +138,16 @@ def bmc_evidence(reading: BmcReading | None) -> tuple[tuple[str, ...], tuple[Fin
     return tuple(lines), alarms
 
 
-def route_for(reading: BmcReading | None) -> tuple[Route, str]:
-    """Where the BMC's evidence sends a node that stopped answering, and why."""
+def route_for(reading: BmcReading | None, peers: tuple[str, ...] = ()) -> tuple[Route, str]:
+    """Where the BMC's evidence sends a node that stopped answering, and why (``peers``:
+    other nodes lost together with their BMCs, see :func:`lost_with_bmc`)."""
     if reading is None:
         return Route.REPAIR, "not answering and no BMC is configured: isolated, cause unknown"
     if not reading.reachable:
+        cause, _ = lost_with_bmc(reading.error, peers)
         return Route.REPAIR, (
             "not answering and its BMC cannot be read either "
-            f"({reading.error or 'no answer'}): isolated, cause unknown, check on site"
+            f"({reading.error or 'no answer'}): isolated; {cause}"
         )
     alarms = hardware_alarm(reading)
     if reading.power is PowerState.OFF:
@@ -157,7 +173,8 @@ def _cycle_allowed(facts: NodeFacts, policy: NodeRecoveryPolicy) -> str | None:
 def decide_node(facts: NodeFacts, policy: NodeRecoveryPolicy) -> NodeDecision:
     """The next step for one node (see the module docstring)."""
     node = facts.node
-    evidence, alarms = bmc_evidence(facts.reading)
+    peers = facts.peers_lost_with_bmc
+    evidence, alarms = bmc_evidence(facts.reading, peers)
 
     def out(step: NodeStep, reason: str, route: Route | None = None, **kw: object) -> NodeDecision:
         return NodeDecision(
@@ -173,7 +190,9 @@ def decide_node(facts: NodeFacts, policy: NodeRecoveryPolicy) -> NodeDecision:
     if facts.health.schedulable:
         if facts.answering:
             return out(NodeStep.NOTHING, "answering and in service")
-        route, why = route_for(facts.reading)
+        if facts.bmc_pending:
+            return out(NodeStep.WAIT_BMC, "not answering: reading its BMC before isolating it")
+        route, why = route_for(facts.reading, peers)
         return out(NodeStep.ISOLATE, why, route)
 
     if facts.health is HealthState.VALIDATING and facts.ours:
@@ -188,7 +207,10 @@ def decide_node(facts: NodeFacts, policy: NodeRecoveryPolicy) -> NodeDecision:
     if facts.health is not HealthState.QUARANTINED or not facts.ours:
         return out(NodeStep.NOTHING, f"{facts.health.value}: waiting for a person's repair")
 
-    # Isolated by this recovery: power-cycle route or repair?
+    # Isolated by this recovery. A cycle the ledger holds unfinished is carried on first:
+    # its approval was given and a request may be out (ForceOff without its On).
+    if facts.cycle_in_progress:
+        return out(NodeStep.FINISH_CYCLE, "a power cycle is under way: carrying it to its end")
     if facts.power_cycles > 0:
         if facts.answering:
             return out(NodeStep.VALIDATE, "answering after the power cycle: validating")
@@ -203,7 +225,9 @@ def decide_node(facts: NodeFacts, policy: NodeRecoveryPolicy) -> NodeDecision:
             )
     if facts.answering:
         return out(NodeStep.NOTHING, "answering again while isolated: a person validates it")
-    route, why = route_for(facts.reading)
+    if facts.bmc_pending:
+        return out(NodeStep.WAIT_BMC, "reading its BMC")
+    route, why = route_for(facts.reading, peers)
     if route is Route.REPAIR:
         return out(NodeStep.NOTHING, why + "; waiting for repair", route)
     if facts.approval is Approval.DENIED:

@@ -23,32 +23,29 @@ Configuration is per node (:func:`load_bmc_config`, a TOML file)::
 A credentials file holds the user name on its first line and the password on
 its second; one readable by group or others is refused (:class:`BmcConfigError`).
 
-Actions follow the scheduler contract of :mod:`trainguard.schedulers.base`: each
-carries an idempotency ``key`` and the leader's fencing ``token``. The ledger
-(``<state_dir>/<node>.json`` under an ``flock``) records the key *before* the
-request goes out: a key seen before is not sent again (a crash between the
-request and its result leaves a ``pending`` key, whose replay only re-verifies
-from a fresh read: a power cycle is never sent twice for one key), and a token
-below the highest seen raises :class:`~trainguard.schedulers.base.FencingRejected`.
-Every action is verified from fresh reads until its effect shows (power off:
-off; the restarts and the cycle: on again) or ``action_timeout`` passes
-(``verified=False``). A BMC without ``PowerCycle`` gets ``ForceOff``, a verified
-off, then ``On``.
+Actions are keyed and exactly once across servers and crashes (decision 0414): the
+caller passes an :class:`ActionJournal` (the shared store's power-action ledger,
+written under the leader's fencing token) and every reset request is recorded there
+as intended *before* it goes out and as sent once the BMC accepted it. A journal that
+already holds requests is resumed, never started again (:meth:`RedfishBmc._resume`):
+a power cycle on a BMC without ``PowerCycle`` is ``ForceOff``, a verified off, then
+``On``, and a crash between the two ends with the node switched on, not left off.
+Every action is verified from fresh reads until its effect shows (power off: off; the
+restarts and the cycle: on again) or ``action_timeout`` passes (``verified=False``).
+The client keeps no state of its own.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import json
 import os
 import stat
 import time
 import tomllib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from trainguard.model.bmc import (
     BmcActionResult,
@@ -58,9 +55,17 @@ from trainguard.model.bmc import (
     SelEntry,
     SensorReading,
 )
-from trainguard.schedulers.base import FencingRejected, SchedulerError
+from trainguard.schedulers.base import SchedulerError
 
 ACTIONS = ("graceful_restart", "force_restart", "power_cycle", "power_off")
+# The Redfish reset requests an action is made of, by the names the journal records.
+_RESET = {
+    "ForceOff": "FORCE_OFF",
+    "On": "ON",
+    "PowerCycle": "POWER_CYCLE",
+    "GracefulRestart": "GRACEFUL_RESTART",
+    "ForceRestart": "FORCE_RESTART",
+}
 _MAX_EVENTS = 200  # the newest SEL entries kept per reading (a SEL can hold thousands)
 
 
@@ -177,38 +182,27 @@ def _sushy() -> Any:
     return sushy
 
 
-class _Ledger:
-    """Keys and the highest fencing token of one node's BMC actions, in a locked JSON file."""
+class ActionJournal(Protocol):
+    """Where one keyed power action's requests are recorded (the shared store's
+    power-action ledger, decision 0414). ``intend`` is called before a request goes out
+    and must raise when the caller may no longer act (a deposed leader): then nothing
+    is sent. ``requests`` is what was recorded before, by this process or another."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def requests(self) -> list[tuple[str, str]]: ...  # [(request, "intended" | "sent")]
 
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[dict[str, Any]]:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_suffix(".lock"), "a+b") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                state = json.loads(self.path.read_text())
-            except FileNotFoundError:
-                state = {"max_token": 0, "keys": {}}
-            before = json.dumps(state, sort_keys=True)
-            yield state
-            if json.dumps(state, sort_keys=True) == before:
-                return  # a read: nothing to write
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(state, sort_keys=True))
-            os.replace(tmp, self.path)
+    def intend(self, request: str) -> None: ...
+
+    def sent(self, request: str) -> None: ...
 
 
 class RedfishBmc:
-    """One node's BMC; ``clock``/``sleep`` are injected, ``state_dir`` holds the action ledger."""
+    """One node's BMC; ``clock``/``sleep`` are injected. It keeps no state: what was
+    sent is the caller's :class:`ActionJournal`."""
 
     def __init__(
         self,
         endpoint: BmcEndpoint,
         *,
-        state_dir: str | os.PathLike[str],
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
         poll: float = 0.5,
@@ -219,7 +213,6 @@ class RedfishBmc:
         self.sleep = sleep
         self.poll = poll
         self.action_timeout = action_timeout
-        self._ledger = _Ledger(Path(state_dir) / f"{endpoint.node}.json")
 
     # --- connection ------------------------------------------------------------------
 
@@ -368,93 +361,122 @@ class RedfishBmc:
 
     # --- actions ---------------------------------------------------------------------
 
-    def act(self, action: str, *, key: str, token: int) -> BmcActionResult:
-        """Carry out ``action`` (one of :data:`ACTIONS`) once per ``key``, fenced by ``token``."""
+    def act(self, action: str, *, key: str, journal: ActionJournal) -> BmcActionResult:
+        """Carry out ``action`` (one of :data:`ACTIONS`) for ``key`` to its end, resuming
+        from what ``journal`` holds: a request recorded before is never sent again, except
+        ``On``, which is idempotent (see :meth:`_resume`)."""
         if action not in ACTIONS:
             raise BmcError(f"unknown BMC action {action!r} (one of {', '.join(ACTIONS)})")
-        with self._ledger.locked() as state:
-            if token < state["max_token"]:
-                raise FencingRejected(
-                    f"fencing token {token} is older than {state['max_token']}: refused"
-                )
-            state["max_token"] = max(state["max_token"], int(token))
-            seen = state["keys"].get(key)
-            if seen is None:
-                state["keys"][key] = {"action": action, "state": "pending", "at": self.clock()}
-        if seen is not None and seen.get("state") == "done":
-            return BmcActionResult(
-                node=self.endpoint.node,
-                action=seen["action"],
-                key=key,
-                applied=False,
-                verified=bool(seen["verified"]),
-                power_after=PowerState(seen["power_after"]),
-                detail=dict(seen.get("detail") or {}),
-            )
-        # A pending key was sent before a crash: never send it again, only verify it.
-        detail = self._send(action) if seen is None else {"replayed": True}
-        verified, power_after = self._verify(action)
-        with self._ledger.locked() as state:
-            state["keys"][key] = {
-                "action": action,
-                "state": "done",
-                "verified": verified,
-                "power_after": power_after.value,
-                "detail": detail,
-                "at": self.clock(),
-            }
+        before = journal.requests()
+        if before:
+            detail = self._resume(action, dict(before), journal)
+        else:
+            detail = self._send(action, journal)
+        sent = [r for r, st in journal.requests() if st == "sent"]
+        detail["sent"] = sent
+        if "verified" in detail:  # the resume already knows it cannot be verified
+            verified, power_after = bool(detail.pop("verified")), self._power_or_unknown()
+        else:
+            verified, power_after = self._verify(action)
         return BmcActionResult(
             node=self.endpoint.node,
             action=action,
             key=key,
-            applied=seen is None,
+            applied=len(sent) > len([r for r, st in before if st == "sent"]),
             verified=verified,
             power_after=power_after,
             detail=detail,
         )
 
-    def recorded(self, key: str) -> dict[str, Any] | None:
-        """What the ledger holds for ``key`` (``state`` pending/done, ``at``, ``verified``)."""
-        with self._ledger.locked() as state:
-            hit = state["keys"].get(key)
-        return None if hit is None else dict(hit)
+    def _request(self, system: Any, request: str, journal: ActionJournal) -> None:
+        """One reset request, written ahead (``intend`` raises for a deposed leader: then
+        nothing is sent) and marked sent once the BMC accepted it."""
+        journal.intend(request)
+        system.reset_system(getattr(_sushy().ResetType, _RESET[request]))
+        journal.sent(request)
 
-    def _send(self, action: str) -> dict[str, Any]:
+    def _send(self, action: str, journal: ActionJournal) -> dict[str, Any]:
         sushy = _sushy()
         sx = sushy.exceptions
 
-        reset = sushy.ResetType
         try:
             system = self._system(self._client())
             allowed = set(system.get_allowed_reset_system_values())
             before = _power(system.power_state)
             if action == "power_off":
                 if before is not PowerState.OFF:
-                    system.reset_system(reset.FORCE_OFF)
-                return {"sent": ["ForceOff"] if before is not PowerState.OFF else []}
+                    self._request(system, "ForceOff", journal)
+                return {}
             if before is PowerState.OFF:  # nothing to restart: switch it on
-                system.reset_system(reset.ON)
-                return {"sent": ["On"], "was": "off"}
+                self._request(system, "On", journal)
+                return {"was": "off"}
             if action == "graceful_restart":
-                system.reset_system(reset.GRACEFUL_RESTART)
-                return {"sent": ["GracefulRestart"]}
+                self._request(system, "GracefulRestart", journal)
+                return {}
             if action == "force_restart":
-                system.reset_system(reset.FORCE_RESTART)
-                return {"sent": ["ForceRestart"]}
-            if reset.POWER_CYCLE in allowed:
-                system.reset_system(reset.POWER_CYCLE)
-                return {"sent": ["PowerCycle"]}
-            system.reset_system(reset.FORCE_OFF)
-            if not self._wait_for(PowerState.OFF):
-                raise BmcError(
-                    f"power cycle of {self.endpoint.node}: the BMC did not report it off "
-                    f"within {self.action_timeout:.0f}s; not switching it on"
-                )
-            system.refresh()
-            system.reset_system(reset.ON)
-            return {"sent": ["ForceOff", "On"]}
+                self._request(system, "ForceRestart", journal)
+                return {}
+            if sushy.ResetType.POWER_CYCLE in allowed:
+                self._request(system, "PowerCycle", journal)
+                return {}
+            self._request(system, "ForceOff", journal)
+            return self._switch_on_after_off(journal)
         except sx.SushyError as exc:
             raise BmcError(self._explain(exc)) from None
+
+    def _switch_on_after_off(self, journal: ActionJournal) -> dict[str, Any]:
+        """The second half of a cycle without ``PowerCycle``: a verified off, then ``On``."""
+        if not self._wait_for(PowerState.OFF):
+            raise BmcError(
+                f"power cycle of {self.endpoint.node}: the BMC did not report it off "
+                f"within {self.action_timeout:.0f}s; not switching it on yet"
+            )
+        sx = _sushy().exceptions
+        try:
+            self._request(self._system(self._client()), "On", journal)
+        except sx.SushyError as exc:
+            raise BmcError(self._explain(exc)) from None
+        return {}
+
+    def _resume(self, action: str, done: dict[str, str], journal: ActionJournal) -> dict[str, Any]:
+        """Finish an action a crash (or a deposed leader) left half-way, from its journal.
+
+        * ``On`` recorded: power on is idempotent, so it is sent again unless the BMC
+          already reports the node on or powering on;
+        * ``ForceOff`` of a cycle recorded, no ``On``: wait for the off, then ``On`` —
+          the cycle completes instead of leaving the server off. When the node never goes
+          off, the ForceOff is not sent a second time: the result is "not verified";
+        * a single-request action (``PowerCycle``, a restart, a power off): never sent
+          again, only verified.
+        """
+        sx = _sushy().exceptions
+        out: dict[str, Any] = {"resumed": [f"{r}:{st}" for r, st in done.items()]}
+        try:
+            if "On" in done:
+                system = self._system(self._client())
+                if _power(system.power_state) not in (PowerState.ON, PowerState.POWERING_ON):
+                    self._request(system, "On", journal)
+                return out
+            if action == "power_cycle" and set(done) == {"ForceOff"}:
+                if self._wait_for(PowerState.OFF):
+                    out.update(self._switch_on_after_off(journal))
+                    return out
+                out["verified"] = False
+                out["why"] = (
+                    "the ForceOff "
+                    + ("was accepted" if done["ForceOff"] == "sent" else "may never have arrived")
+                    + " but the BMC never reported the node off; it is not sent again"
+                )
+                return out
+        except sx.SushyError as exc:
+            raise BmcError(self._explain(exc)) from None
+        return out
+
+    def _power_or_unknown(self) -> PowerState:
+        try:
+            return self.power()
+        except BmcError:
+            return PowerState.UNKNOWN
 
     def _wait_for(self, want: PowerState) -> bool:
         deadline = self.clock() + self.action_timeout
@@ -477,15 +499,14 @@ class RedfishBmc:
             return False, PowerState.UNKNOWN
 
 
-def bmcs_from_config(
-    config: Mapping[str, BmcEndpoint], *, state_dir: str | os.PathLike[str], **kwargs: Any
-) -> dict[str, RedfishBmc]:
+def bmcs_from_config(config: Mapping[str, BmcEndpoint], **kwargs: Any) -> dict[str, RedfishBmc]:
     """One :class:`RedfishBmc` per configured node."""
-    return {name: RedfishBmc(ep, state_dir=state_dir, **kwargs) for name, ep in config.items()}
+    return {name: RedfishBmc(ep, **kwargs) for name, ep in config.items()}
 
 
 __all__ = [
     "ACTIONS",
+    "ActionJournal",
     "BmcConfigError",
     "BmcEndpoint",
     "BmcError",

@@ -1,6 +1,6 @@
 """The control plane's tables: lease, nodes, managed jobs, policies, scope modes,
-findings, the action ledger, approvals, the breaker, repairs, the webhook outbox and
-the jobs' progress tokens.
+findings, the action ledger, the power-action ledger, approvals, the breaker, repairs,
+the webhook outbox and the jobs' progress tokens.
 
 :class:`FleetStore` wraps a :class:`~trainguard.store.core.Store` (either
 backend) and shares its connection and transactions through the store's public
@@ -13,6 +13,7 @@ Each concept is a module of its own, assembled here: :mod:`~trainguard.store.lea
 (the lease and fencing, decision 0082), :mod:`~trainguard.store.nodes`,
 :mod:`~trainguard.store.fleet_jobs`, :mod:`~trainguard.store.policies` (with scope
 modes), :mod:`~trainguard.store.findings`, :mod:`~trainguard.store.ledger`,
+:mod:`~trainguard.store.power_ledger` (the BMC actions),
 :mod:`~trainguard.store.approvals`, :mod:`~trainguard.store.breaker`,
 :mod:`~trainguard.store.repairs`, :mod:`~trainguard.store.outbox` and
 :mod:`~trainguard.store.job_tokens`.
@@ -30,11 +31,13 @@ from trainguard.store.ledger import LedgerStore
 from trainguard.store.nodes import NodeStore
 from trainguard.store.outbox import OutboxStore
 from trainguard.store.policies import PolicyStore
+from trainguard.store.power_ledger import PowerLedgerStore
 from trainguard.store.repairs import RepairStore
 
 
 class FleetStore(
     LedgerStore,
+    PowerLedgerStore,
     ApprovalStore,
     NodeStore,
     FleetJobStore,

@@ -12,6 +12,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from trainguard.model.bmc import PowerActionRecord, PowerActionState, PowerRequest
 from trainguard.model.devices import Device
 from trainguard.model.findings import Culprit, Domain, IncidentKind
 from trainguard.model.fleet import (
@@ -273,6 +274,24 @@ def action(row: Row) -> ActionRecord:
         finished_at=row[10],
         intent_audit_id=row[11],
         result_audit_id=row[12],
+    )
+
+
+def power_action(row: Row) -> PowerActionRecord:
+    return PowerActionRecord(
+        key=row[0],
+        node=row[1],
+        action=row[2],
+        state=PowerActionState(row[3]),
+        fencing_token=int(row[4]),
+        requests=tuple(
+            PowerRequest(str(r["request"]), str(r["state"]), float(r["at"]), int(r["token"]))
+            for r in loads(row[5]) or []
+        ),
+        result=loads(row[6]),
+        intended_at=float(row[7]),
+        updated_at=float(row[8]),
+        finished_at=None if row[9] is None else float(row[9]),
     )
 
 

@@ -417,6 +417,28 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX job_tokens_job ON job_tokens (job_id)",
         ),
     ),
+    Migration(
+        version=7,
+        description="power actions: the BMC action ledger, shared by every server (0414)",
+        statements=(
+            # One row per keyed power action; ``requests`` lists each BMC request
+            # (ForceOff, On, PowerCycle ...) as intended before it goes out and sent
+            # once accepted, so a crash between two requests is resumed, not repeated.
+            """CREATE TABLE power_actions (
+                action_key TEXT PRIMARY KEY,
+                node TEXT NOT NULL,
+                action TEXT NOT NULL,
+                state TEXT NOT NULL,
+                fencing_token BIGINT NOT NULL,
+                requests {json} NOT NULL,
+                result {json},
+                intended_at {float} NOT NULL,
+                updated_at {float} NOT NULL,
+                finished_at {float}
+            )""",
+            "CREATE INDEX power_actions_node ON power_actions (node, state)",
+        ),
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

@@ -342,6 +342,32 @@ SELECT_INTENDED_ACTIONS = (
     " ORDER BY incident_id, generation, idx"
 )
 
+POWER_ACTION_COLUMNS = (
+    "action_key, node, action, state, fencing_token, requests, result, intended_at,"
+    " updated_at, finished_at"
+)
+INSERT_POWER_ACTION = (
+    f"INSERT INTO power_actions ({POWER_ACTION_COLUMNS}) VALUES (:action_key, :node, :action,"
+    " 'intended', :fencing_token, '[]', NULL, :at, :at, NULL)"
+)
+SELECT_POWER_ACTION = (
+    f"SELECT {POWER_ACTION_COLUMNS} FROM power_actions WHERE action_key = :action_key"
+)
+SELECT_POWER_ACTIONS = (
+    f"SELECT {POWER_ACTION_COLUMNS} FROM power_actions WHERE (:node IS NULL OR node = :node)"
+    " AND (:state IS NULL OR state = :state) ORDER BY intended_at, action_key"
+)
+# Requests are recorded only while the action is unfinished: a finished action is final.
+UPDATE_POWER_REQUESTS = (
+    "UPDATE power_actions SET requests = :requests, fencing_token = :fencing_token,"
+    " updated_at = :at WHERE action_key = :action_key AND state = 'intended'"
+)
+FINISH_POWER_ACTION = (
+    "UPDATE power_actions SET state = 'done', result = :result, finished_at = :at,"
+    " updated_at = :at, fencing_token = :fencing_token"
+    " WHERE action_key = :action_key AND state = 'intended'"
+)
+
 APPROVAL_COLUMNS = (
     "id, kind, subject, why, state, incident_id, action_key, requested_at, requested_by,"
     " decided_at, decided_by, decision_reason, data"

@@ -104,7 +104,24 @@ class SlurmNode:
         return "NOT_RESPONDING" in self.flags
 
     @property
+    def held_down_by_trainguard(self) -> bool:
+        """DOWN+DRAIN with trainguard's reason while its slurmd answers: Slurm keeps a node
+        DOWN after its slurmd comes back (a power cycle) unless the reason is its own "Not
+        responding", and trainguard's drain replaced that reason. Such a node answers: it
+        is held, not lost, and trainguard resumes it after validating it (decision 0415)."""
+        return (
+            self.state == "down"
+            and not self.not_responding
+            and self.drained
+            and "trainguard" in (self.reason or "")
+        )
+
+    @property
     def down(self) -> bool:
+        """Not answering (or not usable at all): NOT_RESPONDING, or a DOWN/FAIL/FUTURE
+        state, except a node :attr:`held_down_by_trainguard`."""
+        if self.held_down_by_trainguard:
+            return False
         return self.state in ("down", "future", "unknown", "fail", "failing") or (
             self.not_responding
         )
