@@ -404,6 +404,23 @@ def _ranks_note(o: RestartObservation) -> str:
     return f"; all {len(o.expected_ranks)} rank(s) reported ({o.ranks_source})"
 
 
+# The ranks an attempt may report from when its world size is unknown (no torchrun
+# command line, no devices): the largest job of a 16,384-GPU cluster (decision 0405).
+DEFAULT_MAX_RANKS = 16_384
+
+
+def rank_limit(world: int | None, devices: int, maximum: int = DEFAULT_MAX_RANKS) -> int:
+    """How many ranks a job's attempts have: its ranks are ``0 .. limit - 1`` (0405).
+
+    The world size of its torchrun command line (``world``) or the devices it runs on
+    (one rank per device), whichever is larger; ``maximum`` when neither is known, and
+    never more than ``maximum``. A report from a rank at or past the limit is refused,
+    and such a rank is never expected to report (:func:`expected_ranks`).
+    """
+    known = max(world or 0, devices)
+    return min(known, maximum) if known > 0 else maximum
+
+
 def expected_ranks(
     baseline: frozenset[int] | None,
     *,
@@ -411,6 +428,7 @@ def expected_ranks(
     restart_devices: int,
     restart_reported: frozenset[int],
     world: int | None,
+    limit: int | None = None,
 ) -> tuple[frozenset[int] | None, str]:
     """The ranks a restart must hear from, and where that expectation comes from; one
     rule for run and serve (decision 0350).
@@ -420,7 +438,12 @@ def expected_ranks(
     world size of a torchrun command line (``world``), but only when the restart shows
     that its ranks report individually. A restart on fewer devices than ``baseline``
     ran on (``--min-need``) expects one rank per device when every device had one.
+    A rank at or past ``limit`` (:func:`rank_limit`) never belonged to the job: it is
+    never expected, whatever reported it (0405).
     """
+    if limit is not None:
+        baseline = None if baseline is None else frozenset(r for r in baseline if r < limit)
+        restart_reported = frozenset(r for r in restart_reported if r < limit)
     if baseline:
         if baseline_devices and restart_devices < baseline_devices:
             if len(baseline) == baseline_devices:
@@ -521,6 +544,7 @@ def account(
 
 
 __all__ = [
+    "DEFAULT_MAX_RANKS",
     "DEFAULT_STEP_WINDOW",
     "NO_STEP_SIGNAL_WARNING",
     "RATE_CLOCKS",
@@ -537,6 +561,7 @@ __all__ = [
     "failed_finding",
     "first_progress_note",
     "no_step_signal_warning",
+    "rank_limit",
     "rate_unchecked",
     "step_window",
     "verify_restart",
