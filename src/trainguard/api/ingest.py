@@ -41,7 +41,7 @@ import logging
 import math
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -200,11 +200,14 @@ def coalesce(items: Sequence[ProgressItem]) -> list[ProgressItem]:
 class ProgressPipeline:
     """Accept progress at once; hand it to ``sink`` in coalesced batches from a thread.
 
-    Bounded: at most ``max_pending`` events wait, and at most ``max_pending_per_job``
-    of one queue key (a job, or all unknown jobs together); :meth:`offer` takes all
-    of a request's events or none. A flush hands them to the sink in batches of at
-    most ``batch_size`` events, one sink call (one transaction) each, and pauses
-    between batches for about as long as the last one took (``duty``).
+    Bounded and fair (decision 0407): at most ``max_pending`` events wait, at most
+    ``max_pending_per_job`` of one queue key (a job, or all unknown jobs together), and
+    :meth:`offer` takes all of a request's events or none. Each key has its own queue;
+    a flush goes round by round, each round taking up to ``batch_size`` events from
+    the front of every queue, so a job with a backlog of thousands does not delay a
+    job with one event by more than a round. A round is coalesced and handed to the
+    sink in calls (transactions) of at most ``batch_size`` events, with a pause after
+    each for about as long as it took (``duty``): other writers get the store.
     """
 
     def __init__(
@@ -234,9 +237,8 @@ class ProgressPipeline:
         self.batch_size = batch_size
         self.duty = duty
         self._lock = threading.Lock()
-        self._pending: list[ProgressItem] = []
-        self._per_key: dict[str, int] = {}
-        self._keys: list[str] = []  # the queue key of each pending item, in step with it
+        self._queues: dict[str, deque[ProgressItem]] = {}  # by key, in order of arrival
+        self._count = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.accepted = 0
@@ -252,6 +254,12 @@ class ProgressPipeline:
         """What a refused client is told to wait (``Retry-After``): a few flushes."""
         return max(1, math.ceil(4 * self.flush_interval))
 
+    @property
+    def _pending(self) -> list[ProgressItem]:
+        """Everything waiting, queue by queue (for tests and diagnostics)."""
+        with self._lock:
+            return [item for q in self._queues.values() for item in q]
+
     def offer(
         self,
         job_id: str,
@@ -265,63 +273,82 @@ class ProgressPipeline:
         items = [ProgressItem(job_id, received_at, ev) for ev in events]
         key = job_id if key is None else key
         with self._lock:
+            queue = self._queues.get(key)
             if (
-                len(self._pending) + len(items) > self.max_pending
-                or self._per_key.get(key, 0) + len(items) > self.max_pending_per_job
+                self._count + len(items) > self.max_pending
+                or (0 if queue is None else len(queue)) + len(items) > self.max_pending_per_job
             ):
                 self.refused += len(items)
                 return 0
-            self._pending.extend(items)
-            self._keys.extend([key] * len(items))
-            self._per_key[key] = self._per_key.get(key, 0) + len(items)
+            if queue is None:
+                queue = self._queues[key] = deque()
+            queue.extend(items)
+            self._count += len(items)
             self.accepted += len(items)
         return len(items)
 
     def pending(self) -> int:
         with self._lock:
-            return len(self._pending)
+            return self._count
 
     def pending_for(self, key: str) -> int:
         with self._lock:
-            return self._per_key.get(key, 0)
+            queue = self._queues.get(key)
+            return 0 if queue is None else len(queue)
+
+    def _take_round(self) -> list[tuple[str, ProgressItem]]:
+        """Up to ``batch_size`` events from the front of every queue."""
+        out: list[tuple[str, ProgressItem]] = []
+        with self._lock:
+            for key in list(self._queues):
+                queue = self._queues[key]
+                for _ in range(min(self.batch_size, len(queue))):
+                    out.append((key, queue.popleft()))
+                if not queue:
+                    del self._queues[key]
+            self._count -= len(out)
+        return out
+
+    def _put_back(self, taken: list[tuple[str, ProgressItem]]) -> None:
+        """Return events to the front of their queues, in their order."""
+        with self._lock:
+            for key, item in reversed(taken):
+                self._queues.setdefault(key, deque()).appendleft(item)
+            self._count += len(taken)
 
     def flush(self) -> int:
-        """Hand everything buffered to the sink now; returns how many events it got."""
-        with self._lock:
-            batch, self._pending = self._pending, []
-            keys, self._keys = self._keys, []
-            self._per_key = {}
-        if not batch:
-            return 0
-        key_of = {id(item): k for item, k in zip(batch, keys, strict=True)}
-        items = coalesce(batch)
+        """Hand what is buffered now to the sink; returns how many events it got (after
+        coalescing). Stops early, keeping the rest, when the store fails."""
+        budget = self.pending()  # what arrives meanwhile waits for the next flush
         t0 = time.perf_counter()
-        done = 0
+        done = raw = 0
         held = 0.0
-        for start in range(0, len(items), self.batch_size):
-            if start:
-                # Leave the store to other writers for about as long as we held it.
-                time.sleep(min(held * (1.0 - self.duty) / self.duty, 0.25))
-            t_batch = time.perf_counter()
-            part = items[start : start + self.batch_size]
-            self.transactions += 1
-            kept = self._deliver(part)
-            held = time.perf_counter() - t_batch
-            if kept:
-                # The store is briefly unavailable (locked, restarting): keep what did not
-                # land for the next round rather than lose it; bounded by max_pending.
-                self.failed_flushes += 1
-                rest = kept + items[start + self.batch_size :]
-                with self._lock:
-                    self._pending[:0] = rest
-                    self._keys[:0] = [key_of[id(i)] for i in rest]
-                    for i in rest:
-                        k = key_of[id(i)]
-                        self._per_key[k] = self._per_key.get(k, 0) + 1
-                return done + len(part) - len(kept)
-            done += len(part)
+        while raw < budget:
+            taken = self._take_round()
+            if not taken:
+                break
+            raw += len(taken)
+            key_of = {id(item): key for key, item in taken}
+            items = coalesce([item for _, item in taken])
+            for start in range(0, len(items), self.batch_size):
+                if held:
+                    # Leave the store to other writers for about as long as we held it.
+                    time.sleep(min(held * (1.0 - self.duty) / self.duty, 0.25))
+                t_batch = time.perf_counter()
+                part = items[start : start + self.batch_size]
+                self.transactions += 1
+                kept = self._deliver(part)
+                held = time.perf_counter() - t_batch
+                if kept:
+                    # The store is briefly unavailable (locked, restarting): keep what did
+                    # not land for the next round rather than lose it.
+                    self.failed_flushes += 1
+                    rest = kept + items[start + self.batch_size :]
+                    self._put_back([(key_of[id(i)], i) for i in rest])
+                    return done + len(part) - len(kept)
+                done += len(part)
+            self.flushed += len(taken)
         self.last_flush_s = time.perf_counter() - t0
-        self.flushed += len(batch)
         return done
 
     def _deliver(self, items: list[ProgressItem]) -> list[ProgressItem]:
