@@ -49,9 +49,9 @@ def _jobs(db: Path) -> None:
                 for i in range(need)
             ]
             store.register_devices(devices, at=T0)
-            store.create_job(
-                name=job_id, command=["python", "t.py"], need=need, at=T0, job_id=job_id
-            )
+            # Its world size is its torchrun command line's (decision 0405).
+            command = ["torchrun", "--nproc-per-node", str(need), "t.py"]
+            store.create_job(name=job_id, command=command, need=need, at=T0, job_id=job_id)
             store.start_attempt(job_id, 0, devices, at=T0)
     finally:
         store.close()
@@ -269,6 +269,8 @@ def test_a_foreign_rank_cannot_make_a_restart_fail_verification(tmp_path: Path) 
         "act",
         "--reconcile-interval",
         "0.3",
+        "--max-ranks",
+        "8",  # the job is no torchrun: its world size is unknown, so at most 8 ranks
     )
     try:
         with server.client(OP) as c:
@@ -298,7 +300,7 @@ def test_a_foreign_rank_cannot_make_a_restart_fail_verification(tmp_path: Path) 
                 60,
                 "progress of attempt 0",
             )
-            # One event from a rank the job does not have (it runs one rank): refused.
+            # One event from a rank past the limit: refused, nothing stored.
             bad = {"event": "progress", "step": 6, "time": time.time(), "rank": 99, "attempt": 0}
             r = httpx.post(
                 f"{server.url}/v1/jobs/job-tiny/progress",
@@ -308,15 +310,21 @@ def test_a_foreign_rank_cannot_make_a_restart_fail_verification(tmp_path: Path) 
             )
             assert r.status_code == 422, r.text
             assert "rank 99 out of range for job 'job-tiny'" in r.json()["detail"]
-            # As a database written before the bound would hold it: rank 99 among the
-            # attempt's ranks. It still never becomes a rank the restart must hear from.
-            conn = sqlite3.connect(db, timeout=30)
-            with conn:
-                conn.execute(
-                    "INSERT INTO attempt_ranks (job_id, attempt, rank, host, local_rank,"
-                    " visible) VALUES ('job-tiny', 0, 99, NULL, NULL, '[]')"
-                )
-            conn.close()
+            assert "0..7" in r.json()["detail"]
+            # One from rank 5, within the limit: accepted and kept among the attempt's
+            # ranks, but the job has one rank (0): 1 .. 4 never reported, so 5 is not one
+            # of its ranks and no restart is expected to hear from it.
+            stray = {**bad, "rank": 5}
+            r = httpx.post(
+                f"{server.url}/v1/jobs/job-tiny/progress",
+                json={"events": [stray]},
+                headers=HEADERS,
+                timeout=10,
+            )
+            assert r.status_code == 202, r.text
+            q = "SELECT COUNT(*) FROM attempt_ranks WHERE job_id = 'job-tiny' AND rank = 5"
+            wait_for(lambda: _read(db, q) == 1, 30, "the stray rank stored")
+            assert _read(db, "SELECT MAX(rank) FROM attempt_ranks") == 5
             state = json.loads((cluster / "state.json").read_text())
             (pid,) = [j["pid"] for j in state["jobs"].values() if j.get("pid")]
             os.killpg(int(pid), 9)

@@ -40,7 +40,9 @@ def ev(
     return ProgressEvent(event=event, step=step, time=T0 + step, rank=rank, attempt=attempt)
 
 
-def _job(store: Store, job_id: str, need: int, command: tuple[str, ...] = ("python", "t.py")):
+def _job(store: Store, job_id: str, need: int, command: tuple[str, ...] | None = None) -> None:
+    if command is None:  # a torchrun job of one rank per device: its world size is known
+        command = ("torchrun", "--nproc-per-node", str(need), "t.py")
     devices = [
         Device(i, f"GPU-{job_id}-{i}", f"0000:{16 + i:02x}:00.0", host="n1") for i in range(need)
     ]
@@ -52,11 +54,10 @@ def _job(store: Store, job_id: str, need: int, command: tuple[str, ...] = ("pyth
 # --- the rank limit ------------------------------------------------------------------
 
 
-def test_rank_limit_is_the_world_size_or_the_devices_else_the_maximum() -> None:
-    assert rank_limit(None, 2, 16) == 2
-    assert rank_limit(8, 2, 16) == 8  # torchrun says 8 ranks on 2 devices
-    assert rank_limit(None, 0, 16) == 16  # unknown: the configured maximum
-    assert rank_limit(64, 0, 16) == 16  # and never more than it
+def test_rank_limit_is_the_torchrun_world_size_else_the_maximum() -> None:
+    assert rank_limit(8, 16) == 8
+    assert rank_limit(None, 16) == 16  # unknown: the configured maximum
+    assert rank_limit(64, 16) == 16  # and never more than it
 
 
 def test_job_limit_says_where_the_figure_comes_from() -> None:
@@ -69,6 +70,8 @@ def test_job_limit_says_where_the_figure_comes_from() -> None:
     assert lim.refusal("j", [0, 7]) is None
     msg = lim.refusal("j", [8, 99, 3])
     assert msg is not None and "rank 8, 99 out of range for job 'j'" in msg and "0..7" in msg
+    J.command = ("python", "t.py")  # more ranks than devices is fine: not a bound
+    assert job_limit(J(), 100).ranks == 100
     unknown = job_limit(None, 100)
     assert (unknown.ranks, unknown.known, unknown.key) == (100, False, UNKNOWN_JOBS)
 
@@ -78,10 +81,10 @@ def test_job_limit_says_where_the_figure_comes_from() -> None:
     devices=st.integers(0, 8),
     world=st.none() | st.integers(1, 8),
 )
-def test_a_rank_past_the_limit_is_never_expected(
+def test_only_ranks_that_can_have_belonged_to_the_job_are_expected(
     baseline: frozenset[int], devices: int, world: int | None
 ) -> None:
-    limit = rank_limit(world, devices, 16)
+    limit = rank_limit(world, 16)
     expected, _ = expected_ranks(
         baseline,
         baseline_devices=devices,
@@ -90,17 +93,20 @@ def test_a_rank_past_the_limit_is_never_expected(
         world=world,
         limit=limit,
     )
+    # Never a rank past the limit, never one with a silent rank below it.
+    assert expected is None or expected == frozenset(range(len(expected)))
     assert expected is None or all(r < limit for r in expected)
 
 
-def test_rank_99_of_a_two_rank_job_is_not_expected_after_a_restart() -> None:
+@pytest.mark.parametrize("world", [2, None])
+def test_rank_99_of_a_two_rank_job_is_not_expected_after_a_restart(world: int | None) -> None:
     expected, _ = expected_ranks(
         frozenset({0, 1, 99}),
         baseline_devices=2,
         restart_devices=2,
         restart_reported=frozenset({0, 1}),
-        world=2,
-        limit=rank_limit(2, 2),
+        world=world,
+        limit=rank_limit(world),
     )
     assert expected == frozenset({0, 1})
 
@@ -110,7 +116,7 @@ def test_rank_limits_cache_known_jobs_and_look_unknown_ones_up_again() -> None:
     looked: list[str] = []
 
     class J:
-        command = ("python", "t.py")
+        command = ("torchrun", "--nproc-per-node", "2", "t.py")
         need = 2
 
     def lookup(job_id: str) -> Any:

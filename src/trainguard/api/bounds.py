@@ -3,13 +3,13 @@
 A progress event names a ``rank``; each rank of an attempt is a row in the store and
 a rank a restart is expected to hear from again. So the ranks a job may report from
 are bounded by its world size (:func:`trainguard.policy.verify.rank_limit`: its
-torchrun command line's, or one rank per device it runs on; ``--max-ranks`` when
-neither is known), and a report that names a rank past it is refused with 422.
+torchrun command line's; ``--max-ranks`` when it is not known), and a report that
+names a rank past it is refused with 422.
 
 :class:`RankLimits` keeps each job's limit in memory, so that the fast lane (which
 does no I/O) can check a report against it; a job not yet looked up is looked up once
-from the store by the framework's route, in the thread pool. A job's command and
-device count do not change, so a known job's limit is kept (up to ``max_cached``
+from the store by the framework's route, in the thread pool. A job's command
+does not change, so a known job's limit is kept (up to ``max_cached``
 jobs, least recently used out); an unknown job is looked up again after
 ``unknown_ttl`` seconds (it may be registered meanwhile). Progress for an unknown
 job is accepted (and dropped at the flush, as before) but all unknown jobs share one
@@ -63,16 +63,13 @@ def job_limit(job: Any | None, maximum: int) -> Limit:
     if job is None:
         return Limit(maximum, False, f"unknown job: at most --max-ranks {maximum}")
     world = torchrun_world_size(tuple(job.command))
-    devices = int(job.need or 0)
-    ranks = rank_limit(world, devices, maximum)
-    if world is None and devices <= 0:
+    ranks = rank_limit(world, maximum)
+    if world is None:
         why = f"world size unknown: at most --max-ranks {maximum}"
-    elif world is not None and world >= devices:
-        why = f"the torchrun world size {world}"
+    elif ranks < world:
+        why = f"the torchrun world size {world}, capped by --max-ranks {maximum}"
     else:
-        why = f"one rank per device, {devices} device(s)"
-    if ranks < max(world or 0, devices):
-        why += f", capped by --max-ranks {maximum}"
+        why = f"the torchrun world size {world}"
     return Limit(ranks, True, why)
 
 

@@ -409,16 +409,16 @@ def _ranks_note(o: RestartObservation) -> str:
 DEFAULT_MAX_RANKS = 16_384
 
 
-def rank_limit(world: int | None, devices: int, maximum: int = DEFAULT_MAX_RANKS) -> int:
+def rank_limit(world: int | None, maximum: int = DEFAULT_MAX_RANKS) -> int:
     """How many ranks a job's attempts have: its ranks are ``0 .. limit - 1`` (0405).
 
-    The world size of its torchrun command line (``world``) or the devices it runs on
-    (one rank per device), whichever is larger; ``maximum`` when neither is known, and
-    never more than ``maximum``. A report from a rank at or past the limit is refused,
-    and such a rank is never expected to report (:func:`expected_ranks`).
+    The world size of its torchrun command line (``world``), never more than
+    ``maximum``; ``maximum`` when the world size is unknown. Not the device count: a
+    job may run more ranks than devices (CPU ranks, several per device). A report from a
+    rank at or past the limit is refused, and such a rank is never expected to report
+    (:func:`expected_ranks`).
     """
-    known = max(world or 0, devices)
-    return min(known, maximum) if known > 0 else maximum
+    return min(world, maximum) if world is not None and world > 0 else maximum
 
 
 def expected_ranks(
@@ -438,12 +438,18 @@ def expected_ranks(
     world size of a torchrun command line (``world``), but only when the restart shows
     that its ranks report individually. A restart on fewer devices than ``baseline``
     ran on (``--min-need``) expects one rank per device when every device had one.
-    A rank at or past ``limit`` (:func:`rank_limit`) never belonged to the job: it is
-    never expected, whatever reported it (0405).
+    Only ranks that can have belonged to the job are expected (0405): none at or past
+    ``limit`` (:func:`rank_limit`), and of the baseline only the ranks ``0 .. k-1`` that
+    all reported: a world's ranks are numbered from 0 without gaps, so a rank with a
+    silent rank below it (one stray event naming rank 99) is not one of the job's.
     """
     if limit is not None:
-        baseline = None if baseline is None else frozenset(r for r in baseline if r < limit)
         restart_reported = frozenset(r for r in restart_reported if r < limit)
+    if baseline:
+        k = 0
+        while k in baseline and (limit is None or k < limit):
+            k += 1
+        baseline = frozenset(range(k))
     if baseline:
         if baseline_devices and restart_devices < baseline_devices:
             if len(baseline) == baseline_devices:

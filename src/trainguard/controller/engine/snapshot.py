@@ -312,7 +312,7 @@ class SnapshotBuilder(AttemptSync):
             restart_devices=len(att.devices),
             restart_reported=reported,
             world=torchrun_world_size(job.command),
-            limit=rank_limit(torchrun_world_size(job.command), job.need, self.config.max_ranks),
+            limit=rank_limit(torchrun_world_size(job.command), self.config.max_ranks),
         )
         observation = RestartObservation(
             now=base.now,
