@@ -111,7 +111,7 @@ def register(subparsers: Any) -> None:
         default=16_384,
         metavar="N",
         help="the most ranks a job may report progress from when its world size is unknown "
-        "(no torchrun command line, no devices), and the cap on any job's (default 16384); "
+        "(no torchrun command line), and the cap on any job's (default 16384); "
         "a report from a rank past a job's world size is refused with 422",
     )
     add_breaker_options(parser)
