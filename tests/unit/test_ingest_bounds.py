@@ -411,3 +411,30 @@ def test_http_progress_waits_out_a_429_as_told_and_then_delivers() -> None:
         b._stop.set()
     finally:
         httpd.shutdown()
+
+
+def test_the_agent_client_passes_a_429s_retry_after_on() -> None:
+    from trainguard.agent.client import ServerClient, Unreachable
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(429)
+            self.send_header("Retry-After", "7")
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    client = ServerClient(f"http://127.0.0.1:{httpd.server_address[1]}", AGENT, "n1")
+    try:
+        with pytest.raises(Unreachable) as caught:
+            client.heartbeat(1, T0, 0, {})
+        assert caught.value.retry_after == 7.0 and "429" in str(caught.value)
+    finally:
+        client.close()
+        httpd.shutdown()
