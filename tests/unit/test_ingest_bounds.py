@@ -417,7 +417,7 @@ def test_the_agent_client_passes_a_429s_retry_after_on() -> None:
     from trainguard.agent.client import ServerClient, Unreachable
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        def do_POST(self) -> None:
             self.rfile.read(int(self.headers["Content-Length"]))
             self.send_response(429)
             self.send_header("Retry-After", "7")
