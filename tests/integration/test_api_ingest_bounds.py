@@ -159,6 +159,7 @@ def test_a_progress_flood_starves_neither_the_lease_nor_an_honest_job(tmp_path: 
         lease_seen: list[tuple[float, float]] = []
         steps_seen: list[tuple[float, int]] = []
         health: list[tuple[int, float]] = []
+        reads: list[tuple[str, int, float]] = []
         for t in threads:
             t.start()
         try:
@@ -167,6 +168,15 @@ def test_a_progress_flood_starves_neither_the_lease_nor_an_honest_job(tmp_path: 
                 with contextlib.suppress(httpx.HTTPError):
                     h = httpx.get(server.url + "/healthz", timeout=10)
                     health.append((h.status_code, time.monotonic() - t_ask))
+                    # The reads that froze on main answer too.
+                    for path in ("/v1/status", "/metrics"):
+                        t_read = time.monotonic()
+                        r = httpx.get(
+                            server.url + path,
+                            headers={"Authorization": f"Bearer {OP}"},
+                            timeout=10,
+                        )
+                        reads.append((path, r.status_code, time.monotonic() - t_read))
                 lease_seen.append((time.monotonic(), float(_read(db, lease_q))))
                 steps_seen.append((time.monotonic(), int(_read(db, step_q) or 0)))
                 time.sleep(0.5)
@@ -177,7 +187,8 @@ def test_a_progress_flood_starves_neither_the_lease_nor_an_honest_job(tmp_path: 
         flood_ended = time.monotonic()
         summary = (
             f"codes {codes}, requests {sent[0]}, health {health[-3:]}, lease {lease_seen[-3:]}, "
-            f"steps {steps_seen[-3:]}, honest sent {honest_sent[-3:]}"
+            f"steps {steps_seen[-3:]}, honest sent {honest_sent[-3:]}, "
+            f"slowest read {max((t for *_, t in reads), default=None)}"
         )
         print(summary)
         assert codes.get(422, 0) >= 1, summary  # the wide batches: refused, not stored
@@ -189,9 +200,13 @@ def test_a_progress_flood_starves_neither_the_lease_nor_an_honest_job(tmp_path: 
         renewals = sorted({at for _, at in lease_seen})
         assert len(renewals) >= 3, summary
         assert renewals[-1] > lease_seen[0][1], summary
+        gaps = [b - a for a, b in zip(renewals, renewals[1:], strict=False)]
+        assert max(gaps) < 10.0, (gaps, summary)  # the ttl is 15 s
         # /healthz said 200 throughout, and answered promptly.
         assert health and all(code == 200 for code, _ in health), summary
         assert max(took for _, took in health) < 5.0, summary
+        assert len(reads) == 2 * len(health), (reads, summary)
+        assert all(code == 200 and took < 5.0 for _, code, took in reads), (reads, summary)
         # The honest job's progress reached the store while the flood ran.
         mid = started + FLOOD_SECONDS / 2
         stored_during = [s for t, s in steps_seen if mid <= t <= flood_ended]
