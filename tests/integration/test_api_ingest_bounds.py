@@ -7,6 +7,7 @@ answers 503 while the reconcile child is stopped, 200 again once it runs."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -200,7 +201,7 @@ def test_a_progress_flood_starves_neither_the_lease_nor_an_honest_job(tmp_path: 
         renewals = sorted({at for _, at in lease_seen})
         assert len(renewals) >= 3, summary
         assert renewals[-1] > lease_seen[0][1], summary
-        gaps = [b - a for a, b in zip(renewals, renewals[1:], strict=False)]
+        gaps = [b - a for a, b in itertools.pairwise(renewals)]
         assert max(gaps) < 10.0, (gaps, summary)  # the ttl is 15 s
         # /healthz said 200 throughout, and answered promptly.
         assert health and all(code == 200 for code, _ in health), summary
