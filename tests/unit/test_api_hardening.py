@@ -87,11 +87,12 @@ def test_one_poison_progress_event_is_dropped_audited_and_counted_and_the_rest_l
 ) -> None:
     _jobs(ctx.store, "job-a", "job-b")
 
-    def ev(step: int, rank: int = 0) -> ProgressEvent:
-        return ProgressEvent(event="progress", step=step, time=T0 + 1, rank=rank, attempt=0)
+    def ev(step: int, event: str = "progress") -> ProgressEvent:
+        return ProgressEvent(event=event, step=step, time=T0 + 1, rank=0, attempt=0)
 
-    # Past the edge (as a bug in the edge would let through): a step the store cannot hold.
-    ctx.progress.offer("job-a", [ev(5), ev(2**63, rank=1), ev(7)], T0 + 1)
+    # Past the edge (as a bug in the edge would let through): a step the store cannot hold
+    # (in an event that coalescing keeps; the jobs have one rank each).
+    ctx.progress.offer("job-a", [ev(5), ev(2**63, "checkpoint_saved"), ev(7)], T0 + 1)
     ctx.progress.offer("job-b", [ev(3)], T0 + 1)
     ctx.progress.flush()
     assert ctx.store.get_attempt("job-a", 0).last_step == 7

@@ -105,6 +105,15 @@ def register(subparsers: Any) -> None:
         "act mode a node that stops answering is looked at out of band, isolated, "
         "power-cycled after an approval and returned after it answers again (0242)",
     )
+    parser.add_argument(
+        "--max-ranks",
+        type=int,
+        default=16_384,
+        metavar="N",
+        help="the most ranks a job may report progress from when its world size is unknown "
+        "(no torchrun command line), and the cap on any job's (default 16384); "
+        "a report from a rank past a job's world size is refused with 422",
+    )
     add_breaker_options(parser)
     add_log_level_option(parser, "warning")
     parser.set_defaults(func=run)
@@ -120,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
         return usage_error(f"--port {args.port} is not a port number")
     if args.reconcile_interval <= 0:
         return usage_error("--reconcile-interval must be positive")
+    if args.max_ranks < 1:
+        return usage_error("--max-ranks must be at least 1")
     options = ServeOptions(
         host=args.host,
         port=args.port,
@@ -143,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
         keep_rejected_in_place=args.keep_rejected_in_place,
         bmc_config=args.bmc_config,
         breaker=breaker_config(args),
+        max_ranks=args.max_ranks,
     )
     try:
         return serve(options, say=lambda m: print(m, flush=True))

@@ -431,7 +431,9 @@ class Agent:
                     self.stats.heartbeats_failed += 1
                     need_inventory = True  # the server may have restarted without our devices
                     # Full jitter: a fleet that lost its server does not come back in lockstep.
-                    self._stop.wait(random.uniform(o.backoff_min, backoff))
+                    # A busy server's Retry-After is a floor on the wait.
+                    floor = getattr(exc, "retry_after", None) or 0.0
+                    self._stop.wait(max(floor, random.uniform(o.backoff_min, backoff)))
                     backoff = min(o.backoff_max, backoff * 2)
                     if isinstance(exc, Refused):
                         backoff = o.backoff_max

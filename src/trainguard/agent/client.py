@@ -25,7 +25,19 @@ class AgentError(Exception):
 
 
 class Unreachable(AgentError):
-    pass
+    """The server is down or busy; ``retry_after``: the seconds a 429 or 503 asked for."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def retry_after(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta seconds); ``None`` when absent or a date."""
+    try:
+        return None if value is None else min(max(float(value), 0.0), 300.0)
+    except ValueError:
+        return None
 
 
 class Refused(AgentError):
@@ -77,7 +89,10 @@ class ServerClient:
         except httpx.HTTPError as exc:
             raise Unreachable(f"{type(exc).__name__}: {exc}") from exc
         if resp.status_code >= 500 or resp.status_code == 429:
-            raise Unreachable(f"server answered {resp.status_code}")
+            raise Unreachable(
+                f"server answered {resp.status_code}",
+                retry_after(resp.headers.get("Retry-After")),
+            )
         try:
             data = resp.json()
         except ValueError:

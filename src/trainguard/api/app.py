@@ -76,15 +76,28 @@ def create_app(ctx: ApiContext, *, serve_dashboard: bool = True, fast_lane: bool
     async def _store(_: Request, exc: StoreError) -> JSONResponse:
         return JSONResponse({"detail": f"state store: {exc}"}, status_code=503)
 
-    @app.get("/healthz", tags=["server"], response_model=dict[str, Any])
-    async def healthz() -> dict[str, Any]:
-        """Liveness (no authentication)."""
+    @app.get(
+        "/healthz",
+        tags=["server"],
+        response_model=dict[str, Any],
+        responses={503: {"description": "the controller has not completed a pass in time"}},
+    )
+    async def healthz() -> Any:
+        """Health (no authentication): 503 with a ``reason`` when the controller has not
+        completed a reconcile pass within its lease's ttl (decision 0407)."""
+        healthy, reason = ctx.controller_health()
+        if not healthy:
+            return JSONResponse(
+                {"ok": False, "version": __version__, "reason": reason}, status_code=503
+            )
         return {"ok": True, "version": __version__}
 
     @app.get("/metrics", tags=["server"], response_class=Response)
     def metrics() -> Response:
         """Prometheus text exposition (no authentication: aggregate figures only)."""
         ctx.metrics.progress_pending.set(ctx.progress.pending())
+        last = ctx.last_pass_at
+        ctx.metrics.pass_age.set(-1.0 if last is None else ctx.monotonic() - last)
         return Response(generate_latest(ctx.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     if serve_dashboard:

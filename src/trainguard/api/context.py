@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainguard.api.auth import Principal, TokenTable, hash_token
+from trainguard.api.bounds import RankLimits, store_lookup
 from trainguard.api.identity import DeviceOwners, JobTokens, Refusals
 from trainguard.api.ingest import (
     FindingIngestor,
@@ -32,6 +33,7 @@ from trainguard.api.metrics import Metrics, StoreCollector
 from trainguard.api.middleware import DEFAULT_MAX_BODY
 from trainguard.api.operations import operations_collector
 from trainguard.model.records import AuditKind, RankReport
+from trainguard.policy.verify import DEFAULT_MAX_RANKS
 from trainguard.store import NotFound, Store
 from trainguard.store.fleet import FleetStore
 
@@ -58,15 +60,59 @@ class ApiContext:
     max_body: int = DEFAULT_MAX_BODY
     progress_dropped: dict[str, int] = field(default_factory=dict)
     loop_status: dict[str, Any] | None = None  # the loop process's last pass (0095)
+    rank_limits: RankLimits | None = None  # the ranks each job may report from (0405)
+    # Controller health (/healthz, decision 0407): a reconcile pass must complete at
+    # least every ``pass_deadline_s`` (the lease's ttl); ``None``: no controller here.
+    pass_deadline_s: float | None = None
+    startup_grace_s: float = 60.0  # the first pass may take this long (imports, warm-up)
+    monotonic: Callable[[], float] = time.monotonic
+    started_at: float | None = None  # monotonic
+    last_pass_at: float | None = None  # monotonic, the last completed pass
+    ingest_store: Store | None = None  # the flusher's own connection, when not ``store``
 
     def start(self) -> None:
+        self.started_at = self.monotonic()
         self.findings.load_receipts()
         self.progress.start()
         self.job_tokens.start()
 
+    def note_pass(self, line: dict[str, Any]) -> None:
+        """A reconcile pass ended (the loop's report): it counts as completed unless it
+        crashed or could not reach the lease (a locked or unreachable store)."""
+        errors = [str(e) for e in line.get("errors") or ()]
+        if line.get("crashed") or any(e.startswith("lease:") for e in errors):
+            return
+        self.last_pass_at = self.monotonic()
+
+    def controller_health(self) -> tuple[bool, str | None]:
+        """``(healthy, why not)``: unhealthy when no reconcile pass completed within the
+        lease's ttl (or, before the first, within the start-up grace)."""
+        if self.pass_deadline_s is None:
+            return True, None
+        now = self.monotonic()
+        if self.last_pass_at is None:
+            since = self.started_at if self.started_at is not None else now
+            limit = max(self.pass_deadline_s, self.startup_grace_s)
+            if now - since <= limit:
+                return True, None
+            return False, (
+                f"the controller has not completed a reconcile pass in the {now - since:.0f} s "
+                f"since the server started (limit {limit:.0f} s)"
+            )
+        age = now - self.last_pass_at
+        if age <= self.pass_deadline_s:
+            return True, None
+        return False, (
+            f"the controller's last completed reconcile pass was {age:.0f} s ago, longer "
+            f"than its lease ttl ({self.pass_deadline_s:.0f} s): it is stopped, stuck or "
+            "cannot reach the store"
+        )
+
     def stop(self) -> None:
         self.job_tokens.stop()
         self.progress.stop()
+        if self.ingest_store is not None and self.ingest_store is not self.store:
+            self.ingest_store.close()
 
     def authenticate(self, token: str) -> Principal | None:
         """The holder of ``token`` from memory: the token file, then the jobs' tokens."""
@@ -90,47 +136,58 @@ _MAX_VIEWS_CACHED = 100_000
 
 
 def store_progress_sink(
-    store: Store, dropped: dict[str, int], control: Any | None = None
+    store: Store,
+    dropped: dict[str, int],
+    control: Any | None = None,
+    *,
+    limits: RankLimits | None = None,
 ) -> ProgressSink:
-    """Progress into the attempts' last step (through the controller when there is one).
+    """Progress into the attempts' last step, their ranks and their restored checkpoint.
 
-    One transaction per flush: hundreds of jobs' progress costs one commit. A
-    ``resumed`` event records the checkpoint the attempt restored. Events of an
-    unknown job or attempt are counted in ``dropped`` and skipped.
+    One transaction per call: the pipeline calls it with at most its ``batch_size``
+    events (decision 0407). ``store`` is the connection ingestion writes with: in
+    ``serve`` one of its own, so that a flush never holds up the API's reads or the
+    controller's connection. A ``resumed`` event records the checkpoint the attempt
+    restored, once per attempt (decision 0405). A rank past the job's limit
+    (``limits``) is dropped: the route refuses such reports, this is the second
+    line. Events of an unknown job or attempt are counted in ``dropped`` and skipped.
+    With a controller, each (job, attempt) that reported is noted as reporting for
+    itself (``note_self_reported``), after the commit.
     """
-    update = (
-        control.ingest_progress
-        if control is not None and hasattr(control, "ingest_progress")
-        else None
-    )
+    note = getattr(control, "note_self_reported", None) if control is not None else None
     latest: dict[str, int] = {}
     # The rank views already stored (job, attempt, rank) -> view: written once each.
     views: dict[tuple[str, int, int], RankReport] = {}
 
+    def count(reason: str) -> None:
+        dropped[reason] = dropped.get(reason, 0) + 1
+
     def sink(items: Sequence[ProgressItem]) -> None:
         latest.clear()  # attempts change between flushes; the cache is per flush
+        reported: set[tuple[str, int]] = set()
         with store.transaction():
             for item in items:
                 ev = item.event
+                if limits is not None and ev.rank >= limits.limit(item.job_id).ranks:
+                    count("rank_out_of_range")
+                    continue
                 number = ev.attempt
                 try:
                     if number is None:
                         number = _latest_attempt(store, item.job_id, latest)
                         if number is None:
                             raise NotFound(item.job_id)
-                    if ev.event == "resumed" and ev.checkpoint:
-                        store.set_attempt_checkpoint(
-                            item.job_id,
-                            number,
-                            checkpoint_path=ev.checkpoint,
-                            checkpoint_step=ev.step,
-                        )
-                    if update is not None:
-                        update(item.job_id, number, ev.step, at=item.received_at)
-                    else:
-                        store.update_attempt_progress(
-                            item.job_id, number, ev.step, at=item.received_at
-                        )
+                    if ev.step < 0:
+                        raise ValueError("step must be >= 0")
+                    store.update_attempt_progress(item.job_id, number, ev.step, at=item.received_at)
+                    if ev.event == "resumed" and not store.record_resumed(
+                        item.job_id,
+                        number,
+                        checkpoint_path=ev.checkpoint,
+                        checkpoint_step=ev.step if ev.checkpoint else None,
+                        at=item.received_at,
+                    ):
+                        count("resumed_again")  # the attempt's restore is recorded already
                     if ev.visible_devices is not None:
                         # The rank's own view of its devices: the device map (0322).
                         report = RankReport(
@@ -159,10 +216,14 @@ def store_progress_sink(
                         store.record_job_step_time(
                             item.job_id, number, ev.step, time=ev.time, rank=ev.rank
                         )
+                    reported.add((item.job_id, number))
                 except NotFound:
-                    dropped["unknown_attempt"] = dropped.get("unknown_attempt", 0) + 1
+                    count("unknown_attempt")
                 except ValueError:
-                    dropped["invalid"] = dropped.get("invalid", 0) + 1
+                    count("invalid")
+        if note is not None:
+            for job_id, number in reported:
+                note(job_id, number)
 
     return sink
 
@@ -241,11 +302,22 @@ def build_context(
     max_body: int = DEFAULT_MAX_BODY,
     heartbeat_interval: float = 1.0,
     progress_flush_interval: float = 0.25,
+    ingest_store: Store | None = None,
+    max_ranks: int = DEFAULT_MAX_RANKS,
+    pass_deadline_s: float | None = None,
 ) -> ApiContext:
+    """The context of one server. ``ingest_store``: a connection of its own for the
+    progress flusher (default: ``store``); ``max_ranks``: the most ranks a job whose
+    world size is unknown may report from; ``pass_deadline_s``: how long ``/healthz``
+    waits for a completed reconcile pass before it reports unhealthy (``None``: no
+    controller runs here)."""
     metrics = Metrics()
     nodes = NodeTable(interval_s=heartbeat_interval)
     dropped: dict[str, int] = {}
-    progress_sink = store_progress_sink(store, dropped, control)
+    limits = RankLimits(store_lookup(store), maximum=max_ranks)
+    progress_sink = store_progress_sink(
+        ingest_store if ingest_store is not None else store, dropped, control, limits=limits
+    )
     finding_sink = (
         _control_finding_sink(control)
         if control is not None and hasattr(control, "ingest_finding")
@@ -280,6 +352,9 @@ def build_context(
         public_read=public_read,
         max_body=max_body,
         progress_dropped=dropped,
+        rank_limits=limits,
+        pass_deadline_s=pass_deadline_s,
+        ingest_store=ingest_store,
     )
     metrics.add_store_collector(StoreCollector(store, node_counts=lambda: nodes.counts(clock())))
     metrics.add_store_collector(operations_collector(ctx))

@@ -11,11 +11,13 @@ middleware answers exactly the well-formed, authorised case of
 
 itself, with the same effect and the same response body as the FastAPI routes in
 :mod:`trainguard.api.routes_ingest` (which stay the contract in the OpenAPI schema
-and a test holds them equal). Anything else — no or wrong token, a token that does
-not speak for that host or job, a heartbeat naming a card not known here as the
-host's own, a body that is not exactly what the schema accepts, another path — is
-passed on untouched (the body replayed), so every error (and its audit) is the
-framework's own 4xx with its message (decisions 0092, 0402).
+and a test holds them equal), and the 429 of a full progress buffer (decision 0407:
+refusing a flood must cost little). A progress report of a job whose rank limit is
+not cached yet, or that names a rank past it, goes to the route. Anything else — no
+or wrong token, a token that does not speak for that host or job, a heartbeat naming
+a card not known here as the host's own, a body that is not exactly what the schema
+accepts, another path — is passed on untouched (the body replayed), so every error
+(and its audit) is the framework's own 4xx with its message (decisions 0092, 0402).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trainguard.api.context import ApiContext
 from trainguard.api.jsonbody import PARSED, BadJson, Malformed, parse
+from trainguard.api.routes_ingest import PROGRESS_FULL
 from trainguard.api.schemas import (
     HOST_PATTERN,
     MAX_DEVICES_PER_HOST,
@@ -238,12 +241,22 @@ class FastLane:
 
         await self.app(scope, replay, send)
 
-    async def _respond(self, send: Send, status: int, body: bytes) -> None:
+    async def _respond(
+        self,
+        send: Send,
+        status: int,
+        body: bytes,
+        extra: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
         await send(
             {
                 "type": "http.response.start",
                 "status": status,
-                "headers": [*_HEADERS, (b"content-length", str(len(body)).encode())],
+                "headers": [
+                    *_HEADERS,
+                    (b"content-length", str(len(body)).encode()),
+                    *(extra or ()),
+                ],
             }
         )
         await send({"type": "http.response.body", "body": body})
@@ -279,9 +292,24 @@ class FastLane:
         if events is None:
             return False
         ctx = self.ctx
-        taken = ctx.progress.offer(job_id, events, ctx.clock())
+        key = None
+        if ctx.rank_limits is not None:
+            limit = ctx.rank_limits.cached(job_id)
+            if limit is None or limit.refusal(job_id, (e.rank for e in events)) is not None:
+                return False  # a lookup (thread pool), or a 422: the route does both
+            key = limit.key
+        taken = ctx.progress.offer(job_id, events, ctx.clock(), key=key)
         if taken == 0:
-            return False  # the buffer is full: the route answers 503 with its message
+            # Full: answered here, as the route would, since a flood is when it matters
+            # that a refusal costs little (decision 0407).
+            ctx.metrics.throttled.labels("progress").inc()
+            await self._respond(
+                send,
+                429,
+                json.dumps({"detail": PROGRESS_FULL}).encode(),
+                [(b"retry-after", str(ctx.progress.retry_after_s).encode())],
+            )
+            return True
         ctx.metrics.progress.inc(taken)
         await self._respond(send, 202, b'{"accepted":%d}' % taken)
         return True

@@ -15,7 +15,11 @@ Three kinds of report arrive at very different rates, so each takes its own path
   the first and last step of each (job, attempt, rank) plus every ``resumed``
   and ``checkpoint_saved`` event. A report acknowledged is in the buffer; a
   crash loses at most the last interval of progress, which the next report
-  supersedes.
+  supersedes. The buffer is bounded, in all and per job (decision 0407): a
+  report that does not fit is refused (429 with ``Retry-After``, counted), so a
+  job that floods the server is slowed down, not the others. The flusher writes
+  in transactions of at most ``batch_size`` events and leaves the store to other
+  writers (the reconcile loop's lease) between them.
 * **Findings** (rare, and the reason the control plane exists) are persisted
   before they are acknowledged (:class:`FindingIngestor`), each under the id the
   agent gave it: the receipt (an audit record with subject ``finding:<id>``) and
@@ -34,9 +38,10 @@ keeps the reports for the next try, as before.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -53,7 +58,14 @@ STALE_AFTER = 3.0
 LOST_AFTER = 10.0
 RECEIPT_PREFIX = "finding:"
 RECEIPT_WINDOW_S = 7 * 24 * 3600.0
-MAX_PENDING_PROGRESS = 1_000_000
+MAX_PENDING_PROGRESS = 200_000
+# One job's share of the buffer: the events of ~12 flushes of a 16,384-rank job.
+MAX_PENDING_PER_JOB = 50_000
+# Events per flush transaction: each transaction holds the store's write lock for
+# milliseconds, and the flusher pauses between them (FLUSH_DUTY) so that the reconcile
+# loop's writes (its lease renewal above all) are never queued behind a long flush.
+FLUSH_BATCH = 500
+FLUSH_DUTY = 0.5  # the flusher holds the write lock at most about this share of the time
 
 # Errors a record itself causes (a value that cannot be stored or processed), as opposed
 # to the store being unavailable (locked, disconnected, disk full): only these make a
@@ -186,7 +198,17 @@ def coalesce(items: Sequence[ProgressItem]) -> list[ProgressItem]:
 
 
 class ProgressPipeline:
-    """Accept progress at once; hand it to ``sink`` in coalesced batches from a thread."""
+    """Accept progress at once; hand it to ``sink`` in coalesced batches from a thread.
+
+    Bounded and fair (decision 0407): at most ``max_pending`` events wait, at most
+    ``max_pending_per_job`` of one queue key (a job, or all unknown jobs together), and
+    :meth:`offer` takes all of a request's events or none. Each key has its own queue;
+    a flush goes round by round, each round taking up to ``batch_size`` events from
+    the front of every queue, so a job with a backlog of thousands does not delay a
+    job with one event by more than a round. A round is coalesced and handed to the
+    sink in calls (transactions) of at most ``batch_size`` events, with a pause after
+    each for about as long as it took (``duty``): other writers get the store.
+    """
 
     def __init__(
         self,
@@ -195,59 +217,139 @@ class ProgressPipeline:
         flush_interval: float = 0.25,
         clock: Callable[[], float] = time.time,
         max_pending: int = MAX_PENDING_PROGRESS,
+        max_pending_per_job: int = MAX_PENDING_PER_JOB,
+        batch_size: int = FLUSH_BATCH,
+        duty: float = FLUSH_DUTY,
         is_poison: PoisonCheck | None = None,
         on_poison: PoisonHandler = _log_poison,
     ) -> None:
+        if batch_size < 1 or max_pending < 1 or max_pending_per_job < 1:
+            raise ValueError("progress buffer sizes must be at least 1")
+        if not 0.0 < duty <= 1.0:
+            raise ValueError("the flusher's duty must be in (0, 1]")
         self.sink = sink
         self.is_poison = is_poison or poison_check()
         self.on_poison = on_poison
         self.flush_interval = flush_interval
         self.clock = clock
         self.max_pending = max_pending
+        self.max_pending_per_job = max_pending_per_job
+        self.batch_size = batch_size
+        self.duty = duty
         self._lock = threading.Lock()
-        self._pending: list[ProgressItem] = []
+        self._queues: dict[str, deque[ProgressItem]] = {}  # by key, in order of arrival
+        self._count = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.accepted = 0
+        self.refused = 0
         self.flushed = 0
         self.failed_flushes = 0
         self.poisoned = 0
         self.last_flush_s = 0.0
+        self.transactions = 0
 
-    def offer(self, job_id: str, events: Iterable[ProgressEvent], received_at: float) -> int:
-        """Buffer events; returns how many were taken (all, unless the buffer is full)."""
-        items = [ProgressItem(job_id, received_at, ev) for ev in events]
+    @property
+    def retry_after_s(self) -> int:
+        """What a refused client is told to wait (``Retry-After``): a few flushes."""
+        return max(1, math.ceil(4 * self.flush_interval))
+
+    @property
+    def _pending(self) -> list[ProgressItem]:
+        """Everything waiting, queue by queue (for tests and diagnostics)."""
         with self._lock:
-            room = self.max_pending - len(self._pending)
-            if room < len(items):
+            return [item for q in self._queues.values() for item in q]
+
+    def offer(
+        self,
+        job_id: str,
+        events: Iterable[ProgressEvent],
+        received_at: float,
+        *,
+        key: str | None = None,
+    ) -> int:
+        """Buffer events; returns how many were taken: all, or 0 when the buffer, or this
+        queue key's share of it (``key``, default the job), is full."""
+        items = [ProgressItem(job_id, received_at, ev) for ev in events]
+        key = job_id if key is None else key
+        with self._lock:
+            queue = self._queues.get(key)
+            if (
+                self._count + len(items) > self.max_pending
+                or (0 if queue is None else len(queue)) + len(items) > self.max_pending_per_job
+            ):
+                self.refused += len(items)
                 return 0
-            self._pending.extend(items)
+            if queue is None:
+                queue = self._queues[key] = deque()
+            queue.extend(items)
+            self._count += len(items)
             self.accepted += len(items)
         return len(items)
 
     def pending(self) -> int:
         with self._lock:
-            return len(self._pending)
+            return self._count
+
+    def pending_for(self, key: str) -> int:
+        with self._lock:
+            queue = self._queues.get(key)
+            return 0 if queue is None else len(queue)
+
+    def _take_round(self) -> list[tuple[str, ProgressItem]]:
+        """Up to ``batch_size`` events from the front of every queue."""
+        out: list[tuple[str, ProgressItem]] = []
+        with self._lock:
+            for key in list(self._queues):
+                queue = self._queues[key]
+                for _ in range(min(self.batch_size, len(queue))):
+                    out.append((key, queue.popleft()))
+                if not queue:
+                    del self._queues[key]
+            self._count -= len(out)
+        return out
+
+    def _put_back(self, taken: list[tuple[str, ProgressItem]]) -> None:
+        """Return events to the front of their queues, in their order."""
+        with self._lock:
+            for key, item in reversed(taken):
+                self._queues.setdefault(key, deque()).appendleft(item)
+            self._count += len(taken)
 
     def flush(self) -> int:
-        """Hand everything buffered to the sink now; returns how many events it got."""
-        with self._lock:
-            batch, self._pending = self._pending, []
-        if not batch:
-            return 0
-        items = coalesce(batch)
+        """Hand what is buffered now to the sink; returns how many events it got (after
+        coalescing). Stops early, keeping the rest, when the store fails."""
+        budget = self.pending()  # what arrives meanwhile waits for the next flush
         t0 = time.perf_counter()
-        kept = self._deliver(items)
-        if kept:
-            # The store is briefly unavailable (locked, restarting): keep what did not land
-            # for the next round rather than lose it; bounded by max_pending.
-            self.failed_flushes += 1
-            with self._lock:
-                self._pending[:0] = kept
-            return len(items) - len(kept)
+        done = raw = 0
+        held = 0.0
+        while raw < budget:
+            taken = self._take_round()
+            if not taken:
+                break
+            raw += len(taken)
+            key_of = {id(item): key for key, item in taken}
+            items = coalesce([item for _, item in taken])
+            for start in range(0, len(items), self.batch_size):
+                if held:
+                    # Leave the store to other writers for about as long as we held it.
+                    time.sleep(min(held * (1.0 - self.duty) / self.duty, 0.25))
+                t_batch = time.perf_counter()
+                part = items[start : start + self.batch_size]
+                self.transactions += 1
+                kept = self._deliver(part)
+                held = time.perf_counter() - t_batch
+                if kept:
+                    # The store is briefly unavailable (locked, restarting): keep what did
+                    # not land for the next round rather than lose it.
+                    self.failed_flushes += 1
+                    rest = kept + items[start + self.batch_size :]
+                    self._put_back([(key_of[id(i)], i) for i in rest])
+                    return done + len(part) - len(kept)
+                done += len(part)
+            self.flushed += len(taken)
         self.last_flush_s = time.perf_counter() - t0
-        self.flushed += len(batch)
-        return len(items)
+        return done
 
     def _deliver(self, items: list[ProgressItem]) -> list[ProgressItem]:
         """Hand ``items`` to the sink; returns those to keep for the next flush.
@@ -514,7 +616,10 @@ def _finding_dict(item: IncomingFinding) -> dict[str, Any]:
 
 
 __all__ = [
+    "FLUSH_BATCH",
     "LOST_AFTER",
+    "MAX_PENDING_PER_JOB",
+    "MAX_PENDING_PROGRESS",
     "RECEIPT_PREFIX",
     "RECORD_ERRORS",
     "STALE_AFTER",

@@ -373,6 +373,18 @@ class Metrics:
         self.reconcile_errors = Counter(
             "trainguard_reconcile_errors", "Reconcile passes that raised", registry=r
         )
+        self.throttled = Counter(
+            "trainguard_ingest_throttled",
+            "Reports refused with 429 because the ingestion buffer (or the job's share of"
+            " it) was full, by kind",
+            ["kind"],
+            registry=r,
+        )
+        self.pass_age = Gauge(
+            "trainguard_controller_last_pass_age_seconds",
+            "Seconds since the controller last completed a reconcile pass (-1: none yet)",
+            registry=r,
+        )
         self.progress_pending = Gauge(
             "trainguard_ingest_progress_pending",
             "Progress events waiting for the flusher",

@@ -26,6 +26,11 @@ from trainguard.api.ingest import IncomingFinding, finding_from_wire
 from trainguard.model.devices import Device
 from trainguard.model.progress import ProgressEvent
 
+PROGRESS_FULL = (
+    "progress buffer full (for this job, or for all): nothing of this batch was accepted;"
+    " resend it after Retry-After seconds"
+)
+
 router = APIRouter(prefix="/v1", tags=["ingest"], responses=S.INVALID_RESPONSES)
 
 HostParam = Annotated[
@@ -204,7 +209,16 @@ def post_findings(
 
 
 @router.post(
-    "/jobs/{job_id}/progress", response_model=S.ProgressOut, status_code=202, tags=["jobs"]
+    "/jobs/{job_id}/progress",
+    response_model=S.ProgressOut,
+    status_code=202,
+    tags=["jobs"],
+    responses={
+        429: {
+            "description": "the progress buffer (or this job's share) is full: resend the"
+            " batch after Retry-After seconds"
+        }
+    },
 )
 async def post_progress(
     body: S.ProgressBatchIn,
@@ -216,6 +230,8 @@ async def post_progress(
     sent with the job's own token (``TRAINGUARD_PROGRESS_TOKEN``, issued by submit).
 
     Accepted into a buffer and handed to the controller within a fraction of a second.
+    A rank past the job's world size is refused (422, decision 0405); a full buffer, or
+    a job's full share of it, answers 429 with ``Retry-After`` (decision 0407).
     """
     if not who.may_post_progress(job_id):
         message = f"this token ({who.actor}) may not post progress for job {job_id!r}"
@@ -238,10 +254,23 @@ async def post_progress(
         )
         for e in body.events
     ]
-    taken = ctx.progress.offer(job_id, events, ctx.clock())
+    key = None
+    if ctx.rank_limits is not None:
+        limit = ctx.rank_limits.cached(job_id)
+        if limit is None:
+            limit = await run_in_threadpool(ctx.rank_limits.limit, job_id)
+        refusal = limit.refusal(job_id, (e.rank for e in events))
+        if refusal is not None:
+            ctx.metrics.rejected.labels("rank_out_of_range").inc()
+            raise HTTPException(422, refusal)
+        key = limit.key
+    taken = ctx.progress.offer(job_id, events, ctx.clock(), key=key)
     if taken == 0:
+        ctx.metrics.throttled.labels("progress").inc()
         raise HTTPException(
-            503, "progress buffer full; retry shortly", headers={"Retry-After": "1"}
+            429,
+            PROGRESS_FULL,
+            headers={"Retry-After": str(ctx.progress.retry_after_s)},
         )
     ctx.metrics.progress.inc(taken)
     return {"accepted": taken}
@@ -256,4 +285,4 @@ def _loss(value: float | str | None) -> float | None:
         return None
 
 
-__all__ = ["router"]
+__all__ = ["PROGRESS_FULL", "router"]

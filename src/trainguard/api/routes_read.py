@@ -126,6 +126,7 @@ def status(
             "progress_accepted": ctx.progress.accepted,
             "progress_pending": ctx.progress.pending(),
             "progress_dropped": sum(ctx.progress_dropped.values()),
+            "progress_refused": ctx.progress.refused,  # 429: the buffer was full (0407)
         },
         "details": details,
     }

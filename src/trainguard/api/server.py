@@ -144,6 +144,7 @@ class ReconcileLoop:
             try:
                 report = control.run_once()
                 self.passes += 1
+                self.ctx.note_pass({"errors": list(getattr(report, "errors", ()))})
                 for problem in getattr(report, "errors", ()):
                     self.ctx.metrics.reconcile_errors.inc()
                     log.warning("reconcile: %s", problem)
@@ -186,6 +187,9 @@ def serve(options: ServeOptions, say: Callable[[str], None] = print) -> int:
         # One name for the loop (wherever it runs) and the API's view of leadership.
         options = dataclasses.replace(options, holder=default_identity())
     control = build_control(store, options, clock, load_scheduler(options.scheduler, options))
+    # The progress flusher writes with a connection of its own (decision 0407): a flush
+    # never holds the lock the API's reads take, and commits in short transactions.
+    ingest_store = store if options.database == ":memory:" else open_store(options.database)
     ctx = build_context(
         store,
         tokens,
@@ -196,6 +200,9 @@ def serve(options: ServeOptions, say: Callable[[str], None] = print) -> int:
         public_read=options.public_read,
         max_body=options.max_body,
         heartbeat_interval=options.heartbeat_interval,
+        ingest_store=ingest_store,
+        max_ranks=options.max_ranks,
+        pass_deadline_s=_lease_ttl(control) if control is not None else None,
     )
     app = create_app(ctx)
     if options.tls_cert is None and not is_loopback(options.host):
@@ -260,8 +267,16 @@ def _loop_reporter(ctx: ApiContext) -> Callable[[dict[str, Any]], None]:
             for problem in errors:
                 log.warning("reconcile: %s", problem)
         ctx.loop_status = line
+        ctx.note_pass(line)
 
     return report
+
+
+def _lease_ttl(control: Any) -> float:
+    """The controller lease's ttl: how long ``/healthz`` waits for a completed pass."""
+    from trainguard.controller.lease import DEFAULT_TTL_SECONDS
+
+    return float(getattr(getattr(control, "config", None), "lease_ttl", DEFAULT_TTL_SECONDS))
 
 
 def _pick(module: str, fallback: str) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 
 from trainguard.api.middleware import DEFAULT_MAX_BODY
 from trainguard.policy.breaker import BreakerConfig
+from trainguard.policy.verify import DEFAULT_MAX_RANKS
 
 
 @dataclass
@@ -46,6 +47,7 @@ class ServeOptions:
     keep_rejected_in_place: bool = False  # do not move damaged checkpoints aside (0146)
     bmc_config: str | None = None  # nodes' BMCs (TOML): the lost-node step runs (0242)
     breaker: BreakerConfig = field(default_factory=BreakerConfig)  # --breaker-* (0375)
+    max_ranks: int = DEFAULT_MAX_RANKS  # ranks of a job whose world size is unknown (0405)
 
     def to_json(self) -> dict[str, Any]:
         """The options as plain JSON values: how they travel to the reconcile child."""
@@ -127,6 +129,7 @@ def build_control(
         page_webhook=options.page_webhook,
         keep_rejected_in_place=options.keep_rejected_in_place,
         breaker=options.breaker,
+        max_ranks=options.max_ranks,
     )
     control = ControlPlane(store, scheduler, clock, config=config, identity=options.holder)
     if options.bmc_config:

@@ -414,6 +414,12 @@ class ControlPlane:
             )
         self.reconciler.note_self_reported(job_id, int(attempt))
 
+    def note_self_reported(self, job_id: str, attempt: int) -> None:
+        """The job reported progress of ``attempt`` itself (the API's progress flusher,
+        which writes the report with its own connection): its reports, not its output's
+        step-like lines, are its progress from now on (0397)."""
+        self.reconciler.note_self_reported(job_id, int(attempt))
+
     # --- modes -----------------------------------------------------------------------
 
     def set_mode(

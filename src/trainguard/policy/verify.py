@@ -404,6 +404,23 @@ def _ranks_note(o: RestartObservation) -> str:
     return f"; all {len(o.expected_ranks)} rank(s) reported ({o.ranks_source})"
 
 
+# The ranks an attempt may report from when its world size is unknown (no torchrun
+# command line, no devices): the largest job of a 16,384-GPU cluster (decision 0405).
+DEFAULT_MAX_RANKS = 16_384
+
+
+def rank_limit(world: int | None, maximum: int = DEFAULT_MAX_RANKS) -> int:
+    """How many ranks a job's attempts have: its ranks are ``0 .. limit - 1`` (0405).
+
+    The world size of its torchrun command line (``world``), never more than
+    ``maximum``; ``maximum`` when the world size is unknown. Not the device count: a
+    job may run more ranks than devices (CPU ranks, several per device). A report from a
+    rank at or past the limit is refused, and such a rank is never expected to report
+    (:func:`expected_ranks`).
+    """
+    return min(world, maximum) if world is not None and world > 0 else maximum
+
+
 def expected_ranks(
     baseline: frozenset[int] | None,
     *,
@@ -411,6 +428,7 @@ def expected_ranks(
     restart_devices: int,
     restart_reported: frozenset[int],
     world: int | None,
+    limit: int | None = None,
 ) -> tuple[frozenset[int] | None, str]:
     """The ranks a restart must hear from, and where that expectation comes from; one
     rule for run and serve (decision 0350).
@@ -420,7 +438,18 @@ def expected_ranks(
     world size of a torchrun command line (``world``), but only when the restart shows
     that its ranks report individually. A restart on fewer devices than ``baseline``
     ran on (``--min-need``) expects one rank per device when every device had one.
+    Only ranks that can have belonged to the job are expected (0405): none at or past
+    ``limit`` (:func:`rank_limit`), and of the baseline only the ranks ``0 .. k-1`` that
+    all reported: a world's ranks are numbered from 0 without gaps, so a rank with a
+    silent rank below it (one stray event naming rank 99) is not one of the job's.
     """
+    if limit is not None:
+        restart_reported = frozenset(r for r in restart_reported if r < limit)
+    if baseline:
+        k = 0
+        while k in baseline and (limit is None or k < limit):
+            k += 1
+        baseline = frozenset(range(k))
     if baseline:
         if baseline_devices and restart_devices < baseline_devices:
             if len(baseline) == baseline_devices:
@@ -521,6 +550,7 @@ def account(
 
 
 __all__ = [
+    "DEFAULT_MAX_RANKS",
     "DEFAULT_STEP_WINDOW",
     "NO_STEP_SIGNAL_WARNING",
     "RATE_CLOCKS",
@@ -537,6 +567,7 @@ __all__ = [
     "failed_finding",
     "first_progress_note",
     "no_step_signal_warning",
+    "rank_limit",
     "rate_unchecked",
     "step_window",
     "verify_restart",

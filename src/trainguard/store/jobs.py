@@ -186,13 +186,21 @@ class JobStore(AuditLog):
             return self.get_attempt(job_id, number)
 
     def get_attempt(self, job_id: str, number: int) -> AttemptRecord:
-        row = self.fetch_one(sql.SELECT_ATTEMPT, {"job_id": job_id, "number": int(number)})
+        key = {"job_id": job_id, "number": int(number)}
+        row = self.fetch_one(sql.SELECT_ATTEMPT, key)
         if row is None:
             raise NotFound(f"no attempt {number} of job {job_id!r}")
-        return rows.attempt(row)
+        reports = [rows.rank_report(r) for r in self.fetch_all(sql.SELECT_ATTEMPT_RANKS, key)]
+        return rows.attempt(row, reports)
 
     def list_attempts(self, job_id: str) -> list[AttemptRecord]:
-        return [rows.attempt(r) for r in self.fetch_all(sql.SELECT_ATTEMPTS, {"job_id": job_id})]
+        found = self.fetch_all(sql.SELECT_ATTEMPTS, {"job_id": job_id})
+        if not found:
+            return []
+        by_attempt: dict[int, list[RankReport]] = {}
+        for r in self.fetch_all(sql.SELECT_JOB_RANKS, {"job_id": job_id}):
+            by_attempt.setdefault(int(r[0]), []).append(rows.rank_report(r))
+        return [rows.attempt(r, by_attempt.get(int(r[1]), ())) for r in found]
 
     def update_attempt_progress(self, job_id: str, number: int, step: int, *, at: float) -> None:
         """Note a progress report: the first one sets ``first_step``; not audited (hot path)."""
@@ -225,16 +233,24 @@ class JobStore(AuditLog):
 
     def record_rank_report(self, job_id: str, number: int, report: RankReport) -> None:
         """Keep one rank's own view of its devices (decision 0322); a newer report of
-        the same rank replaces its older one. An unknown attempt changes nothing."""
+        the same rank replaces its older one. An unknown attempt changes nothing.
+
+        One row per (attempt, rank), upserted (decision 0406): the cost of a report
+        does not grow with the number of ranks the attempt has."""
         with self.transaction():
             key = {"job_id": job_id, "number": int(number)}
-            row = self.fetch_one(sql.SELECT_ATTEMPT_RANK_REPORTS, key)
-            if row is None:
+            if self.fetch_one(sql.SELECT_ATTEMPT_EXISTS, key) is None:
                 return
-            kept = [r for r in rows.loads(row[0]) or () if int(r.get("rank", -1)) != report.rank]
-            kept.append(report.to_dict())
-            kept.sort(key=lambda r: int(r["rank"]))
-            self.execute(sql.UPDATE_ATTEMPT_RANK_REPORTS, {**key, "rank_reports": rows.dumps(kept)})
+            self.execute(
+                sql.UPSERT_ATTEMPT_RANK,
+                {
+                    **key,
+                    "rank": int(report.rank),
+                    "host": report.host,
+                    "local_rank": report.local_rank,
+                    "visible": rows.dumps(list(report.visible)),
+                },
+            )
 
     def note_ranks_reported(self, job_id: str, number: int, ranks: Iterable[int]) -> None:
         """Keep that these ranks reported progress (a rank-prefixed output line): a
@@ -243,17 +259,44 @@ class JobStore(AuditLog):
         that reported before a failure to report again (0350)."""
         with self.transaction():
             key = {"job_id": job_id, "number": int(number)}
-            row = self.fetch_one(sql.SELECT_ATTEMPT_RANK_REPORTS, key)
-            if row is None:
+            if self.fetch_one(sql.SELECT_ATTEMPT_EXISTS, key) is None:
                 return
-            kept = list(rows.loads(row[0]) or ())
-            known = {int(r.get("rank", -1)) for r in kept}
-            new = sorted({int(r) for r in ranks} - known)
-            if not new:
-                return
-            kept += [RankReport(r, None, None, ()).to_dict() for r in new]
-            kept.sort(key=lambda r: int(r["rank"]))
-            self.execute(sql.UPDATE_ATTEMPT_RANK_REPORTS, {**key, "rank_reports": rows.dumps(kept)})
+            for rank in sorted({int(r) for r in ranks}):
+                self.execute(sql.INSERT_ATTEMPT_RANK_IF_NEW, {**key, "rank": rank})
+
+    def record_resumed(
+        self,
+        job_id: str,
+        number: int,
+        *,
+        checkpoint_path: str | None,
+        checkpoint_step: int | None,
+        at: float,
+    ) -> bool:
+        """The job's own word on the checkpoint an attempt restored (its ``resumed``
+        event): taken once per attempt, the first time (decision 0405); a fresh start
+        (no ``checkpoint_path``) takes it too and keeps the offered checkpoint. Returns
+        whether it was taken; ``False`` when the attempt already has one (nothing
+        changes). Raises ``NotFound`` for an unknown attempt."""
+        with self.transaction():
+            key = {"job_id": job_id, "number": int(number)}
+            if checkpoint_path is None:
+                changed = self.execute(sql.UPDATE_ATTEMPT_RESUMED_MARK, {**key, "at": float(at)})
+            else:
+                changed = self.execute(
+                    sql.UPDATE_ATTEMPT_RESUMED,
+                    {
+                        **key,
+                        "checkpoint_path": checkpoint_path,
+                        "checkpoint_step": checkpoint_step,
+                        "at": float(at),
+                    },
+                )
+            if changed:
+                return True
+            if self.fetch_one(sql.SELECT_ATTEMPT_EXISTS, key) is None:
+                raise NotFound(f"no attempt {number} of job {job_id!r}")
+            return False
 
     def set_attempt_checkpoint(
         self, job_id: str, number: int, *, checkpoint_path: str | None, checkpoint_step: int | None

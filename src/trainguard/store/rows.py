@@ -81,7 +81,18 @@ def job(row: Row) -> JobRecord:
     )
 
 
-def attempt(row: Row) -> AttemptRecord:
+def rank_report(row: Row) -> RankReport:
+    """A row of ``attempt_ranks`` (:data:`sql.RANK_COLUMNS`, the attempt first)."""
+    return RankReport(
+        rank=int(row[1]),
+        host=row[2],
+        local_rank=None if row[3] is None else int(row[3]),
+        visible=tuple(str(v) for v in loads(row[4]) or ()),
+    )
+
+
+def attempt(row: Row, reports: Sequence[RankReport] = ()) -> AttemptRecord:
+    """An attempt from its row and its ranks' reports (``attempt_ranks``, decision 0406)."""
     return AttemptRecord(
         job_id=row[0],
         number=int(row[1]),
@@ -104,7 +115,7 @@ def attempt(row: Row) -> AttemptRecord:
         job_last_step=row[18],
         job_last_time=row[19],
         job_time_rank=row[20],
-        rank_reports=tuple(RankReport.from_dict(r) for r in loads(row[21]) or ()),
+        rank_reports=tuple(reports),
     )
 
 

@@ -439,6 +439,52 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX power_actions_node ON power_actions (node, state)",
         ),
     ),
+    Migration(
+        version=8,
+        description=(
+            "attempt_ranks: one row per (attempt, rank), upserted (was a JSON column"
+            " rewritten per report); attempts.resumed_at: a resumed event was recorded"
+        ),
+        statements=(
+            # visible: the rank's CUDA_VISIBLE_DEVICES entries as a JSON list; a rank
+            # known only to have reported has host, local_rank NULL and visible '[]'.
+            """CREATE TABLE attempt_ranks (
+                job_id TEXT NOT NULL,
+                attempt INTEGER NOT NULL,
+                rank INTEGER NOT NULL,
+                host TEXT,
+                local_rank INTEGER,
+                visible {json} NOT NULL,
+                PRIMARY KEY (job_id, attempt, rank),
+                FOREIGN KEY (job_id, attempt) REFERENCES attempts (job_id, number)
+            )""",
+            "ALTER TABLE attempts ADD COLUMN resumed_at {float}",
+        ),
+        # The reports kept in the JSON column move to rows (each dialect's JSON functions),
+        # then the column is emptied: nothing reads or writes it any more.
+        sqlite_only=(
+            """INSERT OR IGNORE INTO attempt_ranks
+                (job_id, attempt, rank, host, local_rank, visible)
+            SELECT a.job_id, a.number, CAST(json_extract(r.value, '$.rank') AS INTEGER),
+                json_extract(r.value, '$.host'),
+                CAST(json_extract(r.value, '$.local_rank') AS INTEGER),
+                COALESCE(json_extract(r.value, '$.visible'), '[]')
+            FROM attempts a, json_each(a.rank_reports) r
+            WHERE a.rank_reports IS NOT NULL AND json_valid(a.rank_reports)
+                AND json_type(a.rank_reports) = 'array'""",
+            "UPDATE attempts SET rank_reports = NULL",
+        ),
+        postgres_only=(
+            """INSERT INTO attempt_ranks (job_id, attempt, rank, host, local_rank, visible)
+            SELECT a.job_id, a.number, CAST(r.value ->> 'rank' AS INTEGER),
+                r.value ->> 'host', CAST(r.value ->> 'local_rank' AS INTEGER),
+                COALESCE(r.value -> 'visible', '[]'::json)::text
+            FROM attempts a, json_array_elements(a.rank_reports::json) AS r(value)
+            WHERE a.rank_reports IS NOT NULL AND a.rank_reports <> 'null'
+            ON CONFLICT DO NOTHING""",
+            "UPDATE attempts SET rank_reports = NULL",
+        ),
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

@@ -49,7 +49,7 @@ ATTEMPT_COLUMNS = (
     "job_id, number, devices, state, started_at, ended_at, exit_code, signal,"
     " checkpoint_path, checkpoint_step, first_step, first_step_at, last_step, last_step_at,"
     " log_path, reason, job_first_step, job_first_time, job_last_step, job_last_time,"
-    " job_time_rank, rank_reports"
+    " job_time_rank, resumed_at"
 )
 INSERT_ATTEMPT = (
     f"INSERT INTO attempts ({ATTEMPT_COLUMNS}) VALUES (:job_id, :number, :devices, :state,"
@@ -82,11 +82,26 @@ UPDATE_ATTEMPT_JOB_TIME = (
     " WHERE job_id = :job_id AND number = :number"
     " AND (job_time_rank IS NULL OR job_time_rank = :rank)"
 )
-SELECT_ATTEMPT_RANK_REPORTS = (
-    "SELECT rank_reports FROM attempts WHERE job_id = :job_id AND number = :number"
+# The ranks' reports (decision 0406): a row per (attempt, rank), written by upsert.
+RANK_COLUMNS = "attempt, rank, host, local_rank, visible"
+SELECT_ATTEMPT_EXISTS = "SELECT 1 FROM attempts WHERE job_id = :job_id AND number = :number"
+SELECT_ATTEMPT_RANKS = (
+    f"SELECT {RANK_COLUMNS} FROM attempt_ranks WHERE job_id = :job_id AND attempt = :number"
+    " ORDER BY rank"
 )
-UPDATE_ATTEMPT_RANK_REPORTS = (
-    "UPDATE attempts SET rank_reports = :rank_reports WHERE job_id = :job_id AND number = :number"
+SELECT_JOB_RANKS = (
+    f"SELECT {RANK_COLUMNS} FROM attempt_ranks WHERE job_id = :job_id ORDER BY attempt, rank"
+)
+UPSERT_ATTEMPT_RANK = (
+    "INSERT INTO attempt_ranks (job_id, attempt, rank, host, local_rank, visible)"
+    " VALUES (:job_id, :number, :rank, :host, :local_rank, :visible)"
+    " ON CONFLICT (job_id, attempt, rank) DO UPDATE SET host = excluded.host,"
+    " local_rank = excluded.local_rank, visible = excluded.visible"
+)
+INSERT_ATTEMPT_RANK_IF_NEW = (
+    "INSERT INTO attempt_ranks (job_id, attempt, rank, host, local_rank, visible)"
+    " VALUES (:job_id, :number, :rank, NULL, NULL, '[]')"
+    " ON CONFLICT (job_id, attempt, rank) DO NOTHING"
 )
 UPDATE_ATTEMPT_STATE = (
     "UPDATE attempts SET state = :state, ended_at = :ended_at,"
@@ -97,6 +112,18 @@ UPDATE_ATTEMPT_STATE = (
 UPDATE_ATTEMPT_CHECKPOINT = (
     "UPDATE attempts SET checkpoint_path = :checkpoint_path, checkpoint_step = :checkpoint_step"
     " WHERE job_id = :job_id AND number = :number"
+)
+# A job's own word on what it restored (its first ``resumed`` event) is taken once per
+# attempt (decision 0405): a later event changes nothing.
+UPDATE_ATTEMPT_RESUMED = (
+    "UPDATE attempts SET checkpoint_path = :checkpoint_path, checkpoint_step = :checkpoint_step,"
+    " resumed_at = :at WHERE job_id = :job_id AND number = :number AND resumed_at IS NULL"
+)
+# A ``resumed`` event that names no checkpoint (a fresh start) takes the one record too,
+# and leaves what trainguard offered in place.
+UPDATE_ATTEMPT_RESUMED_MARK = (
+    "UPDATE attempts SET resumed_at = :at"
+    " WHERE job_id = :job_id AND number = :number AND resumed_at IS NULL"
 )
 
 # --- incidents -----------------------------------------------------------------------

@@ -12,7 +12,9 @@ server needs one, is ``TRAINGUARD_PROGRESS_TOKEN`` (an ``agent`` token).
   ``urllib`` (no third-party import in the training process).
 * A batch that fails is retried with backoff while newer events keep queueing;
   after :data:`MAX_TRIES` it is dropped (newer progress supersedes it) and a
-  warning is logged once.
+  warning is logged once. A busy server's 429 is not a failure: the batch is sent
+  again after the ``Retry-After`` it names (for at most :data:`MAX_THROTTLED_S`
+  seconds in all), without using up a try.
 * At interpreter exit what is queued gets one last, short attempt, so the last
   steps of a finished job arrive.
 
@@ -37,6 +39,7 @@ MAX_BATCH = 1000
 MAX_TRIES = 4
 INTERVAL_S = 0.5
 TIMEOUT_S = 5.0
+MAX_THROTTLED_S = 60.0  # how long one batch waits out a busy server's 429s in all
 
 
 class HttpBatcher:
@@ -57,6 +60,8 @@ class HttpBatcher:
         self.dropped = 0
         self.sent = 0
         self.failed_posts = 0
+        self.throttled = 0  # 429 answers (a busy server)
+        self._retry_after: float | None = None  # of the last 429
         self._warned = False
         self._stop = threading.Event()
         self._lock = threading.Lock()  # one sender at a time (thread or exit flush)
@@ -86,11 +91,16 @@ class HttpBatcher:
         req.add_header("Content-Type", "application/json")
         if self.token:
             req.add_header("Authorization", f"Bearer {self.token}")
+        self._retry_after = None
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                 resp.read()
             return True
         except (urllib.error.URLError, OSError, ValueError) as exc:
+            if isinstance(exc, urllib.error.HTTPError) and exc.code == 429:
+                self.throttled += 1
+                self._retry_after = _retry_after(exc.headers.get("Retry-After"))
+                return False
             self.failed_posts += 1
             if (
                 isinstance(exc, urllib.error.HTTPError)
@@ -118,11 +128,21 @@ class HttpBatcher:
 
     def _send_batch(self, batch: list[str], tries: int, stop: threading.Event) -> None:
         delay = self.interval
-        for attempt in range(tries):
+        attempt = 0
+        throttled_s = 0.0
+        while attempt < tries:
             if self._post(batch):
                 self.sent += len(batch)
                 return
-            if attempt + 1 < tries and stop.wait(delay):
+            wait = self._retry_after
+            if wait is not None and throttled_s + wait <= MAX_THROTTLED_S:
+                # The server is busy, not failing: wait as long as it asks, try again.
+                throttled_s += wait
+                if stop.wait(wait):
+                    break
+                continue
+            attempt += 1
+            if attempt < tries and stop.wait(delay):
                 break
             delay = min(delay * 2, 5.0)
         self.dropped += len(batch)
@@ -159,6 +179,14 @@ class HttpBatcher:
         self._stop.set()
         atexit.unregister(self.close)
         self.flush()
+
+
+def _retry_after(value: str | None) -> float:
+    """Seconds from a ``Retry-After`` header (delta seconds; 1 when absent or a date)."""
+    try:
+        return min(max(float(value or 1.0), 0.1), MAX_THROTTLED_S)
+    except ValueError:
+        return 1.0
 
 
 __all__ = ["TOKEN_ENV", "HttpBatcher"]

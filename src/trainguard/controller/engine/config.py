@@ -22,6 +22,7 @@ from trainguard.model.plan import (
     action_from_dict,
 )
 from trainguard.model.records import AttemptState, DeviceRecord, IncidentState
+from trainguard.policy.verify import DEFAULT_MAX_RANKS
 
 ACTOR = "trainguard-serve"
 _LIVE = (IncidentState.OPEN, IncidentState.ACTING, IncidentState.VERIFYING)
@@ -51,6 +52,8 @@ class ControlConfig:
     health_resync_seconds: float = 60.0
     # Leave damaged checkpoints where they are instead of moving them aside (0146).
     keep_rejected_in_place: bool = False
+    # Ranks a job may report from when its world size is unknown (policy.verify, 0405).
+    max_ranks: int = DEFAULT_MAX_RANKS
 
 
 @dataclass

@@ -37,7 +37,7 @@ from trainguard.model.plan import DeviceStatus
 from trainguard.model.records import AttemptRecord, AuditKind, JobRecord
 from trainguard.policy.decide import evidence_resources
 from trainguard.policy.evidence import Route, route_finding
-from trainguard.policy.verify import no_step_signal_warning
+from trainguard.policy.verify import no_step_signal_warning, rank_limit
 from trainguard.schedulers.base import JobPhase, NodePhase, Observation, ObservedJob, ObservedNode
 from trainguard.signals.output import is_annotation, is_train_message, split_lines
 
@@ -149,8 +149,12 @@ class EvidenceFollower(EngineCore):
             if reading.at is not None:
                 timed.append((reading.step, reading.at, rank or 0))
         if ranks - {r.rank for r in att.rank_reports}:
-            # Verification expects every rank that reported before to report again (0350).
-            self.store.note_ranks_reported(job_id, att.number, ranks)
+            # Verification expects every rank that reported before to report again (0350);
+            # only ranks of the job's world are kept (0405): a line's "[rank123456]:" is not.
+            limit = rank_limit(
+                torchrun_world_size(self.store.get_job(job_id).command), self.config.max_ranks
+            )
+            self.store.note_ranks_reported(job_id, att.number, {r for r in ranks if r < limit})
         now = self.clock()
         if job_lines and state.first_at is None:
             state.first_at = now

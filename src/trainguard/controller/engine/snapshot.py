@@ -39,6 +39,7 @@ from trainguard.policy.verify import (
     StepClock,
     VerifyRules,
     expected_ranks,
+    rank_limit,
 )
 from trainguard.schedulers.base import Observation
 from trainguard.store.fleet import Fence
@@ -311,6 +312,7 @@ class SnapshotBuilder(AttemptSync):
             restart_devices=len(att.devices),
             restart_reported=reported,
             world=torchrun_world_size(job.command),
+            limit=rank_limit(torchrun_world_size(job.command), self.config.max_ranks),
         )
         observation = RestartObservation(
             now=base.now,
