@@ -161,6 +161,9 @@ class LeaseKeeper:
             )
         except StoreError:
             return  # a busy or unreachable database: the next try, or expiry, decides
+        except Exception:  # the owner closed the store without stopping us: we are done
+            self._stop.set()
+            return
         if lease is None or lease.token != held.token:
             self.elector.lease = None
         elif self.elector.lease is not None:
