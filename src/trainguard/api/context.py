@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainguard.api.auth import TokenTable
+from trainguard.api.checkpoint_watch import CheckpointWatch, watch_for
 from trainguard.api.ingest import (
     FindingIngestor,
     FindingSink,
@@ -28,7 +29,7 @@ from trainguard.api.ingest import (
 )
 from trainguard.api.metrics import Metrics, StoreCollector
 from trainguard.api.middleware import DEFAULT_MAX_BODY
-from trainguard.api.operations import operations_collector
+from trainguard.api.operations import job_protections, operations_collector
 from trainguard.model.records import AuditKind, RankReport
 from trainguard.store import NotFound, Store
 from trainguard.store.fleet import FleetStore
@@ -53,12 +54,15 @@ class ApiContext:
     max_body: int = DEFAULT_MAX_BODY
     progress_dropped: dict[str, int] = field(default_factory=dict)
     loop_status: dict[str, Any] | None = None  # the loop process's last pass (0095)
+    checkpoints: CheckpointWatch = field(init=False)  # checkpoint dirs, read off-request
 
     def start(self) -> None:
         self.findings.load_receipts()
         self.progress.start()
+        self.checkpoints.start()
 
     def stop(self) -> None:
+        self.checkpoints.stop()
         self.progress.stop()
 
 
@@ -253,6 +257,7 @@ def build_context(
         max_body=max_body,
         progress_dropped=dropped,
     )
+    ctx.checkpoints = watch_for(store, ctx.fleet, clock, job_protections)
     metrics.add_store_collector(StoreCollector(store, node_counts=lambda: nodes.counts(clock())))
     metrics.add_store_collector(operations_collector(ctx))
     return ctx
