@@ -21,6 +21,7 @@ import tracemalloc
 import zipfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -72,6 +73,10 @@ BOMBS: dict[str, tuple[bytes, str]] = {
         b"\x80\x02}cbuiltins\ntuple\n" + _dag(100) + b"\x85\x85Rq\x00" + b"h\x00Ns" * 1000 + b".",
         "hashing",
     ),
+    "dag tuple as a key in a list pair for dict()": (
+        b"\x80\x02cbuiltins\ndict\n((" + _dag(100) + b"Nll\x85R.",
+        "hashing",
+    ),
     "1 MiB int used as a key 200k times": (
         b"\x80\x02}" + _long4(MIB) + b"q\x00" + b"h\x00Ns" * 200_000 + b".",
         "hashing",
@@ -97,6 +102,21 @@ def test_each_bomb_is_refused_fast_within_its_budget() -> None:
         assert words in str(err), (name, str(err))
         assert peak < budget_for(len(data)) // 2, (name, peak)
         assert took < 30, (name, took)
+
+
+def test_build_cannot_copy_a_state_into_a_callable_or_a_tuple() -> None:
+    # A 100k-entry state dict in the stream, then BUILD on a fresh `dict` callable (a
+    # GLOBAL each) or on a fresh tuple() result, 20,000 times: a copy per 20 bytes.
+    state = b"}(" + b"".join(b"X\x06\x00\x00\x00k%05dN" % i for i in range(100_000)) + b"u"
+    targets = {
+        "callable": b"cbuiltins\ndict\n",
+        "tuple": b"cbuiltins\ntuple\n)\x85R",
+    }
+    for name, target in targets.items():
+        data = b"\x80\x02" + state + b"q\x00" + (target + b"h\x00b0") * 20_000 + b"N."
+        err, peak, _ = _peak(lambda d=data: safe_loads(d))
+        assert isinstance(err, UnsafePickle), (name, err)
+        assert peak < 128 * MIB, (name, peak)
 
 
 def test_slices_are_inert_so_setitem_cannot_splice_copies() -> None:
@@ -281,3 +301,21 @@ def test_hostile_streams_load_under_an_address_space_limit(tmp_path: Path) -> No
     lines = out.stdout.splitlines()
     assert len(lines) == len(BOMBS)
     assert not [line for line in lines if "MemoryError" in line or "loaded" in line], lines
+
+
+def test_resume_passes_over_a_bomb_and_refuses_one_it_is_told_to_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pickle
+
+    from trainguard.train.locate import RESUME_ENV, ResumeError, resume_path
+
+    good = tmp_path / "model_step_1.pt"
+    good.write_bytes(pickle.dumps({"step": 1}, protocol=4))
+    (tmp_path / "model_step_9.pt").write_bytes(MEMO_BOMB)
+    _zip_pt(tmp_path / "model_step_10.pt", MEMO_BOMB)
+    _dcp(tmp_path, "step_11", MEMO_BOMB)
+    assert resume_path(tmp_path) == str(good)
+    monkeypatch.setenv(RESUME_ENV, str(tmp_path / "step_11"))
+    with pytest.raises(ResumeError, match="refused: memo index"):
+        resume_path(tmp_path)

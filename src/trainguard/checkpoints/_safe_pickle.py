@@ -73,11 +73,23 @@ def bounded_builtin(kind: type, budget: Budget) -> Callable[..., Any]:
     of a sized argument for copies and conversions. Arguments whose result size is
     not known in advance (``str(obj)`` of a container: its repr) are refused. Set
     and dict members are hashed when built: the nodes that visits are charged too.
+    The callable is an object without a ``__dict__``: a BUILD opcode cannot copy a
+    state into it (a function would take one, uncharged, at every GLOBAL).
     """
-    name = kind.__name__
-    base = kind.__mro__[-2] if len(kind.__mro__) >= 2 else kind  # dict for _StateDict
+    return _Bounded(kind, budget)
 
-    def call(*args: Any, **kwargs: Any) -> Any:
+
+class _Bounded:
+    __slots__ = ("base", "budget", "kind", "name")
+
+    def __init__(self, kind: type, budget: Budget) -> None:
+        self.kind = kind
+        self.budget = budget
+        self.name = kind.__name__
+        self.base = kind.__mro__[-2] if len(kind.__mro__) >= 2 else kind  # dict: _StateDict
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        name, base, budget = self.name, self.base, self.budget
         if kwargs:
             raise PickleRefused(f"refused: {name}() with keyword arguments")
         first = args[0] if args else None
@@ -101,12 +113,8 @@ def bounded_builtin(kind: type, budget: Budget) -> Callable[..., Any]:
                 hashed = base in (dict, set, frozenset)  # a hash table: ~8 words an entry
                 budget.slots(8 * n if hashed else n, f"{name}() of {n} items")
             if base in (frozenset, set, dict):
-                # Building hashes every member (every key): charge what that visits.
-                members: Any = first.keys() if isinstance(first, dict) else first
-                for item in members:
-                    key = item[0] if base is dict and isinstance(item, tuple) and item else item
-                    budget.hashing(hash_cost(key)[1], f"{name}() of {n} items")
-        result = kind(*args)
+                self._charge_hashing(first, n)
+        result = self.kind(*args)
         if base is tuple:
             budget.hashing(hash_cost(result)[1], f"tuple() of {len(result)} items")
             return _HashOnceTuple(result)
@@ -114,7 +122,22 @@ def bounded_builtin(kind: type, budget: Budget) -> Callable[..., Any]:
             hash_cost(result)  # its depth: hashing it later recurses into its members
         return result
 
-    return call
+    def _charge_hashing(self, first: Any, n: int) -> None:
+        """Charge what building hashes: every member, or every key (a pair's first item;
+        every part of a pair is counted, whatever the pair is)."""
+        what = f"{self.name}() of {n} items"
+        members: Any = first.keys() if isinstance(first, dict) else first
+        pairs = self.base is dict and not isinstance(first, dict)
+        for item in members:
+            if (
+                pairs
+                and not isinstance(item, str | bytes | bytearray)
+                and hasattr(item, "__iter__")
+            ):
+                for part in item:
+                    self.budget.hashing(hash_cost(part)[1], what)
+            else:
+                self.budget.hashing(hash_cost(item)[1], what)
 
 
 class _HashOnceTuple(tuple[Any, ...]):
@@ -123,6 +146,9 @@ class _HashOnceTuple(tuple[Any, ...]):
     The scan cannot see inside a call's result, so it counts one node each time
     such a tuple is hashed; its first hash was charged when it was made.
     """
+
+    def __setstate__(self, state: Any) -> None:
+        raise PickleRefused("refused: BUILD on a tuple")
 
     def __hash__(self) -> int:
         cached: int | None = self.__dict__.get("_hash")
