@@ -47,10 +47,12 @@ from dataclasses import dataclass
 MAX_NESTING = 1000
 # Memory an opcode stream, its calls and state restores may make the load allocate:
 # a floor for tiny streams plus a multiple of the stream's size. Real streams cost
-# less than this in the scan's (pessimistic) accounting: a torch DCP .metadata about
-# 38 bytes per stream byte, pickles of plain lists and dicts 20 to 32 (measured).
+# less than this in the scan's (pessimistic) accounting (measured): a torch DCP
+# .metadata about 30 bytes per stream byte, a torch.save data.pkl of a model and its
+# Adam state 16, plain lists, dicts and strings 5 to 55, a list of empty sets 124 (each
+# a 216-byte set from 2 bytes: its real size).
 MIN_BUDGET_BYTES = 64 << 20
-BUDGET_PER_INPUT_BYTE = 64
+BUDGET_PER_INPUT_BYTE = 128
 # Nodes Python may visit hashing keys and set members (a node is about 10 ns).
 MIN_HASH_WORK = 4_000_000
 HASH_WORK_PER_INPUT_BYTE = 32
@@ -209,15 +211,16 @@ _COST: dict[str, tuple[int, int, int]] = {
     **dict.fromkeys(("LONG", "LONG1", "LONG4"), (48, 0, 1)),
     **dict.fromkeys((*_BYTES, "BYTEARRAY8"), (64, 0, 1)),
     **dict.fromkeys(_TEXT, (96, 0, 4)),  # UTF-8 widens to at most 4 bytes a character
-    **dict.fromkeys(("EMPTY_LIST", "LIST", "APPEND", "APPENDS"), (64, 16, 0)),
+    **dict.fromkeys(("EMPTY_LIST", "LIST", "APPEND", "APPENDS"), (56, 16, 0)),
     **dict.fromkeys(("TUPLE", "TUPLE1", "TUPLE2", "TUPLE3"), (48, 8, 0)),
-    **dict.fromkeys(("EMPTY_DICT", "DICT", "SETITEM", "SETITEMS"), (256, 48, 0)),
-    **dict.fromkeys(("EMPTY_SET", "FROZENSET", "ADDITEMS"), (224, 64, 0)),
+    **dict.fromkeys(("EMPTY_DICT", "DICT", "SETITEM", "SETITEMS"), (64, 64, 0)),
+    **dict.fromkeys(("EMPTY_SET", "FROZENSET", "ADDITEMS"), (216, 64, 0)),
     **dict.fromkeys(("GLOBAL", "STACK_GLOBAL", "NEXT_BUFFER", "READONLY_BUFFER"), (256, 0, 0)),
     **dict.fromkeys(("REDUCE", "NEWOBJ", "NEWOBJ_EX", "INST", "OBJ", "BUILD"), (64, 8, 0)),
     **dict.fromkeys(("PERSID", "BINPERSID", "EXT1", "EXT2", "EXT4"), (64, 0, 0)),
 }
-_SLOT = 16  # a stack or mark-stack entry (the C arrays grow by doubling)
+_SLOT = 16  # per entry of the stack at its highest (the C array grows by half or doubles)
+_MARK_SLOT = 16  # a mark-stack entry
 _MEMO_SLOT = 16  # a memo entry (the memo array grows to twice the highest index)
 # Opcodes whose items are hashed: every item for sets, every other one for dicts
 # (the first of SETITEM's two is the key).
@@ -326,6 +329,7 @@ def scan_stream(data: bytes, budget: Budget, limit: int = MAX_NESTING) -> None:
     works: list[int] = []
     memo: dict[int, tuple[int, int]] = {}
     stores = 0  # memo stores so far: the highest index a pickler can have used
+    high = 0  # the stack's highest entry count so far (charged _SLOT each)
     charged = 0  # bytes, charged to the budget in batches (one call per opcode is slow)
     hashed = 0
     batch = 1 << 20
@@ -333,6 +337,9 @@ def scan_stream(data: bytes, budget: Budget, limit: int = MAX_NESTING) -> None:
     find = data.find
     unpack = struct.unpack_from
     while True:
+        if len(depths) > high:  # the entries the last opcode pushed
+            charged += _SLOT * (len(depths) - high)
+            high = len(depths)
         if pos >= end:
             raise PickleMalformed("the pickle ends without STOP")
         code = data[pos]
@@ -411,13 +418,11 @@ def scan_stream(data: bytes, budget: Budget, limit: int = MAX_NESTING) -> None:
                 work = 1
             depths.append(depth)
             works.append(work)
-            charged += _SLOT
         elif kind == _K_GET:
             idx = _memo_index(code, view, arg_at, pos)
             d, w = memo.get(idx, (0, 1))
             depths.append(d)
             works.append(w)
-            charged += _SLOT
         elif kind in (_K_PUT, _K_MEMOIZE):
             if not depths or depths[-1] == _MARK:
                 raise PickleMalformed("memo store with an empty stack")
@@ -436,13 +441,12 @@ def scan_stream(data: bytes, budget: Budget, limit: int = MAX_NESTING) -> None:
         elif kind == _K_MARK:
             depths.append(_MARK)
             works.append(0)
-            charged += _SLOT
+            charged += _MARK_SLOT
         elif kind == _K_DUP:
             if not depths:
                 raise PickleMalformed("DUP on an empty stack")
             depths.append(depths[-1])
             works.append(works[-1])
-            charged += _SLOT
         elif kind == _K_SKIP and code == _FRAME:
             (length,) = unpack("<Q", view, arg_at)
             if length > end - pos:
