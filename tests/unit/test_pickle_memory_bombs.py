@@ -10,8 +10,8 @@ checkpoints`` peaked at 2.1 GB resident on it.
 
 from __future__ import annotations
 
-import contextlib
 import io
+import os
 import struct
 import subprocess
 import sys
@@ -275,17 +275,132 @@ def _stream(draw: st.DrawFn) -> bytes:
     return proto + b"".join(ops) + tail + b"."
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+_ATOMS = [b"N", b"K\x07", b"J\xff\xff\xff\x7f", b"X\x03\x00\x00\x00abc", b"\x8c\x01k"]
+
+
+_EMPTIES = [(b"]", "l"), (b"}", "d"), (b"\x8f", "s"), (b")", "t")]
+
+
+@st.composite
+def _well_formed(draw: st.DrawFn) -> bytes:
+    """A stream that loads far: every opcode finds the stack it needs (a simulated one
+    of kinds), with hostile choices inside (memo reuse, DUP runs, big atoms, calls,
+    BUILDs, tuples of tuples as keys), the last piece repeated up to 3,000 times."""
+    out: list[bytes] = [b"\x80\x04"]
+    stack: list[str] = []  # kinds: a atom, t tuple, l list, d dict, s set, x other
+    memo: list[str] = []
+    for _ in range(draw(st.integers(1, 80))):
+        choice = draw(st.integers(0, 13))
+        top = stack[-1] if stack else None
+        piece: bytes
+        if choice == 0 or not stack:
+            piece, kind = draw(st.sampled_from(_ATOMS)), "a"
+            if draw(st.booleans()):
+                n = draw(st.sampled_from([16, 1000, 65536]))
+                piece, kind = b"B" + struct.pack("<I", n) + b"\x00" * n, "a"
+            stack.append(kind)
+        elif choice == 1:
+            piece, kind = draw(
+                st.sampled_from([(b"]", "l"), (b"}", "d"), (b"\x8f", "s"), (b")", "t")])
+            )
+            stack.append(kind)
+        elif choice == 2 and memo:
+            i = draw(st.integers(0, len(memo) - 1))
+            piece = b"h" + bytes([i]) if i < 256 else b"j" + struct.pack("<I", i)
+            stack.append(memo[i])
+        elif choice == 3 and len(memo) < 250:
+            piece = b"q" + bytes([len(memo)])
+            memo.append(top or "a")
+        elif choice == 4:
+            piece = b"2"
+            stack.append(top or "a")
+        elif choice == 5 and len(stack) >= 2:
+            piece = b"\x86"
+            stack[-2:] = ["t"]
+        elif choice == 6 and len(stack) >= 2 and stack[-2] == "l":
+            piece = b"a"
+            stack.pop()
+        elif choice == 7 and len(stack) >= 3 and stack[-3] == "d" and stack[-2] in "at":
+            piece = b"s"
+            del stack[-2:]
+        elif choice == 8 and top == "s" and memo:
+            piece = b"(" + b"h" + bytes([draw(st.integers(0, len(memo) - 1))]) + b"N\x90"
+        elif choice == 9 and top == "l":
+            piece = b"(" + b"2" * draw(st.integers(0, 50)) + b"e" if len(stack) > 1 else b"(Ne"
+        elif choice == 10 and memo:
+            name = draw(st.sampled_from(_BUILTINS))
+            i = draw(st.integers(0, len(memo) - 1))
+            piece = b"cbuiltins\n" + name + b"\nh" + bytes([i]) + b"\x85R"
+            stack.append("x")
+        elif choice == 11 and memo:
+            i = draw(st.integers(0, len(memo) - 1))
+            piece = b"ctorch\nT\n)\x81h" + bytes([i]) + b"b"
+            stack.append("x")
+        elif choice == 12 and stack:
+            piece = b"0"
+            stack.pop()
+        else:
+            piece = b"N"
+            stack.append("a")
+        out.append(piece)
+    out.append(out[-1] * draw(st.integers(0, 3000)))
+    return b"".join(out) + (b"." if stack else b"N.")
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=_well_formed())
+def test_well_formed_hostile_streams_stay_within_the_budget(data: bytes) -> None:
+    tracemalloc.start()
+    try:
+        try:
+            StubUnpickler(data).load()
+        except UnsafePickle as exc:
+            assert "MemoryError" not in str(exc), str(exc)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < budget_for(len(data)) + 2 * len(data) + (8 << 20)
+
+
+_FUZZ_EXAMPLES = int(os.environ.get("TRAINGUARD_TEST_FUZZ_EXAMPLES", "300"))
+
+
+@settings(max_examples=_FUZZ_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=_stream(), stub_all=st.booleans())
 def test_random_hostile_streams_stay_within_the_budget(data: bytes, stub_all: bool) -> None:
     tracemalloc.start()
     try:
-        with contextlib.suppress(UnsafePickle):
+        try:
             StubUnpickler(data, stub_all=stub_all).load()
+        except UnsafePickle as exc:
+            # A bound refuses before allocating: never a MemoryError half-way.
+            assert "MemoryError" not in str(exc), str(exc)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
     assert peak < budget_for(len(data)) + 64 * len(data)
+
+
+def test_random_hostile_streams_under_an_address_space_limit() -> None:
+    """The fuzzing above again, in a child capped at 2 GiB of address space: a stream
+    that made the C unpickler allocate past its budget would fail there (MemoryError)
+    even where tracemalloc does not see the allocation."""
+    code = textwrap.dedent(
+        f"""
+        import resource, sys
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+        import pytest
+        sys.exit(pytest.main([
+            {__file__!r} + "::test_random_hostile_streams_stay_within_the_budget",
+            "-q", "-p", "no:cacheprovider", "-n", "0",
+        ]))
+        """
+    )
+    env = dict(os.environ, TRAINGUARD_TEST_FUZZ_EXAMPLES="100")
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env
+    )
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
 
 
 def test_hostile_streams_load_under_an_address_space_limit(tmp_path: Path) -> None:
