@@ -93,3 +93,15 @@ def test_a_slow_refresh_never_holds_a_request_longer_than_the_catch_up_wait() ->
     finally:
         release.set()
         watch.stop()
+
+
+def test_a_cached_only_view_never_reads_a_checkpoint(tmp_path: Path) -> None:
+    _dcp(tmp_path, "step_5", MEMO_BOMB)
+    cache = VerdictCache()
+    assert scan(tmp_path, "quick", cache.cached_only()) == []  # nothing read yet
+    assert cache.misses == 0
+    (read,) = scan(tmp_path, "quick", cache)
+    (seen,) = scan(tmp_path, "quick", cache.cached_only())
+    assert seen == read
+    _dcp(tmp_path, "step_6", MEMO_BOMB)  # new since: not read through the view
+    assert [i.path for i in scan(tmp_path, "quick", cache.cached_only())] == [read.path]

@@ -10,7 +10,7 @@ from fastapi import APIRouter, HTTPException, Query
 from trainguard import __version__
 from trainguard.api import schemas as S
 from trainguard.api.context import ApiContext
-from trainguard.api.deps import Ctx, IdPath, IdQuery, Viewer
+from trainguard.api.deps import ANONYMOUS, Ctx, IdPath, IdQuery, Viewer
 from trainguard.api.operations import report
 from trainguard.model.health import HealthState
 from trainguard.model.records import (
@@ -446,7 +446,7 @@ DEFAULT_REPORT_WINDOW_S = 30 * 86400.0
 @router.get("/fleet/report", response_model=S.FleetReport, tags=["fleet"])
 def fleet_report(
     ctx: Ctx,
-    _: Viewer,
+    who: Viewer,
     since: Annotated[
         str | None,
         Query(description="ISO 8601 (naive = UTC) or epoch seconds; default 30 days ago"),
@@ -467,14 +467,16 @@ def fleet_report(
         raise HTTPException(422, str(exc)) from None
     if since_f > until_f:
         raise HTTPException(422, "since is after until")
-    # Verdicts come from the checkpoint watch's cache: contents read once per change.
+    # Verdicts come from the checkpoint watch's cache: contents read once per change, and
+    # never for a request without a token (--public-read): it sees what the watch read.
+    cache = ctx.checkpoints.cache
     return report(
         ctx.store,
         ctx.fleet,
         since=since_f,
         until=until_f,
         bucket_s=bucket,
-        cache=ctx.checkpoints.cache,
+        cache=cache.cached_only() if who is ANONYMOUS else cache,
     )
 
 

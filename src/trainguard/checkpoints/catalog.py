@@ -115,12 +115,20 @@ _CacheKey = tuple[str, str, int, int, float | None, int]
 class VerdictCache:
     """Verdicts of checkpoint entries, kept while (path, mtime, size) stay the same."""
 
-    def __init__(self, max_entries: int = 4096) -> None:
+    def __init__(self, max_entries: int = 4096, *, read: bool = True) -> None:
         self.max_entries = max_entries
+        self.read = read  # False: a miss is "not known", nothing is read (cached_only)
         self._verdicts: OrderedDict[_CacheKey, CheckpointInfo | None] = OrderedDict()
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
+
+    def cached_only(self) -> VerdictCache:
+        """A view of the same verdicts that never reads a checkpoint: an entry not in
+        the cache (or changed since) is skipped as if it were not a checkpoint."""
+        view = VerdictCache(self.max_entries, read=False)
+        view._verdicts, view._lock = self._verdicts, self._lock
+        return view
 
     @staticmethod
     def key(path: Path, mode: VerifyMode) -> _CacheKey | None:
@@ -138,12 +146,14 @@ class VerdictCache:
     def classify(self, path: Path, mode: VerifyMode) -> CheckpointInfo | None:
         key = self.key(path, mode)
         if key is None:
-            return _classify(path, mode)
+            return _classify(path, mode) if self.read else None
         with self._lock:
             if key in self._verdicts:
                 self.hits += 1
                 self._verdicts.move_to_end(key)
                 return self._verdicts[key]
+        if not self.read:
+            return None
         info = _classify(path, mode)
         with self._lock:
             self.misses += 1
