@@ -254,7 +254,7 @@ class StubUnpickler(pickle.Unpickler):
         except UnsafePickle:
             raise
         except PickleRefused as exc:
-            raise UnsafePickle(str(exc)) from exc
+            raise UnsafePickle(str(exc)[:300]) from exc
         except PickleMalformed as exc:
             raise DamagedPickle(str(exc)) from exc
         except (RecursionError, MemoryError) as exc:
@@ -280,7 +280,8 @@ class StubUnpickler(pickle.Unpickler):
             return self._stub(f"{module}.{name}")
         if (module, name) == ("copyreg", "_reconstructor"):
             return _reconstructor
-        raise UnsafePickle(f"refusing to load {module}.{name}")
+        # Names come from the stream: the message (a checkpoint's reason) stays short.
+        raise UnsafePickle(f"refusing to load {module[:100]}.{name[:100]}")
 
     def _stub(self, qualname: str) -> type[Stub]:
         # One class per name and load, charged once (a class takes about 1 KiB).
