@@ -105,3 +105,23 @@ def test_a_cached_only_view_never_reads_a_checkpoint(tmp_path: Path) -> None:
     assert seen == read
     _dcp(tmp_path, "step_6", MEMO_BOMB)  # new since: not read through the view
     assert [i.path for i in scan(tmp_path, "quick", cache.cached_only())] == [read.path]
+
+
+def test_a_listing_of_many_new_jobs_waits_once_not_once_per_job() -> None:
+    release = threading.Event()
+
+    def compute(cache: VerdictCache) -> dict[str, CheckpointProtection]:
+        release.wait(30)
+        return {}
+
+    jobs = {f"j{i}": f"/ck/{i}" for i in range(20)}
+    watch = CheckpointWatch(compute, lambda: dict(jobs), interval=3600, catch_up_wait=0.5)
+    watch.start()
+    try:
+        t0 = time.monotonic()
+        for job, directory in jobs.items():
+            assert watch.for_job(job, directory, 0.0) is None
+        assert time.monotonic() - t0 < 5  # one 0.5 s wait, not twenty
+    finally:
+        release.set()
+        watch.stop()

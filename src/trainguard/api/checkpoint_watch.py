@@ -16,9 +16,11 @@ serve that snapshot, re-aged to the request's clock
   sees a live job the snapshot does not cover (a job just created, a directory
   changed), at most once per ``min_spacing`` seconds;
 - such a request waits up to ``catch_up_wait`` seconds for that refresh, so a
-  job's protection shows on the first read after it is created; it never reads
-  the directory itself. A context that was never started (no thread) refreshes
-  inline, for in-process tools that build a context without serving.
+  job's protection shows on the first read after it is created (one wait per
+  snapshot: the requests after it, and the other jobs of the same listing, do
+  not wait again); it never reads the directory itself. A context that was never
+  started (no thread) refreshes inline, for in-process tools that build a context
+  without serving.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class CheckpointWatch:
         self._snapshot: dict[str, CheckpointProtection] = {}
         self._covered: dict[str, str] = {}  # job -> directory the snapshot read
         self._generation = 0
+        self._waited_on = -1  # the generation a request last waited to see replaced
         self._cond = threading.Condition()
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -120,10 +123,16 @@ class CheckpointWatch:
             if all(self._covered.get(j) == d for j, d in wanted.items()):
                 return
             seen = self._generation
+            # One wait per snapshot, whoever asks: a refresh slower than the wait (or
+            # failing) must not hold every job of a listing in turn.
+            waited = self._waited_on == seen
+            self._waited_on = seen
         if self._thread is None:
             self.refresh()
             return
         self._wake.set()
+        if waited:
+            return
         with self._cond:
             self._cond.wait_for(lambda: self._generation != seen, timeout=self.catch_up_wait)
 
