@@ -13,8 +13,8 @@ serve that snapshot, re-aged to the request's clock
   checkpoint's contents are read once per change of (path, mtime, size), and a
   hostile file is refused within the inert unpickler's budget, then remembered;
 - a refresh runs at least every ``interval`` seconds, and sooner when a request
-  sees a live job the snapshot does not cover (a job just created, a directory
-  changed), at most once per ``min_spacing`` seconds;
+  sees a live job the snapshot does not cover (a job just created, or given
+  another directory), at most once per ``min_spacing`` seconds;
 - such a request waits up to ``catch_up_wait`` seconds for that refresh, so a
   job's protection shows on the first read after it is created (one wait per
   snapshot: the requests after it, and the other jobs of the same listing, do
