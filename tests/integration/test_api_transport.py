@@ -5,6 +5,7 @@ for plain HTTP off loopback, and a refused ``--database`` in a missing directory
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 import ssl
@@ -120,7 +121,7 @@ def test_tls_options_must_come_together_and_exist(tmp_path: Path) -> None:
     assert not (tmp_path / "db" / "state.db").exists()  # refused before anything was made
 
 
-def test_plain_http_off_loopback_is_warned_about_loudly(tmp_path: Path) -> None:
+def test_plain_http_off_loopback_is_refused_or_warned_about_loudly(tmp_path: Path) -> None:
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3")
     assert not is_loopback("gpu-head.example")
@@ -131,7 +132,11 @@ def test_plain_http_off_loopback_is_warned_about_loudly(tmp_path: Path) -> None:
     options = ServeOptions(
         host="192.0.2.1", port=0, database=str(tmp_path / "db" / "state.db"), controller=False
     )
-    with pytest.raises(OSError):
+    with pytest.raises(ValueError, match="--insecure-bind"):  # ServeError: nothing made
         serve(options, say=said.append)
-    [warning] = [m for m in said if m.startswith("WARNING")]
+    assert not said and not (tmp_path / "db" / "state.db").exists()
+    with pytest.raises(OSError):
+        serve(dataclasses.replace(options, insecure_bind=True), say=said.append)
+    [warning, notice] = [m for m in said if m.startswith(("WARNING", "NOTE"))]
     assert "plain HTTP on 192.0.2.1" in warning and "--tls-cert" in warning
+    assert "/metrics needs no token" in notice and "GPU UUIDs" in notice

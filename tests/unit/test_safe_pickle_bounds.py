@@ -72,11 +72,11 @@ def test_small_sizes_still_load() -> None:
 
 
 def test_repeated_copies_of_one_big_object_hit_the_budget() -> None:
-    # One 4 MiB bytes object (in the stream), then a million bytes(<it>) calls of
-    # 4 bytes each: unbounded amplification without a budget.
-    big = b"B" + struct.pack("<I", 4 << 20) + b"\0" * (4 << 20)
+    # One 1 MiB bytes object (in the stream), then bytes(<it>) calls of 7 bytes each:
+    # unbounded amplification without a budget (300 copies: over 64 MiB + 128 x 1 MiB).
+    big = b"B" + struct.pack("<I", 1 << 20) + b"\0" * (1 << 20)
     body = b"\x80\x03cbuiltins\nbytes\nq\x00" + big + b"q\x01("
-    body += b"h\x00h\x01\x85R0" * 100
+    body += b"h\x00h\x01\x85R0" * 300
     data = body + b"t."
     assert len(data) < budget_for(len(data))
     err, peak = _peak(lambda: safe_loads(data))

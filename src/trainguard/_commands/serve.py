@@ -44,6 +44,12 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--tls-key", metavar="FILE", help="the PEM private key of --tls-cert")
     parser.add_argument(
+        "--insecure-bind",
+        action="store_true",
+        help="serve plain HTTP on a --host that is not loopback (refused without it: tokens "
+        "and reports would cross the network in clear text)",
+    )
+    parser.add_argument(
         "--token-file",
         metavar="FILE",
         help="YAML/JSON token file: token -> {role, name} (default: tokens.yaml next to the "
@@ -56,7 +62,13 @@ def register(subparsers: Any) -> None:
         help="default mode where no scope sets one (default observe: record plans, act on nothing)",
     )
     parser.add_argument(
-        "--public-read", action="store_true", help="let requests without a token read (viewer)"
+        "--public-read",
+        action="store_true",
+        help="let requests without a token read, as a viewer: jobs (names, commands, "
+        "checkpoint dirs), nodes and GPU UUIDs, incidents with their log evidence, plans, "
+        "actions, approvals, repairs, policies, the audit log and the dashboard; on a "
+        "non-loopback --host that is everyone who can reach it. /metrics (host names, GPU "
+        "UUIDs, job ids) needs no token even without this flag",
     )
     parser.add_argument(
         "--reconcile-interval", type=float, default=1.0, metavar="S", help="seconds between passes"
@@ -150,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
         page_webhook=args.page_webhook,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
+        insecure_bind=args.insecure_bind,
         default_database=args.database == DEFAULT_STATE,
         keep_rejected_in_place=args.keep_rejected_in_place,
         bmc_config=args.bmc_config,

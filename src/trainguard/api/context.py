@@ -18,6 +18,7 @@ from typing import Any
 
 from trainguard.api.auth import Principal, TokenTable, hash_token
 from trainguard.api.bounds import RankLimits, store_lookup
+from trainguard.api.checkpoint_watch import CheckpointWatch, watch_for
 from trainguard.api.identity import DeviceOwners, JobTokens, Refusals
 from trainguard.api.ingest import (
     FindingIngestor,
@@ -31,7 +32,7 @@ from trainguard.api.ingest import (
 )
 from trainguard.api.metrics import Metrics, StoreCollector
 from trainguard.api.middleware import DEFAULT_MAX_BODY
-from trainguard.api.operations import operations_collector
+from trainguard.api.operations import job_protections, operations_collector
 from trainguard.model.records import AuditKind, RankReport
 from trainguard.policy.verify import DEFAULT_MAX_RANKS
 from trainguard.store import NotFound, Store
@@ -69,12 +70,14 @@ class ApiContext:
     started_at: float | None = None  # monotonic
     last_pass_at: float | None = None  # monotonic, the last completed pass
     ingest_store: Store | None = None  # the flusher's own connection, when not ``store``
+    checkpoints: CheckpointWatch = field(init=False)  # checkpoint dirs, read off-request
 
     def start(self) -> None:
         self.started_at = self.monotonic()
         self.findings.load_receipts()
         self.progress.start()
         self.job_tokens.start()
+        self.checkpoints.start()
 
     def note_pass(self, line: dict[str, Any]) -> None:
         """A reconcile pass ended (the loop's report): it counts as completed unless it
@@ -109,6 +112,7 @@ class ApiContext:
         )
 
     def stop(self) -> None:
+        self.checkpoints.stop()
         self.job_tokens.stop()
         self.progress.stop()
         if self.ingest_store is not None and self.ingest_store is not self.store:
@@ -356,6 +360,7 @@ def build_context(
         pass_deadline_s=pass_deadline_s,
         ingest_store=ingest_store,
     )
+    ctx.checkpoints = watch_for(store, ctx.fleet, clock, job_protections)
     metrics.add_store_collector(StoreCollector(store, node_counts=lambda: nodes.counts(clock())))
     metrics.add_store_collector(operations_collector(ctx))
     return ctx

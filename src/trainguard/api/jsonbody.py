@@ -1,16 +1,18 @@
 """Strict JSON request bodies: refuse what ``json.loads`` lets through but nothing can keep.
 
-Python's parser accepts three things that are not JSON or not storable, and each
-used to surface as a 500 somewhere later (issue 14):
+Python's parser accepts things that are not JSON or not storable, and each used
+to surface as a 500 somewhere later (issues 14 and 25):
 
 * ``NaN``, ``Infinity`` and ``-Infinity`` literals (not JSON numbers; they poison
-  rates and comparisons, and a store or a client may reject them on the way out);
+  rates and comparisons, and a store or a client may reject them on the way out),
+  and numbers too large for a float (``1e400`` parses to infinity: the response
+  could not be written and the kept-alive connection was reset);
 * a lone UTF-16 surrogate escape (``"\\ud800"``): a Python string that cannot be
   encoded as UTF-8, so the store write or the response fails;
 * deep nesting: 100,000 brackets make the parser raise ``RecursionError``, and a
   few hundred make any later recursive walk (validation errors, ``json.dumps``) do so.
 
-:func:`parse` refuses all three with a :class:`BadJson` message; :class:`StrictJson`
+:func:`parse` refuses all of them with a :class:`BadJson` message; :class:`StrictJson`
 (ASGI middleware) applies it to every request body before the fast lane and the
 framework see it, and answers 422 in the framework's validation-error shape, so the
 response matches the published schema. Malformed JSON is left to the framework, whose
@@ -45,7 +47,14 @@ def _no_constant(name: str) -> Any:
     raise BadJson(f"{name} is not a JSON number (numbers must be finite)")
 
 
-_HOOKS: dict[str, Any] = {"parse_constant": _no_constant}
+def _finite(text: str) -> float:
+    value = float(text)
+    if value - value != 0.0:  # inf - inf is nan: only infinities get here
+        raise BadJson(f"{text[:40]} is out of range for a JSON number (numbers must be finite)")
+    return value
+
+
+_HOOKS: dict[str, Any] = {"parse_constant": _no_constant, "parse_float": _finite}
 _DECODER = json.JSONDecoder(**_HOOKS)  # one decoder: json.loads(**hooks) builds one per call
 
 
@@ -95,7 +104,11 @@ def parse(body: bytes) -> Any:
         raise
     except RecursionError:
         raise BadJson(f"JSON nested deeper than {MAX_DEPTH} levels") from None
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+    except json.JSONDecodeError as exc:
+        raise Malformed(str(exc)) from None
+    except ValueError as exc:  # an integer of more than 4300 digits; UnicodeDecodeError
+        if "digits" in str(exc):
+            raise BadJson("an integer is out of range for a JSON number") from None
         raise Malformed(str(exc)) from None
     # Cheap tests first: nesting needs at least MAX_DEPTH opening brackets, a lone
     # surrogate needs a \uD8xx-\uDFxx escape in the text.

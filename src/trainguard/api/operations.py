@@ -3,6 +3,8 @@
 * :func:`job_protections`: checkpoint protection of every live job that has a
   checkpoint directory (age of the newest valid checkpoint, last save, node-local
   storage flag, the job policy's ``max_checkpoint_age_seconds``; decision 0251);
+  the API serves it from :class:`~trainguard.api.checkpoint_watch.CheckpointWatch`,
+  which calls it in the background, never in a request (decision 0408);
 * :func:`progress_ages`: seconds since each running job's last progress step
   (since its attempt started when no step came yet), behind the "job not
   progressing" alert (decision 0250).
@@ -13,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainguard.api.metrics import OperationsCollector
-from trainguard.checkpoints.catalog import scan
+from trainguard.checkpoints.catalog import VerdictCache, scan
 from trainguard.checkpoints.protection import (
     CheckpointProtection,
     Mount,
@@ -58,28 +60,35 @@ def job_protection(
     *,
     mounts: list[Mount] | None = None,
     policies: dict[str | None, float | None] | None = None,
+    cache: VerdictCache | None = None,
 ) -> CheckpointProtection | None:
     if not job.checkpoint_dir:
         return None
-    cache: dict[str | None, float | None] = {} if policies is None else policies
+    limits: dict[str | None, float | None] = {} if policies is None else policies
     return checkpoint_protection(
         job.checkpoint_dir,
         now=now,
-        max_age_seconds=_max_age(fleet, job.id, cache),
+        max_age_seconds=_max_age(fleet, job.id, limits),
         mounts=mounts,
+        cache=cache,
     )
 
 
 def job_protections(
-    store: Any, fleet: Any, now: float, *, mounts: list[Mount] | None = None
+    store: Any,
+    fleet: Any,
+    now: float,
+    *,
+    mounts: list[Mount] | None = None,
+    cache: VerdictCache | None = None,
 ) -> dict[str, CheckpointProtection]:
     """Protection of every job not finished yet that names a checkpoint directory."""
-    cache: dict[str | None, float | None] = {}
+    limits: dict[str | None, float | None] = {}
     out: dict[str, CheckpointProtection] = {}
     for job in store.list_jobs():
         if job.state.terminal:
             continue
-        p = job_protection(fleet, job, now, mounts=mounts, policies=cache)
+        p = job_protection(fleet, job, now, mounts=mounts, policies=limits, cache=cache)
         if p is not None:
             out[job.id] = p
     return out
@@ -100,7 +109,9 @@ def progress_ages(store: Any, now: float) -> dict[str, float]:
     return out
 
 
-def checkpoint_saves(store: Any, since: float, until: float) -> list[tuple[float, float]]:
+def checkpoint_saves(
+    store: Any, since: float, until: float, cache: VerdictCache | None = None
+) -> list[tuple[float, float]]:
     """``(written_at, save_seconds)`` of the trainguard-format checkpoints, in every job's
     checkpoint directory, written in ``[since, until]`` (for the write-time trend)."""
     out: list[tuple[float, float]] = []
@@ -110,7 +121,7 @@ def checkpoint_saves(store: Any, since: float, until: float) -> list[tuple[float
             continue
         seen.add(job.checkpoint_dir)
         try:
-            infos = scan(job.checkpoint_dir, "quick")
+            infos = scan(job.checkpoint_dir, "quick", cache)
         except OSError:
             continue  # gone or unreadable: nothing to count
         for info in infos:
@@ -125,7 +136,13 @@ def checkpoint_saves(store: Any, since: float, until: float) -> list[tuple[float
 
 
 def report(
-    store: Any, fleet: Any, *, since: float, until: float, bucket_s: float = DAY
+    store: Any,
+    fleet: Any,
+    *,
+    since: float,
+    until: float,
+    bucket_s: float = DAY,
+    cache: VerdictCache | None = None,
 ) -> dict[str, Any]:
     """The fleet report (store.analytics.fleet_report) with the checkpoint write times."""
     return fleet_report(
@@ -133,7 +150,7 @@ def report(
         fleet,
         since=since,
         until=until,
-        checkpoint_saves=checkpoint_saves(store, since, until),
+        checkpoint_saves=checkpoint_saves(store, since, until, cache),
         bucket_s=bucket_s,
     )
 
@@ -150,7 +167,7 @@ def operations_collector(ctx: Any) -> OperationsCollector:
         tally=FindingTally(ctx.fleet),
         breakers=breakers,
         progress_ages=lambda: progress_ages(ctx.store, ctx.clock()),
-        protections=lambda: job_protections(ctx.store, ctx.fleet, ctx.clock()),
+        protections=lambda: ctx.checkpoints.current(ctx.clock()),
     )
 
 

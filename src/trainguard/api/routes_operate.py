@@ -29,6 +29,7 @@ from trainguard.controller.operations import (
     OperationError,
     Target,
 )
+from trainguard.controller.service import JobIdTaken
 from trainguard.model.fleet import ApprovalState, RepairState
 from trainguard.model.records import iso_utc
 from trainguard.model.statemachine import IllegalTransition
@@ -44,7 +45,7 @@ def control(ctx: ApiContext) -> Any:
 
 def _refuse(exc: Exception) -> HTTPException:
     """ValueError from the controller: the request or the state does not allow it."""
-    if isinstance(exc, IllegalTransition):
+    if isinstance(exc, IllegalTransition | JobIdTaken):
         return HTTPException(409, str(exc))
     return HTTPException(422, str(exc))
 

@@ -10,8 +10,8 @@ from fastapi import APIRouter, HTTPException, Query
 from trainguard import __version__
 from trainguard.api import schemas as S
 from trainguard.api.context import ApiContext
-from trainguard.api.deps import Ctx, IdPath, IdQuery, Viewer
-from trainguard.api.operations import job_protection, report
+from trainguard.api.deps import ANONYMOUS, Ctx, IdPath, IdQuery, Viewer
+from trainguard.api.operations import report
 from trainguard.model.health import HealthState
 from trainguard.model.records import (
     AttemptRecord,
@@ -50,8 +50,13 @@ def attempt_progress(att: AttemptRecord) -> dict[str, Any] | None:
 def job_detail(ctx: ApiContext, job: JobRecord) -> dict[str, Any]:
     attempts = ctx.store.list_attempts(job.id)
     latest = attempts[-1] if attempts else None
-    # A finished job's checkpoints protect nothing any more: not looked at (0251).
-    protection = None if job.state.terminal else job_protection(ctx.fleet, job, ctx.clock())
+    # A finished job's checkpoints protect nothing any more: not looked at (0251). A live
+    # one's are read by the checkpoint watch, in the background (0408).
+    protection = (
+        None
+        if job.state.terminal
+        else ctx.checkpoints.for_job(job.id, job.checkpoint_dir, ctx.clock())
+    )
     return {
         **job.to_json(),
         "attempts": [a.to_json() for a in attempts],
@@ -444,7 +449,7 @@ DEFAULT_REPORT_WINDOW_S = 30 * 86400.0
 @router.get("/fleet/report", response_model=S.FleetReport, tags=["fleet"])
 def fleet_report(
     ctx: Ctx,
-    _: Viewer,
+    who: Viewer,
     since: Annotated[
         str | None,
         Query(description=f"{TIME_DESCRIPTION}; default 30 days ago"),
@@ -464,7 +469,17 @@ def fleet_report(
         raise HTTPException(422, str(exc)) from None
     if since_f > until_f:
         raise HTTPException(422, "since is after until")
-    return report(ctx.store, ctx.fleet, since=since_f, until=until_f, bucket_s=bucket)
+    # Verdicts come from the checkpoint watch's cache: contents read once per change, and
+    # never for a request without a token (--public-read): it sees what the watch read.
+    cache = ctx.checkpoints.cache
+    return report(
+        ctx.store,
+        ctx.fleet,
+        since=since_f,
+        until=until_f,
+        bucket_s=bucket,
+        cache=cache.cached_only() if who is ANONYMOUS else cache,
+    )
 
 
 __all__ = ["attempt_progress", "fleet_report", "job_detail", "node_views", "router"]

@@ -204,7 +204,8 @@ class JobIn(_Request):
     scheduler_ref: str = Field(min_length=1, max_length=200)
     name: str = Field(min_length=1, max_length=200)
     command: list[str] = Field(min_length=1, max_length=1000)
-    need: Count = Field(le=1_000_000, description="devices the job needs")
+    # Bounds inside Annotated: a Field(ge=, le=) on the assignment loses to Count's own.
+    need: Annotated[Count, Field(le=1_000_000)] = Field(description="devices the job needs")
     min_need: Annotated[Count, Field(ge=1)] | None = Field(
         default=None, description="fewer it accepts (elastic)"
     )
@@ -220,8 +221,10 @@ class SubmitIn(_Request):
 
     name: str = Field(min_length=1, max_length=200)
     command: list[str] = Field(min_length=1, max_length=1000)
-    nodes: Count = Field(default=1, ge=1, le=100_000)
-    devices_per_node: Count = Field(default=1, le=1024)
+    # Bounds inside Annotated: a Field(ge=, le=) on the assignment loses to Count's own
+    # (nodes 0 reached the scheduler and answered 500, issue 25).
+    nodes: Annotated[Count, Field(ge=1, le=100_000)] = 1
+    devices_per_node: Annotated[Count, Field(le=1024)] = 1
     partition: str | None = Field(default=None, max_length=200)
     env: dict[str, str] = Field(default_factory=dict, max_length=1000)
     cwd: str | None = Field(default=None, max_length=MAX_TEXT)

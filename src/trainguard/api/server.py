@@ -6,9 +6,12 @@ reconcile loop in a thread, and serves HTTP with uvicorn (uvloop and httptools
 when installed) on a socket it binds itself, so ``--port 0`` works and the real
 address is printed before the first request can arrive.
 
-Transport and files (issue 14): ``--tls-cert``/``--tls-key`` serve HTTPS with
-uvicorn's own TLS; plain HTTP on an address other than loopback gets a loud
-warning (tokens would cross the network in clear text); an explicit SQLite
+Transport and files (issues 14 and 25): ``--tls-cert``/``--tls-key`` serve HTTPS
+with uvicorn's own TLS; plain HTTP on an address other than loopback is refused
+(tokens would cross the network in clear text) unless ``--insecure-bind`` says it
+is meant, and then warned about; on such an address serve also says, at start,
+what anyone who can reach it reads without a token (``/metrics`` always, every
+read route with ``--public-read``: :func:`exposure_notice`); an explicit SQLite
 ``--database`` in a directory that does not exist is refused rather than created;
 a token file that others may read is warned about.
 """
@@ -85,6 +88,48 @@ def plain_http_warning(host: str) -> str:
         "tokens and every report cross the network in clear text. Serve HTTPS with "
         "--tls-cert FILE --tls-key FILE, or bind 127.0.0.1 behind a TLS proxy."
     )
+
+
+def check_bind(options: ServeOptions) -> None:
+    """Refuse plain HTTP on a non-loopback address unless ``--insecure-bind`` says so."""
+    if options.tls_cert is None and not is_loopback(options.host) and not options.insecure_bind:
+        raise ServeError(
+            f"--host {options.host} is not a loopback address and no --tls-cert/--tls-key "
+            "is given: bearer tokens and every report would cross the network in clear "
+            "text. Serve HTTPS (--tls-cert FILE --tls-key FILE), bind 127.0.0.1 behind a "
+            "TLS proxy, or pass --insecure-bind to serve plain HTTP there anyway"
+        )
+
+
+# What a request without a token reads (keep in step with the routes and docs/api.md).
+METRICS_EXPOSES = (
+    "/metrics needs no token: it lists agent host names and GPU UUIDs (temperature, "
+    "finding and XID counts per GPU), job ids (checkpoint age, last save, progress "
+    "age), job, device, node and incident counts, and breaker states"
+)
+PUBLIC_READ_EXPOSES = (
+    "--public-read: every read route answers without a token, as a viewer: jobs (ids, "
+    "names, commands, scheduler ids, checkpoint directories, attempts, progress), nodes "
+    "and devices (host names, GPU UUIDs, health states and history), incidents with "
+    "their findings and log evidence, plans, actions, approvals, repairs, policies, "
+    "modes, suppressions, the audit log, the fleet report and the dashboard"
+)
+
+
+def exposure_notice(host: str, port: int, public_read: bool) -> str | None:
+    """What anyone who can reach ``host:port`` reads without a token; None on loopback
+    (only local users can connect there)."""
+    if is_loopback(host):
+        return None
+    reach = f"anyone who can reach {_url_host(host)}:{port or '<its port>'}"
+    if public_read:
+        return (
+            f"WARNING: {reach} reads this control plane without a token. "
+            f"{PUBLIC_READ_EXPOSES}. {METRICS_EXPOSES}. Without --public-read only "
+            "/metrics, /healthz, the API schema (/v1/openapi.json, /v1/docs) and the "
+            "dashboard's static files answer without a token."
+        )
+    return f"NOTE: {reach} can read /metrics: {METRICS_EXPOSES}."
 
 
 def default_token_file(database: str) -> Path:
@@ -178,6 +223,7 @@ def serve(options: ServeOptions, say: Callable[[str], None] = print) -> int:
 
     check_database(options)
     check_tls(options)
+    check_bind(options)
     clock = time.time
     store = open_store(options.database, at=clock())
     tokens, token_path = load_tokens(options, say)
@@ -207,6 +253,8 @@ def serve(options: ServeOptions, say: Callable[[str], None] = print) -> int:
     app = create_app(ctx)
     if options.tls_cert is None and not is_loopback(options.host):
         say(plain_http_warning(options.host))  # before the bind: said even if it fails
+    if (notice := exposure_notice(options.host, options.port, options.public_read)) is not None:
+        say(notice)
     sock = bind(options.host, options.port)
     host, port = sock.getsockname()[:2]
     ctx.start()
@@ -304,8 +352,10 @@ __all__ = [
     "ServeOptions",
     "bind",
     "build_control",
+    "check_bind",
     "check_database",
     "check_tls",
+    "exposure_notice",
     "is_loopback",
     "load_scheduler",
     "parse_nodes",

@@ -43,6 +43,7 @@ class ServeOptions:
     loop: str = "process"  # "process": the reconcile loop in a child (0095); "thread"
     tls_cert: str | None = None  # PEM certificate (chain); with tls_key: serve HTTPS
     tls_key: str | None = None
+    insecure_bind: bool = False  # allow plain HTTP on a non-loopback address (issue 25)
     default_database: bool = False  # the database is the default path (its dir may be made)
     keep_rejected_in_place: bool = False  # do not move damaged checkpoints aside (0146)
     bmc_config: str | None = None  # nodes' BMCs (TOML): the lost-node step runs (0242)

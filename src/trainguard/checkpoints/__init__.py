@@ -2,9 +2,10 @@
 
 Public API (stdlib only, never imports torch)::
 
-    scan(root, verify="full"|"quick") -> list[CheckpointInfo]   # newest first
-    latest_valid(root, verify=...) -> CheckpointInfo | None
-    validate(path, verify=...) -> CheckpointInfo
+    scan(root, verify="full"|"quick", cache=None) -> list[CheckpointInfo]   # newest first
+    latest_valid(root, verify=..., cache=None) -> CheckpointInfo | None
+    validate(path, verify=..., cache=None) -> CheckpointInfo
+    VerdictCache()   # verdicts kept per (path, mtime, size): pass it as cache=
     advise(save_seconds, mtbf_seconds, restart_seconds=0.0, current_interval=None)
         -> IntervalAdvice                                         # see .interval
 
@@ -14,7 +15,13 @@ Formats and their completeness rules are documented in docs/checkpoints.md.
 from __future__ import annotations
 
 from trainguard.checkpoints._fs import VERIFY_MODES, VerifyMode
-from trainguard.checkpoints.catalog import IN_PROGRESS_REASON, latest_valid, scan, validate
+from trainguard.checkpoints.catalog import (
+    IN_PROGRESS_REASON,
+    VerdictCache,
+    latest_valid,
+    scan,
+    validate,
+)
 from trainguard.checkpoints.interval import (
     IntervalAdvice,
     Waste,
@@ -31,6 +38,7 @@ __all__ = [
     "VERIFY_MODES",
     "CheckpointInfo",
     "IntervalAdvice",
+    "VerdictCache",
     "VerifyMode",
     "Waste",
     "advise",

@@ -27,7 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from trainguard.checkpoints._safe_pickle import Stub, StubUnpickler, stub_name
+from trainguard.checkpoints._pickle_bounds import active
+from trainguard.checkpoints._safe_pickle import (
+    Stub,
+    StubUnpickler,
+    bounded_builtin,
+    stub_name,
+)
 
 # data.pkl holds structure only (tensor bytes live in their own members); anything
 # larger than this is not worth loading to find one integer.
@@ -56,11 +62,19 @@ class _StateDict(dict):
     shared unpickler maps OrderedDict to cannot hold it.
     """
 
+    def __setstate__(self, state: Any) -> None:
+        # BUILD copies the state into the instance: charged like a stub's state.
+        if isinstance(state, dict):
+            budget = active()
+            if budget is not None:
+                budget.slots(2 * len(state), f"OrderedDict state of {len(state)} fields")
+            self.__dict__.update({k: v for k, v in state.items() if type(k) is str})
+
 
 class _Unpickler(StubUnpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) == ("collections", "OrderedDict"):
-            return _StateDict
+            return bounded_builtin(_StateDict, self.budget)
         return super().find_class(module, name)
 
 
@@ -112,11 +126,12 @@ def _tensor_scalar(stub: Stub, read_storage: Any) -> int | None:
     return int(value) if value >= 0 else None
 
 
-def find_step(obj: Any, read_storage: Any = None) -> EmbeddedStep | None:
+def find_step(obj: Any, read_storage: Any = None, _depth: int = 0) -> EmbeddedStep | None:
     """A step (else an epoch) counter in a loaded checkpoint object, or None."""
-    if not isinstance(obj, dict):
+    if not isinstance(obj, dict) or _depth > 3:  # a loaded dict may contain itself
         return None
-    lowered = {str(k).lower(): (str(k), v) for k, v in obj.items()}
+    # Only string keys can name a counter (str() of a hostile key can take forever).
+    lowered = {k.lower(): (k, v) for k, v in obj.items() if type(k) is str}
     for keys, unit in ((STEP_KEYS, "step"), (EPOCH_KEYS, "epoch")):
         for key in keys:
             if key in lowered:
@@ -128,7 +143,7 @@ def find_step(obj: Any, read_storage: Any = None) -> EmbeddedStep | None:
             for nest in _NESTED:
                 inner = lowered.get(nest, (None, None))[1]
                 if isinstance(inner, dict):
-                    found = find_step(inner, read_storage)
+                    found = find_step(inner, read_storage, _depth + 1)
                     if found is not None and found.unit == "step":
                         return EmbeddedStep(found.value, f"{nest}.{found.key}", "step")
     return None

@@ -15,6 +15,10 @@ and for the weight files inside Hugging Face, ``step_<n>`` and ``iter_<n>`` dire
   an 8-byte element count and the raw elements. The pickles are walked with an
   inert unpickler and the storage section must end exactly at the end of the file.
 - Any other pickle: the opcode stream must end with STOP exactly at the end of file.
+- Every pickle (a plain one, a zip's ``data.pkl``, a legacy file's streams) must also
+  pass the inert unpickler's bounds (:mod:`._pickle_bounds`): a stream that would
+  make a load allocate, nest or hash past its budget (a 9-byte memo bomb) is
+  invalid, so that it is never chosen for a restore.
 - safetensors: 8-byte header length, a JSON header, and tensor data whose extents
   cover the rest of the file exactly.
 """
@@ -30,7 +34,19 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from trainguard.checkpoints._fs import CheckFailed, VerifyMode, describe_os_error, file_size
+from trainguard.checkpoints._pickle_bounds import (
+    Budget,
+    PickleMalformed,
+    PickleRefused,
+    scan_stream,
+)
 from trainguard.checkpoints._safe_pickle import StubUnpickler, stub_name
+
+# Pickles up to this size are scanned against the bounds (data.pkl holds structure
+# only; larger ones are not read by trainguard at all, see _contents.MAX_PICKLE_BYTES).
+MAX_SCANNED_PICKLE = 64 << 20
+# Text arguments (GLOBAL names, INT/LONG digits) longer than this are not in real pickles.
+_MAX_LINE = 1 << 20
 
 _ZIP_LOCAL_MAGIC = b"PK\x03\x04"
 _LEGACY_TORCH_MAGIC = 0x1950A86A20F9469CFC6C
@@ -134,6 +150,7 @@ def _check_zip(path: Path, label: str, size: int, verify: VerifyMode) -> list[st
                         )
         except OSError as exc:
             raise CheckFailed(f"file {label}: {describe_os_error(exc)}") from exc
+        _check_data_pkl(zf, label)
         if verify == "quick":
             return []
         notes: list[str] = []
@@ -161,6 +178,55 @@ def _check_zip(path: Path, label: str, size: int, verify: VerifyMode) -> list[st
         return notes
 
 
+class _Clamped:
+    """A file as ``pickletools.genops`` reads it, where no read asks for more than the
+    file holds: a length prefix of 2**62 is a short read (an error), not a 2**62-byte
+    buffer (MemoryError)."""
+
+    def __init__(self, fh: BinaryIO) -> None:
+        self._fh = fh
+        here = fh.tell()
+        self._end = fh.seek(0, 2)
+        fh.seek(here)
+
+    def tell(self) -> int:
+        return self._fh.tell()
+
+    def read(self, n: int = -1) -> bytes:
+        left = max(0, self._end - self._fh.tell())
+        return self._fh.read(left if n < 0 else min(n, left))
+
+    def readline(self) -> bytes:
+        return self._fh.readline(_MAX_LINE)
+
+
+def scan_refusal(data: bytes) -> str | None:
+    """Why loading the pickle ``data`` would fail, as a verdict's reason, or None."""
+    try:
+        scan_stream(data, Budget.for_stream(len(data)))
+    except PickleRefused as exc:
+        return f"hostile pickle, {exc}"
+    except PickleMalformed as exc:
+        return f"corrupt pickle ({exc})"
+    return None
+
+
+def _check_data_pkl(zf: zipfile.ZipFile, label: str) -> None:
+    """The archive's ``data.pkl`` (the shallowest one, as torch.load reads it) within bounds."""
+    pkls = [i for i in zf.infolist() if i.filename.endswith("data.pkl")]
+    info = min(pkls, key=lambda i: i.filename.count("/"))
+    if info.file_size > MAX_SCANNED_PICKLE:
+        return
+    try:
+        with zf.open(info) as member:
+            data = member.read(MAX_SCANNED_PICKLE + 1)
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError):
+        return  # damage is the CRC check's to report, in full mode
+    refusal = scan_refusal(data)
+    if refusal is not None:
+        raise CheckFailed(f"file {label}: {info.filename}: {refusal}")
+
+
 def _walk_pickle(fh: BinaryIO, label: str) -> list[tuple[str, Any]]:
     """Parse (never execute) the pickle at the current position; returns its opcodes.
 
@@ -169,7 +235,8 @@ def _walk_pickle(fh: BinaryIO, label: str) -> list[tuple[str, Any]]:
     """
     ops: list[tuple[str, Any]] = []
     try:
-        for op, arg, _pos in pickletools.genops(fh):
+        clamped: Any = _Clamped(fh)  # genops only calls read, readline and tell
+        for op, arg, _pos in pickletools.genops(clamped):
             if len(ops) < 4:
                 ops.append((op.name, arg))
     except (ValueError, EOFError, pickle.UnpicklingError, struct.error, IndexError) as exc:
@@ -196,6 +263,11 @@ def _check_pickle(path: Path, label: str, size: int) -> list[str]:
                     raise CheckFailed(
                         f"file {label}: {size - pos} unexpected bytes after the pickle"
                     )
+                if size <= MAX_SCANNED_PICKLE:
+                    fh.seek(0)
+                    refusal = scan_refusal(fh.read(size))
+                    if refusal is not None:
+                        raise CheckFailed(f"file {label}: {refusal}")
                 return []
             return _check_legacy_torch(fh, label, size)
         except OSError as exc:
@@ -214,6 +286,8 @@ def _check_legacy_torch(fh: BinaryIO, label: str, size: int) -> list[str]:
         _obj, pids = _load_range(fh, data_start, keys_start, persistent=True)
         keys, _ = _load_range(fh, keys_start, pos, persistent=False)
     except Exception as exc:  # a damaged stream may raise anything while loading
+        if str(exc).startswith("refused"):
+            raise CheckFailed(f"file {label}: hostile pickle, {exc}") from exc
         raise CheckFailed(f"file {label}: corrupt pickle ({type(exc).__name__})") from exc
     elem_size: dict[str, int] = {}
     for pid in pids:

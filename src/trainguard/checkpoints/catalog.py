@@ -6,12 +6,20 @@ when it is a checkpoint), recognises each with the formats in
 newest first. It never raises for damaged, unreadable or unrecognised entries:
 those become invalid entries with a reason, or are ignored when they are clearly
 not checkpoints (logs, marker files, symlinks).
+
+A :class:`VerdictCache` passed to ``scan``/``latest_valid``/``validate`` keeps each
+entry's verdict until the entry changes: its key is the path, the verify mode, the
+entry's own mtime and, below it, the newest file mtime and the total size (a stat
+walk, no read). Readers that ask again and again (the API's checkpoint watch, the
+``/metrics`` figures) read a checkpoint's contents once per change, not per request.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import threading
+from collections import OrderedDict
 from pathlib import Path
 
 from trainguard.checkpoints._fs import (
@@ -101,11 +109,73 @@ def _classify(path: Path, verify: VerifyMode) -> CheckpointInfo | None:
     return None
 
 
+_CacheKey = tuple[str, str, int, int, float | None, int]
+
+
+class VerdictCache:
+    """Verdicts of checkpoint entries, kept while (path, mtime, size) stay the same."""
+
+    def __init__(self, max_entries: int = 4096, *, read: bool = True) -> None:
+        self.max_entries = max_entries
+        self.read = read  # False: a miss is "not known", nothing is read (cached_only)
+        self._verdicts: OrderedDict[_CacheKey, CheckpointInfo | None] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def cached_only(self) -> VerdictCache:
+        """A view of the same verdicts that never reads a checkpoint: an entry not in
+        the cache (or changed since) is skipped as if it were not a checkpoint."""
+        view = VerdictCache(self.max_entries, read=False)
+        view._verdicts, view._lock = self._verdicts, self._lock
+        return view
+
+    @staticmethod
+    def key(path: Path, mode: VerifyMode) -> _CacheKey | None:
+        """The entry's identity now, or None when it cannot be stat'ed (not cached)."""
+        try:
+            st = path.stat()
+        except OSError:
+            return None
+        if path.is_dir():
+            size, newest = tree_size_and_mtime(path)
+        else:
+            size, newest = st.st_size, None
+        return (str(path), mode, st.st_ino, st.st_mtime_ns, newest, size)
+
+    def classify(self, path: Path, mode: VerifyMode) -> CheckpointInfo | None:
+        key = self.key(path, mode)
+        if key is None:
+            return _classify(path, mode) if self.read else None
+        with self._lock:
+            if key in self._verdicts:
+                self.hits += 1
+                self._verdicts.move_to_end(key)
+                return self._verdicts[key]
+        if not self.read:
+            return None
+        info = _classify(path, mode)
+        with self._lock:
+            self.misses += 1
+            self._verdicts[key] = info
+            while len(self._verdicts) > self.max_entries:
+                self._verdicts.popitem(last=False)
+        return info
+
+
+def _classify_with(
+    path: Path, mode: VerifyMode, cache: VerdictCache | None
+) -> CheckpointInfo | None:
+    return _classify(path, mode) if cache is None else cache.classify(path, mode)
+
+
 def _sort_key(info: CheckpointInfo) -> tuple[bool, int, float, str]:
     return (info.step is not None, info.step or 0, info.created_at or 0.0, info.path)
 
 
-def scan(root: str | os.PathLike[str], verify: str = "full") -> list[CheckpointInfo]:
+def scan(
+    root: str | os.PathLike[str], verify: str = "full", cache: VerdictCache | None = None
+) -> list[CheckpointInfo]:
     """Every checkpoint in ``root``, newest first (by step, then created time).
 
     ``root`` is either a directory of checkpoints (its immediate children are
@@ -117,7 +187,7 @@ def scan(root: str | os.PathLike[str], verify: str = "full") -> list[CheckpointI
     base = Path(root)
     if not base.exists():
         raise FileNotFoundError(f"{base}: no such file or directory")
-    itself = _classify(base, mode)
+    itself = _classify_with(base, mode, cache)
     if itself is not None:
         return [itself]
     if not base.is_dir():
@@ -130,38 +200,42 @@ def scan(root: str | os.PathLike[str], verify: str = "full") -> list[CheckpointI
             continue  # e.g. a `latest -> step_...` link: the target is listed itself
         if entry.name.startswith(".") and not entry.name.startswith(".tmp-"):
             continue
-        info = _classify(Path(entry.path), mode)
+        info = _classify_with(Path(entry.path), mode, cache)
         if info is not None:
             found.append(info)
     found.sort(key=_sort_key, reverse=True)
     return found
 
 
-def validate(path: str | os.PathLike[str], verify: str = "full") -> CheckpointInfo:
+def validate(
+    path: str | os.PathLike[str], verify: str = "full", cache: VerdictCache | None = None
+) -> CheckpointInfo:
     """The verdict for one checkpoint path; never raises for a bad checkpoint."""
     mode = check_verify_mode(verify)
     p = Path(path)
     if not p.exists() and not p.is_symlink():
         return invalid(p, "unknown", None, "path does not exist")
-    info = _classify(p, mode)
+    info = _classify_with(p, mode, cache)
     if info is None:
         return invalid(p, "unknown", None, "not a recognised checkpoint format")
     return info
 
 
-def latest_valid(root: str | os.PathLike[str], verify: str = "full") -> CheckpointInfo | None:
+def latest_valid(
+    root: str | os.PathLike[str], verify: str = "full", cache: VerdictCache | None = None
+) -> CheckpointInfo | None:
     """The newest valid checkpoint in ``root``, or None.
 
     Candidates are ordered by a quick scan; in full mode they are then verified
     one by one, newest first, so that only the checkpoints that matter are hashed.
     """
     mode = check_verify_mode(verify)
-    for info in scan(root, "quick"):
+    for info in scan(root, "quick", cache):
         if not info.valid:
             continue
         if mode == "quick":
             return info
-        full = validate(info.path, "full")
+        full = validate(info.path, "full", cache)
         if full.valid:
             return full
     return None

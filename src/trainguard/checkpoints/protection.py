@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from trainguard.checkpoints.catalog import latest_valid
+from trainguard.checkpoints.catalog import VerdictCache, latest_valid
 from trainguard.model.checkpoint import MANIFEST_NAME, Manifest
 
 # Filesystem types whose data lives off the node (fstype column of /proc/mounts).
@@ -180,6 +180,7 @@ def checkpoint_protection(
     now: float,
     max_age_seconds: float | None = None,
     mounts: list[Mount] | None = None,
+    cache: VerdictCache | None = None,
 ) -> CheckpointProtection:
     """The protection of ``directory`` at ``now`` (never raises for a bad directory)."""
     path = os.path.abspath(directory)
@@ -195,22 +196,33 @@ def checkpoint_protection(
     )
     limited = max_age_seconds is not None
     try:
-        info = latest_valid(path, "quick")
+        info = latest_valid(path, "quick", cache)
     except OSError as exc:
         return replace(base, error=f"{type(exc).__name__}: {exc}", overdue=limited)
     if info is None or info.created_at is None:
         # No valid checkpoint at all: everything done so far is at risk.
         return replace(base, overdue=limited)
-    age = max(0.0, now - info.created_at)
-    return replace(
-        base,
-        newest_step=info.step,
-        newest_path=info.path,
-        newest_at=info.created_at,
-        age_seconds=age,
-        last_save_seconds=manifest_save_seconds(info.path) if info.format == "trainguard" else None,
-        overdue=max_age_seconds is not None and age > max_age_seconds,
+    return aged(
+        replace(
+            base,
+            newest_step=info.step,
+            newest_path=info.path,
+            newest_at=info.created_at,
+            last_save_seconds=(
+                manifest_save_seconds(info.path) if info.format == "trainguard" else None
+            ),
+        ),
+        now,
     )
+
+
+def aged(p: CheckpointProtection, now: float) -> CheckpointProtection:
+    """``p`` as it stands at ``now``: the age and the overdue flag follow the clock."""
+    if p.newest_at is None:
+        return p
+    age = max(0.0, now - p.newest_at)
+    limit = p.max_age_seconds
+    return replace(p, age_seconds=age, overdue=limit is not None and age > limit)
 
 
 __all__ = [
@@ -218,6 +230,7 @@ __all__ = [
     "SHARED_FSTYPES",
     "CheckpointProtection",
     "Mount",
+    "aged",
     "checkpoint_protection",
     "is_shared_fstype",
     "manifest_save_seconds",

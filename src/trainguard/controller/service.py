@@ -71,6 +71,10 @@ log = logging.getLogger("trainguard.controller")
 Resource = tuple[str, str]  # ("device", uuid) | ("node", name)
 
 
+class JobIdTaken(ValueError):
+    """A job id already names another job (the API answers 409, before anything starts)."""
+
+
 class ControlPlane:
     """The control plane over one store and (optionally) one cluster scheduler.
 
@@ -189,6 +193,8 @@ class ControlPlane:
         with self.store.transaction():
             if self.fleet.find_fleet_job(scheduler_ref) is not None:
                 raise ValueError(f"scheduler job {scheduler_ref!r} is already managed")
+            if job_id is not None and self._job_exists(job_id):
+                raise JobIdTaken(f"job id {job_id!r} is already taken by another job")
             job = self.store.create_job(
                 name=name,
                 command=list(command),
@@ -241,6 +247,17 @@ class ControlPlane:
         """
         if self.scheduler is None:
             raise ValueError("this control plane has no scheduler to submit to")
+        # Everything register_job would refuse is refused before the scheduler starts a
+        # process: a refusal after it left an unmanaged job holding devices (issue 25).
+        if policy is not None and self.fleet.get_policy(policy) is None:
+            raise ValueError(f"no policy named {policy!r}")
+        if job_id is not None and self._job_exists(job_id):
+            same = self._same_submission(job_id, spec)
+            if same is not None:
+                return same  # a retry of the same submission: nothing submitted twice
+            raise JobIdTaken(
+                f"job id {job_id!r} is already taken by another job; nothing was submitted"
+            )
         jid = job_id or f"job-{uuidlib.uuid4().hex[:12]}"
         result = self.scheduler.submit(spec, key=f"submit-{jid}", token=0)
         ref = str(result.detail["ref"])
@@ -260,6 +277,23 @@ class ControlPlane:
             checkpoint_dir=checkpoint_dir,
             job_id=jid,
         )
+
+    def _job_exists(self, job_id: str) -> bool:
+        try:
+            self.store.get_job(job_id)
+        except NotFound:
+            return False
+        return True
+
+    def _same_submission(self, job_id: str, spec: JobSpec) -> FleetJob | None:
+        """The managed job ``job_id`` when it was submitted with this very spec."""
+        try:
+            job = self.store.get_job(job_id)
+            fj = self.fleet.get_fleet_job(job_id)
+        except NotFound:
+            return None
+        same = job.name == spec.name and tuple(job.command) == tuple(spec.command)
+        return fj if same and job.need == spec.nodes * spec.devices_per_node else None
 
     def fleet_jobs(self) -> list[FleetJob]:
         return self.fleet.list_fleet_jobs()

@@ -67,7 +67,7 @@ def referenced_extents(metadata: Any) -> dict[str, int]:
             raise CheckFailed(".metadata damaged: storage entry without path, offset or length")
         parts = PurePosixPath(rel).parts
         if not rel or PurePosixPath(rel).is_absolute() or ".." in parts or offset < 0 or length < 0:
-            raise CheckFailed(f".metadata damaged: invalid storage entry {rel!r}")
+            raise CheckFailed(f".metadata damaged: invalid storage entry {rel[:200]!r}")
         need[rel] = max(need.get(rel, 0), offset + length)
     return need
 
