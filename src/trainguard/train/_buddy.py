@@ -197,10 +197,11 @@ class BuddyLink:
                 continue
             why = self.snaps.check_dir(d)
             if why is not None:
-                log.warning("trainguard: %s", why)
-                self.snaps.refused.append(why)
+                self.snaps.note_refused([why])
                 continue
-            slots = read_slots(d, self.world_size, self.snaps.seal, owner, self.snaps.refused)
+            refused: list[str] = []
+            slots = read_slots(d, self.world_size, self.snaps.seal, owner, refused)
+            self.snaps.note_refused(refused)
             if slots:
                 out[owner] = slots
         return out

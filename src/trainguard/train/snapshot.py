@@ -214,7 +214,9 @@ def check_slot(path: Path, world_size: int, seal: Seal, rank: int) -> Slot | str
 
     Ownership and modes first, then the catalog's quick rules (manifest written last
     and parseable, every listed file there with its size), its kind, and the seal."""
-    why = check_private(path) or check_slot_files(path)
+    why = check_private(path)
+    if why is None and os.path.lexists(path):
+        why = check_slot_files(path)
     if why is not None:
         return f"memory snapshot refused: {why}"
     if not (path / MANIFEST_NAME).is_file():
@@ -247,12 +249,11 @@ def read_slots(
     path: Path, world_size: int, seal: Seal, rank: int, refused: list[str]
 ) -> list[Slot]:
     """The valid slots in the directory ``path`` (a rank's, or a buddy copy's), newest
-    step first; a refused slot is appended to ``refused`` and logged."""
+    step first; why a slot was refused is appended to ``refused``."""
     out: list[Slot] = []
     for name in SLOTS:
         got = check_slot(path / name, world_size, seal, rank)
         if isinstance(got, str):
-            log.warning("trainguard: %s", got)
             refused.append(got)
         elif got is not None:
             out.append(got)
@@ -282,6 +283,7 @@ class Snapshots:
         # job then trains on and restores from the disk only.
         self.distrust: str | None = None
         self.refused: list[str] = []  # slots refused by the last slots() / held()
+        self._said: set[str] = set()
         self.seal = Seal(b"", key)
         try:
             self.seal = Seal(run_secret(root), key)
@@ -303,6 +305,14 @@ class Snapshots:
             log.error("trainguard: %s; memory snapshots off, the disk checkpoints only", why)
         self.distrust = why
 
+    def note_refused(self, whys: list[str]) -> None:
+        """Add ``whys`` to ``refused``, each logged once per process."""
+        for why in whys:
+            self.refused.append(why)
+            if why not in self._said and why != self.distrust:
+                self._said.add(why)
+                log.warning("trainguard: %s", why)
+
     def check_dir(self, path: Path) -> str | None:
         """Why the directory ``path`` (under the job's) may not be used; None: it may."""
         if self.distrust is not None:
@@ -323,11 +333,12 @@ class Snapshots:
         self.refused = []
         why = self.check_dir(self.dir)
         if why is not None:
-            if self.distrust is None:
-                log.warning("trainguard: %s", why)
-            self.refused.append(why)
+            self.note_refused([why])
             return []
-        return read_slots(self.dir, self.world_size, self.seal, self.rank, self.refused)
+        refused: list[str] = []
+        found = read_slots(self.dir, self.world_size, self.seal, self.rank, refused)
+        self.note_refused(refused)
+        return found
 
     def discard_newer_than(self, step: int) -> None:
         """Drop slots ahead of ``step`` (a timeline the job just abandoned by resuming)."""
