@@ -17,7 +17,9 @@ import pwd
 import secrets
 import shutil
 import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -271,3 +273,64 @@ def test_without_a_supervisor_the_secret_is_a_private_file_beside_the_checkpoint
     loose = CheckpointManager(ck, memory_snapshots=True, snapshot_dir=tmp_path / "shm")
     assert loose.snapshots is not None and "has mode 0644" in str(loose.snapshots.distrust)
     loose.close()
+
+
+RUN_JOB = r"""
+import os, sys, torch
+from trainguard.train import CheckpointManager, resume
+ckpt = CheckpointManager(sys.argv[1], memory_snapshots=True)
+got = resume(ckpt, {"w": torch.zeros(8)})
+print("attempt", os.environ["TRAINGUARD_ATTEMPT"], "source", got.source, "step", got.step,
+      "key", os.environ.get("TRAINGUARD_SNAPSHOT_KEY"), flush=True)
+ckpt.snapshot(5, {"w": torch.full((8,), 5.0)})
+ckpt.close(keep_snapshots=True)
+sys.exit(3 if os.environ["TRAINGUARD_ATTEMPT"] == "0" else 0)
+"""
+
+
+def test_the_supervisor_gives_the_attempts_of_one_run_its_id_and_secret(tmp_path: Path) -> None:
+    from trainguard.schedulers.base import JobSpec
+    from trainguard.schedulers.local_cluster import LocalCluster
+    from trainguard.schedulers.procs import simulated_devices
+
+    script = tmp_path / "job.py"
+    script.write_text(RUN_JOB)
+    shm = tmp_path / "shm"
+    cluster = LocalCluster(tmp_path / "local", simulated_devices("localhost", 0, 1), grace=1.0)
+    spec = JobSpec(
+        name="snap",
+        command=(sys.executable, str(script), str(tmp_path / "ck")),
+        env={"TRAINGUARD_SNAPSHOT_DIR": str(shm), "PYTHONPATH": os.environ.get("PYTHONPATH", "")},
+    )
+
+    def ended(ref: str, attempt: int) -> str:
+        deadline = time.monotonic() + 120
+        while True:
+            job = cluster.observe().jobs[ref]
+            if job.attempt == attempt and job.phase.terminal:
+                return Path(str(job.output_path)).read_text()
+            assert time.monotonic() < deadline, f"attempt {attempt} did not end: {job}"
+            time.sleep(0.1)
+
+    try:
+        ref = str(cluster.submit(spec, key="s1", token=1).detail["ref"])
+        first = ended(ref, 0)
+        assert "attempt 0 source fresh" in first, first
+        key = first.split(" key ")[1].split()[0]
+        assert key.startswith("run-") and len(key) == 36  # unpredictable: 128 random bits
+        cluster.requeue(ref, key="r1", token=1)
+        second = ended(ref, 1)
+        # The next attempt of the same run finds and trusts the snapshot.
+        assert f"attempt 1 source memory step 5 key {key}" in second, second
+        assert "restored step 5 from memory snapshot" in second
+        secret = cluster._jobs[ref].snapshot_env["TRAINGUARD_SNAPSHOT_SECRET"]
+        assert secret not in first + second and "TRAINGUARD_SNAPSHOT_SECRET" not in spec.env
+
+        # Another run of the same job (same checkpoint directory): another id and secret.
+        other = str(cluster.submit(spec, key="s2", token=1).detail["ref"])
+        third = ended(other, 0)
+        assert "attempt 0 source fresh" in third and key not in third, third
+        assert (shm / f"trainguard-{os.getuid()}" / key / "rank_00000").is_dir()
+    finally:
+        cluster.shutdown()
+    assert list((shm / f"trainguard-{os.getuid()}").iterdir()) == [], "shutdown frees them"
