@@ -334,3 +334,22 @@ def test_the_supervisor_gives_the_attempts_of_one_run_its_id_and_secret(tmp_path
     finally:
         cluster.shutdown()
     assert list((shm / f"trainguard-{os.getuid()}").iterdir()) == [], "shutdown frees them"
+
+
+def test_a_shared_base_without_the_sticky_bit_is_refused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    base = tmp_path / "open"
+    base.mkdir()
+    base.chmod(0o777)  # anyone could rename our directory away and put theirs there
+    ckpt = CheckpointManager(tmp_path / "ck", memory_snapshots=True, snapshot_dir=base)
+    ckpt.snapshot(1, _state(1.0))
+    ckpt.close()
+    assert "is writable by other users and not sticky" in caplog.text
+    assert list(base.iterdir()) == []
+    base.chmod(0o1777)  # like /dev/shm
+    ckpt = CheckpointManager(tmp_path / "ck", memory_snapshots=True, snapshot_dir=base)
+    ckpt.snapshot(1, _state(1.0))
+    assert ckpt.snapshots is not None and ckpt.snapshots.wait(60)
+    assert len(ckpt.snapshots.slots()) == 1
+    ckpt.close()

@@ -69,8 +69,25 @@ def check_private(path: Path, kind: str = "dir") -> str | None:
     return None if why is None else f"{path} {why}"
 
 
+def check_base(base: Path) -> str | None:
+    """Why the shared directory ``base`` cannot hold private ones: writable by others
+    without the sticky bit (/dev/shm has it), another user could rename ours away and
+    put theirs in its place between a check and a use."""
+    try:
+        st = os.stat(base)
+    except FileNotFoundError:
+        return None
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        return f"{base} is writable by other users and not sticky (chmod +t or o-w)"
+    return None
+
+
 def check_chain(top: Path, path: Path) -> str | None:
-    """:func:`check_private` for ``top`` and every directory from it down to ``path``."""
+    """:func:`check_base` for ``top``'s parent, :func:`check_private` for ``top`` and
+    every directory from it down to ``path``."""
+    why = check_base(top.parent)
+    if why is not None:
+        return why
     rel = path.relative_to(top)
     current = top
     for part in ("", *rel.parts):
@@ -85,6 +102,9 @@ def ensure_private(top: Path, path: Path) -> None:
     """Create ``top`` and every directory down to ``path`` 0700 (the parents of ``top``
     as usual), each one checked to be ours alone; raises SnapshotTrustError."""
     top.parent.mkdir(parents=True, exist_ok=True)
+    why = check_base(top.parent)
+    if why is not None:
+        raise SnapshotTrustError(f"memory snapshots refused: {why}")
     rel = path.relative_to(top)
     current = top
     for part in ("", *rel.parts):
