@@ -88,3 +88,41 @@ def test_a_slot_sent_to_the_buddy_is_a_valid_copy(
         holder.close()
         ckpt.close(keep_snapshots=True)
         other.close(keep_snapshots=True)
+
+
+def test_idle_connections_wait_bounded_without_threads_and_time_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from trainguard.train import _buddy
+
+    monkeypatch.setattr(_buddy, "HANDSHAKE_SECONDS", 1.0)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # every rank on this host: loopback
+    monkeypatch.delenv("TRAINGUARD_SNAPSHOT_BUDDY_ADDR", raising=False)
+    ckpt = CheckpointManager(
+        tmp_path / "ck", rank=1, world_size=2, memory_snapshots=True, snapshot_dir=tmp_path / "h"
+    )
+    assert ckpt.snapshots is not None
+    holder = BuddyLink(ckpt.snapshots, rank=1, world_size=2, secret=b"k" * 16)
+    assert holder.endpoint.host == "127.0.0.1"
+    threads = threading.active_count()
+    idle: list[socket.socket] = []
+    try:
+        for _ in range(200):
+            idle.append(socket.create_connection((holder.endpoint.host, holder.endpoint.port)))
+        assert _wait_for(lambda: holder.refused >= 200 - _buddy.MAX_PENDING, 30)
+        assert holder.open_fds() <= 1 + _buddy.MAX_PENDING + _buddy.MAX_PEERS
+        assert threading.active_count() == threads  # no thread per connection
+        # The handshake deadline closes the ones still waiting.
+        assert _wait_for(lambda: holder.open_fds() == 1, 30)
+        # A slow writer is cut at the deadline too, however it dribbles.
+        with socket.create_connection((holder.endpoint.host, holder.endpoint.port)) as slow:
+            slow.sendall(b"k")
+            assert _wait_for(lambda: holder.open_fds() == 2, 5)
+            assert _wait_for(lambda: holder.open_fds() == 1, 30)
+    finally:
+        for s in idle:
+            s.close()
+        holder.close()
+        ckpt.close()

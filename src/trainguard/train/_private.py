@@ -25,6 +25,7 @@ import hmac
 import os
 import secrets
 import stat
+import time
 from pathlib import Path
 
 from trainguard.model.snapshot import SNAPSHOT_SECRET_ENV, user_dir_name
@@ -153,7 +154,7 @@ def run_secret(root: Path) -> bytes:
     if raw:
         return raw.encode()
     path = root / SECRET_FILE
-    for _ in range(3):
+    for _ in range(40):
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -168,6 +169,7 @@ def run_secret(root: Path) -> bytes:
             data = fh.read(4096).strip()
         if data:
             return data
+        time.sleep(0.05)  # another rank is writing it (a file system without links)
     raise SnapshotTrustError(f"memory snapshots refused: {path} is empty")
 
 
@@ -182,8 +184,17 @@ def _create_secret(path: Path) -> None:
     finally:
         os.close(fd)
     try:
+        os.link(tmp, path)
+    except FileExistsError:
+        pass
+    except OSError:  # no hard links here: create it in place, readers wait for content
         with contextlib.suppress(FileExistsError):
-            os.link(tmp, path)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                os.write(fd, Path(tmp).read_bytes())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
     finally:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
