@@ -345,7 +345,7 @@ def test_a_shared_base_without_the_sticky_bit_is_refused(
     ckpt = CheckpointManager(tmp_path / "ck", memory_snapshots=True, snapshot_dir=base)
     ckpt.snapshot(1, _state(1.0))
     ckpt.close()
-    assert "is writable by other users and not sticky" in caplog.text
+    assert "is writable by every user and not sticky" in caplog.text
     assert list(base.iterdir()) == []
     base.chmod(0o1777)  # like /dev/shm
     ckpt = CheckpointManager(tmp_path / "ck", memory_snapshots=True, snapshot_dir=base)

@@ -71,15 +71,16 @@ def check_private(path: Path, kind: str = "dir") -> str | None:
 
 
 def check_base(base: Path) -> str | None:
-    """Why the shared directory ``base`` cannot hold private ones: writable by others
-    without the sticky bit (/dev/shm has it), another user could rename ours away and
-    put theirs in its place between a check and a use."""
+    """Why the shared directory ``base`` cannot hold private ones: writable by every
+    user without the sticky bit (/dev/shm has it), another user could rename ours away
+    and put theirs in its place between a check and a use. (Group-writable is the
+    user's own choice of whom to trust: a umask of 002 makes every new directory so.)"""
     try:
         st = os.stat(base)
     except FileNotFoundError:
         return None
-    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-        return f"{base} is writable by other users and not sticky (chmod +t or o-w)"
+    if st.st_mode & 0o002 and not st.st_mode & stat.S_ISVTX:
+        return f"{base} is writable by every user and not sticky (chmod +t or o-w)"
     return None
 
 
