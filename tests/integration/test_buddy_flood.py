@@ -32,8 +32,10 @@ dist.init_process_group("gloo")
 rank = dist.get_rank()
 ckpt = CheckpointManager(sys.argv[1], memory_snapshots=True)
 link = ckpt.snapshots.buddy
-print(json.dumps({"rank": rank, "host": link.endpoint.host, "port": link.endpoint.port}),
-      flush=True)
+def say(record):
+    sys.stdout.write(json.dumps(record) + "\n")  # one write: whole on the shared pipe
+    sys.stdout.flush()
+say({"rank": rank, "host": link.endpoint.host, "port": link.endpoint.port})
 deadline = time.time() + 180
 while not os.path.exists(sys.argv[2]) and time.time() < deadline:
     time.sleep(0.05)
@@ -57,8 +59,8 @@ while time.time() < deadline:
     if held and max(max(v) for v in held.values()) == steps:
         break
     time.sleep(0.2)
-print(json.dumps({"rank": rank, "done": step, "fds": fds, "threads": threads, "held": held,
-                  "refused": link.refused, "server_fds": link.open_fds()}), flush=True)
+say({"rank": rank, "done": step, "fds": fds, "threads": threads, "held": held,
+     "refused": link.refused, "server_fds": link.open_fds()})
 dist.barrier()
 ckpt.close(keep_snapshots=True)
 dist.destroy_process_group()
@@ -99,17 +101,21 @@ def _lines(proc: subprocess.Popen[str], into: list[str]) -> threading.Thread:
 
 
 def _records(lines: list[str], key: str) -> list[dict[str, object]]:
+    """Every JSON object with ``key`` in the output (two ranks share the pipe: a line
+    may hold more than one)."""
+    decoder = json.JSONDecoder()
+    text = "".join(lines)
     out = []
-    for line in list(lines):
-        start = line.find("{")
-        if start < 0:
-            continue
+    at = text.find("{")
+    while at >= 0:
         try:
-            record = json.loads(line[start:])
+            record, end = decoder.raw_decode(text, at)
         except ValueError:
+            at = text.find("{", at + 1)
             continue
         if isinstance(record, dict) and key in record:
             out.append(record)
+        at = text.find("{", end)
     return out
 
 

@@ -280,8 +280,10 @@ import os, sys, torch
 from trainguard.train import CheckpointManager, resume
 ckpt = CheckpointManager(sys.argv[1], memory_snapshots=True)
 got = resume(ckpt, {"w": torch.zeros(8)})
-print("attempt", os.environ["TRAINGUARD_ATTEMPT"], "source", got.source, "step", got.step,
-      "key", os.environ.get("TRAINGUARD_SNAPSHOT_KEY"), flush=True)
+# One write (the attempt's output is unbuffered; stderr shares the log): a whole line.
+sys.stdout.write(f"attempt {os.environ['TRAINGUARD_ATTEMPT']} source {got.source} step "
+                 f"{got.step} key {os.environ.get('TRAINGUARD_SNAPSHOT_KEY')}\n")
+sys.stdout.flush()
 ckpt.snapshot(5, {"w": torch.full((8,), 5.0)})
 ckpt.close(keep_snapshots=True)
 sys.exit(3 if os.environ["TRAINGUARD_ATTEMPT"] == "0" else 0)
