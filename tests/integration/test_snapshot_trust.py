@@ -355,3 +355,50 @@ def test_a_shared_base_without_the_sticky_bit_is_refused(
     assert ckpt.snapshots is not None and ckpt.snapshots.wait(60)
     assert len(ckpt.snapshots.slots()) == 1
     ckpt.close()
+
+
+def test_a_squatted_user_directory_does_not_deny_a_supervised_run_its_snapshots(
+    tmp_path: Path, stranger: tuple[int, int], shared_base: Path
+) -> None:
+    from trainguard.schedulers.base import JobSpec
+    from trainguard.schedulers.local_cluster import LocalCluster
+    from trainguard.schedulers.procs import simulated_devices
+
+    squat = _as(
+        stranger, "import os, sys; os.mkdir(sys.argv[1], 0o777)", str(shared_base / "trainguard-0")
+    )
+    assert squat.returncode == 0, squat.stderr
+    script = tmp_path / "job.py"
+    script.write_text(RUN_JOB)
+    cluster = LocalCluster(tmp_path / "local", simulated_devices("localhost", 0, 1), grace=1.0)
+    spec = JobSpec(
+        name="snap",
+        command=(sys.executable, str(script), str(tmp_path / "ck")),
+        env={
+            "TRAINGUARD_SNAPSHOT_DIR": str(shared_base),
+            "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+        },
+    )
+
+    def ended(ref: str, attempt: int) -> str:
+        deadline = time.monotonic() + 120
+        while True:
+            job = cluster.observe().jobs[ref]
+            if job.attempt == attempt and job.phase.terminal:
+                return Path(str(job.output_path)).read_text()
+            assert time.monotonic() < deadline, f"attempt {attempt} did not end: {job}"
+            time.sleep(0.1)
+
+    try:
+        ref = str(cluster.submit(spec, key="s1", token=1).detail["ref"])
+        assert "attempt 0 source fresh" in ended(ref, 0)
+        cluster.requeue(ref, key="r1", token=1)
+        second = ended(ref, 1)
+        assert "attempt 1 source memory step 5" in second, second
+        [own] = [p for p in shared_base.iterdir() if p.name.startswith("trainguard-0-")]
+        assert own.stat().st_uid == 0 and own.stat().st_mode & 0o777 == 0o700
+        assert f"restored step 5 from memory snapshot ({own}/trainguard-0/run-" in second
+        assert list((shared_base / "trainguard-0").iterdir()) == []  # nothing written there
+    finally:
+        cluster.shutdown()
+    assert not own.exists(), "shutdown removes the run's own base"

@@ -28,6 +28,7 @@ import os
 import shutil
 import signal
 import stat
+import tempfile
 import threading
 import time
 from collections import deque
@@ -310,9 +311,9 @@ class LocalCluster:
             resume_from=job.resume_from,
             # The watchdog records the launcher's end beside the log (adopt() reads it).
             extra_env={
-                **job.snapshot_env,
                 **job.spec.env,
                 **job.env,
+                **job.snapshot_env,  # only what the user did not set (submit)
                 STATUS_ENV: str(self.root / job.ref),
             },
             echo=self.launch_options.echo,
@@ -444,9 +445,7 @@ class LocalCluster:
             ref = spec.env.get(JOB_ID_ENV) or f"local-{self._next_ref}"
             self._next_ref += 1
             job = _Job(ref, spec, submitted_at=self.clock(), last_key=key)
-            given = {**self.launcher.base_env, **spec.env}
-            if not (given.get(SNAPSHOT_KEY_ENV) or given.get(SNAPSHOT_SECRET_ENV)):
-                job.snapshot_env = new_run_env()  # else the user's own, as they are
+            job.snapshot_env = self._run_snapshot_env({**self.launcher.base_env, **spec.env})
             self._jobs[ref] = job
             self._schedule()
             return {"ref": ref, "attempt": 0}
@@ -639,18 +638,47 @@ class LocalCluster:
                 self._remove_snapshots(job)
         self.launcher.close()
 
+    @staticmethod
+    def _run_snapshot_env(given: Mapping[str, str]) -> dict[str, str]:
+        """The run's memory-snapshot id and secret (decision 0411), unless the user set
+        either. When another user holds our per-user directory in the shared base (made
+        it first, to deny us memory snapshots), the run gets a private base of its own
+        there instead (``mkdtemp``: 0700, an unpredictable name)."""
+        if given.get(SNAPSHOT_KEY_ENV) or given.get(SNAPSHOT_SECRET_ENV):
+            return {}
+        env = new_run_env()
+        if "{rank}" in given.get(SNAPSHOT_DIR_ENV, ""):
+            return env
+        base = snapshot_base_for(0, given)
+        try:
+            st = (base / user_dir_name(os.getuid())).lstat()
+        except OSError:
+            return env
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077:
+            return env
+        with contextlib.suppress(OSError):
+            env[SNAPSHOT_DIR_ENV] = tempfile.mkdtemp(
+                prefix=f"{user_dir_name(os.getuid())}-", dir=base
+            )
+        return env
+
     def _remove_snapshots(self, job: _Job) -> None:
         """Free the memory snapshots of the job's run (no later attempt can use them: the
         next run has another id). Only in our own user directory, never through a link."""
         key = job.snapshot_env.get(SNAPSHOT_KEY_ENV)
-        env = {**self.launcher.base_env, **job.spec.env}
+        env = {**self.launcher.base_env, **job.spec.env, **job.snapshot_env}
         if not key or "{rank}" in env.get(SNAPSHOT_DIR_ENV, ""):
             return
+        own = job.snapshot_env.get(SNAPSHOT_DIR_ENV)
         top = snapshot_base_for(0, env) / user_dir_name(os.getuid())
         with contextlib.suppress(OSError):
             st = top.lstat()
             if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
                 shutil.rmtree(top / key, ignore_errors=True)
+        if own is not None:  # the run's private base (made at submit): all of it
+            with contextlib.suppress(OSError):
+                if Path(own).lstat().st_uid == os.getuid():
+                    shutil.rmtree(own, ignore_errors=True)
 
 
 def _recorded_end(prefix: Path) -> int | None:
