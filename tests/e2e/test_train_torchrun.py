@@ -218,7 +218,7 @@ def test_buddy_copy_survives_a_lost_host_and_a_buddy_lost_with_it_falls_back(
 
     first = _torchrun(*common, "--fail-at-step", "7", env=_env(**hosts))
     assert first.returncode != 0 and "injected failure at step 7" in first.stderr
-    assert list((tmp_path / "host0").glob("trainguard-*/buddy_of_rank_00001/slot*"))
+    assert list((tmp_path / "host0").glob("trainguard-*/*/buddy_of_rank_00001/slot*"))
 
     shutil.rmtree(tmp_path / "host1")  # rank 1's host is lost with its own snapshots
     second = _torchrun(
@@ -232,7 +232,7 @@ def test_buddy_copy_survives_a_lost_host_and_a_buddy_lost_with_it_falls_back(
 
     # Now the host and the buddy's copy are lost together: the disk's step 8.
     shutil.rmtree(tmp_path / "host1")
-    for copy in (tmp_path / "host0").glob("trainguard-*/buddy_of_rank_00001"):
+    for copy in (tmp_path / "host0").glob("trainguard-*/*/buddy_of_rank_00001"):
         shutil.rmtree(copy)
     third = _torchrun(*common, env=_env(**hosts, TRAINGUARD_ATTEMPT="2"))
     assert third.returncode == 0, third.stderr[-3000:]

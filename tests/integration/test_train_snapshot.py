@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from trainguard.train import CheckpointManager, resume
-from trainguard.train.snapshot import SLOTS, SnapshotMemoryError, read_slot
+from trainguard.train._private import Seal, run_secret
+from trainguard.train.snapshot import SLOTS, SnapshotMemoryError, read_slots
 
 JOBS = Path(__file__).resolve().parents[1] / "jobs"
 REPO = JOBS.parents[1]
@@ -45,7 +46,11 @@ CUT = 6
 def _no_resume_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("TRAINGUARD_RESUME_FROM", "TRAINGUARD_PROGRESS", "RANK", "WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
-    for name in ("TRAINGUARD_SNAPSHOT_DIR", "TRAINGUARD_SNAPSHOT_KEY"):
+    for name in (
+        "TRAINGUARD_SNAPSHOT_DIR",
+        "TRAINGUARD_SNAPSHOT_KEY",
+        "TRAINGUARD_SNAPSHOT_SECRET",
+    ):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -201,10 +206,10 @@ def test_a_rank_killed_while_writing_leaves_no_valid_torn_slot(tmp_path: Path, p
         timeout=120,
     )
     assert done.returncode == -9, done.stderr[-2000:]
-    ranks = list((tmp_path / "shm").glob("trainguard-*/rank_00000"))
+    ranks = list((tmp_path / "shm").glob("trainguard-*/*/rank_00000"))
     assert len(ranks) == 1
-    verdicts = {name: read_slot(ranks[0] / name) for name in SLOTS}
-    assert [s.step for s in verdicts.values() if s is not None] == [1]
+    seal = Seal(run_secret(tmp_path / "ck"), ranks[0].parent.name)
+    assert [s.step for s in read_slots(ranks[0], 1, seal, 0, [])] == [1]
     torn = [ranks[0] / n for n in SLOTS if not (ranks[0] / n / "trainguard-manifest.json").exists()]
     assert len(torn) == 1 and list(torn[0].glob("*.pt")), "the torn write has no manifest"
     result = resume(_manager(tmp_path), {"w": torch.zeros(1), "note": "y"})
@@ -252,10 +257,10 @@ def test_the_flush_signal_completes_the_newest_snapshot_of_a_hung_rank(tmp_path:
         assert proc.stdout.readline().strip() == "hung"
         proc.send_signal(signal.SIGUSR1)
         deadline = time.monotonic() + 90
-        flushed = list(shm.glob("trainguard-*/rank_00000/flushed.json"))
+        flushed = list(shm.glob("trainguard-*/*/rank_00000/flushed.json"))
         while not flushed and time.monotonic() < deadline:
             time.sleep(0.05)
-            flushed = list(shm.glob("trainguard-*/rank_00000/flushed.json"))
+            flushed = list(shm.glob("trainguard-*/*/rank_00000/flushed.json"))
         assert flushed, "no flush within 90 s"
         record = json.loads(flushed[0].read_text())
         assert (record["step"], record["complete"]) == (2, True)

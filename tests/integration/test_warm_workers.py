@@ -106,7 +106,7 @@ def test_a_killed_warm_worker_is_seen_with_its_rank_and_the_attempt_dies_whole(
         asked = time.time()
         second.kill(0.2, flush_wait=30.0)
         second.wait_closed(5.0)
-        [flushed] = shm.glob("trainguard-*/rank_00000/flushed.json")
+        [flushed] = shm.glob("trainguard-*/*/rank_00000/flushed.json")
         assert flushed.stat().st_mtime >= asked - 0.01
         assert "memory snapshots flushed by 1 of 1 rank(s)" in logs[1].read_text()
         assert second.proc.returncode is not None

@@ -62,10 +62,10 @@ from trainguard.model.devices import Device
 from trainguard.model.signature import ATTEMPT_MARKER, STOP_MARKER
 from trainguard.model.snapshot import (
     FLUSHED_FILE,
-    JOB_DIR_PREFIX,
     flush_signal_for,
     rank_dir_name,
     snapshot_base_for,
+    user_dir_name,
 )
 from trainguard.schedulers import standby, zygote
 from trainguard.signals.output import LogFile, OutputFollower
@@ -257,14 +257,19 @@ class LocalAttempt:
             with contextlib.suppress(OSError):
                 signal.pidfd_send_signal(fd, sig)
                 rank = int(raw_rank)
-                expected.append(snapshot_base_for(rank, env) / rank_dir_name(rank))
+                # The rank's own user directory only (decision 0411): another user's
+                # files say nothing about this job.
+                mine = snapshot_base_for(rank, env) / user_dir_name(os.getuid())
+                expected.append(mine / rank_dir_name(rank))
         if not expected:
             return
 
         def flushed(rank_dir: Path) -> bool:
-            base, name = rank_dir.parent, rank_dir.name
+            top, name = rank_dir.parent, rank_dir.name
             with contextlib.suppress(OSError):
-                for job in base.glob(f"{JOB_DIR_PREFIX}*"):
+                if top.lstat().st_uid != os.getuid():
+                    return False
+                for job in top.iterdir():
                     with contextlib.suppress(OSError):
                         if (job / name / FLUSHED_FILE).stat().st_mtime >= wall - 0.01:
                             return True

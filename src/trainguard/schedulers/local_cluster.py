@@ -23,8 +23,12 @@ says what was done.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
+import stat
+import tempfile
 import threading
 import time
 from collections import deque
@@ -35,6 +39,14 @@ from typing import Any
 
 from trainguard.diagnose.detectors import ProcessExit
 from trainguard.model.devices import Device
+from trainguard.model.snapshot import (
+    SNAPSHOT_DIR_ENV,
+    SNAPSHOT_KEY_ENV,
+    SNAPSHOT_SECRET_ENV,
+    new_run_env,
+    snapshot_base_for,
+    user_dir_name,
+)
 from trainguard.schedulers._keys import KeyBook, widen
 from trainguard.schedulers._reaper import STATUS_ENV
 from trainguard.schedulers.base import (
@@ -121,6 +133,9 @@ class _Job:
     excluded_devices: list[str] = field(default_factory=list)
     resume_from: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    # The run's memory-snapshot id and secret (decision 0411): every attempt gets them,
+    # nothing else sees them (not the job's spec, not the store).
+    snapshot_env: dict[str, str] = field(default_factory=dict)
     last_key: str | None = None
     drained: bool = False  # output pipes joined after the exit (the log is complete)
     # A rank of the current attempt that died (killed, or exited non-zero): the attempt
@@ -295,7 +310,12 @@ class LocalCluster:
             log_path=str(output),
             resume_from=job.resume_from,
             # The watchdog records the launcher's end beside the log (adopt() reads it).
-            extra_env={**job.spec.env, **job.env, STATUS_ENV: str(self.root / job.ref)},
+            extra_env={
+                **job.spec.env,
+                **job.env,
+                **job.snapshot_env,  # only what the user did not set (submit)
+                STATUS_ENV: str(self.root / job.ref),
+            },
             echo=self.launch_options.echo,
             cwd=job.spec.cwd,
             job_id=job.ref,
@@ -424,7 +444,9 @@ class LocalCluster:
             # database across supervisors, and what its processes carry (JOB_ID_ENV).
             ref = spec.env.get(JOB_ID_ENV) or f"local-{self._next_ref}"
             self._next_ref += 1
-            self._jobs[ref] = _Job(ref, spec, submitted_at=self.clock(), last_key=key)
+            job = _Job(ref, spec, submitted_at=self.clock(), last_key=key)
+            job.snapshot_env = self._run_snapshot_env({**self.launcher.base_env, **spec.env})
+            self._jobs[ref] = job
             self._schedule()
             return {"ref": ref, "attempt": 0}
 
@@ -471,6 +493,7 @@ class LocalCluster:
         def act() -> dict[str, Any]:
             job = self._job(ref)
             self._stop(job)
+            self._remove_snapshots(job)
             job.cancelled = True
             job.reason = reason
             job.ended_at = job.ended_at or self.clock()
@@ -612,7 +635,50 @@ class LocalCluster:
         with self._lock:
             for job in self._jobs.values():
                 self._stop(job)
+                self._remove_snapshots(job)
         self.launcher.close()
+
+    @staticmethod
+    def _run_snapshot_env(given: Mapping[str, str]) -> dict[str, str]:
+        """The run's memory-snapshot id and secret (decision 0411), unless the user set
+        either. When another user holds our per-user directory in the shared base (made
+        it first, to deny us memory snapshots), the run gets a private base of its own
+        there instead (``mkdtemp``: 0700, an unpredictable name)."""
+        if given.get(SNAPSHOT_KEY_ENV) or given.get(SNAPSHOT_SECRET_ENV):
+            return {}
+        env = new_run_env()
+        if "{rank}" in given.get(SNAPSHOT_DIR_ENV, ""):
+            return env
+        base = snapshot_base_for(0, given)
+        try:
+            st = (base / user_dir_name(os.getuid())).lstat()
+        except OSError:
+            return env
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077:
+            return env
+        with contextlib.suppress(OSError):
+            env[SNAPSHOT_DIR_ENV] = tempfile.mkdtemp(
+                prefix=f"{user_dir_name(os.getuid())}-", dir=base
+            )
+        return env
+
+    def _remove_snapshots(self, job: _Job) -> None:
+        """Free the memory snapshots of the job's run (no later attempt can use them: the
+        next run has another id). Only in our own user directory, never through a link."""
+        key = job.snapshot_env.get(SNAPSHOT_KEY_ENV)
+        env = {**self.launcher.base_env, **job.spec.env, **job.snapshot_env}
+        if not key or "{rank}" in env.get(SNAPSHOT_DIR_ENV, ""):
+            return
+        own = job.snapshot_env.get(SNAPSHOT_DIR_ENV)
+        top = snapshot_base_for(0, env) / user_dir_name(os.getuid())
+        with contextlib.suppress(OSError):
+            st = top.lstat()
+            if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
+                shutil.rmtree(top / key, ignore_errors=True)
+        if own is not None:  # the run's private base (made at submit): all of it
+            with contextlib.suppress(OSError):
+                if Path(own).lstat().st_uid == os.getuid():
+                    shutil.rmtree(own, ignore_errors=True)
 
 
 def _recorded_end(prefix: Path) -> int | None:

@@ -93,7 +93,8 @@ class HashingWriter:
         # size at close; otherwise a file is written exactly once.
         self._reuse = reuse
         flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (0 if reuse else os.O_EXCL)
-        self._fd = os.open(path, flags, 0o644)
+        # Slots are private to the job's user (decision 0411): 0600 like their directory.
+        self._fd = os.open(path, flags, 0o600 if reuse else 0o644)
         self._hash = hashlib.sha256()
         self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainguard-sha256")
         self._pending: Future[None] | None = None
@@ -217,9 +218,9 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_small_durable(path: Path, data: bytes) -> WrittenFile:
+def write_small_durable(path: Path, data: bytes, mode: int = 0o644) -> WrittenFile:
     """Write a small file with ``O_EXCL``, fsync it; returns its record (``rel`` = name)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     try:
         _write_all(fd, memoryview(data))
         os.fsync(fd)
@@ -228,10 +229,10 @@ def write_small_durable(path: Path, data: bytes) -> WrittenFile:
     return WrittenFile(path=path.name, size=len(data), sha256=hashlib.sha256(data).hexdigest())
 
 
-def write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
     """Replace ``path`` atomically: readers see the old content or all of the new one."""
     tmp = path.with_name(f"{path.name}.{os.getpid()}.partial")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
     try:
         _write_all(fd, memoryview(data))
         os.fsync(fd)

@@ -186,7 +186,7 @@ class CheckpointManager:
             log.warning("trainguard: buddy copies of snapshots need a process group; off")
             return
         secret = bytes(self.dist.broadcast(secrets.token_bytes(16)))
-        link = _buddy.BuddyLink(snaps.job_dir, self.rank, self.world_size, secret)
+        link = _buddy.BuddyLink(snaps, self.rank, self.world_size, secret)
         endpoints = self.dist.gather(link.endpoint)
         local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
         buddy = _buddy.buddy_of(self.rank, self.world_size, local)

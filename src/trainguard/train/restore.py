@@ -56,7 +56,7 @@ from trainguard.train.locate import RESUME_ENV, ResumeError
 from trainguard.train.locate import resume_request as _resume_request
 from trainguard.train.manager import META_KEY, CheckpointManager
 from trainguard.train.progress import emit
-from trainguard.train.snapshot import Snapshots
+from trainguard.train.snapshot import SLOTS, Snapshots
 from trainguard.train.state import REPLICATED_FILE, TrainState, rank_file
 
 log = logging.getLogger("trainguard.train")
@@ -545,6 +545,10 @@ def _from_memory(
             why = "the ranks' memory snapshots have no step in common"
     else:
         why = "no complete valid set of memory snapshots: " + "; ".join(reasons)
+    refused = [r for rs in dist.gather(list(snaps.refused)) for r in rs]
+    if refused:
+        shown = "; ".join(refused[:3]) + ("; ..." if len(refused) > 3 else "")
+        why = f"{why} ({len(refused)} refused: {shown})"
     _say(f"trainguard: not restoring from memory: {why}; using the disk", dist.rank)
     return None
 
@@ -576,6 +580,9 @@ def _fetch_from_buddies(
         elif dist.rank == rank:
             box: list[Any] = [None, None]
             tdist.recv_object_list(box, src=source)
+            if str(box[0]) not in SLOTS:
+                raise ResumeError(f"rank {source} sent a buddy copy named {box[0]!r}")
+            snaps.ensure_dir(snaps.dir)
             install(snaps.dir / str(box[0]), box[1])
             log.warning(
                 "trainguard: rank %d's memory snapshot of step %d restored from rank %d's copy",

@@ -3,10 +3,14 @@
 ``CheckpointManager(..., memory_snapshots=True)`` and ``ckpt.snapshot(step, state)``
 (docs/train.md, decision 0260). Each rank keeps its state (replicated *and* per-rank:
 a rank on another host cannot read rank 0's memory) in two **slots** under
-``<base>/trainguard-<job key>/rank_<r>/``, where ``<base>`` is ``/dev/shm`` (or
-``TRAINGUARD_SNAPSHOT_DIR``) and the job key is derived from the checkpoint
-directory, so that the next attempt of the same job finds them. Files in
-``/dev/shm`` outlive the process that wrote them, not the host.
+``<base>/trainguard-<uid>/<job key>/rank_<r>/``, where ``<base>`` is ``/dev/shm`` (or
+``TRAINGUARD_SNAPSHOT_DIR``) and the job key is the run id the supervisor gives every
+attempt (``TRAINGUARD_SNAPSHOT_KEY``), else derived from the checkpoint directory,
+so that the next attempt of the same job finds them. Files in ``/dev/shm`` outlive
+the process that wrote them, not the host. Everything there is private to the job's
+user (directories 0700, files 0600, checked before use) and each slot's manifest is
+sealed with the run's secret (:mod:`trainguard.train._private`, decision 0411): a
+snapshot another user planted, or one of another run, is refused, never restored.
 
 A slot is written exactly like a disk checkpoint, and read back by the same rules:
 ``state.pt`` + ``rank_<r>.pt`` (+ parts), each hashed while written, and the
@@ -63,7 +67,6 @@ from trainguard.model.checkpoint import MANIFEST_NAME, Manifest, ManifestFile
 from trainguard.model.snapshot import (
     DEFAULT_SIGNAL,
     FLUSHED_FILE,
-    JOB_DIR_PREFIX,
     SNAPSHOT_DIR_ENV,
     SNAPSHOT_KEY_ENV,
     SNAPSHOT_SIGNAL_ENV,
@@ -72,7 +75,18 @@ from trainguard.model.snapshot import (
     snapshot_base_for,
 )
 from trainguard.train import _hooks
-from trainguard.train._fsio import WrittenFile, write_small_durable
+from trainguard.train._fsio import WrittenFile, write_atomic, write_small_durable
+from trainguard.train._private import (
+    SEAL_NAME,
+    Seal,
+    SnapshotTrustError,
+    check_chain,
+    check_private,
+    check_slot_files,
+    ensure_private,
+    run_secret,
+    user_dir,
+)
 from trainguard.train._split import _nbytes, _tensors
 from trainguard.train.state import REPLICATED_FILE, HostStager, rank_file
 
@@ -193,9 +207,18 @@ def _dir_bytes(path: Path) -> int:
     return total
 
 
-def read_slot(path: Path, world_size: int | None = None) -> Slot | None:
-    """``path`` as a valid slot, or None: the catalog's quick rules (manifest written
-    last and parseable, every listed file there with its size) plus its kind."""
+def check_slot(path: Path, world_size: int, seal: Seal, rank: int) -> Slot | str | None:
+    """``path`` as a valid slot of ``rank``; None: no complete slot there (never
+    written, or a write cut short); a string: refused, and why (not ours alone, or
+    not sealed by this run). The caller has checked the directories above ``path``.
+
+    Ownership and modes first, then the catalog's quick rules (manifest written last
+    and parseable, every listed file there with its size), its kind, and the seal."""
+    why = check_private(path)
+    if why is None and os.path.lexists(path):
+        why = check_slot_files(path)
+    if why is not None:
+        return f"memory snapshot refused: {why}"
     if not (path / MANIFEST_NAME).is_file():
         return None
     info = validate(path, verify="quick")
@@ -208,9 +231,33 @@ def read_slot(path: Path, world_size: int | None = None) -> Slot | None:
         return None
     if manifest.extra.get("kind") != KIND:
         return None
-    if world_size is not None and manifest.world_size != world_size:
+    try:
+        sealed = (path / SEAL_NAME).read_bytes()
+    except FileNotFoundError:
+        return f"memory snapshot {path} refused: it has no seal ({SEAL_NAME})"
+    if not seal.verify(raw, sealed):
+        return (
+            f"memory snapshot {path} refused: its seal does not match this run "
+            "(written by another run of the job, or planted)"
+        )
+    if manifest.world_size != world_size or manifest.extra.get("rank") != rank:
         return None
     return Slot(path, manifest.step, raw)
+
+
+def read_slots(
+    path: Path, world_size: int, seal: Seal, rank: int, refused: list[str]
+) -> list[Slot]:
+    """The valid slots in the directory ``path`` (a rank's, or a buddy copy's), newest
+    step first; why a slot was refused is appended to ``refused``."""
+    out: list[Slot] = []
+    for name in SLOTS:
+        got = check_slot(path / name, world_size, seal, rank)
+        if isinstance(got, str):
+            refused.append(got)
+        elif got is not None:
+            out.append(got)
+    return sorted(out, key=lambda s: -s.step)
 
 
 class Snapshots:
@@ -228,8 +275,20 @@ class Snapshots:
     ) -> None:
         self.rank = rank
         self.world_size = world_size
-        self.job_dir = snapshot_base(rank, base) / f"{JOB_DIR_PREFIX}{job_key(root)}"
+        self.top = user_dir(snapshot_base(rank, base))
+        key = job_key(root)
+        self.job_dir = self.top / key
         self.dir = self.job_dir / rank_dir_name(rank)
+        # Why nothing here may be used (a path or secret file not ours alone); the
+        # job then trains on and restores from the disk only.
+        self.distrust: str | None = None
+        self.refused: list[str] = []  # slots refused by the last slots() / held()
+        self._said: set[str] = set()
+        self.seal = Seal(b"", key)
+        try:
+            self.seal = Seal(run_secret(root), key)
+        except (SnapshotTrustError, OSError) as exc:
+            self._distrust(str(exc))
         self._save_tree = save_tree
         self._clock = clock
         self._stager = HostStager()
@@ -241,11 +300,45 @@ class Snapshots:
         # Buddy copies (trainguard.train._buddy.BuddyLink), set by the manager.
         self.buddy: Any = None
 
+    def _distrust(self, why: str) -> None:
+        if self.distrust is None:
+            log.error("trainguard: %s; memory snapshots off, the disk checkpoints only", why)
+        self.distrust = why
+
+    def note_refused(self, whys: list[str]) -> None:
+        """Add ``whys`` to ``refused``, each logged once per process."""
+        for why in whys:
+            self.refused.append(why)
+            if why not in self._said and why != self.distrust:
+                self._said.add(why)
+                log.warning("trainguard: %s", why)
+
+    def check_dir(self, path: Path) -> str | None:
+        """Why the directory ``path`` (under the job's) may not be used; None: it may."""
+        if self.distrust is not None:
+            return self.distrust
+        why = check_chain(self.top, path)
+        return None if why is None else f"memory snapshots refused: {why}"
+
+    def ensure_dir(self, path: Path) -> None:
+        """Create ``path`` (under the job's directory) private; SnapshotTrustError if it
+        or a directory above it is not ours alone."""
+        if self.distrust is not None:
+            raise SnapshotTrustError(self.distrust)
+        ensure_private(self.top, path)
+
     # --- reading --------------------------------------------------------------------
     def slots(self) -> list[Slot]:
-        """This rank's valid slots, newest step first."""
-        found = [read_slot(self.dir / name, self.world_size) for name in SLOTS]
-        return sorted((s for s in found if s is not None), key=lambda s: -s.step)
+        """This rank's valid slots, newest step first (refusals in ``refused``)."""
+        self.refused = []
+        why = self.check_dir(self.dir)
+        if why is not None:
+            self.note_refused([why])
+            return []
+        refused: list[str] = []
+        found = read_slots(self.dir, self.world_size, self.seal, self.rank, refused)
+        self.note_refused(refused)
+        return found
 
     def discard_newer_than(self, step: int) -> None:
         """Drop slots ahead of ``step`` (a timeline the job just abandoned by resuming)."""
@@ -260,8 +353,14 @@ class Snapshots:
         bytes staged. Raises SnapshotMemoryError before the first allocation."""
         self.wait()
         nbytes = tree_bytes(replicated) + tree_bytes(per_rank)
+        if self.distrust is not None:
+            return 0
         if self._checked_bytes is None or nbytes > self._checked_bytes:
-            self.dir.mkdir(parents=True, exist_ok=True)
+            try:
+                self.ensure_dir(self.dir)
+            except SnapshotTrustError as exc:
+                self._distrust(str(exc))
+                return 0
             extra = BUDDY_EXTRA if self.buddy is not None else (0, 0)
             check_memory(
                 nbytes,
@@ -330,7 +429,7 @@ class Snapshots:
         # a file already has costs half of writing into fresh ones (measured).
         with contextlib.suppress(FileNotFoundError):
             os.unlink(final / MANIFEST_NAME)
-        final.mkdir(parents=True, exist_ok=True)
+        self.ensure_dir(final)
         started = self._clock()
         phase = "snapshot_during_write"
         files = self._save_tree(replicated, final, REPLICATED_FILE, crash_phase=phase, reuse=True)
@@ -355,7 +454,10 @@ class Snapshots:
         partial = final / f".{MANIFEST_NAME}.partial"
         with contextlib.suppress(FileNotFoundError):
             partial.unlink()
-        write_small_durable(partial, manifest.to_json().encode())
+        raw = manifest.to_json().encode()
+        write_small_durable(partial, raw, mode=0o600)
+        # The seal first: a manifest in place is complete only with its seal beside it.
+        write_atomic(final / SEAL_NAME, self.seal.sign(raw), mode=0o600)
         os.rename(partial, final / MANIFEST_NAME)  # all of it or none of it
         self.last_written = step
         if self.buddy is not None:
@@ -373,9 +475,12 @@ class Snapshots:
     def remove(self) -> None:
         """The job completed: its snapshots are of no further use (frees the memory)."""
         self.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
         if self.buddy is not None:
             self.buddy.close()
+        if self.check_dir(self.job_dir) is not None:
+            return  # not ours alone: nothing in it is removed (it may lead elsewhere)
+        shutil.rmtree(self.dir, ignore_errors=True)
+        if self.buddy is not None:
             self.buddy.remove_held()
         with contextlib.suppress(OSError):
             self.job_dir.rmdir()  # the last rank of this host removes the job directory
@@ -501,11 +606,9 @@ class FlushOnSignal:
             "time": time.time(),
             "seconds": round(time.monotonic() - started, 6),
         }
-        with contextlib.suppress(OSError):
-            self.snaps.dir.mkdir(parents=True, exist_ok=True)
-            tmp = self.snaps.dir / f".{FLUSHED_FILE}.{os.getpid()}"
-            tmp.write_text(json.dumps(record))
-            os.replace(tmp, self.snaps.dir / FLUSHED_FILE)
+        with contextlib.suppress(OSError, SnapshotTrustError):
+            self.snaps.ensure_dir(self.snaps.dir)
+            write_atomic(self.snaps.dir / FLUSHED_FILE, json.dumps(record).encode(), mode=0o600)
         log.warning(
             "trainguard: %s: rank %d memory snapshot %s (step %s) in %.3f s",
             self.signum.name,
