@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from trainguard.api.identity import AuditSink
 from trainguard.model.findings import Culprit, Domain, Finding, Severity
 from trainguard.model.progress import ProgressEvent
 from trainguard.model.records import AuditKind
@@ -413,23 +414,10 @@ def _progress_record(item: ProgressItem) -> dict[str, Any]:
 # --- findings ------------------------------------------------------------------------
 
 
-class ReceiptStore(Protocol):
+class ReceiptStore(AuditSink, Protocol):
     """The part of :class:`trainguard.store.Store` the finding ingestor uses."""
 
     def transaction(self) -> Any: ...
-
-    def append_audit(
-        self,
-        at: float,
-        actor: str,
-        kind: AuditKind | str,
-        subject: str,
-        message: str,
-        data: dict[str, Any] | None = None,
-        *,
-        job_id: str | None = None,
-        incident_id: int | None = None,
-    ) -> int: ...
 
     def list_audit(
         self,

@@ -18,6 +18,7 @@ bad input or a state that does not allow the request -> HTTP 4xx;
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
@@ -127,25 +128,6 @@ class ControlPlane:
             self._keeper.start()  # from the first pass that leads, renewals need no pass
         return report
 
-    def run_forever(self, stop_event: threading.Event, interval: float | None = None) -> None:
-        """Pass after pass until ``stop_event`` is set; then give the lease up.
-
-        A pass that raises is logged and the loop goes on (the store or the
-        scheduler may be briefly unreachable); nothing is lost because nothing
-        is kept in memory between passes.
-        """
-        period = self.config.interval if interval is None else interval
-        while not stop_event.is_set():
-            started = time.monotonic()
-            try:
-                report = self.run_once()
-                for error in report.errors:
-                    log.warning("reconcile: %s", error)
-            except Exception:
-                log.exception("reconcile pass failed")
-            stop_event.wait(max(0.0, period - (time.monotonic() - started)))
-        self.close()
-
     def close(self) -> None:
         """Give the lease up if this process holds it (the store is closed by its owner)."""
         self._keeper.stop()
@@ -193,7 +175,7 @@ class ControlPlane:
         with self.store.transaction():
             if self.fleet.find_fleet_job(scheduler_ref) is not None:
                 raise ValueError(f"scheduler job {scheduler_ref!r} is already managed")
-            if job_id is not None and self._job_exists(job_id):
+            if job_id is not None and self._existing_job(job_id) is not None:
                 raise JobIdTaken(f"job id {job_id!r} is already taken by another job")
             job = self.store.create_job(
                 name=name,
@@ -251,10 +233,14 @@ class ControlPlane:
         # process: a refusal after it left an unmanaged job holding devices (issue 25).
         if policy is not None and self.fleet.get_policy(policy) is None:
             raise ValueError(f"no policy named {policy!r}")
-        if job_id is not None and self._job_exists(job_id):
-            same = self._same_submission(job_id, spec)
-            if same is not None:
-                return same  # a retry of the same submission: nothing submitted twice
+        taken = None if job_id is None else self._existing_job(job_id)
+        if taken is not None:
+            size = spec.nodes * spec.devices_per_node
+            if (taken.name, tuple(taken.command), taken.need) == (
+                spec.name, tuple(spec.command), size
+            ):  # fmt: skip
+                with contextlib.suppress(NotFound):  # a retry: nothing submitted twice
+                    return self.fleet.get_fleet_job(taken.id)
             raise JobIdTaken(
                 f"job id {job_id!r} is already taken by another job; nothing was submitted"
             )
@@ -278,22 +264,11 @@ class ControlPlane:
             job_id=jid,
         )
 
-    def _job_exists(self, job_id: str) -> bool:
+    def _existing_job(self, job_id: str) -> JobRecord | None:
         try:
-            self.store.get_job(job_id)
-        except NotFound:
-            return False
-        return True
-
-    def _same_submission(self, job_id: str, spec: JobSpec) -> FleetJob | None:
-        """The managed job ``job_id`` when it was submitted with this very spec."""
-        try:
-            job = self.store.get_job(job_id)
-            fj = self.fleet.get_fleet_job(job_id)
+            return self.store.get_job(job_id)
         except NotFound:
             return None
-        same = job.name == spec.name and tuple(job.command) == tuple(spec.command)
-        return fj if same and job.need == spec.nodes * spec.devices_per_node else None
 
     def fleet_jobs(self) -> list[FleetJob]:
         return self.fleet.list_fleet_jobs()
