@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from trainguard._commands._common import binary_reason, error, visible
+from trainguard.model.private_files import make_private_dirs
 
 CHUNK_BYTES = 16 << 20
 
@@ -41,7 +42,7 @@ class FileCache:
 
     def store(self, key: str, data: bytes) -> None:
         with contextlib.suppress(OSError):
-            self.root.mkdir(parents=True, exist_ok=True)
+            make_private_dirs(self.root)
             fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".{key}.")
             try:
                 with os.fdopen(fd, "wb") as fh:

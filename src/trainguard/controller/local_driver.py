@@ -66,6 +66,7 @@ from trainguard.model.devices import Device
 from trainguard.model.findings import Domain, Finding
 from trainguard.model.health import HealthState
 from trainguard.model.plan import Mode
+from trainguard.model.private_files import make_private_dirs
 from trainguard.model.progress import ProgressEvent
 from trainguard.model.records import (
     AuditEvent,
@@ -277,7 +278,7 @@ class LocalDriver:
             self.job_id = job_id = took.job_id
             self.logs = log_dir(o.state, job_id, o.log_dir)
             cluster.launch_options = dataclasses.replace(cluster.launch_options, log_dir=self.logs)
-        os.makedirs(self.logs, exist_ok=True)
+        make_private_dirs(self.logs)
         local_orphans.replay_restart(store, cluster, took, self.clock())
         # One pass before a new job is placed: the stored health (a card a dead run's
         # recovery quarantined) is enforced in the cluster first (0385).

@@ -217,7 +217,8 @@ def _write_status(prefix: str | None, status: int) -> None:
         line = f"exit {os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1}\n"
     path = f"{prefix}.attempt-{os.environ.get('TRAINGUARD_ATTEMPT', '0')}.status"
     with contextlib.suppress(OSError):
-        with open(path + ".tmp", "w") as fh:
+        fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
             fh.write(line)
         os.replace(path + ".tmp", path)
 

@@ -39,6 +39,7 @@ from typing import Any
 
 from trainguard.diagnose.detectors import ProcessExit
 from trainguard.model.devices import Device
+from trainguard.model.private_files import make_private_dirs
 from trainguard.model.snapshot import (
     SNAPSHOT_DIR_ENV,
     SNAPSHOT_KEY_ENV,
@@ -178,7 +179,7 @@ class LocalCluster:
         launch: LocalLaunch | None = None,
     ) -> None:
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(self.root)
         self.devices = tuple(devices)
         self.grace = grace
         self.clock = clock

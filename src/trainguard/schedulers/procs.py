@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.model.devices import Device
+from trainguard.model.private_files import make_private_dirs
 from trainguard.schedulers._keys import KeyBook, widen
 from trainguard.schedulers.base import (
     GENERIC_TRAITS,
@@ -123,7 +124,7 @@ class ProcessCluster:
         base_env: Mapping[str, str] | None = None,
     ) -> None:
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(self.root)
         self.clock = clock
         self.grace = grace
         self.base_env = dict(os.environ if base_env is None else base_env)
@@ -235,7 +236,7 @@ class ProcessCluster:
         nodes = chosen[: job["nodes"]]
         devices = [d for n in nodes for d in free[n][: job["devices_per_node"]]]
         run_dir = self.root / "jobs" / job["ref"] / str(job["attempt"])
-        run_dir.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(run_dir)
         out_path = run_dir / "output.log"
         exit_path = run_dir / "exit"
         env = dict(self.base_env)

@@ -14,12 +14,15 @@ are cut at ``MAX_LINE`` bytes rather than buffered without bound.
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any
+
+from trainguard.model.private_files import open_private
 
 MAX_LINE = 64 * 1024
 _READ_SIZE = 64 * 1024
@@ -127,7 +130,9 @@ class LogFile:
     def __init__(self, path: str) -> None:
         self.path = path
         self._lock = threading.Lock()
-        self._fh: IO[bytes] | None = open(path, "ab")  # noqa: SIM115 - closed in close()
+        # The job's output is its user's alone (0600 when created here).
+        fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        self._fh: IO[bytes] | None = os.fdopen(fd, "ab")
 
     def write(self, data: bytes) -> None:
         with self._lock:

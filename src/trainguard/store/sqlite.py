@@ -18,6 +18,7 @@ import os
 import sqlite3
 from pathlib import Path
 
+from trainguard.model.private_files import make_private_dirs, open_private
 from trainguard.store import schema
 from trainguard.store.backend import Dialect
 from trainguard.store.errors import StoreError
@@ -42,15 +43,9 @@ def _create_private(p: Path) -> None:
     database file's permissions, so creating the file first, 0600, covers them too.
     Existing directories and files keep their permissions (an operator chose them).
     """
-    missing: list[Path] = []
-    d = p.parent
-    while not d.exists() and d != d.parent:
-        missing.append(d)
-        d = d.parent
-    for d in reversed(missing):  # each one trainguard creates is private, not only the last
-        d.mkdir(mode=0o700, exist_ok=True)
+    make_private_dirs(p.parent)
     try:
-        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = open_private(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     except FileExistsError:
         return
     except OSError:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.model.devices import Device
+from trainguard.model.private_files import make_private_dirs
 from trainguard.schedulers.base import (
     ActionResult,
     FencingRejected,
@@ -69,7 +70,7 @@ class SlurmClient:
         command_timeout: float = 20.0,
     ) -> None:
         self.state_dir = Path(state_dir)
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(self.state_dir)
         self.cmd = SlurmCommands(conf=conf, bindir=bindir, timeout=command_timeout)
         self.partition = names.partition(partition) if partition else None
         self.clock = clock

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from trainguard.model.private_files import make_private_dirs
 from trainguard.model.resume_request import RESUME_REQUEST_NAME, ResumeRequest
 from trainguard.schedulers.base import (
     ActionResult,
@@ -317,7 +318,7 @@ class SlurmJobActions(SlurmNodeActions):
         if exclude:
             args.append(f"--exclude={names.hostlist(exclude)}")
         script_path = self.state_dir / "scripts" / f"resubmit-{jid}-{attempt}.sh"
-        script_path.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(script_path.parent)
         script_path.write_text(script)
         out = self.cmd.run("sbatch", *args, str(script_path)).stdout.strip()
         new_id = names.job_id(out.split(";")[0])
@@ -425,7 +426,7 @@ class SlurmJobActions(SlurmNodeActions):
             raise SchedulerError("a job needs nodes >= 1 and devices_per_node >= 0")
         safe_key = re.sub(r"[^A-Za-z0-9_.-]", "_", key)[:80]
         jobs_dir = self.state_dir / "jobs"
-        jobs_dir.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(jobs_dir)
         lines = ["#!/bin/bash", "# written by trainguard (schedulers.slurm.submit)"]
         for k, v in spec.env.items():
             if not re.fullmatch(r"[A-Za-z_]\w*", k):
@@ -440,7 +441,7 @@ class SlurmJobActions(SlurmNodeActions):
         with os.fdopen(fd, "w") as fh:
             fh.write("\n".join(lines) + "\n")
         out_dir = self.state_dir / "output"
-        out_dir.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(out_dir)
         args = [
             "--parsable",
             f"--job-name={names.text(spec.name, limit=100)}",
