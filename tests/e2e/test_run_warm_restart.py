@@ -161,10 +161,17 @@ def test_warm_ranks_look_like_cold_ones_to_outside_tools(case: RunCase) -> None:
     cold = case.record(0, 1)
     cold_argv, cold_env, cold_comm = _proc(cold["pid"])
     assert cold_env["LOCAL_RANK"] == "1"
+    # `trainguard ps` lists the job's ranks: pid, rank, device, cold.
+    listed = {r["rank"]: r for r in case.cli_json("ps")}
+    assert listed[1]["pid"] == cold["pid"] and listed[1]["start"] == "cold"
+    assert listed[1]["local_rank"] == 1 and listed[1]["attempt"] == 0
+    assert listed[1]["device"] == devices_of(cold)[1]["uuid"]
     case.wait_step(8)
     os.kill(cold["pid"], signal.SIGKILL)
     warm = case.record(1, 1)
     argv, env, comm = _proc(warm["pid"])
+    listed = {r["rank"]: r for r in case.cli_json("ps") if r["attempt"] == 1}
+    assert listed[1]["pid"] == warm["pid"] and listed[1]["start"] == "warm"
     assert "; warm workers: zygote pid" in _attempt_log(case, 1)
     assert argv == cold_argv
     assert comm == cold_comm != b"tg-zygote"

@@ -80,6 +80,11 @@ def parse_time(text: str, now: float) -> float:
 
 # --- jobs ----------------------------------------------------------------------------
 
+# Every process of an attempt carries it (the job contract): how leftovers of a dead
+# supervisor are found again, even re-parented to init (decision 0114), and how
+# `trainguard ps` finds a job's ranks.
+JOB_ID_ENV = "TRAINGUARD_JOB_ID"
+
 
 class JobState(StrEnum):
     PENDING = "pending"  # recorded, not launched yet
@@ -563,6 +568,7 @@ class AuditEvent:
 __all__ = [
     "ATTEMPT_TRANSITIONS",
     "INCIDENT_TRANSITIONS",
+    "JOB_ID_ENV",
     "JOB_TRANSITIONS",
     "AttemptRecord",
     "AttemptState",

@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from trainguard.model import records
 from trainguard.model.devices import Device
 from trainguard.model.signature import ATTEMPT_MARKER, STOP_MARKER
 from trainguard.model.snapshot import (
@@ -84,9 +85,7 @@ DEFAULT_GRACE_SECONDS = 5.0
 DEFAULT_KILL_GRACE_SECONDS = 0.2  # fast kill: SIGTERM to the ranks -> SIGKILL to the tree
 REAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_reaper.py")
 REPORT_TIMEOUT_SECONDS = 30.0
-# Every process of an attempt carries it (the job contract): how leftovers of a dead
-# supervisor are found again, even re-parented to init (decision 0114).
-JOB_ID_ENV = "TRAINGUARD_JOB_ID"
+JOB_ID_ENV = records.JOB_ID_ENV  # the job contract's variable (model.records)
 
 
 @dataclass(frozen=True)
