@@ -5,9 +5,13 @@ that names the deadline. Pure functions: the time comes in as ``now``."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trainguard.controller.local_driver import policy_document
+from trainguard.controller.local_options import RunOptions
+from trainguard.controller.policies import load_policy_text, parse_policy, resolve
 from trainguard.model.fleet import ActionState, ApprovalState, action_key
 from trainguard.model.plan import Action, ActionKind, Quarantine, Restart, Stop, WaitForCapacity
 from trainguard.model.records import IncidentState
@@ -127,7 +131,7 @@ def test_with_approvals_a_second_unknown_failure_waits_until_the_deadline() -> N
         0,
         action_key(7, 2, 0),
     )
-    assert (late.deadline_s, late.reason) == (2.0, "no answer in 2 s is a no")
+    assert (late.deadline_s, late.reason) == (2.0, "no answer is a no")
     # Without a deadline the question stays open (serve's default).
     forever = step(snap(actions=acts, **UNKNOWN_TWICE, **pending, now=1e9))
     assert (forever.kind, forever.outcome.kind) == (StepKind.REQUEST_APPROVAL, OutcomeKind.DONE)
@@ -161,3 +165,29 @@ def test_who_answered_for_nobody_is_read_back_and_a_person_is_not() -> None:
     assert unanswered_timeout(no_answer_actor("trainguard serve", 3600)) == 3600.0
     for person in ("operator:alice", "user:bob", None, "", "x (no answer in soon s)"):
         assert unanswered_timeout(person) is None
+
+
+# --- the policy fields and run's document ------------------------------------------------
+
+
+def test_approvals_and_their_deadline_are_policy_fields() -> None:
+    doc = load_policy_text("name: p\napprovals: false\napproval_timeout_seconds: 30\n")
+    assert (doc.approvals, doc.approval_timeout_seconds) == (False, 30.0)
+    assert parse_policy(doc.to_json()) == doc
+    policy = resolve(doc, need=1)
+    assert (policy.approvals, policy.approval_timeout_seconds) == (False, 30.0)
+    # serve's default: uncertain actions wait, without a deadline.
+    default = resolve(load_policy_text("name: q"), need=1)
+    assert (default.approvals, default.approval_timeout_seconds) == (True, None)
+    with pytest.raises(ValueError, match="'approvals'"):
+        load_policy_text("name: p\napprovals: 1\n")
+    with pytest.raises(ValueError, match="approval_timeout_seconds"):
+        load_policy_text("name: p\napproval_timeout_seconds: 0\n")
+
+
+def test_run_asks_nobody_unless_told_to() -> None:
+    quiet = resolve(parse_policy(policy_document(RunOptions(command=("x",)))), need=1)
+    assert quiet.approvals is False
+    asked = RunOptions(command=("x",), approvals=True, approval_timeout=5.0)
+    policy = resolve(parse_policy(policy_document(asked)), need=1)
+    assert (policy.approvals, policy.approval_timeout_seconds) == (True, 5.0)

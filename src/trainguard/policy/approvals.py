@@ -35,6 +35,7 @@ from trainguard.model.plan import ActionKind
 
 DESTRUCTIVE = frozenset({"reboot", "power_cycle", "retire"})
 NEVER = frozenset({ActionKind.STOP, ActionKind.WAIT_FOR_CAPACITY})
+NO_ANSWER = "no answer is a no"
 
 
 def approval_reason(
@@ -87,9 +88,10 @@ def no_answer_actor(name: str, timeout: float) -> str:
     return f"{name} (no answer in {timeout:g} s)"
 
 
-def no_answer_reason(timeout: float) -> str:
-    """The decision reason of an approval the deadline answered."""
-    return f"no answer in {timeout:g} s is a no"
+def no_answer_reason() -> str:
+    """The decision reason of an approval the deadline answered (the deadline itself is
+    in the actor's name, :func:`no_answer_actor`)."""
+    return NO_ANSWER
 
 
 def unanswered_timeout(decided_by: str | None) -> float | None:
@@ -111,6 +113,7 @@ def restart_unanswered(timeout: float) -> str:
 __all__ = [
     "DESTRUCTIVE",
     "NEVER",
+    "NO_ANSWER",
     "approval_expired",
     "approval_reason",
     "judged_failure",

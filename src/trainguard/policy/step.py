@@ -221,7 +221,7 @@ def _next_action(s: IncidentSnapshot, a: PlannedAction) -> Step:
                 return Step(
                     StepKind.EXPIRE_APPROVAL,
                     AGAIN,
-                    no_answer_reason(timeout),
+                    no_answer_reason(),
                     index=a.index,
                     key=key,
                     action_kind=a.kind,
