@@ -4,7 +4,7 @@ The job is tests/jobs/tiny_train.py (a small MLP, AdamW, AMP scaler, resumable
 sampler) under ``torchrun --nproc-per-node 2`` with gloo on CPU, supervised by::
 
     trainguard run --devices 4 --need 2 --checkpoint-dir CK --kernel-log KERN.LOG \\
-        --hang-timeout 4 -- torchrun --standalone --nproc-per-node 2 tiny_train.py ...
+        --hang-timeout 4 --approvals -- torchrun --standalone --nproc-per-node 2 tiny_train.py ...
 
 The demo plays the part of the machine and injects, in turn:
 
@@ -16,8 +16,9 @@ The demo plays the part of the machine and injects, in turn:
    ``--hang-at-step``). No process dies; trainguard notices after the hang timeout.
 3. **A damaged newest checkpoint** (attempt 2): the demo flips one byte in the
    newest checkpoint and then kills a rank. A second failure without a diagnosis
-   (after the hang) waits for a person (decision 0341): the demo approves it with
-   ``trainguard approve``. trainguard skips the damaged checkpoint (sha256
+   (after the hang) waits for a person, as ``--approvals`` asks (decisions 0341,
+   0425; without it run would restart it unasked, within its restart budget): the
+   demo approves it with ``trainguard approve``. trainguard skips the damaged checkpoint (sha256
    mismatch) and restores the one before it.
 
 Then it prints each incident report (``trainguard report ID``) and the device
@@ -115,6 +116,8 @@ class Job:
             "--kernel-log", str(self.kernel_log),
             "--hang-timeout", "4", "--startup-timeout", "120",
             "--verify-window", "2",
+            # Show the question a person may be asked: run asks only when told (0425).
+            "--approvals",
             "--",
             sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
             str(TINY_TRAIN), "--steps", str(STEPS), "--ckpt-dir", str(self.ckpt),
@@ -229,8 +232,9 @@ def damage_checkpoint(job: Job) -> tuple[Path, Path]:
     pid, _ = job.rank(2, 0)
     print(f"  demo: rank 0 (pid {pid}) crashes", flush=True)
     os.kill(pid, signal.SIGKILL)
-    # The job's second failure nobody diagnosed (after the hang): trainguard asks a
-    # person before restarting it (decision 0341); the demo is that person.
+    # The job's second failure nobody diagnosed (after the hang): with --approvals,
+    # trainguard asks a person before restarting it (decisions 0341, 0425); the demo is
+    # that person.
     job.wait_said("waits for a person")
     with job.lock:
         asked = next(line for line in job.said if "waits for a person" in line)

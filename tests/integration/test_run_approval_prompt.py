@@ -1,5 +1,5 @@
-"""``trainguard run`` asks a person before a second restart of an unknown cause, as
-serve does (decisions 0341, 0346), and says how to answer: the command it prints,
+"""``trainguard run --approvals`` asks a person before a second restart of an unknown
+cause, as serve does (decisions 0341, 0346, 0425), and says how to answer: the command it prints,
 typed, answers it (a denial stops the job with serve's reason, 0344).
 
 A real ``trainguard run`` process over ``tests/jobs/cluster_job.py``; the resume of a
@@ -32,7 +32,7 @@ def _command(tmp: Path) -> list[str]:
     return [sys.executable, "-m", "trainguard.cli", "run", "--state", str(tmp / "state.db"),
             "--checkpoint-dir", str(ckpt), "--kernel-log", str(tmp / "kern.log"),
             "--devices", "1", "--grace", "1", "--verify-window", "0.5", "--backoff", "0",
-            "--startup-timeout", "30", "--",
+            "--startup-timeout", "30", "--approvals", "--",
             sys.executable, str(JOB), "--fail-attempts", "0,1", "--fail-at", "3",
             "--steps", "8", "--interval", "0.02", "--ckpt", str(ckpt)]  # fmt: skip
 

@@ -1,6 +1,6 @@
-"""``trainguard run`` waiting for an approval (decision 0346), across its own death: the
-approval row, under the plan action's key, outlives the supervisor, and the next run
-carries out what the operator decided meanwhile, without asking again."""
+"""``trainguard run --approvals`` waiting for an approval (decisions 0346, 0425), across
+its own death: the approval row, under the plan action's key, outlives the supervisor,
+and the next run carries out what the operator decided meanwhile, without asking again."""
 
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ def _command(tmp: Path) -> list[str]:
     return [sys.executable, "-m", "trainguard.cli", "run", "--state", str(tmp / "state.db"),
             "--checkpoint-dir", str(ckpt), "--kernel-log", str(tmp / "kern.log"),
             "--devices", "2", "--need", "1", "--grace", "1", "--verify-window", "0.5",
-            "--hang-timeout", "20", "--startup-timeout", "30", "--backoff", "0", "--",
+            "--hang-timeout", "20", "--startup-timeout", "30", "--backoff", "0", "--approvals",
+            "--",
             sys.executable, str(JOB), "--fail-attempts", "0,1", "--fail-at", "6",
             "--steps", "12", "--ckpt", str(ckpt)]  # fmt: skip
 

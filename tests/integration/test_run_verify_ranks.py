@@ -64,14 +64,15 @@ RANK = """
 def run(tmp: Path, mode: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     """The job under a real ``trainguard run``, and the reasons of the approvals it asked
     for: each is approved as an operator would, through the operations interface, while
-    it waits (a second failure of unknown cause waits for a person, decision 0346)."""
+    it waits (with --approvals, a second failure of unknown cause waits for a person,
+    decisions 0346, 0425)."""
     (tmp / "launcher.py").write_text(textwrap.dedent(LAUNCHER))
     (tmp / "rank.py").write_text(textwrap.dedent(RANK))
     state = tmp / "state.db"
     proc = subprocess.Popen(
         [sys.executable, "-m", "trainguard.cli", "run", "--state", str(state),
          "--kernel-log", str(tmp / "kern.log"), "--devices", "2", "--verify-window", "0.5",
-         "--backoff", "0.1", "--startup-timeout", "30", "--",
+         "--backoff", "0.1", "--startup-timeout", "30", "--approvals", "--",
          sys.executable, str(tmp / "launcher.py"), mode],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp,
     )  # fmt: skip

@@ -61,6 +61,9 @@ class Policy:
     # The quarantine breaker: run's --breaker-* (RunOptions.breaker), serve's
     # ControlConfig.breaker; not part of the policy document.
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
+    # Uncertain actions wait for a person: serve's default, run's --approvals (0425);
+    # the scenarios compare the two asking.
+    approvals: bool = True
 
     def control_config(self) -> ControlConfig:
         """serve's controller configuration for the scenario."""
@@ -75,6 +78,7 @@ class Policy:
             "verify_window_seconds": self.verify_window,
             "max_restarts": self.max_restarts,
             "backoff": 0.0,
+            "approvals": self.approvals,
         }
         if self.hang_timeout is not None:
             doc["hang_timeout_seconds"] = self.hang_timeout
@@ -189,6 +193,7 @@ def run_options(
         echo=False,
         mode=mode,
         breaker=policy.breaker,
+        approvals=policy.approvals,
     )
 
 

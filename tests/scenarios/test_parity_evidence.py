@@ -30,7 +30,7 @@ def test_a_restart_that_loses_a_rank_is_not_recovered(
     # budget, and the job stops when the budget is spent (serve used to call the first
     # restart recovered: it checked no ranks and ended no attempt on a verdict, 0350,
     # 0351). The first failure is hardware, so serve asks no person before restarting
-    # again (approvals, 0084, are serve's only; run has nobody to ask).
+    # again (0084).
     out = scenario(
         mode,
         tmp_path,

@@ -28,6 +28,12 @@ def test_the_prompt_names_the_command_that_answers_it() -> None:
         "trainguard", "approve", "7", "--state", "/tmp/a dir/state.db", "--reason", "...",
     ]  # fmt: skip
     assert "--deny" in line
+    assert "no answer" not in line  # no deadline, none said
+
+
+def test_the_prompt_says_how_long_the_question_stays_open() -> None:
+    line = approval_prompt(_approval(), "state.db", 2.0)
+    assert line.endswith("(add --deny to refuse); no answer in 2 s is a no"), line
 
 
 def _attempt() -> AttemptRecord:

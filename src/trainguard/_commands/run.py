@@ -17,7 +17,9 @@ hang or a GPU XID it quarantines the failed device, restarts from the newest val
 checkpoint on healthy devices (TRAINGUARD_RESUME_FROM), verifies the restart, and
 records everything in the state database. Exit status: 0 when the job completes;
 1 when it was stopped (reason on stderr); 2 for a usage or state-database error;
-130 when interrupted; in observe mode, the job's own exit status. See docs/run.md.
+130 when interrupted; in observe mode, the job's own exit status. It never waits
+for a person unless --approvals is given (then at most --approval-timeout seconds).
+See docs/run.md.
 """
 
 
@@ -218,6 +220,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="one trainguard at a time acts on a state database: a run that cannot renew "
         "its lease for S seconds (paused, stuck disk) loses it to the next (default 15)",
     )
+    p.add_argument(
+        "--approvals",
+        action="store_true",
+        help="let a second failure of unknown cause wait for a person (`trainguard "
+        "approve`) before it is restarted; without it run never waits for anyone: the "
+        "restart budget (--max-restarts) and the futile-retry rule decide",
+    )
+    p.add_argument(
+        "--approval-timeout",
+        type=_positive_float,
+        metavar="S",
+        help="with --approvals: a question nobody answers in S seconds is a no, and the "
+        "job stops with that reason (default 3600)",
+    )
     add_breaker_options(p)
     p.add_argument(
         "--engine",
@@ -230,7 +246,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def handle(args: argparse.Namespace) -> int:
     from trainguard.controller.local_driver import LocalDriver
-    from trainguard.controller.local_options import RunOptions
+    from trainguard.controller.local_options import DEFAULT_APPROVAL_TIMEOUT, RunOptions
     from trainguard.model.plan import Mode
     from trainguard.store import StoreError
 
@@ -241,6 +257,8 @@ def handle(args: argparse.Namespace) -> int:
         return error("no command given: trainguard run [OPTIONS] -- COMMAND [ARGS...]", 2)
     if args.min_need is not None and args.need is not None and args.min_need > args.need:
         return error("--min-need cannot be larger than --need", 2)
+    if args.approval_timeout is not None and not args.approvals:
+        return error("--approval-timeout needs --approvals (run never waits without it)", 2)
     try:
         options = RunOptions(
             command=tuple(command),
@@ -271,6 +289,12 @@ def handle(args: argparse.Namespace) -> int:
             keep_rejected_in_place=args.keep_rejected_in_place,
             lease_ttl=args.lease_ttl,
             breaker=breaker_config(args),
+            approvals=args.approvals,
+            approval_timeout=(
+                args.approval_timeout
+                if args.approval_timeout is not None
+                else DEFAULT_APPROVAL_TIMEOUT
+            ),
         )
         controller = LocalDriver(options)
     except ValueError as exc:

@@ -17,13 +17,15 @@ import shlex
 from trainguard.model.fleet import Approval
 
 
-def approval_prompt(approval: Approval, state: str) -> str:
-    """The line that asks a person, naming the command that answers the question."""
+def approval_prompt(approval: Approval, state: str, timeout: float | None = None) -> str:
+    """The line that asks a person, naming the command that answers the question and,
+    with a deadline, how long the question stays open (no answer is a no, 0425)."""
     where = f"incident {approval.incident_id}: " if approval.incident_id is not None else ""
+    until = "" if timeout is None else f"; no answer in {timeout:g} s is a no"
     return (
         f"trainguard: {where}the {approval.kind} waits for a person: {approval.why}; "
         f"answer with `trainguard approve {approval.id} --state {shlex.quote(state)} "
-        "--reason ...` (add --deny to refuse)"
+        f"--reason ...` (add --deny to refuse){until}"
     )
 
 

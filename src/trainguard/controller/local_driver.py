@@ -54,6 +54,7 @@ from trainguard.controller.local_options import (
     ACTOR,
     EXIT_INTERRUPTED,
     EXIT_STOPPED,
+    NAME,
     Interrupt,
     RunOptions,
     RunResult,
@@ -105,6 +106,10 @@ def policy_document(o: RunOptions) -> dict[str, Any]:
         # Nobody is about to release a card while a local run waits: it stops and says
         # how to return one (0381).
         "wait_for_capacity": False,
+        # Nobody may be watching a run: it waits for a person only when asked to, and
+        # then not past the deadline (0425).
+        "approvals": o.approvals,
+        "approval_timeout_seconds": o.approval_timeout,
     }
     if o.hang_timeout is not None:
         doc["hang_timeout_seconds"] = o.hang_timeout
@@ -220,6 +225,7 @@ class LocalDriver:
                 progress_pattern=o.progress_pattern,
                 keep_rejected_in_place=o.keep_rejected_in_place,
                 lease_ttl=o.lease_ttl,
+                name=NAME,
             ),
             identity=process_holder(),
             # run's crash points; lenient: the variable also names the job's own phases
@@ -485,7 +491,7 @@ class LocalDriver:
             ):
                 continue  # another job's question (a state database serve shares)
             self._asked.add(approval_id)
-            self.say(approval_prompt(approval, self.opt.state))
+            self.say(approval_prompt(approval, self.opt.state, self.opt.approval_timeout))
 
     def _install_signal_handlers(self) -> Callable[[], None]:
         return on_interrupt(lambda signum: self.events.put(Interrupt(signum)))

@@ -22,6 +22,8 @@ from trainguard.schedulers.local import DEFAULT_KILL_GRACE_SECONDS
 ACTOR = "trainguard-run"  # who the audit says acted, for run's driver
 EXIT_STOPPED = 1
 EXIT_INTERRUPTED = 130
+NAME = "trainguard run"  # who run is in words a person reads (an unanswered approval)
+DEFAULT_APPROVAL_TIMEOUT = 3600.0  # --approval-timeout's default, seconds
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,11 @@ class RunOptions:
     lease_ttl: float = DEFAULT_TTL_SECONDS
     # --breaker-*: the quarantine breaker, as serve's ControlConfig.breaker (0375).
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
+    # --approvals: a second failure of unknown cause waits for `trainguard approve`, at
+    # most --approval-timeout seconds (no answer is a no). Without it nothing waits for
+    # a person: the restart budget decides (0425).
+    approvals: bool = False
+    approval_timeout: float = DEFAULT_APPROVAL_TIMEOUT
 
     def __post_init__(self) -> None:
         if self.resume_arg is not None:
@@ -102,4 +109,13 @@ class Interrupt:
     signum: int
 
 
-__all__ = ["ACTOR", "EXIT_INTERRUPTED", "EXIT_STOPPED", "Interrupt", "RunOptions", "RunResult"]
+__all__ = [
+    "ACTOR",
+    "DEFAULT_APPROVAL_TIMEOUT",
+    "EXIT_INTERRUPTED",
+    "EXIT_STOPPED",
+    "NAME",
+    "Interrupt",
+    "RunOptions",
+    "RunResult",
+]

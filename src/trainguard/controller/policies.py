@@ -23,6 +23,11 @@ format (every field optional)::
                                         # timeout/error this many times is isolated (0110)
     wait_for_capacity: true             # too few devices, some could return: wait (true)
                                         # or stop the job with the reason (false; 0381)
+    approvals: true                     # a second failure of unknown cause waits for a
+                                        # person (true) or the policy decides alone,
+                                        # bounded by max_restarts (false; 0425)
+    approval_timeout_seconds: 3600      # number > 0: no answer by then is a no (default:
+                                        # no deadline)
 
 Every error names the field (``backoff.base_seconds``) and what was wrong with
 it; an unknown field is an error (with the nearest known name), so a typo never
@@ -62,6 +67,8 @@ _FIELDS = (
     "isolate_network_after",
     "max_checkpoint_age_seconds",
     "wait_for_capacity",
+    "approvals",
+    "approval_timeout_seconds",
 )
 
 
@@ -169,6 +176,22 @@ def parse_policy(data: Any, *, name: str | None = None) -> PolicyDocument:
                 policy=pname,
             )
         out["wait_for_capacity"] = data["wait_for_capacity"]
+    if data.get("approvals") is not None:
+        if not isinstance(data["approvals"], bool):
+            raise PolicyError(
+                "approvals",
+                f"must be true or false, got {_describe(data['approvals'])}",
+                policy=pname,
+            )
+        out["approvals"] = data["approvals"]
+    if data.get("approval_timeout_seconds") is not None:
+        out["approval_timeout_seconds"] = _number(
+            data["approval_timeout_seconds"],
+            "approval_timeout_seconds",
+            pname,
+            minimum=0,
+            strict=True,
+        )
     backoff = data.get("backoff")
     if backoff is not None:
         if isinstance(backoff, Mapping):
@@ -330,6 +353,8 @@ def resolve(
         ("placement", "placement"),
         ("isolate_network_after", "isolate_network_after"),
         ("wait_for_capacity", "wait_for_capacity"),
+        ("approvals", "approvals"),
+        ("approval_timeout_seconds", "approval_timeout_seconds"),
     ):
         value = getattr(doc, src)
         if value is not None:

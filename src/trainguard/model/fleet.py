@@ -210,6 +210,8 @@ class PolicyDocument:
     isolate_network_after: int | None = None  # RecoveryPolicy.isolate_network_after (0110)
     max_checkpoint_age_seconds: float | None = None  # checkpoint protection alert (0251)
     wait_for_capacity: bool | None = None  # RecoveryPolicy.wait_for_capacity (0381)
+    approvals: bool | None = None  # RecoveryPolicy.approvals (0425)
+    approval_timeout_seconds: float | None = None  # RecoveryPolicy.approval_timeout_seconds
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name}
@@ -236,6 +238,8 @@ class PolicyDocument:
             ("isolate_network_after", self.isolate_network_after),
             ("max_checkpoint_age_seconds", self.max_checkpoint_age_seconds),
             ("wait_for_capacity", self.wait_for_capacity),
+            ("approvals", self.approvals),
+            ("approval_timeout_seconds", self.approval_timeout_seconds),
         ):
             if value is not None:
                 out[key] = value

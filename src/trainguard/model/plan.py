@@ -56,6 +56,12 @@ class RecoveryPolicy:
     # Too few healthy devices while some could come back (released, repaired): wait for
     # them (serve's default) or stop with the reason (trainguard run, decision 0381).
     wait_for_capacity: bool = True
+    # A second failure of unknown cause: its restart waits for a person (serve's
+    # default) or the policy decides alone, bounded by max_restarts and futile_after
+    # (trainguard run without --approvals, decision 0425). Destructive actions always wait.
+    approvals: bool = True
+    # How long an approval waits; no answer by then is a no (None: no deadline, 0425).
+    approval_timeout_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if self.placement not in PLACEMENTS:

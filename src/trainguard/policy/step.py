@@ -10,6 +10,9 @@ which *one* thing happens next, and when to look again:
 * ``PLAN``: the incident has no plan yet, the restart failed to verify, or a
   wait for capacity may have ended (``only_if_changed``);
 * ``REQUEST_APPROVAL`` / ``SKIP``: the next action waits for a person, or was denied;
+  an uncertain action waits only when the policy asks for approvals (0425);
+* ``EXPIRE_APPROVAL``: nobody answered within the policy's approval deadline: no
+  answer is a no (the controller denies it in its own name, then ``SKIP``);
 * ``APPLY``: carry out action ``index`` under its idempotency key — the one
   executor writes the intent (unless the ledger already holds it), makes the
   keyed, fenced scheduler call and writes the result with its effects;
@@ -46,7 +49,12 @@ from enum import StrEnum
 from trainguard.model.fleet import ActionState, ApprovalState, action_key
 from trainguard.model.plan import Action, ActionKind, Mode, Quarantine, Restart
 from trainguard.model.records import AttemptState, IncidentState
-from trainguard.policy.approvals import approval_reason
+from trainguard.policy.approvals import (
+    approval_expired,
+    approval_reason,
+    no_answer_reason,
+    restart_unanswered,
+)
 from trainguard.policy.lost import Segment, lost_restored_at
 from trainguard.policy.verify import (
     Accounting,
@@ -63,6 +71,7 @@ class StepKind(StrEnum):
     NOTHING = "nothing"
     PLAN = "plan"
     REQUEST_APPROVAL = "request_approval"
+    EXPIRE_APPROVAL = "expire_approval"
     SKIP = "skip"
     APPLY = "apply"
     MARK_RECOVERED = "mark_recovered"
@@ -134,6 +143,13 @@ class IncidentSnapshot:
     offered_path: str | None = None
     # Notes already on the incident's timeline (a failed verdict is said once per kind).
     said: tuple[str, ...] = ()
+    # The policy's approvals (0425): whether an uncertain action waits for a person, and
+    # how long a wait lasts (None: no deadline); when each pending approval was asked
+    # (index -> time), and the deadline of each the deadline answered (index -> seconds).
+    ask_approvals: bool = True
+    approval_timeout: float | None = None
+    approval_asked_at: Mapping[int, float] = field(default_factory=dict)
+    unanswered: Mapping[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -149,6 +165,7 @@ class Step:
     failed_attempt: int | None = None  # PLAN: the failure the plan answers
     only_if_changed: bool = False  # PLAN: record it only when it no longer waits
     approval_why: str | None = None
+    deadline_s: float | None = None  # EXPIRE_APPROVAL: the deadline that ran out
     # APPLY of a restart: where it must not land.
     exclude_devices: tuple[str, ...] = ()
     exclude_nodes: tuple[str, ...] = ()
@@ -185,13 +202,40 @@ def _next_action(s: IncidentSnapshot, a: PlannedAction) -> Step:
         return Step(StepKind.NOTHING, DONE, "observe mode: held", index=a.index, key=key)
     kind_name = a.kind.value if a.kind is not None else "unknown"
     if not recorded:
-        why = approval_reason(kind_name, domain=s.domain, prior_domains=s.prior_domains)
+        why = approval_reason(
+            kind_name,
+            domain=s.domain,
+            prior_domains=s.prior_domains,
+            uncertain_waits=s.ask_approvals,
+        )
         if why is not None:
             approval = s.approvals.get(a.index)
+            timeout = s.approval_timeout
+            asked = s.approval_asked_at.get(a.index)
+            if (
+                approval is ApprovalState.PENDING
+                and asked is not None
+                and timeout is not None
+                and approval_expired(asked, timeout, s.now)
+            ):
+                return Step(
+                    StepKind.EXPIRE_APPROVAL,
+                    AGAIN,
+                    no_answer_reason(),
+                    index=a.index,
+                    key=key,
+                    action_kind=a.kind,
+                    deadline_s=timeout,
+                )
             if approval is None or approval is ApprovalState.PENDING:
+                wait = DONE
+                if timeout is not None:  # look again when the deadline runs out
+                    wait = Outcome(
+                        OutcomeKind.REQUEUE, max(0.0, (asked or s.now) + timeout - s.now)
+                    )
                 return Step(
                     StepKind.REQUEST_APPROVAL,
-                    DONE,
+                    wait,
                     why,
                     index=a.index,
                     key=key,
@@ -277,11 +321,16 @@ def _plan_ran_out(s: IncidentSnapshot) -> Step:
             failed_attempt=s.plan_attempt,
             only_if_changed=True,
         )
-    denied = any(
-        a.kind is ActionKind.RESTART and s.ledger.get(a.index) is ActionState.SKIPPED
+    denied = [
+        a.index
         for a in s.actions
-    )
-    why = RESTART_DENIED if denied else "the plan ended without a restart"
+        if a.kind is ActionKind.RESTART and s.ledger.get(a.index) is ActionState.SKIPPED
+    ]
+    unanswered = [s.unanswered[i] for i in denied if i in s.unanswered]
+    if unanswered:
+        why = restart_unanswered(unanswered[-1])
+    else:
+        why = RESTART_DENIED if denied else "the plan ended without a restart"
     return Step(StepKind.MARK_STOPPED, Outcome(OutcomeKind.TERMINAL, reason=why), why)
 
 

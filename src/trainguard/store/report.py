@@ -30,6 +30,7 @@ from trainguard.model.findings import Domain, IncidentKind
 from trainguard.model.records import AttemptRecord, IncidentRecord, iso_utc
 from trainguard.model.text import visible
 from trainguard.store.core import NotFound, Store
+from trainguard.store.fleet import FleetStore
 
 
 def _seconds(end: float | None, start: float | None) -> float | None:
@@ -194,7 +195,30 @@ def build_report(store: Store, incident_id: int) -> dict[str, Any]:
         "plan": inc.plan,
         "plan_generation": inc.plan_generation,
         "repair": inc.repair or default_repair(inc),
+        "waits": _waits(store, inc.id),
     }
+
+
+def _waits(store: Store, incident_id: int) -> list[dict[str, Any]]:
+    """Every time the incident's recovery waited for a person (0426): what was asked,
+    who answered (a person, or the controller when nobody answered in time), when,
+    and how long the wait held the job (``held_s`` null while it still waits)."""
+    out = []
+    for a in sorted(FleetStore(store).list_approvals(incident_id=incident_id), key=lambda a: a.id):
+        out.append(
+            {
+                "approval_id": a.id,
+                "action": a.kind,
+                "asked": a.why,
+                "asked_at": iso_utc(a.requested_at),
+                "state": a.state.value,
+                "answered_by": a.decided_by,
+                "answered_at": iso_utc(a.decided_at),
+                "answer": a.decision_reason,
+                "held_s": _seconds(a.decided_at, a.requested_at),
+            }
+        )
+    return out
 
 
 # Keys of a recorded action that are bookkeeping, shown elsewhere, or said by its summary.
@@ -327,6 +351,18 @@ def format_report(report: dict[str, Any]) -> str:
             details = _action_details(a)
             if details:
                 add(f"      {details}")
+    if r.get("waits"):
+        add("")
+        add("Waits for a person")
+        for w in r["waits"]:
+            add(f"  {w['asked_at']}  the {w['action']} waited: {w['asked']}")
+            if w["answered_by"] is None:
+                add("      not answered yet: the job still waits")
+            else:
+                add(
+                    f"      {w['state']} by {w['answered_by']} at {w['answered_at']} "
+                    f"({w['answer']}); held the job {w['held_s']:.1f} s"
+                )
     add("")
     add(f"Repair: {r['repair']}")
     return "\n".join(lines)

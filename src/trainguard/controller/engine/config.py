@@ -54,6 +54,9 @@ class ControlConfig:
     keep_rejected_in_place: bool = False
     # Ranks a job may report from when its world size is unknown (policy.verify, 0405).
     max_ranks: int = DEFAULT_MAX_RANKS
+    # Who this controller is in words a person reads where it answers for nobody: an
+    # approval nobody answered in time is denied as "NAME (no answer in N s)" (0425).
+    name: str = "trainguard serve"
 
 
 @dataclass

@@ -6,6 +6,7 @@ stopped marks (decision 0210).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,6 +21,8 @@ from trainguard.model.records import (
     IncidentState,
     JobState,
 )
+from trainguard.model.statemachine import IllegalTransition
+from trainguard.policy.approvals import no_answer_actor
 from trainguard.policy.step import Step, StepKind
 from trainguard.policy.verify import first_progress_note
 from trainguard.schedulers.base import Observation
@@ -91,6 +94,21 @@ class Executor(ActionRunner):
             )
             if approval.state is ApprovalState.PENDING:
                 report.waiting.append(approval.id)
+            return inc
+        if kind is StepKind.EXPIRE_APPROVAL:
+            # Nobody answered in time: no answer is a no, in this controller's name (0425).
+            expired = self.fleet.approval_for(st.key)
+            if expired is not None and expired.state is ApprovalState.PENDING:
+                assert st.deadline_s is not None
+                # A person who answered at the same moment wins (pending -> decided once).
+                with contextlib.suppress(IllegalTransition), self.fleet.fenced(fence, self.clock()):
+                    self.fleet.decide_approval(
+                        expired.id,
+                        ApprovalState.DENIED,
+                        actor=no_answer_actor(self.config.name, st.deadline_s),
+                        reason=st.reason,
+                        at=self.clock(),
+                    )
             return inc
         if kind is StepKind.SKIP:
             denied = self.fleet.approval_for(st.key)

@@ -19,7 +19,7 @@ from trainguard.controller.engine.config import (
     isolated_for_incident,
 )
 from trainguard.diagnose.device_map import torchrun_world_size
-from trainguard.model.fleet import ApprovalState, FleetJob, action_key
+from trainguard.model.fleet import ActionState, ApprovalState, FleetJob, action_key
 from trainguard.model.plan import ActionKind, Mode, Quarantine, RecoverySnapshot, action_kind
 from trainguard.model.records import (
     AttemptRecord,
@@ -29,7 +29,7 @@ from trainguard.model.records import (
     JobState,
 )
 from trainguard.policy import decide
-from trainguard.policy.approvals import approval_reason, judged_failure
+from trainguard.policy.approvals import approval_reason, judged_failure, unanswered_timeout
 from trainguard.policy.history import prior_failure, with_failure
 from trainguard.policy.lost import incident_segments
 from trainguard.policy.step import IncidentSnapshot, PlannedAction
@@ -225,11 +225,21 @@ class SnapshotBuilder(AttemptSync):
         }
         pending = [a for a in actions if a.index not in ledger or not ledger[a.index].terminal]
         if not pending:
+            # A restart skipped because nobody answered in time stops the job with that
+            # reason, not a person's denial (0425).
+            unanswered: dict[int, float] = {}
+            for a in actions:
+                if a.kind is ActionKind.RESTART and ledger.get(a.index) is ActionState.SKIPPED:
+                    got = self.fleet.approval_for(action_key(inc.id, inc.plan_generation, a.index))
+                    t = unanswered_timeout(got.decided_by) if got is not None else None
+                    if t is not None:
+                        unanswered[a.index] = t
             return dataclasses.replace(
                 base,
                 actions=actions,
                 ledger=ledger,
                 plan_attempt=int(plan.get("attempt", inc.attempt)),
+                unanswered=unanswered,
             )
         # The failure the plan answers is judged (0348): after a re-failure of the
         # recovery attempt that is the plan's last, not the incident's first.
@@ -239,13 +249,19 @@ class SnapshotBuilder(AttemptSync):
             inc.domain.value,
         )
         nxt = pending[0]
+        policy = self._policy(fj, self.store.get_job(inc.job_id))
         approvals: dict[int, ApprovalState] = {}
+        asked_at: dict[int, float] = {}
         if nxt.index not in ledger and approval_reason(
-            str(raw[nxt.index].get("type")), domain=domain, prior_domains=prior_domains
+            str(raw[nxt.index].get("type")),
+            domain=domain,
+            prior_domains=prior_domains,
+            uncertain_waits=policy.approvals,
         ):
             got = self.fleet.approval_for(action_key(inc.id, inc.plan_generation, nxt.index))
             if got is not None:
                 approvals[nxt.index] = got.state
+                asked_at[nxt.index] = got.requested_at
         placement: dict[str, Any] = {}
         if nxt.kind is ActionKind.RESTART:
             others: list[Quarantine] = []
@@ -271,6 +287,9 @@ class SnapshotBuilder(AttemptSync):
             domain=domain,
             prior_domains=prior_domains,
             plan_attempt=int(plan.get("attempt", inc.attempt)),
+            ask_approvals=policy.approvals,
+            approval_timeout=policy.approval_timeout_seconds,
+            approval_asked_at=asked_at,
             **placement,
         )
 
