@@ -182,7 +182,7 @@ def test_plain_output_and_usage_errors(empty_log: str) -> None:
         (["--skip", "everything"], "unknown check"),
         (["--dry-run"], "--dry-run needs a command"),
         (["--", "echo", "hi"], "without --dry-run"),
-        (["--since", "yesterday"], "not an ISO 8601 time"),
+        (["--since", "yesterday"], "not a time: 'yesterday' (a duration ago such as 30m, 2h or 7d"),
     ):
         proc = _run("--devices", "1", *args)
         assert proc.returncode == 2, (args, proc.stderr)

@@ -10,6 +10,7 @@ checkpoints`` peaked at 2.1 GB resident on it.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import struct
@@ -96,11 +97,16 @@ BOMBS: dict[str, tuple[bytes, str]] = {
 
 def test_each_bomb_is_refused_fast_within_its_budget() -> None:
     for name, (data, words) in BOMBS.items():
-        err, peak, took = _peak(lambda d=data: safe_loads(d))
+        err, peak, _ = _peak(lambda d=data: safe_loads(d))
         assert isinstance(err, UnsafePickle), (name, err)
         assert words in str(err), (name, str(err))
         assert peak < budget_for(len(data)) // 2, (name, peak)
-        assert took < 30, (name, took)
+        # Bounded work too: this process's CPU time (not wall time, which a loaded
+        # machine stretches), without tracemalloc (which slows every allocation ~20x).
+        started = time.process_time()
+        with contextlib.suppress(UnsafePickle):
+            safe_loads(data)
+        assert time.process_time() - started < 30, name
 
 
 def test_build_cannot_copy_a_state_into_a_callable_or_a_tuple() -> None:

@@ -8,6 +8,7 @@ gave it; only what trainguard creates is made private.
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -16,8 +17,11 @@ PRIVATE_FILE_MODE = 0o600
 
 
 def make_private_dirs(path: str | os.PathLike[str]) -> Path:
-    """Create ``path`` and every missing parent, each 0700; returns ``path``."""
+    """Create ``path`` and every missing parent, each 0700; returns ``path``. Raises
+    ``FileExistsError`` when ``path`` is a file, as ``mkdir`` does."""
     target = Path(path)
+    if target.exists() and not target.is_dir():
+        raise FileExistsError(errno.EEXIST, "exists and is not a directory", str(target))
     missing: list[Path] = []
     d = target
     while not d.exists() and d != d.parent:

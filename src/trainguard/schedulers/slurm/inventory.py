@@ -20,6 +20,8 @@ def load_inventory(path: str | os.PathLike[str]) -> dict[str, tuple[Device, ...]
         data = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise SchedulerError(f"cannot read the GPU inventory {path}: {exc}") from exc
+    except UnicodeDecodeError:
+        raise SchedulerError(f"the GPU inventory {path} is not a text (UTF-8) file") from None
     if not isinstance(data, dict):
         raise SchedulerError(f"GPU inventory {path}: expected an object of node -> devices")
     out: dict[str, tuple[Device, ...]] = {}
