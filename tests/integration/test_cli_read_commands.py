@@ -199,8 +199,9 @@ def test_report_json(state: str) -> None:
 def test_report_text_and_errors(state: str) -> None:
     proc = cli("report", "1", "--state", state)
     assert proc.returncode == 0
-    assert "Lost work: 5 step(s), about 2.5 s" in proc.stdout
-    assert "Checkpoint restored: step 40" in proc.stdout
+    # The header speaks of the incident as a whole; each restore is in the timeline.
+    assert "  lost work: 5 step(s), about 2.5 s at 2 steps/s" in proc.stdout
+    assert "  failures: 1, restarts: 1 (job total 1), recovered by attempt 1" in proc.stdout
     # An unknown incident is an operational "not found" (1); a malformed id is input (2).
     for bad, code in (("99", 1), ("abc", 2)):
         proc = cli("report", bad, "--state", state)

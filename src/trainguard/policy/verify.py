@@ -426,6 +426,8 @@ def _ranks_note(o: RestartObservation) -> list[str]:
         return []
     if o.expected_ranks is None:
         return ["ranks not checked"]
+    if len(o.expected_ranks) == 1:
+        return [f"rank {min(o.expected_ranks)} reported"]
     return [f"all {len(o.expected_ranks)} ranks reported"]
 
 
