@@ -6,8 +6,9 @@ from pathlib import Path
 
 from trainguard.diagnose.attribution import attempt_failure_reason, attribute, hardware_reason
 from trainguard.diagnose.detectors import HangConfig, HangDetector, hang_message
-from trainguard.model import Culprit, Domain, Finding, Severity
+from trainguard.model import Culprit, Domain, Finding, HealthState, Severity
 from trainguard.model.actors import actor_name
+from trainguard.model.records import AuditKind
 from trainguard.policy.hang import no_progress_hint
 from trainguard.policy.verify import (
     RestartObservation,
@@ -238,4 +239,27 @@ def test_an_incident_update_without_a_note_says_what_changed(tmp_path: Path) -> 
         "incident 1 updated: checkpoint step 8, failed step 10",
         "incident 1 updated: checkpoint path …/step_00000008, repair set",
         "incident 1 updated: first progress after restart: step 9",
+    ]
+
+
+def test_a_health_change_for_an_incidents_cause_points_at_the_incident(tmp_path: Path) -> None:
+    devs = simulated(3)
+    with Store.open(tmp_path / "s.db") as s:
+        s.register_devices(devs, at=T0)
+        s.create_job(name="j", command=["torchrun"], need=2, at=T0, job_id="j1")
+        s.start_attempt("j1", 0, devs[:2], at=T0)
+        a = attribute(_xid_findings(), devs[:2], failed_at=T0 + 0.1)
+        inc = s.open_incident("j1", 0, a, detected_at=T0 + 0.1)
+        s.transition_device(
+            devs[1].uuid, HealthState.QUARANTINED, a.summary, "ctl", T0 + 1, incident_id=inc.id
+        )
+        s.transition_device(
+            devs[2].uuid, HealthState.QUARANTINED, "same host", "ctl", T0 + 1, incident_id=inc.id
+        )
+        lines = [e.message for e in s.list_audit(kind=AuditKind.HEALTH)]
+        # The device's own record keeps the whole reason (the devices table shows it).
+        assert s.get_device(devs[1].uuid).reason == a.summary
+    assert lines == [
+        f"device 1 {UUID1} healthy -> quarantined (incident 1)",
+        f"device 2 {devs[2].uuid} healthy -> quarantined: same host",
     ]
