@@ -215,11 +215,11 @@ def attribute(
     if hardware:
         first = hardware[0]
         culprit = _complete_culprit(first.culprit, devices, views)
-        supporting = [f for f in crashes if f.culprit.rank == culprit.rank] or crashes[:1]
-        kind = IncidentKind.XID if first.xid is not None else IncidentKind.CUDA_ERROR
         # A restatement of the hardware line (the scheduler's "xid on HOST: <line>") is
         # neither support nor evidence: the line is shown once.
-        supporting = [f for f in supporting if not _restates(f, first)]
+        deaths = [f for f in crashes if not _restates(f, first)]
+        supporting = [f for f in deaths if f.culprit.rank == culprit.rank] or deaths[:1]
+        kind = IncidentKind.XID if first.xid is not None else IncidentKind.CUDA_ERROR
         summary = hardware_reason(first, culprit, supporting[0] if supporting else None)
         return Attribution(
             kind=kind,
