@@ -154,7 +154,7 @@ def test_the_header_speaks_of_the_incident_as_a_whole(tmp_path: Path) -> None:
         "Incident 1: xid (hardware), recovered",
         "  job: j1 (demo)",
         f"  cause: XID 79 on device {uuid} (rank 1): {XID}",
-        f"  culprit: device_uuid={uuid}, rank=1, host=localhost",
+        f"  culprit: device {uuid}, rank 1 on localhost",
         "  failures: 1, restarts: 1 (job total 1), recovered by attempt 1",
         "  lost work: 2 step(s), about 1.0 s at 2 steps/s",
         "  time to detect: 0.10 s, to act: 0.30 s, to verified recovery: 4.00 s (from fault)",

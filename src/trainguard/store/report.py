@@ -309,9 +309,12 @@ def _header(r: dict[str, Any]) -> list[str]:
     ]
     c = r["culprit"]
     who = [
-        f"{k}={c[k]}" for k in ("device_uuid", "pci_bus_id", "rank", "host") if c.get(k) is not None
+        f"{label} {c[k]}"
+        for k, label in (("device_uuid", "device"), ("pci_bus_id", "PCI"), ("rank", "rank"))
+        if c.get(k) is not None
     ]
-    out.append(f"  culprit: {', '.join(who) if who else 'none named'}")
+    where = f" on {c['host']}" if c.get("host") else ""
+    out.append(f"  culprit: {', '.join(who) + where if who else 'none named' + where}")
     failures = r.get("failures") or [{"attempt": r["attempt"]}]
     recovered = (
         f", recovered by attempt {r['recovery_attempt']}"
