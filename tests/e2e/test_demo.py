@@ -7,6 +7,7 @@ in step, so a change of the audit wording cannot break ``make demo`` unnoticed."
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,16 @@ def test_the_demo_completes_its_job_through_three_failures(tmp_path: Path) -> No
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "the job completed 64 steps through 3 failures" in proc.stdout
+    # One line per fact (issue 30): the kernel's XID line is in the demo's own line, the
+    # failed attempt, the incident, the health change's reason (the devices table), the
+    # report's cause and evidence; never twice on a line; no empty notes; no holder ids.
+    out = proc.stdout
+    assert out.count("GPU has fallen off the bus") <= 6, out
+    assert not [line for line in out.splitlines() if line.count("fallen off the bus") > 1]
+    assert "xid on localhost" not in out and "failed: failed:" not in out
+    assert not re.search(r"incident \d+ updated$", out, re.MULTILINE), out
+    assert not re.search(r"\b[\w.-]+:\d+:\d+:[0-9a-f-]{8,}", out), "a holder id is shown"
+    assert "ChildFailedError" not in out and "Root Cause (first observed failure)" not in out
     with Store.open(str(work / "state.db")) as store:
         (job,) = store.list_jobs()
         assert job.state.value == "completed"

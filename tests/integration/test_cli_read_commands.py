@@ -199,8 +199,9 @@ def test_report_json(state: str) -> None:
 def test_report_text_and_errors(state: str) -> None:
     proc = cli("report", "1", "--state", state)
     assert proc.returncode == 0
-    assert "Lost work: 5 step(s), about 2.5 s" in proc.stdout
-    assert "Checkpoint restored: step 40" in proc.stdout
+    # The header speaks of the incident as a whole; each restore is in the timeline.
+    assert "  lost work: 5 step(s), about 2.5 s at 2 steps/s" in proc.stdout
+    assert "  failures: 1, restarts: 1 (job total 1), recovered by attempt 1" in proc.stdout
     # An unknown incident is an operational "not found" (1); a malformed id is input (2).
     for bad, code in (("99", 1), ("abc", 2)):
         proc = cli("report", bad, "--state", state)
@@ -312,3 +313,21 @@ def test_empty_and_garbage_databases(tmp_path: Path) -> None:
         assert proc.returncode == 1
         assert "not a usable trainguard state database" in proc.stderr
         assert "Traceback" not in proc.stderr
+
+
+def test_audit_and_history_show_actor_names_and_json_the_holder_id(tmp_path: Path) -> None:
+    run_holder = "vm:21938:301429:73fe0e86-5b1c-4b1e-9a53-9f2d1c3e4a5b"
+    devs = simulated(2)
+    state = str(tmp_path / "s.db")
+    with Store.open(state) as s:
+        s.register_devices(devs, at=T0)
+        s.transition_device(devs[1].uuid, HealthState.QUARANTINED, "XID 79", run_holder, T0 + 1)
+        s.append_audit(T0 + 2, "gpu-head-1:4242:9f3a0c", "note", "job:j1", "serve noted")
+    table = cli("audit", "--state", state).stdout
+    assert run_holder not in table and "gpu-head-1:4242" not in table
+    rows = [line.split("\t") for line in table.splitlines()[2:]]
+    assert [r[2] for r in rows[-2:]] == ["trainguard run", "serve@gpu-head-1"]
+    history = cli("devices", "history", devs[1].uuid, "--state", state).stdout
+    assert run_holder not in history and "\ttrainguard run\t" in history
+    events = cli_json("audit", "--state", state, "--json")
+    assert (events[-2]["actor"], events[-2]["actor_name"]) == (run_holder, "trainguard run")

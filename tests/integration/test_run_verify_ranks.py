@@ -110,7 +110,7 @@ def test_a_restart_where_a_rank_never_reports_is_not_recovered(tmp_path: Path) -
     # Its second failure of unknown cause waited for a person (approved by the test).
     assert len(asked) == 1 and "unknown" in asked[0], asked
     verified = [t.what for t in inc.timeline if t.what.startswith("verified")]
-    assert verified and "all 2 rank(s) reported" in verified[-1]
+    assert verified and verified[-1].endswith("; all 2 ranks reported")
 
 
 @pytest.mark.slow
@@ -123,8 +123,10 @@ def test_a_job_reporting_from_rank_0_only_is_verified_on_rank_0(tmp_path: Path) 
         attempts = store.list_attempts(job.id)
         [inc] = store.list_incidents(job_id=job.id)
     assert [a.state.value for a in attempts] == ["failed", "completed"]
-    verified = [t.what for t in inc.timeline if t.what.startswith("verified")]
-    assert inc.outcome == "recovered" and "all 1 rank(s) reported" in verified[-1]
+    verified = [t for t in inc.timeline if t.what.startswith("verified")]
+    assert inc.outcome == "recovered" and verified[-1].what.endswith("; rank 0 reported")
+    # Which ranks were checked and why: in the entry's details (report --json).
+    assert verified[-1].details is not None and verified[-1].details["expected_ranks"] == [0]
 
 
 @pytest.mark.parametrize(

@@ -354,6 +354,14 @@ def test_audit_pages_follow_the_cursor_and_filters_apply(api: Api) -> None:
     assert api.get("/v1/audit", kind="bogus").status_code == 422
 
 
+def test_audit_events_carry_a_display_name_beside_the_recorded_actor(api: Api) -> None:
+    # The dashboard shows actor_name; the holder id stays in actor (decision 0427).
+    holder = "gpu-head-1:4242:9f3a0c"
+    api.store.append_audit(T0, holder, "note", "thing:x", "noted")
+    [event] = api.get("/v1/audit", subject="thing:x").json()["events"]
+    assert (event["actor"], event["actor_name"]) == (holder, "serve@gpu-head-1")
+
+
 def test_jobs_incidents_plans_and_reports_read_like_the_clis(api: Api) -> None:
     from trainguard.model.findings import Attribution, Culprit, Domain, IncidentKind
 

@@ -152,12 +152,19 @@ def test_the_rate_is_compared_only_on_clocks_that_mark_when_steps_happened() -> 
     for clocks in ((BATCHED, JOB), (JOB, BATCHED), (BATCHED, BATCHED)):
         v = verify_restart(timed(251, 260, 10.0, clocks), RULES)
         assert v.verdict is Verdict.VERIFIED and v.rate_unchecked is not None
-        assert "rate not checked" in v.reason and "when trainguard read them" in v.reason
-        assert 'own "time"' in v.reason  # what the user can do about it
+        # The verdict says so in a phrase; why, and what to do, are in its details.
+        assert v.reason.endswith("; rate not checked"), v.reason
+        why = v.details["rate_unchecked"]
+        assert why == v.rate_unchecked and "when trainguard read them" in why
+        assert 'own "time"' in why  # what the user can do about it
     unknown = verify_restart(moving(251, 260, baseline_rate=10.0), RULES)
-    assert unknown.verdict is Verdict.VERIFIED and "unknown origin" in unknown.reason
+    assert (
+        unknown.verdict is Verdict.VERIFIED
+        and "unknown origin" in unknown.details["rate_unchecked"]
+    )
     none = verify_restart(moving(251, 300), RULES)
-    assert none.verdict is Verdict.VERIFIED and "no pre-failure step rate" in none.reason
+    assert none.verdict is Verdict.VERIFIED
+    assert "no pre-failure step rate" in none.details["rate_unchecked"]
     fast = verify_restart(timed(251, 300, 3.0, (JOB, JOB)), RULES)
     assert fast.verdict is Verdict.VERIFIED and fast.rate_unchecked is None
     assert "rate not checked" not in fast.reason
@@ -424,7 +431,9 @@ def test_a_verified_restart_says_what_its_rank_check_found() -> None:
         moving(251, 300, expected_ranks=both, reported_ranks=both, ranks_source=source), RULES
     )
     assert v.verdict is Verdict.VERIFIED
-    assert v.reason.endswith(f"; all 2 rank(s) reported ({source})")
+    assert v.reason.endswith("; all 2 ranks reported")
+    assert v.details["ranks_source"] == source and v.details["expected_ranks"] == [0, 1]
     unchecked = verify_restart(moving(251, 300, ranks_source="no rank reported"), RULES)
-    assert "; ranks not checked (no rank reported)" in unchecked.reason
+    assert "; ranks not checked" in unchecked.reason
+    assert unchecked.details["ranks_source"] == "no rank reported"
     assert "rank" not in verify_restart(moving(251, 300), RULES).reason  # no source: silent

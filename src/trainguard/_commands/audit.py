@@ -17,6 +17,7 @@ from trainguard._commands._common import (
     usage_error,
 )
 from trainguard._commands._remote import add_server_option
+from trainguard.model.actors import actor_name
 
 
 def register(subparsers: Any) -> None:
@@ -118,6 +119,9 @@ def run(args: argparse.Namespace) -> int:
     print_table(
         "Audit log",
         ["ID", "AT", "ACTOR", "KIND", "SUBJECT", "MESSAGE"],
-        [[e["id"], e["at"], e["actor"], e["kind"], e["subject"], e["message"]] for e in events],
+        [
+            [e["id"], e["at"], actor_name(e["actor"]), e["kind"], e["subject"], e["message"]]
+            for e in events
+        ],
     )
     return 0

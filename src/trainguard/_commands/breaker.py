@@ -13,6 +13,7 @@ from typing import Any
 from trainguard._commands._common import add_state_option, error, print_json, usage_error
 from trainguard._commands._remote import RemoteError, add_server_option, operations
 from trainguard.controller.operations import OperationError
+from trainguard.model.actors import actor_name
 
 
 def _common(parser: argparse.ArgumentParser, *, sub: bool) -> None:
@@ -53,7 +54,7 @@ def _print(args: argparse.Namespace, breaker: dict[str, Any]) -> None:
         print_json(breaker)
         return
     since = f" since {breaker['changed_at']}" if breaker.get("changed_at") else ""
-    who = f" by {breaker['changed_by']}" if breaker.get("changed_by") else ""
+    who = f" by {actor_name(breaker['changed_by'])}" if breaker.get("changed_by") else ""
     print(f"breaker {breaker['name']}: {breaker['state']}{since}{who}")
 
 

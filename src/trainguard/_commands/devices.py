@@ -34,6 +34,7 @@ from trainguard._commands._remote import (
     operations,
 )
 from trainguard.controller.operations import OperationError
+from trainguard.model.actors import actor_name
 
 
 def _sub_state_option(parser: argparse.ArgumentParser) -> None:
@@ -113,7 +114,7 @@ def _history_table(title: str, history: list[dict[str, Any]]) -> None:
                 h["at"],
                 h["old_state"] or "-",
                 h["new_state"],
-                h["actor"],
+                actor_name(h["actor"]),
                 h["incident_id"] or "-",
                 h["reason"],
             ]

@@ -14,6 +14,7 @@ from typing import Any
 from trainguard._commands._common import add_state_option, error, print_json, usage_error
 from trainguard._commands._remote import RemoteError, add_server_option, operations
 from trainguard.controller.operations import OperationError
+from trainguard.model.actors import actor_name
 
 
 def register(subparsers: Any) -> None:
@@ -49,5 +50,5 @@ def run(args: argparse.Namespace) -> int:
     elif result is None:
         print(f"{args.scope}: own mode removed (inherits)")
     else:
-        print(f"{result['scope']}: {result['mode']} (set by {result['set_by']})")
+        print(f"{result['scope']}: {result['mode']} (set by {actor_name(result['set_by'])})")
     return 0

@@ -23,7 +23,13 @@ def register(subparsers: Any) -> None:
     parser.add_argument("id", metavar="ID", help="incident id (see `trainguard incidents`)")
     add_state_option(parser)
     add_server_option(parser)
-    parser.add_argument("--json", action="store_true", help="print a JSON object")
+    parser.add_argument(
+        "--evidence",
+        action="store_true",
+        help="show every evidence line in full (by default long lines are cut and raw "
+        "blocks such as torchrun's failure summary are counted, not shown)",
+    )
+    parser.add_argument("--json", action="store_true", help="print a JSON object (everything)")
     parser.set_defaults(func=run)
 
 
@@ -42,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
             report = get_json(args, f"/v1/incidents/{incident_id}/report")
         except RemoteError as exc:
             return error(str(exc))
-        print_json(report) if args.json else print(format_report(report))
+        print_json(report) if args.json else print(format_report(report, evidence=args.evidence))
         return 0
     try:
         store = Store.open_existing(args.state)
@@ -58,5 +64,5 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(report)
     else:
-        print(format_report(report))
+        print(format_report(report, evidence=args.evidence))
     return 0

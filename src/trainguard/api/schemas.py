@@ -621,7 +621,8 @@ class NodeOut(_Response):
 class AuditOut(_Response):
     id: int
     at: str | None
-    actor: str
+    actor: str = Field(description="who acted, as recorded (a controller's holder id)")
+    actor_name: str = Field(description="who acted, as a person reads it (for display)")
     kind: str
     subject: str
     message: str

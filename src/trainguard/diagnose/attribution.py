@@ -32,6 +32,7 @@ crash name the rank the NCCL sequence numbers say the others waited for.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterable, Sequence
 
 from trainguard.diagnose.correlate import (
@@ -84,11 +85,35 @@ def _evidence(findings: Iterable[Finding]) -> tuple[str, ...]:
     lines: list[str] = []
     seen: set[str] = set()
     for f in findings:
-        for line in (f"[{f.source}] {f.message}", *f.evidence):
+        # A finding's evidence often is its message: the tagged line says it once.
+        for line in (f"[{f.source}] {f.message}", *(e for e in f.evidence if e != f.message)):
             if line not in seen:
                 seen.add(line)
                 lines.append(line)
     return tuple(lines[:MAX_EVIDENCE])
+
+
+# A kernel log line's own clock ("[ 3919.471735] "): the finding's time says when.
+_DMESG_STAMP = re.compile(r"^\s*\[\s*\d+\.\d+\]\s*")
+
+
+def _restates(f: Finding, hardware: Finding) -> bool:
+    """Whether ``f`` only repeats ``hardware``'s line (the scheduler's failure reason
+    quotes the evidence that failed the attempt)."""
+    line = _DMESG_STAMP.sub("", hardware.message).strip()
+    return bool(line) and line in f.message
+
+
+def hardware_reason(first: Finding, culprit: Culprit, crash: Finding | None = None) -> str:
+    """The one-line reason for a failure that hardware evidence explains: what (``XID
+    79``), where (the culprit, named once), the kernel's line once (without its dmesg
+    clock), and the rank's death when it adds something. The only place this reason
+    is composed; every output that names the failure quotes it."""
+    what = f"XID {first.xid}" if first.xid is not None else first.kind.replace("_", " ")
+    reason = f"{what} on {culprit.describe()}: {_DMESG_STAMP.sub('', first.message).strip()}"
+    if crash is not None and not _restates(crash, first):
+        reason += f"; {crash.message}"
+    return reason
 
 
 def _names_device(culprit: Culprit, dev: Device) -> bool:
@@ -190,12 +215,12 @@ def attribute(
     if hardware:
         first = hardware[0]
         culprit = _complete_culprit(first.culprit, devices, views)
-        supporting = [f for f in crashes if f.culprit.rank == culprit.rank] or crashes[:1]
+        # A restatement of the hardware line (the scheduler's "xid on HOST: <line>") is
+        # neither support nor evidence: the line is shown once.
+        deaths = [f for f in crashes if not _restates(f, first)]
+        supporting = [f for f in deaths if f.culprit.rank == culprit.rank] or deaths[:1]
         kind = IncidentKind.XID if first.xid is not None else IncidentKind.CUDA_ERROR
-        what = f"XID {first.xid}" if first.xid is not None else first.kind.replace("_", " ")
-        summary = f"{what} on {culprit.describe()}: {first.message}"
-        if supporting:
-            summary += f"; {supporting[0].message}"
+        summary = hardware_reason(first, culprit, supporting[0] if supporting else None)
         return Attribution(
             kind=kind,
             domain=Domain.HARDWARE,
@@ -450,5 +475,6 @@ __all__ = [
     "DEFAULT_CORRELATION_WINDOW",
     "attempt_failure_reason",
     "attribute",
+    "hardware_reason",
     "with_link_evidence",
 ]

@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+from trainguard.model.actors import actor_name
 from trainguard.model.devices import Device
 from trainguard.model.findings import Attribution, Culprit, Domain, Finding, IncidentKind
 from trainguard.model.health import HealthState
@@ -338,10 +339,15 @@ def check_incident_transition(old: IncidentState, new: IncidentState) -> Inciden
 @dataclass(frozen=True)
 class TimelineEntry:
     at: float
-    what: str
+    what: str  # one short line for people
+    # The figures behind ``what`` (a verification's measurements), for JSON only.
+    details: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"at": iso_utc(self.at), "what": self.what}
+        out: dict[str, Any] = {"at": iso_utc(self.at), "what": self.what}
+        if self.details:
+            out["details"] = self.details
+        return out
 
 
 @dataclass(frozen=True)
@@ -556,6 +562,7 @@ class AuditEvent:
             "id": self.id,
             "at": iso_utc(self.at),
             "actor": self.actor,
+            "actor_name": actor_name(self.actor),
             "kind": self.kind.value,
             "subject": self.subject,
             "message": self.message,

@@ -43,8 +43,9 @@ The rules (decision 0145):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from trainguard.model.findings import Culprit, Domain, Finding, Severity
 
@@ -196,6 +197,9 @@ class Verification:
     restart_again: bool = True
     # VERIFIED on steps: why the rate was not compared with the pre-failure one.
     rate_unchecked: str | None = None
+    # VERIFIED on steps: the figures behind the short ``reason`` (what was measured, why
+    # a check was skipped, which ranks were expected and why), for JSON output.
+    details: dict[str, Any] = field(default_factory=dict)
 
     @property
     def recovered(self) -> bool:
@@ -380,28 +384,51 @@ def verify_restart(o: RestartObservation, rules: VerifyRules = VerifyRules()) ->
                 signature="verify:ranks-missing",
                 missing_ranks=missing,
             )
-    rate_note = f" at {o.rate:.2f} steps/s" if o.rate else ""
-    memory_note = f"; restored step {o.memory_step} from memory snapshots" if memory else ""
-    unchecked_note = f"; rate not checked: {unchecked}" if unchecked else ""
+    # A short phrase a person reads on one line; the why of each part is in details.
+    parts = [
+        f"steps {o.first_step} -> {last_step}" + (f" at {o.rate:.2f} steps/s" if o.rate else "")
+    ]
+    if memory:
+        parts.append(f"restored step {o.memory_step} from memory snapshots")
+    if unchecked:
+        parts.append("rate not checked")
+    parts.extend(_ranks_note(o))
+    if below:
+        parts.append(f"resumed below the offered checkpoint ({where}, offered {o.restored_step})")
+    details: dict[str, Any] = {
+        "first_step": o.first_step,
+        "last_step": last_step,
+        "rate": None if o.rate is None else round(o.rate, 4),
+        "baseline_rate": None if o.baseline_rate is None else round(o.baseline_rate, 4),
+        "rate_unchecked": unchecked,
+        "expected_ranks": None if o.expected_ranks is None else sorted(o.expected_ranks),
+        "ranks_source": o.ranks_source,
+        "resumed_from": resumed_from,
+        "offered_step": o.restored_step,
+        "resumed_below": below,
+        "memory_step": o.memory_step if memory else None,
+    }
     return Verification(
         Verdict.VERIFIED,
-        f"steps {o.first_step} -> {last_step}{rate_note}{memory_note}{unchecked_note}"
-        + _ranks_note(o)
-        + below_note,
+        "; ".join(parts),
         resumed_below=below,
         resumed_from=resumed_from,
         from_memory=memory,
         rate_unchecked=unchecked,
+        details=details,
     )
 
 
-def _ranks_note(o: RestartObservation) -> str:
-    """What the rank check of a verified restart found (empty when no source is known)."""
+def _ranks_note(o: RestartObservation) -> list[str]:
+    """What the rank check of a verified restart found, as a phrase (none when no
+    source is known); the source is in the verdict's details."""
     if o.ranks_source is None:
-        return ""
+        return []
     if o.expected_ranks is None:
-        return f"; ranks not checked ({o.ranks_source})"
-    return f"; all {len(o.expected_ranks)} rank(s) reported ({o.ranks_source})"
+        return ["ranks not checked"]
+    if len(o.expected_ranks) == 1:
+        return [f"rank {min(o.expected_ranks)} reported"]
+    return [f"all {len(o.expected_ranks)} ranks reported"]
 
 
 # The ranks an attempt may report from when its world size is unknown (no torchrun

@@ -121,12 +121,20 @@ def transition_health(
             resource.update_state,
             {"key": key, "state": new_state.value, "reason": reason, "at": float(at)},
         )
+        # The incident's own cause is said by the incident: its line points at it.
+        cause = (
+            log.fetch_one(sql.SELECT_INCIDENT_SUMMARY, {"id": int(incident_id)})
+            if incident_id is not None
+            else None
+        )
+        why = f"incident {incident_id}" if cause is not None and cause[0] == reason else reason
         audit_id = log.append_audit(
             at,
             actor,
             AuditKind.HEALTH,
             f"{resource.kind}:{key}",
-            f"{label} {old.value} -> {new_state.value}: {reason}",
+            f"{label} {old.value} -> {new_state.value}"
+            + (f" ({why})" if why != reason else f": {reason}"),
             {"old": old.value, "new": new_state.value, "reason": reason, **(detail or {})},
             job_id=job_id,
             incident_id=incident_id,

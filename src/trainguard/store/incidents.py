@@ -7,7 +7,7 @@ audited in the same transaction (durable intent).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -25,6 +25,31 @@ from trainguard.store.errors import NotFound
 from trainguard.store.jobs import JobStore
 
 _CLEARABLE = frozenset({"checkpoint_path", "checkpoint_step", "lost_steps"})
+
+
+def _describe_changes(changes: dict[str, Any], evidence: Sequence[str]) -> str:
+    """What an update without a note changed, for its audit line: ``checkpoint step 8,
+    failed step 10`` (the record's data holds every value exactly)."""
+    said = []
+    for name, value in changes.items():
+        if name in _TIMES:
+            continue  # a stamp, not news: the line's own time says when
+        if value is None:
+            said.append(f"{name.replace('_', ' ')} cleared")
+        elif name == "warnings":
+            said.append(f"warning: {value[-1]}")  # the one this update added
+        else:
+            text = str(value)
+            if len(text) > 60:
+                # A path by its last part; other long text (advice) is in the record.
+                text = f"…/{text.rsplit('/', 1)[1]}" if text.startswith("/") else "set"
+            said.append(f"{name.replace('_', ' ')} {text}")
+    if evidence:
+        said.append(f"{len(evidence)} evidence line(s) added")
+    return ", ".join(said)
+
+
+_TIMES = frozenset({"fault_at", "acted_at", "recovered_at", "closed_at"})
 
 
 class IncidentStore(JobStore):
@@ -133,7 +158,16 @@ class IncidentStore(JobStore):
                 "evidence": rows.dumps(list(inc.evidence)),
                 "plan": None if inc.plan is None else rows.dumps(inc.plan),
                 "plan_generation": inc.plan_generation,
-                "timeline": rows.dumps([{"at": t.at, "what": t.what} for t in inc.timeline]),
+                "timeline": rows.dumps(
+                    [
+                        {
+                            "at": t.at,
+                            "what": t.what,
+                            **({"details": t.details} if t.details else {}),
+                        }
+                        for t in inc.timeline
+                    ]
+                ),
                 "repair": inc.repair,
                 "reason": inc.reason,
                 "resumed_step": inc.resumed_step,
@@ -163,6 +197,7 @@ class IncidentStore(JobStore):
         warning: str | None = None,
         clear: Iterable[str] = (),
         actor: str = "trainguard",
+        note_details: dict[str, Any] | None = None,
     ) -> IncidentRecord:
         """Change an incident; ``None`` leaves a field as it is. Atomic, audited.
 
@@ -176,10 +211,12 @@ class IncidentStore(JobStore):
           stamps ``acted_at`` and entering ``recovered`` stamps ``recovered_at``
           (both ``at``) unless given explicitly or already set; a terminal state
           stamps ``closed_at``.
-        * ``note`` adds a timeline entry at ``at``; ``evidence`` lines are appended.
+        * ``note`` adds a timeline entry at ``at`` (with ``note_details``, the figures
+          behind it, shown only in JSON); ``evidence`` lines are appended.
         * ``lost_steps`` defaults to ``failed_step - checkpoint_step`` once both are known,
           when the change sets one of them and gives no ``lost_steps``.
         """
+        added = tuple(evidence)
         with self.transaction():
             old = self.get_incident(incident_id)
             inc = old
@@ -226,7 +263,7 @@ class IncidentStore(JobStore):
                     )
                 )
             if note:
-                timeline.append(TimelineEntry(at=float(at), what=note))
+                timeline.append(TimelineEntry(at=float(at), what=note, details=note_details))
             # Only when this change moves a step: an incident whose restarts failed too
             # carries a loss over all its attempts (0370), which a note or a state
             # change must not set back to the single-failure difference.
@@ -240,20 +277,23 @@ class IncidentStore(JobStore):
             inc = replace(
                 inc,
                 timeline=tuple(timeline),
-                evidence=inc.evidence + tuple(evidence),
+                evidence=inc.evidence + added,
             )
             self._write_incident(inc)
             if state is not None:
                 message = f"incident {incident_id} {old.state.value} -> {inc.state.value}"
                 kind = AuditKind.STATE
             else:
-                message = f"incident {incident_id} updated" + (f": {note}" if note else "")
+                said = note or _describe_changes(changes, added)
+                message = f"incident {incident_id} " + (f"updated: {said}" if said else "unchanged")
                 kind = AuditKind.NOTE
             data = {k: v for k, v in changes.items()}
             if state is not None:
                 data.update(old=old.state.value, new=inc.state.value)
             if note:
                 data["note"] = note
+            if note_details:
+                data["note_details"] = note_details
             self.append_audit(
                 at,
                 actor,

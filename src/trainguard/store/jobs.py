@@ -355,7 +355,8 @@ class JobStore(AuditLog):
                 AuditKind.STATE,
                 f"attempt:{job_id}/{number}",
                 f"attempt {number} {att.state.value} -> {state.value}"
-                + (f": {reason}" if reason else ""),
+                # A failed attempt's reason starts "failed: " (0342): said once here.
+                + (f": {reason.removeprefix(f'{state.value}: ')}" if reason else ""),
                 {
                     "old": att.state.value,
                     "new": state.value,

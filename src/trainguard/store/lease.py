@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
+from trainguard.model.actors import actor_name
 from trainguard.model.fleet import Lease
 from trainguard.model.records import AuditKind
 from trainguard.store import rows, sql
@@ -93,8 +94,9 @@ class LeaseStore(FleetBase):
                 holder,
                 AuditKind.STATE,
                 f"lease:{name}",
-                f"{holder} became leader of {name} (fencing token {taken.token})",
+                f"{actor_name(holder)} became leader of {name} (fencing token {taken.token})",
                 {
+                    "holder": holder,
                     "token": taken.token,
                     "previous_holder": None if current is None else current.holder,
                     "previous_token": None if current is None else current.token,
@@ -122,8 +124,9 @@ class LeaseStore(FleetBase):
                     fence.holder,
                     AuditKind.STATE,
                     f"lease:{fence.lease}",
-                    f"{fence.holder} released {fence.lease} (fencing token {fence.token})",
-                    {"token": fence.token},
+                    f"{actor_name(fence.holder)} released {fence.lease} "
+                    f"(fencing token {fence.token})",
+                    {"holder": fence.holder, "token": fence.token},
                 )
             return bool(changed)
 

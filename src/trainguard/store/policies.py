@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainguard.model.actors import actor_name
 from trainguard.model.fleet import Scope, ScopeMode
 from trainguard.model.plan import Mode
 from trainguard.model.records import AuditKind
@@ -28,7 +29,7 @@ class PolicyStore(FleetBase):
                 actor,
                 AuditKind.NOTE,
                 f"policy:{name}",
-                f"policy {name} set by {actor}",
+                f"policy {name} set by {actor_name(actor)}",
                 {"document": document},
             )
         return document
@@ -45,7 +46,11 @@ class PolicyStore(FleetBase):
             gone = self.store.execute(sql.DELETE_POLICY, {"name": name})
             if gone:
                 self.store.append_audit(
-                    at, actor, AuditKind.NOTE, f"policy:{name}", f"policy {name} deleted by {actor}"
+                    at,
+                    actor,
+                    AuditKind.NOTE,
+                    f"policy:{name}",
+                    f"policy {name} deleted by {actor_name(actor)}",
                 )
             return bool(gone)
 

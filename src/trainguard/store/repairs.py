@@ -55,11 +55,14 @@ class RepairStore(FleetBase):
                 actor,
                 AuditKind.ACTION,
                 f"repair:{repair_id}",
-                f"repair {repair_id} opened for {resource_kind} {resource_id}: {what_failed}",
+                # An incident's repair points at it (its cause is said there, once).
+                f"repair {repair_id} opened for {resource_kind} {resource_id}"
+                + (f" (incident {incident_id})" if incident_id is not None else f": {what_failed}"),
                 {
                     "resource_kind": resource_kind,
                     "resource_id": resource_id,
                     "recommended": recommended,
+                    "what_failed": what_failed,
                 },
                 incident_id=incident_id,
             )

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainguard.model.actors import actor_name
 from trainguard.model.devices import Device
 from trainguard.model.findings import Domain, IncidentKind
-from trainguard.model.records import AttemptRecord, IncidentRecord, iso_utc
+from trainguard.model.records import AttemptRecord, AttemptState, IncidentRecord, iso_utc
 from trainguard.model.text import visible
 from trainguard.store.core import NotFound, Store
 from trainguard.store.fleet import FleetStore
@@ -142,6 +143,19 @@ def build_report(store: Store, incident_id: int) -> dict[str, Any]:
         for h in store.incident_health_changes(inc.id)
     ]
 
+    # Each failure of the incident, with its own figures: the failed attempt and every
+    # restart of it that failed too (the header speaks of the incident as a whole).
+    failures = [
+        {
+            "attempt": a.number,
+            "at": iso_utc(a.ended_at),
+            "step": a.last_step,
+            "reason": a.reason,
+        }
+        for a in sorted(attempts, key=lambda a: a.number)
+        if a.number == inc.attempt
+        or (a in restarts and a.number != recovery_number and a.state is AttemptState.FAILED)
+    ]
     rate = _step_rate(failed, attempts)
     lost_seconds = round(inc.lost_steps / rate, 3) if inc.lost_steps is not None and rate else None
     origin = inc.fault_at if inc.fault_at is not None else inc.detected_at
@@ -171,6 +185,7 @@ def build_report(store: Store, incident_id: int) -> dict[str, Any]:
             else {"path": inc.checkpoint_path, "step": inc.checkpoint_step}
         ),
         "failed_step": inc.failed_step,
+        "failures": failures,
         "lost_work": {
             "steps": inc.lost_steps,
             "seconds": lost_seconds,
@@ -250,8 +265,10 @@ def _action_text(action: dict[str, Any]) -> str:
     return f"{kind}: {summary}" if summary else kind
 
 
-def _action_details(action: dict[str, Any]) -> str:
-    """What the summary does not say, as ``label value; ...`` (empty values left out)."""
+def _action_details(action: dict[str, Any], said: str = "") -> str:
+    """What the summary does not say, as ``label value; ...`` (empty values left out).
+    ``said``: the incident's cause, already in the header (a reason that repeats it is
+    left out)."""
     summary = str(action.get("summary") or "")
     parts = []
     for key, value in action.items():
@@ -264,6 +281,8 @@ def _action_details(action: dict[str, Any]) -> str:
             text += " s"
         if text in summary or (key == "reason" and summary and text.startswith(summary)):
             continue  # already said
+        if key == "reason" and said and text == said:
+            continue  # the cause, said in the header
         parts.append(f"{_ACTION_LABELS.get(key, key.replace('_', ' '))} {text}")
     return "; ".join(parts)
 
@@ -285,8 +304,87 @@ def dedupe_evidence(lines: list[str]) -> list[str]:
     return out
 
 
-def format_report(report: dict[str, Any]) -> str:
-    """A plain-text rendering of :func:`build_report`'s dict, for people."""
+# Evidence folded by default (``report --evidence`` shows all): a line longer than this
+# is cut, and lines without a ``[source]`` tag (the raw blocks a finding quoted, such
+# as torchrun's ChildFailedError summary) are counted instead of shown.
+EVIDENCE_WIDTH = 160
+
+
+def _fold_evidence(lines: list[str]) -> tuple[list[str], int]:
+    """The evidence lines a person reads by default, and how many were left out."""
+    shown = []
+    for line in lines:
+        if line.startswith("[") and "] " in line:
+            shown.append(line if len(line) <= EVIDENCE_WIDTH else line[: EVIDENCE_WIDTH - 1] + "…")
+    return shown, len(lines) - len(shown)
+
+
+def _seconds_text(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f} s"
+
+
+def _header(r: dict[str, Any]) -> list[str]:
+    """The incident as a whole: what, where, outcome, and its totals."""
+    out = [
+        f"Incident {r['id']}: {r['kind']} ({r['domain']}), {r['outcome']}"
+        + (f" ({r['reason']})" if r.get("reason") else ""),
+        f"  job: {r['job_id']}" + (f" ({r['job_name']})" if r["job_name"] else ""),
+        f"  cause: {r['summary']}",
+    ]
+    c = r["culprit"]
+    who = [
+        f"{label} {c[k]}"
+        for k, label in (("device_uuid", "device"), ("pci_bus_id", "PCI"), ("rank", "rank"))
+        if c.get(k) is not None
+    ]
+    where = f" on {c['host']}" if c.get("host") else ""
+    out.append(f"  culprit: {', '.join(who) + where if who else 'none named' + where}")
+    failures = r.get("failures") or [{"attempt": r["attempt"]}]
+    recovered = (
+        f", recovered by attempt {r['recovery_attempt']}"
+        if r["outcome"] == "recovered" and r.get("recovery_attempt") is not None
+        else ""
+    )
+    out.append(
+        f"  failures: {len(failures)}, restarts: {r['restart_count']} "
+        f"(job total {r['job_restarts']}){recovered}"
+    )
+    lw = r["lost_work"]
+    lost = "unknown" if lw["steps"] is None else f"{lw['steps']} step(s)"
+    if lw["seconds"] is not None:
+        lost += f", about {lw['seconds']:.1f} s at {lw['step_rate']:g} steps/s"
+    out.append(f"  lost work: {lost}")
+    t = r["times"]
+    out.append(
+        f"  time to detect: {_seconds_text(t['time_to_detect_s'])}, to act: "
+        f"{_seconds_text(t['time_to_act_s'])}, to verified recovery: "
+        f"{_seconds_text(t['time_to_recovery_s'])} (from {t['measured_from']})"
+    )
+    return out
+
+
+def _timeline(r: dict[str, Any]) -> list[tuple[str, str]]:
+    """The timeline with each failure's own figures (the step it reached) among the
+    recorded entries; the cause, said in the header, is not repeated."""
+    cause = f": {r['summary']}" if r.get("summary") else None
+    rows = []
+    for t in r["timeline"]:
+        what = str(t["what"])
+        if cause and what.endswith(cause) and what.startswith("detected "):
+            what = what[: -len(cause)]
+        rows.append((str(t["at"] or ""), what))
+    for f in r.get("failures") or ():
+        if f.get("at") is None:
+            continue
+        step = f" at step {f['step']}" if f.get("step") is not None else ""
+        rows.append((str(f["at"]), f"attempt {f['attempt']} failed{step}"))
+    # ISO times sort as text; the stable sort keeps the recorded order within one time.
+    return sorted(rows, key=lambda row: row[0])
+
+
+def format_report(report: dict[str, Any], *, evidence: bool = False) -> str:
+    """A plain-text rendering of :func:`build_report`'s dict, for people. Long evidence
+    is folded unless ``evidence`` (``report --evidence``); the JSON keeps everything."""
     r = report
     lines: list[str] = []
 
@@ -294,61 +392,38 @@ def format_report(report: dict[str, Any]) -> str:
         # Evidence, summaries and reasons come from log lines: one visible line each.
         lines.append(visible(line))
 
-    add(f"Incident {r['id']}  job {r['job_id']}" + (f" ({r['job_name']})" if r["job_name"] else ""))
-    add(f"  {r['kind']} / {r['domain']}: {r['summary']}")
-    add(f"  outcome: {r['outcome']}" + (f" ({r['reason']})" if r.get("reason") else ""))
-    c = r["culprit"]
-    who = [
-        f"{k}={c[k]}" for k in ("device_uuid", "pci_bus_id", "rank", "host") if c.get(k) is not None
-    ]
-    add(f"  culprit: {', '.join(who) if who else 'none named'}")
+    for line in _header(r):
+        add(line)
     add("")
     add("Timeline")
-    for t in r["timeline"]:
-        add(f"  {t['at']}  {t['what']}")
+    for at, what in _timeline(r):
+        add(f"  {at}  {what}")
     add("")
     add("Affected resources")
     add(f"  failed attempt {r['attempt']} ran on:")
     for d in r["affected"]["devices"]:
         add(f"    [{d['index']}] {d['uuid']} {d['pci_bus_id']} (now {d.get('state')})")
     for h in r["affected"]["health_changes"]:
-        add(f"  {h['uuid']} -> {h['state']} at {h['at']} by {h['actor']}: {h['reason']}")
+        why = "" if h["reason"] == r.get("summary") else f": {h['reason']}"
+        add(f"  {h['uuid']} -> {h['state']} at {h['at']} by {actor_name(h['actor'])}{why}")
     if r["replacement_devices"]:
         add("  replacement devices:")
         for d in r["replacement_devices"]:
             add(f"    [{d['index']}] {d['uuid']} {d['pci_bus_id']}")
-    add("")
-    ck = r["checkpoint"]
-    add(
-        "Checkpoint restored: "
-        + (f"step {ck['step']} ({ck['path']})" if ck else "none (fresh start or not restarted)")
-    )
-    lw = r["lost_work"]
-    lost = "unknown" if lw["steps"] is None else f"{lw['steps']} step(s)"
-    if lw["seconds"] is not None:
-        lost += f", about {lw['seconds']:.1f} s at {lw['step_rate']} steps/s"
-    add(f"Lost work: {lost} (failed at step {r['failed_step']})")
-    add(f"Restarts for this incident: {r['restart_count']} (job total {r['job_restarts']})")
-    t = r["times"]
-
-    def fmt(v: float | None) -> str:
-        return "-" if v is None else f"{v:.2f} s"
-
-    add(
-        f"Time to detect: {fmt(t['time_to_detect_s'])}, to act: {fmt(t['time_to_act_s'])}, "
-        f"to verified recovery: {fmt(t['time_to_recovery_s'])} (from {t['measured_from']})"
-    )
     if r["evidence"]:
+        shown, left = (r["evidence"], 0) if evidence else _fold_evidence(r["evidence"])
         add("")
         add("Evidence")
-        for e in r["evidence"]:
+        for e in shown:
             add(f"  {e}")
+        if left:
+            add(f"  ({left} more line(s): trainguard report {r['id']} --evidence)")
     if r["actions"]:
         add("")
         add("Actions")
         for a in r["actions"]:
             add(f"  {a.get('at', '')}  {_action_text(a)}")
-            details = _action_details(a)
+            details = _action_details(a, r.get("summary") or "")
             if details:
                 add(f"      {details}")
     if r.get("waits"):

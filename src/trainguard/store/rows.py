@@ -146,7 +146,8 @@ def incident(row: Row) -> IncidentRecord:
         plan=loads(row[25]),
         plan_generation=int(row[26]),
         timeline=tuple(
-            TimelineEntry(at=float(t["at"]), what=t["what"]) for t in loads(row[27]) or ()
+            TimelineEntry(at=float(t["at"]), what=t["what"], details=t.get("details"))
+            for t in loads(row[27]) or ()
         ),
         attribution=loads(row[28]),
         repair=row[29],

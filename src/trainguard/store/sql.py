@@ -147,6 +147,7 @@ INSERT_INCIDENT = (
     " RETURNING id"
 )
 SELECT_INCIDENT = f"SELECT {INCIDENT_COLUMNS} FROM incidents WHERE id = :id"
+SELECT_INCIDENT_SUMMARY = "SELECT summary FROM incidents WHERE id = :id"
 SELECT_INCIDENTS = (
     f"SELECT {INCIDENT_COLUMNS} FROM incidents"
     " WHERE (:job_id IS NULL OR job_id = :job_id) AND (:state IS NULL OR state = :state)"

@@ -398,7 +398,7 @@ async function drawAudit() {
   for (const [k, v] of Object.entries(state.auditQuery)) if (v) q.set(k, v);
   const page = await api("/v1/audit?" + q.toString());
   const rows = page.events.slice().reverse().map((e) => `<tr class="audit-row" data-id="${e.id}">
-    <td class="nowrap">${e.id}</td><td class="mono nowrap">${shortTime(e.at)}</td><td>${esc(e.actor)}</td>
+    <td class="nowrap">${e.id}</td><td class="mono nowrap">${shortTime(e.at)}</td><td title="${esc(e.actor)}">${esc(e.actor_name || e.actor)}</td>
     <td>${esc(e.kind)}</td><td class="mono">${esc(e.subject)}</td><td>${esc(e.message)}</td></tr>`);
   $("#audit tbody").innerHTML = rows.join("") || '<tr><td colspan="6" class="empty">No matching records.</td></tr>';
 }

@@ -58,7 +58,7 @@ class ActionRunner(SnapshotBuilder):
                 state,
                 result,
                 subject=self._subject(action, inc),
-                message=f"{self._describe(action, inc)}: {summary}",
+                message=f"{self._describe(action, inc, why=False)}: {summary}",
                 fence=fence,
                 at=now,
             )
@@ -100,13 +100,18 @@ class ActionRunner(SnapshotBuilder):
         return f"job:{inc.job_id}"
 
     @staticmethod
-    def _describe(action: Mapping[str, Any], inc: IncidentRecord) -> str:
+    def _describe(action: Mapping[str, Any], inc: IncidentRecord, *, why: bool = True) -> str:
+        """The action in words. ``why=False`` for its result (the intent said why); a
+        quarantine for the incident's own cause names the incident, which says it."""
         kind = action.get("type")
         if kind == ActionKind.QUARANTINE:
-            return (
-                f"quarantine {action.get('resource_kind')} {action.get('resource_id')}: "
-                f"{action.get('reason')}"
-            )
+            what = f"quarantine {action.get('resource_kind')} {action.get('resource_id')}"
+            reason = action.get("reason")
+            if not why:
+                return what
+            if reason == inc.summary:
+                return f"{what} (incident {inc.id}: {inc.kind.value})"
+            return f"{what}: {reason}"
         if kind == ActionKind.RESTART:
             ckpt = action.get("checkpoint") or {}
             return f"restart job {inc.job_id}" + (

@@ -175,7 +175,7 @@ class Executor(ActionRunner):
             ActionState.SKIPPED,
             {"skipped": why},
             subject=self._subject(action, inc),
-            message=f"{self._describe(action, inc)}: skipped ({why})",
+            message=f"{self._describe(action, inc, why=False)}: skipped ({why})",
             fence=fence,
             at=self.clock(),
         )
@@ -292,6 +292,7 @@ class Executor(ActionRunner):
                 at=now,
                 state=IncidentState.RECOVERED,
                 note=f"verified: {st.verification.reason}",
+                note_details=st.verification.details or None,
                 resumed_step=att_now.first_step,
                 actor=self.identity,
             )
