@@ -263,3 +263,26 @@ def test_a_health_change_for_an_incidents_cause_points_at_the_incident(tmp_path:
         f"device 1 {UUID1} healthy -> quarantined (incident 1)",
         f"device 2 {devs[2].uuid} healthy -> quarantined: same host",
     ]
+
+
+def test_approvals_name_who_asked_and_who_answered_as_a_person_reads_it() -> None:
+    from trainguard.model.fleet import ApprovalState
+    from trainguard.store import Store
+    from trainguard.store.fleet import FleetStore
+
+    holder = "vm:21938:301429:73fe0e86-aaaa-bbbb-cccc-000000000000"  # a run's lease holder
+    with Store.open(":memory:") as store:
+        fleet = FleetStore(store)
+        asked = fleet.request_approval(
+            kind="restart", subject="job:j", why="unknown twice", at=1.0, actor=holder
+        )
+        assert asked.to_json()["requested_by"] == holder  # the raw id stays in JSON
+        assert asked.to_json()["requested_by_name"] == "trainguard run"
+        fleet.decide_approval(
+            asked.id, ApprovalState.DENIED, actor="trainguard run (no answer in 2 s)",
+            reason="no answer is a no", at=3.0,
+        )  # fmt: skip
+        line = store.list_audit()[-1].message
+        assert line == (
+            f"approval {asked.id} denied by trainguard run (no answer in 2 s): no answer is a no"
+        )

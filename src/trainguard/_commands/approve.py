@@ -66,8 +66,10 @@ def run(args: argparse.Namespace) -> int:
         print_json(result)
         return 0
     if isinstance(result, dict):
+        from trainguard.model.actors import actor_name
+
         print(
-            f"approval {result['id']} {result['state']} by {result['decided_by']}: "
+            f"approval {result['id']} {result['state']} by {actor_name(result['decided_by'])}: "
             f"{result['kind']} {result['subject']}"
         )
         return 0

@@ -520,8 +520,10 @@ class ApprovalOut(_Response):
     action_key: str | None
     requested_at: str | None
     requested_by: str
+    requested_by_name: str = Field(description="who asked, as a person reads it (for display)")
     decided_at: str | None
     decided_by: str | None
+    decided_by_name: str | None = Field(description="who answered, for display")
     decision_reason: str | None
     data: dict[str, Any]
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from trainguard.model.actors import actor_name
 from trainguard.model.health import HealthState
 from trainguard.model.plan import Mode
 from trainguard.model.records import iso_utc
@@ -315,8 +316,10 @@ class Approval:
             "action_key": self.action_key,
             "requested_at": iso_utc(self.requested_at),
             "requested_by": self.requested_by,
+            "requested_by_name": actor_name(self.requested_by),
             "decided_at": iso_utc(self.decided_at),
             "decided_by": self.decided_by,
+            "decided_by_name": None if self.decided_by is None else actor_name(self.decided_by),
             "decision_reason": self.decision_reason,
             "data": dict(self.data),
         }

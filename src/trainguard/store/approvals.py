@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainguard.model.actors import actor_name
 from trainguard.model.fleet import Approval, ApprovalState, check_approval_transition
 from trainguard.model.records import AuditKind
 from trainguard.store import rows, sql
@@ -106,7 +107,7 @@ class ApprovalStore(LeaseStore):
                 actor,
                 AuditKind.DECISION,
                 f"approval:{approval_id}",
-                f"approval {approval_id} {state.value} by {actor}: {reason}",
+                f"approval {approval_id} {state.value} by {actor_name(actor)}: {reason}",
                 {
                     "kind": approval.kind,
                     "subject": approval.subject,

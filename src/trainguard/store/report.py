@@ -435,7 +435,7 @@ def format_report(report: dict[str, Any], *, evidence: bool = False) -> str:
                 add("      not answered yet: the job still waits")
             else:
                 add(
-                    f"      {w['state']} by {w['answered_by']} at {w['answered_at']} "
+                    f"      {w['state']} by {actor_name(w['answered_by'])} at {w['answered_at']} "
                     f"({w['answer']}); held the job {w['held_s']:.1f} s"
                 )
     add("")

@@ -117,7 +117,7 @@ function approvalHtml(a) {
   const disabled = state.role === "operator" ? "" : " disabled title=\"needs an operator token\"";
   return `<div class="head"><span class="title">#${a.id} ${esc(a.kind)} ${esc(a.subject)}</span>
       <span class="pill ${esc(a.state)}">${esc(a.state)}</span>
-      <span class="meta">requested ${shortTime(a.requested_at)} by ${esc(a.requested_by)}` +
+      <span class="meta">requested ${shortTime(a.requested_at)} by <span title="${esc(a.requested_by)}">${esc(a.requested_by_name || a.requested_by)}</span>` +
       (a.incident_id !== null ? ` · incident ${a.incident_id}` : "") + `</span></div>
     <div>${esc(a.why)}</div>
     <form class="decide">
