@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
+from trainguard.model import files
+
 VerifyMode = Literal["full", "quick"]
 VERIFY_MODES: tuple[VerifyMode, ...] = ("full", "quick")
 
@@ -69,23 +71,16 @@ def file_size(path: Path, label: str) -> int:
 
 def open_regular(path: Path, label: str, *, buffering: int = -1) -> BinaryIO:
     """``path`` opened for reading when it is a regular file, checked on the open
-    descriptor: a name a job swapped for a FIFO, a device or a socket after it was
-    stat'ed is refused, never read (a FIFO blocks its reader for good, ``/dev/zero``
-    never ends). The open itself cannot block (``O_NONBLOCK``, cleared once checked)."""
+    descriptor (:func:`trainguard.model.files.open_regular`): a name a job swapped for
+    a FIFO, a device or a socket after it was stat'ed is refused, never read."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        return files.open_regular(path, buffering=buffering)
+    except files.NotRegularFile as exc:
+        raise CheckFailed(f"file {label}: not a regular file") from exc
     except OSError as exc:
         if exc.errno == errno.ENOENT and path.is_symlink():
             raise CheckFailed(f"file {label}: broken symlink") from exc
         raise CheckFailed(f"file {label}: {describe_os_error(exc)}") from exc
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise CheckFailed(f"file {label}: not a regular file")
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb", buffering=buffering)
-    except BaseException:
-        os.close(fd)
-        raise
 
 
 def read_small(path: Path, label: str, limit: int = 64 << 20) -> bytes:

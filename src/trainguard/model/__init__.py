@@ -1,7 +1,8 @@
 """Plain typed records and state machines shared by every layer.
 
-This package imports nothing else of trainguard's and does no I/O. It is the
-vocabulary the other layers speak: devices, findings, attributions, plans,
+This package imports nothing else of trainguard's and does no I/O, save
+:mod:`trainguard.model.files`: the one rule for opening a file a job controls,
+which every layer that reads one shares. It is the vocabulary the other layers speak: devices, findings, attributions, plans,
 checkpoint descriptions, and the health/attempt/incident state machines.
 """
 
