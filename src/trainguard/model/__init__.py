@@ -2,8 +2,9 @@
 
 This package imports nothing else of trainguard's and does no I/O, save
 :mod:`trainguard.model.files`: the one rule for opening a file a job controls,
-which every layer that reads one shares. It is the vocabulary the other layers speak: devices, findings, attributions, plans,
-checkpoint descriptions, and the health/attempt/incident state machines.
+which every layer that reads one shares. It is the vocabulary the other layers
+speak: devices, findings, attributions, plans, checkpoint descriptions, and the
+health/attempt/incident state machines.
 """
 
 from __future__ import annotations

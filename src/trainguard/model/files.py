@@ -37,4 +37,11 @@ def open_regular(path: str | os.PathLike[str], *, buffering: int = -1) -> Binary
         raise
 
 
-__all__ = ["NotRegularFile", "open_regular"]
+def read_regular(path: str | os.PathLike[str], limit: int) -> bytes:
+    """The first ``limit`` bytes of the regular file ``path`` (a status a job's wrapper
+    wrote): :func:`open_regular`, and a read that cannot run on."""
+    with open_regular(path) as fh:
+        return fh.read(limit)
+
+
+__all__ = ["NotRegularFile", "open_regular", "read_regular"]
