@@ -1,5 +1,5 @@
 """Everything `trainguard run` creates under its state directory is its user's alone
-(issue 30): directories 0700, files 0600, whatever the umask (model.private_files)."""
+(issue 30): directories 0700, files 0600, whatever the umask (model.files)."""
 
 from __future__ import annotations
 

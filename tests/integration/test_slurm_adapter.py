@@ -6,6 +6,7 @@ job ids reused after a wiped cluster, the ``scontrol -o`` fallback, the CLI)."""
 from __future__ import annotations
 
 import json
+import stat
 import subprocess
 import sys
 import time
@@ -161,6 +162,8 @@ def test_a_job_that_cannot_be_requeued_is_resubmitted_without_the_node(
     script = tmp_path / "job.sh"
     script.write_text(
         "#!/bin/bash\n#SBATCH --nodes=2\n"
+        # As submit writes it: the job's progress token in its script (decision 0403).
+        "export TRAINGUARD_PROGRESS_TOKEN=tgj_not-for-other-users\n"
         'echo "attempt ${TRAINGUARD_ATTEMPT:-none} resume ${TRAINGUARD_RESUME_FROM:-none}"\n'
         "sleep 120\n"
     )
@@ -179,6 +182,10 @@ def test_a_job_that_cannot_be_requeued_is_resubmitted_without_the_node(
     job = obs.jobs[jid]
     assert job.attempt == 1 and bad not in job.nodes and job.job_id == new_id  # type: ignore[attr-defined]
     assert slurm.job(new_id)["ExcNodeList"] == bad
+    # The copy of the script resubmitted holds the token: only its owner reads it.
+    copies = list((tmp_path / "state").rglob(f"resubmit-{jid}-*.sh"))
+    assert copies and all("tgj_not-for-other-users" in c.read_text() for c in copies)
+    assert all(stat.S_IMODE(c.stat().st_mode) == 0o600 for c in copies)
     text = Path(f"{tmp_path}/o-{new_id}.txt")
     wait_until(lambda: text.exists() and "attempt 1" in text.read_text(), 20, "its output")
     assert f"resume {ckpt}" in text.read_text()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 
@@ -37,7 +36,7 @@ class Measured:
 
 def _manifest_save_seconds(checkpoint_dir: str) -> list[float]:
     from trainguard.checkpoints import scan
-    from trainguard.model.checkpoint import MANIFEST_NAME, Manifest
+    from trainguard.checkpoints.protection import manifest_save_seconds
 
     out: list[float] = []
     try:
@@ -47,12 +46,9 @@ def _manifest_save_seconds(checkpoint_dir: str) -> list[float]:
     for info in infos:
         if not info.valid or info.format != "trainguard":
             continue
-        try:
-            manifest = Manifest.from_json((Path(info.path) / MANIFEST_NAME).read_text())
-        except (OSError, ValueError):
-            continue
-        if manifest.save_seconds is not None and manifest.save_seconds > 0:
-            out.append(float(manifest.save_seconds))
+        took = manifest_save_seconds(info.path)
+        if took is not None and took > 0:
+            out.append(float(took))
     return out
 
 

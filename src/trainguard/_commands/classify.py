@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from trainguard._commands._common import binary_reason, error, visible
-from trainguard.model.private_files import make_private_dirs
+from trainguard.model.files import make_private_dirs
 
 CHUNK_BYTES = 16 << 20
 

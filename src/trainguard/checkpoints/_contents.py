@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from trainguard.checkpoints._fs import open_regular
 from trainguard.checkpoints._pickle_bounds import active
 from trainguard.checkpoints._safe_pickle import (
     Stub,
@@ -190,7 +191,7 @@ def step_in_torch_bytes(data: bytes) -> EmbeddedStep | None:
 def step_in_torch_file(path: Path) -> EmbeddedStep | None:
     """The step saved inside a file written by ``torch.save`` (or ``pickle``), or None."""
     try:
-        with path.open("rb") as fh:
+        with open_regular(path, path.name) as fh:
             head = fh.read(4)
             if head == b"PK\x03\x04":
                 with zipfile.ZipFile(fh) as zf:
@@ -230,7 +231,7 @@ def step_in_dcp(path: Path, metadata: Any) -> EmbeddedStep | None:
                 continue
             if PurePosixPath(rel).is_absolute() or ".." in PurePosixPath(rel).parts:
                 continue
-            with (path / rel).open("rb") as fh:
+            with open_regular(path / rel, rel) as fh:
                 fh.seek(offset)
                 blob = fh.read(length)
             found = _item_value(blob)

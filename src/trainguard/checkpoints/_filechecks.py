@@ -33,7 +33,13 @@ import zipfile
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from trainguard.checkpoints._fs import CheckFailed, VerifyMode, describe_os_error, file_size
+from trainguard.checkpoints._fs import (
+    CheckFailed,
+    VerifyMode,
+    describe_os_error,
+    file_size,
+    open_regular,
+)
 from trainguard.checkpoints._pickle_bounds import (
     Budget,
     PickleMalformed,
@@ -93,10 +99,7 @@ _SAFETENSORS_DTYPE_BYTES = {
 
 
 def _open(path: Path, label: str) -> BinaryIO:
-    try:
-        return path.open("rb")
-    except OSError as exc:
-        raise CheckFailed(f"file {label}: {describe_os_error(exc)}") from exc
+    return open_regular(path, label)
 
 
 def check_torch_file(path: Path, label: str, verify: VerifyMode) -> list[str]:
@@ -117,8 +120,15 @@ def check_torch_file(path: Path, label: str, verify: VerifyMode) -> list[str]:
 
 
 def _check_zip(path: Path, label: str, size: int, verify: VerifyMode) -> list[str]:
+    with open_regular(path, label) as raw:
+        return _check_zip_file(raw, path, label, size, verify)
+
+
+def _check_zip_file(
+    raw: BinaryIO, path: Path, label: str, size: int, verify: VerifyMode
+) -> list[str]:
     try:
-        zf = zipfile.ZipFile(path)
+        zf = zipfile.ZipFile(raw)
     except zipfile.BadZipFile as exc:
         raise CheckFailed(f"file {label}: truncated zip archive ({exc})") from exc
     except OSError as exc:
@@ -132,7 +142,7 @@ def _check_zip(path: Path, label: str, size: int, verify: VerifyMode) -> list[st
         if start_dir > size:
             raise CheckFailed(f"file {label}: truncated zip archive")
         try:
-            with path.open("rb") as fh:
+            with open_regular(path, label) as fh:
                 for info in infos:
                     fh.seek(info.header_offset)
                     local = fh.read(30)

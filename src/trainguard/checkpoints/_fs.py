@@ -15,7 +15,9 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, BinaryIO, Literal
+
+from trainguard.model import files
 
 VerifyMode = Literal["full", "quick"]
 VERIFY_MODES: tuple[VerifyMode, ...] = ("full", "quick")
@@ -67,16 +69,34 @@ def file_size(path: Path, label: str) -> int:
     return st.st_size
 
 
+def open_regular(path: Path, label: str, *, buffering: int = -1) -> BinaryIO:
+    """``path`` opened for reading when it is a regular file, checked on the open
+    descriptor (:func:`trainguard.model.files.open_regular`): a name a job swapped for
+    a FIFO, a device or a socket after it was stat'ed is refused, never read."""
+    try:
+        return files.open_regular(path, buffering=buffering)
+    except files.NotRegularFile as exc:
+        raise CheckFailed(f"file {label}: not a regular file") from exc
+    except OSError as exc:
+        if exc.errno == errno.ENOENT and path.is_symlink():
+            raise CheckFailed(f"file {label}: broken symlink") from exc
+        raise CheckFailed(f"file {label}: {describe_os_error(exc)}") from exc
+
+
 def read_small(path: Path, label: str, limit: int = 64 << 20) -> bytes:
-    """Read a small metadata file whole; refuses files larger than ``limit``."""
+    """Read a small metadata file whole; refuses files larger than ``limit`` and
+    anything but a regular file (also one swapped in after the size was read)."""
     size = file_size(path, label)
     if size > limit:
         raise CheckFailed(f"file {label}: {size} bytes, too large for a metadata file")
-    try:
-        with path.open("rb") as fh:
-            return fh.read(limit + 1)
-    except OSError as exc:
-        raise CheckFailed(f"file {label}: {describe_os_error(exc)}") from exc
+    with open_regular(path, label) as fh:
+        try:
+            data = fh.read(limit + 1)
+        except OSError as exc:
+            raise CheckFailed(f"file {label}: {describe_os_error(exc)}") from exc
+    if len(data) > limit:
+        raise CheckFailed(f"file {label}: more than {limit} bytes, too large for a metadata file")
+    return data
 
 
 def _advise(fd: int, offset: int, length: int, advice: int) -> None:
@@ -98,10 +118,7 @@ def sha256_file(path: Path, label: str, bufsize: int = READ_BUFFER_BYTES) -> tup
     """
     digest = hashlib.sha256()
     total = 0
-    try:
-        fh = path.open("rb", buffering=0)
-    except OSError as exc:
-        raise CheckFailed(f"file {label}: {describe_os_error(exc)}") from exc
+    fh: Any = open_regular(path, label, buffering=0)  # a FileIO: it has readinto
     with fh:
         fd = fh.fileno()
         advice = getattr(os, "POSIX_FADV_WILLNEED", 0)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from trainguard.checkpoints._fs import CheckFailed, read_small
 from trainguard.checkpoints.catalog import VerdictCache, latest_valid
 from trainguard.model.checkpoint import MANIFEST_NAME, Manifest
 
@@ -168,9 +169,11 @@ class CheckpointProtection:
 def manifest_save_seconds(path: str) -> float | None:
     """The save duration a trainguard manifest records (None: other formats, unrecorded)."""
     try:
-        text = (Path(path) / MANIFEST_NAME).read_text(encoding="utf-8")
+        # Bounded and a regular file only: the job may have swapped the manifest it
+        # was judged by for a FIFO or a link to a device since (read in requests).
+        text = read_small(Path(path) / MANIFEST_NAME, MANIFEST_NAME).decode("utf-8")
         return Manifest.from_json(text).save_seconds
-    except (OSError, ValueError):
+    except (CheckFailed, ValueError):
         return None  # other formats record no save time
 
 

@@ -64,10 +64,10 @@ from trainguard.controller.service import ControlPlane
 from trainguard.diagnose.detectors import ProgressLineParser, line_finding
 from trainguard.diagnose.signatures import classify_line
 from trainguard.model.devices import Device
+from trainguard.model.files import make_private_dirs
 from trainguard.model.findings import Domain, Finding
 from trainguard.model.health import HealthState
 from trainguard.model.plan import Mode
-from trainguard.model.private_files import make_private_dirs
 from trainguard.model.progress import ProgressEvent
 from trainguard.model.records import (
     AuditEvent,

@@ -1,8 +1,10 @@
 """Plain typed records and state machines shared by every layer.
 
-This package imports nothing else of trainguard's and does no I/O. It is the
-vocabulary the other layers speak: devices, findings, attributions, plans,
-checkpoint descriptions, and the health/attempt/incident state machines.
+This package imports nothing else of trainguard's and does no I/O, save
+:mod:`trainguard.model.files`: the rules for creating private files and
+directories and for opening a file a job controls, which every layer shares. It is the vocabulary the other layers
+speak: devices, findings, attributions, plans, checkpoint descriptions, and the
+health/attempt/incident state machines.
 """
 
 from __future__ import annotations

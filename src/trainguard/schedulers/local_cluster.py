@@ -39,7 +39,7 @@ from typing import Any
 
 from trainguard.diagnose.detectors import ProcessExit
 from trainguard.model.devices import Device
-from trainguard.model.private_files import make_private_dirs
+from trainguard.model.files import make_private_dirs, read_regular
 from trainguard.model.snapshot import (
     SNAPSHOT_DIR_ENV,
     SNAPSHOT_KEY_ENV,
@@ -686,7 +686,8 @@ def _recorded_end(prefix: Path) -> int | None:
     """An attempt's end as its watchdog recorded it (``_reaper.STATUS_ENV``): the exit
     code, or minus the signal, as ``Popen.returncode`` says it; ``None`` without one."""
     try:
-        kind, _, value = Path(f"{prefix}.status").read_text().strip().partition(" ")
+        text = read_regular(f"{prefix}.status", 64).decode()  # reachable by the job
+        kind, _, value = text.strip().partition(" ")
         number = int(value)
     except (OSError, ValueError):
         return None

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.model.devices import Device
-from trainguard.model.private_files import make_private_dirs
+from trainguard.model.files import make_private_dirs, read_regular
 from trainguard.schedulers._keys import KeyBook, widen
 from trainguard.schedulers.base import (
     GENERIC_TRAITS,
@@ -327,7 +327,8 @@ class ProcessCluster:
         else:
             exit_path = Path(job["exit_path"])
             try:
-                code = int(exit_path.read_text().strip())
+                # The job can reach its exit file: a FIFO there must not block observe.
+                code = int(read_regular(exit_path, 64).decode().strip())
                 ended_at = exit_path.stat().st_mtime
             except (OSError, ValueError):
                 code = None

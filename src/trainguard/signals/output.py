@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any
 
-from trainguard.model.private_files import open_private
+from trainguard.model.files import open_private
 
 MAX_LINE = 64 * 1024
 _READ_SIZE = 64 * 1024

@@ -18,7 +18,7 @@ import os
 import sqlite3
 from pathlib import Path
 
-from trainguard.model.private_files import make_private_dirs, open_private
+from trainguard.model.files import make_private_dirs, open_private
 from trainguard.store import schema
 from trainguard.store.backend import Dialect
 from trainguard.store.errors import StoreError

@@ -31,6 +31,7 @@ from trainguard.diagnose.device_map import (
 )
 from trainguard.diagnose.signatures import Classifier
 from trainguard.model.devices import normalize_pci_bus_id
+from trainguard.model.files import open_regular
 from trainguard.model.findings import Attribution, Culprit, Domain, Finding, Severity
 from trainguard.model.health import HealthState
 from trainguard.model.plan import DeviceStatus
@@ -102,7 +103,7 @@ class EvidenceFollower(EngineCore):
         state = self._outputs.setdefault((job_id, att.number), _OutputState())
         chunks: list[bytes] = []
         try:
-            with open(path, "rb") as f:
+            with open_regular(path) as f:
                 if os.fstat(f.fileno()).st_size < state.offset:
                     return  # truncated since: what follows is not this attempt's
                 f.seek(state.offset)
@@ -231,7 +232,7 @@ class EvidenceFollower(EngineCore):
         if not path:
             return []
         try:
-            with open(path, "rb") as f:
+            with open_regular(path) as f:
                 f.seek(0, os.SEEK_END)
                 size = f.tell()
                 f.seek(max(0, size - 256 * 1024))
@@ -274,7 +275,7 @@ class EvidenceFollower(EngineCore):
         if offset <= 0:
             return
         try:
-            with open(path, "rb") as f:
+            with open_regular(path) as f:
                 head = f.read(min(HEAD_BYTES, offset))
         except OSError:
             return
@@ -290,7 +291,7 @@ class EvidenceFollower(EngineCore):
             return True
         try:
             size = os.stat(path).st_size
-            with open(path, "rb") as f:
+            with open_regular(path) as f:
                 now_head = f.read(len(head))
         except OSError:
             return False

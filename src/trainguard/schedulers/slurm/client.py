@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.model.devices import Device
-from trainguard.model.private_files import make_private_dirs
+from trainguard.model.files import make_private_dirs
 from trainguard.schedulers.base import (
     ActionResult,
     FencingRejected,

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from trainguard.model.private_files import make_private_dirs
+from trainguard.model.files import make_private_dirs
 from trainguard.model.resume_request import RESUME_REQUEST_NAME, ResumeRequest
 from trainguard.schedulers.base import (
     ActionResult,
@@ -32,6 +32,16 @@ from trainguard.schedulers.slurm.observe import HELD_REASONS, SlurmObservedJob
 from trainguard.schedulers.slurm.parse import (
     SlurmNode,
 )
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write a batch script only its owner reads (0600, also when it existed with
+    another mode; never through a link): the job's environment in it holds its
+    progress token (decision 0403)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
 
 
 class SlurmJobActions(SlurmNodeActions):
@@ -319,7 +329,9 @@ class SlurmJobActions(SlurmNodeActions):
             args.append(f"--exclude={names.hostlist(exclude)}")
         script_path = self.state_dir / "scripts" / f"resubmit-{jid}-{attempt}.sh"
         make_private_dirs(script_path.parent)
-        script_path.write_text(script)
+        # The batch script submit wrote exports the job's progress token: its copy is
+        # as private as the original (0403).
+        _write_private(script_path, script)
         out = self.cmd.run("sbatch", *args, str(script_path)).stdout.strip()
         new_id = names.job_id(out.split(";")[0])
         with self._locked() as state:
@@ -435,11 +447,7 @@ class SlurmJobActions(SlurmNodeActions):
         lines.append('export TRAINGUARD_ATTEMPT="${SLURM_RESTART_COUNT:-0}"')
         lines.append("exec " + " ".join(shlex.quote(str(a)) for a in spec.command))
         script = jobs_dir / f"{safe_key}.sh"
-        # Private: the job's environment holds its progress token (0403).
-        fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write("\n".join(lines) + "\n")
+        _write_private(script, "\n".join(lines) + "\n")
         out_dir = self.state_dir / "output"
         make_private_dirs(out_dir)
         args = [
