@@ -3,8 +3,8 @@
 This package imports nothing else of trainguard's and does no I/O, save
 :mod:`trainguard.model.files`: the rules for creating private files and
 directories and for opening a file a job controls, which every layer shares. It
-is the vocabulary the other layers speak: devices, findings, attributions, plans, checkpoint descriptions, and the
-health/attempt/incident state machines.
+is the vocabulary the other layers speak: devices, findings, attributions, plans,
+checkpoint descriptions, and the health/attempt/incident state machines.
 """
 
 from __future__ import annotations
