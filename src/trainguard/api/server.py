@@ -271,7 +271,7 @@ def serve(options: ServeOptions, say: Callable[[str], None] = print) -> int:
         log_level=options.log_level,
         access_log=False,
         loop=_pick("uvloop", "auto"),
-        http=_pick("httptools", "auto"),
+        http=_http_protocol(),
         timeout_keep_alive=75,  # agents keep one connection open between heartbeats
         backlog=4096,
         lifespan="off",
@@ -325,6 +325,18 @@ def _lease_ttl(control: Any) -> float:
     from trainguard.controller.lease import DEFAULT_TTL_SECONDS
 
     return float(getattr(getattr(control, "config", None), "lease_ttl", DEFAULT_TTL_SECONDS))
+
+
+def _http_protocol() -> Any:
+    """httptools with a header deadline and a connection cap (api/http_guard.py), else
+    uvicorn's own choice."""
+    if _pick("httptools", "auto") == "auto":
+        return "auto"
+    from trainguard.api.http_guard import GuardedHttpTools, connection_cap, raise_fd_limit
+
+    raise_fd_limit()
+    GuardedHttpTools.max_connections = connection_cap()
+    return GuardedHttpTools
 
 
 def _pick(module: str, fallback: str) -> str:
