@@ -97,6 +97,12 @@ def _int(value: Any, field: str, name: str | None, minimum: int) -> int:
     return value
 
 
+def _bool(value: Any, field: str, name: str | None) -> bool:
+    if not isinstance(value, bool):
+        raise PolicyError(field, f"must be true or false, got {_describe(value)}", policy=name)
+    return value
+
+
 def _number(
     value: Any,
     field: str,
@@ -161,29 +167,11 @@ def parse_policy(data: Any, *, name: str | None = None) -> PolicyDocument:
     if data.get("futile_after") is not None:
         out["futile_after"] = _int(data["futile_after"], "futile_after", pname, 1)
     if data.get("allow_quarantine") is not None:
-        if not isinstance(data["allow_quarantine"], bool):
-            raise PolicyError(
-                "allow_quarantine",
-                f"must be true or false, got {_describe(data['allow_quarantine'])}",
-                policy=pname,
-            )
-        out["allow_quarantine"] = data["allow_quarantine"]
+        out["allow_quarantine"] = _bool(data["allow_quarantine"], "allow_quarantine", pname)
     if data.get("wait_for_capacity") is not None:
-        if not isinstance(data["wait_for_capacity"], bool):
-            raise PolicyError(
-                "wait_for_capacity",
-                f"must be true or false, got {_describe(data['wait_for_capacity'])}",
-                policy=pname,
-            )
-        out["wait_for_capacity"] = data["wait_for_capacity"]
+        out["wait_for_capacity"] = _bool(data["wait_for_capacity"], "wait_for_capacity", pname)
     if data.get("approvals") is not None:
-        if not isinstance(data["approvals"], bool):
-            raise PolicyError(
-                "approvals",
-                f"must be true or false, got {_describe(data['approvals'])}",
-                policy=pname,
-            )
-        out["approvals"] = data["approvals"]
+        out["approvals"] = _bool(data["approvals"], "approvals", pname)
     if data.get("approval_timeout_seconds") is not None:
         out["approval_timeout_seconds"] = _number(
             data["approval_timeout_seconds"],
