@@ -88,7 +88,7 @@ def test_all_pass_and_without_preflight_nothing_is_checked(tmp_path: Path) -> No
 def test_a_preflight_longer_than_the_lease_keeps_it(tmp_path: Path) -> None:
     """The lease is renewed while the preflight runs (controller.lease.LeaseKeeper), not
     only by passes: a preflight of several lease TTLs still starts the job (issue 30)."""
-    proc, assigned = _run(tmp_path, "--preflight", "quick", "--lease-ttl", "1.5")
+    proc, assigned = _run(tmp_path, "--preflight", "quick", "--lease-ttl", "3")
     assert proc.returncode == 0, proc.stderr
     assert "lost the lease" not in proc.stderr
     assert "all passed" in proc.stderr and len(assigned) == 2

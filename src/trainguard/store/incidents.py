@@ -37,7 +37,8 @@ def _describe_changes(changes: dict[str, Any], evidence: Sequence[str]) -> str:
         if value is None:
             said.append(f"{name.replace('_', ' ')} cleared")
         elif name == "warnings":
-            said.append(f"warning: {value[-1]}")  # the one this update added
+            # The one this update added, by its name: its text was said where it arose.
+            said.append(f"warning added: {str(value[-1]).split(':', 1)[0]}")
         else:
             text = str(value)
             if len(text) > 60:
