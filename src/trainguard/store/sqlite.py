@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from pathlib import Path
 
 from trainguard.model.files import make_private_dirs, open_private
@@ -53,6 +54,21 @@ def _create_private(p: Path) -> None:
     os.close(fd)
 
 
+def _wal(conn: sqlite3.Connection, busy_timeout_s: float) -> None:
+    """Switch to WAL. The switch takes a lock that SQLite does not wait for (no busy
+    handler): two processes opening a new database at once (a run and a command reading
+    it) would see "database is locked", so the switch is retried within the busy timeout."""
+    deadline = time.monotonic() + busy_timeout_s
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
 def connect(path: Path, busy_timeout_s: float) -> tuple[sqlite3.Connection, Dialect]:
     """Open (creating) the file at ``path``; raises :class:`StoreError` on failure."""
     if str(path) != ":memory:":
@@ -70,7 +86,7 @@ def connect(path: Path, busy_timeout_s: float) -> tuple[sqlite3.Connection, Dial
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
         conn.execute("PRAGMA foreign_keys = ON")
         conn.execute("PRAGMA synchronous = FULL")
-        conn.execute("PRAGMA journal_mode = WAL")
+        _wal(conn, busy_timeout_s)
     except sqlite3.DatabaseError as exc:
         conn.close()
         raise StoreError(f"{path} is not a usable trainguard state database: {exc}") from exc
