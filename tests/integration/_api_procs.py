@@ -129,6 +129,18 @@ class Server(Proc):
         )
         wait_for(self._ready, 30, f"trainguard serve on port {port}\n{self.output()}")
 
+    @classmethod
+    def procs(
+        cls, directory: Path, nodes: str, interval: float, *extra: str, mode: str = "act"
+    ) -> Server:
+        """A serve whose scheduler is the procs stand-in cluster under ``directory/cluster``
+        (``nodes``: ``n1=4,n2=4``), reconciling every ``interval`` s."""
+        return cls(
+            directory, free_port(), "--scheduler", "procs",
+            "--procs-root", str(directory / "cluster"), "--procs-nodes", nodes,
+            "--mode", mode, "--reconcile-interval", str(interval), *extra,
+        )  # fmt: skip
+
     def _ready(self) -> bool:
         if self.p.poll() is not None:
             raise AssertionError(f"serve exited {self.p.returncode}:\n{self.output()}")

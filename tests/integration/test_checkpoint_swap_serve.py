@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from _api_procs import OP, Server, free_port, kill_cluster_jobs, wait_for
+from _api_procs import OP, Server, kill_cluster_jobs, wait_for
 
 from trainguard.checkpoints._fs import tree_size_and_mtime
 from trainguard.model.checkpoint import MANIFEST_NAME, Manifest, ManifestFile
@@ -33,20 +33,7 @@ def test_a_manifest_swapped_for_a_fifo_does_not_hang_the_fleet_report(tmp_path: 
     ckpts = tmp_path / "ckpts"
     ckpts.mkdir()
     cluster = tmp_path / "cluster"
-    server = Server(
-        tmp_path,
-        free_port(),
-        "--scheduler",
-        "procs",
-        "--procs-root",
-        str(cluster),
-        "--procs-nodes",
-        "node1=1",
-        "--mode",
-        "act",
-        "--reconcile-interval",
-        "0.5",
-    )
+    server = Server.procs(tmp_path, "node1=1", 0.5)
     fifo_path = ckpts / "step_00000010" / "sub" / "manifest.json"
     try:
         with server.client(OP) as c:

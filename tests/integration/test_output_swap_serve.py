@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from _api_procs import OP, Server, free_port, kill_cluster_jobs, wait_for
+from _api_procs import OP, Server, kill_cluster_jobs, wait_for
 
 SWAPPER = """\
 import os, time
@@ -52,20 +52,7 @@ def test_an_output_log_swapped_for_a_fifo_does_not_stop_the_reconcile_loop(
     (tmp_path / "tokens.yaml").write_text(f'"{OP}": {{role: operator, name: alice}}\n')
     (tmp_path / "swapper.py").write_text(SWAPPER)
     cluster = tmp_path / "cluster"
-    server = Server(
-        tmp_path,
-        free_port(),
-        "--scheduler",
-        "procs",
-        "--procs-root",
-        str(cluster),
-        "--procs-nodes",
-        "node1=1",
-        "--mode",
-        "act",
-        "--reconcile-interval",
-        "0.3",
-    )
+    server = Server.procs(tmp_path, "node1=1", 0.3)
     swapped: list[Path] = []
     try:
         wait_for(lambda: 0 <= _pass_age(server) < 3.0, 60, "the controller's passes")
