@@ -58,6 +58,8 @@ def main() -> int:
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT,
                        check=False, capture_output=True)  # fmt: skip
+    if "reconcile_pass" in " ".join(command):
+        return _print_passes(out_dir, args.rounds, args.base)
     trials: dict[str, list[dict[str, object]]] = {"base": [], "head": []}
     for side in trials:
         for i in range(1, args.rounds + 1):
@@ -74,6 +76,29 @@ def main() -> int:
         ratio = med["head"] / med["base"] if med["head"] and med["base"] else None
         print(f"  {kind:16s} base {_s(med['base'])}  head {_s(med['head'])}  head/base "
               f"{'-' if ratio is None else f'{ratio:.2f}'}")  # fmt: skip
+    return 0
+
+
+def _print_passes(out_dir: Path, rounds: int, base_rev: str) -> int:
+    """Medians over the rounds of reconcile_pass.py's figures, per backend, and head/base."""
+    figures = ("steady median", "acting pass", "kill->running")
+    med: dict[tuple[str, str, str], float] = {}
+    for side in ("base", "head"):
+        rows: dict[tuple[str, str], list[float]] = {}
+        for i in range(1, rounds + 1):
+            for r in json.loads((out_dir / f"{side}-{i}.json").read_text())["results"]:
+                vals = (r["steady_pass"]["median_ms"], r["acting_pass_ms"],
+                        r["kill_to_requeued_running_ms"])  # fmt: skip
+                for name, v in zip(figures, vals, strict=True):
+                    rows.setdefault((str(r["backend"]), name), []).append(float(v))
+        for (backend, name), vals in rows.items():
+            med[(side, backend, name)] = statistics.median(vals)
+    print(f"results in {out_dir}; reconcile pass, median ms over {rounds} rounds (base {base_rev})")
+    for (side, backend, name), v in sorted(med.items()):
+        if side != "head" or ("base", backend, name) not in med:
+            continue
+        b = med[("base", backend, name)]
+        print(f"  {backend:10s} {name:14s} base {b:8.1f}  head {v:8.1f}  head/base {v / b:.2f}")
     return 0
 
 

@@ -160,6 +160,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--nodes", type=int, default=NODES, help=f"nodes of {DEVICES} devices")
     ap.add_argument("--sqlite-only", action="store_true", help="skip PostgreSQL")
+    ap.add_argument("--out", type=Path, default=None, help="result file (default bench/results/)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="tg-bench-", dir="/tmp"))
     results = [run("sqlite", str(tmp / "state.db"), tmp, args.nodes)]
@@ -216,7 +217,7 @@ def main() -> int:
         assert isinstance(a, dict) and isinstance(b, dict)
         print(f"PostgreSQL/SQLite steady pass ratio: {b['median_ms'] / a['median_ms']:.2f}")
     name = "reconcile_pass" if args.nodes == NODES else f"reconcile_pass_{args.nodes}n"
-    out = ROOT / "bench" / "results" / f"{name}.json"
+    out = args.out or ROOT / "bench" / "results" / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"load_avg": os.getloadavg(), "results": results}, indent=1))
     return 0
