@@ -10,7 +10,8 @@ worktree and, for each round, runs the same benchmark command there (its ``src``
 
 The command must accept ``--out PATH`` (recovery_latency.py does); the result files are
 ``base-N.json`` and ``head-N.json``. Prints, per fault kind of recovery_latency's
-trials, the medians of fault -> first progress on each side and their ratio head/base.
+trials, the medians of fault -> first progress on each side and their ratio head/base;
+for ``reconcile_pass.py --out PATH``, the medians of its pass figures per store backend.
 """
 
 from __future__ import annotations
