@@ -42,7 +42,7 @@ def test_the_schema_has_the_control_plane_migration(fleet: FleetStore) -> None:
     # 4: node health history; 5: the job's own step times and the ranks' reports (0320, 0322);
     # 6: the jobs' progress tokens (0403); 7: the shared power-action ledger (0414);
     # 8: the ranks' reports as rows (0406).
-    assert fleet.store.schema_version() == store_sql.LATEST_VERSION == 8
+    assert fleet.store.schema_version() == store_sql.LATEST_VERSION == 9
 
 
 def test_lease_takeover_increments_the_token_and_fences_the_old_holder(fleet: FleetStore) -> None:

@@ -128,6 +128,26 @@ def test_progress_sink_moves_attempt_progress_and_counts_unknown_jobs(store: Sto
     assert (report.rank, report.host, report.visible) == (0, "n1", ("GPU-a",))
 
 
+def test_progress_sink_stores_that_the_attempt_reports_its_own_steps(store: Store) -> None:
+    # The passes reading the attempt's output may run in another process (0397, 0462).
+    dev = Device(0, "GPU-a", "0000:10:00.0", host="n1")
+    store.register_devices([dev], at=T0)
+    job = store.create_job(name="j", command=["x"], need=1, at=T0, job_id="job-1")
+    store.start_attempt(job.id, 0, [dev], at=T0)
+    store.start_attempt(job.id, 1, [dev], at=T0 + 1)
+    assert not store.is_self_reported("job-1", 1)
+    sink = store_progress_sink(store, {})
+    sink([ProgressItem("job-1", T0 + 2, ev(3, attempt=1)), ProgressItem("job-x", T0, ev(1))])
+    sink([ProgressItem("job-1", T0 + 5, ev(4, attempt=1))])
+    assert store.is_self_reported("job-1", 1)
+    assert not store.is_self_reported("job-1", 0)  # another attempt: not reported
+    assert not store.is_self_reported("job-x", 0)  # unknown: nothing written
+    row = store.fetch_one(
+        "SELECT self_reported_at FROM attempts WHERE job_id = 'job-1' AND number = 1", {}
+    )
+    assert row is not None and row[0] == T0 + 2  # the first report's time stays
+
+
 def _finding(message: str = "Xid 79") -> Finding:
     return Finding(
         kind="xid",

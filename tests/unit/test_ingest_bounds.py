@@ -250,7 +250,7 @@ def test_schema_8_moves_the_json_rank_reports_to_rows(
     monkeypatch.undo()
     store = Store.open(store_target, at=T0 + 1)
     try:
-        assert store.schema_version() == store_schema.LATEST_VERSION == 8
+        assert store.schema_version() == store_schema.LATEST_VERSION == 9
         assert store.get_attempt("j", 0).rank_reports == (
             RankReport(0, "n1", 0, ("0",)),
             RankReport(1, None, None, ()),

@@ -142,7 +142,6 @@ _MAX_VIEWS_CACHED = 100_000
 def store_progress_sink(
     store: Store,
     dropped: dict[str, int],
-    control: Any | None = None,
     *,
     limits: RankLimits | None = None,
 ) -> ProgressSink:
@@ -155,10 +154,10 @@ def store_progress_sink(
     restored, once per attempt (decision 0405). A rank past the job's limit
     (``limits``) is dropped: the route refuses such reports, this is the second
     line. Events of an unknown job or attempt are counted in ``dropped`` and skipped.
-    With a controller, each (job, attempt) that reported is noted as reporting for
-    itself (``note_self_reported``), after the commit.
+    Each (job, attempt) that reported is noted in the store, in the same transaction,
+    as reporting its own steps (``note_self_reported``, 0397): the passes that read its
+    output may run in another process (serve's loop child).
     """
-    note = getattr(control, "note_self_reported", None) if control is not None else None
     latest: dict[str, int] = {}
     # The rank views already stored (job, attempt, rank) -> view: written once each.
     views: dict[tuple[str, int, int], RankReport] = {}
@@ -220,14 +219,13 @@ def store_progress_sink(
                         store.record_job_step_time(
                             item.job_id, number, ev.step, time=ev.time, rank=ev.rank
                         )
-                    reported.add((item.job_id, number))
+                    if (item.job_id, number) not in reported:
+                        store.note_self_reported(item.job_id, number, at=item.received_at)
+                        reported.add((item.job_id, number))
                 except NotFound:
                     count("unknown_attempt")
                 except ValueError:
                     count("invalid")
-        if note is not None:
-            for job_id, number in reported:
-                note(job_id, number)
 
     return sink
 
@@ -320,7 +318,7 @@ def build_context(
     dropped: dict[str, int] = {}
     limits = RankLimits(store_lookup(store), maximum=max_ranks)
     progress_sink = store_progress_sink(
-        ingest_store if ingest_store is not None else store, dropped, control, limits=limits
+        ingest_store if ingest_store is not None else store, dropped, limits=limits
     )
     finding_sink = (
         _control_finding_sink(control)

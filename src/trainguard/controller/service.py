@@ -410,9 +410,11 @@ class ControlPlane:
         """
         if step < 0:
             raise ValueError("step must be >= 0")
-        self.store.update_attempt_progress(
-            job_id, int(attempt), int(step), at=self.clock() if at is None else float(at)
-        )
+        when = self.clock() if at is None else float(at)
+        with self.store.transaction():
+            self.store.update_attempt_progress(job_id, int(attempt), int(step), at=when)
+            # Its reports, not its output's step-like lines, are its progress now (0397).
+            self.store.note_self_reported(job_id, int(attempt), at=when)
         if view is not None:
             self.store.record_rank_report(job_id, int(attempt), view)
         elif rank is not None:
@@ -421,13 +423,6 @@ class ControlPlane:
             self.store.record_job_step_time(
                 job_id, int(attempt), int(step), time=float(job_time), rank=rank or 0
             )
-        self.reconciler.note_self_reported(job_id, int(attempt))
-
-    def note_self_reported(self, job_id: str, attempt: int) -> None:
-        """The job reported progress of ``attempt`` itself (the API's progress flusher,
-        which writes the report with its own connection): its reports, not its output's
-        step-like lines, are its progress from now on (0397)."""
-        self.reconciler.note_self_reported(job_id, int(attempt))
 
     # --- modes -----------------------------------------------------------------------
 

@@ -264,6 +264,24 @@ class JobStore(AuditLog):
             for rank in sorted({int(r) for r in ranks}):
                 self.execute(sql.INSERT_ATTEMPT_RANK_IF_NEW, {**key, "rank": rank})
 
+    def note_self_reported(self, job_id: str, number: int, *, at: float) -> None:
+        """The job reported a step of this attempt itself (trainguard.train): from now on
+        its reports, not its output's step-like lines, are its progress (0397). Kept in
+        the store, for whichever process reads the attempt's output; the first report's
+        time stays. Not audited (hot path); an unknown attempt changes nothing."""
+        with self.transaction():
+            self.execute(
+                sql.UPDATE_ATTEMPT_SELF_REPORTED,
+                {"job_id": job_id, "number": int(number), "at": float(at)},
+            )
+
+    def is_self_reported(self, job_id: str, number: int) -> bool:
+        """Whether the job reported a step of this attempt itself (``note_self_reported``)."""
+        row = self.fetch_one(
+            sql.SELECT_ATTEMPT_SELF_REPORTED, {"job_id": job_id, "number": int(number)}
+        )
+        return row is not None and row[0] is not None
+
     def record_resumed(
         self,
         job_id: str,

@@ -485,6 +485,14 @@ MIGRATIONS: tuple[Migration, ...] = (
             "UPDATE attempts SET rank_reports = NULL",
         ),
     ),
+    Migration(
+        version=9,
+        description=(
+            "attempts.self_reported_at: the job reported a step of the attempt itself"
+            " (its reports, not its output's step-like lines, are its progress: 0397)"
+        ),
+        statements=("ALTER TABLE attempts ADD COLUMN self_reported_at {float}",),
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

@@ -125,6 +125,15 @@ UPDATE_ATTEMPT_RESUMED_MARK = (
     "UPDATE attempts SET resumed_at = :at"
     " WHERE job_id = :job_id AND number = :number AND resumed_at IS NULL"
 )
+# Whether the job reports its own steps is a fact of the store, not of the process that
+# took the report: in serve the API takes it and the loop child reads the output (0397).
+UPDATE_ATTEMPT_SELF_REPORTED = (
+    "UPDATE attempts SET self_reported_at = :at"
+    " WHERE job_id = :job_id AND number = :number AND self_reported_at IS NULL"
+)
+SELECT_ATTEMPT_SELF_REPORTED = (
+    "SELECT self_reported_at FROM attempts WHERE job_id = :job_id AND number = :number"
+)
 
 # --- incidents -----------------------------------------------------------------------
 

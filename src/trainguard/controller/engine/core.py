@@ -83,9 +83,6 @@ class EngineCore:
         self._health = _HealthView()
         self._outputs: dict[tuple[str, int], _OutputState] = {}
         self._warned_no_step: set[str] = set()  # jobs told they have no progress signal
-        # Attempts whose job reports its own steps (trainguard.train): their output's
-        # step-like lines are not progress then, as run reads them (0397).
-        self._self_reported: set[tuple[str, int]] = set()
         # One hang detector per live attempt, fed the progress the store holds. Lost on a
         # restart of the controller: the new one starts from the stored last step with
         # the start-up allowance, so a restart can delay a hang verdict, never invent one.

@@ -127,8 +127,10 @@ class EvidenceFollower(EngineCore):
         timed: list[tuple[int, float, int]] = []  # (step, the job's time, rank)
         ranks: set[int] = set()  # ranks that named themselves on a step, as run counts them
         # A job that reports its steps itself: its output's "step 8" is a message's
-        # ("injecting hang at step 8"), not a step it made (0397).
-        reported = (job_id, att.number) in self._self_reported
+        # ("injecting hang at step 8"), not a step it made (0397). Asked of the store
+        # after the read: the report may have been taken by another process (serve's API),
+        # and a report made before these lines were written is seen.
+        reported = self.store.is_self_reported(job_id, att.number)
         job_lines = 0
         alive_lines = 0  # liveness readings (a bar, a logged loss): run's count (0393)
         for raw in lines:
@@ -186,11 +188,6 @@ class EvidenceFollower(EngineCore):
         for rank, first_last in ends.items():
             for step, at in dict.fromkeys(first_last):
                 self.store.record_job_step_time(job_id, att.number, step, time=at, rank=rank)
-
-    def note_self_reported(self, job_id: str, attempt: int) -> None:
-        """The job reported a step of ``attempt`` itself (trainguard.train): from now on
-        its reports, not its output's step-like lines, are its progress (0397)."""
-        self._self_reported.add((job_id, attempt))
 
     def _warn_no_step_signal(
         self, job_id: str, att: AttemptRecord, first_at: float | None, now: float
