@@ -316,7 +316,8 @@ def _run_again(tmp: Path) -> None:
     kern.write_text("")
     result = drive(
         RunOptions(command=COMMAND, state=str(tmp / "state.db"), need=2, simulate_devices=3,
-                   kernel_log=str(kern), verify_window=0.5, grace=1.0, echo=False)
+                   kernel_log=str(kern), policy={"verify_window_seconds": 0.5}, grace=1.0,
+                   echo=False)
     )  # fmt: skip
     assert result.exit_code == 0, result
 

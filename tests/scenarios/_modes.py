@@ -182,18 +182,20 @@ def run_options(
         need=1,
         simulate_devices=devices,
         kernel_log=str(tmp / "kern.log"),
-        hang_timeout=policy.hang_timeout,
-        hang_floor=policy.hang_floor,
-        hang_multiple=policy.hang_multiple,
-        startup_timeout=policy.hang_startup,
-        max_restarts=policy.max_restarts,
-        backoff_base=0.0,
-        verify_window=policy.verify_window,
+        policy={
+            "hang_timeout_seconds": policy.hang_timeout,
+            "hang_floor_seconds": policy.hang_floor,
+            "hang_multiple": policy.hang_multiple,
+            "hang_startup_seconds": policy.hang_startup,
+            "max_restarts": policy.max_restarts,
+            "backoff_base_seconds": 0.0,
+            "verify_window_seconds": policy.verify_window,
+            "approvals": policy.approvals,
+        },
         grace=1.0,
         echo=False,
         mode=mode,
         breaker=policy.breaker,
-        approvals=policy.approvals,
     )
 
 

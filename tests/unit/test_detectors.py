@@ -134,7 +134,9 @@ def test_bad_progress_patterns_are_rejected_clearly() -> None:
 
 
 def test_fixed_hang_timeout_fires_once_after_the_timeout() -> None:
-    det = HangDetector(HangConfig(timeout=5.0, startup=30.0), started_at=T0)
+    det = HangDetector(
+        HangConfig(hang_timeout_seconds=5.0, hang_startup_seconds=30.0), started_at=T0
+    )
     # Start-up allowance before progress is known.
     assert det.deadline() == T0 + 30.0
     det.observe(1, T0 + 3)
@@ -152,7 +154,9 @@ def test_fixed_hang_timeout_fires_once_after_the_timeout() -> None:
 
 def test_changing_liveness_defers_the_hang_deadline_a_frozen_frame_does_not() -> None:
     # Steps every second, then a long evaluation whose bar moves: not a hang.
-    det = HangDetector(HangConfig(timeout=5.0, startup=30.0), started_at=T0)
+    det = HangDetector(
+        HangConfig(hang_timeout_seconds=5.0, hang_startup_seconds=30.0), started_at=T0
+    )
     det.observe(1, T0 + 1)
     det.observe(2, T0 + 2)
     parser = ProgressLineParser()
@@ -170,7 +174,7 @@ def test_changing_liveness_defers_the_hang_deadline_a_frozen_frame_does_not() ->
 
 
 def test_a_job_with_only_liveness_hangs_after_the_startup_allowance_without_it() -> None:
-    det = HangDetector(HangConfig(startup=30.0), started_at=T0)
+    det = HangDetector(HangConfig(hang_startup_seconds=30.0), started_at=T0)
     det.alive(T0 + 20, ("epoch", "", None, None, 1.0, None))
     assert det.check(T0 + 49) is None
     f = det.check(T0 + 50)
@@ -178,7 +182,9 @@ def test_a_job_with_only_liveness_hangs_after_the_startup_allowance_without_it()
 
 
 def test_repeated_or_older_steps_are_not_progress() -> None:
-    det = HangDetector(HangConfig(timeout=5.0, startup=5.0), started_at=T0)
+    det = HangDetector(
+        HangConfig(hang_timeout_seconds=5.0, hang_startup_seconds=5.0), started_at=T0
+    )
     det.observe(10, T0 + 1)
     det.observe(10, T0 + 4, rank=1)
     det.observe(9, T0 + 5)
@@ -186,7 +192,13 @@ def test_repeated_or_older_steps_are_not_progress() -> None:
 
 
 def test_adaptive_hang_timeout_scales_with_the_slowest_recent_interval() -> None:
-    cfg = HangConfig(timeout=None, floor=2.0, multiple=10.0, startup=100.0, window=3)
+    cfg = HangConfig(
+        hang_timeout_seconds=None,
+        hang_floor_seconds=2.0,
+        hang_multiple=10.0,
+        hang_startup_seconds=100.0,
+        window=3,
+    )
     det = HangDetector(cfg, started_at=T0)
     assert det.timeout() == 100.0
     det.observe(1, T0 + 10)
@@ -202,7 +214,9 @@ def test_adaptive_hang_timeout_scales_with_the_slowest_recent_interval() -> None
 
 
 def test_hang_names_the_silent_rank_when_ranks_report_separately() -> None:
-    det = HangDetector(HangConfig(timeout=5.0, startup=5.0), started_at=T0)
+    det = HangDetector(
+        HangConfig(hang_timeout_seconds=5.0, hang_startup_seconds=5.0), started_at=T0
+    )
     det.observe(1, T0 + 1, rank=0)
     det.observe(1, T0 + 1, rank=1)
     det.observe(2, T0 + 2, rank=0)
@@ -213,7 +227,9 @@ def test_hang_names_the_silent_rank_when_ranks_report_separately() -> None:
 def test_hang_names_nobody_when_every_rank_stopped_at_the_same_step() -> None:
     # All ranks blocked in one collective: which one reported its last step a few
     # milliseconds later is noise, not evidence.
-    det = HangDetector(HangConfig(timeout=5.0, startup=5.0), started_at=T0)
+    det = HangDetector(
+        HangConfig(hang_timeout_seconds=5.0, hang_startup_seconds=5.0), started_at=T0
+    )
     det.observe(29, T0 + 1.00, rank=0)
     det.observe(29, T0 + 1.02, rank=1)
     f = det.check(T0 + 10)
@@ -221,7 +237,9 @@ def test_hang_names_nobody_when_every_rank_stopped_at_the_same_step() -> None:
 
 
 def test_no_progress_at_all_is_a_startup_hang() -> None:
-    det = HangDetector(HangConfig(timeout=5.0, startup=20.0), started_at=T0)
+    det = HangDetector(
+        HangConfig(hang_timeout_seconds=5.0, hang_startup_seconds=20.0), started_at=T0
+    )
     assert det.check(T0 + 19) is None
     f = det.check(T0 + 20)
     assert f is not None and "of the start" in f.message

@@ -57,7 +57,11 @@ def test_culprit_describe_says_only_what_is_known() -> None:
 
 def test_a_job_that_never_showed_progress_is_told_how_to_show_it() -> None:
     hint = no_progress_hint(None)
-    hang = HangDetector(HangConfig(timeout=1.0, startup=2.0), started_at=T0, no_progress_hint=hint)
+    hang = HangDetector(
+        HangConfig(hang_timeout_seconds=1.0, hang_startup_seconds=2.0),
+        started_at=T0,
+        no_progress_hint=hint,
+    )
     finding = hang.check(T0 + 3)
     assert finding is not None
     for name in (
@@ -71,7 +75,11 @@ def test_a_job_that_never_showed_progress_is_told_how_to_show_it() -> None:
 
 
 def test_a_job_that_made_progress_and_stopped_gets_no_hint() -> None:
-    hang = HangDetector(HangConfig(timeout=1.0, startup=2.0), started_at=T0, no_progress_hint="X")
+    hang = HangDetector(
+        HangConfig(hang_timeout_seconds=1.0, hang_startup_seconds=2.0),
+        started_at=T0,
+        no_progress_hint="X",
+    )
     hang.observe(1, T0 + 1)
     hang.observe(2, T0 + 1.5)
     finding = hang.check(T0 + 10)
@@ -97,7 +105,9 @@ def test_hang_message_says_how_long_against_what_and_the_last_step() -> None:
 
 
 def test_the_hang_detectors_finding_is_worded_by_hang_message() -> None:
-    hang = HangDetector(HangConfig(timeout=2.0, startup=2.0), started_at=T0)
+    hang = HangDetector(
+        HangConfig(hang_timeout_seconds=2.0, hang_startup_seconds=2.0), started_at=T0
+    )
     hang.observe(4, T0 + 1)
     hang.observe(5, T0 + 2)
     finding = hang.check(T0 + 5)
@@ -107,7 +117,9 @@ def test_the_hang_detectors_finding_is_worded_by_hang_message() -> None:
 
 
 def test_a_failed_attempts_reason_is_the_diagnosis_or_the_detectors_words() -> None:
-    hang = HangDetector(HangConfig(timeout=1.0, startup=1.0), started_at=T0).check(T0 + 2)
+    hang = HangDetector(
+        HangConfig(hang_timeout_seconds=1.0, hang_startup_seconds=1.0), started_at=T0
+    ).check(T0 + 2)
     assert hang is not None
     crash = _app_error(0)
     a = attribute([crash], (), failed_at=T0 + 1)

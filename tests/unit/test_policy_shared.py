@@ -30,7 +30,12 @@ from trainguard.policy.hang import hang_config, hang_detector
 
 def test_the_default_policy_detects_hangs_adaptively() -> None:
     cfg = hang_config(RecoveryPolicy())
-    assert cfg.timeout is None and (cfg.floor, cfg.multiple, cfg.startup) == (60.0, 10.0, 600.0)
+    assert cfg.hang_timeout_seconds is None
+    assert (cfg.hang_floor_seconds, cfg.hang_multiple, cfg.hang_startup_seconds) == (
+        60.0,
+        10.0,
+        600.0,
+    )
     det = hang_detector(RecoveryPolicy(hang_floor_seconds=2.0, hang_multiple=4.0), 0.0)
     for i in range(5):  # a step every second
         det.observe(i, float(i))

@@ -188,6 +188,6 @@ def test_approvals_and_their_deadline_are_policy_fields() -> None:
 def test_run_asks_nobody_unless_told_to() -> None:
     quiet = resolve(parse_policy(policy_document(RunOptions(command=("x",)))), need=1)
     assert quiet.approvals is False
-    asked = RunOptions(command=("x",), approvals=True, approval_timeout=5.0)
+    asked = RunOptions(command=("x",), policy={"approvals": True, "approval_timeout_seconds": 5.0})
     policy = resolve(parse_policy(policy_document(asked)), need=1)
     assert (policy.approvals, policy.approval_timeout_seconds) == (True, 5.0)

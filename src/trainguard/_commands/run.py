@@ -10,6 +10,11 @@ from trainguard._commands._common import (
     breaker_config,
     error,
 )
+from trainguard._commands._policy_options import (
+    add_policy_options,
+    policy_error,
+    policy_values,
+)
 
 DESCRIPTION = """\
 Run COMMAND (typically `torchrun ... train.py`) under supervision. On a crash, a
@@ -83,32 +88,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="follow FILE for XID lines (default: journalctl -k -f, else /dev/kmsg)",
     )
     p.add_argument(
-        "--hang-timeout",
-        type=_positive_float,
-        metavar="S",
-        help="no progress for S seconds is a hang (default: adaptive, max(60 s, 10 x the "
-        "slowest recent step interval))",
-    )
-    p.add_argument(
-        "--startup-timeout",
-        type=_positive_float,
-        default=600.0,
-        metavar="S",
-        help="allowance before the first two progress reports of an attempt (default 600)",
-    )
-    p.add_argument(
         "--progress-pattern",
         metavar="REGEX",
         help="regex for progress lines; the step is group 'step' or the first group "
         "(default recognises step=N, step N, iteration N, [N/M])",
-    )
-    p.add_argument(
-        "--max-restarts",
-        type=_non_negative_int,
-        default=3,
-        metavar="K",
-        help="restarts allowed in a row without the job getting past its previous failure "
-        "(default 3)",
     )
     p.add_argument(
         "--mode",
@@ -120,13 +103,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--log-dir",
         metavar="DIR",
         help="per-attempt logs (default: <state dir>/logs/<job id>)",
-    )
-    p.add_argument(
-        "--verify-window",
-        type=_positive_float,
-        default=10.0,
-        metavar="S",
-        help="after a restart, progress must continue this long at a plausible rate (default 10)",
     )
     p.add_argument(
         "--grace",
@@ -181,13 +157,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "new interpreters that import torch; a worker it cannot start that way starts "
         "cold and the attempt log says why (default: on)",
     )
-    p.add_argument(
-        "--backoff",
-        type=float,
-        default=1.0,
-        metavar="S",
-        help="base of the exponential backoff between restarts; the first is immediate (default 1)",
-    )
     p.add_argument("--quiet", action="store_true", help="do not echo the job's output")
     p.add_argument(
         "--preflight",
@@ -220,20 +189,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="one trainguard at a time acts on a state database: a run that cannot renew "
         "its lease for S seconds (paused, stuck disk) loses it to the next (default 15)",
     )
-    p.add_argument(
-        "--approvals",
-        action="store_true",
-        help="let a second failure of unknown cause wait for a person (`trainguard "
-        "approve`) before it is restarted; without it run never waits for anyone: the "
-        "restart budget (--max-restarts) and the futile-retry rule decide",
-    )
-    p.add_argument(
-        "--approval-timeout",
-        type=_positive_float,
-        metavar="S",
-        help="with --approvals: a question nobody answers in S seconds is a no, and the "
-        "job stops with that reason (default 3600)",
-    )
+    add_policy_options(p)
     add_breaker_options(p)
     p.add_argument(
         "--engine",
@@ -246,8 +202,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def handle(args: argparse.Namespace) -> int:
     from trainguard.controller.local_driver import LocalDriver
-    from trainguard.controller.local_options import DEFAULT_APPROVAL_TIMEOUT, RunOptions
+    from trainguard.controller.local_options import RunOptions
     from trainguard.model.plan import Mode
+    from trainguard.model.policy_schema import PolicyError
     from trainguard.store import StoreError
 
     command = list(args.command)
@@ -257,7 +214,7 @@ def handle(args: argparse.Namespace) -> int:
         return error("no command given: trainguard run [OPTIONS] -- COMMAND [ARGS...]", 2)
     if args.min_need is not None and args.need is not None and args.min_need > args.need:
         return error("--min-need cannot be larger than --need", 2)
-    if args.approval_timeout is not None and not args.approvals:
+    if args.approval_timeout_seconds is not None and not args.approvals:
         return error("--approval-timeout needs --approvals (run never waits without it)", 2)
     try:
         options = RunOptions(
@@ -269,34 +226,26 @@ def handle(args: argparse.Namespace) -> int:
             simulate_devices=args.devices,
             inventory_file=args.inventory,
             kernel_log=args.kernel_log,
-            hang_timeout=args.hang_timeout,
-            startup_timeout=args.startup_timeout,
+            policy=policy_values(args),
             progress_pattern=args.progress_pattern,
-            max_restarts=args.max_restarts,
             mode=Mode(args.mode),
             log_dir=args.log_dir,
-            verify_window=args.verify_window,
             grace=args.grace,
             settle=args.settle,
             kill_grace=args.kill_grace,
             snapshot_flush_wait=args.snapshot_flush_wait,
             warm_standby=args.warm_standby,
             warm_workers=args.warm_workers,
-            backoff_base=args.backoff,
             echo=not args.quiet,
             preflight=args.preflight,
             resume_arg=args.resume_arg,
             keep_rejected_in_place=args.keep_rejected_in_place,
             lease_ttl=args.lease_ttl,
             breaker=breaker_config(args),
-            approvals=args.approvals,
-            approval_timeout=(
-                args.approval_timeout
-                if args.approval_timeout is not None
-                else DEFAULT_APPROVAL_TIMEOUT
-            ),
         )
         controller = LocalDriver(options)
+    except PolicyError as exc:
+        return error(policy_error(exc), 2)
     except ValueError as exc:
         return error(str(exc), 2)
     try:

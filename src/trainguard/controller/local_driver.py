@@ -55,6 +55,7 @@ from trainguard.controller.local_options import (
     EXIT_INTERRUPTED,
     EXIT_STOPPED,
     NAME,
+    POLICY,
     Interrupt,
     RunOptions,
     RunResult,
@@ -86,34 +87,13 @@ from trainguard.signals.progress import ProgressListener, ProgressReceived, shor
 from trainguard.store import NotFound, Store
 from trainguard.store.fleet import Fenced, FleetStore
 
-POLICY = "run"  # the policy document a driven job runs under
 DEFAULT_TICK = 0.25  # seconds between passes when nothing happens
 CLOSING_PASSES = 3  # passes after the job ended in which its live incidents may close
 
 
 def policy_document(o: RunOptions) -> dict[str, Any]:
     """``run``'s recovery options as a policy document (controller/policies.py)."""
-    doc: dict[str, Any] = {
-        "name": POLICY,
-        "description": "the options of trainguard run",
-        "max_restarts": o.max_restarts,
-        "backoff": {"base_seconds": o.backoff_base, "max_seconds": o.backoff_max},
-        "hang_floor_seconds": o.hang_floor,
-        "hang_multiple": o.hang_multiple,
-        "hang_startup_seconds": o.startup_timeout,
-        "verify_window_seconds": o.verify_window,
-        "verify_min_rate_ratio": o.verify_min_rate_ratio,
-        # Nobody is about to release a card while a local run waits: it stops and says
-        # how to return one (0381).
-        "wait_for_capacity": False,
-        # Nobody may be watching a run: it waits for a person only when asked to, and
-        # then not past the deadline (0425).
-        "approvals": o.approvals,
-        "approval_timeout_seconds": o.approval_timeout,
-    }
-    if o.hang_timeout is not None:
-        doc["hang_timeout_seconds"] = o.hang_timeout
-    return doc
+    return o.document().to_json()
 
 
 def _resume_command(
@@ -491,7 +471,11 @@ class LocalDriver:
             ):
                 continue  # another job's question (a state database serve shares)
             self._asked.add(approval_id)
-            self.say(approval_prompt(approval, self.opt.state, self.opt.approval_timeout))
+            self.say(
+                approval_prompt(
+                    approval, self.opt.state, self.opt.document().approval_timeout_seconds
+                )
+            )
 
     def _install_signal_handlers(self) -> Callable[[], None]:
         return on_interrupt(lambda signum: self.events.put(Interrupt(signum)))

@@ -9,11 +9,14 @@ the engine's configuration and the job's policy document ``run``
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from trainguard.controller.lease import DEFAULT_TTL_SECONDS
 from trainguard.diagnose.attribution import DEFAULT_CORRELATION_WINDOW
 from trainguard.model.plan import Mode
+from trainguard.model.policy_schema import PolicyDocument, run_document
 from trainguard.model.records import JobState
 from trainguard.policy.breaker import BreakerConfig
 from trainguard.policy.resume_arg import resume_arg_tokens
@@ -23,7 +26,7 @@ ACTOR = "trainguard-run"  # who the audit says acted, for run's driver
 EXIT_STOPPED = 1
 EXIT_INTERRUPTED = 130
 NAME = "trainguard run"  # who run is in words a person reads (an unanswered approval)
-DEFAULT_APPROVAL_TIMEOUT = 3600.0  # --approval-timeout's default, seconds
+POLICY = "run"  # the policy document a driven job runs under
 
 
 @dataclass(frozen=True)
@@ -38,18 +41,13 @@ class RunOptions:
     simulate_devices: int | None = None
     inventory_file: str | None = None
     kernel_log: str | None = None
-    hang_timeout: float | None = None  # None: adaptive
-    hang_floor: float = 60.0
-    hang_multiple: float = 10.0
-    startup_timeout: float = 600.0
+    # The recovery policy's settings run's options set, by their one name
+    # (model/policy_schema.py, RUN_SETTINGS); the rest take run's own values, then the
+    # built-in ones (local_driver.policy_document).
+    policy: Mapping[str, Any] = field(default_factory=dict)
     progress_pattern: str | None = None
-    max_restarts: int = 3
-    backoff_base: float = 1.0
-    backoff_max: float = 60.0
     mode: Mode = Mode.ACT
     log_dir: str | None = None  # None: <state dir>/logs/<job id>
-    verify_window: float = 10.0
-    verify_min_rate_ratio: float = 0.3
     settle: float = 0.3
     grace: float = 5.0
     # A failed attempt's tree is killed directly: SIGTERM to the ranks, SIGKILL after
@@ -74,15 +72,15 @@ class RunOptions:
     lease_ttl: float = DEFAULT_TTL_SECONDS
     # --breaker-*: the quarantine breaker, as serve's ControlConfig.breaker (0375).
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
-    # --approvals: a second failure of unknown cause waits for `trainguard approve`, at
-    # most --approval-timeout seconds (no answer is a no). Without it nothing waits for
-    # a person: the restart budget decides (0425).
-    approvals: bool = False
-    approval_timeout: float = DEFAULT_APPROVAL_TIMEOUT
 
     def __post_init__(self) -> None:
+        self.document()  # a bad setting is a usage error, now
         if self.resume_arg is not None:
             resume_arg_tokens(self.resume_arg)  # a bad template is a usage error, now
+
+    def document(self) -> PolicyDocument:
+        """run's policy document: :attr:`policy` over run's own values (0381, 0425)."""
+        return run_document(self.policy, name=POLICY, description="the options of trainguard run")
 
     def display_name(self) -> str:
         """The job's name: ``job_name``, else the program and its first two arguments."""
@@ -111,10 +109,10 @@ class Interrupt:
 
 __all__ = [
     "ACTOR",
-    "DEFAULT_APPROVAL_TIMEOUT",
     "EXIT_INTERRUPTED",
     "EXIT_STOPPED",
     "NAME",
+    "POLICY",
     "Interrupt",
     "RunOptions",
     "RunResult",

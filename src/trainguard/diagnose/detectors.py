@@ -38,6 +38,7 @@ from trainguard.diagnose.progress_lines import (
 )
 from trainguard.model.devices import Device, normalize_pci_bus_id
 from trainguard.model.findings import Culprit, Domain, Finding, Severity
+from trainguard.model.plan import RecoveryPolicy
 
 # --- records the observers produce ---------------------------------------------------
 
@@ -192,17 +193,19 @@ def crash_finding(exit: ProcessExit, devices: Sequence[Device]) -> Finding | Non
 
 @dataclass(frozen=True)
 class HangConfig:
-    """Hang timeout. ``timeout`` set: fixed. ``None``: adaptive (decision 0052).
+    """Hang timeout, in the policy settings' names and with their built-in values
+    (model/policy_schema.py). ``hang_timeout_seconds`` set: fixed. ``None``: adaptive
+    (decision 0052).
 
-    Adaptive: ``max(floor, multiple × the slowest of the last ``window`` step
-    intervals)``; until two progress points are known (start-up, restore,
-    compilation) the allowance is ``startup``.
+    Adaptive: ``max(hang_floor_seconds, hang_multiple × the slowest of the last
+    ``window`` step intervals)``; until two progress points are known (start-up,
+    restore, compilation) the allowance is ``hang_startup_seconds``.
     """
 
-    timeout: float | None = None
-    floor: float = 60.0
-    multiple: float = 10.0
-    startup: float = 600.0
+    hang_timeout_seconds: float | None = RecoveryPolicy.hang_timeout_seconds
+    hang_floor_seconds: float = RecoveryPolicy.hang_floor_seconds
+    hang_multiple: float = RecoveryPolicy.hang_multiple
+    hang_startup_seconds: float = RecoveryPolicy.hang_startup_seconds
     window: int = 20
 
 
@@ -284,11 +287,13 @@ class HangDetector:
         cfg = self.config
         if self.points < 2:
             # Start-up (rendezvous, restore, first compile) is slower than a step.
-            return cfg.startup if cfg.timeout is None else max(cfg.timeout, cfg.startup)
-        if cfg.timeout is not None:
-            return cfg.timeout
+            if cfg.hang_timeout_seconds is None:
+                return cfg.hang_startup_seconds
+            return max(cfg.hang_timeout_seconds, cfg.hang_startup_seconds)
+        if cfg.hang_timeout_seconds is not None:
+            return cfg.hang_timeout_seconds
         slowest = max(self.intervals) if self.intervals else 0.0
-        return max(cfg.floor, cfg.multiple * slowest)
+        return max(cfg.hang_floor_seconds, cfg.hang_multiple * slowest)
 
     def deadline(self) -> float:
         return self._since() + self.timeout()

@@ -25,6 +25,7 @@ from typing import Any
 from trainguard.model.actors import actor_name
 from trainguard.model.health import HealthState
 from trainguard.model.plan import Mode
+from trainguard.model.policy_schema import PolicyDocument  # re-exported: a fleet record
 from trainguard.model.records import iso_utc
 from trainguard.model.statemachine import check_transition
 
@@ -178,84 +179,6 @@ class FleetJob:
             "opted_in": self.opted_in,
             "registered_at": iso_utc(self.registered_at),
         }
-
-
-# --- recovery policy documents -------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PolicyDocument:
-    """A named, validated recovery policy (see ``controller.policies`` for the format).
-
-    ``min_devices`` / ``max_devices`` describe elasticity: equal means a fixed
-    count. ``None`` fields take the operator default (the document named
-    ``default``) and then the built-in :class:`~trainguard.model.plan.RecoveryPolicy`.
-    """
-
-    name: str
-    max_restarts: int | None = None
-    backoff_base_seconds: float | None = None
-    backoff_max_seconds: float | None = None
-    futile_after: int | None = None
-    allow_quarantine: bool | None = None
-    min_devices: int | None = None
-    max_devices: int | None = None
-    hang_timeout_seconds: float | None = None
-    hang_floor_seconds: float | None = None
-    hang_multiple: float | None = None
-    hang_startup_seconds: float | None = None
-    verify_window_seconds: float | None = None
-    verify_min_rate_ratio: float | None = None
-    placement: str | None = None  # "device" | "node" (model.plan.PLACEMENTS)
-    description: str | None = None
-    isolate_network_after: int | None = None  # RecoveryPolicy.isolate_network_after (0110)
-    max_checkpoint_age_seconds: float | None = None  # checkpoint protection alert (0251)
-    wait_for_capacity: bool | None = None  # RecoveryPolicy.wait_for_capacity (0381)
-    approvals: bool | None = None  # RecoveryPolicy.approvals (0425)
-    approval_timeout_seconds: float | None = None  # RecoveryPolicy.approval_timeout_seconds
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name}
-        elastic: dict[str, Any] | int | None = None
-        if self.min_devices is not None or self.max_devices is not None:
-            if self.min_devices == self.max_devices:
-                elastic = self.min_devices
-            else:
-                elastic = {"min": self.min_devices, "max": self.max_devices}
-        for key, value in (
-            ("description", self.description),
-            ("max_restarts", self.max_restarts),
-            ("backoff", _backoff_json(self.backoff_base_seconds, self.backoff_max_seconds)),
-            ("futile_after", self.futile_after),
-            ("allow_quarantine", self.allow_quarantine),
-            ("devices", elastic),
-            ("hang_timeout_seconds", self.hang_timeout_seconds),
-            ("hang_floor_seconds", self.hang_floor_seconds),
-            ("hang_multiple", self.hang_multiple),
-            ("hang_startup_seconds", self.hang_startup_seconds),
-            ("verify_window_seconds", self.verify_window_seconds),
-            ("verify_min_rate_ratio", self.verify_min_rate_ratio),
-            ("placement", self.placement),
-            ("isolate_network_after", self.isolate_network_after),
-            ("max_checkpoint_age_seconds", self.max_checkpoint_age_seconds),
-            ("wait_for_capacity", self.wait_for_capacity),
-            ("approvals", self.approvals),
-            ("approval_timeout_seconds", self.approval_timeout_seconds),
-        ):
-            if value is not None:
-                out[key] = value
-        return out
-
-
-def _backoff_json(base: float | None, cap: float | None) -> dict[str, float] | None:
-    if base is None and cap is None:
-        return None
-    out: dict[str, float] = {}
-    if base is not None:
-        out["base_seconds"] = base
-    if cap is not None:
-        out["max_seconds"] = cap
-    return out
 
 
 # --- approvals -----------------------------------------------------------------------

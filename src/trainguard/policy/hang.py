@@ -18,10 +18,10 @@ from trainguard.model.plan import RecoveryPolicy
 def hang_config(policy: RecoveryPolicy) -> HangConfig:
     """The hang detector's configuration for a job under ``policy``."""
     return HangConfig(
-        timeout=policy.hang_timeout_seconds,
-        floor=policy.hang_floor_seconds,
-        multiple=policy.hang_multiple,
-        startup=policy.hang_startup_seconds,
+        hang_timeout_seconds=policy.hang_timeout_seconds,
+        hang_floor_seconds=policy.hang_floor_seconds,
+        hang_multiple=policy.hang_multiple,
+        hang_startup_seconds=policy.hang_startup_seconds,
     )
 
 
