@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, Strict
 
 from trainguard.model.findings import Domain, Severity
 from trainguard.model.health import HealthState
+from trainguard.model.policy_schema import json_schema as policy_json_schema
 
 MAX_FINDINGS_PER_BATCH = 500
 MAX_PROGRESS_PER_BATCH = 2000
@@ -271,7 +272,10 @@ class ModeIn(_Request):
 
 
 class PolicyIn(_Request):
-    policy: dict[str, Any] = Field(description="recovery policy fields (docs/api.md#policies)")
+    policy: dict[str, Any] = Field(
+        description="recovery policy settings (docs/control-plane.md#policy-settings)",
+        json_schema_extra=policy_json_schema(),
+    )
 
 
 # --- responses -----------------------------------------------------------------------
@@ -573,7 +577,7 @@ class ModesOut(_Response):
 
 class PolicyOut(_Response):
     name: str
-    document: dict[str, Any]
+    document: dict[str, Any] = Field(json_schema_extra=policy_json_schema())
     updated_at: str | None
     updated_by: str | None
 

@@ -77,7 +77,8 @@ def merge(base: PolicyDocument | None, override: PolicyDocument | None) -> Polic
         return override
     if override is None:
         return base
-    return replace(base, **{s.name: v for s, v in override.settings() if v is not None})
+    changes = {s.name: v for s, v in override.settings() if v is not None}
+    return replace(base, name=override.name, **changes)
 
 
 def resolve(

@@ -100,7 +100,7 @@ class Setting:
         if self.kind == "bool":
             return "true or false"
         if self.kind == "choice":
-            return " | ".join(self.choices)
+            return "one of " + ", ".join(self.choices)
         if self.kind == "text":
             return "text"
         noun = "integer" if self.kind == "int" else "number"
@@ -447,7 +447,8 @@ def _parse_group(group: Group, value: Any, pname: str) -> dict[str, Any]:
             f"{group.key}.{group.required}", "is required for an elastic range", policy=pname
         )
     got: dict[str, Any] = {}
-    for sub in group.members:
+    # A sub-key another falls back to is checked first: its error is the one to fix.
+    for sub in sorted(group.members, key=lambda k: k in group.fallback):
         raw = value.get(sub)
         if raw is None and sub in group.fallback:
             raw = value.get(group.fallback[sub])
@@ -555,7 +556,7 @@ def json_schema() -> dict[str, Any]:
                 schema["maximum"] = s.maximum
         if s.keyword is not None:
             schema = {"anyOf": [schema, {"const": s.keyword}]}
-        schema["description"] = s.help + (f" ({s.unit})" if s.unit == "s" else "")
+        schema["description"] = s.help + (" (seconds)" if s.unit == "s" else "")
         return schema
 
     props: dict[str, Any] = {"name": {"type": "string", "description": "the policy's name"}}
