@@ -52,6 +52,7 @@ bench: $(STAMP)
 
 openapi: $(STAMP)
 	$(PY) scripts/gen-openapi.py
+	$(PY) scripts/gen-policy-docs.py
 
 clean:
 	rm -rf $(VENV) .trainguard build *.egg-info
