@@ -68,7 +68,7 @@ class Setting:
     exclusive: bool = False  # the minimum itself is refused (> rather than >=)
     maximum: float | None = None
     choices: tuple[str, ...] = ()
-    keyword: str | None = None  # a word meaning "left unset" (hang_timeout: adaptive)
+    keyword: str | None = None  # a word meaning "left unset" (hang_timeout_seconds: adaptive)
     path: str | None = None  # where a grouped setting sits in a document: backoff.base_seconds
     run_option: bool = False  # trainguard run has an option for it
     run_value: Any = None  # what run's own document sets without the option (None: nothing)
