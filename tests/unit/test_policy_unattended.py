@@ -98,7 +98,7 @@ def test_without_approvals_asked_for_no_step_ever_waits_for_a_person(
         approvals=answers,
         approval_asked_at={i: 0.0 for i in answers},
         ask_approvals=False,
-        approval_timeout=timeout,
+        approval_timeout_seconds=timeout,
     )
     assert step(s).kind not in WAITS
     for kind in kinds:
@@ -117,15 +117,19 @@ def test_destructive_actions_wait_whatever_the_job_policy_says() -> None:
 
 def test_with_approvals_a_second_unknown_failure_waits_until_the_deadline() -> None:
     acts = planned(_action("restart"))
-    asked = snap(actions=acts, **UNKNOWN_TWICE, approval_timeout=2.0)
+    asked = snap(actions=acts, **UNKNOWN_TWICE, approval_timeout_seconds=2.0)
     first = step(asked)
     assert first.kind is StepKind.REQUEST_APPROVAL
     assert first.outcome.kind is OutcomeKind.REQUEUE and first.outcome.after_s == 2.0
     pending = {"approvals": {0: ApprovalState.PENDING}, "approval_asked_at": {0: 100.0}}
-    waiting = step(snap(actions=acts, **UNKNOWN_TWICE, **pending, now=101.5, approval_timeout=2.0))
+    waiting = step(
+        snap(actions=acts, **UNKNOWN_TWICE, **pending, now=101.5, approval_timeout_seconds=2.0)
+    )
     assert waiting.kind is StepKind.REQUEST_APPROVAL
     assert waiting.outcome.after_s == 0.5  # look again when the deadline runs out
-    late = step(snap(actions=acts, **UNKNOWN_TWICE, **pending, now=102.0, approval_timeout=2.0))
+    late = step(
+        snap(actions=acts, **UNKNOWN_TWICE, **pending, now=102.0, approval_timeout_seconds=2.0)
+    )
     assert (late.kind, late.index, late.key) == (
         StepKind.EXPIRE_APPROVAL,
         0,

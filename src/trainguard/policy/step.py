@@ -147,7 +147,7 @@ class IncidentSnapshot:
     # how long a wait lasts (None: no deadline); when each pending approval was asked
     # (index -> time), and the deadline of each the deadline answered (index -> seconds).
     ask_approvals: bool = True
-    approval_timeout: float | None = None
+    approval_timeout_seconds: float | None = None
     approval_asked_at: Mapping[int, float] = field(default_factory=dict)
     unanswered: Mapping[int, float] = field(default_factory=dict)
 
@@ -210,7 +210,7 @@ def _next_action(s: IncidentSnapshot, a: PlannedAction) -> Step:
         )
         if why is not None:
             approval = s.approvals.get(a.index)
-            timeout = s.approval_timeout
+            timeout = s.approval_timeout_seconds
             asked = s.approval_asked_at.get(a.index)
             if (
                 approval is ApprovalState.PENDING

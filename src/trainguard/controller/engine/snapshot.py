@@ -288,7 +288,7 @@ class SnapshotBuilder(AttemptSync):
             prior_domains=prior_domains,
             plan_attempt=int(plan.get("attempt", inc.attempt)),
             ask_approvals=policy.approvals,
-            approval_timeout=policy.approval_timeout_seconds,
+            approval_timeout_seconds=policy.approval_timeout_seconds,
             approval_asked_at=asked_at,
             **placement,
         )
