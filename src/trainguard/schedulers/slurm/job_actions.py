@@ -5,6 +5,10 @@ releases it, so the next attempt can never start on an excluded node; a job that
 requeueable is resubmitted from its own batch script with ``--exclude`` and followed
 under the same ref. Before the requeue, the resume request (decision 0103) names the
 checkpoint the next attempt restores.
+
+:class:`SlurmJobActions` reads jobs through the observer and the client, keys and fences
+through the state file and verifies through the timings' wait; the scheduler facade
+composes it.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import dataclasses
 import os
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +31,12 @@ from trainguard.schedulers.base import (
     SchedulerError,
 )
 from trainguard.schedulers.slurm import names
-from trainguard.schedulers.slurm.node_actions import SlurmNodeActions
-from trainguard.schedulers.slurm.observe import HELD_REASONS, SlurmObservedJob
-from trainguard.schedulers.slurm.parse import (
-    SlurmNode,
-)
+from trainguard.schedulers.slurm.client import SlurmClient
+from trainguard.schedulers.slurm.inventory import SlurmDevices
+from trainguard.schedulers.slurm.observe import HELD_REASONS, SlurmObservedJob, SlurmObserver
+from trainguard.schedulers.slurm.parse import SlurmNode
+from trainguard.schedulers.slurm.state import SlurmStateFile
+from trainguard.schedulers.slurm.timing import SlurmTimings
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -44,12 +49,37 @@ def _write_private(path: Path, text: str) -> None:
         fh.write(text)
 
 
-class SlurmJobActions(SlurmNodeActions):
-    """Job actions, each keyed, fenced and verified against a fresh observation."""
+class SlurmJobActions:
+    """Job actions, each keyed, fenced and verified against a fresh observation.
+
+    ``state_dir`` holds the batch scripts it writes; ``partition`` is ``submit``'s default.
+    """
+
+    def __init__(
+        self,
+        client: SlurmClient,
+        state: SlurmStateFile,
+        observer: SlurmObserver,
+        devices: SlurmDevices,
+        timings: SlurmTimings,
+        *,
+        state_dir: Path,
+        partition: str | None,
+        clock: Callable[[], float],
+    ) -> None:
+        self.client = client
+        self.cmd = client.cmd
+        self.state = state
+        self.observer = observer
+        self.devices = devices
+        self.timings = timings
+        self.state_dir = state_dir
+        self.partition = partition
+        self.clock = clock
 
     def _ref_job(self, ref: str) -> tuple[SlurmObservedJob, dict[str, Any]]:
-        job = self.job(ref)
-        with self._locked() as state:
+        job = self.observer.job(ref)
+        with self.state.locked() as state:
             rec = dict(state["refs"].get(ref) or {})
         return job, rec
 
@@ -110,7 +140,7 @@ class SlurmJobActions(SlurmNodeActions):
         resume_from: str | None = None,
         env: Mapping[str, str] | None = None,
     ) -> ActionResult:
-        seen = self._begin(key, token)
+        seen = self.state.begin(key, token)
         if seen is not None:
             return seen
         job, rec = self._ref_job(ref)
@@ -119,9 +149,9 @@ class SlurmJobActions(SlurmNodeActions):
         exclude = {names.node(n) for n in exclude_nodes}
         for uuid in exclude_devices:
             with contextlib.suppress(SchedulerError):
-                exclude.add(self.device_node(uuid)[0])
+                exclude.add(self.devices.device_node(uuid)[0])
         exclude |= set(job.excluded_nodes)
-        nodes = {n.name: n for n in self.slurm_nodes()}
+        nodes = {n.name: n for n in self.client.slurm_nodes()}
         exclude = {n for n in exclude if n in nodes}
         note = self._capacity_note(job, sorted(exclude), nodes)
         if job.requeueable:
@@ -131,12 +161,12 @@ class SlurmJobActions(SlurmNodeActions):
         detail["ref"] = ref
         if note:
             detail["pending_reason"] = note
-        return self._remember(key, detail, ref=ref)
+        return self.state.remember(key, detail, ref=ref)
 
     def _record_resume(
         self, ref: str, attempt: int, resume_from: str | None, env: Mapping[str, str]
     ) -> None:
-        with self._locked() as state:
+        with self.state.locked() as state:
             r = state["refs"].setdefault(ref, {"chain": []})
             resume = r.setdefault("resume", {})
             resume[str(attempt)] = {"checkpoint": resume_from, "env": dict(env)}
@@ -157,22 +187,22 @@ class SlurmJobActions(SlurmNodeActions):
             return None
 
         def stuck() -> list[str]:
-            nodes = {n.name: n for n in self.slurm_nodes()}
+            nodes = {n.name: n for n in self.client.slurm_nodes()}
             return [
                 n
                 for n in job.nodes
                 if n in nodes
                 and nodes[n].state != "down"
-                and (nodes[n].not_responding or self.slurmd_answers(nodes[n]) is False)
+                and (nodes[n].not_responding or self.client.slurmd_answers(nodes[n]) is False)
             ]
 
         first = stuck()
         if not first:
             return None
-        self._wait(
+        self.timings.wait(
             f"node(s) {', '.join(first)} to be declared down",
             lambda: (not stuck(), ",".join(stuck()) or "settled"),
-            timeout=self.requeue_wait,
+            timeout=self.timings.requeue_wait,
         )
         return f"{', '.join(first)} not responding: waited until slurmctld declared it down"
 
@@ -201,7 +231,7 @@ class SlurmJobActions(SlurmNodeActions):
                 # The caller's offered point is now "the newest valid checkpoint".
                 detail["resume_request_withheld"] = True
                 resume_from = None
-            cur = self.slurm_job(jid)
+            cur = self.client.slurm_job(jid)
             if cur is None:
                 raise SchedulerError(f"job {jid} is gone")
             if cur.restarts > restarts:
@@ -239,7 +269,7 @@ class SlurmJobActions(SlurmNodeActions):
         self._record_resume(job.ref, attempt, resume_from, env)
 
         def gone() -> tuple[bool, str]:
-            cur = self.slurm_job(jid)
+            cur = self.client.slurm_job(jid)
             if cur is None:
                 return False, "job gone"
             ok = cur.state == "PENDING" and cur.restarts >= new_restarts
@@ -247,7 +277,9 @@ class SlurmJobActions(SlurmNodeActions):
 
         # The old attempt must be over before the job can be changed (a node that does
         # not respond keeps it COMPLETING until slurmctld declares the node down).
-        detail["stopped"] = self._wait(f"requeue of job {jid}", gone, timeout=self.requeue_wait)
+        detail["stopped"] = self.timings.wait(
+            f"requeue of job {jid}", gone, timeout=self.timings.requeue_wait
+        )
         update = ["scontrol", "update", f"JobId={jid}"]
         if exclude:
             update.append(f"ExcNodeList={names.hostlist(exclude)}")
@@ -256,7 +288,7 @@ class SlurmJobActions(SlurmNodeActions):
         self.cmd.run("scontrol", "release", jid)
 
         def next_attempt() -> tuple[bool, str]:
-            cur = self.slurm_job(jid)
+            cur = self.client.slurm_job(jid)
             if cur is None:
                 return False, "job gone"
             placed = set(cur.nodes) if cur.attempt_started else set()
@@ -272,7 +304,7 @@ class SlurmJobActions(SlurmNodeActions):
                 f"excluded={','.join(cur.excluded) or '-'} nodes={','.join(sorted(placed)) or '-'}"
             )
 
-        detail["verified"] = self._wait(f"release of job {jid}", next_attempt)
+        detail["verified"] = self.timings.wait(f"release of job {jid}", next_attempt)
         detail.update(attempt=attempt, outcome="converged", applied=True)
         return detail
 
@@ -289,7 +321,7 @@ class SlurmJobActions(SlurmNodeActions):
         script = self.cmd.run("scontrol", "write", "batch_script", jid, "-").stdout
         if not script.startswith("#!"):
             raise SchedulerError(f"job {jid}: its batch script is not available to resubmit")
-        raw = self.slurm_job(jid)
+        raw = self.client.slurm_job(jid)
         if raw is None:
             raise SchedulerError(f"job {jid} is gone")
         if job.phase in (JobPhase.RUNNING, JobPhase.PENDING):
@@ -334,7 +366,7 @@ class SlurmJobActions(SlurmNodeActions):
         _write_private(script_path, script)
         out = self.cmd.run("sbatch", *args, str(script_path)).stdout.strip()
         new_id = names.job_id(out.split(";")[0])
-        with self._locked() as state:
+        with self.state.locked() as state:
             r = state["refs"].setdefault(job.ref, {"chain": [{"job_id": jid, "base": 0}]})
             r["chain"].append({"job_id": new_id, "base": attempt})
             state["ids"][new_id] = {
@@ -368,7 +400,7 @@ class SlurmJobActions(SlurmNodeActions):
         self.cmd.run("scontrol", "release", new_id)
 
         def started() -> tuple[bool, str]:
-            cur = self.slurm_job(new_id)
+            cur = self.client.slurm_job(new_id)
             if cur is None:
                 return False, "job gone"
             placed = set(cur.nodes) if cur.attempt_started else set()
@@ -378,12 +410,12 @@ class SlurmJobActions(SlurmNodeActions):
             ok = ok and not (cur.state == "PENDING" and (cur.reason or "") in HELD_REASONS)
             return ok, f"{cur.state} reason={cur.reason} nodes={','.join(sorted(placed)) or '-'}"
 
-        detail["verified"] = self._wait(f"resubmission of job {jid}", started)
+        detail["verified"] = self.timings.wait(f"resubmission of job {jid}", started)
         detail.update(attempt=attempt, outcome="converged", applied=True)
         return detail
 
     def cancel(self, ref: str, reason: str, *, key: str, token: int) -> ActionResult:
-        seen = self._begin(key, token)
+        seen = self.state.begin(key, token)
         if seen is not None:
             return seen
         job, _ = self._ref_job(ref)
@@ -395,22 +427,22 @@ class SlurmJobActions(SlurmNodeActions):
                 "observed": f"already {job.phase.value}",
                 "outcome": "converged",
             }
-            return self._remember(key, detail, ref=ref, applied=False)
+            return self.state.remember(key, detail, ref=ref, applied=False)
         text = names.text(reason if "trainguard" in reason else f"trainguard: {reason}")
         with contextlib.suppress(SchedulerError):
             self.cmd.run("scontrol", "update", f"JobId={jid}", f"AdminComment={text}")
         self.cmd.run("scancel", jid)
 
         def check() -> tuple[bool, str]:
-            cur = self.slurm_job(jid)
+            cur = self.client.slurm_job(jid)
             if cur is None:
                 return True, "gone"
             return cur.state == "CANCELLED", cur.state
 
         try:
-            verified = self._wait(f"cancel of job {jid}", check)
+            verified = self.timings.wait(f"cancel of job {jid}", check)
         except SchedulerError:
-            cur = self.slurm_job(jid)
+            cur = self.client.slurm_job(jid)
             if cur is None or cur.state != "COMPLETING":
                 raise
             # Still cleaning up on a node that does not answer: cancelled all the same.
@@ -423,13 +455,13 @@ class SlurmJobActions(SlurmNodeActions):
             "outcome": "converged",
             "verified": verified,
         }
-        return self._remember(key, detail, ref=ref)
+        return self.state.remember(key, detail, ref=ref)
 
     def submit(self, spec: JobSpec, *, key: str, token: int) -> ActionResult:
         """``sbatch`` a wrapper script that runs ``spec.command`` once (on the first node;
         multi-node programs start their ranks with ``srun`` themselves), exports
         ``spec.env`` and ``TRAINGUARD_ATTEMPT`` (= the restart count), opted in."""
-        seen = self._begin(key, token, fenced=False)
+        seen = self.state.begin(key, token, fenced=False)
         if seen is not None:
             return seen
         if not spec.command:
@@ -469,7 +501,7 @@ class SlurmJobActions(SlurmNodeActions):
         out = self.cmd.run("sbatch", *args, str(script)).stdout.strip()
         jid = names.job_id(out.split(";")[0])
         ref = jid
-        with self._locked() as state:
+        with self.state.locked() as state:
             prior = state["ids"].get(jid)
             if prior is not None:
                 # The id was used before (a wiped cluster): this is a new job.
@@ -485,7 +517,7 @@ class SlurmJobActions(SlurmNodeActions):
                 "seen": self.clock(),
             }
             state["refs"][ref] = {"chain": [{"job_id": jid, "base": 0}], "last_key": key}
-        return self._remember(key, {"ref": ref, "job_id": jid, "attempt": 0}, ref=ref)
+        return self.state.remember(key, {"ref": ref, "job_id": jid, "attempt": 0}, ref=ref)
 
 
 __all__ = ["SlurmJobActions"]

@@ -3,6 +3,9 @@
 Slurm cannot withhold one GPU of a node without a reconfiguration, so quarantining a
 GPU drains its node with a reason naming the GPU; the node returns when every GPU
 quarantined on it is released. A node drained by someone else keeps their reason.
+
+:class:`SlurmNodeActions` acts through the client, keys and fences through the state
+file and verifies through the timings' wait; the scheduler facade composes it.
 """
 
 from __future__ import annotations
@@ -16,22 +19,39 @@ from trainguard.schedulers.base import (
     SchedulerError,
 )
 from trainguard.schedulers.slurm import names
-from trainguard.schedulers.slurm.observe import SlurmObserver
-from trainguard.schedulers.slurm.parse import (
-    SlurmNode,
-)
+from trainguard.schedulers.slurm.client import SlurmClient
+from trainguard.schedulers.slurm.inventory import SlurmDevices
+from trainguard.schedulers.slurm.parse import SlurmNode
+from trainguard.schedulers.slurm.state import SlurmStateFile
+from trainguard.schedulers.slurm.timing import SlurmTimings
 
 # The reason a drain for one GPU carries starts with this, so it is told apart from
 # a drain of the whole node (which starts with "trainguard").
 _GPU_REASON_RE = re.compile(r"^gpu (\d+) (\S+) quarantined: ")
 
 
-class SlurmNodeActions(SlurmObserver):
+class SlurmNodeActions:
     """Node and GPU actions, each keyed, fenced and verified against a fresh observation."""
+
+    def __init__(
+        self,
+        client: SlurmClient,
+        state: SlurmStateFile,
+        devices: SlurmDevices,
+        timings: SlurmTimings,
+        *,
+        cluster: str,
+    ) -> None:
+        self.client = client
+        self.cmd = client.cmd
+        self.state = state
+        self.devices = devices
+        self.timings = timings
+        self.cluster = cluster
 
     def _known_node(self, node: str) -> SlurmNode:
         name = names.node(node)
-        found = self.slurm_node(name)
+        found = self.client.slurm_node(name)
         if found is None:
             raise SchedulerError(f"no node {name!r} in {self.cluster}")
         return found
@@ -49,14 +69,14 @@ class SlurmNodeActions(SlurmObserver):
         self.cmd.run("scontrol", "update", f"NodeName={n.name}", "State=DRAIN", f"Reason={reason}")
 
         def check() -> tuple[bool, str]:
-            cur = self.slurm_node(n.name)
+            cur = self.client.slurm_node(n.name)
             if cur is None:
                 return False, "node gone"
             return cur.drained and (cur.reason or "") == reason, (
                 f"{cur.state}+{'+'.join(cur.flags)} reason={cur.reason!r}"
             )
 
-        seen = self._wait(f"drain of {n.name}", check)
+        seen = self.timings.wait(f"drain of {n.name}", check)
         return {
             "node": n.name,
             "applied": True,
@@ -70,36 +90,36 @@ class SlurmNodeActions(SlurmObserver):
         node shows NOT_RESPONDING for a moment until slurmd re-registers)."""
 
         def cleared() -> tuple[bool, str]:
-            cur = self.slurm_node(node)
+            cur = self.client.slurm_node(node)
             if cur is None:
                 return False, "node gone"
             return not cur.drained, f"{cur.state}+{'+'.join(cur.flags)}"
 
-        seen = self._wait(f"resume of {node}", cleared)
-        deadline = time.monotonic() + min(5.0, self.verify_timeout)
+        seen = self.timings.wait(f"resume of {node}", cleared)
+        deadline = time.monotonic() + min(5.0, self.timings.verify_timeout)
         while time.monotonic() < deadline:
-            cur = self.slurm_node(node)
+            cur = self.client.slurm_node(node)
             if cur is not None and not cur.down:
                 return f"{cur.state}+{'+'.join(cur.flags)}".rstrip("+")
-            time.sleep(self.poll)
+            time.sleep(self.timings.poll)
         return f"{seen} (drain cleared; the node does not respond yet)"
 
     def drain(self, node: str, reason: str, *, key: str, token: int) -> ActionResult:
-        seen = self._begin(key, token)
+        seen = self.state.begin(key, token)
         if seen is not None:
             return seen
         text = names.text(reason)
         if "trainguard" not in text:
             text = names.text(f"trainguard: {text}")
         detail = self._drain(node, text)
-        return self._remember(key, detail, applied=bool(detail["applied"]))
+        return self.state.remember(key, detail, applied=bool(detail["applied"]))
 
     def resume_node(self, node: str, reason: str, *, key: str, token: int) -> ActionResult:
-        seen = self._begin(key, token)
+        seen = self.state.begin(key, token)
         if seen is not None:
             return seen
         n = self._known_node(node)
-        with self._locked() as state:
+        with self.state.locked() as state:
             held = sorted(u for u, q in state["quarantined"].items() if q.get("node") == n.name)
         if not n.drained:
             detail: dict[str, Any] = {
@@ -131,26 +151,26 @@ class SlurmNodeActions(SlurmObserver):
                 "outcome": "converged",
                 "verified": self._wait_resumed(n.name),
             }
-        return self._remember(key, detail, applied=bool(detail["applied"]))
+        return self.state.remember(key, detail, applied=bool(detail["applied"]))
 
     def quarantine_device(self, uuid: str, reason: str, *, key: str, token: int) -> ActionResult:
-        seen = self._begin(key, token)
+        seen = self.state.begin(key, token)
         if seen is not None:
             return seen
-        node, index = self.device_node(uuid)
+        node, index = self.devices.device_node(uuid)
         text = names.text(f"gpu {index} {uuid} quarantined: {reason}")
-        with self._locked() as state:
+        with self.state.locked() as state:
             state["quarantined"][uuid] = {"node": node, "index": index, "reason": text}
         detail = self._drain(node, text)
         detail.update(device=uuid, index=index)
-        return self._remember(key, detail, applied=bool(detail["applied"]))
+        return self.state.remember(key, detail, applied=bool(detail["applied"]))
 
     def release_device(self, uuid: str, reason: str, *, key: str, token: int) -> ActionResult:
-        seen = self._begin(key, token)
+        seen = self.state.begin(key, token)
         if seen is not None:
             return seen
-        node, index = self.device_node(uuid)
-        with self._locked() as state:
+        node, index = self.devices.device_node(uuid)
+        with self.state.locked() as state:
             rec = state["quarantined"].pop(uuid, None)
             others = [u for u, q in state["quarantined"].items() if q.get("node") == node]
         detail: dict[str, Any] = {"device": uuid, "node": node, "index": index}
@@ -169,9 +189,7 @@ class SlurmNodeActions(SlurmObserver):
             )
         else:
             detail.update(applied=True, observed=f"{node} drained for another reason: kept")
-        return self._remember(key, detail, applied=bool(detail["applied"]))
-
-    # --- jobs ------------------------------------------------------------------------
+        return self.state.remember(key, detail, applied=bool(detail["applied"]))
 
 
 __all__ = ["SlurmNodeActions"]

@@ -4,11 +4,13 @@
 attempt, the GPUs they hold, node states with their reasons. Identity: an attempt is
 (cluster, job id, restart count, submit time); a job id seen again with a lower restart
 count, another user or name, or another submit time is a *new* job with a new ref.
+
+:class:`SlurmObserver` reads the cluster through the client, keeps identities in the
+state file and names GPUs through the device map; it decides nothing.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +24,8 @@ from trainguard.schedulers.base import (
     ObservedNode,
     SchedulerError,
 )
-from trainguard.schedulers.slurm.client import MAX_IDS, SlurmClient
+from trainguard.schedulers.slurm.client import SlurmClient
+from trainguard.schedulers.slurm.inventory import SlurmDevices
 from trainguard.schedulers.slurm.optin import OptIn, parse_opt_in
 from trainguard.schedulers.slurm.parse import (
     SlurmJob,
@@ -30,6 +33,7 @@ from trainguard.schedulers.slurm.parse import (
     expand_output_path,
     split_status,
 )
+from trainguard.schedulers.slurm.state import MAX_IDS, SlurmStateFile
 
 PENDING_STATES = frozenset(
     {
@@ -77,64 +81,82 @@ class SlurmObservedNode(ObservedNode):
     not_responding: bool = False
 
 
-class SlurmObserver(SlurmClient):
-    """Slurm jobs and nodes as the control plane sees them."""
+def identify(state: dict[str, Any], job: SlurmJob, now: float) -> str:
+    """The ref of this Slurm job: its id, ``<id>#<n>`` after the id was reused, or
+    the ref of the resubmission chain it belongs to."""
+    rec = state["ids"].get(job.job_id)
+    if rec is not None:
+        reused = (
+            job.restarts < int(rec.get("restarts", 0))
+            or (rec.get("user") not in (None, job.user))
+            or (rec.get("name") not in (None, job.name))
+            or (
+                job.restarts == int(rec.get("restarts", 0))
+                and rec.get("submit") is not None
+                and job.submit_time is not None
+                and abs(float(rec["submit"]) - job.submit_time) > 1.0
+                and rec.get("pending_submit") is not True
+            )
+        )
+        if not reused:
+            if rec.get("user") is None or rec.get("name") is None:
+                rec.update(user=job.user, name=job.name)
+            if job.restarts != rec.get("restarts") or rec.get("pending_submit"):
+                rec.update(restarts=job.restarts, submit=job.submit_time)
+                rec.pop("pending_submit", None)
+                if job.state == "COMPLETING":
+                    # Requeued by Slurm while the previous attempt still completes:
+                    # the submit time shown is still the old one; the requeue's
+                    # comes when the job is pending again (not a reused id).
+                    rec["pending_submit"] = True
+            if now - float(rec.get("seen", 0)) > 3600:
+                rec["seen"] = now
+            return str(rec["ref"])
+        gen = int(rec.get("gen", 0)) + 1
+        ref = f"{job.job_id}#{gen}"
+    else:
+        gen, ref = 0, job.job_id
+    state["ids"][job.job_id] = {
+        "ref": ref,
+        "gen": gen,
+        "restarts": job.restarts,
+        "submit": job.submit_time,
+        "user": job.user,
+        "name": job.name,
+        "seen": now,
+    }
+    state["refs"].setdefault(ref, {"chain": [{"job_id": job.job_id, "base": 0}]})
+    if len(state["ids"]) > MAX_IDS:
+        active = {c["job_id"] for r in state["refs"].values() for c in r.get("chain", [])[-1:]}
+        old = sorted(
+            (kv for kv in state["ids"].items() if kv[0] not in active),
+            key=lambda kv: float(kv[1].get("seen", 0)),
+        )
+        for jid, r in old[: len(state["ids"]) - MAX_IDS]:
+            del state["ids"][jid]
+            state["refs"].pop(str(r.get("ref")), None)
+    return ref
 
-    def _identify(self, state: dict[str, Any], job: SlurmJob, now: float) -> str:
-        """The ref of this Slurm job: its id, ``<id>#<n>`` after the id was reused, or
-        the ref of the resubmission chain it belongs to."""
-        rec = state["ids"].get(job.job_id)
-        if rec is not None:
-            reused = (
-                job.restarts < int(rec.get("restarts", 0))
-                or (rec.get("user") not in (None, job.user))
-                or (rec.get("name") not in (None, job.name))
-                or (
-                    job.restarts == int(rec.get("restarts", 0))
-                    and rec.get("submit") is not None
-                    and job.submit_time is not None
-                    and abs(float(rec["submit"]) - job.submit_time) > 1.0
-                    and rec.get("pending_submit") is not True
-                )
-            )
-            if not reused:
-                if rec.get("user") is None or rec.get("name") is None:
-                    rec.update(user=job.user, name=job.name)
-                if job.restarts != rec.get("restarts") or rec.get("pending_submit"):
-                    rec.update(restarts=job.restarts, submit=job.submit_time)
-                    rec.pop("pending_submit", None)
-                    if job.state == "COMPLETING":
-                        # Requeued by Slurm while the previous attempt still completes:
-                        # the submit time shown is still the old one; the requeue's
-                        # comes when the job is pending again (not a reused id).
-                        rec["pending_submit"] = True
-                if now - float(rec.get("seen", 0)) > 3600:
-                    rec["seen"] = now
-                return str(rec["ref"])
-            gen = int(rec.get("gen", 0)) + 1
-            ref = f"{job.job_id}#{gen}"
-        else:
-            gen, ref = 0, job.job_id
-        state["ids"][job.job_id] = {
-            "ref": ref,
-            "gen": gen,
-            "restarts": job.restarts,
-            "submit": job.submit_time,
-            "user": job.user,
-            "name": job.name,
-            "seen": now,
-        }
-        state["refs"].setdefault(ref, {"chain": [{"job_id": job.job_id, "base": 0}]})
-        if len(state["ids"]) > MAX_IDS:
-            active = {c["job_id"] for r in state["refs"].values() for c in r.get("chain", [])[-1:]}
-            old = sorted(
-                (kv for kv in state["ids"].items() if kv[0] not in active),
-                key=lambda kv: float(kv[1].get("seen", 0)),
-            )
-            for jid, r in old[: len(state["ids"]) - MAX_IDS]:
-                del state["ids"][jid]
-                state["refs"].pop(str(r.get("ref")), None)
-        return ref
+
+class SlurmObserver:
+    """Slurm jobs and nodes as the control plane sees them (``partition`` scopes them)."""
+
+    def __init__(
+        self,
+        client: SlurmClient,
+        state: SlurmStateFile,
+        devices: SlurmDevices,
+        *,
+        cluster: str,
+        partition: str | None,
+        clock: Callable[[], float],
+    ) -> None:
+        self.client = client
+        self.state = state
+        self.devices = devices
+        self.cluster = cluster
+        self.partition = partition
+        self.clock = clock
 
     # --- observe ---------------------------------------------------------------------
 
@@ -192,7 +214,7 @@ class SlurmObserver(SlurmClient):
         if started:
             for n in node_list:
                 for idx in job.gpus.get(n, ()):
-                    devices.append(self._device(n, idx, nodes))
+                    devices.append(self.devices.device(n, idx, nodes))
         code, sig = split_status(job.exit_status) if phase.terminal else (None, None)
         if phase is JobPhase.CANCELLED:
             code = None
@@ -245,7 +267,7 @@ class SlurmObserver(SlurmClient):
         return SlurmObservedNode(
             name=node.name,
             phase=phase,
-            devices=self.node_devices(node),
+            devices=self.devices.node_devices(node),
             partition=node.partitions[0] if node.partitions else None,
             reason=node.reason,
             quarantined_devices=held,
@@ -258,17 +280,17 @@ class SlurmObserver(SlurmClient):
 
     def observe(self) -> Observation:
         now = self.clock()
-        slurm_nodes = {n.name: n for n in self.slurm_nodes()}
+        slurm_nodes = {n.name: n for n in self.client.slurm_nodes()}
         if self.partition:
             slurm_nodes = {k: n for k, n in slurm_nodes.items() if self.partition in n.partitions}
-        jobs = self.slurm_jobs()
+        jobs = self.client.slurm_jobs()
         if self.partition:
             jobs = [j for j in jobs if j.partition == self.partition]
         out_jobs: dict[str, ObservedJob] = {}
-        with self._locked() as state:
+        with self.state.locked() as state:
             current: dict[str, SlurmJob] = {}
             for job in jobs:
-                ref = self._identify(state, job, now)
+                ref = identify(state, job, now)
                 chain = state["refs"].get(ref, {}).get("chain") or []
                 # A resubmission chain shows its newest job under the chain's ref.
                 if chain and chain[-1]["job_id"] != job.job_id:
@@ -291,28 +313,6 @@ class SlurmObserver(SlurmClient):
         assert isinstance(job, SlurmObservedJob)
         return job
 
-    # --- verification ----------------------------------------------------------------
-
-    def _wait(
-        self, what: str, check: Callable[[], tuple[bool, str]], timeout: float | None = None
-    ) -> str:
-        """Poll ``check`` (a fresh observation each time) until it holds; returns what it saw.
-        Raises ``SchedulerError("abandoned: ...")`` when it does not hold in time."""
-        deadline = time.monotonic() + (self.verify_timeout if timeout is None else timeout)
-        seen = ""
-        while True:
-            try:
-                ok, seen = check()
-            except SchedulerError as exc:
-                ok, seen = False, f"observation failed: {exc}"
-            if ok:
-                return seen
-            if time.monotonic() >= deadline:
-                raise SchedulerError(f"abandoned: {what} did not take effect; last seen: {seen}")
-            time.sleep(self.poll)
-
-    # --- nodes -----------------------------------------------------------------------
-
 
 __all__ = [
     "FAILED_STATES",
@@ -322,4 +322,5 @@ __all__ = [
     "SlurmObservedJob",
     "SlurmObservedNode",
     "SlurmObserver",
+    "identify",
 ]
