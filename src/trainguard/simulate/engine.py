@@ -20,14 +20,15 @@ action methods (:meth:`Simulation.restart`, :meth:`Simulation.wait_capacity`,
 
 The records (job states, faults, results) live in :mod:`trainguard.simulate.jobs`,
 the devices and their repair in :mod:`trainguard.simulate.fleet` (a base class of
-:class:`Simulation`); measured figures (``scenario.measured``, trainguard's policies
-only) are mapped in :mod:`trainguard.simulate.measured`.
+:class:`Simulation`), progress, checkpoints and restores in
+:mod:`trainguard.simulate.checkpointing` (a part it composes); measured figures
+(``scenario.measured``, trainguard's policies only) are mapped in
+:mod:`trainguard.simulate.measured`.
 """
 
 from __future__ import annotations
 
 import heapq
-import math
 import random
 import time
 from typing import Protocol
@@ -36,7 +37,7 @@ import numpy as np
 
 from trainguard.model.health import HealthState
 from trainguard.model.statemachine import check_transition
-from trainguard.simulate.analytic import advised_snapshot_steps
+from trainguard.simulate.checkpointing import Checkpointing
 from trainguard.simulate.fleet import Fleet
 from trainguard.simulate.jobs import (
     CATEGORIES,
@@ -53,8 +54,8 @@ from trainguard.simulate.jobs import (
     SdcState,
     SimCheckpoint,
     adaptive_hang_timeout,
+    job_result,
 )
-from trainguard.simulate.measured import checkpoint_blocking_seconds, fault_class
 from trainguard.simulate.scenario import ComponentSpec, JobSpec, Scenario
 from trainguard.simulate.trace import FaultTrace, placement
 
@@ -118,13 +119,7 @@ class Simulation(Fleet):
         # Benchmark figures replace the scenario's assumptions for trainguard only.
         baseline = not policy.name.startswith("trainguard")
         self.measured = None if baseline else scenario.measured
-        self._snap_steps = [
-            advised_snapshot_steps(scenario, j) if self.measured else 0 for j in scenario.jobs
-        ]
-        self._stall_share = [
-            self.measured.snapshot_stall_share(j.step_seconds, n) if self.measured else 0.0
-            for j, n in zip(scenario.jobs, self._snap_steps, strict=True)
-        ]
+        self.ckpt = Checkpointing(scenario, self.measured)
         cl = scenario.cluster
         self.gpn = cl.gpus_per_node
         self.n_dev = cl.total_gpus
@@ -154,19 +149,6 @@ class Simulation(Fleet):
         self.rng = random.Random(seed * 1_000_003 + 17)
         self.jobs = [Job(index=i, spec=spec, interval=0.0) for i, spec in enumerate(scenario.jobs)]
         self.progress_log: list[list[tuple[float, float]]] = [[] for _ in self.jobs]
-        self._trace_lists = (
-            trace.time.tolist(),
-            trace.comp.tolist(),
-            trace.loc.tolist(),
-            trace.hard.tolist(),
-            trace.lemon.tolist(),
-            trace.culprit_known.tolist(),
-            trace.deterministic.tolist(),
-            trace.u_detect.tolist(),
-            trace.u_aux.tolist(),
-            trace.u_fix.tolist(),
-            trace.repeat_of.tolist(),
-        )
 
     # --- helpers --------------------------------------------------------------------
 
@@ -207,22 +189,10 @@ class Simulation(Fleet):
         job.since = self.now
 
     def _advance(self, job: Job) -> None:
-        """Book running time since the last update as progress (and its losses)."""
-        if job.state is JobState.RUNNING:
-            dt = self.now - job.last_update
-            if dt > 0:
-                elastic = job.elastic_rate
-                slow = self.scenario.straggler_rate if job.straggler is not None else 1.0
-                stall = self._stall_share[job.index]
-                job.progress += elastic * slow * (1.0 - stall) * dt
-                job.acct["checkpoint"] += elastic * slow * stall * dt  # memory snapshots
-                job.acct["degraded"] += (1.0 - elastic) * dt
-                job.acct["detection"] += elastic * (1.0 - slow) * dt
-        job.last_update = self.now
+        self.ckpt.advance(job, self.now)
 
     def rate(self, job: Job) -> float:
-        slow = self.scenario.straggler_rate if job.straggler is not None else 1.0
-        return job.elastic_rate * slow * (1.0 - self._stall_share[job.index])
+        return self.ckpt.rate(job)
 
     # --- public actions (used by policies) ------------------------------------------
 
@@ -266,46 +236,6 @@ class Simulation(Fleet):
         job.manual_action = action
         self.push(max(until, self.now), Ev.MANUAL, job.index, job.epoch)
 
-    def rollback(self, job: Job, checkpoint: SimCheckpoint | None) -> None:
-        """Throw away progress after ``checkpoint`` and book it as rework/detection."""
-        target = checkpoint.position if checkpoint is not None else 0.0
-        target = self._measured_restore_point(job, target)
-        lost = max(0.0, job.progress - target)
-        if job.sdc is not None and job.sdc.onset < job.progress:
-            on_bad = min(lost, job.progress - max(job.sdc.onset, target))
-            job.acct["detection"] += on_bad
-            lost -= on_bad
-        job.acct["rework"] += lost
-        job.progress = target
-        job.next_ckpt = target + job.interval
-        # Newer checkpoints are overwritten as training passes their steps again.
-        job.checkpoints = [c for c in job.checkpoints if c.complete and c.position <= target]
-        job.inflight = None
-        job.incomplete = None
-        if job.sdc is not None and (checkpoint is None or not checkpoint.corrupt):
-            job.sdc = None  # restored state predates the corruption: it is gone
-        if job.bug is not None and job.bug.position <= target:
-            job.bug = None
-
-    def _measured_restore_point(self, job: Job, target: float) -> float:
-        """Where a restore really lands with measured figures (see ``simulate.measured``)."""
-        measured = self.measured
-        fault = job.last_fault
-        if measured is None or fault is None or job.sdc is not None:
-            return target  # a silently corrupt state is never restored from memory
-        signal, node_down = fault.comp.signal, fault.comp.node_down
-        step = job.spec.step_seconds
-        every = self._snap_steps[job.index] * step
-        if every > 0 and measured.restores_from_memory(signal, node_down):
-            # The newest memory snapshot: the last whole snapshot interval of progress;
-            # a rank that died unflushed (measured) only has the slots whose write ended.
-            done = job.progress
-            if fault_class(signal, node_down) in measured.loses_inflight_snapshot:
-                done -= measured.snapshot_write_seconds
-            return max(target, math.floor(max(0.0, done) / every + 1e-9) * every)
-        extra = measured.disk_extra_steps(signal, node_down) * step
-        return max(0.0, min(job.progress, target - extra) if extra else target)
-
     # --- event handling -------------------------------------------------------------
 
     def run(self) -> RunResult:
@@ -317,51 +247,19 @@ class Simulation(Fleet):
             self.assign(job, devices)
             self.push(job.spec.start_hours * 3600.0, Ev.STARTED, job.index, job.epoch, "initial")
         self.push(self.horizon, Ev.HORIZON)
-        (
-            t_list,
-            c_list,
-            l_list,
-            h_list,
-            lem_list,
-            ck_list,
-            det_list,
-            ud_list,
-            ua_list,
-            uf_list,
-            rep_list,
-        ) = self._trace_lists
-        n_trace = len(t_list)
-        ti = 0
+        faults = self.trace.faults(self.scenario.components)
+        nxt = next(faults, None)
         heap = self._heap
-        comps = self.scenario.components
         while heap:
-            if ti < n_trace and t_list[ti] <= heap[0][0]:
-                at = t_list[ti]
+            if nxt is not None and nxt[0] <= heap[0][0]:
+                at, comp, loc, fault, lemon = nxt
                 if at >= self.horizon:
-                    ti = n_trace
+                    nxt = None
                     continue
                 self.now = at
                 self.events += 1
-                comp = comps[c_list[ti]]
-                self._on_fault(
-                    comp,
-                    l_list[ti],
-                    Fault(
-                        comp=comp,
-                        at=at,
-                        devices=(),
-                        node=None,
-                        hard=h_list[ti],
-                        culprit_known=ck_list[ti],
-                        deterministic=det_list[ti],
-                        u_detect=ud_list[ti],
-                        u_aux=ua_list[ti],
-                        u_fix=uf_list[ti],
-                        repeat=rep_list[ti] >= 0,
-                    ),
-                    lemon=lem_list[ti],
-                )
-                ti += 1
+                self._on_fault(comp, loc, fault, lemon=lemon)
+                nxt = next(faults, None)
                 continue
             at, _, kind, ji, epoch, data = heapq.heappop(heap)
             self.now = at
@@ -400,7 +298,7 @@ class Simulation(Fleet):
             seed=self.seed,
             jobs=results,
             events=self.events,
-            faults_in_trace=n_trace,
+            faults_in_trace=len(self.trace),
             seconds=time.perf_counter() - t0,
             quarantines=self.quarantines,
             decide_calls=self.decide_calls,
@@ -443,7 +341,7 @@ class Simulation(Fleet):
             self._failed_start(job, dead[0])
             return
         else:
-            self.rollback(job, job.restore_to)
+            self.ckpt.rollback(job, job.restore_to)
         self._set_state(job, JobState.RUNNING)
         job.last_update = self.now
         self._schedule_running(job)
@@ -497,14 +395,8 @@ class Simulation(Fleet):
         if job.state is not JobState.RUNNING or job.inflight is not None:
             return
         self._advance(job)
-        ck = SimCheckpoint(position=job.progress, started_at=self.now, corrupt=job.sdc is not None)
-        job.inflight = ck
-        job.next_ckpt = job.progress + job.interval
+        blocking = self.ckpt.begin_save(job, self.now)
         self._set_state(job, JobState.SAVING)
-        ck_spec = job.spec.checkpoint
-        blocking = checkpoint_blocking_seconds(
-            self.measured, ck_spec.blocking_seconds, ck_spec.async_write_seconds
-        )
         self.push(self.now + blocking, Ev.SAVE_DONE, job.index, job.epoch)
 
     def _on_save_done(self, job: Job) -> None:
@@ -525,17 +417,10 @@ class Simulation(Fleet):
         assert isinstance(ck, SimCheckpoint)
         if job.inflight is not ck:
             return
-        ck.completed_at = self.now
-        job.inflight = None
-        job.checkpoints.append(ck)
-        keep = job.spec.checkpoint.keep
-        if len(job.checkpoints) > keep:
-            del job.checkpoints[: len(job.checkpoints) - keep]
-        job.committed += 1
+        done = self.ckpt.commit(job, ck, self.now)
         if self.record_timeline and not ck.corrupt:
             self.progress_log[job.index].append((self.now, ck.position))
-        work = job.spec.work_hours
-        if work is not None and not ck.corrupt and ck.position >= work * 3600.0:
+        if done:
             self._set_state(job, JobState.DONE)
             job.ended_at = self.now
             self.release(job)
@@ -746,36 +631,4 @@ class Simulation(Fleet):
         if job.state is not JobState.DONE:
             self.now = end
             self._set_state(job, JobState.DONE)
-        good = job.newest_complete(clean_only=True)
-        committed = good.position if good is not None else 0.0
-        if job.sdc is not None:
-            # Never detected: everything computed on the bad state is lost too.
-            bad = max(0.0, job.progress - max(job.sdc.onset, committed))
-            job.acct["detection"] += bad
-            job.acct["uncommitted"] += max(0.0, job.progress - committed - bad)
-        else:
-            job.acct["uncommitted"] += max(0.0, job.progress - committed)
-        wall = max(0.0, end - job.started_at)
-        lost = {k: v / 3600.0 for k, v in job.acct.items()}
-        productive = committed / 3600.0
-        unaccounted = wall / 3600.0 - productive - sum(lost.values())
-        return JobResult(
-            name=job.spec.name,
-            gpus=job.spec.gpus,
-            wall_hours=wall / 3600.0,
-            productive_hours=productive,
-            lost_hours=lost,
-            ettr=committed / wall if wall > 0 else 0.0,
-            interruptions=job.interruptions,
-            restarts=job.restarts,
-            failed_starts=job.failed_starts,
-            repeat_failures=job.repeat_failures,
-            stops=job.stops,
-            checkpoints=job.committed,
-            interval_minutes=job.interval / 60.0,
-            by_cause=dict(job.by_cause),
-            dropped_job_faults=job.dropped_job_faults,
-            unaccounted_hours=unaccounted,
-            timeline=job.timeline,
-            progress=self.progress_log[job.index],
-        )
+        return job_result(job, end, self.progress_log[job.index])

@@ -238,6 +238,44 @@ class RunResult:
         return self.events / self.seconds if self.seconds > 0 else math.inf
 
 
+def job_result(job: Job, end: float, progress: list[tuple[float, float]]) -> JobResult:
+    """The result of a job that ended at ``end``: what never reached a clean checkpoint is
+    booked as uncommitted (or as detection, when computed on corrupt state)."""
+    good = job.newest_complete(clean_only=True)
+    committed = good.position if good is not None else 0.0
+    if job.sdc is not None:
+        # Never detected: everything computed on the bad state is lost too.
+        bad = max(0.0, job.progress - max(job.sdc.onset, committed))
+        job.acct["detection"] += bad
+        job.acct["uncommitted"] += max(0.0, job.progress - committed - bad)
+    else:
+        job.acct["uncommitted"] += max(0.0, job.progress - committed)
+    wall = max(0.0, end - job.started_at)
+    lost = {k: v / 3600.0 for k, v in job.acct.items()}
+    productive = committed / 3600.0
+    unaccounted = wall / 3600.0 - productive - sum(lost.values())
+    return JobResult(
+        name=job.spec.name,
+        gpus=job.spec.gpus,
+        wall_hours=wall / 3600.0,
+        productive_hours=productive,
+        lost_hours=lost,
+        ettr=committed / wall if wall > 0 else 0.0,
+        interruptions=job.interruptions,
+        restarts=job.restarts,
+        failed_starts=job.failed_starts,
+        repeat_failures=job.repeat_failures,
+        stops=job.stops,
+        checkpoints=job.committed,
+        interval_minutes=job.interval / 60.0,
+        by_cause=dict(job.by_cause),
+        dropped_job_faults=job.dropped_job_faults,
+        unaccounted_hours=unaccounted,
+        timeline=job.timeline,
+        progress=progress,
+    )
+
+
 @functools.cache
 def adaptive_hang_timeout(step_seconds: float) -> float:
     """The hang timeout trainguard's :class:`HangDetector` settles on for this step time."""

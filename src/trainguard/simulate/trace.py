@@ -14,11 +14,13 @@ array draws, whatever the cluster size.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from trainguard.simulate.jobs import Fault
 from trainguard.simulate.scenario import ComponentSpec, Scenario
 
 # Each random stream is keyed by (seed, purpose, index) so that adding a component
@@ -45,6 +47,41 @@ class FaultTrace:
 
     def __len__(self) -> int:
         return int(self.time.shape[0])
+
+    def faults(
+        self, components: Sequence[ComponentSpec]
+    ) -> Iterator[tuple[float, ComponentSpec, int, Fault, bool]]:
+        """(time, component, location, fault, lemon) in time order; the fault's devices
+        and node are filled in by the engine, which knows the placement."""
+        for at, c, loc, hard, lemon, known, det, ud, ua, uf, rep in zip(
+            self.time.tolist(),
+            self.comp.tolist(),
+            self.loc.tolist(),
+            self.hard.tolist(),
+            self.lemon.tolist(),
+            self.culprit_known.tolist(),
+            self.deterministic.tolist(),
+            self.u_detect.tolist(),
+            self.u_aux.tolist(),
+            self.u_fix.tolist(),
+            self.repeat_of.tolist(),
+            strict=True,
+        ):
+            comp = components[c]
+            fault = Fault(
+                comp=comp,
+                at=at,
+                devices=(),
+                node=None,
+                hard=hard,
+                culprit_known=known,
+                deterministic=det,
+                u_detect=ud,
+                u_aux=ua,
+                u_fix=uf,
+                repeat=rep >= 0,
+            )
+            yield at, comp, loc, fault, lemon
 
     def primary_counts(self, scenario: Scenario) -> dict[str, int]:
         """Primary faults per component on the jobs' initial allocation.
