@@ -5,8 +5,24 @@
   a real kernel-log file the test appends XID lines to);
 * ``serve``: the cluster reconciler (``ControlPlane`` over the procs stand-in
   cluster, passes driven by the test, XIDs ingested as an agent sends them);
+* ``serve-proc``: the real two-process ``trainguard serve`` (default ``--loop
+  process``) over the same procs stand-in cluster, driven only over HTTP
+  (:mod:`_serve_proc_mode`);
+* ``slurm``: ``trainguard slurm watch``'s reconciler over the local Slurm cluster, for
+  the scenarios that need a scheduler with real nodes (:mod:`_slurm_mode`; slow, in the
+  ``slurm`` xdist group).
 
-Both run the same job (``tests/jobs/cluster_job.py``: ``step=N`` lines, a
+Which scheduler each driver uses, and why: ``serve`` and ``serve-proc`` share one
+scheduler (procs), so a difference between them can only come from the driver (one
+process or two, passes driven by the test or by the server's own loop). ``run`` keeps
+LocalCluster: it is the scheduler ``trainguard run`` has (its supervisor launches and
+watches the job on this host, decision 0380), and procs is not reachable from ``run``;
+the scenarios that name hosts give ``run`` the procs cluster's cards
+(:func:`procs_inventory`), so both schedulers hand out the same cards. ``slurm watch``
+has only Slurm. ``PARITY_MODES`` are the modes the parity scenarios run in; the gate
+and leftover scenarios (an operator between passes) still run in ``MODES``.
+
+Every mode runs the same job (``tests/jobs/cluster_job.py``: ``step=N`` lines, a
 checkpoint every 5 steps, failures on cue) under the same recovery policy, and
 each returns an :class:`Outcome` read from the state database, so a parity test
 asserts one expectation for both.
@@ -46,6 +62,9 @@ from trainguard.store import Store  # noqa: E402
 from trainguard.store.fleet import FleetStore  # noqa: E402
 
 MODES = ("run", "serve")
+# The real two-process serve over the same procs cluster as "serve" (_serve_proc_mode).
+SERVE_PROC = "serve-proc"
+PARITY_MODES = (*MODES, SERVE_PROC)
 
 
 @dataclass(frozen=True)
@@ -297,16 +316,24 @@ def scenario(
     xid: Xid | None = None,
     inventory: Sequence[dict[str, Any]] | None = None,
 ) -> Outcome:
-    """One scenario in ``mode``: :func:`run_mode` (on ``inventory``'s cards when given) or
-    :func:`serve_mode` (on ``store_target``)."""
+    """One scenario in ``mode``: :func:`run_mode` (on ``inventory``'s cards when given),
+    :func:`serve_mode` or ``serve_proc_mode`` (on ``store_target``)."""
     if mode == "run":
         return run_mode(tmp, job_args, policy, xid=xid, inventory=inventory)
+    if mode == SERVE_PROC:
+        from _serve_proc_mode import serve_proc_mode
+
+        return serve_proc_mode(store_target, tmp, job_args, policy, xid=xid)
+    if mode == "slurm":
+        from _slurm_mode import slurm_mode
+
+        return slurm_mode(tmp, job_args, policy, xid=xid)
     return serve_mode(store_target, tmp, job_args, policy, xid=xid)
 
 
 def state_of(mode: str, tmp: Path, store_target: str) -> str:
-    """Where a scenario's state database is: run keeps it beside the job."""
-    return str(tmp / "state.db") if mode == "run" else store_target
+    """Where a scenario's state database is: run and slurm watch keep it in ``tmp``."""
+    return str(tmp / "state.db") if mode in ("run", "slurm") else store_target
 
 
 # --- crash points: trainguard itself SIGKILLed mid-recovery, then restarted ----------------

@@ -7,12 +7,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _modes import MODES, Policy, Xid, scenario, seconds_masked
+from _modes import PARITY_MODES, Policy, Xid, scenario, seconds_masked
+from _slurm_mode import SLURM_MODE
 
 pytestmark = pytest.mark.slow
 
+# The scenarios that need a scheduler with real nodes also run under slurm watch.
+WITH_SLURM = (*PARITY_MODES, SLURM_MODE)
 
-@pytest.mark.parametrize("mode", MODES)
+
+@pytest.mark.parametrize("mode", WITH_SLURM)
 def test_a_hang_is_detected_by_the_adaptive_detector_by_default(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
@@ -44,7 +48,7 @@ def test_a_hang_is_detected_by_the_adaptive_detector_by_default(
     assert out.quarantined == [] and out.repairs == [], out
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", WITH_SLURM)
 def test_a_fatal_xid_on_the_running_attempts_gpu_recovers_now_and_opens_a_repair(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
@@ -70,7 +74,7 @@ def test_a_fatal_xid_on_the_running_attempts_gpu_recovers_now_and_opens_a_repair
     assert inc["notes"].index(first) < inc["notes"].index("verifying -> recovered"), out
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", WITH_SLURM)
 def test_a_fatal_xid_on_an_idle_card_quarantines_it_and_leaves_the_job_alone(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
@@ -89,7 +93,7 @@ def test_a_fatal_xid_on_an_idle_card_quarantines_it_and_leaves_the_job_alone(
     assert out.repairs == [out.xid_device], out
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", PARITY_MODES)
 def test_a_slow_restart_keeps_running_unverified_and_is_not_restarted_again(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:

@@ -15,12 +15,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _modes import MODES, Policy, Xid, procs_inventory, scenario
+from _modes import PARITY_MODES, Policy, Xid, procs_inventory, scenario
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", PARITY_MODES)
 def test_a_restart_that_loses_a_rank_is_not_recovered(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
@@ -64,7 +64,7 @@ NCCL_ERROR = (
 )
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", PARITY_MODES)
 def test_an_ib_link_error_isolates_the_host_in_both_modes(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
@@ -100,7 +100,7 @@ def test_an_ib_link_error_isolates_the_host_in_both_modes(
 ECC_ERROR = "[rank0]: RuntimeError: CUDA error: uncorrectable ECC error encountered"
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", PARITY_MODES)
 def test_link_evidence_beside_a_gpu_fault_isolates_the_host_too(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _modes import MODES, Outcome, Policy, scenario, state_of
+from _modes import PARITY_MODES, Outcome, Policy, scenario, state_of
 
 from trainguard.model.fleet import ApprovalState
 from trainguard.policy.step import RESTART_DENIED
@@ -76,7 +76,7 @@ def _final(plan: dict[str, Any]) -> dict[str, Any]:
     return actions[-1]
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", PARITY_MODES)
 def test_out_of_memory_retries_once_with_expandable_segments_and_never_quarantines(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
@@ -119,7 +119,7 @@ def test_out_of_memory_retries_once_with_expandable_segments_and_never_quarantin
     assert out.quarantined == [] and out.repairs == [], w
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", PARITY_MODES)
 def test_out_of_memory_again_with_expandable_segments_stops_with_advice(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
@@ -160,7 +160,7 @@ def test_out_of_memory_again_with_expandable_segments_stops_with_advice(
     assert out.quarantined == [] and out.repairs == [], w
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", PARITY_MODES)
 def test_the_same_error_on_every_attempt_is_stopped_as_a_futile_retry(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
@@ -189,7 +189,7 @@ def test_the_same_error_on_every_attempt_is_stopped_as_a_futile_retry(
     assert out.quarantined == [] and out.repairs == [], w
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", PARITY_MODES)
 def test_a_damaged_newest_checkpoint_is_set_aside_and_the_job_resumes_from_the_one_before(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
@@ -273,7 +273,7 @@ class _Operator:
                 continue
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", PARITY_MODES)
 def test_a_failure_without_a_diagnosis_on_every_attempt_stops_when_the_budget_is_spent(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
@@ -305,7 +305,7 @@ def test_a_failure_without_a_diagnosis_on_every_attempt_stops_when_the_budget_is
     assert kind == "restart" and "the cause is unknown" in why, (person.approved, w)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", PARITY_MODES)
 def test_a_denied_second_blind_restart_stops_the_job(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
