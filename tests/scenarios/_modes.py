@@ -19,8 +19,8 @@ LocalCluster: it is the scheduler ``trainguard run`` has (its supervisor launche
 watches the job on this host, decision 0380), and procs is not reachable from ``run``;
 the scenarios that name hosts give ``run`` the procs cluster's cards
 (:func:`procs_inventory`), so both schedulers hand out the same cards. ``slurm watch``
-has only Slurm. ``PARITY_MODES`` are the modes the parity scenarios run in; the gate
-and leftover scenarios (an operator between passes) still run in ``MODES``.
+has only Slurm. ``PARITY_MODES`` are the modes every parity scenario runs in; the
+scenarios that need a scheduler with real nodes (a hang, an XID) add the ``slurm`` mode.
 
 Every mode runs the same job (``tests/jobs/cluster_job.py``: ``step=N`` lines, a
 checkpoint every 5 steps, failures on cue) under the same recovery policy, and

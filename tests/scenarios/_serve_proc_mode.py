@@ -62,6 +62,60 @@ def _post_xid(server: Server, host: str, pci_bus_id: str, xid: int) -> None:
         assert r.status_code == 200 and r.json()["new"] == 1, r.text
 
 
+class ServeProc:
+    """A real ``trainguard serve --scheduler procs`` with its state database at
+    ``store_target`` and ``nodes`` (``n1=2,n2=2``); stopped, with the cluster's jobs, by
+    :meth:`close`."""
+
+    def __init__(self, store_target: str, policy: Policy, nodes: str = NODES) -> None:
+        self.target = store_target
+        self.directory = Path(store_target).parent
+        self.directory.mkdir(parents=True, exist_ok=True)
+        write_tokens(self.directory)
+        self.server = Server.procs(self.directory, nodes, 0.05, *_breaker_flags(policy))
+        self.client = self.server.client(OP)
+        r = self.client.put("/v1/policies/scenario", json={"policy": policy.document()})
+        assert r.status_code == 200, r.text
+
+    def submit(self, job_args: Sequence[str], ckpt: Path) -> str:
+        """The scenario's job under the scenario's policy, one card on one node."""
+        from _modes import JOB
+
+        r = self.client.post(
+            "/v1/jobs/submit",
+            json={
+                "name": "test-job",
+                "command": [sys.executable, str(JOB), *job_args, "--ckpt", str(ckpt)],
+                "devices_per_node": 1,
+                "policy": "scenario",
+                "checkpoint_dir": str(ckpt),
+            },
+        )
+        assert r.status_code == 201, r.text
+        return str(r.json()["job_id"])
+
+    def attempts(self, job_id: str) -> list[dict[str, Any]]:
+        return list(self.client.get(f"/v1/jobs/{job_id}/attempts").json())
+
+    def xid_on(self, store: Store, uuid: str, xid: int = 79) -> None:
+        """An agent on the card's host reports an XID for it (as soon as it is asked: the
+        job runs on meanwhile)."""
+        dev = store.get_device(uuid).device
+        _post_xid(self.server, dev.host or "", dev.pci_bus_id, xid)
+
+    def wait_ended(self, job_id: str, timeout: float) -> None:
+        def ended() -> bool:
+            state = self.client.get(f"/v1/jobs/{job_id}").json()["state"]
+            return state in ("completed", "stopped")
+
+        wait_for(ended, timeout, f"job {job_id} to end\n{self.server.output()[-3000:]}", 0.1)
+
+    def close(self) -> None:
+        self.client.close()
+        self.server.stop()
+        kill_cluster_jobs(self.directory / "cluster")
+
+
 def serve_proc_mode(
     store_target: str,
     tmp: Path,
@@ -73,61 +127,34 @@ def serve_proc_mode(
 ) -> Outcome:
     """The scenario under a real ``trainguard serve --scheduler procs`` (two processes),
     its state database at ``store_target``."""
-    from _modes import JOB, _read
+    from _modes import _read
 
-    directory = Path(store_target).parent
-    directory.mkdir(parents=True, exist_ok=True)
-    write_tokens(directory)
     ckpt = tmp / "ckpt"
-    server = Server.procs(directory, NODES, 0.05, *_breaker_flags(policy))
+    serve = ServeProc(store_target, policy)
     named: str | None = None
     try:
-        with server.client(OP) as c:
-            r = c.put("/v1/policies/scenario", json={"policy": policy.document()})
-            assert r.status_code == 200, r.text
-            r = c.post(
-                "/v1/jobs/submit",
-                json={
-                    "name": "test-job",
-                    "command": [sys.executable, str(JOB), *job_args, "--ckpt", str(ckpt)],
-                    "devices_per_node": 1,
-                    "policy": "scenario",
-                    "checkpoint_dir": str(ckpt),
-                },
-            )
-            assert r.status_code == 201, r.text
-            job_id = r.json()["job_id"]
-            if xid is not None:
-                target = ckpt / f"step_{xid.after_checkpoint:08d}"
-                wait_for(target.is_dir, 60, f"{target}\n{server.output()[-3000:]}")
-
-                def running() -> list[Any]:  # the pass that saw the attempt has recorded it
-                    return c.get(f"/v1/jobs/{job_id}/attempts").json()
-
-                wait_for(running, 30, "the attempt recorded")
-                with Store.open(store_target) as store:
-                    [att] = store.list_attempts(job_id)
-                    if xid.idle:
-                        dev = next(
-                            d
-                            for d in sorted(store.list_devices(), key=lambda d: d.uuid)
-                            if d.uuid not in att.device_uuids
-                        )
-                    else:
-                        dev = store.get_device(att.device_uuids[0])
-                named = dev.uuid
-                _post_xid(server, dev.device.host or "", dev.device.pci_bus_id, xid.xid)
-
-            def ended() -> bool:
-                state = c.get(f"/v1/jobs/{job_id}").json()["state"]
-                return state in ("completed", "failed", "cancelled", "stopped")
-
-            wait_for(ended, timeout, f"job {job_id} to end\n{server.output()[-3000:]}", 0.1)
+        job_id = serve.submit(job_args, ckpt)
+        if xid is not None:
+            target = ckpt / f"step_{xid.after_checkpoint:08d}"
+            wait_for(target.is_dir, 60, f"{target}\n{serve.server.output()[-3000:]}")
+            # The pass that saw the attempt running has recorded it.
+            wait_for(lambda: serve.attempts(job_id), 30, "the attempt recorded")
+            with Store.open(store_target) as store:
+                [att] = store.list_attempts(job_id)
+                if xid.idle:
+                    named = next(
+                        d.uuid
+                        for d in sorted(store.list_devices(), key=lambda d: d.uuid)
+                        if d.uuid not in att.device_uuids
+                    )
+                else:
+                    named = att.device_uuids[0]
+                serve.xid_on(store, named, xid.xid)
+        serve.wait_ended(job_id, timeout)
     finally:
-        server.stop()
-        kill_cluster_jobs(directory / "cluster")
+        serve.close()
     with Store.open(store_target) as store:
         return _read(store, job_id, named)
 
 
-__all__ = ["NODES", "serve_proc_mode"]
+__all__ = ["NODES", "ServeProc", "serve_proc_mode"]

@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 from _modes import (
-    MODES,
+    PARITY_MODES,
+    SERVE_PROC,
     Fleet,
     Outcome,
     Policy,
@@ -30,6 +31,7 @@ from _modes import (
     supervise,
     xid_line,
 )
+from _serve_proc_mode import ServeProc
 
 from trainguard.controller.operations import LocalOperations
 from trainguard.controller.service import ControlPlane
@@ -213,18 +215,78 @@ def serve_gate(
         fleet.close()
 
 
+def serve_proc_gate(
+    store_target: str,
+    tmp: Path,
+    job_args: Sequence[str],
+    policy: Policy,
+    *,
+    job_mode: Mode = Mode.ACT,
+    devices: int = 2,
+    xids: Sequence[tuple[int, int]] = (),
+    operator: Operator | None = None,
+    timeout: float = 90.0,
+) -> World:
+    """The same under the real two-process serve over procs (``devices`` cards on two
+    nodes): the mode set on the cluster through the operations interface, the XIDs posted
+    as an agent posts them, the operator looking at the state database from a thread."""
+    per_node = devices // 2
+    serve = ServeProc(store_target, policy, nodes=f"n1={per_node},n2={devices - per_node}")
+    ckpt = tmp / "ckpt"
+    named: list[str] = []
+    stop = threading.Event()
+
+    def operate() -> None:
+        assert operator is not None
+        while not stop.is_set():
+            with Store.open(store_target) as store:
+                if operator(_operations(store)):
+                    return
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=operate, daemon=True) if operator is not None else None
+    try:
+        with Store.open(store_target) as store:
+            _operations(store).set_mode("cluster", job_mode.value, "the scenario's mode")
+        job_id = serve.submit(job_args, ckpt)
+        if thread is not None:
+            thread.start()
+        with Store.open(store_target) as store:
+            for attempt, step in xids:
+                _wait((ckpt / f"step_{step:08d}").is_dir, 60, f"checkpoint {step}")
+
+                def recorded(a: int = attempt) -> bool:
+                    # The pass that saw the attempt running has recorded it.
+                    return bool(store.list_attempts(job_id)) and _is_last(store, job_id, a)
+
+                _wait(recorded, 30, f"attempt {attempt}")
+                uuid = store.list_attempts(job_id)[-1].device_uuids[0]
+                named.append(uuid)
+                serve.xid_on(store, uuid)
+        serve.wait_ended(job_id, timeout)
+    finally:
+        stop.set()
+        if thread is not None:
+            thread.join(5)
+        serve.close()
+    with Store.open(store_target) as store:
+        return _world(store, job_id, named)
+
+
 def _scenario(
     mode: str, tmp: Path, store_target: str, job_args: list[str], policy: Policy, **kw: Any
 ) -> World:
     if mode == "run":
         return run_gate(tmp, job_args, policy, **kw)
+    if mode == SERVE_PROC:
+        return serve_proc_gate(store_target, tmp, job_args, policy, **kw)
     return serve_gate(store_target, tmp, job_args, policy, **kw)
 
 
 # --- observe mode ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", PARITY_MODES)
 def test_observe_mode_records_the_plan_for_an_xid_and_touches_nothing(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
@@ -248,7 +310,7 @@ def test_observe_mode_records_the_plan_for_an_xid_and_touches_nothing(
     assert w.health == {w.named[0]: "healthy"}, w
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", PARITY_MODES)
 def test_observe_mode_an_observed_xid_then_the_crash_it_caused_is_one_incident(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
@@ -267,7 +329,7 @@ def test_observe_mode_an_observed_xid_then_the_crash_it_caused_is_one_incident(
     assert w.health == {w.named[0]: "healthy"}, w
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", PARITY_MODES)
 def test_observe_mode_records_the_plan_for_a_crash_and_restarts_nothing(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
@@ -283,7 +345,7 @@ def test_observe_mode_records_the_plan_for_a_crash_and_restarts_nothing(
     assert w.out.quarantined == [] and w.out.repairs == [], w
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", PARITY_MODES)
 def test_observe_mode_records_a_hang_and_the_attempt_that_steps_on_completes(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
@@ -324,7 +386,7 @@ def _decide(approve: bool) -> Operator:
 REPEATED_UNKNOWN = ["--fail-attempts", "0,1", "--fail-at", "6", "--steps", "14"]
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", PARITY_MODES)
 def test_a_repeated_unknown_failure_waits_for_approval_and_an_approved_restart_runs(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
@@ -339,7 +401,7 @@ def test_a_repeated_unknown_failure_waits_for_approval_and_an_approved_restart_r
     assert w.out.quarantined == [], w
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", PARITY_MODES)
 def test_a_denied_restart_is_skipped_and_the_job_stops(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
@@ -366,7 +428,7 @@ def test_a_denied_restart_is_skipped_and_the_job_stops(
 TWO_XIDS = ["--steps", "30", "--every", "10", "--interval", "0.08"]
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", PARITY_MODES)
 def test_the_breaker_holds_back_a_quarantine_beyond_the_share_and_the_job_avoids_the_card(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
@@ -397,7 +459,7 @@ def test_the_breaker_holds_back_a_quarantine_beyond_the_share_and_the_job_avoids
     assert not {first, second} & set(w.attempt_devices[2]), w
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", PARITY_MODES)
 def test_a_breaker_set_to_a_larger_share_lets_the_second_quarantine_through(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
@@ -427,7 +489,7 @@ def test_a_breaker_set_to_a_larger_share_lets_the_second_quarantine_through(
     assert not {first, second} & set(w.attempt_devices[2]), w
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", PARITY_MODES)
 def test_a_known_cause_after_an_unknown_one_in_the_same_incident_does_not_wait(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:

@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-from _modes import MODES, Policy, procs_inventory, run_mode, serve_mode, state_of
+from _modes import PARITY_MODES, SERVE_PROC, Policy, procs_inventory, run_mode, serve_mode, state_of
+from _serve_proc_mode import serve_proc_mode
 from test_parity_evidence import IB_WARN, NCCL_ERROR
 
 from trainguard.model.fleet import BreakerState
@@ -37,7 +38,7 @@ def _open_breaker(state: Path) -> None:
         )  # fmt: skip
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", PARITY_MODES)
 def test_an_open_breaker_holds_back_a_host_quarantine_and_the_job_moves_anyway(
     mode: str, tmp_path: Path, sqlite_target: str
 ) -> None:
@@ -52,6 +53,8 @@ def test_an_open_breaker_holds_back_a_host_quarantine_and_the_job_moves_anyway(
             "--steps", "20"]  # fmt: skip
     if mode == "run":
         out = run_mode(tmp_path, args, Policy(), inventory=procs_inventory())
+    elif mode == SERVE_PROC:
+        out = serve_proc_mode(sqlite_target, tmp_path, args, Policy())
     else:
         out = serve_mode(sqlite_target, tmp_path, args, Policy())
     [inc] = out.incidents
