@@ -11,9 +11,14 @@ mode.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -102,6 +107,21 @@ class ServeProc:
         job runs on meanwhile)."""
         dev = store.get_device(uuid).device
         _post_xid(self.server, dev.host or "", dev.pci_bus_id, xid)
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """The cluster's jobs stopped (SIGSTOP) for the block, continued after it."""
+        state = json.loads((self.directory / "cluster" / "state.json").read_text())
+        groups = [int(j["pid"]) for j in state.get("jobs", {}).values() if j.get("pid")]
+        for pgid in groups:
+            with contextlib.suppress(OSError):
+                os.killpg(pgid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            for pgid in groups:
+                with contextlib.suppress(OSError):
+                    os.killpg(pgid, signal.SIGCONT)
 
     def wait_ended(self, job_id: str, timeout: float) -> None:
         def ended() -> bool:

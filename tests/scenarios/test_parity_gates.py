@@ -262,7 +262,15 @@ def serve_proc_gate(
                 _wait(recorded, 30, f"attempt {attempt}")
                 uuid = store.list_attempts(job_id)[-1].device_uuids[0]
                 named.append(uuid)
-                serve.xid_on(store, uuid)
+                if job_mode is not Mode.OBSERVE:
+                    serve.xid_on(store, uuid)
+                    continue
+                # Nothing stops the job in observe mode: it is held still until the
+                # server's own pass has seen the XID, or a loaded machine lets it run to
+                # its end first (the in-process modes see it in the pass after it).
+                with serve.held():
+                    serve.xid_on(store, uuid)
+                    _wait(lambda: bool(store.list_incidents(job_id=job_id)), 30, "the XID seen")
         serve.wait_ended(job_id, timeout)
     finally:
         stop.set()
