@@ -41,9 +41,11 @@ with ``trainguard run``: :mod:`trainguard.controller.crash`);
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from trainguard.controller.crash import CRASH_ENV, CRASH_POINTS, PAUSE_ENV, CrashPoints
+from trainguard.controller.engine.actions import ActionRunner
+from trainguard.controller.engine.attempts import AttemptSync
 from trainguard.controller.engine.config import (
     ACTOR,
     ControlConfig,
@@ -52,22 +54,95 @@ from trainguard.controller.engine.config import (
     isolated_for_incident,
     resolve_mode,
 )
+from trainguard.controller.engine.core import EngineCore, NodeStepRunner
+from trainguard.controller.engine.evidence import EvidenceFollower
 from trainguard.controller.engine.executor import Executor
+from trainguard.controller.engine.health import HealthEnforcer
+from trainguard.controller.engine.snapshot import SnapshotBuilder
+from trainguard.controller.engine.traits import SchedulerTraits
+from trainguard.controller.lease import LeaderElector
 from trainguard.controller.repair import deliver_due
-from trainguard.model.fleet import FleetJob
+from trainguard.model.fleet import EffectiveMode, FleetJob
 from trainguard.model.plan import Mode
 from trainguard.model.records import IncidentRecord, IncidentState
 from trainguard.policy.step import OutcomeKind, StepKind, step
-from trainguard.schedulers.base import Observation, ObservedJob
-from trainguard.store.fleet import Fence, Fenced
+from trainguard.schedulers.base import ClusterScheduler, Observation, ObservedJob
+from trainguard.store import Store
+from trainguard.store.fleet import Fence, Fenced, FleetStore
 
 # Steps one reconcile of one incident may take (quarantine, restart, a re-plan and
 # its actions); a bound, so that a bug can never spin a pass.
 _MAX_STEPS = 16
 
 
-class Reconciler(Executor):
-    """One controller's reconcile loop over one store and one cluster scheduler."""
+class Reconciler:
+    """One controller's reconcile loop over one store and one cluster scheduler: the
+    pass driver over the engine's components, composed (decision 0430), not inherited."""
+
+    def __init__(
+        self,
+        store: Store,
+        scheduler: ClusterScheduler | None,
+        *,
+        identity: str,
+        config: ControlConfig | None = None,
+        clock: Callable[[], float] = time.time,
+        crash: CrashPoints | None = None,
+    ) -> None:
+        core = EngineCore(
+            store, scheduler, identity=identity, config=config, clock=clock, crash=crash
+        )
+        self.core = core
+        self.evidence = EvidenceFollower(core)
+        self.health = HealthEnforcer(core, self.evidence)
+        self.attempts = AttemptSync(core, self.evidence)
+        self.planner = SnapshotBuilder(core, self.evidence)
+        self.executor = Executor(core, self.planner, self.attempts, ActionRunner(core))
+        # The lost-node step (controller/node_recovery.py, 0242), set by the control plane
+        # when BMCs are configured; run in act mode after the jobs' incidents.
+        self.node_recovery: NodeStepRunner | None = None
+        self.last_report: PassReport | None = None
+
+    # The surface the control plane and the drivers use, read through the core.
+    @property
+    def store(self) -> Store:
+        return self.core.store
+
+    @property
+    def fleet(self) -> FleetStore:
+        return self.core.fleet
+
+    @property
+    def scheduler(self) -> ClusterScheduler | None:
+        return self.core.scheduler
+
+    @property
+    def config(self) -> ControlConfig:
+        return self.core.config
+
+    @config.setter
+    def config(self, value: ControlConfig) -> None:
+        self.core.config = value
+
+    @property
+    def traits(self) -> SchedulerTraits:
+        return self.core.traits
+
+    @property
+    def elector(self) -> LeaderElector:
+        return self.core.elector
+
+    @property
+    def identity(self) -> str:
+        return self.core.identity
+
+    def clock(self) -> float:
+        return self.core.clock()
+
+    def effective_mode(
+        self, fj: FleetJob, modes: Mapping[str, Mode] | None = None
+    ) -> EffectiveMode:
+        return self.core.effective_mode(fj, modes)
 
     def run_once(self, now: float | None = None) -> PassReport:
         started = time.perf_counter()
@@ -91,34 +166,34 @@ class Reconciler(Executor):
         return report
 
     def _pass(self, fence: Fence, report: PassReport) -> None:
-        self._policy_cache = {}
+        self.core.policy_cache = {}
         phase = _Phases(report.phases)
         if self.scheduler is not None:
             obs = self.scheduler.observe()
-            self._pass_findings = self._read_new_findings()
+            self.evidence.pass_findings = self.evidence.read_new_findings()
             phase("observe")
-            self._sync_inventory(obs)
+            self.health.sync_inventory(obs)
             phase("inventory")
-            self._enforce_health(obs, fence)
+            self.health.enforce(obs, fence)
             phase("health")
             modes = {m.scope.key: m.mode for m in self.fleet.list_scope_modes()}
             for fj in self.fleet.list_fleet_jobs():
                 try:
-                    self._sync_job(fj, obs, fence, report)
+                    self.attempts.sync_job(fj, obs, fence, report)
                 except (Fenced, KeyboardInterrupt):
                     raise
                 except Exception as exc:  # one bad job must not stop the others
                     report.errors.append(f"job {fj.job_id}: {type(exc).__name__}: {exc}")
             phase("jobs")
-            self._quarantine_idle_cards(obs, fence)
+            self.health.quarantine_idle_cards(obs, fence)
             phase("idle")
             obs = self.scheduler.observe() if report.opened else obs
-            live = self._live_incidents()
+            live = self.core.live_incidents()
             planned, broken = self._plan_new(live, obs, modes, fence, report)
             if planned:
-                live = self._live_incidents()
+                live = self.core.live_incidents()
             for inc in live:
-                managed = self._fleet_job_or_none(inc.job_id)
+                managed = self.core.fleet_job_or_none(inc.job_id)
                 if managed is None or inc.id in broken:
                     continue
                 try:
@@ -173,11 +248,13 @@ class Reconciler(Executor):
         for inc in live:
             if inc.plan_generation != 0 or inc.state is IncidentState.VERIFYING:
                 continue
-            managed = self._fleet_job_or_none(inc.job_id)
+            managed = self.core.fleet_job_or_none(inc.job_id)
             if managed is None:
                 continue
             try:
-                self._plan(inc, managed, obs, modes, fence, report, failed_attempt=inc.attempt)
+                self.planner.plan(
+                    inc, managed, obs, modes, fence, report, failed_attempt=inc.attempt
+                )
                 planned = True
             except (Fenced, KeyboardInterrupt):
                 raise
@@ -198,11 +275,11 @@ class Reconciler(Executor):
         """Reconcile one live incident: snapshot -> ``step()`` -> the one executor, again
         while the step says "go on now" (the next action of the same plan)."""
         for _ in range(_MAX_STEPS):
-            inc = self._note_first_progress(inc)
-            snap = self._incident_snapshot(inc, fj, modes)
+            inc = self.executor.note_first_progress(inc)
+            snap = self.planner.incident_snapshot(inc, fj, modes)
             st = step(snap)
             generation = inc.plan_generation
-            inc = self._execute(st, inc, fj, obs, modes, fence, report)
+            inc = self.executor.execute(st, inc, fj, obs, modes, fence, report)
             again = st.outcome.kind is OutcomeKind.REQUEUE and st.outcome.after_s <= 0
             replanned = st.kind is StepKind.PLAN and inc.plan_generation != generation
             if not (again or replanned) or inc.state.terminal:

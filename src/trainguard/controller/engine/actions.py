@@ -12,7 +12,7 @@ from typing import Any
 
 from trainguard.controller.breaker import check_quarantine
 from trainguard.controller.checkpoint_care import move_aside, select_checkpoints
-from trainguard.controller.engine.snapshot import SnapshotBuilder
+from trainguard.controller.engine.core import Part
 from trainguard.controller.repair import open_quarantine_repair
 from trainguard.model.checkpoint import RESUME_DIGEST_ENV, CheckpointInfo
 from trainguard.model.fleet import ActionRecord, ActionState, FleetJob
@@ -25,7 +25,35 @@ from trainguard.store import NotFound
 from trainguard.store.fleet import Fence
 
 
-class ActionRunner(SnapshotBuilder):
+def action_subject(action: Mapping[str, Any], inc: IncidentRecord) -> str:
+    if action.get("type") == ActionKind.QUARANTINE:
+        return f"{action.get('resource_kind')}:{action.get('resource_id')}"
+    return f"job:{inc.job_id}"
+
+
+def describe_action(action: Mapping[str, Any], inc: IncidentRecord, *, why: bool = True) -> str:
+    """The action in words. ``why=False`` for its result (the intent said why); a
+    quarantine for the incident's own cause names the incident, which says it."""
+    kind = action.get("type")
+    if kind == ActionKind.QUARANTINE:
+        what = f"quarantine {action.get('resource_kind')} {action.get('resource_id')}"
+        reason = action.get("reason")
+        if not why:
+            return what
+        if reason == inc.summary:
+            return f"{what} (incident {inc.id}: {inc.kind.value})"
+        return f"{what}: {reason}"
+    if kind == ActionKind.RESTART:
+        ckpt = action.get("checkpoint") or {}
+        return f"restart job {inc.job_id}" + (
+            f" from step {ckpt.get('step')}" if ckpt else " from the beginning"
+        )
+    if kind == ActionKind.STOP:
+        return f"stop job {inc.job_id}: {action.get('reason')}"
+    return f"{kind} for job {inc.job_id}: {action.get('reason', '')}"
+
+
+class ActionRunner(Part):
     """The scheduler side of each action kind."""
 
     def _call(self, fn: Callable[[], Any]) -> tuple[dict[str, Any] | None, str | None]:
@@ -35,7 +63,7 @@ class ActionRunner(SnapshotBuilder):
             return None, str(exc)
         return {"applied": bool(result.applied), **dict(result.detail)}, None
 
-    def _finish(
+    def finish(
         self,
         rec: ActionRecord,
         state: ActionState,
@@ -57,8 +85,8 @@ class ActionRunner(SnapshotBuilder):
                 rec.key,
                 state,
                 result,
-                subject=self._subject(action, inc),
-                message=f"{self._describe(action, inc, why=False)}: {summary}",
+                subject=action_subject(action, inc),
+                message=f"{describe_action(action, inc, why=False)}: {summary}",
                 fence=fence,
                 at=now,
             )
@@ -73,7 +101,7 @@ class ActionRunner(SnapshotBuilder):
         fence: Fence,
     ) -> None:
         """The scheduler refused the call: the action failed, nothing else changes."""
-        self._finish(
+        self.finish(
             rec,
             ActionState.FAILED,
             {"error": error, "summary": f"failed: {error}"},
@@ -93,35 +121,7 @@ class ActionRunner(SnapshotBuilder):
             audit_kind=AuditKind.NOTE,
         )  # fmt: skip
 
-    @staticmethod
-    def _subject(action: Mapping[str, Any], inc: IncidentRecord) -> str:
-        if action.get("type") == ActionKind.QUARANTINE:
-            return f"{action.get('resource_kind')}:{action.get('resource_id')}"
-        return f"job:{inc.job_id}"
-
-    @staticmethod
-    def _describe(action: Mapping[str, Any], inc: IncidentRecord, *, why: bool = True) -> str:
-        """The action in words. ``why=False`` for its result (the intent said why); a
-        quarantine for the incident's own cause names the incident, which says it."""
-        kind = action.get("type")
-        if kind == ActionKind.QUARANTINE:
-            what = f"quarantine {action.get('resource_kind')} {action.get('resource_id')}"
-            reason = action.get("reason")
-            if not why:
-                return what
-            if reason == inc.summary:
-                return f"{what} (incident {inc.id}: {inc.kind.value})"
-            return f"{what}: {reason}"
-        if kind == ActionKind.RESTART:
-            ckpt = action.get("checkpoint") or {}
-            return f"restart job {inc.job_id}" + (
-                f" from step {ckpt.get('step')}" if ckpt else " from the beginning"
-            )
-        if kind == ActionKind.STOP:
-            return f"stop job {inc.job_id}: {action.get('reason')}"
-        return f"{kind} for job {inc.job_id}: {action.get('reason', '')}"
-
-    def _quarantine(
+    def quarantine(
         self,
         inc: IncidentRecord,
         obs: Observation,
@@ -234,7 +234,7 @@ class ActionRunner(SnapshotBuilder):
                 now,
             )
 
-        self._finish(
+        self.finish(
             rec,
             ActionState.DONE,
             {**(outcome or {}), "summary": "quarantined"},
@@ -259,7 +259,7 @@ class ActionRunner(SnapshotBuilder):
         now = self.clock()
 
         def effects() -> None:
-            self._hold_back(rkind, rid, reason, trip=trip, at=now, incident_id=inc.id)
+            self.core.hold_back(rkind, rid, reason, trip=trip, at=now, incident_id=inc.id)
             self._ledger(
                 inc,
                 rec,
@@ -274,7 +274,7 @@ class ActionRunner(SnapshotBuilder):
                 now,
             )
 
-        self._finish(
+        self.finish(
             rec,
             ActionState.SKIPPED,
             {"suppressed": reason, "summary": "suppressed"},
@@ -284,7 +284,7 @@ class ActionRunner(SnapshotBuilder):
             effects,
         )
 
-    def _restart(
+    def restart(
         self,
         inc: IncidentRecord,
         fj: FleetJob,
@@ -357,7 +357,7 @@ class ActionRunner(SnapshotBuilder):
         def effects() -> None:
             # Every failed attempt of the incident loses its own work (0370).
             restored = int(ckpt_step) if ckpt_step is not None else None
-            lost = lost_steps(self._segments(inc.id, inc.job_id, new_attempt, restored))
+            lost = lost_steps(self.core.segments(inc.id, inc.job_id, new_attempt, restored))
             self.store.update_incident(
                 inc.id,
                 at=now,
@@ -399,7 +399,7 @@ class ActionRunner(SnapshotBuilder):
                     inc.job_id, JobState.RUNNING, at=now, actor=self.identity
                 )
 
-        self._finish(
+        self.finish(
             rec,
             ActionState.DONE,
             {
@@ -416,7 +416,7 @@ class ActionRunner(SnapshotBuilder):
             effects,
         )
 
-    def _stop(
+    def stop(
         self,
         inc: IncidentRecord,
         fj: FleetJob,
@@ -470,7 +470,7 @@ class ActionRunner(SnapshotBuilder):
                     inc.job_id, JobState.STOPPED, at=now, reason=full[:500], actor=self.identity
                 )
 
-        self._finish(
+        self.finish(
             rec,
             ActionState.DONE,
             {**(outcome or {}), "summary": "stopped"},
@@ -480,7 +480,7 @@ class ActionRunner(SnapshotBuilder):
             effects,
         )
 
-    def _wait(
+    def wait(
         self, inc: IncidentRecord, rec: ActionRecord, action: Mapping[str, Any], fence: Fence
     ) -> None:
         self.crash.hit("action.after_apply")
@@ -495,7 +495,7 @@ class ActionRunner(SnapshotBuilder):
                 )
             self.store.update_incident(inc.id, at=now, note=reason[:500], actor=self.identity)
 
-        self._finish(
+        self.finish(
             rec, ActionState.DONE, {"summary": "waiting for capacity"}, inc, action, fence, effects
         )
 

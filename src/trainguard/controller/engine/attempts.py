@@ -6,8 +6,10 @@ attribution, in one fenced transaction with the attempt's end.
 from __future__ import annotations
 
 from trainguard.controller.engine.config import _LIVE, PassReport
-from trainguard.controller.engine.health import HealthEnforcer
+from trainguard.controller.engine.core import EngineCore, Part
+from trainguard.controller.engine.evidence import EvidenceFollower
 from trainguard.diagnose.attribution import attempt_failure_reason, attribute
+from trainguard.diagnose.detectors import HangDetector
 from trainguard.model.findings import Attribution, Finding
 from trainguard.model.fleet import ActionState, FleetJob
 from trainguard.model.plan import ActionKind, Mode
@@ -25,10 +27,18 @@ from trainguard.schedulers.base import JobPhase, Observation, ObservedJob
 from trainguard.store.fleet import Fence
 
 
-class AttemptSync(HealthEnforcer):
+class AttemptSync(Part):
     """Attempt sync and failure detection."""
 
-    def _sync_job(self, fj: FleetJob, obs: Observation, fence: Fence, report: PassReport) -> None:
+    def __init__(self, core: EngineCore, evidence: EvidenceFollower) -> None:
+        super().__init__(core)
+        self.evidence = evidence
+        # One hang detector per live attempt, fed the progress the store holds. Lost on a
+        # restart of the controller: the new one starts from the stored last step with
+        # the start-up allowance, so a restart can delay a hang verdict, never invent one.
+        self._hangs: dict[tuple[str, int], HangDetector] = {}
+
+    def sync_job(self, fj: FleetJob, obs: Observation, fence: Fence, report: PassReport) -> None:
         job = self.store.get_job(fj.job_id)
         oj = obs.jobs.get(fj.scheduler_ref)
         if oj is None or job.state.terminal:
@@ -36,14 +46,14 @@ class AttemptSync(HealthEnforcer):
         if self.traits.requeues_by_itself:
             job = self._requeued_by_the_scheduler(fj, job, oj, fence, report)
         if self.traits.shared_output:
-            self._seed_output(job.id, oj)
+            self.evidence.seed_output(job.id, oj)
         attempts = {a.number: a for a in self.store.list_attempts(job.id)}
         now = self.clock()
         # Attempts the scheduler has moved past end here (a requeue superseded them).
         for number, att in attempts.items():
             if number < oj.attempt:
                 self._hangs.pop((job.id, number), None)
-                self._evidence_read.discard((job.id, number))
+                self.evidence.evidence_read.discard((job.id, number))
             if number < oj.attempt and not att.state.terminal:
                 self.store.finish_attempt(
                     job.id,
@@ -62,11 +72,11 @@ class AttemptSync(HealthEnforcer):
                 self._stop_if_observed(job, att, fence)
                 self._complete_if_exited(job.id, att, fence)
             return
-        self._follow_output(job.id, att, oj)
+        self.evidence.follow_output(job.id, att, oj)
         att = self.store.get_attempt(job.id, att.number)
         if oj.phase is not JobPhase.RUNNING:
             self._hangs.pop((job.id, att.number), None)  # over: nothing left to time
-            self._evidence_read.discard((job.id, att.number))
+            self.evidence.evidence_read.discard((job.id, att.number))
         if oj.phase is JobPhase.COMPLETED:
             with self.fleet.fenced(fence, self.clock()):
                 self.store.finish_attempt(
@@ -97,7 +107,7 @@ class AttemptSync(HealthEnforcer):
                     reason=oj.reason or "cancelled in the scheduler",
                     actor=self.identity,
                 )
-                if not self._incident_for_attempt(job.id, att.number):
+                if not self.core.incident_for_attempt(job.id, att.number):
                     self.store.update_job_state(
                         job.id,
                         JobState.STOPPED,
@@ -112,13 +122,13 @@ class AttemptSync(HealthEnforcer):
         # Running: fatal hardware evidence on its GPUs (a kernel-log XID an agent sent), or
         # a fatal node finding on its hosts, fails it now instead of waiting for the job
         # to crash or hang on the card, as in `trainguard run` (policy/evidence.py, 0130).
-        evidence = self._new_fatal_evidence(job.id, att, now)
-        if evidence and self.effective_mode(fj).mode is Mode.OBSERVE:
+        evidence = self.evidence.new_fatal_evidence(job.id, att, now)
+        if evidence and self.core.effective_mode(fj).mode is Mode.OBSERVE:
             # Observe mode does nothing (0345): the incident and its plan are recorded,
             # the attempt runs on and its record follows the process, as in run.
-            if self._incident_for_attempt(job.id, att.number) is None:
+            if self.core.incident_for_attempt(job.id, att.number) is None:
                 job = self.store.get_job(job.id)
-                failed = self._failed_view(oj, att, job.id, evidence)
+                failed = self.evidence.failed_view(oj, att, job.id, evidence)
                 self._attempt_failed(
                     fj, job, att, failed, fence, report, hang=None, keep_running=True
                 )
@@ -126,7 +136,7 @@ class AttemptSync(HealthEnforcer):
         if evidence:
             self._hangs.pop((job.id, att.number), None)
             job = self.store.get_job(job.id)  # _start_attempt may have just made it running
-            failed = self._failed_view(oj, att, job.id, evidence)
+            failed = self.evidence.failed_view(oj, att, job.id, evidence)
             self._attempt_failed(fj, job, att, failed, fence, report, hang=None)
             return
         # Running: a hang is no progress for the policy's hang allowance, adaptive unless
@@ -135,7 +145,7 @@ class AttemptSync(HealthEnforcer):
         hang = self._hangs.get(key)
         if hang is None:
             hang = self._hangs[key] = hang_detector(
-                self._policy(fj, job),
+                self.core.policy(fj, job),
                 att.started_at,
                 no_progress_hint=no_progress_hint(self.config.progress_pattern),
             )
@@ -150,7 +160,7 @@ class AttemptSync(HealthEnforcer):
             del self._hangs[key]
             # Observe mode: a hung attempt is still running; its record says so and only
             # the incident is opened, as run leaves it (0365). It may yet step on.
-            observe = self.effective_mode(fj).mode is Mode.OBSERVE
+            observe = self.core.effective_mode(fj).mode is Mode.OBSERVE
             self._attempt_failed(
                 fj, job, att, oj, fence, report, hang=finding, keep_running=observe
             )
@@ -168,15 +178,19 @@ class AttemptSync(HealthEnforcer):
         failed (an incident: the bad node is drained, the requeued attempt verified); it
         was not merely superseded. Remembers the nodes each attempt started on."""
         if oj.phase is JobPhase.RUNNING and oj.nodes:
-            self._attempt_nodes.setdefault((job.id, oj.attempt), tuple(oj.nodes))
+            self.evidence.attempt_nodes.setdefault((job.id, oj.attempt), tuple(oj.nodes))
         now = self.clock()
         attempts = {a.number: a for a in self.store.list_attempts(job.id)}
         for number, att in sorted(attempts.items()):
-            if number >= oj.attempt or att.state.terminal or self._made_by_us(job.id, oj.attempt):
+            if (
+                number >= oj.attempt
+                or att.state.terminal
+                or self.core.made_by_us(job.id, oj.attempt)
+            ):
                 continue
-            evidence = self.fatal_evidence(job.id, att, now)
+            evidence = self.evidence.fatal_evidence(job.id, att, now)
             if evidence:
-                failed = self._failed_view(oj, att, job.id, evidence)
+                failed = self.evidence.failed_view(oj, att, job.id, evidence)
                 self._attempt_failed(fj, job, att, failed, fence, report, hang=None, observed=oj)
                 job = self.store.get_job(job.id)
         return job
@@ -217,7 +231,7 @@ class AttemptSync(HealthEnforcer):
     def _stop_if_observed(self, job: JobRecord, att: AttemptRecord, fence: Fence) -> None:
         """Observe mode ended the attempt on evidence while it still ran (an XID on its
         card, 0130); now its processes are gone too, and nothing restarts them."""
-        inc = self._incident_for_attempt(job.id, att.number)
+        inc = self.core.incident_for_attempt(job.id, att.number)
         if inc is None or inc.state is not IncidentState.OBSERVED:
             return
         with self.fleet.fenced(fence, self.clock()):
@@ -270,7 +284,7 @@ class AttemptSync(HealthEnforcer):
                 oj.devices,
                 at=oj.started_at,
                 checkpoint_path=oj.resume_from,
-                checkpoint_step=self._restored_step(recovering[0]) if recovering else None,
+                checkpoint_step=self.core.restored_step(recovering[0]) if recovering else None,
                 log_path=oj.output_path,
                 actor=self.identity,
             )
@@ -308,14 +322,14 @@ class AttemptSync(HealthEnforcer):
         evidence. ``hang``: the hang detector's finding, when a hang ended it."""
         # Read progress, then decide: the failed step is the last one printed before the
         # fault, not what an earlier pass had read (issue 13).
-        seen = self._progress_up_to_now(job.id, att, observed or oj)
+        seen = self.evidence.progress_up_to_now(job.id, att, observed or oj)
         if hang is not None and seen.last_step != att.last_step:
             return  # it moved after all: not a hang (the next pass times it again)
         att = seen
         # The job stopped moving then (the detector's "since"), as run dates a hang.
         hang_since = None if hang is None else float(hang.details.get("since", att.started_at))
         if attribution is None:
-            attribution = self.failure_attribution(job, att, oj, hang=hang)
+            attribution = self.evidence.failure_attribution(job, att, oj, hang=hang)
         now = self.clock()
         reason = attempt_failure_reason(attribution, hang)
         recovering = next(
@@ -326,7 +340,7 @@ class AttemptSync(HealthEnforcer):
             ),
             None,
         )
-        seen_before = self._incident_for_attempt(job.id, att.number)
+        seen_before = self.core.incident_for_attempt(job.id, att.number)
         if (
             recovering is None
             and seen_before is not None
@@ -406,7 +420,7 @@ class AttemptSync(HealthEnforcer):
         report.opened.append(inc.id)
         self.crash.hit("detect.after_incident_opened")
 
-    def _fail_unverified(
+    def fail_unverified(
         self,
         inc: IncidentRecord,
         fj: FleetJob,
@@ -421,7 +435,7 @@ class AttemptSync(HealthEnforcer):
         to acting for a re-plan under the restart budget (decision 0351)."""
         if inc.recovery_attempt is None:
             return
-        att = self._attempt_or_none(inc.job_id, inc.recovery_attempt)
+        att = self.core.attempt_or_none(inc.job_id, inc.recovery_attempt)
         oj = obs.jobs.get(fj.scheduler_ref)
         if att is None or att.state.terminal or oj is None:
             return
@@ -432,7 +446,7 @@ class AttemptSync(HealthEnforcer):
             f.to_dict(), received_at=f.at, host=None, job_id=job.id, attempt=att.number
         )
         attribution = attribute([f], att.devices, f.at, self.config.correlation_window)
-        failed = self._failed_view(oj, att, job.id, [f])
+        failed = self.evidence.failed_view(oj, att, job.id, [f])
         self._attempt_failed(
             fj, job, att, failed, fence, report, hang=None, attribution=attribution
         )

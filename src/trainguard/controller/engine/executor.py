@@ -10,8 +10,11 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any
 
-from trainguard.controller.engine.actions import ActionRunner
+from trainguard.controller.engine.actions import ActionRunner, action_subject, describe_action
+from trainguard.controller.engine.attempts import AttemptSync
 from trainguard.controller.engine.config import PassReport
+from trainguard.controller.engine.core import EngineCore, Part
+from trainguard.controller.engine.snapshot import SnapshotBuilder
 from trainguard.model.fleet import ActionRecord, ActionState, ApprovalState, FleetJob
 from trainguard.model.plan import ActionKind, Mode
 from trainguard.model.records import (
@@ -29,10 +32,22 @@ from trainguard.schedulers.base import Observation
 from trainguard.store.fleet import Fence
 
 
-class Executor(ActionRunner):
+class Executor(Part):
     """The one executor of step()'s steps."""
 
-    def _execute(
+    def __init__(
+        self,
+        core: EngineCore,
+        planner: SnapshotBuilder,
+        attempts: AttemptSync,
+        actions: ActionRunner,
+    ) -> None:
+        super().__init__(core)
+        self.planner = planner
+        self.attempts = attempts
+        self.actions = actions
+
+    def execute(
         self,
         st: Step,
         inc: IncidentRecord,
@@ -53,7 +68,7 @@ class Executor(ActionRunner):
             return inc
         if kind is StepKind.PLAN:
             assert st.failed_attempt is not None
-            return self._plan(
+            return self.planner.plan(
                 inc,
                 fj,
                 obs,
@@ -72,7 +87,7 @@ class Executor(ActionRunner):
             )
         if kind is StepKind.FAIL_ATTEMPT:
             assert st.verification is not None
-            self._fail_unverified(inc, fj, obs, fence, report, st.verification)
+            self.attempts.fail_unverified(inc, fj, obs, fence, report, st.verification)
             return self.store.get_incident(inc.id)
         if kind is StepKind.MARK_RECOVERED:
             self._mark_recovered(st, inc, fence, report)
@@ -83,7 +98,7 @@ class Executor(ActionRunner):
         if kind is StepKind.REQUEST_APPROVAL:
             approval = self.fleet.approval_for(st.key) or self.fleet.request_approval(
                 kind=str(action.get("type")),
-                subject=self._subject(action, inc),
+                subject=action_subject(action, inc),
                 why=st.approval_why or st.reason,
                 at=self.clock(),
                 actor=self.identity,
@@ -138,8 +153,8 @@ class Executor(ActionRunner):
                 index=st.index,
                 type=str(action.get("type")),
                 data={k: v for k, v in action.items() if k != "type"},
-                subject=self._subject(action, inc),
-                message=self._describe(action, inc),
+                subject=action_subject(action, inc),
+                message=describe_action(action, inc),
                 fence=fence,
                 at=self.clock(),
                 job_id=inc.job_id,
@@ -164,8 +179,8 @@ class Executor(ActionRunner):
             index=index,
             type=str(action.get("type")),
             data={k: v for k, v in action.items() if k != "type"},
-            subject=self._subject(action, inc),
-            message=self._describe(action, inc),
+            subject=action_subject(action, inc),
+            message=describe_action(action, inc),
             fence=fence,
             at=self.clock(),
             job_id=inc.job_id,
@@ -174,8 +189,8 @@ class Executor(ActionRunner):
             key,
             ActionState.SKIPPED,
             {"skipped": why},
-            subject=self._subject(action, inc),
-            message=f"{self._describe(action, inc, why=False)}: skipped ({why})",
+            subject=action_subject(action, inc),
+            message=f"{describe_action(action, inc, why=False)}: skipped ({why})",
             fence=fence,
             at=self.clock(),
         )
@@ -194,15 +209,17 @@ class Executor(ActionRunner):
         assert self.scheduler is not None
         kind = rec.type
         if kind == ActionKind.QUARANTINE:
-            self._quarantine(inc, obs, rec, action, fence)
+            self.actions.quarantine(inc, obs, rec, action, fence)
         elif kind == ActionKind.RESTART:
-            self._restart(inc, fj, obs, rec, action, fence, st.exclude_devices, st.exclude_nodes)
+            self.actions.restart(
+                inc, fj, obs, rec, action, fence, st.exclude_devices, st.exclude_nodes
+            )
         elif kind == ActionKind.STOP:
-            self._stop(inc, fj, obs, rec, action, fence)
+            self.actions.stop(inc, fj, obs, rec, action, fence)
         elif kind == ActionKind.WAIT_FOR_CAPACITY:
-            self._wait(inc, rec, action, fence)
+            self.actions.wait(inc, rec, action, fence)
         else:
-            self._finish(
+            self.actions.finish(
                 rec,
                 ActionState.FAILED,
                 {"error": f"unknown action {kind!r}"},
@@ -228,12 +245,12 @@ class Executor(ActionRunner):
                     inc.job_id, JobState.STOPPED, at=now, reason=reason, actor=self.identity
                 )
 
-    def _note_first_progress(self, inc: IncidentRecord) -> IncidentRecord:
+    def note_first_progress(self, inc: IncidentRecord) -> IncidentRecord:
         """The restart being verified showed its first step: noted once on the incident,
         with the step it resumed at, before any verdict on it, as run notes it (0376)."""
         if inc.state is not IncidentState.VERIFYING or inc.recovery_attempt is None:
             return inc
-        att = self._attempt_or_none(inc.job_id, inc.recovery_attempt)
+        att = self.core.attempt_or_none(inc.job_id, inc.recovery_attempt)
         if att is None or att.first_step is None:
             return inc
         note = first_progress_note(att.first_step, att.number)
@@ -285,7 +302,7 @@ class Executor(ActionRunner):
                 )
                 if acc.warning:
                     self._tell_resume_fix(inc, acc.warning, now)
-            for w in self._job_warnings(inc.job_id):  # what the job was told, as in run
+            for w in self.core.job_warnings(inc.job_id):  # what the job was told, as in run
                 self.store.update_incident(inc.id, at=now, warning=w, actor=self.identity)
             self.store.update_incident(
                 inc.id,

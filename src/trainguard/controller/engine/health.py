@@ -9,12 +9,14 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from trainguard.controller.breaker import check_quarantine, hold_back
+from trainguard.controller.breaker import check_quarantine
 from trainguard.controller.engine.config import (
     _REREAD_ALL_ABOVE,
     _UNSCHEDULABLE,
     IDLE_EVIDENCE_MAX_AGE_S,
+    _HealthView,
 )
+from trainguard.controller.engine.core import EngineCore, Part
 from trainguard.controller.engine.evidence import EvidenceFollower
 from trainguard.controller.repair import idle_card_repair
 from trainguard.model.findings import Finding
@@ -27,10 +29,18 @@ from trainguard.store import NotFound
 from trainguard.store.fleet import Fence
 
 
-class HealthEnforcer(EvidenceFollower):
-    """Health enforcement and idle-card quarantine."""
+class HealthEnforcer(Part):
+    """Inventory, health enforcement and idle-card quarantine, with what they saw last
+    pass (caches that only save work)."""
 
-    def _sync_inventory(self, obs: Observation) -> None:
+    def __init__(self, core: EngineCore, evidence: EvidenceFollower) -> None:
+        super().__init__(core)
+        self.evidence = evidence
+        self._seen_devices: dict[str, tuple[str, int, str]] = {}
+        self._seen_nodes: dict[str, tuple[str | None, tuple[tuple[str, str], ...]]] = {}
+        self._health = _HealthView()
+
+    def sync_inventory(self, obs: Observation) -> None:
         now = self.clock()
         for node in obs.nodes.values():
             key = (node.partition, ())
@@ -49,7 +59,7 @@ class HealthEnforcer(EvidenceFollower):
                 for d in fresh:
                     self._seen_devices[d.uuid] = (d.host, d.index, d.pci_bus_id)
 
-    def _enforce_health(self, obs: Observation, fence: Fence) -> None:
+    def enforce(self, obs: Observation, fence: Fence) -> None:
         """The stored health enforced on the scheduler; where DOWN nodes return by
         themselves (traits.down_nodes_return: Slurm's ReturnToService when slurmd is
         back), a quarantined DOWN node is drained at once, so it comes back drained (the
@@ -284,31 +294,7 @@ class HealthEnforcer(EvidenceFollower):
                 {"key": key, **outcome},
             )
 
-    def _hold_back(
-        self,
-        rkind: str,
-        rid: str,
-        reason: str,
-        *,
-        trip: bool,
-        at: float,
-        incident_id: int | None,
-    ) -> None:
-        """The breaker held a quarantine back (controller/breaker.py: the recording
-        ``trainguard run`` shares). In the caller's transaction."""
-        hold_back(
-            self.fleet,
-            resource_kind=rkind,
-            resource_id=rid,
-            reason=reason,
-            trip=trip,
-            at=at,
-            actor=self.identity,
-            incident_id=incident_id,
-            page_webhook=self.config.page_webhook,
-        )
-
-    def _quarantine_idle_cards(self, obs: Observation, fence: Fence) -> None:
+    def quarantine_idle_cards(self, obs: Observation, fence: Fence) -> None:
         """A fatal hardware finding on a card that no job and no live incident holds
         quarantines it (and opens its repair record), as `trainguard run` does (0130).
 
@@ -317,13 +303,13 @@ class HealthEnforcer(EvidenceFollower):
         harmless): only those younger than ``IDLE_EVIDENCE_MAX_AGE_S``, on a card whose
         health has not changed since (a release or a validation after the finding wins).
         """
-        rows = self._pass_findings
+        rows = self.evidence.pass_findings
         if not rows:
             return
         now = self.clock()
         held = {d.uuid for oj in obs.jobs.values() if not oj.phase.terminal for d in oj.devices}
-        for inc in self._live_incidents():
-            att = self._attempt_or_none(inc.job_id, inc.attempt)
+        for inc in self.core.live_incidents():
+            att = self.core.attempt_or_none(inc.job_id, inc.attempt)
             held |= {d.uuid for d in (att.devices if att is not None else ())}
         for row in rows:
             try:
@@ -357,7 +343,7 @@ class HealthEnforcer(EvidenceFollower):
             )
             with self.fleet.fenced(fence, now):
                 if not verdict.allow:
-                    self._hold_back(
+                    self.core.hold_back(
                         "device",
                         uuid,
                         verdict.reason or "breaker",
