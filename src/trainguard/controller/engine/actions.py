@@ -12,6 +12,7 @@ from typing import Any
 
 from trainguard.controller.breaker import check_quarantine
 from trainguard.controller.checkpoint_care import move_aside, select_checkpoints
+from trainguard.controller.engine.context import PassContext
 from trainguard.controller.engine.core import Part
 from trainguard.controller.repair import open_quarantine_repair
 from trainguard.model.checkpoint import RESUME_DIGEST_ENV, CheckpointInfo
@@ -19,10 +20,10 @@ from trainguard.model.fleet import ActionRecord, ActionState, FleetJob
 from trainguard.model.health import HealthState
 from trainguard.model.plan import ActionKind
 from trainguard.model.records import AuditKind, IncidentRecord, IncidentState, JobState
+from trainguard.policy.health_sync import SyncOp, SyncStep
 from trainguard.policy.lost import lost_steps
-from trainguard.schedulers.base import NodePhase, Observation, SchedulerError
+from trainguard.schedulers.base import NodePhase, SchedulerError
 from trainguard.store import NotFound
-from trainguard.store.fleet import Fence
 
 
 def action_subject(action: Mapping[str, Any], inc: IncidentRecord) -> str:
@@ -54,7 +55,36 @@ def describe_action(action: Mapping[str, Any], inc: IncidentRecord, *, why: bool
 
 
 class ActionRunner(Part):
-    """The scheduler side of each action kind."""
+    """The one applier: the scheduler side of each action kind, and the health steps."""
+
+    def apply_sync(self, step: SyncStep, ctx: PassContext) -> None:
+        """One health step (policy.health_sync): intent audited, the keyed, fenced call,
+        its result audited. It decides nothing: the step names the call."""
+        sched = self.scheduler
+        assert sched is not None
+        call = {
+            SyncOp.QUARANTINE_DEVICE: sched.quarantine_device,
+            SyncOp.RELEASE_DEVICE: sched.release_device,
+            SyncOp.DRAIN: sched.drain,
+            SyncOp.RESUME_NODE: sched.resume_node,
+        }[step.op]
+        with self.fenced(ctx.fence):
+            self.store.append_audit(
+                ctx.now, self.identity, AuditKind.INTENT, step.subject, step.message,
+                {"key": step.key},
+            )  # fmt: skip
+        try:
+            result = call(step.target, step.reason, key=step.key, token=ctx.fence.token)
+            outcome: dict[str, Any] = {"applied": result.applied, **dict(result.detail)}
+            kind = AuditKind.RESULT
+        except SchedulerError as exc:
+            outcome = {"error": str(exc)}
+            kind = AuditKind.ERROR
+        with self.fenced(ctx.fence):
+            self.store.append_audit(
+                ctx.now, self.identity, kind, step.subject, f"{step.message}: done",
+                {"key": step.key, **outcome},
+            )  # fmt: skip
 
     def _call(self, fn: Callable[[], Any]) -> tuple[dict[str, Any] | None, str | None]:
         try:
@@ -70,12 +100,12 @@ class ActionRunner(Part):
         result: dict[str, Any],
         inc: IncidentRecord,
         action: Mapping[str, Any],
-        fence: Fence,
+        ctx: PassContext,
         effects: Callable[[], None],
     ) -> None:
         """The action's store effects and its result record: one fenced transaction."""
-        now = self.clock()
-        with self.fleet.fenced(fence, now):
+        now = ctx.now
+        with self.fenced(ctx.fence):
             current = self.fleet.get_action(rec.key)
             if current is not None and current.state.terminal:
                 return
@@ -87,7 +117,7 @@ class ActionRunner(Part):
                 result,
                 subject=action_subject(action, inc),
                 message=f"{describe_action(action, inc, why=False)}: {summary}",
-                fence=fence,
+                fence=ctx.fence,
                 at=now,
             )
         self.crash.hit("action.after_result")
@@ -98,7 +128,7 @@ class ActionRunner(Part):
         error: str | None,
         inc: IncidentRecord,
         action: Mapping[str, Any],
-        fence: Fence,
+        ctx: PassContext,
     ) -> None:
         """The scheduler refused the call: the action failed, nothing else changes."""
         self.finish(
@@ -107,7 +137,7 @@ class ActionRunner(Part):
             {"error": error, "summary": f"failed: {error}"},
             inc,
             action,
-            fence,
+            ctx,
             lambda: None,
         )
 
@@ -124,10 +154,9 @@ class ActionRunner(Part):
     def quarantine(
         self,
         inc: IncidentRecord,
-        obs: Observation,
         rec: ActionRecord,
         action: Mapping[str, Any],
-        fence: Fence,
+        ctx: PassContext,
     ) -> None:
         assert self.scheduler is not None
         rkind = str(action.get("resource_kind"))
@@ -135,26 +164,26 @@ class ActionRunner(Part):
         reason = str(action.get("reason") or "hardware evidence")
         # Level check: already in effect in the scheduler (a crash after the call)?
         if rkind == "device":
-            in_effect = any(rid in n.quarantined_devices for n in obs.nodes.values())
-            population = len(obs.devices)
+            in_effect = any(rid in n.quarantined_devices for n in ctx.obs.nodes.values())
+            population = len(ctx.obs.devices)
         else:
-            node = obs.nodes.get(rid)
+            node = ctx.obs.nodes.get(rid)
             in_effect = node is not None and node.phase is not NodePhase.UP
-            population = len(obs.nodes)
+            population = len(ctx.obs.nodes)
         if not in_effect:
             verdict = check_quarantine(
                 self.fleet,
                 self.config.breaker,
                 resource_kind=rkind,
                 population=population,
-                now=self.clock(),
+                now=ctx.now,
             )
             if not verdict.allow:
                 self._suppress(
                     inc,
                     rec,
                     action,
-                    fence,
+                    ctx,
                     rkind,
                     rid,
                     verdict.reason or "breaker",
@@ -167,16 +196,16 @@ class ActionRunner(Part):
                 self.scheduler.quarantine_device if rkind == "device" else self.scheduler.drain
             )
             outcome, error = self._call(
-                lambda: isolate(rid, reason_text, key=rec.key, token=fence.token)
+                lambda: isolate(rid, reason_text, key=rec.key, token=ctx.fence.token)
             )
             self.crash.hit("action.after_apply")
             if error is not None:
-                self._fail(rec, error, inc, action, fence)
+                self._fail(rec, error, inc, action, ctx)
                 return
         else:
             outcome = {"applied": False, "observed": "already in effect"}
             self.crash.hit("action.after_apply")
-        now = self.clock()
+        now = ctx.now
         host = None
 
         def effects() -> None:
@@ -240,7 +269,7 @@ class ActionRunner(Part):
             {**(outcome or {}), "summary": "quarantined"},
             inc,
             action,
-            fence,
+            ctx,
             effects,
         )
 
@@ -249,14 +278,14 @@ class ActionRunner(Part):
         inc: IncidentRecord,
         rec: ActionRecord,
         action: Mapping[str, Any],
-        fence: Fence,
+        ctx: PassContext,
         rkind: str,
         rid: str,
         reason: str,
         *,
         trip: bool,
     ) -> None:
-        now = self.clock()
+        now = ctx.now
 
         def effects() -> None:
             self.core.hold_back(rkind, rid, reason, trip=trip, at=now, incident_id=inc.id)
@@ -280,7 +309,7 @@ class ActionRunner(Part):
             {"suppressed": reason, "summary": "suppressed"},
             inc,
             action,
-            fence,
+            ctx,
             effects,
         )
 
@@ -288,17 +317,16 @@ class ActionRunner(Part):
         self,
         inc: IncidentRecord,
         fj: FleetJob,
-        obs: Observation,
         rec: ActionRecord,
         action: Mapping[str, Any],
-        fence: Fence,
+        ctx: PassContext,
         exclude_devices: tuple[str, ...],
         exclude_nodes: tuple[str, ...],
     ) -> None:
         assert self.scheduler is not None
         plan = inc.plan or {}
         failed_attempt = int(plan.get("attempt", inc.attempt))
-        oj = obs.jobs.get(fj.scheduler_ref)
+        oj = ctx.obs.jobs.get(fj.scheduler_ref)
         ckpt = action.get("checkpoint") or None
         resume = ckpt.get("path") if isinstance(ckpt, dict) else None
         # Level check: the job is already past the failed attempt (our earlier call
@@ -314,14 +342,14 @@ class ActionRunner(Part):
             # Out: what step() computed (policy/step.py restart_exclusions): everything
             # unschedulable, isolated, or about to be quarantined by a live plan.
             env = {str(k): str(v) for k, v in (action.get("env") or {}).items()}
-            self._move_rejected_aside(inc, fj)
+            self._move_rejected_aside(inc, fj, ctx)
             if isinstance(ckpt, dict) and ckpt.get("manifest_sha256"):
                 env[RESUME_DIGEST_ENV] = str(ckpt["manifest_sha256"])  # verified: decision 0162
             got, error = self._call(
                 lambda: self.scheduler.requeue(  # type: ignore[union-attr]
                     fj.scheduler_ref,
                     key=rec.key,
-                    token=fence.token,
+                    token=ctx.fence.token,
                     exclude_nodes=exclude_nodes,
                     exclude_devices=exclude_devices,
                     resume_from=resume,
@@ -330,11 +358,11 @@ class ActionRunner(Part):
             )
             self.crash.hit("action.after_apply")
             if error is not None or got is None:
-                self._fail(rec, error, inc, action, fence)
+                self._fail(rec, error, inc, action, ctx)
                 return
             outcome = got
         new_attempt = int(outcome.get("attempt", failed_attempt + 1))
-        now = self.clock()
+        now = ctx.now
         ckpt_step = (
             ckpt.get("step")
             if isinstance(ckpt, dict) and ckpt.get("step_unit", "step") == "step"
@@ -412,7 +440,7 @@ class ActionRunner(Part):
             },
             inc,
             action,
-            fence,
+            ctx,
             effects,
         )
 
@@ -420,19 +448,21 @@ class ActionRunner(Part):
         self,
         inc: IncidentRecord,
         fj: FleetJob,
-        obs: Observation,
         rec: ActionRecord,
         action: Mapping[str, Any],
-        fence: Fence,
+        ctx: PassContext,
     ) -> None:
         assert self.scheduler is not None
         reason = str(action.get("reason") or "stopped by trainguard")
         advice = action.get("advice")
-        oj = obs.jobs.get(fj.scheduler_ref)
+        oj = ctx.obs.jobs.get(fj.scheduler_ref)
         if oj is not None and not oj.phase.terminal:
             outcome, error = self._call(
                 lambda: self.scheduler.cancel(  # type: ignore[union-attr]
-                    fj.scheduler_ref, f"trainguard: {reason}"[:300], key=rec.key, token=fence.token
+                    fj.scheduler_ref,
+                    f"trainguard: {reason}"[:300],
+                    key=rec.key,
+                    token=ctx.fence.token,
                 )
             )
             if error is not None:
@@ -440,7 +470,7 @@ class ActionRunner(Part):
         else:
             outcome = {"applied": False, "observed": "the job is not running"}
         self.crash.hit("action.after_apply")
-        now = self.clock()
+        now = ctx.now
         full = reason + (f" (advice: {advice})" if advice else "")
 
         def effects() -> None:
@@ -476,15 +506,15 @@ class ActionRunner(Part):
             {**(outcome or {}), "summary": "stopped"},
             inc,
             action,
-            fence,
+            ctx,
             effects,
         )
 
     def wait(
-        self, inc: IncidentRecord, rec: ActionRecord, action: Mapping[str, Any], fence: Fence
+        self, inc: IncidentRecord, rec: ActionRecord, action: Mapping[str, Any], ctx: PassContext
     ) -> None:
         self.crash.hit("action.after_apply")
-        now = self.clock()
+        now = ctx.now
         reason = str(action.get("reason") or "waiting for capacity")
 
         def effects() -> None:
@@ -496,10 +526,10 @@ class ActionRunner(Part):
             self.store.update_incident(inc.id, at=now, note=reason[:500], actor=self.identity)
 
         self.finish(
-            rec, ActionState.DONE, {"summary": "waiting for capacity"}, inc, action, fence, effects
+            rec, ActionState.DONE, {"summary": "waiting for capacity"}, inc, action, ctx, effects
         )
 
-    def _move_rejected_aside(self, inc: IncidentRecord, fj: FleetJob) -> None:
+    def _move_rejected_aside(self, inc: IncidentRecord, fj: FleetJob, ctx: PassContext) -> None:
         """The same rule as ``trainguard run`` (decision 0146): the plan's damaged
         checkpoints leave the job's way before it is requeued, audited."""
         plan = inc.plan or {}
@@ -524,7 +554,7 @@ class ActionRunner(Part):
         subject = f"job:{inc.job_id}"
         # Intent first, as run writes it (0343): the user's files are renamed.
         intent = self.store.append_audit(
-            self.clock(),
+            ctx.now,
             self.identity,
             AuditKind.INTENT,
             subject,
@@ -533,9 +563,9 @@ class ActionRunner(Part):
             job_id=inc.job_id,
             incident_id=inc.id,
         )
-        moved = move_aside(todo, job.checkpoint_dir, at=self.clock(), by=self.identity)
+        moved = move_aside(todo, job.checkpoint_dir, at=ctx.now, by=self.identity)
         self.store.append_audit(
-            self.clock(),
+            ctx.now,
             self.identity,
             AuditKind.RESULT,
             subject,

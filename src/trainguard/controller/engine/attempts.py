@@ -5,7 +5,8 @@ attribution, in one fenced transaction with the attempt's end.
 
 from __future__ import annotations
 
-from trainguard.controller.engine.config import _LIVE, PassReport
+from trainguard.controller.engine.config import _LIVE
+from trainguard.controller.engine.context import PassContext
 from trainguard.controller.engine.core import EngineCore, Part
 from trainguard.controller.engine.evidence import EvidenceFollower
 from trainguard.diagnose.attribution import attempt_failure_reason, attribute
@@ -23,8 +24,7 @@ from trainguard.model.records import (
 )
 from trainguard.policy.hang import hang_detector, no_progress_hint
 from trainguard.policy.verify import Verification, failed_finding
-from trainguard.schedulers.base import JobPhase, Observation, ObservedJob
-from trainguard.store.fleet import Fence
+from trainguard.schedulers.base import JobPhase, ObservedJob
 
 
 class AttemptSync(Part):
@@ -38,17 +38,17 @@ class AttemptSync(Part):
         # the start-up allowance, so a restart can delay a hang verdict, never invent one.
         self._hangs: dict[tuple[str, int], HangDetector] = {}
 
-    def sync_job(self, fj: FleetJob, obs: Observation, fence: Fence, report: PassReport) -> None:
+    def sync_job(self, fj: FleetJob, ctx: PassContext) -> None:
         job = self.store.get_job(fj.job_id)
-        oj = obs.jobs.get(fj.scheduler_ref)
+        oj = ctx.obs.jobs.get(fj.scheduler_ref)
         if oj is None or job.state.terminal:
             return
         if self.traits.requeues_by_itself:
-            job = self._requeued_by_the_scheduler(fj, job, oj, fence, report)
+            job = self._requeued_by_the_scheduler(fj, job, oj, ctx)
         if self.traits.shared_output:
             self.evidence.seed_output(job.id, oj)
         attempts = {a.number: a for a in self.store.list_attempts(job.id)}
-        now = self.clock()
+        now = ctx.now
         # Attempts the scheduler has moved past end here (a requeue superseded them).
         for number, att in attempts.items():
             if number < oj.attempt:
@@ -66,19 +66,19 @@ class AttemptSync(Part):
         if oj.phase is JobPhase.PENDING or oj.started_at is None:
             return
         found = attempts.get(oj.attempt)
-        att = found if found is not None else self._start_attempt(job, oj, fence)
+        att = found if found is not None else self._start_attempt(job, oj, ctx)
         if att.state.terminal:
             if oj.phase.terminal and not job.state.terminal:
-                self._stop_if_observed(job, att, fence)
-                self._complete_if_exited(job.id, att, fence)
+                self._stop_if_observed(job, att, ctx)
+                self._complete_if_exited(job.id, att, ctx)
             return
-        self.evidence.follow_output(job.id, att, oj)
+        self.evidence.follow_output(job.id, att, oj, ctx.now)
         att = self.store.get_attempt(job.id, att.number)
         if oj.phase is not JobPhase.RUNNING:
             self._hangs.pop((job.id, att.number), None)  # over: nothing left to time
             self.evidence.evidence_read.discard((job.id, att.number))
         if oj.phase is JobPhase.COMPLETED:
-            with self.fleet.fenced(fence, self.clock()):
+            with self.fenced(ctx.fence):
                 self.store.finish_attempt(
                     job.id,
                     att.number,
@@ -98,7 +98,7 @@ class AttemptSync(Part):
                     )
             return
         if oj.phase is JobPhase.CANCELLED:
-            with self.fleet.fenced(fence, self.clock()):
+            with self.fenced(ctx.fence):
                 self.store.finish_attempt(
                     job.id,
                     att.number,
@@ -117,27 +117,25 @@ class AttemptSync(Part):
                     )
             return
         if oj.phase is JobPhase.FAILED:
-            self._attempt_failed(fj, job, att, oj, fence, report, hang=None)
+            self._attempt_failed(fj, job, att, oj, ctx, hang=None)
             return
         # Running: fatal hardware evidence on its GPUs (a kernel-log XID an agent sent), or
         # a fatal node finding on its hosts, fails it now instead of waiting for the job
         # to crash or hang on the card, as in `trainguard run` (policy/evidence.py, 0130).
-        evidence = self.evidence.new_fatal_evidence(job.id, att, now)
-        if evidence and self.core.effective_mode(fj).mode is Mode.OBSERVE:
+        evidence = self.evidence.new_fatal_evidence(job.id, att, now, ctx.findings)
+        if evidence and self.core.effective_mode(fj, ctx.modes).mode is Mode.OBSERVE:
             # Observe mode does nothing (0345): the incident and its plan are recorded,
             # the attempt runs on and its record follows the process, as in run.
             if self.core.incident_for_attempt(job.id, att.number) is None:
                 job = self.store.get_job(job.id)
                 failed = self.evidence.failed_view(oj, att, job.id, evidence)
-                self._attempt_failed(
-                    fj, job, att, failed, fence, report, hang=None, keep_running=True
-                )
+                self._attempt_failed(fj, job, att, failed, ctx, hang=None, keep_running=True)
             return
         if evidence:
             self._hangs.pop((job.id, att.number), None)
             job = self.store.get_job(job.id)  # _start_attempt may have just made it running
             failed = self.evidence.failed_view(oj, att, job.id, evidence)
-            self._attempt_failed(fj, job, att, failed, fence, report, hang=None)
+            self._attempt_failed(fj, job, att, failed, ctx, hang=None)
             return
         # Running: a hang is no progress for the policy's hang allowance, adaptive unless
         # a fixed timeout is configured; the same detector as `trainguard run` (0130).
@@ -160,18 +158,15 @@ class AttemptSync(Part):
             del self._hangs[key]
             # Observe mode: a hung attempt is still running; its record says so and only
             # the incident is opened, as run leaves it (0365). It may yet step on.
-            observe = self.core.effective_mode(fj).mode is Mode.OBSERVE
-            self._attempt_failed(
-                fj, job, att, oj, fence, report, hang=finding, keep_running=observe
-            )
+            observe = self.core.effective_mode(fj, ctx.modes).mode is Mode.OBSERVE
+            self._attempt_failed(fj, job, att, oj, ctx, hang=finding, keep_running=observe)
 
     def _requeued_by_the_scheduler(
         self,
         fj: FleetJob,
         job: JobRecord,
         oj: ObservedJob,
-        fence: Fence,
-        report: PassReport,
+        ctx: PassContext,
     ) -> JobRecord:
         """traits.requeues_by_itself: the scheduler moved past a live attempt by itself
         (Slurm's NODE_FAIL with --requeue). With fatal evidence against it, that attempt
@@ -179,7 +174,7 @@ class AttemptSync(Part):
         was not merely superseded. Remembers the nodes each attempt started on."""
         if oj.phase is JobPhase.RUNNING and oj.nodes:
             self.evidence.attempt_nodes.setdefault((job.id, oj.attempt), tuple(oj.nodes))
-        now = self.clock()
+        now = ctx.now
         attempts = {a.number: a for a in self.store.list_attempts(job.id)}
         for number, att in sorted(attempts.items()):
             if (
@@ -191,7 +186,7 @@ class AttemptSync(Part):
             evidence = self.evidence.fatal_evidence(job.id, att, now)
             if evidence:
                 failed = self.evidence.failed_view(oj, att, job.id, evidence)
-                self._attempt_failed(fj, job, att, failed, fence, report, hang=None, observed=oj)
+                self._attempt_failed(fj, job, att, failed, ctx, hang=None, observed=oj)
                 job = self.store.get_job(job.id)
         return job
 
@@ -200,13 +195,13 @@ class AttemptSync(Part):
         job: JobRecord,
         att: AttemptRecord,
         oj: ObservedJob,
-        fence: Fence,
+        ctx: PassContext,
         reason: str,
     ) -> None:
         """The attempt observe mode let run on has failed now: its end is recorded and
         the job stops; the incident already holds the plan nothing carried out."""
-        now = self.clock()
-        with self.fleet.fenced(fence, now):
+        now = ctx.now
+        with self.fenced(ctx.fence):
             if self.store.get_attempt(job.id, att.number).state.terminal:
                 return
             self.store.finish_attempt(
@@ -228,22 +223,22 @@ class AttemptSync(Part):
                     actor=self.identity,
                 )
 
-    def _stop_if_observed(self, job: JobRecord, att: AttemptRecord, fence: Fence) -> None:
+    def _stop_if_observed(self, job: JobRecord, att: AttemptRecord, ctx: PassContext) -> None:
         """Observe mode ended the attempt on evidence while it still ran (an XID on its
         card, 0130); now its processes are gone too, and nothing restarts them."""
         inc = self.core.incident_for_attempt(job.id, att.number)
         if inc is None or inc.state is not IncidentState.OBSERVED:
             return
-        with self.fleet.fenced(fence, self.clock()):
+        with self.fenced(ctx.fence):
             self.store.update_job_state(
                 job.id,
                 JobState.STOPPED,
-                at=self.clock(),
+                at=ctx.now,
                 reason="observe mode: the job failed and nothing was restarted",
                 actor=self.identity,
             )
 
-    def _complete_if_exited(self, job_id: str, att: AttemptRecord, fence: Fence) -> None:
+    def _complete_if_exited(self, job_id: str, att: AttemptRecord, ctx: PassContext) -> None:
         """A restart that exited 0 before its requeue's result was recorded (the
         controller died in between, tests/scenarios/test_crash_points.py): the attempt
         was synced completed while the job was still recovering, and the result then
@@ -252,16 +247,16 @@ class AttemptSync(Part):
             return
         if self.store.get_job(job_id).state is not JobState.RUNNING:
             return
-        with self.fleet.fenced(fence, self.clock()):
+        with self.fenced(ctx.fence):
             self.store.update_job_state(
                 job_id,
                 JobState.COMPLETED,
-                at=self.clock(),
+                at=ctx.now,
                 reason="the job exited 0",
                 actor=self.identity,
             )
 
-    def _start_attempt(self, job: JobRecord, oj: ObservedJob, fence: Fence) -> AttemptRecord:
+    def _start_attempt(self, job: JobRecord, oj: ObservedJob, ctx: PassContext) -> AttemptRecord:
         assert oj.started_at is not None
         # A recovery attempt: the incident names it, or (a crash between the requeue and
         # its recorded result) an incident of the job has a restart still in flight.
@@ -277,7 +272,7 @@ class AttemptSync(Part):
                 )
             )
         ]
-        with self.fleet.fenced(fence, self.clock()):
+        with self.fenced(ctx.fence):
             self.store.start_attempt(
                 job.id,
                 oj.attempt,
@@ -294,7 +289,7 @@ class AttemptSync(Part):
             )
             if job.state in (JobState.PENDING, JobState.WAITING):
                 self.store.update_job_state(
-                    job.id, JobState.RUNNING, at=self.clock(), actor=self.identity
+                    job.id, JobState.RUNNING, at=ctx.now, actor=self.identity
                 )
         return att
 
@@ -304,8 +299,7 @@ class AttemptSync(Part):
         job: JobRecord,
         att: AttemptRecord,
         oj: ObservedJob,
-        fence: Fence,
-        report: PassReport,
+        ctx: PassContext,
         *,
         hang: Finding | None,
         observed: ObservedJob | None = None,
@@ -322,15 +316,15 @@ class AttemptSync(Part):
         evidence. ``hang``: the hang detector's finding, when a hang ended it."""
         # Read progress, then decide: the failed step is the last one printed before the
         # fault, not what an earlier pass had read (issue 13).
-        seen = self.evidence.progress_up_to_now(job.id, att, observed or oj)
+        seen = self.evidence.progress_up_to_now(job.id, att, observed or oj, ctx.now)
         if hang is not None and seen.last_step != att.last_step:
             return  # it moved after all: not a hang (the next pass times it again)
         att = seen
         # The job stopped moving then (the detector's "since"), as run dates a hang.
         hang_since = None if hang is None else float(hang.details.get("since", att.started_at))
         if attribution is None:
-            attribution = self.evidence.failure_attribution(job, att, oj, hang=hang)
-        now = self.clock()
+            attribution = self.evidence.failure_attribution(job, att, oj, ctx.now, hang=hang)
+        now = ctx.now
         reason = attempt_failure_reason(attribution, hang)
         recovering = next(
             (
@@ -347,7 +341,7 @@ class AttemptSync(Part):
             and seen_before.state is IncidentState.OBSERVED
         ):
             if hang_since is None:
-                self._end_observed(job, att, oj, fence, reason)
+                self._end_observed(job, att, oj, ctx, reason)
             # A hang of it: still running, and its failure is already recorded (0345).
             return
         if hang is not None:
@@ -356,7 +350,7 @@ class AttemptSync(Part):
             self.fleet.add_finding(
                 hang.to_dict(), received_at=now, host=None, job_id=job.id, attempt=att.number
             )
-        with self.fleet.fenced(fence, now):
+        with self.fenced(ctx.fence):
             current = self.store.get_attempt(job.id, att.number)
             if current.state.terminal:
                 return  # another pass got here first
@@ -370,7 +364,7 @@ class AttemptSync(Part):
                     failed_step=att.last_step,
                     actor=self.identity,
                 )
-                report.opened.append(inc.id)
+                ctx.report.opened.append(inc.id)
                 return
             self.store.finish_attempt(
                 job.id,
@@ -417,16 +411,14 @@ class AttemptSync(Part):
                 self.store.update_job_state(
                     job.id, JobState.RECOVERING, at=now, actor=self.identity
                 )
-        report.opened.append(inc.id)
+        ctx.report.opened.append(inc.id)
         self.crash.hit("detect.after_incident_opened")
 
     def fail_unverified(
         self,
         inc: IncidentRecord,
         fj: FleetJob,
-        obs: Observation,
-        fence: Fence,
-        report: PassReport,
+        ctx: PassContext,
         v: Verification,
     ) -> None:
         """The restart did not verify and the verdict says to restart again (a rank that
@@ -436,17 +428,15 @@ class AttemptSync(Part):
         if inc.recovery_attempt is None:
             return
         att = self.core.attempt_or_none(inc.job_id, inc.recovery_attempt)
-        oj = obs.jobs.get(fj.scheduler_ref)
+        oj = ctx.obs.jobs.get(fj.scheduler_ref)
         if att is None or att.state.terminal or oj is None:
             return
         job = self.store.get_job(inc.job_id)
-        f = failed_finding(v, self.clock())
+        f = failed_finding(v, ctx.now)
         # Kept as the attempt's evidence: the re-plan re-attributes this failure from it.
         self.fleet.add_finding(
             f.to_dict(), received_at=f.at, host=None, job_id=job.id, attempt=att.number
         )
         attribution = attribute([f], att.devices, f.at, self.config.correlation_window)
         failed = self.evidence.failed_view(oj, att, job.id, [f])
-        self._attempt_failed(
-            fj, job, att, failed, fence, report, hang=None, attribution=attribution
-        )
+        self._attempt_failed(fj, job, att, failed, ctx, hang=None, attribution=attribution)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from trainguard.controller.breaker import hold_back
@@ -291,5 +292,8 @@ class Part:
     def identity(self) -> str:
         return self.core.identity
 
-    def clock(self) -> float:
-        return self.core.clock()
+    def fenced(self, fence: Fence) -> AbstractContextManager[None]:
+        """A write transaction that first proves the lease: at the moment of the write,
+        the one clock read a component makes in a pass (a pass may outlast the lease in
+        a scheduler call; its ``PassContext.now`` must not vouch for it)."""
+        return self.fleet.fenced(fence, self.core.clock())

@@ -87,20 +87,18 @@ class EvidenceFollower(Part):
         # traits.shared_output: what the file began with when an attempt's output was
         # seeded (a truncation on requeue changes it).
         self._heads: dict[tuple[str, int], bytes] = {}
-        # This pass's new findings (read once by the pass, for every running attempt).
-        self.pass_findings: list[dict[str, Any]] = []
 
-    def follow_output(self, job_id: str, att: AttemptRecord, oj: ObservedJob) -> None:
+    def follow_output(self, job_id: str, att: AttemptRecord, oj: ObservedJob, now: float) -> None:
         """Progress lines (``step=N``) in the attempt's output become attempt progress."""
         path = oj.output_path
         if not path or oj.attempt != att.number:
             return
         if self.traits.shared_output and not self._shared_output_start((job_id, att.number), path):
             return
-        self._read_progress(job_id, att, path)
+        self._read_progress(job_id, att, path, now)
 
     def progress_up_to_now(
-        self, job_id: str, att: AttemptRecord, observed: ObservedJob
+        self, job_id: str, att: AttemptRecord, observed: ObservedJob, now: float
     ) -> AttemptRecord:
         """The attempt as its output shows it now, read before its failure is judged.
 
@@ -113,18 +111,19 @@ class EvidenceFollower(Part):
         then is it read.
         """
         if observed.attempt == att.number:
-            self.follow_output(job_id, att, observed)
+            self.follow_output(job_id, att, observed, now)
         elif (
             observed.attempt > att.number
             and not _started_after(observed, att)
             and att.log_path
             and (job_id, att.number) in self.outputs  # where its output was read up to
         ):
-            self._read_progress(job_id, att, att.log_path)
+            self._read_progress(job_id, att, att.log_path, now)
         return self.store.get_attempt(job_id, att.number)
 
-    def _read_progress(self, job_id: str, att: AttemptRecord, path: str) -> None:
-        """Read ``path`` from where this attempt's output was read up to, to its end."""
+    def _read_progress(self, job_id: str, att: AttemptRecord, path: str, now: float) -> None:
+        """Read ``path`` from where this attempt's output was read up to, to its end
+        (what it read is stamped ``now``: when the pass read it)."""
         state = self.outputs.setdefault((job_id, att.number), _OutputState())
         chunks: list[bytes] = []
         try:
@@ -183,7 +182,6 @@ class EvidenceFollower(Part):
                 torchrun_world_size(self.store.get_job(job_id).command), self.config.max_ranks
             )
             self.store.note_ranks_reported(job_id, att.number, {r for r in ranks if r < limit})
-        now = self.clock()
         if job_lines and state.first_at is None:
             state.first_at = now
         if alive_lines:
@@ -315,9 +313,8 @@ class EvidenceFollower(Part):
             del self._heads[key]  # appending: the new attempt's output follows
         return True
 
-    def read_new_findings(self) -> list[dict[str, Any]]:
+    def read_new_findings(self, now: float) -> list[dict[str, Any]]:
         """The findings stored since the last pass (by id: a late delivery counts too)."""
-        now = self.clock()
         if self._finding_cursor is None:
             # First pass (or a restart): what can still matter; each attempt's own
             # history is read in full once by _new_fatal_evidence.
@@ -334,14 +331,17 @@ class EvidenceFollower(Part):
                 break
         return out
 
-    def new_fatal_evidence(self, job_id: str, att: AttemptRecord, now: float) -> list[Finding]:
+    def new_fatal_evidence(
+        self, job_id: str, att: AttemptRecord, now: float, new: Sequence[Mapping[str, Any]]
+    ) -> list[Finding]:
         """:meth:`fatal_evidence` over this pass's new findings; over the attempt's whole
-        history the first time this controller sees the attempt."""
+        history the first time this controller sees the attempt. ``new``: the pass's new
+        findings (``PassContext.findings``)."""
         key = (job_id, att.number)
         if key not in self.evidence_read:
             self.evidence_read.add(key)
             return self.fatal_evidence(job_id, att, now)
-        return self.fatal_evidence(job_id, att, now, rows=self.pass_findings)
+        return self.fatal_evidence(job_id, att, now, rows=new)
 
     def fatal_evidence(
         self,
@@ -416,10 +416,10 @@ class EvidenceFollower(Part):
             output_path=att.log_path or oj.output_path,
         )
 
-    def stored_hang(self, job_id: str, att: AttemptRecord) -> Finding | None:
+    def stored_hang(self, job_id: str, att: AttemptRecord, now: float) -> Finding | None:
         """The hang that ended ``att``, as its detector worded it (kept by
         ``_attempt_failed``); ``None`` when it did not hang."""
-        until = (att.ended_at if att.ended_at is not None else self.clock()) + 1.0
+        until = (att.ended_at if att.ended_at is not None else now) + 1.0
         for row in self.fleet.findings_between(att.started_at, until, job_id=job_id):
             if row.get("attempt") == att.number and row.get("kind") == "hang":
                 return Finding.from_dict(row["finding"])
@@ -430,13 +430,14 @@ class EvidenceFollower(Part):
         job: JobRecord,
         att: AttemptRecord,
         oj: ObservedJob | None,
+        now: float,
         *,
         hang: Finding | None = None,
     ) -> Attribution:
         """Everything known about why one attempt failed, attributed (diagnose.attribution).
         ``hang``: the hang detector's finding (the same words as run's, 0376), when a
-        hang ended it; then the job's exit status is not asked for."""
-        now = self.clock()
+        hang ended it; then the job's exit status is not asked for. ``now``: the pass's
+        time (when no exit time is known, the failure is dated then)."""
         devices = att.devices
         findings: list[Finding] = []
         failed_at = now

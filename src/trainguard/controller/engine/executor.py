@@ -12,11 +12,11 @@ from typing import Any
 
 from trainguard.controller.engine.actions import ActionRunner, action_subject, describe_action
 from trainguard.controller.engine.attempts import AttemptSync
-from trainguard.controller.engine.config import PassReport
+from trainguard.controller.engine.context import PassContext
 from trainguard.controller.engine.core import EngineCore, Part
 from trainguard.controller.engine.snapshot import SnapshotBuilder
 from trainguard.model.fleet import ActionRecord, ActionState, ApprovalState, FleetJob
-from trainguard.model.plan import ActionKind, Mode
+from trainguard.model.plan import ActionKind
 from trainguard.model.records import (
     AttemptState,
     AuditKind,
@@ -28,8 +28,6 @@ from trainguard.model.statemachine import IllegalTransition
 from trainguard.policy.approvals import no_answer_actor
 from trainguard.policy.step import Step, StepKind
 from trainguard.policy.verify import first_progress_note
-from trainguard.schedulers.base import Observation
-from trainguard.store.fleet import Fence
 
 
 class Executor(Part):
@@ -52,10 +50,7 @@ class Executor(Part):
         st: Step,
         inc: IncidentRecord,
         fj: FleetJob,
-        obs: Observation,
-        modes: Mapping[str, Mode],
-        fence: Fence,
-        report: PassReport,
+        ctx: PassContext,
     ) -> IncidentRecord:
         """The one executor: carry out one step of ``step()`` and return the incident now.
 
@@ -71,44 +66,44 @@ class Executor(Part):
             return self.planner.plan(
                 inc,
                 fj,
-                obs,
-                modes,
-                fence,
-                report,
+                ctx,
                 failed_attempt=st.failed_attempt,
                 only_if_changed=st.only_if_changed,
             )
         if kind is StepKind.MARK_STOPPED:
-            self._finish_stopped(inc, fj, fence, st.reason)
+            self._finish_stopped(inc, fj, ctx, st.reason)
             return self.store.get_incident(inc.id)
         if kind is StepKind.NOTE_NOT_VERIFIED:
             return self.store.update_incident(
-                inc.id, at=self.clock(), note=st.reason, actor=self.identity
+                inc.id, at=ctx.now, note=st.reason, actor=self.identity
             )
         if kind is StepKind.FAIL_ATTEMPT:
             assert st.verification is not None
-            self.attempts.fail_unverified(inc, fj, obs, fence, report, st.verification)
+            self.attempts.fail_unverified(inc, fj, ctx, st.verification)
             return self.store.get_incident(inc.id)
         if kind is StepKind.MARK_RECOVERED:
-            self._mark_recovered(st, inc, fence, report)
+            self._mark_recovered(st, inc, ctx)
             return self.store.get_incident(inc.id)
         assert st.index is not None and st.key is not None
         generation = inc.plan_generation
         action = ((inc.plan or {}).get("actions") or [])[st.index]
         if kind is StepKind.REQUEST_APPROVAL:
-            approval = self.fleet.approval_for(st.key) or self.fleet.request_approval(
-                kind=str(action.get("type")),
-                subject=action_subject(action, inc),
-                why=st.approval_why or st.reason,
-                at=self.clock(),
-                actor=self.identity,
-                incident_id=inc.id,
-                action_key=st.key,
-                data={"action": action, "generation": generation},
-                fence=fence,
-            )
+            approval = self.fleet.approval_for(st.key)
+            if approval is None:
+                with self.fenced(ctx.fence):  # the lease proved now, the request dated ctx.now
+                    approval = self.fleet.request_approval(
+                        kind=str(action.get("type")),
+                        subject=action_subject(action, inc),
+                        why=st.approval_why or st.reason,
+                        at=ctx.now,
+                        actor=self.identity,
+                        incident_id=inc.id,
+                        action_key=st.key,
+                        data={"action": action, "generation": generation},
+                        fence=ctx.fence,
+                    )
             if approval.state is ApprovalState.PENDING:
-                report.waiting.append(approval.id)
+                ctx.report.waiting.append(approval.id)
             return inc
         if kind is StepKind.EXPIRE_APPROVAL:
             # Nobody answered in time: no answer is a no, in this controller's name (0425).
@@ -116,13 +111,13 @@ class Executor(Part):
             if expired is not None and expired.state is ApprovalState.PENDING:
                 assert st.deadline_s is not None
                 # A person who answered at the same moment wins (pending -> decided once).
-                with contextlib.suppress(IllegalTransition), self.fleet.fenced(fence, self.clock()):
+                with contextlib.suppress(IllegalTransition), self.fenced(ctx.fence):
                     self.fleet.decide_approval(
                         expired.id,
                         ApprovalState.DENIED,
                         actor=no_answer_actor(self.config.name, st.deadline_s),
                         reason=st.reason,
-                        at=self.clock(),
+                        at=ctx.now,
                     )
             return inc
         if kind is StepKind.SKIP:
@@ -132,35 +127,36 @@ class Executor(Part):
                 if denied is not None
                 else "denied"
             )
-            self._skip(inc, st.key, generation, st.index, action, fence, who)
+            self._skip(inc, st.key, generation, st.index, action, ctx, who)
             # The skip's result is recorded: the same crash point as run's (0361).
             self.crash.hit("action.after_result")
-            report.applied.append(st.key)
+            ctx.report.applied.append(st.key)
             return inc
         # APPLY
         if inc.state is IncidentState.OPEN:
-            with self.fleet.fenced(fence, self.clock()):
+            with self.fenced(ctx.fence):
                 inc = self.store.update_incident(
-                    inc.id, at=self.clock(), state=IncidentState.ACTING, actor=self.identity
+                    inc.id, at=ctx.now, state=IncidentState.ACTING, actor=self.identity
                 )
             self.crash.hit("act.after_acting")
         rec = self.fleet.get_action(st.key) if st.intent_recorded else None
         if rec is None:
-            rec = self.fleet.record_intent(
-                st.key,
-                incident_id=inc.id,
-                generation=generation,
-                index=st.index,
-                type=str(action.get("type")),
-                data={k: v for k, v in action.items() if k != "type"},
-                subject=action_subject(action, inc),
-                message=describe_action(action, inc),
-                fence=fence,
-                at=self.clock(),
-                job_id=inc.job_id,
-            )
+            with self.fenced(ctx.fence):  # the lease proved now, the intent dated ctx.now
+                rec = self.fleet.record_intent(
+                    st.key,
+                    incident_id=inc.id,
+                    generation=generation,
+                    index=st.index,
+                    type=str(action.get("type")),
+                    data={k: v for k, v in action.items() if k != "type"},
+                    subject=action_subject(action, inc),
+                    message=describe_action(action, inc),
+                    fence=ctx.fence,
+                    at=ctx.now,
+                    job_id=inc.job_id,
+                )
             self.crash.hit("action.after_intent")
-        return self._carry_out(inc, fj, obs, rec, action, fence, report, st)
+        return self._carry_out(inc, fj, rec, action, ctx, st)
 
     def _skip(
         self,
@@ -169,55 +165,52 @@ class Executor(Part):
         generation: int,
         index: int,
         action: Mapping[str, Any],
-        fence: Fence,
+        ctx: PassContext,
         why: str,
     ) -> None:
-        self.fleet.record_intent(
-            key,
-            incident_id=inc.id,
-            generation=generation,
-            index=index,
-            type=str(action.get("type")),
-            data={k: v for k, v in action.items() if k != "type"},
-            subject=action_subject(action, inc),
-            message=describe_action(action, inc),
-            fence=fence,
-            at=self.clock(),
-            job_id=inc.job_id,
-        )
-        self.fleet.record_result(
-            key,
-            ActionState.SKIPPED,
-            {"skipped": why},
-            subject=action_subject(action, inc),
-            message=f"{describe_action(action, inc, why=False)}: skipped ({why})",
-            fence=fence,
-            at=self.clock(),
-        )
+        with self.fenced(ctx.fence):  # the lease proved now, both dated ctx.now
+            self.fleet.record_intent(
+                key,
+                incident_id=inc.id,
+                generation=generation,
+                index=index,
+                type=str(action.get("type")),
+                data={k: v for k, v in action.items() if k != "type"},
+                subject=action_subject(action, inc),
+                message=describe_action(action, inc),
+                fence=ctx.fence,
+                at=ctx.now,
+                job_id=inc.job_id,
+            )
+            self.fleet.record_result(
+                key,
+                ActionState.SKIPPED,
+                {"skipped": why},
+                subject=action_subject(action, inc),
+                message=f"{describe_action(action, inc, why=False)}: skipped ({why})",
+                fence=ctx.fence,
+                at=ctx.now,
+            )
 
     def _carry_out(
         self,
         inc: IncidentRecord,
         fj: FleetJob,
-        obs: Observation,
         rec: ActionRecord,
         action: Mapping[str, Any],
-        fence: Fence,
-        report: PassReport,
+        ctx: PassContext,
         st: Step,
     ) -> IncidentRecord:
         assert self.scheduler is not None
         kind = rec.type
         if kind == ActionKind.QUARANTINE:
-            self.actions.quarantine(inc, obs, rec, action, fence)
+            self.actions.quarantine(inc, rec, action, ctx)
         elif kind == ActionKind.RESTART:
-            self.actions.restart(
-                inc, fj, obs, rec, action, fence, st.exclude_devices, st.exclude_nodes
-            )
+            self.actions.restart(inc, fj, rec, action, ctx, st.exclude_devices, st.exclude_nodes)
         elif kind == ActionKind.STOP:
-            self.actions.stop(inc, fj, obs, rec, action, fence)
+            self.actions.stop(inc, fj, rec, action, ctx)
         elif kind == ActionKind.WAIT_FOR_CAPACITY:
-            self.actions.wait(inc, rec, action, fence)
+            self.actions.wait(inc, rec, action, ctx)
         else:
             self.actions.finish(
                 rec,
@@ -225,15 +218,17 @@ class Executor(Part):
                 {"error": f"unknown action {kind!r}"},
                 inc,
                 action,
-                fence,
+                ctx,
                 lambda: None,
             )
-        report.applied.append(rec.key)
+        ctx.report.applied.append(rec.key)
         return self.store.get_incident(inc.id)
 
-    def _finish_stopped(self, inc: IncidentRecord, fj: FleetJob, fence: Fence, reason: str) -> None:
-        now = self.clock()
-        with self.fleet.fenced(fence, now):
+    def _finish_stopped(
+        self, inc: IncidentRecord, fj: FleetJob, ctx: PassContext, reason: str
+    ) -> None:
+        now = ctx.now
+        with self.fenced(ctx.fence):
             cur = self.store.get_incident(inc.id)
             if not cur.state.terminal:
                 self.store.update_incident(
@@ -245,7 +240,7 @@ class Executor(Part):
                     inc.job_id, JobState.STOPPED, at=now, reason=reason, actor=self.identity
                 )
 
-    def note_first_progress(self, inc: IncidentRecord) -> IncidentRecord:
+    def note_first_progress(self, inc: IncidentRecord, ctx: PassContext) -> IncidentRecord:
         """The restart being verified showed its first step: noted once on the incident,
         with the step it resumed at, before any verdict on it, as run notes it (0376)."""
         if inc.state is not IncidentState.VERIFYING or inc.recovery_attempt is None:
@@ -258,23 +253,21 @@ class Executor(Part):
             return inc  # the timeline is the record of it: once, across passes and leaders
         return self.store.update_incident(
             inc.id,
-            at=self.clock(),
+            at=ctx.now,
             note=note,
             resumed_step=att.first_step,
             actor=self.identity,
         )
 
-    def _mark_recovered(
-        self, st: Step, inc: IncidentRecord, fence: Fence, report: PassReport
-    ) -> None:
+    def _mark_recovered(self, st: Step, inc: IncidentRecord, ctx: PassContext) -> None:
         """The restart verified: attempt verified, incident recovered (one transaction)."""
         assert st.verification is not None and st.accounting is not None
         assert inc.recovery_attempt is not None
         acc = st.accounting
         number = inc.recovery_attempt
-        now = self.clock()
+        now = ctx.now
         self.crash.hit("verify.before_recovered")
-        with self.fleet.fenced(fence, now):
+        with self.fenced(ctx.fence):
             cur = self.store.get_incident(inc.id)
             if cur.state is not IncidentState.VERIFYING:
                 return
@@ -313,7 +306,7 @@ class Executor(Part):
                 resumed_step=att_now.first_step,
                 actor=self.identity,
             )
-        report.recovered.append(inc.id)
+        ctx.report.recovered.append(inc.id)
         self.crash.hit("verify.after_recovered")
 
     def _tell_resume_fix(self, inc: IncidentRecord, warning: str, now: float) -> None:

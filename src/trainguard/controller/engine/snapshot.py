@@ -7,16 +7,15 @@ too: the restarted attempt's progress as a ``RestartObservation``.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from typing import Any
 
 from trainguard.controller.engine.config import (
     _VERIFIABLE,
-    PassReport,
     _OutputState,
     _typed,
     isolated_for_incident,
 )
+from trainguard.controller.engine.context import PassContext
 from trainguard.controller.engine.core import EngineCore, Part
 from trainguard.controller.engine.evidence import EvidenceFollower
 from trainguard.diagnose.device_map import torchrun_world_size
@@ -42,8 +41,6 @@ from trainguard.policy.verify import (
     expected_ranks,
     rank_limit,
 )
-from trainguard.schedulers.base import Observation
-from trainguard.store.fleet import Fence
 
 
 def _rate_on_clock(att: AttemptRecord | None) -> tuple[float | None, StepClock | None]:
@@ -69,17 +66,15 @@ class SnapshotBuilder(Part):
         self,
         inc: IncidentRecord,
         fj: FleetJob,
-        obs: Observation,
-        modes: Mapping[str, Mode],
-        fence: Fence,
-        report: PassReport,
+        ctx: PassContext,
         *,
         failed_attempt: int,
         only_if_changed: bool = False,
     ) -> IncidentRecord:
+        obs, fence, now = ctx.obs, ctx.fence, ctx.now
         job = self.store.get_job(inc.job_id)
         policy = self.core.policy(fj, job)
-        mode = self.core.effective_mode(fj, modes)
+        mode = self.core.effective_mode(fj, ctx.modes)
         previous = inc.plan or {}
         failures = list(previous.get("failures") or [])
         if failed_attempt == inc.attempt or not failures:
@@ -89,9 +84,9 @@ class SnapshotBuilder(Part):
             oj = obs.jobs.get(fj.scheduler_ref)
             # A recovery attempt that hung is attributed as a hang, as when it was detected:
             # from the detector's finding, kept with the attempt's evidence (read there).
-            hung = self.evidence.stored_hang(inc.job_id, att) is not None
+            hung = self.evidence.stored_hang(inc.job_id, att, now) is not None
             attribution = self.evidence.failure_attribution(
-                job, att, oj if oj and oj.attempt == failed_attempt and not hung else None
+                job, att, oj if oj and oj.attempt == failed_attempt and not hung else None, now
             )
         # One entry per failure, as trainguard run records it too (0360).
         failures = with_failure(failures, failed_attempt, attribution)
@@ -107,7 +102,6 @@ class SnapshotBuilder(Part):
         devices += self.evidence.held_evidence(
             obs, fj.scheduler_ref, attribution, failed_rec, devices, isolated
         )
-        now = self.clock()
         snapshot = RecoverySnapshot(
             now=now,
             job_id=inc.job_id,
@@ -136,7 +130,7 @@ class SnapshotBuilder(Part):
             opted_in=fj.opted_in,
             leader={"holder": fence.holder, "token": fence.token},
         )
-        with self.fleet.fenced(fence, now):
+        with self.fenced(fence):
             self.store.record_plan(inc.id, plan_dict, at=now, actor=self.identity)
             if mode.mode is Mode.OBSERVE:
                 why = (
@@ -172,7 +166,7 @@ class SnapshotBuilder(Part):
                         reason=f"{why}: the job failed and nothing was restarted",
                         actor=self.identity,
                     )
-        report.planned.append(inc.id)
+        ctx.report.planned.append(inc.id)
         self.crash.hit("plan.after_recorded")
         return self.store.get_incident(inc.id)
 
@@ -192,10 +186,10 @@ class SnapshotBuilder(Part):
         return {}
 
     def incident_snapshot(
-        self, inc: IncidentRecord, fj: FleetJob, modes: Mapping[str, Mode]
+        self, inc: IncidentRecord, fj: FleetJob, ctx: PassContext
     ) -> IncidentSnapshot:
         """Everything ``step()`` needs about one incident, read from the store now."""
-        now = self.clock()
+        now = ctx.now
         base = IncidentSnapshot(
             now=now,
             incident_id=inc.id,
@@ -288,7 +282,7 @@ class SnapshotBuilder(Part):
             planned_at=float(plan.get("planned_at", 0.0)),
             ledger=ledger,
             approvals=approvals,
-            mode=self.core.effective_mode(fj, modes).mode,
+            mode=self.core.effective_mode(fj, ctx.modes).mode,
             domain=domain,
             prior_domains=prior_domains,
             plan_attempt=int(plan.get("attempt", inc.attempt)),
