@@ -18,8 +18,9 @@ from trainguard.controller.repair import open_quarantine_repair
 from trainguard.model.checkpoint import RESUME_DIGEST_ENV, CheckpointInfo
 from trainguard.model.fleet import ActionRecord, ActionState, FleetJob
 from trainguard.model.health import HealthState
-from trainguard.model.plan import ActionKind
+from trainguard.model.plan import ActionKind, Quarantine, Restart, Stop, WaitForCapacity
 from trainguard.model.records import AuditKind, IncidentRecord, IncidentState, JobState
+from trainguard.policy.checkpoint_choice import planned_restore, restore_point
 from trainguard.policy.health_sync import SyncOp, SyncStep
 from trainguard.policy.lost import lost_steps
 from trainguard.schedulers.base import NodePhase, SchedulerError
@@ -155,13 +156,13 @@ class ActionRunner(Part):
         self,
         inc: IncidentRecord,
         rec: ActionRecord,
+        act: Quarantine,
         action: Mapping[str, Any],
         ctx: PassContext,
     ) -> None:
         assert self.scheduler is not None
-        rkind = str(action.get("resource_kind"))
-        rid = str(action.get("resource_id"))
-        reason = str(action.get("reason") or "hardware evidence")
+        rkind, rid = act.resource_kind, act.resource_id
+        reason = act.reason or "hardware evidence"
         # Level check: already in effect in the scheduler (a crash after the call)?
         if rkind == "device":
             in_effect = any(rid in n.quarantined_devices for n in ctx.obs.nodes.values())
@@ -318,17 +319,20 @@ class ActionRunner(Part):
         inc: IncidentRecord,
         fj: FleetJob,
         rec: ActionRecord,
+        act: Restart,
         action: Mapping[str, Any],
         ctx: PassContext,
         exclude_devices: tuple[str, ...],
         exclude_nodes: tuple[str, ...],
     ) -> None:
+        """Apply ``act`` (typed, as step() carries it; ``action``: the plan's words for
+        the records): the checkpoint is the plan's (policy.checkpoint_choice)."""
         assert self.scheduler is not None
         plan = inc.plan or {}
         failed_attempt = int(plan.get("attempt", inc.attempt))
         oj = ctx.obs.jobs.get(fj.scheduler_ref)
-        ckpt = action.get("checkpoint") or None
-        resume = ckpt.get("path") if isinstance(ckpt, dict) else None
+        ckpt = act.checkpoint
+        restore = planned_restore(ckpt)
         # Level check: the job is already past the failed attempt (our earlier call
         # went through before a crash, or the scheduler requeued it by itself).
         if oj is not None and oj.attempt > failed_attempt:
@@ -341,10 +345,10 @@ class ActionRunner(Part):
         else:
             # Out: what step() computed (policy/step.py restart_exclusions): everything
             # unschedulable, isolated, or about to be quarantined by a live plan.
-            env = {str(k): str(v) for k, v in (action.get("env") or {}).items()}
+            env = dict(act.env)
             self._move_rejected_aside(inc, fj, ctx)
-            if isinstance(ckpt, dict) and ckpt.get("manifest_sha256"):
-                env[RESUME_DIGEST_ENV] = str(ckpt["manifest_sha256"])  # verified: decision 0162
+            if ckpt is not None and ckpt.manifest_sha256:
+                env[RESUME_DIGEST_ENV] = ckpt.manifest_sha256  # verified: decision 0162
             got, error = self._call(
                 lambda: self.scheduler.requeue(  # type: ignore[union-attr]
                     fj.scheduler_ref,
@@ -352,7 +356,7 @@ class ActionRunner(Part):
                     token=ctx.fence.token,
                     exclude_nodes=exclude_nodes,
                     exclude_devices=exclude_devices,
-                    resume_from=resume,
+                    resume_from=restore.path,
                     env=env,
                 )
             )
@@ -363,24 +367,14 @@ class ActionRunner(Part):
             outcome = got
         new_attempt = int(outcome.get("attempt", failed_attempt + 1))
         now = ctx.now
-        ckpt_step = (
-            ckpt.get("step")
-            if isinstance(ckpt, dict) and ckpt.get("step_unit", "step") == "step"
-            else None
-        )
         job_dir = self.store.get_job(inc.job_id).checkpoint_dir
         if outcome.get("resume_request_withheld") and job_dir:
-            # The old attempt trained on while a dead node was awaited, so no stale resume
-            # request was written: the job restores its newest valid checkpoint, and that
-            # (not the plan's) is what is offered, verified against and counted from.
+            # The scheduler withheld the stale resume request (the old attempt trained on
+            # while a dead node was awaited): the job restores its newest valid checkpoint,
+            # and the rule says which one that is (policy.checkpoint_choice, 0433).
             newest = next((c for c in select_checkpoints(job_dir, verify="full") if c.valid), None)
-            if (
-                newest is not None
-                and newest.step is not None
-                and newest.step_unit == "step"
-                and (ckpt_step is None or newest.step > int(ckpt_step))
-            ):
-                resume, ckpt_step = newest.path, newest.step
+            restore = restore_point(ckpt, withheld=True, newest=newest)
+        resume, ckpt_step = restore.path, restore.step
 
         def effects() -> None:
             # Every failed attempt of the incident loses its own work (0370).
@@ -404,7 +398,7 @@ class ActionRunner(Part):
                 {
                     "type": ActionKind.RESTART.value,
                     "attempt": new_attempt,
-                    "devices": list(action.get("devices") or []),
+                    "devices": list(act.devices),
                     "checkpoint": resume,
                     "checkpoint_step": ckpt_step,
                     "summary": f"attempt {new_attempt}"
@@ -449,12 +443,13 @@ class ActionRunner(Part):
         inc: IncidentRecord,
         fj: FleetJob,
         rec: ActionRecord,
+        act: Stop,
         action: Mapping[str, Any],
         ctx: PassContext,
     ) -> None:
         assert self.scheduler is not None
-        reason = str(action.get("reason") or "stopped by trainguard")
-        advice = action.get("advice")
+        reason = act.reason or "stopped by trainguard"
+        advice = act.advice
         oj = ctx.obs.jobs.get(fj.scheduler_ref)
         if oj is not None and not oj.phase.terminal:
             outcome, error = self._call(
@@ -511,11 +506,16 @@ class ActionRunner(Part):
         )
 
     def wait(
-        self, inc: IncidentRecord, rec: ActionRecord, action: Mapping[str, Any], ctx: PassContext
+        self,
+        inc: IncidentRecord,
+        rec: ActionRecord,
+        act: WaitForCapacity,
+        action: Mapping[str, Any],
+        ctx: PassContext,
     ) -> None:
         self.crash.hit("action.after_apply")
         now = ctx.now
-        reason = str(action.get("reason") or "waiting for capacity")
+        reason = act.reason or "waiting for capacity"
 
         def effects() -> None:
             job = self.store.get_job(inc.job_id)

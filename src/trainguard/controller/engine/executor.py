@@ -16,7 +16,7 @@ from trainguard.controller.engine.context import PassContext
 from trainguard.controller.engine.core import EngineCore, Part
 from trainguard.controller.engine.snapshot import SnapshotBuilder
 from trainguard.model.fleet import ActionRecord, ActionState, ApprovalState, FleetJob
-from trainguard.model.plan import ActionKind
+from trainguard.model.plan import Quarantine, Restart, Stop, WaitForCapacity
 from trainguard.model.records import (
     AttemptState,
     AuditKind,
@@ -202,20 +202,24 @@ class Executor(Part):
         st: Step,
     ) -> IncidentRecord:
         assert self.scheduler is not None
-        kind = rec.type
-        if kind == ActionKind.QUARANTINE:
-            self.actions.quarantine(inc, rec, action, ctx)
-        elif kind == ActionKind.RESTART:
-            self.actions.restart(inc, fj, rec, action, ctx, st.exclude_devices, st.exclude_nodes)
-        elif kind == ActionKind.STOP:
-            self.actions.stop(inc, fj, rec, action, ctx)
-        elif kind == ActionKind.WAIT_FOR_CAPACITY:
-            self.actions.wait(inc, rec, action, ctx)
+        # The typed action step() carries (its placement checked, its checkpoint the
+        # plan's choice): the applier applies it; ``action`` is the plan's words.
+        act = st.action
+        if isinstance(act, Quarantine):
+            self.actions.quarantine(inc, rec, act, action, ctx)
+        elif isinstance(act, Restart):
+            self.actions.restart(
+                inc, fj, rec, act, action, ctx, st.exclude_devices, st.exclude_nodes
+            )
+        elif isinstance(act, Stop):
+            self.actions.stop(inc, fj, rec, act, action, ctx)
+        elif isinstance(act, WaitForCapacity):
+            self.actions.wait(inc, rec, act, action, ctx)
         else:
             self.actions.finish(
                 rec,
                 ActionState.FAILED,
-                {"error": f"unknown action {kind!r}"},
+                {"error": f"unknown action {rec.type!r}"},
                 inc,
                 action,
                 ctx,
