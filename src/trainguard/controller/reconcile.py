@@ -97,7 +97,7 @@ class Reconciler:
         self.evidence = EvidenceFollower(core)
         applier = ActionRunner(core)  # the one applier of every step's scheduler call
         self.health = HealthEnforcer(core, applier)
-        self.attempts = AttemptSync(core, self.evidence)
+        self.attempts = AttemptSync(core, self.evidence, applier)
         self.planner = SnapshotBuilder(core, self.evidence)
         self.executor = Executor(core, self.planner, self.attempts, applier)
         # The lost-node step (controller/node_recovery.py, 0242), set by the control plane

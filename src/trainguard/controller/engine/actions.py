@@ -7,7 +7,7 @@ store effect in one fenced transaction.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from trainguard.controller.breaker import check_quarantine
@@ -20,6 +20,7 @@ from trainguard.model.fleet import ActionRecord, ActionState, FleetJob
 from trainguard.model.health import HealthState
 from trainguard.model.plan import ActionKind, Quarantine, Restart, Stop, WaitForCapacity
 from trainguard.model.records import AuditKind, IncidentRecord, IncidentState, JobState
+from trainguard.policy.attempt_sync import AttemptStep, EndAttempt
 from trainguard.policy.checkpoint_choice import planned_restore, restore_point
 from trainguard.policy.health_sync import SyncOp, SyncStep
 from trainguard.policy.lost import lost_steps
@@ -86,6 +87,33 @@ class ActionRunner(Part):
                 ctx.now, self.identity, kind, step.subject, f"{step.message}: done",
                 {"key": step.key, **outcome},
             )  # fmt: skip
+
+    def apply_attempt_steps(
+        self, job_id: str, steps: Sequence[AttemptStep], ctx: PassContext
+    ) -> None:
+        """Attempt sync's steps (policy.attempt_sync) in one fenced transaction: an
+        attempt already ended is left as it is; a job move happens only from the states
+        the step names (checked at the write)."""
+        if not steps:
+            return
+        with self.fenced(ctx.fence):
+            for s in steps:
+                if isinstance(s, EndAttempt):
+                    if self.store.get_attempt(job_id, s.attempt).state.terminal:
+                        continue
+                    self.store.finish_attempt(
+                        job_id,
+                        s.attempt,
+                        s.state,
+                        at=s.at,
+                        exit_code=s.exit_code,
+                        reason=s.reason,
+                        actor=self.identity,
+                    )
+                elif s.only_from is None or self.store.get_job(job_id).state in s.only_from:
+                    self.store.update_job_state(
+                        job_id, s.state, at=ctx.now, reason=s.reason, actor=self.identity
+                    )
 
     def _call(self, fn: Callable[[], Any]) -> tuple[dict[str, Any] | None, str | None]:
         try:

@@ -5,6 +5,7 @@ attribution, in one fenced transaction with the attempt's end.
 
 from __future__ import annotations
 
+from trainguard.controller.engine.actions import ActionRunner
 from trainguard.controller.engine.config import _LIVE
 from trainguard.controller.engine.context import PassContext
 from trainguard.controller.engine.core import EngineCore, Part
@@ -22,6 +23,7 @@ from trainguard.model.records import (
     JobRecord,
     JobState,
 )
+from trainguard.policy.attempt_sync import after_end, ended, superseded
 from trainguard.policy.hang import hang_detector, no_progress_hint
 from trainguard.policy.verify import Verification, failed_finding
 from trainguard.schedulers.base import JobPhase, ObservedJob
@@ -30,9 +32,10 @@ from trainguard.schedulers.base import JobPhase, ObservedJob
 class AttemptSync(Part):
     """Attempt sync and failure detection."""
 
-    def __init__(self, core: EngineCore, evidence: EvidenceFollower) -> None:
+    def __init__(self, core: EngineCore, evidence: EvidenceFollower, applier: ActionRunner) -> None:
         super().__init__(core)
         self.evidence = evidence
+        self.applier = applier  # writes the steps policy.attempt_sync decides
         # One hang detector per live attempt, fed the progress the store holds. Lost on a
         # restart of the controller: the new one starts from the stored last step with
         # the start-up allowance, so a restart can delay a hang verdict, never invent one.
@@ -50,71 +53,42 @@ class AttemptSync(Part):
         attempts = {a.number: a for a in self.store.list_attempts(job.id)}
         now = ctx.now
         # Attempts the scheduler has moved past end here (a requeue superseded them).
-        for number, att in attempts.items():
+        for number in attempts:
             if number < oj.attempt:
                 self._hangs.pop((job.id, number), None)
                 self.evidence.evidence_read.discard((job.id, number))
-            if number < oj.attempt and not att.state.terminal:
-                self.store.finish_attempt(
-                    job.id,
-                    number,
-                    AttemptState.STOPPED,
-                    at=now,
-                    reason=f"superseded by attempt {oj.attempt}",
-                    actor=self.identity,
-                )
+        states = {n: a.state for n, a in attempts.items()}
+        self.applier.apply_attempt_steps(job.id, superseded(states, oj.attempt, now), ctx)
         if oj.phase is JobPhase.PENDING or oj.started_at is None:
             return
         found = attempts.get(oj.attempt)
         att = found if found is not None else self._start_attempt(job, oj, ctx)
         if att.state.terminal:
             if oj.phase.terminal and not job.state.terminal:
-                self._stop_if_observed(job, att, ctx)
-                self._complete_if_exited(job.id, att, ctx)
+                inc = self.core.incident_for_attempt(job.id, att.number)
+                observed = inc is not None and inc.state is IncidentState.OBSERVED
+                moves = after_end(att.state, job.state, observed_failure=observed)
+                self.applier.apply_attempt_steps(job.id, moves, ctx)
             return
         self.evidence.follow_output(job.id, att, oj, ctx.now)
         att = self.store.get_attempt(job.id, att.number)
         if oj.phase is not JobPhase.RUNNING:
             self._hangs.pop((job.id, att.number), None)  # over: nothing left to time
             self.evidence.evidence_read.discard((job.id, att.number))
-        if oj.phase is JobPhase.COMPLETED:
-            with self.fenced(ctx.fence):
-                self.store.finish_attempt(
-                    job.id,
-                    att.number,
-                    AttemptState.COMPLETED,
-                    at=oj.ended_at or now,
-                    exit_code=0,
-                    actor=self.identity,
-                )
-                job = self.store.get_job(job.id)
-                if job.state in (JobState.RUNNING,):
-                    self.store.update_job_state(
-                        job.id,
-                        JobState.COMPLETED,
-                        at=now,
-                        reason="the job exited 0",
-                        actor=self.identity,
-                    )
-            return
-        if oj.phase is JobPhase.CANCELLED:
-            with self.fenced(ctx.fence):
-                self.store.finish_attempt(
-                    job.id,
-                    att.number,
-                    AttemptState.STOPPED,
-                    at=oj.ended_at or now,
-                    reason=oj.reason or "cancelled in the scheduler",
-                    actor=self.identity,
-                )
-                if not self.core.incident_for_attempt(job.id, att.number):
-                    self.store.update_job_state(
-                        job.id,
-                        JobState.STOPPED,
-                        at=now,
-                        reason=oj.reason or "cancelled in the scheduler",
-                        actor=self.identity,
-                    )
+        if oj.phase in (JobPhase.COMPLETED, JobPhase.CANCELLED):
+            completed = oj.phase is JobPhase.COMPLETED
+            has_incident = not completed and bool(
+                self.core.incident_for_attempt(job.id, att.number)
+            )
+            steps = ended(
+                att.number,
+                completed=completed,
+                now=now,
+                ended_at=oj.ended_at,
+                reason=oj.reason,
+                has_incident=has_incident,
+            )
+            self.applier.apply_attempt_steps(job.id, steps, ctx)
             return
         if oj.phase is JobPhase.FAILED:
             self._attempt_failed(fj, job, att, oj, ctx, hang=None)
@@ -222,39 +196,6 @@ class AttemptSync(Part):
                     reason="observe mode: the job failed and nothing was restarted",
                     actor=self.identity,
                 )
-
-    def _stop_if_observed(self, job: JobRecord, att: AttemptRecord, ctx: PassContext) -> None:
-        """Observe mode ended the attempt on evidence while it still ran (an XID on its
-        card, 0130); now its processes are gone too, and nothing restarts them."""
-        inc = self.core.incident_for_attempt(job.id, att.number)
-        if inc is None or inc.state is not IncidentState.OBSERVED:
-            return
-        with self.fenced(ctx.fence):
-            self.store.update_job_state(
-                job.id,
-                JobState.STOPPED,
-                at=ctx.now,
-                reason="observe mode: the job failed and nothing was restarted",
-                actor=self.identity,
-            )
-
-    def _complete_if_exited(self, job_id: str, att: AttemptRecord, ctx: PassContext) -> None:
-        """A restart that exited 0 before its requeue's result was recorded (the
-        controller died in between, tests/scenarios/test_crash_points.py): the attempt
-        was synced completed while the job was still recovering, and the result then
-        put the job back to running. Its last attempt is done, so the job is too."""
-        if att.state is not AttemptState.COMPLETED:
-            return
-        if self.store.get_job(job_id).state is not JobState.RUNNING:
-            return
-        with self.fenced(ctx.fence):
-            self.store.update_job_state(
-                job_id,
-                JobState.COMPLETED,
-                at=ctx.now,
-                reason="the job exited 0",
-                actor=self.identity,
-            )
 
     def _start_attempt(self, job: JobRecord, oj: ObservedJob, ctx: PassContext) -> AttemptRecord:
         assert oj.started_at is not None
