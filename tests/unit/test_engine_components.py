@@ -21,7 +21,8 @@ from trainguard.controller.engine.health import HealthEnforcer
 from trainguard.controller.reconcile import Reconciler
 from trainguard.model.findings import Culprit, Domain, Finding, Severity
 from trainguard.model.health import HealthState
-from trainguard.model.records import AuditKind
+from trainguard.model.records import AttemptState, AuditKind, JobState
+from trainguard.policy.attempt_sync import ended, superseded
 from trainguard.schedulers.procs import ProcessCluster
 from trainguard.store import Store
 
@@ -142,3 +143,29 @@ def test_the_reconciler_composes_components_over_one_core(rig: Rig, tmp_path: Pa
     assert report.leader and not report.errors, report.errors
     # The pass's one now: the inventory it registered is dated the time it was given.
     assert {d.first_seen for d in rig.store.list_devices()} == {T0}
+
+
+def test_the_applier_writes_attempt_steps_fenced_and_moves_a_job_only_from_its_states(
+    rig: Rig,
+) -> None:
+    store, applier = rig.store, ActionRunner(rig.core)
+    job = store.create_job(name="j", command=("x",), need=1, at=T0 - 5)
+    store.update_job_state(job.id, JobState.RUNNING, at=T0 - 4)
+    for n in (0, 1):
+        store.start_attempt(job.id, n, (), at=T0 - 3 + n)
+        store.transition_attempt(job.id, n, AttemptState.RUNNING, at=T0 - 3 + n)
+    ctx = rig.context()
+    reads = rig.clock.reads
+    applier.apply_attempt_steps(
+        job.id, superseded({0: AttemptState.RUNNING, 1: AttemptState.RUNNING}, 1, ctx.now), ctx
+    )
+    assert store.get_attempt(job.id, 0).state is AttemptState.STOPPED
+    assert store.get_attempt(job.id, 1).state is AttemptState.RUNNING
+    assert rig.clock.reads == reads + 1  # one transaction, one fence check
+    # The job moved on (recovering) before the write: "completed from running" is not
+    # applied; the attempt's end is.
+    store.update_job_state(job.id, JobState.RECOVERING, at=T0 + 1)
+    steps = ended(1, completed=True, now=ctx.now, ended_at=None, reason=None, has_incident=False)
+    applier.apply_attempt_steps(job.id, steps, ctx)
+    assert store.get_attempt(job.id, 1).state is AttemptState.COMPLETED
+    assert store.get_job(job.id).state is JobState.RECOVERING

@@ -121,7 +121,7 @@ _REREAD_ALL_ABOVE = 256
 
 @dataclass
 class _HealthView:
-    """What ``_enforce_health`` knew after the last pass (a cache: it only saves work)."""
+    """What the health sync knew after the last pass (a cache: it only saves work)."""
 
     cursor: int = -1  # audit id up to which stored health changes are applied; -1: none
     loaded_at: float = 0.0  # when everything was last read and compared

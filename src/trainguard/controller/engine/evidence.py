@@ -1,10 +1,10 @@
 """Evidence: the attempt's output (progress lines, the tail), agents' findings, and
 the attribution of a failure; the device statuses ``decide()`` sees, including the
-cards that evidence names (decision 0211).
+cards that evidence names (decisions 0211, 0430).
 
-Scheduler-specific evidence (Slurm's node events and kernel logs, its own output
-seeding) plugs in through the methods a driver overrides: ``_hosts``,
-``_node_list``, ``_follow_output``, ``_device_statuses``.
+Scheduler-specific evidence comes in as stored findings (Slurm's node events and
+kernel logs) or through the traits the scheduler declares (its own requeue, one
+shared output file: ``attempt_nodes``, ``seed_output``); no driver subclasses this.
 """
 
 from __future__ import annotations
