@@ -20,7 +20,7 @@ from trainguard.model.fleet import ActionRecord, ActionState, FleetJob
 from trainguard.model.health import HealthState
 from trainguard.model.plan import ActionKind, Quarantine, Restart, Stop, WaitForCapacity
 from trainguard.model.records import AuditKind, IncidentRecord, IncidentState, JobState
-from trainguard.policy.attempt_sync import AttemptStep, EndAttempt
+from trainguard.policy.attempt_sync import AttemptStep, BackToActing, EndAttempt, OpenIncident
 from trainguard.policy.checkpoint_choice import planned_restore, restore_point
 from trainguard.policy.health_sync import SyncOp, SyncStep
 from trainguard.policy.lost import lost_steps
@@ -89,14 +89,27 @@ class ActionRunner(Part):
             )  # fmt: skip
 
     def apply_attempt_steps(
-        self, job_id: str, steps: Sequence[AttemptStep], ctx: PassContext
-    ) -> None:
-        """Attempt sync's steps (policy.attempt_sync) in one fenced transaction: an
-        attempt already ended is left as it is; a job move happens only from the states
-        the step names (checked at the write)."""
+        self,
+        job_id: str,
+        steps: Sequence[AttemptStep],
+        ctx: PassContext,
+        *,
+        unless_ended: int | None = None,
+    ) -> list[int]:
+        """Attempt sync's steps (policy.attempt_sync) in one fenced transaction; returns
+        the incidents it opened. ``unless_ended``: nothing at all when that attempt has
+        ended by the write (another pass got there first). An attempt already ended is
+        left as it is; a job moves only from the states the step names, never from a
+        terminal one (checked at the write)."""
+        opened: list[int] = []
         if not steps:
-            return
+            return opened
         with self.fenced(ctx.fence):
+            if (
+                unless_ended is not None
+                and self.store.get_attempt(job_id, unless_ended).state.terminal
+            ):
+                return opened
             for s in steps:
                 if isinstance(s, EndAttempt):
                     if self.store.get_attempt(job_id, s.attempt).state.terminal:
@@ -107,13 +120,43 @@ class ActionRunner(Part):
                         s.state,
                         at=s.at,
                         exit_code=s.exit_code,
+                        signal=s.signal,
                         reason=s.reason,
                         actor=self.identity,
                     )
-                elif s.only_from is None or self.store.get_job(job_id).state in s.only_from:
+                elif isinstance(s, OpenIncident):
+                    inc = self.store.open_incident(
+                        job_id,
+                        s.attempt,
+                        s.attribution,
+                        detected_at=s.detected_at,
+                        fault_at=s.fault_at,
+                        failed_step=s.failed_step,
+                        actor=self.identity,
+                    )
+                    opened.append(inc.id)
+                elif isinstance(s, BackToActing):
+                    if s.to_acting:
+                        self.store.update_incident(
+                            s.incident_id,
+                            at=s.at,
+                            state=IncidentState.ACTING,
+                            note=s.note,
+                            evidence=s.evidence,
+                            actor=self.identity,
+                        )
+                    else:
+                        self.store.update_incident(
+                            s.incident_id, at=s.at, note=s.note, actor=self.identity
+                        )
+                else:
+                    current = self.store.get_job(job_id).state
+                    if current.terminal or (s.only_from is not None and current not in s.only_from):
+                        continue
                     self.store.update_job_state(
                         job_id, s.state, at=ctx.now, reason=s.reason, actor=self.identity
                     )
+        return opened
 
     def _call(self, fn: Callable[[], Any]) -> tuple[dict[str, Any] | None, str | None]:
         try:

@@ -23,7 +23,7 @@ from trainguard.model.records import (
     JobRecord,
     JobState,
 )
-from trainguard.policy.attempt_sync import after_end, ended, superseded
+from trainguard.policy.attempt_sync import Failure, after_end, ended, failure_steps, superseded
 from trainguard.policy.hang import hang_detector, no_progress_hint
 from trainguard.policy.verify import Verification, failed_finding
 from trainguard.schedulers.base import JobPhase, ObservedJob
@@ -164,39 +164,6 @@ class AttemptSync(Part):
                 job = self.store.get_job(job.id)
         return job
 
-    def _end_observed(
-        self,
-        job: JobRecord,
-        att: AttemptRecord,
-        oj: ObservedJob,
-        ctx: PassContext,
-        reason: str,
-    ) -> None:
-        """The attempt observe mode let run on has failed now: its end is recorded and
-        the job stops; the incident already holds the plan nothing carried out."""
-        now = ctx.now
-        with self.fenced(ctx.fence):
-            if self.store.get_attempt(job.id, att.number).state.terminal:
-                return
-            self.store.finish_attempt(
-                job.id,
-                att.number,
-                AttemptState.FAILED,
-                at=now,
-                exit_code=oj.exit_code,
-                signal=oj.signal,
-                reason=reason[:500],
-                actor=self.identity,
-            )
-            if not self.store.get_job(job.id).state.terminal:
-                self.store.update_job_state(
-                    job.id,
-                    JobState.STOPPED,
-                    at=now,
-                    reason="observe mode: the job failed and nothing was restarted",
-                    actor=self.identity,
-                )
-
     def _start_attempt(self, job: JobRecord, oj: ObservedJob, ctx: PassContext) -> AttemptRecord:
         assert oj.started_at is not None
         # A recovery attempt: the incident names it, or (a crash between the requeue and
@@ -266,7 +233,6 @@ class AttemptSync(Part):
         if attribution is None:
             attribution = self.evidence.failure_attribution(job, att, oj, ctx.now, hang=hang)
         now = ctx.now
-        reason = attempt_failure_reason(attribution, hang)
         recovering = next(
             (
                 i
@@ -276,84 +242,35 @@ class AttemptSync(Part):
             None,
         )
         seen_before = self.core.incident_for_attempt(job.id, att.number)
-        if (
-            recovering is None
-            and seen_before is not None
-            and seen_before.state is IncidentState.OBSERVED
-        ):
-            if hang_since is None:
-                self._end_observed(job, att, oj, ctx, reason)
-            # A hang of it: still running, and its failure is already recorded (0345).
-            return
-        if hang is not None:
+        failure = Failure(
+            attempt=att.number,
+            now=now,
+            attribution=attribution,
+            reason=attempt_failure_reason(attribution, hang),
+            last_step=att.last_step,
+            ended_at=oj.ended_at,
+            exit_code=oj.exit_code,
+            signal=oj.signal,
+            hang_since=hang_since,
+            job=job.state,
+            recovering=None if recovering is None else (recovering.id, recovering.state),
+            observed_before=seen_before is not None and seen_before.state is IncidentState.OBSERVED,
+            keep_running=keep_running,
+        )
+        if hang is not None and not (recovering is None and failure.observed_before):
             # Kept as the attempt's evidence (after it was attributed, so not twice): a
-            # re-plan of this attempt re-attributes its failure from it (snapshot._plan).
+            # re-plan of this attempt re-attributes its failure from it (snapshot.plan).
             self.fleet.add_finding(
                 hang.to_dict(), received_at=now, host=None, job_id=job.id, attempt=att.number
             )
-        with self.fenced(ctx.fence):
-            current = self.store.get_attempt(job.id, att.number)
-            if current.state.terminal:
-                return  # another pass got here first
-            if keep_running:
-                inc = self.store.open_incident(
-                    job.id,
-                    att.number,
-                    attribution,
-                    detected_at=now,
-                    fault_at=oj.ended_at if hang_since is None else hang_since,
-                    failed_step=att.last_step,
-                    actor=self.identity,
-                )
-                ctx.report.opened.append(inc.id)
-                return
-            self.store.finish_attempt(
-                job.id,
-                att.number,
-                AttemptState.FAILED,
-                at=now,
-                exit_code=oj.exit_code if hang_since is None else None,
-                signal=oj.signal if hang_since is None else None,
-                reason=reason[:500],
-                actor=self.identity,
-            )
-            if recovering is not None:
-                # The restart did not verify: the same incident is acted on again.
-                note = f"attempt {att.number} failed before it verified: {attribution.summary}"
-                if recovering.state is IncidentState.VERIFYING:
-                    self.store.update_incident(
-                        recovering.id,
-                        at=now,
-                        state=IncidentState.ACTING,
-                        note=note,
-                        evidence=attribution.evidence[:10],
-                        actor=self.identity,
-                    )
-                else:
-                    self.store.update_incident(
-                        recovering.id, at=now, note=note, actor=self.identity
-                    )
-                job_now = self.store.get_job(job.id)
-                if job_now.state is JobState.RUNNING:
-                    self.store.update_job_state(
-                        job.id, JobState.RECOVERING, at=now, actor=self.identity
-                    )
-                return
-            inc = self.store.open_incident(
-                job.id,
-                att.number,
-                attribution,
-                detected_at=now,
-                fault_at=(oj.ended_at if hang_since is None else hang_since),
-                failed_step=att.last_step,
-                actor=self.identity,
-            )
-            if job.state is JobState.RUNNING:
-                self.store.update_job_state(
-                    job.id, JobState.RECOVERING, at=now, actor=self.identity
-                )
-        ctx.report.opened.append(inc.id)
-        self.crash.hit("detect.after_incident_opened")
+        # The rule (policy.attempt_sync.failure_steps) decides; the applier writes it in one
+        # fenced transaction, nothing when the attempt ended meanwhile.
+        opened = self.applier.apply_attempt_steps(
+            job.id, failure_steps(failure), ctx, unless_ended=att.number
+        )
+        ctx.report.opened.extend(opened)
+        if opened and not keep_running:
+            self.crash.hit("detect.after_incident_opened")
 
     def fail_unverified(
         self,
