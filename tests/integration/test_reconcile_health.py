@@ -1,8 +1,8 @@
 """The health sync compares only what changed and still keeps the scheduler level (0122).
 
-``_enforce_health`` no longer compares the whole fleet every pass: it follows the
-store's ``health`` audit records since the last pass and the nodes whose
-observation changed. On SQLite and PostgreSQL, with the periodic full comparison
+The health sync (``HealthEnforcer.enforce``) no longer compares the whole fleet every
+pass: it follows the store's ``health`` audit records since the last pass and the nodes
+whose observation changed. On SQLite and PostgreSQL, with the periodic full comparison
 pushed out of reach (so only the incremental path can do the work):
 
 * a device or node the store takes out (an operator, another process) is

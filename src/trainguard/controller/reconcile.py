@@ -41,9 +41,11 @@ with ``trainguard run``: :mod:`trainguard.controller.crash`);
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from trainguard.controller.crash import CRASH_ENV, CRASH_POINTS, PAUSE_ENV, CrashPoints
+from trainguard.controller.engine.actions import ActionRunner
+from trainguard.controller.engine.attempts import AttemptSync
 from trainguard.controller.engine.config import (
     ACTOR,
     ControlConfig,
@@ -52,22 +54,97 @@ from trainguard.controller.engine.config import (
     isolated_for_incident,
     resolve_mode,
 )
+from trainguard.controller.engine.context import PassContext
+from trainguard.controller.engine.core import EngineCore, NodeStepRunner
+from trainguard.controller.engine.evidence import EvidenceFollower
 from trainguard.controller.engine.executor import Executor
+from trainguard.controller.engine.health import HealthEnforcer
+from trainguard.controller.engine.snapshot import SnapshotBuilder
+from trainguard.controller.engine.traits import SchedulerTraits
+from trainguard.controller.lease import LeaderElector
 from trainguard.controller.repair import deliver_due
-from trainguard.model.fleet import FleetJob
+from trainguard.model.fleet import EffectiveMode, FleetJob
 from trainguard.model.plan import Mode
 from trainguard.model.records import IncidentRecord, IncidentState
 from trainguard.policy.step import OutcomeKind, StepKind, step
-from trainguard.schedulers.base import Observation, ObservedJob
-from trainguard.store.fleet import Fence, Fenced
+from trainguard.schedulers.base import ClusterScheduler, ObservedJob
+from trainguard.store import Store
+from trainguard.store.fleet import Fence, Fenced, FleetStore
 
 # Steps one reconcile of one incident may take (quarantine, restart, a re-plan and
 # its actions); a bound, so that a bug can never spin a pass.
 _MAX_STEPS = 16
 
 
-class Reconciler(Executor):
-    """One controller's reconcile loop over one store and one cluster scheduler."""
+class Reconciler:
+    """One controller's reconcile loop over one store and one cluster scheduler: the
+    pass driver over the engine's components, composed (decision 0430), not inherited."""
+
+    def __init__(
+        self,
+        store: Store,
+        scheduler: ClusterScheduler | None,
+        *,
+        identity: str,
+        config: ControlConfig | None = None,
+        clock: Callable[[], float] = time.time,
+        crash: CrashPoints | None = None,
+    ) -> None:
+        core = EngineCore(
+            store, scheduler, identity=identity, config=config, clock=clock, crash=crash
+        )
+        self.core = core
+        self.evidence = EvidenceFollower(core)
+        applier = ActionRunner(core)  # the one applier of every step's scheduler call
+        self.health = HealthEnforcer(core, applier)
+        self.attempts = AttemptSync(core, self.evidence, applier)
+        self.planner = SnapshotBuilder(core, self.evidence)
+        self.executor = Executor(core, self.planner, self.attempts, applier)
+        # The lost-node step (controller/node_recovery.py, 0242), set by the control plane
+        # when BMCs are configured; run in act mode after the jobs' incidents.
+        self.node_recovery: NodeStepRunner | None = None
+        self.last_report: PassReport | None = None
+
+    # The surface the control plane and the drivers use, read through the core.
+    @property
+    def store(self) -> Store:
+        return self.core.store
+
+    @property
+    def fleet(self) -> FleetStore:
+        return self.core.fleet
+
+    @property
+    def scheduler(self) -> ClusterScheduler | None:
+        return self.core.scheduler
+
+    @property
+    def config(self) -> ControlConfig:
+        return self.core.config
+
+    @config.setter
+    def config(self, value: ControlConfig) -> None:
+        self.core.config = value
+
+    @property
+    def traits(self) -> SchedulerTraits:
+        return self.core.traits
+
+    @property
+    def elector(self) -> LeaderElector:
+        return self.core.elector
+
+    @property
+    def identity(self) -> str:
+        return self.core.identity
+
+    def clock(self) -> float:
+        return self.core.clock()
+
+    def effective_mode(
+        self, fj: FleetJob, modes: Mapping[str, Mode] | None = None
+    ) -> EffectiveMode:
+        return self.core.effective_mode(fj, modes)
 
     def run_once(self, now: float | None = None) -> PassReport:
         started = time.perf_counter()
@@ -81,7 +158,7 @@ class Reconciler(Executor):
         if fence is not None:
             report.leader, report.token = True, fence.token
             try:
-                self._pass(fence, report)
+                self._pass(fence, report, now)
             except Fenced as exc:
                 report.deposed = True
                 report.errors.append(str(exc))
@@ -90,76 +167,77 @@ class Reconciler(Executor):
         self.last_report = report
         return report
 
-    def _pass(self, fence: Fence, report: PassReport) -> None:
-        self._policy_cache = {}
+    def _pass(self, fence: Fence, report: PassReport, now: float) -> None:
+        self.core.policy_cache = {}
         phase = _Phases(report.phases)
         if self.scheduler is not None:
             obs = self.scheduler.observe()
-            self._pass_findings = self._read_new_findings()
+            # The one context of this pass (decision 0431): one now, one observation.
+            ctx = PassContext(
+                now=now,
+                obs=obs,
+                fence=fence,
+                modes={m.scope.key: m.mode for m in self.fleet.list_scope_modes()},
+                report=report,
+                findings=tuple(self.evidence.read_new_findings(now)),
+            )
             phase("observe")
-            self._sync_inventory(obs)
+            self.health.sync_inventory(ctx)
             phase("inventory")
-            self._enforce_health(obs, fence)
+            self.health.enforce(ctx)
             phase("health")
-            modes = {m.scope.key: m.mode for m in self.fleet.list_scope_modes()}
             for fj in self.fleet.list_fleet_jobs():
                 try:
-                    self._sync_job(fj, obs, fence, report)
+                    self.attempts.sync_job(fj, ctx)
                 except (Fenced, KeyboardInterrupt):
                     raise
                 except Exception as exc:  # one bad job must not stop the others
                     report.errors.append(f"job {fj.job_id}: {type(exc).__name__}: {exc}")
             phase("jobs")
-            self._quarantine_idle_cards(obs, fence)
+            self.health.quarantine_idle_cards(ctx)
             phase("idle")
-            obs = self.scheduler.observe() if report.opened else obs
-            live = self._live_incidents()
-            planned, broken = self._plan_new(live, obs, modes, fence, report)
+            if report.opened:
+                ctx = ctx.observed(self.scheduler.observe())
+            live = self.core.live_incidents()
+            planned, broken = self._plan_new(live, ctx)
             if planned:
-                live = self._live_incidents()
+                live = self.core.live_incidents()
             for inc in live:
-                managed = self._fleet_job_or_none(inc.job_id)
+                managed = self.core.fleet_job_or_none(inc.job_id)
                 if managed is None or inc.id in broken:
                     continue
                 try:
-                    self._advance(inc, managed, obs, modes, fence, report)
+                    self._advance(inc, managed, ctx)
                 except (Fenced, KeyboardInterrupt):
                     raise
                 except Exception as exc:
                     report.errors.append(f"incident {inc.id}: {type(exc).__name__}: {exc}")
             phase("incidents")
-            self._recover_nodes(modes, fence, report)
+            self._recover_nodes(ctx)
             phase("nodes")
         if self.config.deliver:
-            deliver_due(self.fleet, self.clock(), self.config.delivery)
+            deliver_due(self.fleet, now, self.config.delivery)
             phase("deliver")
 
-    def _recover_nodes(self, modes: dict[str, Mode], fence: Fence, report: PassReport) -> None:
+    def _recover_nodes(self, ctx: PassContext) -> None:
         """The lost-node step (BMC evidence, power cycle with approval; 0242), in act mode
         only: it drains, quarantines and power-cycles, which observe mode never does."""
         if self.node_recovery is None or self.scheduler is None:
             return
-        if resolve_mode(modes, None, None, self.config.default_mode).mode is not Mode.ACT:
+        if resolve_mode(ctx.modes, None, None, self.config.default_mode).mode is not Mode.ACT:
             return
         try:
-            outcomes = self.node_recovery.run_once(self.scheduler.observe(), fence, self.clock())
+            outcomes = self.node_recovery.run_once(self.scheduler.observe(), ctx.fence, ctx.now)
         except (Fenced, KeyboardInterrupt):
             raise
         except Exception as exc:  # a BMC that misbehaves must not stop the pass
-            report.errors.append(f"node recovery: {type(exc).__name__}: {exc}")
+            ctx.report.errors.append(f"node recovery: {type(exc).__name__}: {exc}")
             return
         for o in outcomes:
             step = getattr(o.step, "value", o.step)
-            report.nodes.append(f"{o.node}: {step}")
+            ctx.report.nodes.append(f"{o.node}: {step}")
 
-    def _plan_new(
-        self,
-        live: list[IncidentRecord],
-        obs: Observation,
-        modes: Mapping[str, Mode],
-        fence: Fence,
-        report: PassReport,
-    ) -> tuple[bool, set[int]]:
+    def _plan_new(self, live: list[IncidentRecord], ctx: PassContext) -> tuple[bool, set[int]]:
         """Plan every incident that has no plan yet before acting on any (decision 0120).
 
         Two jobs that failed together each name their bad card; with both plans
@@ -173,36 +251,28 @@ class Reconciler(Executor):
         for inc in live:
             if inc.plan_generation != 0 or inc.state is IncidentState.VERIFYING:
                 continue
-            managed = self._fleet_job_or_none(inc.job_id)
+            managed = self.core.fleet_job_or_none(inc.job_id)
             if managed is None:
                 continue
             try:
-                self._plan(inc, managed, obs, modes, fence, report, failed_attempt=inc.attempt)
+                self.planner.plan(inc, managed, ctx, failed_attempt=inc.attempt)
                 planned = True
             except (Fenced, KeyboardInterrupt):
                 raise
             except Exception as exc:
                 broken.add(inc.id)
-                report.errors.append(f"incident {inc.id}: {type(exc).__name__}: {exc}")
+                ctx.report.errors.append(f"incident {inc.id}: {type(exc).__name__}: {exc}")
         return planned, broken
 
-    def _advance(
-        self,
-        inc: IncidentRecord,
-        fj: FleetJob,
-        obs: Observation,
-        modes: Mapping[str, Mode],
-        fence: Fence,
-        report: PassReport,
-    ) -> None:
+    def _advance(self, inc: IncidentRecord, fj: FleetJob, ctx: PassContext) -> None:
         """Reconcile one live incident: snapshot -> ``step()`` -> the one executor, again
         while the step says "go on now" (the next action of the same plan)."""
         for _ in range(_MAX_STEPS):
-            inc = self._note_first_progress(inc)
-            snap = self._incident_snapshot(inc, fj, modes)
+            inc = self.executor.note_first_progress(inc, ctx)
+            snap = self.planner.incident_snapshot(inc, fj, ctx)
             st = step(snap)
             generation = inc.plan_generation
-            inc = self._execute(st, inc, fj, obs, modes, fence, report)
+            inc = self.executor.execute(st, inc, fj, ctx)
             again = st.outcome.kind is OutcomeKind.REQUEUE and st.outcome.after_s <= 0
             replanned = st.kind is StepKind.PLAN and inc.plan_generation != generation
             if not (again or replanned) or inc.state.terminal:

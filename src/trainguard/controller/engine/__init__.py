@@ -1,11 +1,13 @@
-"""The recovery engine behind ``Reconciler``, split by concept (decision 0211).
+"""The recovery engine behind ``Reconciler``: components, composed (decisions 0211, 0430).
 
-One class chain, each part in its own module and building on the one before:
-``core`` (state, shared store reads) -> ``evidence`` (output following,
-findings, attribution) -> ``health`` (inventory, health enforcement, idle-card
-quarantine) -> ``attempts`` (attempt sync, failure detection) -> ``snapshot``
-(decide()'s and step()'s snapshots, planning) -> ``actions`` (each action kind
-against the scheduler) -> ``executor`` (the one executor of step()'s steps);
-``controller/reconcile.py`` is the pass driver on top. The engine imports no
-driver, no ``api`` and no concrete scheduler (tests/unit/test_layering.py).
+``core`` (the shared services and store reads, :class:`~.core.EngineCore`; every
+component is a :class:`~.core.Part` over it); ``evidence`` (output following,
+findings, attribution), ``health`` (inventory, health enforcement, idle-card
+quarantine), ``attempts`` (attempt sync, failure detection), ``snapshot`` (the
+planner: decide()'s and step()'s snapshots, the recorded plan), ``actions`` (each
+action kind against the scheduler) and ``executor`` (the one executor of step()'s
+steps) are separate objects; ``controller/reconcile.py`` composes them and drives
+the pass. Each keeps its own caches (they only save work); what one pass shares
+travels in its :class:`~.context.PassContext`. The engine imports no driver, no
+``api`` and no concrete scheduler (tests/unit/test_layering.py).
 """

@@ -7,26 +7,156 @@ store effect in one fenced transaction.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from trainguard.controller.breaker import check_quarantine
 from trainguard.controller.checkpoint_care import move_aside, select_checkpoints
-from trainguard.controller.engine.snapshot import SnapshotBuilder
+from trainguard.controller.engine.context import PassContext
+from trainguard.controller.engine.core import Part
 from trainguard.controller.repair import open_quarantine_repair
 from trainguard.model.checkpoint import RESUME_DIGEST_ENV, CheckpointInfo
 from trainguard.model.fleet import ActionRecord, ActionState, FleetJob
 from trainguard.model.health import HealthState
-from trainguard.model.plan import ActionKind
+from trainguard.model.plan import ActionKind, Quarantine, Restart, Stop, WaitForCapacity
 from trainguard.model.records import AuditKind, IncidentRecord, IncidentState, JobState
+from trainguard.policy.attempt_sync import AttemptStep, BackToActing, EndAttempt, OpenIncident
+from trainguard.policy.checkpoint_choice import planned_restore, restore_point
+from trainguard.policy.health_sync import SyncOp, SyncStep
 from trainguard.policy.lost import lost_steps
-from trainguard.schedulers.base import NodePhase, Observation, SchedulerError
+from trainguard.schedulers.base import NodePhase, SchedulerError
 from trainguard.store import NotFound
-from trainguard.store.fleet import Fence
 
 
-class ActionRunner(SnapshotBuilder):
-    """The scheduler side of each action kind."""
+def action_subject(action: Mapping[str, Any], inc: IncidentRecord) -> str:
+    if action.get("type") == ActionKind.QUARANTINE:
+        return f"{action.get('resource_kind')}:{action.get('resource_id')}"
+    return f"job:{inc.job_id}"
+
+
+def describe_action(action: Mapping[str, Any], inc: IncidentRecord, *, why: bool = True) -> str:
+    """The action in words. ``why=False`` for its result (the intent said why); a
+    quarantine for the incident's own cause names the incident, which says it."""
+    kind = action.get("type")
+    if kind == ActionKind.QUARANTINE:
+        what = f"quarantine {action.get('resource_kind')} {action.get('resource_id')}"
+        reason = action.get("reason")
+        if not why:
+            return what
+        if reason == inc.summary:
+            return f"{what} (incident {inc.id}: {inc.kind.value})"
+        return f"{what}: {reason}"
+    if kind == ActionKind.RESTART:
+        ckpt = action.get("checkpoint") or {}
+        return f"restart job {inc.job_id}" + (
+            f" from step {ckpt.get('step')}" if ckpt else " from the beginning"
+        )
+    if kind == ActionKind.STOP:
+        return f"stop job {inc.job_id}: {action.get('reason')}"
+    return f"{kind} for job {inc.job_id}: {action.get('reason', '')}"
+
+
+class ActionRunner(Part):
+    """The one applier: the scheduler side of each action kind, and the health steps."""
+
+    def apply_sync(self, step: SyncStep, ctx: PassContext) -> None:
+        """One health step (policy.health_sync): intent audited, the keyed, fenced call,
+        its result audited. It decides nothing: the step names the call."""
+        sched = self.scheduler
+        assert sched is not None
+        call = {
+            SyncOp.QUARANTINE_DEVICE: sched.quarantine_device,
+            SyncOp.RELEASE_DEVICE: sched.release_device,
+            SyncOp.DRAIN: sched.drain,
+            SyncOp.RESUME_NODE: sched.resume_node,
+        }[step.op]
+        with self.fenced(ctx.fence):
+            self.store.append_audit(
+                ctx.now, self.identity, AuditKind.INTENT, step.subject, step.message,
+                {"key": step.key},
+            )  # fmt: skip
+        try:
+            result = call(step.target, step.reason, key=step.key, token=ctx.fence.token)
+            outcome: dict[str, Any] = {"applied": result.applied, **dict(result.detail)}
+            kind = AuditKind.RESULT
+        except SchedulerError as exc:
+            outcome = {"error": str(exc)}
+            kind = AuditKind.ERROR
+        with self.fenced(ctx.fence):
+            self.store.append_audit(
+                ctx.now, self.identity, kind, step.subject, f"{step.message}: done",
+                {"key": step.key, **outcome},
+            )  # fmt: skip
+
+    def apply_attempt_steps(
+        self,
+        job_id: str,
+        steps: Sequence[AttemptStep],
+        ctx: PassContext,
+        *,
+        unless_ended: int | None = None,
+    ) -> list[int]:
+        """Attempt sync's steps (policy.attempt_sync) in one fenced transaction; returns
+        the incidents it opened. ``unless_ended``: nothing at all when that attempt has
+        ended by the write (another pass got there first). An attempt already ended is
+        left as it is; a job moves only from the states the step names, never from a
+        terminal one (checked at the write)."""
+        opened: list[int] = []
+        if not steps:
+            return opened
+        with self.fenced(ctx.fence):
+            if (
+                unless_ended is not None
+                and self.store.get_attempt(job_id, unless_ended).state.terminal
+            ):
+                return opened
+            for s in steps:
+                if isinstance(s, EndAttempt):
+                    if self.store.get_attempt(job_id, s.attempt).state.terminal:
+                        continue
+                    self.store.finish_attempt(
+                        job_id,
+                        s.attempt,
+                        s.state,
+                        at=s.at,
+                        exit_code=s.exit_code,
+                        signal=s.signal,
+                        reason=s.reason,
+                        actor=self.identity,
+                    )
+                elif isinstance(s, OpenIncident):
+                    inc = self.store.open_incident(
+                        job_id,
+                        s.attempt,
+                        s.attribution,
+                        detected_at=s.detected_at,
+                        fault_at=s.fault_at,
+                        failed_step=s.failed_step,
+                        actor=self.identity,
+                    )
+                    opened.append(inc.id)
+                elif isinstance(s, BackToActing):
+                    if s.to_acting:
+                        self.store.update_incident(
+                            s.incident_id,
+                            at=s.at,
+                            state=IncidentState.ACTING,
+                            note=s.note,
+                            evidence=s.evidence,
+                            actor=self.identity,
+                        )
+                    else:
+                        self.store.update_incident(
+                            s.incident_id, at=s.at, note=s.note, actor=self.identity
+                        )
+                else:
+                    current = self.store.get_job(job_id).state
+                    if current.terminal or (s.only_from is not None and current not in s.only_from):
+                        continue
+                    self.store.update_job_state(
+                        job_id, s.state, at=ctx.now, reason=s.reason, actor=self.identity
+                    )
+        return opened
 
     def _call(self, fn: Callable[[], Any]) -> tuple[dict[str, Any] | None, str | None]:
         try:
@@ -35,19 +165,19 @@ class ActionRunner(SnapshotBuilder):
             return None, str(exc)
         return {"applied": bool(result.applied), **dict(result.detail)}, None
 
-    def _finish(
+    def finish(
         self,
         rec: ActionRecord,
         state: ActionState,
         result: dict[str, Any],
         inc: IncidentRecord,
         action: Mapping[str, Any],
-        fence: Fence,
+        ctx: PassContext,
         effects: Callable[[], None],
     ) -> None:
         """The action's store effects and its result record: one fenced transaction."""
-        now = self.clock()
-        with self.fleet.fenced(fence, now):
+        now = ctx.now
+        with self.fenced(ctx.fence):
             current = self.fleet.get_action(rec.key)
             if current is not None and current.state.terminal:
                 return
@@ -57,9 +187,9 @@ class ActionRunner(SnapshotBuilder):
                 rec.key,
                 state,
                 result,
-                subject=self._subject(action, inc),
-                message=f"{self._describe(action, inc, why=False)}: {summary}",
-                fence=fence,
+                subject=action_subject(action, inc),
+                message=f"{describe_action(action, inc, why=False)}: {summary}",
+                fence=ctx.fence,
                 at=now,
             )
         self.crash.hit("action.after_result")
@@ -70,16 +200,16 @@ class ActionRunner(SnapshotBuilder):
         error: str | None,
         inc: IncidentRecord,
         action: Mapping[str, Any],
-        fence: Fence,
+        ctx: PassContext,
     ) -> None:
         """The scheduler refused the call: the action failed, nothing else changes."""
-        self._finish(
+        self.finish(
             rec,
             ActionState.FAILED,
             {"error": error, "summary": f"failed: {error}"},
             inc,
             action,
-            fence,
+            ctx,
             lambda: None,
         )
 
@@ -93,68 +223,39 @@ class ActionRunner(SnapshotBuilder):
             audit_kind=AuditKind.NOTE,
         )  # fmt: skip
 
-    @staticmethod
-    def _subject(action: Mapping[str, Any], inc: IncidentRecord) -> str:
-        if action.get("type") == ActionKind.QUARANTINE:
-            return f"{action.get('resource_kind')}:{action.get('resource_id')}"
-        return f"job:{inc.job_id}"
-
-    @staticmethod
-    def _describe(action: Mapping[str, Any], inc: IncidentRecord, *, why: bool = True) -> str:
-        """The action in words. ``why=False`` for its result (the intent said why); a
-        quarantine for the incident's own cause names the incident, which says it."""
-        kind = action.get("type")
-        if kind == ActionKind.QUARANTINE:
-            what = f"quarantine {action.get('resource_kind')} {action.get('resource_id')}"
-            reason = action.get("reason")
-            if not why:
-                return what
-            if reason == inc.summary:
-                return f"{what} (incident {inc.id}: {inc.kind.value})"
-            return f"{what}: {reason}"
-        if kind == ActionKind.RESTART:
-            ckpt = action.get("checkpoint") or {}
-            return f"restart job {inc.job_id}" + (
-                f" from step {ckpt.get('step')}" if ckpt else " from the beginning"
-            )
-        if kind == ActionKind.STOP:
-            return f"stop job {inc.job_id}: {action.get('reason')}"
-        return f"{kind} for job {inc.job_id}: {action.get('reason', '')}"
-
-    def _quarantine(
+    def quarantine(
         self,
         inc: IncidentRecord,
-        obs: Observation,
         rec: ActionRecord,
+        act: Quarantine,
         action: Mapping[str, Any],
-        fence: Fence,
+        ctx: PassContext,
     ) -> None:
         assert self.scheduler is not None
-        rkind = str(action.get("resource_kind"))
-        rid = str(action.get("resource_id"))
-        reason = str(action.get("reason") or "hardware evidence")
+        rkind, rid = act.resource_kind, act.resource_id
+        reason = act.reason or "hardware evidence"
         # Level check: already in effect in the scheduler (a crash after the call)?
         if rkind == "device":
-            in_effect = any(rid in n.quarantined_devices for n in obs.nodes.values())
-            population = len(obs.devices)
+            in_effect = any(rid in n.quarantined_devices for n in ctx.obs.nodes.values())
+            population = len(ctx.obs.devices)
         else:
-            node = obs.nodes.get(rid)
+            node = ctx.obs.nodes.get(rid)
             in_effect = node is not None and node.phase is not NodePhase.UP
-            population = len(obs.nodes)
+            population = len(ctx.obs.nodes)
         if not in_effect:
             verdict = check_quarantine(
                 self.fleet,
                 self.config.breaker,
                 resource_kind=rkind,
                 population=population,
-                now=self.clock(),
+                now=ctx.now,
             )
             if not verdict.allow:
                 self._suppress(
                     inc,
                     rec,
                     action,
-                    fence,
+                    ctx,
                     rkind,
                     rid,
                     verdict.reason or "breaker",
@@ -167,16 +268,16 @@ class ActionRunner(SnapshotBuilder):
                 self.scheduler.quarantine_device if rkind == "device" else self.scheduler.drain
             )
             outcome, error = self._call(
-                lambda: isolate(rid, reason_text, key=rec.key, token=fence.token)
+                lambda: isolate(rid, reason_text, key=rec.key, token=ctx.fence.token)
             )
             self.crash.hit("action.after_apply")
             if error is not None:
-                self._fail(rec, error, inc, action, fence)
+                self._fail(rec, error, inc, action, ctx)
                 return
         else:
             outcome = {"applied": False, "observed": "already in effect"}
             self.crash.hit("action.after_apply")
-        now = self.clock()
+        now = ctx.now
         host = None
 
         def effects() -> None:
@@ -234,13 +335,13 @@ class ActionRunner(SnapshotBuilder):
                 now,
             )
 
-        self._finish(
+        self.finish(
             rec,
             ActionState.DONE,
             {**(outcome or {}), "summary": "quarantined"},
             inc,
             action,
-            fence,
+            ctx,
             effects,
         )
 
@@ -249,17 +350,17 @@ class ActionRunner(SnapshotBuilder):
         inc: IncidentRecord,
         rec: ActionRecord,
         action: Mapping[str, Any],
-        fence: Fence,
+        ctx: PassContext,
         rkind: str,
         rid: str,
         reason: str,
         *,
         trip: bool,
     ) -> None:
-        now = self.clock()
+        now = ctx.now
 
         def effects() -> None:
-            self._hold_back(rkind, rid, reason, trip=trip, at=now, incident_id=inc.id)
+            self.core.hold_back(rkind, rid, reason, trip=trip, at=now, incident_id=inc.id)
             self._ledger(
                 inc,
                 rec,
@@ -274,33 +375,35 @@ class ActionRunner(SnapshotBuilder):
                 now,
             )
 
-        self._finish(
+        self.finish(
             rec,
             ActionState.SKIPPED,
             {"suppressed": reason, "summary": "suppressed"},
             inc,
             action,
-            fence,
+            ctx,
             effects,
         )
 
-    def _restart(
+    def restart(
         self,
         inc: IncidentRecord,
         fj: FleetJob,
-        obs: Observation,
         rec: ActionRecord,
+        act: Restart,
         action: Mapping[str, Any],
-        fence: Fence,
+        ctx: PassContext,
         exclude_devices: tuple[str, ...],
         exclude_nodes: tuple[str, ...],
     ) -> None:
+        """Apply ``act`` (typed, as step() carries it; ``action``: the plan's words for
+        the records): the checkpoint is the plan's (policy.checkpoint_choice)."""
         assert self.scheduler is not None
         plan = inc.plan or {}
         failed_attempt = int(plan.get("attempt", inc.attempt))
-        oj = obs.jobs.get(fj.scheduler_ref)
-        ckpt = action.get("checkpoint") or None
-        resume = ckpt.get("path") if isinstance(ckpt, dict) else None
+        oj = ctx.obs.jobs.get(fj.scheduler_ref)
+        ckpt = act.checkpoint
+        restore = planned_restore(ckpt)
         # Level check: the job is already past the failed attempt (our earlier call
         # went through before a crash, or the scheduler requeued it by itself).
         if oj is not None and oj.attempt > failed_attempt:
@@ -313,51 +416,41 @@ class ActionRunner(SnapshotBuilder):
         else:
             # Out: what step() computed (policy/step.py restart_exclusions): everything
             # unschedulable, isolated, or about to be quarantined by a live plan.
-            env = {str(k): str(v) for k, v in (action.get("env") or {}).items()}
-            self._move_rejected_aside(inc, fj)
-            if isinstance(ckpt, dict) and ckpt.get("manifest_sha256"):
-                env[RESUME_DIGEST_ENV] = str(ckpt["manifest_sha256"])  # verified: decision 0162
+            env = dict(act.env)
+            self._move_rejected_aside(inc, fj, ctx)
+            if ckpt is not None and ckpt.manifest_sha256:
+                env[RESUME_DIGEST_ENV] = ckpt.manifest_sha256  # verified: decision 0162
             got, error = self._call(
                 lambda: self.scheduler.requeue(  # type: ignore[union-attr]
                     fj.scheduler_ref,
                     key=rec.key,
-                    token=fence.token,
+                    token=ctx.fence.token,
                     exclude_nodes=exclude_nodes,
                     exclude_devices=exclude_devices,
-                    resume_from=resume,
+                    resume_from=restore.path,
                     env=env,
                 )
             )
             self.crash.hit("action.after_apply")
             if error is not None or got is None:
-                self._fail(rec, error, inc, action, fence)
+                self._fail(rec, error, inc, action, ctx)
                 return
             outcome = got
         new_attempt = int(outcome.get("attempt", failed_attempt + 1))
-        now = self.clock()
-        ckpt_step = (
-            ckpt.get("step")
-            if isinstance(ckpt, dict) and ckpt.get("step_unit", "step") == "step"
-            else None
-        )
+        now = ctx.now
         job_dir = self.store.get_job(inc.job_id).checkpoint_dir
         if outcome.get("resume_request_withheld") and job_dir:
-            # The old attempt trained on while a dead node was awaited, so no stale resume
-            # request was written: the job restores its newest valid checkpoint, and that
-            # (not the plan's) is what is offered, verified against and counted from.
+            # The scheduler withheld the stale resume request (the old attempt trained on
+            # while a dead node was awaited): the job restores its newest valid checkpoint,
+            # and the rule says which one that is (policy.checkpoint_choice, 0433).
             newest = next((c for c in select_checkpoints(job_dir, verify="full") if c.valid), None)
-            if (
-                newest is not None
-                and newest.step is not None
-                and newest.step_unit == "step"
-                and (ckpt_step is None or newest.step > int(ckpt_step))
-            ):
-                resume, ckpt_step = newest.path, newest.step
+            restore = restore_point(ckpt, withheld=True, newest=newest)
+        resume, ckpt_step = restore.path, restore.step
 
         def effects() -> None:
             # Every failed attempt of the incident loses its own work (0370).
             restored = int(ckpt_step) if ckpt_step is not None else None
-            lost = lost_steps(self._segments(inc.id, inc.job_id, new_attempt, restored))
+            lost = lost_steps(self.core.segments(inc.id, inc.job_id, new_attempt, restored))
             self.store.update_incident(
                 inc.id,
                 at=now,
@@ -376,7 +469,7 @@ class ActionRunner(SnapshotBuilder):
                 {
                     "type": ActionKind.RESTART.value,
                     "attempt": new_attempt,
-                    "devices": list(action.get("devices") or []),
+                    "devices": list(act.devices),
                     "checkpoint": resume,
                     "checkpoint_step": ckpt_step,
                     "summary": f"attempt {new_attempt}"
@@ -399,7 +492,7 @@ class ActionRunner(SnapshotBuilder):
                     inc.job_id, JobState.RUNNING, at=now, actor=self.identity
                 )
 
-        self._finish(
+        self.finish(
             rec,
             ActionState.DONE,
             {
@@ -412,27 +505,30 @@ class ActionRunner(SnapshotBuilder):
             },
             inc,
             action,
-            fence,
+            ctx,
             effects,
         )
 
-    def _stop(
+    def stop(
         self,
         inc: IncidentRecord,
         fj: FleetJob,
-        obs: Observation,
         rec: ActionRecord,
+        act: Stop,
         action: Mapping[str, Any],
-        fence: Fence,
+        ctx: PassContext,
     ) -> None:
         assert self.scheduler is not None
-        reason = str(action.get("reason") or "stopped by trainguard")
-        advice = action.get("advice")
-        oj = obs.jobs.get(fj.scheduler_ref)
+        reason = act.reason or "stopped by trainguard"
+        advice = act.advice
+        oj = ctx.obs.jobs.get(fj.scheduler_ref)
         if oj is not None and not oj.phase.terminal:
             outcome, error = self._call(
                 lambda: self.scheduler.cancel(  # type: ignore[union-attr]
-                    fj.scheduler_ref, f"trainguard: {reason}"[:300], key=rec.key, token=fence.token
+                    fj.scheduler_ref,
+                    f"trainguard: {reason}"[:300],
+                    key=rec.key,
+                    token=ctx.fence.token,
                 )
             )
             if error is not None:
@@ -440,7 +536,7 @@ class ActionRunner(SnapshotBuilder):
         else:
             outcome = {"applied": False, "observed": "the job is not running"}
         self.crash.hit("action.after_apply")
-        now = self.clock()
+        now = ctx.now
         full = reason + (f" (advice: {advice})" if advice else "")
 
         def effects() -> None:
@@ -470,22 +566,27 @@ class ActionRunner(SnapshotBuilder):
                     inc.job_id, JobState.STOPPED, at=now, reason=full[:500], actor=self.identity
                 )
 
-        self._finish(
+        self.finish(
             rec,
             ActionState.DONE,
             {**(outcome or {}), "summary": "stopped"},
             inc,
             action,
-            fence,
+            ctx,
             effects,
         )
 
-    def _wait(
-        self, inc: IncidentRecord, rec: ActionRecord, action: Mapping[str, Any], fence: Fence
+    def wait(
+        self,
+        inc: IncidentRecord,
+        rec: ActionRecord,
+        act: WaitForCapacity,
+        action: Mapping[str, Any],
+        ctx: PassContext,
     ) -> None:
         self.crash.hit("action.after_apply")
-        now = self.clock()
-        reason = str(action.get("reason") or "waiting for capacity")
+        now = ctx.now
+        reason = act.reason or "waiting for capacity"
 
         def effects() -> None:
             job = self.store.get_job(inc.job_id)
@@ -495,11 +596,11 @@ class ActionRunner(SnapshotBuilder):
                 )
             self.store.update_incident(inc.id, at=now, note=reason[:500], actor=self.identity)
 
-        self._finish(
-            rec, ActionState.DONE, {"summary": "waiting for capacity"}, inc, action, fence, effects
+        self.finish(
+            rec, ActionState.DONE, {"summary": "waiting for capacity"}, inc, action, ctx, effects
         )
 
-    def _move_rejected_aside(self, inc: IncidentRecord, fj: FleetJob) -> None:
+    def _move_rejected_aside(self, inc: IncidentRecord, fj: FleetJob, ctx: PassContext) -> None:
         """The same rule as ``trainguard run`` (decision 0146): the plan's damaged
         checkpoints leave the job's way before it is requeued, audited."""
         plan = inc.plan or {}
@@ -524,7 +625,7 @@ class ActionRunner(SnapshotBuilder):
         subject = f"job:{inc.job_id}"
         # Intent first, as run writes it (0343): the user's files are renamed.
         intent = self.store.append_audit(
-            self.clock(),
+            ctx.now,
             self.identity,
             AuditKind.INTENT,
             subject,
@@ -533,9 +634,9 @@ class ActionRunner(SnapshotBuilder):
             job_id=inc.job_id,
             incident_id=inc.id,
         )
-        moved = move_aside(todo, job.checkpoint_dir, at=self.clock(), by=self.identity)
+        moved = move_aside(todo, job.checkpoint_dir, at=ctx.now, by=self.identity)
         self.store.append_audit(
-            self.clock(),
+            ctx.now,
             self.identity,
             AuditKind.RESULT,
             subject,

@@ -5,9 +5,13 @@ attribution, in one fenced transaction with the attempt's end.
 
 from __future__ import annotations
 
-from trainguard.controller.engine.config import _LIVE, PassReport
-from trainguard.controller.engine.health import HealthEnforcer
+from trainguard.controller.engine.actions import ActionRunner
+from trainguard.controller.engine.config import _LIVE
+from trainguard.controller.engine.context import PassContext
+from trainguard.controller.engine.core import EngineCore, Part
+from trainguard.controller.engine.evidence import EvidenceFollower
 from trainguard.diagnose.attribution import attempt_failure_reason, attribute
+from trainguard.diagnose.detectors import HangDetector
 from trainguard.model.findings import Attribution, Finding
 from trainguard.model.fleet import ActionState, FleetJob
 from trainguard.model.plan import ActionKind, Mode
@@ -19,115 +23,93 @@ from trainguard.model.records import (
     JobRecord,
     JobState,
 )
+from trainguard.policy.attempt_sync import Failure, after_end, ended, failure_steps, superseded
 from trainguard.policy.hang import hang_detector, no_progress_hint
 from trainguard.policy.verify import Verification, failed_finding
-from trainguard.schedulers.base import JobPhase, Observation, ObservedJob
-from trainguard.store.fleet import Fence
+from trainguard.schedulers.base import JobPhase, ObservedJob
 
 
-class AttemptSync(HealthEnforcer):
+class AttemptSync(Part):
     """Attempt sync and failure detection."""
 
-    def _sync_job(self, fj: FleetJob, obs: Observation, fence: Fence, report: PassReport) -> None:
+    def __init__(self, core: EngineCore, evidence: EvidenceFollower, applier: ActionRunner) -> None:
+        super().__init__(core)
+        self.evidence = evidence
+        self.applier = applier  # writes the steps policy.attempt_sync decides
+        # One hang detector per live attempt, fed the progress the store holds. Lost on a
+        # restart of the controller: the new one starts from the stored last step with
+        # the start-up allowance, so a restart can delay a hang verdict, never invent one.
+        self._hangs: dict[tuple[str, int], HangDetector] = {}
+
+    def sync_job(self, fj: FleetJob, ctx: PassContext) -> None:
         job = self.store.get_job(fj.job_id)
-        oj = obs.jobs.get(fj.scheduler_ref)
+        oj = ctx.obs.jobs.get(fj.scheduler_ref)
         if oj is None or job.state.terminal:
             return
         if self.traits.requeues_by_itself:
-            job = self._requeued_by_the_scheduler(fj, job, oj, fence, report)
+            job = self._requeued_by_the_scheduler(fj, job, oj, ctx)
         if self.traits.shared_output:
-            self._seed_output(job.id, oj)
+            self.evidence.seed_output(job.id, oj)
         attempts = {a.number: a for a in self.store.list_attempts(job.id)}
-        now = self.clock()
+        now = ctx.now
         # Attempts the scheduler has moved past end here (a requeue superseded them).
-        for number, att in attempts.items():
+        for number in attempts:
             if number < oj.attempt:
                 self._hangs.pop((job.id, number), None)
-                self._evidence_read.discard((job.id, number))
-            if number < oj.attempt and not att.state.terminal:
-                self.store.finish_attempt(
-                    job.id,
-                    number,
-                    AttemptState.STOPPED,
-                    at=now,
-                    reason=f"superseded by attempt {oj.attempt}",
-                    actor=self.identity,
-                )
+                self.evidence.evidence_read.discard((job.id, number))
+        states = {n: a.state for n, a in attempts.items()}
+        self.applier.apply_attempt_steps(job.id, superseded(states, oj.attempt, now), ctx)
         if oj.phase is JobPhase.PENDING or oj.started_at is None:
             return
         found = attempts.get(oj.attempt)
-        att = found if found is not None else self._start_attempt(job, oj, fence)
+        att = found if found is not None else self._start_attempt(job, oj, ctx)
         if att.state.terminal:
             if oj.phase.terminal and not job.state.terminal:
-                self._stop_if_observed(job, att, fence)
-                self._complete_if_exited(job.id, att, fence)
+                inc = self.core.incident_for_attempt(job.id, att.number)
+                observed = inc is not None and inc.state is IncidentState.OBSERVED
+                moves = after_end(att.state, job.state, observed_failure=observed)
+                self.applier.apply_attempt_steps(job.id, moves, ctx)
             return
-        self._follow_output(job.id, att, oj)
+        self.evidence.follow_output(job.id, att, oj, ctx.now)
         att = self.store.get_attempt(job.id, att.number)
         if oj.phase is not JobPhase.RUNNING:
             self._hangs.pop((job.id, att.number), None)  # over: nothing left to time
-            self._evidence_read.discard((job.id, att.number))
-        if oj.phase is JobPhase.COMPLETED:
-            with self.fleet.fenced(fence, self.clock()):
-                self.store.finish_attempt(
-                    job.id,
-                    att.number,
-                    AttemptState.COMPLETED,
-                    at=oj.ended_at or now,
-                    exit_code=0,
-                    actor=self.identity,
-                )
-                job = self.store.get_job(job.id)
-                if job.state in (JobState.RUNNING,):
-                    self.store.update_job_state(
-                        job.id,
-                        JobState.COMPLETED,
-                        at=now,
-                        reason="the job exited 0",
-                        actor=self.identity,
-                    )
-            return
-        if oj.phase is JobPhase.CANCELLED:
-            with self.fleet.fenced(fence, self.clock()):
-                self.store.finish_attempt(
-                    job.id,
-                    att.number,
-                    AttemptState.STOPPED,
-                    at=oj.ended_at or now,
-                    reason=oj.reason or "cancelled in the scheduler",
-                    actor=self.identity,
-                )
-                if not self._incident_for_attempt(job.id, att.number):
-                    self.store.update_job_state(
-                        job.id,
-                        JobState.STOPPED,
-                        at=now,
-                        reason=oj.reason or "cancelled in the scheduler",
-                        actor=self.identity,
-                    )
+            self.evidence.evidence_read.discard((job.id, att.number))
+        if oj.phase in (JobPhase.COMPLETED, JobPhase.CANCELLED):
+            completed = oj.phase is JobPhase.COMPLETED
+            has_incident = not completed and bool(
+                self.core.incident_for_attempt(job.id, att.number)
+            )
+            steps = ended(
+                att.number,
+                completed=completed,
+                now=now,
+                ended_at=oj.ended_at,
+                reason=oj.reason,
+                has_incident=has_incident,
+            )
+            self.applier.apply_attempt_steps(job.id, steps, ctx)
             return
         if oj.phase is JobPhase.FAILED:
-            self._attempt_failed(fj, job, att, oj, fence, report, hang=None)
+            self._attempt_failed(fj, job, att, oj, ctx, hang=None)
             return
         # Running: fatal hardware evidence on its GPUs (a kernel-log XID an agent sent), or
         # a fatal node finding on its hosts, fails it now instead of waiting for the job
         # to crash or hang on the card, as in `trainguard run` (policy/evidence.py, 0130).
-        evidence = self._new_fatal_evidence(job.id, att, now)
-        if evidence and self.effective_mode(fj).mode is Mode.OBSERVE:
+        evidence = self.evidence.new_fatal_evidence(job.id, att, now, ctx.findings)
+        if evidence and self.core.effective_mode(fj, ctx.modes).mode is Mode.OBSERVE:
             # Observe mode does nothing (0345): the incident and its plan are recorded,
             # the attempt runs on and its record follows the process, as in run.
-            if self._incident_for_attempt(job.id, att.number) is None:
+            if self.core.incident_for_attempt(job.id, att.number) is None:
                 job = self.store.get_job(job.id)
-                failed = self._failed_view(oj, att, job.id, evidence)
-                self._attempt_failed(
-                    fj, job, att, failed, fence, report, hang=None, keep_running=True
-                )
+                failed = self.evidence.failed_view(oj, att, job.id, evidence)
+                self._attempt_failed(fj, job, att, failed, ctx, hang=None, keep_running=True)
             return
         if evidence:
             self._hangs.pop((job.id, att.number), None)
             job = self.store.get_job(job.id)  # _start_attempt may have just made it running
-            failed = self._failed_view(oj, att, job.id, evidence)
-            self._attempt_failed(fj, job, att, failed, fence, report, hang=None)
+            failed = self.evidence.failed_view(oj, att, job.id, evidence)
+            self._attempt_failed(fj, job, att, failed, ctx, hang=None)
             return
         # Running: a hang is no progress for the policy's hang allowance, adaptive unless
         # a fixed timeout is configured; the same detector as `trainguard run` (0130).
@@ -135,7 +117,7 @@ class AttemptSync(HealthEnforcer):
         hang = self._hangs.get(key)
         if hang is None:
             hang = self._hangs[key] = hang_detector(
-                self._policy(fj, job),
+                self.core.policy(fj, job),
                 att.started_at,
                 no_progress_hint=no_progress_hint(self.config.progress_pattern),
             )
@@ -150,104 +132,39 @@ class AttemptSync(HealthEnforcer):
             del self._hangs[key]
             # Observe mode: a hung attempt is still running; its record says so and only
             # the incident is opened, as run leaves it (0365). It may yet step on.
-            observe = self.effective_mode(fj).mode is Mode.OBSERVE
-            self._attempt_failed(
-                fj, job, att, oj, fence, report, hang=finding, keep_running=observe
-            )
+            observe = self.core.effective_mode(fj, ctx.modes).mode is Mode.OBSERVE
+            self._attempt_failed(fj, job, att, oj, ctx, hang=finding, keep_running=observe)
 
     def _requeued_by_the_scheduler(
         self,
         fj: FleetJob,
         job: JobRecord,
         oj: ObservedJob,
-        fence: Fence,
-        report: PassReport,
+        ctx: PassContext,
     ) -> JobRecord:
         """traits.requeues_by_itself: the scheduler moved past a live attempt by itself
         (Slurm's NODE_FAIL with --requeue). With fatal evidence against it, that attempt
         failed (an incident: the bad node is drained, the requeued attempt verified); it
         was not merely superseded. Remembers the nodes each attempt started on."""
         if oj.phase is JobPhase.RUNNING and oj.nodes:
-            self._attempt_nodes.setdefault((job.id, oj.attempt), tuple(oj.nodes))
-        now = self.clock()
+            self.evidence.attempt_nodes.setdefault((job.id, oj.attempt), tuple(oj.nodes))
+        now = ctx.now
         attempts = {a.number: a for a in self.store.list_attempts(job.id)}
         for number, att in sorted(attempts.items()):
-            if number >= oj.attempt or att.state.terminal or self._made_by_us(job.id, oj.attempt):
+            if (
+                number >= oj.attempt
+                or att.state.terminal
+                or self.core.made_by_us(job.id, oj.attempt)
+            ):
                 continue
-            evidence = self.fatal_evidence(job.id, att, now)
+            evidence = self.evidence.fatal_evidence(job.id, att, now)
             if evidence:
-                failed = self._failed_view(oj, att, job.id, evidence)
-                self._attempt_failed(fj, job, att, failed, fence, report, hang=None, observed=oj)
+                failed = self.evidence.failed_view(oj, att, job.id, evidence)
+                self._attempt_failed(fj, job, att, failed, ctx, hang=None, observed=oj)
                 job = self.store.get_job(job.id)
         return job
 
-    def _end_observed(
-        self,
-        job: JobRecord,
-        att: AttemptRecord,
-        oj: ObservedJob,
-        fence: Fence,
-        reason: str,
-    ) -> None:
-        """The attempt observe mode let run on has failed now: its end is recorded and
-        the job stops; the incident already holds the plan nothing carried out."""
-        now = self.clock()
-        with self.fleet.fenced(fence, now):
-            if self.store.get_attempt(job.id, att.number).state.terminal:
-                return
-            self.store.finish_attempt(
-                job.id,
-                att.number,
-                AttemptState.FAILED,
-                at=now,
-                exit_code=oj.exit_code,
-                signal=oj.signal,
-                reason=reason[:500],
-                actor=self.identity,
-            )
-            if not self.store.get_job(job.id).state.terminal:
-                self.store.update_job_state(
-                    job.id,
-                    JobState.STOPPED,
-                    at=now,
-                    reason="observe mode: the job failed and nothing was restarted",
-                    actor=self.identity,
-                )
-
-    def _stop_if_observed(self, job: JobRecord, att: AttemptRecord, fence: Fence) -> None:
-        """Observe mode ended the attempt on evidence while it still ran (an XID on its
-        card, 0130); now its processes are gone too, and nothing restarts them."""
-        inc = self._incident_for_attempt(job.id, att.number)
-        if inc is None or inc.state is not IncidentState.OBSERVED:
-            return
-        with self.fleet.fenced(fence, self.clock()):
-            self.store.update_job_state(
-                job.id,
-                JobState.STOPPED,
-                at=self.clock(),
-                reason="observe mode: the job failed and nothing was restarted",
-                actor=self.identity,
-            )
-
-    def _complete_if_exited(self, job_id: str, att: AttemptRecord, fence: Fence) -> None:
-        """A restart that exited 0 before its requeue's result was recorded (the
-        controller died in between, tests/scenarios/test_crash_points.py): the attempt
-        was synced completed while the job was still recovering, and the result then
-        put the job back to running. Its last attempt is done, so the job is too."""
-        if att.state is not AttemptState.COMPLETED:
-            return
-        if self.store.get_job(job_id).state is not JobState.RUNNING:
-            return
-        with self.fleet.fenced(fence, self.clock()):
-            self.store.update_job_state(
-                job_id,
-                JobState.COMPLETED,
-                at=self.clock(),
-                reason="the job exited 0",
-                actor=self.identity,
-            )
-
-    def _start_attempt(self, job: JobRecord, oj: ObservedJob, fence: Fence) -> AttemptRecord:
+    def _start_attempt(self, job: JobRecord, oj: ObservedJob, ctx: PassContext) -> AttemptRecord:
         assert oj.started_at is not None
         # A recovery attempt: the incident names it, or (a crash between the requeue and
         # its recorded result) an incident of the job has a restart still in flight.
@@ -263,14 +180,14 @@ class AttemptSync(HealthEnforcer):
                 )
             )
         ]
-        with self.fleet.fenced(fence, self.clock()):
+        with self.fenced(ctx.fence):
             self.store.start_attempt(
                 job.id,
                 oj.attempt,
                 oj.devices,
                 at=oj.started_at,
                 checkpoint_path=oj.resume_from,
-                checkpoint_step=self._restored_step(recovering[0]) if recovering else None,
+                checkpoint_step=self.core.restored_step(recovering[0]) if recovering else None,
                 log_path=oj.output_path,
                 actor=self.identity,
             )
@@ -280,7 +197,7 @@ class AttemptSync(HealthEnforcer):
             )
             if job.state in (JobState.PENDING, JobState.WAITING):
                 self.store.update_job_state(
-                    job.id, JobState.RUNNING, at=self.clock(), actor=self.identity
+                    job.id, JobState.RUNNING, at=ctx.now, actor=self.identity
                 )
         return att
 
@@ -290,8 +207,7 @@ class AttemptSync(HealthEnforcer):
         job: JobRecord,
         att: AttemptRecord,
         oj: ObservedJob,
-        fence: Fence,
-        report: PassReport,
+        ctx: PassContext,
         *,
         hang: Finding | None,
         observed: ObservedJob | None = None,
@@ -308,16 +224,15 @@ class AttemptSync(HealthEnforcer):
         evidence. ``hang``: the hang detector's finding, when a hang ended it."""
         # Read progress, then decide: the failed step is the last one printed before the
         # fault, not what an earlier pass had read (issue 13).
-        seen = self._progress_up_to_now(job.id, att, observed or oj)
+        seen = self.evidence.progress_up_to_now(job.id, att, observed or oj, ctx.now)
         if hang is not None and seen.last_step != att.last_step:
             return  # it moved after all: not a hang (the next pass times it again)
         att = seen
         # The job stopped moving then (the detector's "since"), as run dates a hang.
         hang_since = None if hang is None else float(hang.details.get("since", att.started_at))
         if attribution is None:
-            attribution = self.failure_attribution(job, att, oj, hang=hang)
-        now = self.clock()
-        reason = attempt_failure_reason(attribution, hang)
+            attribution = self.evidence.failure_attribution(job, att, oj, ctx.now, hang=hang)
+        now = ctx.now
         recovering = next(
             (
                 i
@@ -326,93 +241,42 @@ class AttemptSync(HealthEnforcer):
             ),
             None,
         )
-        seen_before = self._incident_for_attempt(job.id, att.number)
-        if (
-            recovering is None
-            and seen_before is not None
-            and seen_before.state is IncidentState.OBSERVED
-        ):
-            if hang_since is None:
-                self._end_observed(job, att, oj, fence, reason)
-            # A hang of it: still running, and its failure is already recorded (0345).
-            return
-        if hang is not None:
+        seen_before = self.core.incident_for_attempt(job.id, att.number)
+        failure = Failure(
+            attempt=att.number,
+            now=now,
+            attribution=attribution,
+            reason=attempt_failure_reason(attribution, hang),
+            last_step=att.last_step,
+            ended_at=oj.ended_at,
+            exit_code=oj.exit_code,
+            signal=oj.signal,
+            hang_since=hang_since,
+            job=job.state,
+            recovering=None if recovering is None else (recovering.id, recovering.state),
+            observed_before=seen_before is not None and seen_before.state is IncidentState.OBSERVED,
+            keep_running=keep_running,
+        )
+        if hang is not None and not (recovering is None and failure.observed_before):
             # Kept as the attempt's evidence (after it was attributed, so not twice): a
-            # re-plan of this attempt re-attributes its failure from it (snapshot._plan).
+            # re-plan of this attempt re-attributes its failure from it (snapshot.plan).
             self.fleet.add_finding(
                 hang.to_dict(), received_at=now, host=None, job_id=job.id, attempt=att.number
             )
-        with self.fleet.fenced(fence, now):
-            current = self.store.get_attempt(job.id, att.number)
-            if current.state.terminal:
-                return  # another pass got here first
-            if keep_running:
-                inc = self.store.open_incident(
-                    job.id,
-                    att.number,
-                    attribution,
-                    detected_at=now,
-                    fault_at=oj.ended_at if hang_since is None else hang_since,
-                    failed_step=att.last_step,
-                    actor=self.identity,
-                )
-                report.opened.append(inc.id)
-                return
-            self.store.finish_attempt(
-                job.id,
-                att.number,
-                AttemptState.FAILED,
-                at=now,
-                exit_code=oj.exit_code if hang_since is None else None,
-                signal=oj.signal if hang_since is None else None,
-                reason=reason[:500],
-                actor=self.identity,
-            )
-            if recovering is not None:
-                # The restart did not verify: the same incident is acted on again.
-                note = f"attempt {att.number} failed before it verified: {attribution.summary}"
-                if recovering.state is IncidentState.VERIFYING:
-                    self.store.update_incident(
-                        recovering.id,
-                        at=now,
-                        state=IncidentState.ACTING,
-                        note=note,
-                        evidence=attribution.evidence[:10],
-                        actor=self.identity,
-                    )
-                else:
-                    self.store.update_incident(
-                        recovering.id, at=now, note=note, actor=self.identity
-                    )
-                job_now = self.store.get_job(job.id)
-                if job_now.state is JobState.RUNNING:
-                    self.store.update_job_state(
-                        job.id, JobState.RECOVERING, at=now, actor=self.identity
-                    )
-                return
-            inc = self.store.open_incident(
-                job.id,
-                att.number,
-                attribution,
-                detected_at=now,
-                fault_at=(oj.ended_at if hang_since is None else hang_since),
-                failed_step=att.last_step,
-                actor=self.identity,
-            )
-            if job.state is JobState.RUNNING:
-                self.store.update_job_state(
-                    job.id, JobState.RECOVERING, at=now, actor=self.identity
-                )
-        report.opened.append(inc.id)
-        self.crash.hit("detect.after_incident_opened")
+        # The rule (policy.attempt_sync.failure_steps) decides; the applier writes it in one
+        # fenced transaction, nothing when the attempt ended meanwhile.
+        opened = self.applier.apply_attempt_steps(
+            job.id, failure_steps(failure), ctx, unless_ended=att.number
+        )
+        ctx.report.opened.extend(opened)
+        if opened and not keep_running:
+            self.crash.hit("detect.after_incident_opened")
 
-    def _fail_unverified(
+    def fail_unverified(
         self,
         inc: IncidentRecord,
         fj: FleetJob,
-        obs: Observation,
-        fence: Fence,
-        report: PassReport,
+        ctx: PassContext,
         v: Verification,
     ) -> None:
         """The restart did not verify and the verdict says to restart again (a rank that
@@ -421,18 +285,16 @@ class AttemptSync(HealthEnforcer):
         to acting for a re-plan under the restart budget (decision 0351)."""
         if inc.recovery_attempt is None:
             return
-        att = self._attempt_or_none(inc.job_id, inc.recovery_attempt)
-        oj = obs.jobs.get(fj.scheduler_ref)
+        att = self.core.attempt_or_none(inc.job_id, inc.recovery_attempt)
+        oj = ctx.obs.jobs.get(fj.scheduler_ref)
         if att is None or att.state.terminal or oj is None:
             return
         job = self.store.get_job(inc.job_id)
-        f = failed_finding(v, self.clock())
+        f = failed_finding(v, ctx.now)
         # Kept as the attempt's evidence: the re-plan re-attributes this failure from it.
         self.fleet.add_finding(
             f.to_dict(), received_at=f.at, host=None, job_id=job.id, attempt=att.number
         )
         attribution = attribute([f], att.devices, f.at, self.config.correlation_window)
-        failed = self._failed_view(oj, att, job.id, [f])
-        self._attempt_failed(
-            fj, job, att, failed, fence, report, hang=None, attribution=attribution
-        )
+        failed = self.evidence.failed_view(oj, att, job.id, [f])
+        self._attempt_failed(fj, job, att, failed, ctx, hang=None, attribution=attribution)

@@ -13,7 +13,6 @@ from trainguard.controller.lease import CONTROLLER_LEASE, DEFAULT_TTL_SECONDS
 from trainguard.controller.repair import DeliveryConfig
 from trainguard.diagnose.attribution import DEFAULT_CORRELATION_WINDOW
 from trainguard.model.fleet import ActionRecord, ActionState, EffectiveMode, Node, Scope, ScopeKind
-from trainguard.model.health import HealthState
 from trainguard.model.plan import (
     Action,
     ActionKind,
@@ -26,9 +25,6 @@ from trainguard.policy.verify import DEFAULT_MAX_RANKS
 
 ACTOR = "trainguard-serve"
 _LIVE = (IncidentState.OPEN, IncidentState.ACTING, IncidentState.VERIFYING)
-_UNSCHEDULABLE = frozenset(
-    {HealthState.QUARANTINED, HealthState.REPAIR, HealthState.VALIDATING, HealthState.RETIRED}
-)
 
 
 @dataclass(frozen=True)
@@ -125,7 +121,7 @@ _REREAD_ALL_ABOVE = 256
 
 @dataclass
 class _HealthView:
-    """What ``_enforce_health`` knew after the last pass (a cache: it only saves work)."""
+    """What the health sync knew after the last pass (a cache: it only saves work)."""
 
     cursor: int = -1  # audit id up to which stored health changes are applied; -1: none
     loaded_at: float = 0.0  # when everything was last read and compared

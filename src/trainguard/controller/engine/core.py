@@ -1,8 +1,10 @@
-"""The reconciler's state and shared reads: one store, one scheduler, caches that only save work.
+"""The engine's shared services and reads: one store, one scheduler, one lease.
 
-Part of the one recovery engine (decision 0211): the store reads every other part
-uses (live incidents, attempts, the job's policy and mode, earlier failures, the
-restart budget, checkpoints on disk). Nothing here acts.
+Every component of the recovery engine (decisions 0211, 0430) receives the one
+:class:`EngineCore`: the store reads more than one component makes (live
+incidents, attempts, the job's policy and mode, earlier failures, the restart
+budget, checkpoints on disk). Nothing here acts but the breaker's hold-back record,
+which runs inside the caller's transaction.
 """
 
 from __future__ import annotations
@@ -10,22 +12,20 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
+from trainguard.controller.breaker import hold_back
 from trainguard.controller.checkpoint_care import select_checkpoints
 from trainguard.controller.crash import CrashPoints
 from trainguard.controller.engine.config import (
     _LIVE,
     ControlConfig,
-    PassReport,
-    _HealthView,
-    _OutputState,
     resolve_mode,
 )
 from trainguard.controller.engine.traits import SchedulerTraits, traits_of
 from trainguard.controller.lease import LeaderElector
 from trainguard.controller.policies import DEFAULT_POLICY, merge, parse_policy, resolve
-from trainguard.diagnose.detectors import HangDetector, ProgressLineParser
 from trainguard.model.checkpoint import CheckpointInfo
 from trainguard.model.fleet import (
     ActionRecord,
@@ -35,7 +35,13 @@ from trainguard.model.fleet import (
     PolicyDocument,
 )
 from trainguard.model.plan import ActionKind, Mode, PriorFailure, RecoveryPolicy
-from trainguard.model.records import AttemptRecord, IncidentRecord, IncidentState, JobRecord
+from trainguard.model.records import (
+    AttemptRecord,
+    AuditKind,
+    IncidentRecord,
+    IncidentState,
+    JobRecord,
+)
 from trainguard.policy.budget import BudgetEntry, restarts_used
 from trainguard.policy.history import failure_history
 from trainguard.policy.lost import Segment, incident_segments
@@ -52,7 +58,9 @@ class NodeStepRunner(Protocol):
 
 
 class EngineCore:
-    """The engine's state and the store reads every part shares."""
+    """The services every component shares (store, scheduler, lease, config, clock,
+    crash points) and the store reads more than one component makes. It holds no
+    state of a pass and no component's cache."""
 
     def __init__(
         self,
@@ -75,38 +83,14 @@ class EngineCore:
         self.elector = LeaderElector(
             self.fleet, identity, self.config.lease_name, self.config.lease_ttl
         )
-        # The lost-node step (controller/node_recovery.py, 0242), set by the control plane
-        # when BMCs are configured; run in act mode after the jobs' incidents.
-        self.node_recovery: NodeStepRunner | None = None
-        self._seen_devices: dict[str, tuple[str, int, str]] = {}
-        self._seen_nodes: dict[str, tuple[str | None, tuple[tuple[str, str], ...]]] = {}
-        self._health = _HealthView()
-        self._outputs: dict[tuple[str, int], _OutputState] = {}
-        self._warned_no_step: set[str] = set()  # jobs told they have no progress signal
-        # One hang detector per live attempt, fed the progress the store holds. Lost on a
-        # restart of the controller: the new one starts from the stored last step with
-        # the start-up allowance, so a restart can delay a hang verdict, never invent one.
-        self._hangs: dict[tuple[str, int], HangDetector] = {}
-        # Findings up to this id were read by an earlier pass (None: none yet); each pass
-        # reads what is new once (_pass_findings) for the running attempts and idle cards.
-        self._finding_cursor: int | None = None
-        self._pass_findings: list[dict[str, Any]] = []
-        # Attempts whose whole evidence history was read once; later passes read the new.
-        self._evidence_read: set[tuple[str, int]] = set()
-        self._progress = ProgressLineParser(self.config.progress_pattern)
-        self.last_report: PassReport | None = None
-        self._policy_cache: dict[str, PolicyDocument | None] = {}
-        # traits.requeues_by_itself: the nodes each attempt started on.
-        self._attempt_nodes: dict[tuple[str, int], tuple[str, ...]] = {}
-        # traits.shared_output: what the file began with when an attempt's output was
-        # seeded (a truncation on requeue changes it).
-        self._heads: dict[tuple[str, int], bytes] = {}
+        # Read once per pass (the pass clears it): the job's policy document.
+        self.policy_cache: dict[str, PolicyDocument | None] = {}
 
     @property
     def identity(self) -> str:
         return self.elector.identity
 
-    def _made_by_us(self, job_id: str, attempt: int) -> bool:
+    def made_by_us(self, job_id: str, attempt: int) -> bool:
         """Whether trainguard made ``attempt`` (a restart of an incident of this job)."""
         for inc in self.store.list_incidents(job_id=job_id):
             if inc.recovery_attempt == attempt:
@@ -118,25 +102,25 @@ class EngineCore:
                 return True
         return False
 
-    def _live_incidents(self) -> list[IncidentRecord]:
+    def live_incidents(self) -> list[IncidentRecord]:
         out: list[IncidentRecord] = []
         for state in _LIVE:
             out += self.store.list_incidents(state=state)
         return sorted(out, key=lambda i: i.id)
 
-    def _fleet_job_or_none(self, job_id: str) -> FleetJob | None:
+    def fleet_job_or_none(self, job_id: str) -> FleetJob | None:
         try:
             return self.fleet.get_fleet_job(job_id)
         except NotFound:
             return None
 
-    def _attempt_or_none(self, job_id: str, number: int) -> AttemptRecord | None:
+    def attempt_or_none(self, job_id: str, number: int) -> AttemptRecord | None:
         try:
             return self.store.get_attempt(job_id, number)
         except NotFound:
             return None
 
-    def _segments(
+    def segments(
         self, inc_id: int, job_id: str, running: int, restored: int | None
     ) -> list[Segment]:
         """The incident's attempts as policy.lost counts them, attempt ``running``
@@ -146,14 +130,14 @@ class EngineCore:
             self.store.get_incident(inc_id), attempts, running=running, restored=restored
         )
 
-    def _incident_for_attempt(self, job_id: str, number: int) -> IncidentRecord | None:
+    def incident_for_attempt(self, job_id: str, number: int) -> IncidentRecord | None:
         for inc in self.store.list_incidents(job_id=job_id):
             if inc.attempt == number or inc.recovery_attempt == number:
                 return inc
         return None
 
     @staticmethod
-    def _restored_step(inc: IncidentRecord) -> int | None:
+    def restored_step(inc: IncidentRecord) -> int | None:
         if inc.checkpoint_step is not None:
             return inc.checkpoint_step
         for action in (inc.plan or {}).get("actions") or ():
@@ -165,15 +149,15 @@ class EngineCore:
     def policy_document(self, fj: FleetJob) -> PolicyDocument | None:
         """The job's document over the operator default (read once per pass)."""
         key = fj.policy or ""
-        if key not in self._policy_cache:
+        if key not in self.policy_cache:
             default = self.fleet.get_policy(DEFAULT_POLICY)
             own = self.fleet.get_policy(fj.policy) if fj.policy else None
             base = parse_policy(default) if default else None
             doc = parse_policy(own) if own else None
-            self._policy_cache[key] = merge(base, doc)
-        return self._policy_cache[key]
+            self.policy_cache[key] = merge(base, doc)
+        return self.policy_cache[key]
 
-    def _policy(self, fj: FleetJob, job: JobRecord) -> RecoveryPolicy:
+    def policy(self, fj: FleetJob, job: JobRecord) -> RecoveryPolicy:
         return resolve(self.policy_document(fj), need=job.need, min_need=job.min_need)
 
     def effective_mode(
@@ -185,14 +169,14 @@ class EngineCore:
             modes = {m.scope.key: m.mode for m in self.fleet.list_scope_modes()}
         return resolve_mode(modes, fj.job_id, fj.partition, self.config.default_mode)
 
-    def _checkpoints(self, job: JobRecord) -> tuple[CheckpointInfo, ...]:
+    def checkpoints(self, job: JobRecord) -> tuple[CheckpointInfo, ...]:
         return select_checkpoints(job.checkpoint_dir, "full")
 
-    def _failures(self, job_id: str, before_incident: int) -> list[PriorFailure]:
+    def failures(self, job_id: str, before_incident: int) -> list[PriorFailure]:
         """The job's failures before incident ``before_incident``, one per failure (0360)."""
         return failure_history(self.store.list_incidents(job_id=job_id), before=before_incident)
 
-    def _restarts_used(self, inc: IncidentRecord, ledger: Sequence[ActionRecord]) -> int:
+    def restarts_used(self, inc: IncidentRecord, ledger: Sequence[ActionRecord]) -> int:
         """The job's restarts that count against this incident's budget (0130): the
         earlier incidents' too, until a recovery verified and the job got further."""
 
@@ -217,7 +201,7 @@ class EngineCore:
         return restarts_used(entries)
 
     @staticmethod
-    def _valid_checkpoints(root: str | None) -> list[tuple[int | None, float]]:
+    def valid_checkpoints(root: str | None) -> list[tuple[int | None, float]]:
         """Valid checkpoints in ``root`` (quick check): ``(step, mtime)``."""
         if not root or not os.path.isdir(root):
             return []
@@ -233,9 +217,83 @@ class EngineCore:
             if i.valid and i.created_at is not None
         ]
 
-    def _trained_on_to(self, inc: IncidentRecord) -> int | None:
+    def trained_on_to(self, inc: IncidentRecord) -> int | None:
         """The failed attempt's last step when it trained on past the failed step."""
-        failed = self._attempt_or_none(inc.job_id, inc.attempt)
+        failed = self.attempt_or_none(inc.job_id, inc.attempt)
         if failed is None or failed.last_step is None or inc.failed_step is None:
             return None
         return failed.last_step if failed.last_step > inc.failed_step else None
+
+    def job_warnings(self, job_id: str) -> list[str]:
+        """The warnings said about a job (audit notes with a ``warning``), oldest first."""
+        return [
+            str(e.data["warning"])
+            for e in self.store.list_audit(kind=AuditKind.NOTE, subject=f"job:{job_id}")
+            if isinstance(e.data.get("warning"), str)
+        ]
+
+    def hold_back(
+        self,
+        rkind: str,
+        rid: str,
+        reason: str,
+        *,
+        trip: bool,
+        at: float,
+        incident_id: int | None,
+    ) -> None:
+        """The breaker held a quarantine back (controller/breaker.py: the recording
+        ``trainguard run`` shares). In the caller's transaction."""
+        hold_back(
+            self.fleet,
+            resource_kind=rkind,
+            resource_id=rid,
+            reason=reason,
+            trip=trip,
+            at=at,
+            actor=self.identity,
+            incident_id=incident_id,
+            page_webhook=self.config.page_webhook,
+        )
+
+
+class Part:
+    """A component of the engine: the shared services, read through its ``core`` (so a
+    configuration the control plane swaps in reaches every component at once)."""
+
+    def __init__(self, core: EngineCore) -> None:
+        self.core = core
+
+    @property
+    def store(self) -> Store:
+        return self.core.store
+
+    @property
+    def fleet(self) -> FleetStore:
+        return self.core.fleet
+
+    @property
+    def scheduler(self) -> ClusterScheduler | None:
+        return self.core.scheduler
+
+    @property
+    def config(self) -> ControlConfig:
+        return self.core.config
+
+    @property
+    def traits(self) -> SchedulerTraits:
+        return self.core.traits
+
+    @property
+    def crash(self) -> CrashPoints:
+        return self.core.crash
+
+    @property
+    def identity(self) -> str:
+        return self.core.identity
+
+    def fenced(self, fence: Fence) -> AbstractContextManager[None]:
+        """A write transaction that first proves the lease: at the moment of the write,
+        the one clock read a component makes in a pass (a pass may outlast the lease in
+        a scheduler call; its ``PassContext.now`` must not vouch for it)."""
+        return self.fleet.fenced(fence, self.core.clock())

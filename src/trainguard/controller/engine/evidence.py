@@ -1,10 +1,10 @@
 """Evidence: the attempt's output (progress lines, the tail), agents' findings, and
 the attribution of a failure; the device statuses ``decide()`` sees, including the
-cards that evidence names (decision 0211).
+cards that evidence names (decisions 0211, 0430).
 
-Scheduler-specific evidence (Slurm's node events and kernel logs, its own output
-seeding) plugs in through the methods a driver overrides: ``_hosts``,
-``_node_list``, ``_follow_output``, ``_device_statuses``.
+Scheduler-specific evidence comes in as stored findings (Slurm's node events and
+kernel logs) or through the traits the scheduler declares (its own requeue, one
+shared output file: ``attempt_nodes``, ``seed_output``); no driver subclasses this.
 """
 
 from __future__ import annotations
@@ -20,9 +20,15 @@ from trainguard.controller.engine.config import (
     IDLE_EVIDENCE_MAX_AGE_S,
     _OutputState,
 )
-from trainguard.controller.engine.core import EngineCore
+from trainguard.controller.engine.core import EngineCore, Part
 from trainguard.diagnose.attribution import attribute, with_link_evidence
-from trainguard.diagnose.detectors import ProcessExit, crash_finding, line_finding, rank_prefix
+from trainguard.diagnose.detectors import (
+    ProcessExit,
+    ProgressLineParser,
+    crash_finding,
+    line_finding,
+    rank_prefix,
+)
 from trainguard.diagnose.device_map import (
     merge_views,
     rank_views,
@@ -62,20 +68,37 @@ def _down_not_drained(node: ObservedNode) -> bool:
     return node.phase is NodePhase.DOWN and "DRAIN" not in getattr(node, "flags", ())
 
 
-class EvidenceFollower(EngineCore):
-    """Output following and failure evidence."""
+class EvidenceFollower(Part):
+    """Output following and failure evidence, with the caches that only save work."""
 
-    def _follow_output(self, job_id: str, att: AttemptRecord, oj: ObservedJob) -> None:
+    def __init__(self, core: EngineCore) -> None:
+        super().__init__(core)
+        self.outputs: dict[tuple[str, int], _OutputState] = {}
+        self._warned_no_step: set[str] = set()  # jobs told they have no progress signal
+        # Findings up to this id were read by an earlier pass (None: none yet); each pass
+        # reads what is new once (PassContext.findings) for running attempts and idle cards.
+        self._finding_cursor: int | None = None
+        # Attempts whose whole evidence history was read once; later passes read the new.
+        self.evidence_read: set[tuple[str, int]] = set()
+        self._progress = ProgressLineParser(self.config.progress_pattern)
+        # traits.requeues_by_itself: the nodes each attempt started on (attempt sync
+        # records them).
+        self.attempt_nodes: dict[tuple[str, int], tuple[str, ...]] = {}
+        # traits.shared_output: what the file began with when an attempt's output was
+        # seeded (a truncation on requeue changes it).
+        self._heads: dict[tuple[str, int], bytes] = {}
+
+    def follow_output(self, job_id: str, att: AttemptRecord, oj: ObservedJob, now: float) -> None:
         """Progress lines (``step=N``) in the attempt's output become attempt progress."""
         path = oj.output_path
         if not path or oj.attempt != att.number:
             return
         if self.traits.shared_output and not self._shared_output_start((job_id, att.number), path):
             return
-        self._read_progress(job_id, att, path)
+        self._read_progress(job_id, att, path, now)
 
-    def _progress_up_to_now(
-        self, job_id: str, att: AttemptRecord, observed: ObservedJob
+    def progress_up_to_now(
+        self, job_id: str, att: AttemptRecord, observed: ObservedJob, now: float
     ) -> AttemptRecord:
         """The attempt as its output shows it now, read before its failure is judged.
 
@@ -88,19 +111,20 @@ class EvidenceFollower(EngineCore):
         then is it read.
         """
         if observed.attempt == att.number:
-            self._follow_output(job_id, att, observed)
+            self.follow_output(job_id, att, observed, now)
         elif (
             observed.attempt > att.number
             and not _started_after(observed, att)
             and att.log_path
-            and (job_id, att.number) in self._outputs  # where its output was read up to
+            and (job_id, att.number) in self.outputs  # where its output was read up to
         ):
-            self._read_progress(job_id, att, att.log_path)
+            self._read_progress(job_id, att, att.log_path, now)
         return self.store.get_attempt(job_id, att.number)
 
-    def _read_progress(self, job_id: str, att: AttemptRecord, path: str) -> None:
-        """Read ``path`` from where this attempt's output was read up to, to its end."""
-        state = self._outputs.setdefault((job_id, att.number), _OutputState())
+    def _read_progress(self, job_id: str, att: AttemptRecord, path: str, now: float) -> None:
+        """Read ``path`` from where this attempt's output was read up to, to its end
+        (what it read is stamped ``now``: when the pass read it)."""
+        state = self.outputs.setdefault((job_id, att.number), _OutputState())
         chunks: list[bytes] = []
         try:
             with open_regular(path) as f:
@@ -158,7 +182,6 @@ class EvidenceFollower(EngineCore):
                 torchrun_world_size(self.store.get_job(job_id).command), self.config.max_ranks
             )
             self.store.note_ranks_reported(job_id, att.number, {r for r in ranks if r < limit})
-        now = self.clock()
         if job_lines and state.first_at is None:
             state.first_at = now
         if alive_lines:
@@ -197,7 +220,7 @@ class EvidenceFollower(EngineCore):
         job, as a note in the job's audit that its incidents carry as a warning."""
         if job_id in self._warned_no_step:
             return
-        fj = self._fleet_job_or_none(job_id)
+        fj = self.core.fleet_job_or_none(job_id)
         if fj is None:
             return
         text = no_step_signal_warning(
@@ -205,25 +228,17 @@ class EvidenceFollower(EngineCore):
             step_signal=False,
             first_output_at=first_at,
             now=now,
-            window_seconds=self._policy(fj, self.store.get_job(job_id)).verify_window_seconds,
+            window_seconds=self.core.policy(fj, self.store.get_job(job_id)).verify_window_seconds,
         )
         if text is None:
             return
         self._warned_no_step.add(job_id)
-        if text in self._job_warnings(job_id):
+        if text in self.core.job_warnings(job_id):
             return  # said before this controller started
         self.store.append_audit(
             now, self.identity, AuditKind.NOTE, f"job:{job_id}", f"warning: {text}",
             {"warning": text},
         )  # fmt: skip
-
-    def _job_warnings(self, job_id: str) -> list[str]:
-        """The warnings said about a job (audit notes with a ``warning``), oldest first."""
-        return [
-            str(e.data["warning"])
-            for e in self.store.list_audit(kind=AuditKind.NOTE, subject=f"job:{job_id}")
-            if isinstance(e.data.get("warning"), str)
-        ]
 
     def _tail(self, path: str | None) -> list[str]:
         if not path:
@@ -243,24 +258,22 @@ class EvidenceFollower(EngineCore):
     def _hosts(self, job_id: str, att: AttemptRecord) -> set[str]:
         """The hosts whose fatal node findings fail the attempt (with the nodes it started
         on, where the scheduler moves jobs by itself)."""
-        return {d.host for d in att.devices} | set(
-            self._attempt_nodes.get((job_id, att.number), ())
-        )
+        return {d.host for d in att.devices} | set(self.attempt_nodes.get((job_id, att.number), ()))
 
     def _node_list(self, job_id: str, att: AttemptRecord, oj: ObservedJob) -> list[str]:
         # The nodes the attempt started on when known (a requeue moves the job).
-        return list(self._attempt_nodes.get((job_id, att.number)) or oj.nodes)
+        return list(self.attempt_nodes.get((job_id, att.number)) or oj.nodes)
 
-    def _seed_output(self, job_id: str, oj: ObservedJob) -> None:
+    def seed_output(self, job_id: str, oj: ObservedJob) -> None:
         """traits.shared_output, before a new attempt writes: remember where its output will
         begin (the end of the file in append mode) and what the file begins with
         (truncation changes it)."""
         key = (job_id, oj.attempt)
         path = oj.output_path
-        if key in self._outputs or not path or oj.attempt == 0:
+        if key in self.outputs or not path or oj.attempt == 0:
             return
         if oj.phase is not JobPhase.PENDING:
-            prev = self._outputs.get((job_id, oj.attempt - 1))
+            prev = self.outputs.get((job_id, oj.attempt - 1))
             if prev is None:
                 return
             offset = prev.offset
@@ -276,14 +289,14 @@ class EvidenceFollower(EngineCore):
                 head = f.read(min(HEAD_BYTES, offset))
         except OSError:
             return
-        self._outputs[key] = _OutputState(offset=offset)
+        self.outputs[key] = _OutputState(offset=offset)
         self._heads[key] = head
 
     def _shared_output_start(self, key: tuple[str, int], path: str) -> bool:
         """Where a seeded attempt's output starts in a shared file: at 0 when the file was
         truncated for it, after the earlier attempts' when appended. False: unreadable."""
         head = self._heads.get(key)
-        state = self._outputs.get(key)
+        state = self.outputs.get(key)
         if head is None or state is None:
             return True
         try:
@@ -300,9 +313,8 @@ class EvidenceFollower(EngineCore):
             del self._heads[key]  # appending: the new attempt's output follows
         return True
 
-    def _read_new_findings(self) -> list[dict[str, Any]]:
+    def read_new_findings(self, now: float) -> list[dict[str, Any]]:
         """The findings stored since the last pass (by id: a late delivery counts too)."""
-        now = self.clock()
         if self._finding_cursor is None:
             # First pass (or a restart): what can still matter; each attempt's own
             # history is read in full once by _new_fatal_evidence.
@@ -319,14 +331,17 @@ class EvidenceFollower(EngineCore):
                 break
         return out
 
-    def _new_fatal_evidence(self, job_id: str, att: AttemptRecord, now: float) -> list[Finding]:
+    def new_fatal_evidence(
+        self, job_id: str, att: AttemptRecord, now: float, new: Sequence[Mapping[str, Any]]
+    ) -> list[Finding]:
         """:meth:`fatal_evidence` over this pass's new findings; over the attempt's whole
-        history the first time this controller sees the attempt."""
+        history the first time this controller sees the attempt. ``new``: the pass's new
+        findings (``PassContext.findings``)."""
         key = (job_id, att.number)
-        if key not in self._evidence_read:
-            self._evidence_read.add(key)
+        if key not in self.evidence_read:
+            self.evidence_read.add(key)
             return self.fatal_evidence(job_id, att, now)
-        return self.fatal_evidence(job_id, att, now, rows=self._pass_findings)
+        return self.fatal_evidence(job_id, att, now, rows=new)
 
     def fatal_evidence(
         self,
@@ -378,7 +393,7 @@ class EvidenceFollower(EngineCore):
                 out.append(f)
         return sorted(out, key=lambda f: f.at)
 
-    def _failed_view(
+    def failed_view(
         self, oj: ObservedJob, att: AttemptRecord, job_id: str, evidence: list[Finding]
     ) -> ObservedJob:
         """The observation as it will be once the attempt is over: failed at the first
@@ -401,10 +416,10 @@ class EvidenceFollower(EngineCore):
             output_path=att.log_path or oj.output_path,
         )
 
-    def stored_hang(self, job_id: str, att: AttemptRecord) -> Finding | None:
+    def stored_hang(self, job_id: str, att: AttemptRecord, now: float) -> Finding | None:
         """The hang that ended ``att``, as its detector worded it (kept by
         ``_attempt_failed``); ``None`` when it did not hang."""
-        until = (att.ended_at if att.ended_at is not None else self.clock()) + 1.0
+        until = (att.ended_at if att.ended_at is not None else now) + 1.0
         for row in self.fleet.findings_between(att.started_at, until, job_id=job_id):
             if row.get("attempt") == att.number and row.get("kind") == "hang":
                 return Finding.from_dict(row["finding"])
@@ -415,13 +430,14 @@ class EvidenceFollower(EngineCore):
         job: JobRecord,
         att: AttemptRecord,
         oj: ObservedJob | None,
+        now: float,
         *,
         hang: Finding | None = None,
     ) -> Attribution:
         """Everything known about why one attempt failed, attributed (diagnose.attribution).
         ``hang``: the hang detector's finding (the same words as run's, 0376), when a
-        hang ended it; then the job's exit status is not asked for."""
-        now = self.clock()
+        hang ended it; then the job's exit status is not asked for. ``now``: the pass's
+        time (when no exit time is known, the failure is dated then)."""
         devices = att.devices
         findings: list[Finding] = []
         failed_at = now
@@ -498,7 +514,7 @@ class EvidenceFollower(EngineCore):
         # Link/NIC evidence isolates its host whatever won the attribution, as in run (0353).
         return with_link_evidence(attribution, findings, failed_at, window)
 
-    def _device_statuses(self, obs: Observation, job_ref: str) -> tuple[DeviceStatus, ...]:
+    def device_statuses(self, obs: Observation, job_ref: str) -> tuple[DeviceStatus, ...]:
         """The devices this job could get: all but those other live jobs hold.
 
         traits.down_nodes_return: a node that is DOWN but not drained is not out of
@@ -532,7 +548,7 @@ class EvidenceFollower(EngineCore):
             out.append(DeviceStatus(rec.device, state, rec.reason))
         return tuple(out)
 
-    def _held_evidence(
+    def held_evidence(
         self,
         obs: Observation,
         job_ref: str,
@@ -563,7 +579,7 @@ class EvidenceFollower(EngineCore):
         present = {s.device.uuid for s in listed}
         if not (uuids - present) and not hosts:
             return ()
-        everyone = self._device_statuses(Observation(at=obs.at, jobs={}, nodes=obs.nodes), job_ref)
+        everyone = self.device_statuses(Observation(at=obs.at, jobs={}, nodes=obs.nodes), job_ref)
         return tuple(
             s
             for s in everyone

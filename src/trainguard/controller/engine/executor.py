@@ -10,10 +10,13 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any
 
-from trainguard.controller.engine.actions import ActionRunner
-from trainguard.controller.engine.config import PassReport
+from trainguard.controller.engine.actions import ActionRunner, action_subject, describe_action
+from trainguard.controller.engine.attempts import AttemptSync
+from trainguard.controller.engine.context import PassContext
+from trainguard.controller.engine.core import EngineCore, Part
+from trainguard.controller.engine.snapshot import SnapshotBuilder
 from trainguard.model.fleet import ActionRecord, ActionState, ApprovalState, FleetJob
-from trainguard.model.plan import ActionKind, Mode
+from trainguard.model.plan import Quarantine, Restart, Stop, WaitForCapacity
 from trainguard.model.records import (
     AttemptState,
     AuditKind,
@@ -25,22 +28,29 @@ from trainguard.model.statemachine import IllegalTransition
 from trainguard.policy.approvals import no_answer_actor
 from trainguard.policy.step import Step, StepKind
 from trainguard.policy.verify import first_progress_note
-from trainguard.schedulers.base import Observation
-from trainguard.store.fleet import Fence
 
 
-class Executor(ActionRunner):
+class Executor(Part):
     """The one executor of step()'s steps."""
 
-    def _execute(
+    def __init__(
+        self,
+        core: EngineCore,
+        planner: SnapshotBuilder,
+        attempts: AttemptSync,
+        actions: ActionRunner,
+    ) -> None:
+        super().__init__(core)
+        self.planner = planner
+        self.attempts = attempts
+        self.actions = actions
+
+    def execute(
         self,
         st: Step,
         inc: IncidentRecord,
         fj: FleetJob,
-        obs: Observation,
-        modes: Mapping[str, Mode],
-        fence: Fence,
-        report: PassReport,
+        ctx: PassContext,
     ) -> IncidentRecord:
         """The one executor: carry out one step of ``step()`` and return the incident now.
 
@@ -53,47 +63,47 @@ class Executor(ActionRunner):
             return inc
         if kind is StepKind.PLAN:
             assert st.failed_attempt is not None
-            return self._plan(
+            return self.planner.plan(
                 inc,
                 fj,
-                obs,
-                modes,
-                fence,
-                report,
+                ctx,
                 failed_attempt=st.failed_attempt,
                 only_if_changed=st.only_if_changed,
             )
         if kind is StepKind.MARK_STOPPED:
-            self._finish_stopped(inc, fj, fence, st.reason)
+            self._finish_stopped(inc, fj, ctx, st.reason)
             return self.store.get_incident(inc.id)
         if kind is StepKind.NOTE_NOT_VERIFIED:
             return self.store.update_incident(
-                inc.id, at=self.clock(), note=st.reason, actor=self.identity
+                inc.id, at=ctx.now, note=st.reason, actor=self.identity
             )
         if kind is StepKind.FAIL_ATTEMPT:
             assert st.verification is not None
-            self._fail_unverified(inc, fj, obs, fence, report, st.verification)
+            self.attempts.fail_unverified(inc, fj, ctx, st.verification)
             return self.store.get_incident(inc.id)
         if kind is StepKind.MARK_RECOVERED:
-            self._mark_recovered(st, inc, fence, report)
+            self._mark_recovered(st, inc, ctx)
             return self.store.get_incident(inc.id)
         assert st.index is not None and st.key is not None
         generation = inc.plan_generation
         action = ((inc.plan or {}).get("actions") or [])[st.index]
         if kind is StepKind.REQUEST_APPROVAL:
-            approval = self.fleet.approval_for(st.key) or self.fleet.request_approval(
-                kind=str(action.get("type")),
-                subject=self._subject(action, inc),
-                why=st.approval_why or st.reason,
-                at=self.clock(),
-                actor=self.identity,
-                incident_id=inc.id,
-                action_key=st.key,
-                data={"action": action, "generation": generation},
-                fence=fence,
-            )
+            approval = self.fleet.approval_for(st.key)
+            if approval is None:
+                with self.fenced(ctx.fence):  # the lease proved now, the request dated ctx.now
+                    approval = self.fleet.request_approval(
+                        kind=str(action.get("type")),
+                        subject=action_subject(action, inc),
+                        why=st.approval_why or st.reason,
+                        at=ctx.now,
+                        actor=self.identity,
+                        incident_id=inc.id,
+                        action_key=st.key,
+                        data={"action": action, "generation": generation},
+                        fence=ctx.fence,
+                    )
             if approval.state is ApprovalState.PENDING:
-                report.waiting.append(approval.id)
+                ctx.report.waiting.append(approval.id)
             return inc
         if kind is StepKind.EXPIRE_APPROVAL:
             # Nobody answered in time: no answer is a no, in this controller's name (0425).
@@ -101,13 +111,13 @@ class Executor(ActionRunner):
             if expired is not None and expired.state is ApprovalState.PENDING:
                 assert st.deadline_s is not None
                 # A person who answered at the same moment wins (pending -> decided once).
-                with contextlib.suppress(IllegalTransition), self.fleet.fenced(fence, self.clock()):
+                with contextlib.suppress(IllegalTransition), self.fenced(ctx.fence):
                     self.fleet.decide_approval(
                         expired.id,
                         ApprovalState.DENIED,
                         actor=no_answer_actor(self.config.name, st.deadline_s),
                         reason=st.reason,
-                        at=self.clock(),
+                        at=ctx.now,
                     )
             return inc
         if kind is StepKind.SKIP:
@@ -117,35 +127,36 @@ class Executor(ActionRunner):
                 if denied is not None
                 else "denied"
             )
-            self._skip(inc, st.key, generation, st.index, action, fence, who)
+            self._skip(inc, st.key, generation, st.index, action, ctx, who)
             # The skip's result is recorded: the same crash point as run's (0361).
             self.crash.hit("action.after_result")
-            report.applied.append(st.key)
+            ctx.report.applied.append(st.key)
             return inc
         # APPLY
         if inc.state is IncidentState.OPEN:
-            with self.fleet.fenced(fence, self.clock()):
+            with self.fenced(ctx.fence):
                 inc = self.store.update_incident(
-                    inc.id, at=self.clock(), state=IncidentState.ACTING, actor=self.identity
+                    inc.id, at=ctx.now, state=IncidentState.ACTING, actor=self.identity
                 )
             self.crash.hit("act.after_acting")
         rec = self.fleet.get_action(st.key) if st.intent_recorded else None
         if rec is None:
-            rec = self.fleet.record_intent(
-                st.key,
-                incident_id=inc.id,
-                generation=generation,
-                index=st.index,
-                type=str(action.get("type")),
-                data={k: v for k, v in action.items() if k != "type"},
-                subject=self._subject(action, inc),
-                message=self._describe(action, inc),
-                fence=fence,
-                at=self.clock(),
-                job_id=inc.job_id,
-            )
+            with self.fenced(ctx.fence):  # the lease proved now, the intent dated ctx.now
+                rec = self.fleet.record_intent(
+                    st.key,
+                    incident_id=inc.id,
+                    generation=generation,
+                    index=st.index,
+                    type=str(action.get("type")),
+                    data={k: v for k, v in action.items() if k != "type"},
+                    subject=action_subject(action, inc),
+                    message=describe_action(action, inc),
+                    fence=ctx.fence,
+                    at=ctx.now,
+                    job_id=inc.job_id,
+                )
             self.crash.hit("action.after_intent")
-        return self._carry_out(inc, fj, obs, rec, action, fence, report, st)
+        return self._carry_out(inc, fj, rec, action, ctx, st)
 
     def _skip(
         self,
@@ -154,69 +165,74 @@ class Executor(ActionRunner):
         generation: int,
         index: int,
         action: Mapping[str, Any],
-        fence: Fence,
+        ctx: PassContext,
         why: str,
     ) -> None:
-        self.fleet.record_intent(
-            key,
-            incident_id=inc.id,
-            generation=generation,
-            index=index,
-            type=str(action.get("type")),
-            data={k: v for k, v in action.items() if k != "type"},
-            subject=self._subject(action, inc),
-            message=self._describe(action, inc),
-            fence=fence,
-            at=self.clock(),
-            job_id=inc.job_id,
-        )
-        self.fleet.record_result(
-            key,
-            ActionState.SKIPPED,
-            {"skipped": why},
-            subject=self._subject(action, inc),
-            message=f"{self._describe(action, inc, why=False)}: skipped ({why})",
-            fence=fence,
-            at=self.clock(),
-        )
+        with self.fenced(ctx.fence):  # the lease proved now, both dated ctx.now
+            self.fleet.record_intent(
+                key,
+                incident_id=inc.id,
+                generation=generation,
+                index=index,
+                type=str(action.get("type")),
+                data={k: v for k, v in action.items() if k != "type"},
+                subject=action_subject(action, inc),
+                message=describe_action(action, inc),
+                fence=ctx.fence,
+                at=ctx.now,
+                job_id=inc.job_id,
+            )
+            self.fleet.record_result(
+                key,
+                ActionState.SKIPPED,
+                {"skipped": why},
+                subject=action_subject(action, inc),
+                message=f"{describe_action(action, inc, why=False)}: skipped ({why})",
+                fence=ctx.fence,
+                at=ctx.now,
+            )
 
     def _carry_out(
         self,
         inc: IncidentRecord,
         fj: FleetJob,
-        obs: Observation,
         rec: ActionRecord,
         action: Mapping[str, Any],
-        fence: Fence,
-        report: PassReport,
+        ctx: PassContext,
         st: Step,
     ) -> IncidentRecord:
         assert self.scheduler is not None
-        kind = rec.type
-        if kind == ActionKind.QUARANTINE:
-            self._quarantine(inc, obs, rec, action, fence)
-        elif kind == ActionKind.RESTART:
-            self._restart(inc, fj, obs, rec, action, fence, st.exclude_devices, st.exclude_nodes)
-        elif kind == ActionKind.STOP:
-            self._stop(inc, fj, obs, rec, action, fence)
-        elif kind == ActionKind.WAIT_FOR_CAPACITY:
-            self._wait(inc, rec, action, fence)
+        # The typed action step() carries (its placement checked, its checkpoint the
+        # plan's choice): the applier applies it; ``action`` is the plan's words.
+        act = st.action
+        if isinstance(act, Quarantine):
+            self.actions.quarantine(inc, rec, act, action, ctx)
+        elif isinstance(act, Restart):
+            self.actions.restart(
+                inc, fj, rec, act, action, ctx, st.exclude_devices, st.exclude_nodes
+            )
+        elif isinstance(act, Stop):
+            self.actions.stop(inc, fj, rec, act, action, ctx)
+        elif isinstance(act, WaitForCapacity):
+            self.actions.wait(inc, rec, act, action, ctx)
         else:
-            self._finish(
+            self.actions.finish(
                 rec,
                 ActionState.FAILED,
-                {"error": f"unknown action {kind!r}"},
+                {"error": f"unknown action {rec.type!r}"},
                 inc,
                 action,
-                fence,
+                ctx,
                 lambda: None,
             )
-        report.applied.append(rec.key)
+        ctx.report.applied.append(rec.key)
         return self.store.get_incident(inc.id)
 
-    def _finish_stopped(self, inc: IncidentRecord, fj: FleetJob, fence: Fence, reason: str) -> None:
-        now = self.clock()
-        with self.fleet.fenced(fence, now):
+    def _finish_stopped(
+        self, inc: IncidentRecord, fj: FleetJob, ctx: PassContext, reason: str
+    ) -> None:
+        now = ctx.now
+        with self.fenced(ctx.fence):
             cur = self.store.get_incident(inc.id)
             if not cur.state.terminal:
                 self.store.update_incident(
@@ -228,12 +244,12 @@ class Executor(ActionRunner):
                     inc.job_id, JobState.STOPPED, at=now, reason=reason, actor=self.identity
                 )
 
-    def _note_first_progress(self, inc: IncidentRecord) -> IncidentRecord:
+    def note_first_progress(self, inc: IncidentRecord, ctx: PassContext) -> IncidentRecord:
         """The restart being verified showed its first step: noted once on the incident,
         with the step it resumed at, before any verdict on it, as run notes it (0376)."""
         if inc.state is not IncidentState.VERIFYING or inc.recovery_attempt is None:
             return inc
-        att = self._attempt_or_none(inc.job_id, inc.recovery_attempt)
+        att = self.core.attempt_or_none(inc.job_id, inc.recovery_attempt)
         if att is None or att.first_step is None:
             return inc
         note = first_progress_note(att.first_step, att.number)
@@ -241,23 +257,21 @@ class Executor(ActionRunner):
             return inc  # the timeline is the record of it: once, across passes and leaders
         return self.store.update_incident(
             inc.id,
-            at=self.clock(),
+            at=ctx.now,
             note=note,
             resumed_step=att.first_step,
             actor=self.identity,
         )
 
-    def _mark_recovered(
-        self, st: Step, inc: IncidentRecord, fence: Fence, report: PassReport
-    ) -> None:
+    def _mark_recovered(self, st: Step, inc: IncidentRecord, ctx: PassContext) -> None:
         """The restart verified: attempt verified, incident recovered (one transaction)."""
         assert st.verification is not None and st.accounting is not None
         assert inc.recovery_attempt is not None
         acc = st.accounting
         number = inc.recovery_attempt
-        now = self.clock()
+        now = ctx.now
         self.crash.hit("verify.before_recovered")
-        with self.fleet.fenced(fence, now):
+        with self.fenced(ctx.fence):
             cur = self.store.get_incident(inc.id)
             if cur.state is not IncidentState.VERIFYING:
                 return
@@ -285,7 +299,7 @@ class Executor(ActionRunner):
                 )
                 if acc.warning:
                     self._tell_resume_fix(inc, acc.warning, now)
-            for w in self._job_warnings(inc.job_id):  # what the job was told, as in run
+            for w in self.core.job_warnings(inc.job_id):  # what the job was told, as in run
                 self.store.update_incident(inc.id, at=now, warning=w, actor=self.identity)
             self.store.update_incident(
                 inc.id,
@@ -296,7 +310,7 @@ class Executor(ActionRunner):
                 resumed_step=att_now.first_step,
                 actor=self.identity,
             )
-        report.recovered.append(inc.id)
+        ctx.report.recovered.append(inc.id)
         self.crash.hit("verify.after_recovered")
 
     def _tell_resume_fix(self, inc: IncidentRecord, warning: str, now: float) -> None:

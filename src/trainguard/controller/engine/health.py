@@ -5,38 +5,48 @@ scheduler, and fatal evidence on idle cards quarantined (decisions 0122, 0130).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import partial
-from typing import Any
-
-from trainguard.controller.breaker import check_quarantine, hold_back
+from trainguard.controller.breaker import check_quarantine
+from trainguard.controller.engine.actions import ActionRunner
 from trainguard.controller.engine.config import (
     _REREAD_ALL_ABOVE,
-    _UNSCHEDULABLE,
     IDLE_EVIDENCE_MAX_AGE_S,
+    _HealthView,
 )
-from trainguard.controller.engine.evidence import EvidenceFollower
+from trainguard.controller.engine.context import PassContext
+from trainguard.controller.engine.core import EngineCore, Part
 from trainguard.controller.repair import idle_card_repair
 from trainguard.model.findings import Finding
+from trainguard.model.fleet import Node
 from trainguard.model.health import HealthState
 from trainguard.model.plan import ActionKind
-from trainguard.model.records import AuditKind
 from trainguard.policy.evidence import Route, idle_quarantine_reason, route_finding
-from trainguard.schedulers.base import ActionResult, NodePhase, Observation, SchedulerError
+from trainguard.policy.health_sync import (
+    HealthSyncResult,
+    NodeSeen,
+    drain_down_steps,
+    health_sync_steps,
+)
+from trainguard.schedulers.base import NodePhase, ObservedNode
 from trainguard.store import NotFound
-from trainguard.store.fleet import Fence
 
 
-class HealthEnforcer(EvidenceFollower):
-    """Health enforcement and idle-card quarantine."""
+class HealthEnforcer(Part):
+    """Inventory, health enforcement and idle-card quarantine, with what they saw last
+    pass (caches that only save work)."""
 
-    def _sync_inventory(self, obs: Observation) -> None:
-        now = self.clock()
-        for node in obs.nodes.values():
+    def __init__(self, core: EngineCore, applier: ActionRunner) -> None:
+        super().__init__(core)
+        self.applier = applier  # the one applier: health steps are its calls too
+        self._seen_devices: dict[str, tuple[str, int, str]] = {}
+        self._seen_nodes: dict[str, tuple[str | None, tuple[tuple[str, str], ...]]] = {}
+        self._health = _HealthView()
+
+    def sync_inventory(self, ctx: PassContext) -> None:
+        for node in ctx.obs.nodes.values():
             key = (node.partition, ())
             if self._seen_nodes.get(node.name) != key:
                 self.fleet.register_node(
-                    node.name, at=now, partition=node.partition, actor=self.identity
+                    node.name, at=ctx.now, partition=node.partition, actor=self.identity
                 )
                 self._seen_nodes[node.name] = key
             fresh = [
@@ -45,56 +55,36 @@ class HealthEnforcer(EvidenceFollower):
                 if self._seen_devices.get(d.uuid) != (d.host, d.index, d.pci_bus_id)
             ]
             if fresh:
-                self.store.register_devices(fresh, at=now, actor=self.identity)
+                self.store.register_devices(fresh, at=ctx.now, actor=self.identity)
                 for d in fresh:
                     self._seen_devices[d.uuid] = (d.host, d.index, d.pci_bus_id)
 
-    def _enforce_health(self, obs: Observation, fence: Fence) -> None:
-        """The stored health enforced on the scheduler; where DOWN nodes return by
-        themselves (traits.down_nodes_return: Slurm's ReturnToService when slurmd is
-        back), a quarantined DOWN node is drained at once, so it comes back drained (the
-        generic rule drains a quarantined node when it is UP)."""
-        self._enforce_stored_health(obs, fence)
+    def enforce(self, ctx: PassContext) -> None:
+        """The stored health enforced on the scheduler (policy.health_sync decides, the
+        applier calls); where DOWN nodes return by themselves (traits.down_nodes_return:
+        Slurm's ReturnToService when slurmd is back), a quarantined DOWN node is drained
+        at once, so it comes back drained (the generic rule drains a quarantined node
+        when it is UP)."""
+        self._enforce_stored_health(ctx)
         if self.traits.down_nodes_return:
-            self._drain_down_quarantined(obs, fence)
+            self._drain_down_quarantined(ctx)
 
-    def _drain_down_quarantined(self, obs: Observation, fence: Fence) -> None:
-        sched = self.scheduler
-        assert sched is not None
-        for node in obs.nodes.values():
-            if node.phase is not NodePhase.DOWN or "DRAIN" in getattr(node, "flags", ()):
+    def _drain_down_quarantined(self, ctx: PassContext) -> None:
+        down = [_seen(n) for n in ctx.obs.nodes.values()]
+        stored: dict[str, Node] = {}
+        for node in down:
+            if not node.down_undrained:
                 continue
             try:
-                stored = self.fleet.get_node(node.name)
+                stored[node.name] = self.fleet.get_node(node.name)
             except NotFound:
                 continue
-            if stored.state.schedulable:
-                continue
-            self._sync_call(
-                fence,
-                f"node:{node.name}",
-                f"sync-dd-{node.name}-{stored.since:.6f}",
-                f"drain {node.name} (down): the store has it {stored.state.value}",
-                partial(
-                    sched.drain,
-                    node.name,
-                    f"trainguard: {stored.reason}",
-                    token=fence.token,
-                ),
-            )
+        for step in drain_down_steps(down, stored):
+            self.applier.apply_sync(step, ctx)
 
-    def _enforce_stored_health(self, obs: Observation, fence: Fence) -> None:
-        """Level-based: the scheduler hands out exactly the devices the store calls schedulable.
-
-        A device the store took out of service (an operator, the repair flow) is
-        quarantined in the scheduler too; a device the store returned to service
-        (release, validation) is released there — but never while a ledger action
-        quarantining it is still in flight (intended, result not yet recorded), so
-        a crash between the scheduler call and the store write cannot release it.
-
-        The key of such a call names the stored state and the observation that showed
-        the difference: a scheduler that drifts again later (an administrator resumed
-        the node by hand) is corrected again, not answered from its key cache.
+    def _enforce_stored_health(self, ctx: PassContext) -> None:
+        """Level-based: the scheduler hands out exactly the devices the store calls
+        schedulable (the rule: :func:`trainguard.policy.health_sync.health_sync_steps`).
 
         Only what may differ is compared (decision 0122): nodes whose observation
         changed since the last pass, nodes and devices whose stored health changed
@@ -104,8 +94,9 @@ class HealthEnforcer(EvidenceFollower):
         """
         sched = self.scheduler
         assert sched is not None
+        obs = ctx.obs
         view = self._health
-        now = self.clock()
+        now = ctx.now
         upto = self.fleet.last_audit_id()
         full = (
             view.cursor < 0
@@ -144,89 +135,26 @@ class HealthEnforcer(EvidenceFollower):
         self._refresh_devices(
             {d.uuid for n in compare for d in n.devices if d.uuid not in view.devices}
         )
-        in_flight: set[str] | None = None
-        pending: set[str] = set()
-        for node in compare:
-            held = set(node.quarantined_devices)
-            for d in node.devices:
-                rec = view.devices.get(d.uuid)
-                if rec is None:
-                    continue
-                if rec.state in _UNSCHEDULABLE and d.uuid not in held:
-                    pending.add(node.name)
-                    self._sync_call(
-                        fence,
-                        f"device:{d.uuid}",
-                        f"sync-q-{d.uuid}-{rec.since:.6f}-{obs.at:.6f}",
-                        f"quarantine {d.uuid} in {sched.name}: the store has it {rec.state.value}",
-                        partial(
-                            sched.quarantine_device,
-                            d.uuid,
-                            f"trainguard: {rec.reason}",
-                            token=fence.token,
-                        ),
-                    )
-                elif rec.state.schedulable and d.uuid in held:
-                    pending.add(node.name)
-                    if in_flight is None:
-                        in_flight = self._quarantines_in_flight()
-                    if d.uuid in in_flight:
-                        continue
-                    self._sync_call(
-                        fence,
-                        f"device:{d.uuid}",
-                        f"sync-r-{d.uuid}-{rec.since:.6f}-{obs.at:.6f}",
-                        f"release {d.uuid} in {sched.name}: the store has it "
-                        f"{rec.state.value} ({rec.reason})",
-                        partial(
-                            sched.release_device,
-                            d.uuid,
-                            f"trainguard: {rec.reason}",
-                            token=fence.token,
-                        ),
-                    )
-            stored = view.nodes.get(node.name)
-            if stored is None:
-                continue
-            if stored.state in _UNSCHEDULABLE and node.phase is NodePhase.UP:
-                pending.add(node.name)
-                self._sync_call(
-                    fence,
-                    f"node:{node.name}",
-                    f"sync-d-{node.name}-{stored.since:.6f}-{obs.at:.6f}",
-                    f"drain {node.name}: the store has it {stored.state.value}",
-                    partial(
-                        sched.drain,
-                        node.name,
-                        f"trainguard: {stored.reason}",
-                        token=fence.token,
-                    ),
-                )
-            elif (
-                stored.state.schedulable
-                and node.phase is NodePhase.DRAINED
-                and (node.reason or "").startswith("trainguard")
-            ):
-                pending.add(node.name)
-                if in_flight is None:
-                    in_flight = self._quarantines_in_flight()
-                if node.name in in_flight:
-                    continue
-                self._sync_call(
-                    fence,
-                    f"node:{node.name}",
-                    f"sync-u-{node.name}-{stored.since:.6f}-{obs.at:.6f}",
-                    f"resume {node.name}: the store has it {stored.state.value}",
-                    partial(
-                        sched.resume_node,
-                        node.name,
-                        f"trainguard: {stored.reason}",
-                        token=fence.token,
-                    ),
-                )
+        seen = [_seen(n) for n in compare]
+
+        def rule(in_flight: set[str] | None) -> HealthSyncResult:
+            return health_sync_steps(
+                seen,
+                view.devices,
+                view.nodes,
+                scheduler=sched.name,
+                observed_at=obs.at,
+                in_flight=in_flight,
+            )
+
+        result = rule(None)
+        if result.needs_in_flight:  # a release wanted: the in-flight quarantines, read once
+            result = rule(self._quarantines_in_flight())
+        for step in result.steps:
+            self.applier.apply_sync(step, ctx)
         # Compared and consistent: off the list; still different (a call made, one
         # held back, one refused): looked at again next pass, as before 0122.
-        view.pending = pending | (view.pending - {n.name for n in compare})
+        view.pending = set(result.pending) | (view.pending - {n.name for n in compare})
 
     def _refresh_devices(self, uuids: set[str]) -> None:
         """Re-read the stored health of ``uuids`` into the pass cache (one read when many)."""
@@ -250,65 +178,7 @@ class HealthEnforcer(EvidenceFollower):
             if a.type == ActionKind.QUARANTINE
         }
 
-    def _sync_call(
-        self,
-        fence: Fence,
-        subject: str,
-        key: str,
-        message: str,
-        call: Callable[..., ActionResult],
-    ) -> None:
-        with self.fleet.fenced(fence, self.clock()):
-            self.store.append_audit(
-                self.clock(),
-                self.identity,
-                AuditKind.INTENT,
-                subject,
-                message,
-                {"key": key},
-            )
-        try:
-            result = call(key=key)
-            outcome: dict[str, Any] = {"applied": result.applied, **dict(result.detail)}
-            kind = AuditKind.RESULT
-        except SchedulerError as exc:
-            outcome = {"error": str(exc)}
-            kind = AuditKind.ERROR
-        with self.fleet.fenced(fence, self.clock()):
-            self.store.append_audit(
-                self.clock(),
-                self.identity,
-                kind,
-                subject,
-                f"{message}: done",
-                {"key": key, **outcome},
-            )
-
-    def _hold_back(
-        self,
-        rkind: str,
-        rid: str,
-        reason: str,
-        *,
-        trip: bool,
-        at: float,
-        incident_id: int | None,
-    ) -> None:
-        """The breaker held a quarantine back (controller/breaker.py: the recording
-        ``trainguard run`` shares). In the caller's transaction."""
-        hold_back(
-            self.fleet,
-            resource_kind=rkind,
-            resource_id=rid,
-            reason=reason,
-            trip=trip,
-            at=at,
-            actor=self.identity,
-            incident_id=incident_id,
-            page_webhook=self.config.page_webhook,
-        )
-
-    def _quarantine_idle_cards(self, obs: Observation, fence: Fence) -> None:
+    def quarantine_idle_cards(self, ctx: PassContext) -> None:
         """A fatal hardware finding on a card that no job and no live incident holds
         quarantines it (and opens its repair record), as `trainguard run` does (0130).
 
@@ -317,13 +187,13 @@ class HealthEnforcer(EvidenceFollower):
         harmless): only those younger than ``IDLE_EVIDENCE_MAX_AGE_S``, on a card whose
         health has not changed since (a release or a validation after the finding wins).
         """
-        rows = self._pass_findings
+        rows = ctx.findings
         if not rows:
             return
-        now = self.clock()
+        obs, now = ctx.obs, ctx.now
         held = {d.uuid for oj in obs.jobs.values() if not oj.phase.terminal for d in oj.devices}
-        for inc in self._live_incidents():
-            att = self._attempt_or_none(inc.job_id, inc.attempt)
+        for inc in self.core.live_incidents():
+            att = self.core.attempt_or_none(inc.job_id, inc.attempt)
             held |= {d.uuid for d in (att.devices if att is not None else ())}
         for row in rows:
             try:
@@ -355,9 +225,9 @@ class HealthEnforcer(EvidenceFollower):
                 population=len(obs.devices),
                 now=now,
             )
-            with self.fleet.fenced(fence, now):
+            with self.fenced(ctx.fence):
                 if not verdict.allow:
-                    self._hold_back(
+                    self.core.hold_back(
                         "device",
                         uuid,
                         verdict.reason or "breaker",
@@ -383,3 +253,16 @@ class HealthEnforcer(EvidenceFollower):
                     actor=self.identity,
                     webhook=self.config.repair_webhook,
                 )
+
+
+def _seen(node: ObservedNode) -> NodeSeen:
+    """The scheduler's node in the health rule's terms."""
+    return NodeSeen(
+        name=node.name,
+        up=node.phase is NodePhase.UP,
+        drained=node.phase is NodePhase.DRAINED,
+        down_undrained=node.phase is NodePhase.DOWN and "DRAIN" not in getattr(node, "flags", ()),
+        reason=node.reason,
+        quarantined_devices=frozenset(node.quarantined_devices),
+        devices=tuple(d.uuid for d in node.devices),
+    )

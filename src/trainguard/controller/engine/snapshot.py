@@ -7,17 +7,17 @@ too: the restarted attempt's progress as a ``RestartObservation``.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from typing import Any
 
-from trainguard.controller.engine.attempts import AttemptSync
 from trainguard.controller.engine.config import (
     _VERIFIABLE,
-    PassReport,
     _OutputState,
     _typed,
     isolated_for_incident,
 )
+from trainguard.controller.engine.context import PassContext
+from trainguard.controller.engine.core import EngineCore, Part
+from trainguard.controller.engine.evidence import EvidenceFollower
 from trainguard.diagnose.device_map import torchrun_world_size
 from trainguard.model.fleet import ActionState, ApprovalState, FleetJob, action_key
 from trainguard.model.plan import ActionKind, Mode, Quarantine, RecoverySnapshot, action_kind
@@ -41,8 +41,6 @@ from trainguard.policy.verify import (
     expected_ranks,
     rank_limit,
 )
-from trainguard.schedulers.base import Observation
-from trainguard.store.fleet import Fence
 
 
 def _rate_on_clock(att: AttemptRecord | None) -> tuple[float | None, StepClock | None]:
@@ -57,24 +55,26 @@ def _rate_on_clock(att: AttemptRecord | None) -> tuple[float | None, StepClock |
     return rate, None if rate is None else StepClock.BATCHED
 
 
-class SnapshotBuilder(AttemptSync):
-    """Snapshots for decide() and step(), and planning."""
+class SnapshotBuilder(Part):
+    """The planner: snapshots for decide() and step(), and the recorded plan."""
 
-    def _plan(
+    def __init__(self, core: EngineCore, evidence: EvidenceFollower) -> None:
+        super().__init__(core)
+        self.evidence = evidence
+
+    def plan(
         self,
         inc: IncidentRecord,
         fj: FleetJob,
-        obs: Observation,
-        modes: Mapping[str, Mode],
-        fence: Fence,
-        report: PassReport,
+        ctx: PassContext,
         *,
         failed_attempt: int,
         only_if_changed: bool = False,
     ) -> IncidentRecord:
+        obs, fence, now = ctx.obs, ctx.fence, ctx.now
         job = self.store.get_job(inc.job_id)
-        policy = self._policy(fj, job)
-        mode = self.effective_mode(fj, modes)
+        policy = self.core.policy(fj, job)
+        mode = self.core.effective_mode(fj, ctx.modes)
         previous = inc.plan or {}
         failures = list(previous.get("failures") or [])
         if failed_attempt == inc.attempt or not failures:
@@ -84,25 +84,24 @@ class SnapshotBuilder(AttemptSync):
             oj = obs.jobs.get(fj.scheduler_ref)
             # A recovery attempt that hung is attributed as a hang, as when it was detected:
             # from the detector's finding, kept with the attempt's evidence (read there).
-            hung = self.stored_hang(inc.job_id, att) is not None
-            attribution = self.failure_attribution(
-                job, att, oj if oj and oj.attempt == failed_attempt and not hung else None
+            hung = self.evidence.stored_hang(inc.job_id, att, now) is not None
+            attribution = self.evidence.failure_attribution(
+                job, att, oj if oj and oj.attempt == failed_attempt and not hung else None, now
             )
         # One entry per failure, as trainguard run records it too (0360).
         failures = with_failure(failures, failed_attempt, attribution)
-        history = self._failures(inc.job_id, inc.id) + [
+        history = self.core.failures(inc.job_id, inc.id) + [
             prior_failure(f, inc.culprit if int(f["attempt"]) == inc.attempt else None)
             for f in failures
         ]
         ledger = self.fleet.list_actions(inc.id)
         isolated = isolated_for_incident(ledger)
-        restarts_used = self._restarts_used(inc, ledger)
-        failed_rec = self._attempt_or_none(inc.job_id, failed_attempt)
-        devices = self._device_statuses(obs, fj.scheduler_ref)
-        devices += self._held_evidence(
+        restarts_used = self.core.restarts_used(inc, ledger)
+        failed_rec = self.core.attempt_or_none(inc.job_id, failed_attempt)
+        devices = self.evidence.device_statuses(obs, fj.scheduler_ref)
+        devices += self.evidence.held_evidence(
             obs, fj.scheduler_ref, attribution, failed_rec, devices, isolated
         )
-        now = self.clock()
         snapshot = RecoverySnapshot(
             now=now,
             job_id=inc.job_id,
@@ -113,7 +112,7 @@ class SnapshotBuilder(AttemptSync):
             attribution=attribution,
             devices=devices,
             assigned=failed_rec.device_uuids if failed_rec else (),
-            checkpoints=self._checkpoints(job),
+            checkpoints=self.core.checkpoints(job),
             history=tuple(history),
             isolated=isolated,
             env=self._launch_env(inc, failed_attempt),
@@ -131,7 +130,7 @@ class SnapshotBuilder(AttemptSync):
             opted_in=fj.opted_in,
             leader={"holder": fence.holder, "token": fence.token},
         )
-        with self.fleet.fenced(fence, now):
+        with self.fenced(fence):
             self.store.record_plan(inc.id, plan_dict, at=now, actor=self.identity)
             if mode.mode is Mode.OBSERVE:
                 why = (
@@ -167,7 +166,7 @@ class SnapshotBuilder(AttemptSync):
                         reason=f"{why}: the job failed and nothing was restarted",
                         actor=self.identity,
                     )
-        report.planned.append(inc.id)
+        ctx.report.planned.append(inc.id)
         self.crash.hit("plan.after_recorded")
         return self.store.get_incident(inc.id)
 
@@ -186,11 +185,11 @@ class SnapshotBuilder(AttemptSync):
                 return {str(k): str(v) for k, v in env.items()}
         return {}
 
-    def _incident_snapshot(
-        self, inc: IncidentRecord, fj: FleetJob, modes: Mapping[str, Mode]
+    def incident_snapshot(
+        self, inc: IncidentRecord, fj: FleetJob, ctx: PassContext
     ) -> IncidentSnapshot:
         """Everything ``step()`` needs about one incident, read from the store now."""
-        now = self.clock()
+        now = ctx.now
         base = IncidentSnapshot(
             now=now,
             incident_id=inc.id,
@@ -208,7 +207,7 @@ class SnapshotBuilder(AttemptSync):
         rec = (
             None
             if inc.recovery_attempt is None
-            else self._attempt_or_none(inc.job_id, inc.recovery_attempt)
+            else self.core.attempt_or_none(inc.job_id, inc.recovery_attempt)
         )
         base = dataclasses.replace(base, recovery_state=None if rec is None else rec.state)
         if inc.state is IncidentState.VERIFYING:
@@ -244,12 +243,12 @@ class SnapshotBuilder(AttemptSync):
         # The failure the plan answers is judged (0348): after a re-failure of the
         # recovery attempt that is the plan's last, not the incident's first.
         domain, prior_domains = judged_failure(
-            [f.domain for f in self._failures(inc.job_id, inc.id)]
+            [f.domain for f in self.core.failures(inc.job_id, inc.id)]
             + [str(f["domain"]) for f in plan.get("failures") or []],
             inc.domain.value,
         )
         nxt = pending[0]
-        policy = self._policy(fj, self.store.get_job(inc.job_id))
+        policy = self.core.policy(fj, self.store.get_job(inc.job_id))
         approvals: dict[int, ApprovalState] = {}
         asked_at: dict[int, float] = {}
         if nxt.index not in ledger and approval_reason(
@@ -265,7 +264,7 @@ class SnapshotBuilder(AttemptSync):
         placement: dict[str, Any] = {}
         if nxt.kind is ActionKind.RESTART:
             others: list[Quarantine] = []
-            for other in self._live_incidents():
+            for other in self.core.live_incidents():
                 if other.id != inc.id:
                     others += [
                         q
@@ -283,7 +282,7 @@ class SnapshotBuilder(AttemptSync):
             planned_at=float(plan.get("planned_at", 0.0)),
             ledger=ledger,
             approvals=approvals,
-            mode=self.effective_mode(fj, modes).mode,
+            mode=self.core.effective_mode(fj, ctx.modes).mode,
             domain=domain,
             prior_domains=prior_domains,
             plan_attempt=int(plan.get("attempt", inc.attempt)),
@@ -304,10 +303,10 @@ class SnapshotBuilder(AttemptSync):
         if att is None or att.state not in _VERIFIABLE:
             return base  # not started yet (pending), or failed: the sync re-plans it
         job = self.store.get_job(inc.job_id)
-        policy = self._policy(fj, job)
+        policy = self.core.policy(fj, job)
         others = [a for a in self.store.list_attempts(inc.job_id) if a.number != att.number]
         restored = inc.checkpoint_step if inc.checkpoint_path is not None else None
-        valid = self._valid_checkpoints(job.checkpoint_dir)
+        valid = self.core.valid_checkpoints(job.checkpoint_dir)
         saves = [(s, t) for s, t in valid if t >= att.started_at]
         # Checkpoints newer than the offered one that were there when the restart began
         # (the old attempt trained on while a dead node was awaited): a job that picks
@@ -319,7 +318,9 @@ class SnapshotBuilder(AttemptSync):
         )
         rate, rate_clock = _rate_on_clock(att)
         failed = (
-            self._attempt_or_none(inc.job_id, inc.attempt) if inc.attempt != att.number else None
+            self.core.attempt_or_none(inc.job_id, inc.attempt)
+            if inc.attempt != att.number
+            else None
         )
         baseline, baseline_clock = _rate_on_clock(failed)
         # Every rank that reported before the failure reports again: the ranks the failed
@@ -356,10 +357,10 @@ class SnapshotBuilder(AttemptSync):
             # Liveness is output lines (two at least) and checkpoints it wrote since, as
             # run counts it: a job the scheduler merely reports running has not shown
             # progress (0393).
-            **_liveness(self._outputs.get((inc.job_id, att.number)), att, saves),
+            **_liveness(self.evidence.outputs.get((inc.job_id, att.number)), att, saves),
             saved_steps=tuple(s for s, _ in saves if s is not None),
             newer_valid_steps=newer,
-            trained_on_to=self._trained_on_to(inc),
+            trained_on_to=self.core.trained_on_to(inc),
             completed=att.state is AttemptState.COMPLETED,
         )
         rules = VerifyRules(
