@@ -26,6 +26,10 @@ CRASH_POINTS = (
     "action.after_result",  # the action's result is recorded
     "verify.before_recovered",  # the restart verified, the incident not closed yet
     "verify.after_recovered",  # the incident closed recovered
+    # A dead run's job taken over by the next run (controller/engine/adoption.py):
+    "adopt.after_stop",  # its leftover processes stopped, intent and result recorded
+    "adopt.after_replay",  # its lost restart carried out again, the attempt not yet seen
+    "adopt.after_resume",  # its attempt that nothing failed started again
 )
 
 

@@ -22,8 +22,9 @@ nothing:
   ``--preflight`` quarantines the cards that fail before the job is submitted; a
   job the schedulable cards cannot start is recorded stopped, with the reason;
   attempt logs go to ``--log-dir`` (else ``<state dir>/logs/<job id>``);
-* **take-over** (controller/local_orphans.py, decision 0385): a job a dead or deposed
-  run left open is adopted or closed before anything new is submitted.
+* **take-over** (the engine's ``Adoption``, controller/engine/adoption.py, decisions
+  0385, 0468): a job a dead or deposed run left open is adopted or closed before
+  anything new is submitted, every write fenced by the lease.
 
 The lease is the engine's (the ``controller`` lease that ``run`` and ``serve``
 share), so two runs, or a run and a ``serve``, on one state database exclude each
@@ -44,9 +45,9 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from trainguard.controller import local_orphans
 from trainguard.controller.approval_prompt import approval_prompt
 from trainguard.controller.crash import CrashPoints
+from trainguard.controller.engine.adoption import Adoption
 from trainguard.controller.engine.config import ControlConfig
 from trainguard.controller.interrupts import on_interrupt
 from trainguard.controller.lease import holder_alive, process_holder, take_from_dead
@@ -76,6 +77,7 @@ from trainguard.model.records import (
     JobState,
     RankReport,
 )
+from trainguard.policy.adoption import Request
 from trainguard.policy.resume_arg import resume_command
 from trainguard.policy.start import default_need, start_devices
 from trainguard.schedulers.base import JobSpec, SchedulerError
@@ -85,7 +87,7 @@ from trainguard.signals.inventory import InventoryError, load
 from trainguard.signals.kernel_log import KernelLine, open_kernel_log
 from trainguard.signals.progress import ProgressListener, ProgressReceived, short_socket_dir
 from trainguard.store import NotFound, Store
-from trainguard.store.fleet import Fenced, FleetStore
+from trainguard.store.fleet import Fence, Fenced, FleetStore
 
 DEFAULT_TICK = 0.25  # seconds between passes when nothing happens
 CLOSING_PASSES = 3  # passes after the job ended in which its live incidents may close
@@ -155,7 +157,6 @@ class LocalDriver:
         self.logs = ""
         self._audit_cursor = 0
         self._inventory_line = ""
-        self._noted: tuple[int, int] | None = None
         self._asked: set[int] = set()  # approvals whose answering command was printed
         self._views: dict[tuple[int, int], RankReport] = {}  # (attempt, rank): kept view
 
@@ -236,11 +237,13 @@ class LocalDriver:
         # Take the lease before anything is submitted, at once from a run that provably
         # died (0220, 0385), without a pass: the dead run's jobs are not adopted yet.
         cfg = plane.config
-        if take_from_dead(plane.fleet, cfg.lease_name, plane.identity, cfg.lease_ttl,
-                          self.clock()) is None:  # fmt: skip
+        taken = take_from_dead(plane.fleet, cfg.lease_name, plane.identity, cfg.lease_ttl,
+                               self.clock())  # fmt: skip
+        if taken is None:
             reason = f"{o.state} is in use: {_holder_words(plane)} holds its lease"
             self.say(f"trainguard: {reason}")
             return RunResult("", EXIT_STOPPED, JobState.STOPPED, reason)
+        plane.hold(taken)
         self._audit_cursor = store.last_audit_id()
         plane.put_policy(policy_document(o), ACTOR)
         # A dead run's quarantines are this cluster's from the start (a scheduler that
@@ -252,10 +255,16 @@ class LocalDriver:
                 if d.state is HealthState.QUARANTINED
             }
         )
-        took = local_orphans.take_over(
-            store, cluster, command=o.command, checkpoint_dir=o.checkpoint_dir, mode=o.mode,
-            policy=POLICY, grace=o.grace, at=self.clock(), say=self.say,
+        adoption = self.adoption = Adoption(
+            store, cluster, actor=ACTOR, clock=self.clock, crash=plane.reconciler.core.crash,
+            say=self.say,
         )  # fmt: skip
+        request = Request(tuple(o.command), o.checkpoint_dir, o.mode)
+        try:
+            fence = _fence(plane)  # take_from_dead gave this process the lease
+            took = adoption.take_over(fence, request, policy=POLICY, grace=o.grace)
+        except Fenced as exc:
+            return self._fenced_at_start(o, exc)
         self._tell(store, None)
         if took.problem is not None:
             self.say(f"trainguard: {took.problem}")
@@ -265,7 +274,10 @@ class LocalDriver:
             self.logs = log_dir(o.state, job_id, o.log_dir)
             cluster.launch_options = dataclasses.replace(cluster.launch_options, log_dir=self.logs)
         make_private_dirs(self.logs)
-        local_orphans.replay_restart(store, cluster, took, self.clock())
+        try:
+            adoption.replay(fence)
+        except Fenced as exc:
+            return self._fenced_at_start(o, exc)
         # One pass before a new job is placed: the stored health (a card a dead run's
         # recovery quarantined) is enforced in the cluster first (0385).
         plane.run_once()
@@ -275,9 +287,14 @@ class LocalDriver:
             started = self._start(plane, store, o, job_id)
             if started is not None:
                 return started
-        local_orphans.note_supervisor(store, job_id, self.clock(), resumed=took.job_id is not None)
+        try:
+            adoption.note_supervisor(_fence(plane), job_id, resumed=took.job_id is not None)
+        except Fenced:
+            return self._lease_lost(o, job_id)
         fj = plane.fleet.get_fleet_job(job_id)
-        resume = took.resume_attempt
+        # From the next pass on, the engine resumes the adopted attempt once it judged it
+        # and records each attempt's process group (0468).
+        plane.reconciler.post_steps.append(adoption)
         token: int | None = None
         closing = 0  # passes run after the job ended, to close its incidents
         while True:
@@ -296,16 +313,6 @@ class LocalDriver:
                 return self._lease_lost(o, fj.job_id)
             held = plane.leader()
             token = held.token if held is not None else None
-            if resume is not None:
-                # The engine judged the dead run's attempt once (evidence on its cards
-                # fails it); nothing did: the job runs again, no incident (0385).
-                local_orphans.resume_adopted(
-                    store, cluster, fj.scheduler_ref, fj.job_id, resume, self.clock()
-                )
-                resume = None
-            self._noted = local_orphans.note_process_group(
-                store, cluster, fj.scheduler_ref, fj.job_id, self.clock(), self._noted
-            )
             self._ask(store, fj.job_id, report.waiting)
             job = store.get_job(fj.job_id)
             live = [i for i in store.list_incidents(job_id=fj.job_id) if not i.state.terminal]
@@ -321,7 +328,8 @@ class LocalDriver:
             interrupted = self._wait(plane, fj.job_id)
             if interrupted is not None:
                 reason = f"interrupted by {signal.Signals(interrupted).name}"
-                self._stop(store, fj.job_id, reason)
+                if not self._stop(plane, fj.job_id, reason):
+                    return self._lease_lost(o, fj.job_id)
                 self._tell(store, fj.job_id)
                 return RunResult(fj.job_id, EXIT_INTERRUPTED, JobState.STOPPED, reason)
 
@@ -334,7 +342,7 @@ class LocalDriver:
             if o.preflight and self.devices:
                 preflight(
                     store, self.devices, o.preflight, kernel_log=o.kernel_log,
-                    fence=plane.reconciler.elector.fence, clock=self.clock, actor=ACTOR,
+                    fence=_fence(plane), clock=self.clock, actor=ACTOR,
                 )  # fmt: skip
                 plane.run_once()  # the cluster is told of the quarantines before the start
         except Fenced as exc:
@@ -346,7 +354,11 @@ class LocalDriver:
         )
         if start.count is None:
             reason = start.reason or "too few devices"
-            refuse(store, o, job_id, start.need, reason, at=self.clock(), actor=ACTOR)
+            try:
+                refuse(store, o, job_id, start.need, reason, fence=_fence(plane),
+                       at=self.clock(), actor=ACTOR)  # fmt: skip
+            except Fenced as exc:
+                return self._lease_lost(o, f"{job_id} ({exc})")
             self._tell(store, job_id)
             return RunResult(job_id, EXIT_STOPPED, JobState.STOPPED, reason)
         spec = JobSpec(
@@ -367,16 +379,18 @@ class LocalDriver:
             )
         except SchedulerError as exc:  # the command cannot start (missing, not executable)
             reason = f"the job cannot start: {exc}"
-            with contextlib.suppress(NotFound):  # recorded before the launch failed
-                local_orphans.stop_job(store, job_id, reason, self.clock())
+            with contextlib.suppress(NotFound, Fenced):  # recorded before the launch failed
+                self.adoption.stop_job(_fence(plane), job_id, reason)
             self._tell(store, job_id)
             self.say(f"trainguard: {reason}")
             return RunResult(job_id, EXIT_STOPPED, JobState.STOPPED, reason)
         if start.note is not None:
-            store.append_audit(
-                self.clock(), ACTOR, AuditKind.NOTE, f"job:{job_id}", start.note,
-                job_id=job_id,
-            )  # fmt: skip
+            # Not written by a run that lost the lease: its loop then stops at once.
+            with contextlib.suppress(Fenced), plane.fleet.fenced(_fence(plane), self.clock()):
+                store.append_audit(
+                    self.clock(), ACTOR, AuditKind.NOTE, f"job:{job_id}", start.note,
+                    job_id=job_id,
+                )  # fmt: skip
         return None
 
     def _exit_code(self, store: Store, job_id: str, state: JobState) -> int:
@@ -404,10 +418,20 @@ class LocalDriver:
         self.say(f"trainguard: {message}")
         return RunResult(job_id, EXIT_STOPPED, JobState.STOPPED, message)
 
-    def _stop(self, store: Store, job_id: str, reason: str) -> None:
+    def _stop(self, plane: ControlPlane, job_id: str, reason: str) -> bool:
         """The user stopped the job: its running attempt, its live incidents and the job
-        end as stopped (the cluster's shutdown then stops the processes)."""
-        local_orphans.stop_job(store, job_id, reason, self.clock())
+        end as stopped (the cluster's shutdown then stops the processes). ``False`` when
+        this run no longer holds the lease: then it writes nothing."""
+        try:
+            self.adoption.stop_job(_fence(plane), job_id, reason)
+        except Fenced:
+            return False
+        return True
+
+    def _fenced_at_start(self, o: RunOptions, exc: Fenced) -> RunResult:
+        """The lease was lost while a dead run's jobs were taken over: nothing more."""
+        self.say(f"trainguard: lost the lease on {o.state} while taking over: {exc}")
+        return RunResult("", EXIT_STOPPED, JobState.STOPPED, str(exc))
 
     def _wait(self, plane: ControlPlane, job_id: str) -> int | None:
         """Until an event or the next tick; hands evidence to the plane. A signal number
@@ -479,6 +503,14 @@ class LocalDriver:
 
     def _install_signal_handlers(self) -> Callable[[], None]:
         return on_interrupt(lambda signum: self.events.put(Interrupt(signum)))
+
+
+def _fence(plane: ControlPlane) -> Fence:
+    """The lease this run writes under; :class:`Fenced` when it holds none (lost)."""
+    fence = plane.reconciler.elector.fence
+    if fence is None:
+        raise Fenced(f"{plane.identity} holds no lease")
+    return fence
 
 
 def _holder_words(plane: ControlPlane) -> str:

@@ -84,13 +84,15 @@ def refuse(
     need: int,
     reason: str,
     *,
+    fence: Fence,
     at: float,
     actor: str,
 ) -> None:
     """The job cannot start (policy/start.py): it is recorded as a job that stopped
-    before its first attempt, with the reason, as ``trainguard jobs`` shows it."""
+    before its first attempt, with the reason, as ``trainguard jobs`` shows it (fenced:
+    a run that lost the lease records nothing)."""
     o = options
-    with store.transaction():
+    with FleetStore(store).fenced(fence, at):
         store.create_job(
             name=o.display_name(), command=o.command, need=need, at=at, mode=o.mode.value,
             min_need=o.min_need, checkpoint_dir=o.checkpoint_dir, job_id=job_id, actor=actor,

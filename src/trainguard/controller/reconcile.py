@@ -55,7 +55,7 @@ from trainguard.controller.engine.config import (
     resolve_mode,
 )
 from trainguard.controller.engine.context import PassContext
-from trainguard.controller.engine.core import EngineCore, NodeStepRunner
+from trainguard.controller.engine.core import EngineCore, NodeStepRunner, PassStep
 from trainguard.controller.engine.evidence import EvidenceFollower
 from trainguard.controller.engine.executor import Executor
 from trainguard.controller.engine.health import HealthEnforcer
@@ -103,6 +103,9 @@ class Reconciler:
         # The lost-node step (controller/node_recovery.py, 0242), set by the control plane
         # when BMCs are configured; run in act mode after the jobs' incidents.
         self.node_recovery: NodeStepRunner | None = None
+        # Steps a driver adds, run in order after the pass's own (0468); each writes
+        # only through the fence it is given.
+        self.post_steps: list[PassStep] = []
         self.last_report: PassReport | None = None
 
     # The surface the control plane and the drivers use, read through the core.
@@ -215,6 +218,14 @@ class Reconciler:
             phase("incidents")
             self._recover_nodes(ctx)
             phase("nodes")
+            for post in self.post_steps:
+                try:
+                    post.run_once(ctx.obs, ctx.fence, report)
+                except (Fenced, KeyboardInterrupt):
+                    raise
+                except Exception as exc:  # a driver's step must not stop the pass
+                    report.errors.append(f"{type(post).__name__}: {type(exc).__name__}: {exc}")
+                phase("post")
         if self.config.deliver:
             deliver_due(self.fleet, now, self.config.delivery)
             phase("deliver")

@@ -128,6 +128,13 @@ class ControlPlane:
             self._keeper.start()  # from the first pass that leads, renewals need no pass
         return report
 
+    def hold(self, lease: Lease) -> None:
+        """A lease this process took outside a pass (``run`` takes a dead run's at once,
+        before its first pass): the engine holds it from now on, renewed by the keeper,
+        so the take-over's writes are fenced by it (0468)."""
+        self.reconciler.elector.lease = lease
+        self._keeper.start()
+
     def close(self) -> None:
         """Give the lease up if this process holds it (the store is closed by its owner)."""
         self._keeper.stop()

@@ -21,6 +21,7 @@ from trainguard.controller.crash import CrashPoints
 from trainguard.controller.engine.config import (
     _LIVE,
     ControlConfig,
+    PassReport,
     resolve_mode,
 )
 from trainguard.controller.engine.traits import SchedulerTraits, traits_of
@@ -55,6 +56,14 @@ class NodeStepRunner(Protocol):
     returns one outcome per node it acted on, each with ``node`` and ``step``."""
 
     def run_once(self, obs: Observation, fence: Fence, now: float) -> Sequence[Any]: ...
+
+
+class PassStep(Protocol):
+    """A component run at the end of every pass that leads, with the pass's observation,
+    fence and report (``Reconciler.post_steps``: a dead run's job adopted, Slurm's wait
+    for capacity)."""
+
+    def run_once(self, obs: Observation, fence: Fence, report: PassReport) -> None: ...
 
 
 class EngineCore:
