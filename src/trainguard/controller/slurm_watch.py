@@ -27,7 +27,9 @@ top (decision 0106). Each pass:
    * job output is followed per attempt whether Slurm truncated the file on
      requeue (the default) or appends to it (``--open-mode=append``).
 5. A requeued job that cannot start for lack of healthy nodes stays pending with
-   trainguard's reason in its ``AdminComment`` and ``waiting`` in the store.
+   trainguard's reason in its ``AdminComment`` and ``waiting`` in the store: the
+   engine's :class:`~trainguard.controller.engine.waiting.CapacityWait` step, run at
+   the end of each pass that leads, fenced (decision 0469).
 """
 
 from __future__ import annotations
@@ -41,17 +43,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainguard.controller.reconcile import ControlConfig, CrashPoints, PassReport, Reconciler
+from trainguard.controller.engine.waiting import CapacityWait
+from trainguard.controller.reconcile import ControlConfig, CrashPoints, PassReport
 from trainguard.controller.service import ControlPlane
 from trainguard.diagnose.detectors import line_finding
 from trainguard.diagnose.signatures import classify_line
 from trainguard.model.findings import Culprit, Domain, Finding, Severity
-from trainguard.model.records import AuditKind, IncidentState, JobState
+from trainguard.model.records import AuditKind
 from trainguard.schedulers.base import JobPhase, Observation, SchedulerError
 from trainguard.schedulers.slurm import SlurmObservedJob, SlurmObservedNode, SlurmScheduler
 from trainguard.schedulers.slurm.scheduler import SLURM_TRAITS
 from trainguard.signals.kernel_log import FileFollower, KernelLine
-from trainguard.store import NotFound, Store
+from trainguard.store import Store
 
 log = logging.getLogger("trainguard.slurm")
 ACTOR = "trainguard-slurm"
@@ -94,23 +97,19 @@ class SlurmWatch:
         ttl = max(config.lease_ttl, scheduler.requeue_wait + 15.0)
         if ttl != config.lease_ttl:
             config = dataclasses.replace(config, lease_ttl=ttl)
-        self.cp = ControlPlane(store, scheduler, clock, config=config, identity=identity)
-        # The same engine (identity, lease, config shared); what Slurm does by itself it
-        # reads from the scheduler (SlurmScheduler.traits, decision 0326).
-        self.cp.reconciler = Reconciler(
-            store,
-            scheduler,
-            identity=self.cp.identity,
-            config=self.cp.config,
-            clock=clock,
-            crash=crash,
+        # The one engine; what Slurm does by itself it reads from the scheduler
+        # (SlurmScheduler.traits, decision 0326).
+        self.cp = ControlPlane(
+            store, scheduler, clock, config=config, identity=identity, crash=crash
+        )
+        self.cp.reconciler.post_steps.append(
+            CapacityWait(store, scheduler, actor=ACTOR, clock=clock)
         )
         self._managed: dict[str, str] = {}  # scheduler ref -> job id
         self._skipped: set[str] = set()
         self._node_bad: dict[str, tuple[float, bool]] = {}  # node -> (bad since, reported)
         self._followers: dict[str, FileFollower] = {}
         self._lines: list[tuple[str, KernelLine]] = []
-        self._waiting_noted: set[tuple[str, int]] = set()
         self.last_observation: Observation | None = None
 
     # --- discovery -----------------------------------------------------------------
@@ -283,56 +282,6 @@ class SlurmWatch:
             out.append(f)
         return out
 
-    # --- waiting for capacity ------------------------------------------------------
-
-    def note_waiting(self, obs: Observation) -> None:
-        """A recovery attempt held pending for lack of healthy nodes: say so in the store."""
-        if not self.cp.is_leader():
-            return
-        for ref, job_id in self._managed.items():
-            oj = obs.jobs.get(ref)
-            if oj is None or oj.phase is not JobPhase.PENDING:
-                continue
-            reason = oj.reason or ""
-            if "waiting for capacity" not in reason:
-                continue
-            key = (job_id, oj.attempt)
-            if key in self._waiting_noted:
-                continue
-            now = self.clock()
-            try:
-                job = self.store.get_job(job_id)
-                live = [
-                    i
-                    for i in self.store.list_incidents(job_id=job_id)
-                    if i.state in (IncidentState.VERIFYING, IncidentState.ACTING)
-                    and i.recovery_attempt == oj.attempt
-                ]
-                with self.store.transaction():
-                    for inc in live:
-                        self.store.update_incident(
-                            inc.id,
-                            at=now,
-                            note=f"attempt {oj.attempt} pending: {reason}"[:500],
-                        )
-                    if job.state is JobState.RUNNING:
-                        self.store.update_job_state(
-                            job_id, JobState.RECOVERING, at=now, actor=ACTOR
-                        )
-                        job = self.store.get_job(job_id)
-                    if job.state is JobState.RECOVERING:
-                        self.store.update_job_state(
-                            job_id,
-                            JobState.WAITING,
-                            at=now,
-                            reason=reason[:500],
-                            actor=ACTOR,
-                        )
-            except (NotFound, ValueError) as exc:
-                log.warning("cannot record the wait of job %s: %s", job_id, exc)
-                continue
-            self._waiting_noted.add(key)
-
     # --- the pass ------------------------------------------------------------------
 
     def run_once(self, now: float | None = None) -> PassReport:
@@ -350,11 +299,6 @@ class SlurmWatch:
             errors.append(f"slurm: {type(exc).__name__}: {exc}")
         report = self.cp.run_once(now)
         report.errors.extend(errors)
-        if obs is not None:
-            try:
-                self.note_waiting(self.scheduler.observe() if report.applied else obs)
-            except Exception as exc:
-                report.errors.append(f"slurm: {type(exc).__name__}: {exc}")
         return report
 
     def run_forever(self, stop: threading.Event, interval: float | None = None) -> None:
@@ -372,10 +316,7 @@ class SlurmWatch:
             except Exception:
                 log.exception("slurm watch pass failed")
             stop.wait(max(0.0, period - (time.monotonic() - started)))
-        try:
-            self.cp.reconciler.elector.release(self.clock())
-        except Exception:
-            log.exception("could not release the controller lease")
+        self.cp.close()  # gives the lease up
 
 
 def kernel_logs_from_spec(specs: list[str]) -> dict[str, str]:
