@@ -81,7 +81,7 @@ from trainguard.policy.adoption import Request
 from trainguard.policy.resume_arg import resume_command
 from trainguard.policy.start import default_need, start_devices
 from trainguard.schedulers.base import JobSpec, SchedulerError
-from trainguard.schedulers.local import JOB_ID_ENV
+from trainguard.schedulers.local import JOB_ID_ENV, LocalProcesses
 from trainguard.schedulers.local_cluster import LocalCluster, LocalLaunch
 from trainguard.signals.inventory import InventoryError, load
 from trainguard.signals.kernel_log import KernelLine, open_kernel_log
@@ -256,7 +256,8 @@ class LocalDriver:
             }
         )
         adoption = self.adoption = Adoption(
-            store, cluster, actor=ACTOR, clock=self.clock, crash=plane.reconciler.core.crash,
+            store, cluster, LocalProcesses(), actor=ACTOR, clock=self.clock,
+            crash=plane.reconciler.core.crash,
             say=self.say,
         )  # fmt: skip
         request = Request(tuple(o.command), o.checkpoint_dir, o.mode)

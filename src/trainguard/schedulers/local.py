@@ -758,12 +758,30 @@ def visible_devices(devices: Sequence[Device]) -> str:
     return ",".join(str(d.index) for d in devices)
 
 
+class LocalProcesses:
+    """This host's processes as the engine reads and stops them when it adopts a dead
+    run's job (controller/engine/adoption.py's ``HostProcesses``)."""
+
+    def me(self) -> dict[str, Any]:
+        return process_identity()
+
+    def alive(self, ident: Mapping[str, Any]) -> bool | None:
+        return identity_alive(ident)
+
+    def of_job(self, job_id: str) -> list[int]:
+        return job_processes(job_id)
+
+    def kill(self, pids: Sequence[int], grace: float) -> list[int]:
+        return kill_processes(pids, grace)
+
+
 __all__ = [
     "DEFAULT_GRACE_SECONDS",
     "DEFAULT_KILL_GRACE_SECONDS",
     "JOB_ID_ENV",
     "LaunchSpec",
     "LocalAttempt",
+    "LocalProcesses",
     "LocalScheduler",
     "attempt_env",
     "identity_alive",

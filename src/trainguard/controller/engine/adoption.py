@@ -17,14 +17,15 @@ has not seen its attempt), ``adopt.after_resume`` (the adopted attempt runs agai
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from trainguard.controller.crash import CrashPoints
 from trainguard.controller.engine.config import PassReport
+from trainguard.model.devices import Device
 from trainguard.model.fleet import FleetJob
-from trainguard.model.records import AttemptState, AuditKind, IncidentState, JobState
+from trainguard.model.records import JOB_ID_ENV, AttemptState, AuditKind, IncidentState, JobState
 from trainguard.policy.adoption import (
     AdoptionStep,
     AdoptionStepKind,
@@ -38,17 +39,56 @@ from trainguard.policy.adoption import (
     take_over_steps,
     unanswered_intents,
 )
-from trainguard.schedulers.base import JobSpec, Observation
-from trainguard.schedulers.local import (
-    JOB_ID_ENV,
-    identity_alive,
-    job_processes,
-    kill_processes,
-    process_identity,
-)
-from trainguard.schedulers.local_cluster import LocalCluster
+from trainguard.schedulers.base import ActionResult, JobSpec, Observation
 from trainguard.store import NotFound, Store
 from trainguard.store.fleet import Fence, FleetStore
+
+
+class HostProcesses(Protocol):
+    """This host's processes: who this process is, whether a recorded supervisor still
+    runs (``None``: cannot tell from here), a job's processes (found by its
+    ``TRAINGUARD_JOB_ID``) and stopping them (those left running returned)."""
+
+    def me(self) -> dict[str, Any]: ...
+
+    def alive(self, ident: Mapping[str, Any]) -> bool | None: ...
+
+    def of_job(self, job_id: str) -> list[int]: ...
+
+    def kill(self, pids: Sequence[int], grace: float) -> list[int]: ...
+
+
+class AdoptingCluster(Protocol):
+    """A cluster scheduler that can know again a job a dead supervisor launched (the
+    local cluster, decision 0385)."""
+
+    def adopt(
+        self,
+        ref: str,
+        spec: JobSpec,
+        attempt: int | None,
+        *,
+        devices: tuple[Device, ...] = (),
+        started_at: float | None = None,
+        ended: bool = False,
+        recorded_end: bool = True,
+    ) -> None: ...
+
+    def resume(self, ref: str) -> int: ...
+
+    def process_group(self, ref: str) -> tuple[int, int] | None: ...
+
+    def requeue(
+        self,
+        ref: str,
+        *,
+        key: str,
+        token: int,
+        exclude_nodes: tuple[str, ...] = (),
+        exclude_devices: tuple[str, ...] = (),
+        resume_from: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> ActionResult: ...
 
 
 @dataclass(frozen=True)
@@ -77,7 +117,8 @@ class Adoption:
     def __init__(
         self,
         store: Store,
-        cluster: LocalCluster,
+        cluster: AdoptingCluster,
+        processes: HostProcesses,
         *,
         actor: str,
         clock: Callable[[], float],
@@ -87,6 +128,7 @@ class Adoption:
         self.store = store
         self.fleet = FleetStore(store)
         self.cluster = cluster
+        self.processes = processes
         self.actor = actor
         self.clock = clock
         self.crash = crash
@@ -99,7 +141,7 @@ class Adoption:
     # --- facts ---------------------------------------------------------------------
 
     def open_jobs(self) -> list[OpenJob]:
-        me = process_identity()
+        me = self.processes.me()
         out = []
         for job in self.store.list_jobs():
             if job.state.terminal:
@@ -109,7 +151,7 @@ class Adoption:
                 me["pid"],
                 me["start_ticks"],
             )
-            alive = identity_alive(sup) if sup is not None and not mine else None
+            alive = self.processes.alive(sup) if sup is not None and not mine else None
             out.append(
                 OpenJob(job.id, job.created_at, job.mode, tuple(job.command),
                         job.checkpoint_dir, sup, alive, mine)
@@ -167,7 +209,7 @@ class Adoption:
     def note_supervisor(self, fence: Fence | None, job_id: str, *, resumed: bool) -> None:
         """Record that this process supervises ``job_id`` (how the next run tells a job
         left open by a dead supervisor from one still supervised, 0114)."""
-        me = process_identity()
+        me = self.processes.me()
         self.job_id = job_id
         self._note(fence, job_id,
                    f"supervised by trainguard run (pid {me['pid']} on {me['host']})",
@@ -247,7 +289,7 @@ class Adoption:
         intent, stop, result. Returns the processes found running, and those of them
         that would not stop."""
         job_id = st.job_id
-        pids = job_processes(job_id)
+        pids = self.processes.of_job(job_id)
         groups = sorted(
             {
                 int(ev.data["pgid"])
@@ -266,8 +308,8 @@ class Adoption:
                 {"pids": pids, "pgids": groups, "supervisor": dict(st.supervisor)},
                 job_id=job_id,
             )  # fmt: skip
-        left = kill_processes(pids, grace) if pids else []
-        left += [p for p in job_processes(job_id) if p not in left]
+        left = self.processes.kill(pids, grace) if pids else []
+        left += [p for p in self.processes.of_job(job_id) if p not in left]
         now = self.clock()
         with self.fleet.fenced(fence, now):
             self.store.append_audit(
@@ -339,4 +381,4 @@ class Adoption:
                                 job_id=job_id)  # fmt: skip
 
 
-__all__ = ["Adoption", "TakeOver", "supervisor_of"]
+__all__ = ["AdoptingCluster", "Adoption", "HostProcesses", "TakeOver", "supervisor_of"]
