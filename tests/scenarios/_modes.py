@@ -396,9 +396,11 @@ def _no_crash_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != CRASH_ENV}
 
 
-def crash_run_mode(tmp: Path, point: str) -> CrashWorld:
+def crash_run_mode(tmp: Path, point: str, then: str | None = None) -> CrashWorld:
     """``trainguard run`` (a real process) SIGKILLed at ``point`` of the recovery from an
-    XID on its second card, then the same command run again on the same state."""
+    XID on its second card, then the same command run again on the same state (with
+    ``then``: the second run SIGKILLed there too, as it takes the job over, and a third
+    one finishes)."""
     kern = tmp / "kern.log"
     kern.write_text("")
     state = tmp / "state.db"
@@ -440,6 +442,12 @@ def crash_run_mode(tmp: Path, point: str) -> CrashWorld:
         bad = store.list_attempts(rec.id)[0].device_uuids[1]
     # No process of the job outlives its supervisor (the watchdog, decision 0113).
     _wait(lambda: job_processes(rec.id) == [], 10, "the job's processes to end")
+    if then is not None:
+        again = run(then)
+        assert again.returncode == -signal.SIGKILL, (
+            f"the second run did not reach {then}: rc={again.returncode}\n{again.stderr[-2000:]}"
+        )
+        _wait(lambda: job_processes(rec.id) == [], 10, "the job's processes to end")
     second = run(None)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resuming its recovery" in second.stderr, second.stderr[-3000:]

@@ -66,7 +66,7 @@ RUN_RESTART_LAUNCHED = {
 }
 
 
-def _assert_world(w: CrashWorld, *, restart_died: bool) -> None:
+def _assert_world(w: CrashWorld, *, restart_died: bool, takeovers: int = 1) -> None:
     assert w.incidents == ["recovered"], w
     if restart_died:
         # ... unless the short restart finished before trainguard reached the point
@@ -82,6 +82,11 @@ def _assert_world(w: CrashWorld, *, restart_died: bool) -> None:
     assert w.ledger == ["quarantine", "restart"], w
     assert all(answers == 1 for _s, _v, answers, _a in w.intents), w.intents
     effective = Counter((s, v) for s, v, _n, abandoned in w.intents if not abandoned)
+    if takeovers > 1:
+        # Each run that took the job over stopped its leftovers once, and said so.
+        stops = [k for k in effective if k[1] == "stop" and k[0].startswith("job:")]
+        assert [effective[k] for k in stops] == [takeovers], effective
+        effective = Counter({k: n for k, n in effective.items() if k not in stops})
     assert all(n == 1 for n in effective.values()), effective
 
 
@@ -110,3 +115,22 @@ def test_a_recovery_completes_exactly_once_whenever_trainguard_dies(
     assert world.lease is not None
     if point != "verify.after_recovered":
         assert world.lease[0] == "controller-b" and world.lease[1] >= 2, world.lease
+
+
+# The next run killed while it takes the dead run's job over (controller/engine/adoption.py,
+# 0468): after it stopped the leftovers, after it carried out again a restart the dead run
+# applied but never saw start, after it started again the attempt nothing failed. A third
+# run finishes: the same one world (one restart in the ledger, every intent answered once).
+ADOPT_CASES = [
+    pytest.param("action.after_result#2", "adopt.after_stop", id="adopt.after_stop"),
+    pytest.param("action.after_result#2", "adopt.after_replay", id="adopt.after_replay"),
+    pytest.param("verify.before_recovered", "adopt.after_resume", id="adopt.after_resume"),
+]
+
+
+@pytest.mark.parametrize(("first", "then"), ADOPT_CASES)
+def test_a_run_killed_while_it_adopts_a_dead_runs_job_never_restarts_it_twice(
+    first: str, then: str, tmp_path: Path
+) -> None:
+    world = crash_run_mode(tmp_path, first, then)
+    _assert_world(world, restart_died=first in RUN_RESTART_LAUNCHED, takeovers=2)
