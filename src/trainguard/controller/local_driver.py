@@ -68,7 +68,6 @@ from trainguard.diagnose.signatures import classify_line
 from trainguard.model.devices import Device
 from trainguard.model.files import make_private_dirs
 from trainguard.model.findings import Domain, Finding
-from trainguard.model.health import HealthState
 from trainguard.model.plan import Mode
 from trainguard.model.progress import ProgressEvent
 from trainguard.model.records import (
@@ -246,15 +245,6 @@ class LocalDriver:
         plane.hold(taken)
         self._audit_cursor = store.last_audit_id()
         plane.put_policy(policy_document(o), ACTOR)
-        # A dead run's quarantines are this cluster's from the start (a scheduler that
-        # kept its state), not a difference the engine quarantines again (0385).
-        cluster.hold_out(
-            {
-                d.uuid: d.reason or "quarantined"
-                for d in store.list_devices()
-                if d.state is HealthState.QUARANTINED
-            }
-        )
         adoption = self.adoption = Adoption(
             store, cluster, LocalProcesses(), actor=ACTOR, clock=self.clock,
             crash=plane.reconciler.core.crash,

@@ -4,9 +4,9 @@
 reads the facts it needs (open jobs, supervisor records and whether they still
 run, the ledger) and applies the steps, every store write and every call to the
 local cluster inside a transaction fenced by the lease (a deposed run writes and
-starts nothing). Before the driver's first pass it stops the dead run's leftovers,
-answers its intents, adopts or closes each job and carries out again a restart
-that left no process; as a post-pass step (``Reconciler.post_steps``) it resumes
+starts nothing). Before the driver's first pass it gives the cluster the stored
+quarantines, stops the dead run's leftovers, answers its intents, adopts or closes
+each job and carries out again a restart that left no process; as a post-pass step (``Reconciler.post_steps``) it resumes
 the adopted attempt once the engine judged it and records each attempt's
 process group (how the next run finds what is left if this one dies too).
 
@@ -25,6 +25,7 @@ from trainguard.controller.crash import CrashPoints
 from trainguard.controller.engine.config import PassReport
 from trainguard.model.devices import Device
 from trainguard.model.fleet import FleetJob
+from trainguard.model.health import HealthState
 from trainguard.model.records import JOB_ID_ENV, AttemptState, AuditKind, IncidentState, JobState
 from trainguard.policy.adoption import (
     AdoptionStep,
@@ -75,6 +76,8 @@ class AdoptingCluster(Protocol):
     ) -> None: ...
 
     def resume(self, ref: str) -> int: ...
+
+    def hold_out(self, devices: Mapping[str, str]) -> None: ...
 
     def process_group(self, ref: str) -> tuple[int, int] | None: ...
 
@@ -163,6 +166,16 @@ class Adoption:
     def take_over(self, fence: Fence, request: Request, *, policy: str, grace: float) -> TakeOver:
         """Apply :func:`take_over_steps` to the open jobs; stop at a job whose leftovers
         would not stop. Called holding the lease, before anything is submitted."""
+        # A dead run's quarantines are this cluster's from the start (a scheduler that
+        # kept its state), not a difference the engine quarantines again (0385).
+        self.fleet.check_fence(fence, self.clock())
+        self.cluster.hold_out(
+            {
+                d.uuid: d.reason or "quarantined"
+                for d in self.store.list_devices()
+                if d.state is HealthState.QUARANTINED
+            }
+        )
         jobs = {j.job_id: j for j in self.open_jobs()}
         adopted = TakeOver()
         running: dict[str, list[int]] = {}
