@@ -86,7 +86,7 @@ from trainguard.signals.inventory import InventoryError, load
 from trainguard.signals.kernel_log import KernelLine, open_kernel_log
 from trainguard.signals.progress import ProgressListener, ProgressReceived, short_socket_dir
 from trainguard.store import NotFound, Store
-from trainguard.store.fleet import Fence, Fenced, FleetStore
+from trainguard.store.fleet import Fenced, FleetStore
 
 DEFAULT_TICK = 0.25  # seconds between passes when nothing happens
 CLOSING_PASSES = 3  # passes after the job ended in which its live incidents may close
@@ -252,7 +252,7 @@ class LocalDriver:
         )  # fmt: skip
         request = Request(tuple(o.command), o.checkpoint_dir, o.mode)
         try:
-            fence = _fence(plane)  # take_from_dead gave this process the lease
+            fence = plane.fence()  # take_from_dead gave this process the lease
             took = adoption.take_over(fence, request, policy=POLICY, grace=o.grace)
         except Fenced as exc:
             return self._fenced_at_start(o, exc)
@@ -279,7 +279,7 @@ class LocalDriver:
             if started is not None:
                 return started
         try:
-            adoption.note_supervisor(_fence(plane), job_id, resumed=took.job_id is not None)
+            adoption.note_supervisor(plane.fence(), job_id, resumed=took.job_id is not None)
         except Fenced:
             return self._lease_lost(o, job_id)
         fj = plane.fleet.get_fleet_job(job_id)
@@ -333,7 +333,7 @@ class LocalDriver:
             if o.preflight and self.devices:
                 preflight(
                     store, self.devices, o.preflight, kernel_log=o.kernel_log,
-                    fence=_fence(plane), clock=self.clock, actor=ACTOR,
+                    fence=plane.fence(), clock=self.clock, actor=ACTOR,
                 )  # fmt: skip
                 plane.run_once()  # the cluster is told of the quarantines before the start
         except Fenced as exc:
@@ -346,7 +346,7 @@ class LocalDriver:
         if start.count is None:
             reason = start.reason or "too few devices"
             try:
-                refuse(store, o, job_id, start.need, reason, fence=_fence(plane),
+                refuse(store, o, job_id, start.need, reason, fence=plane.fence(),
                        at=self.clock(), actor=ACTOR)  # fmt: skip
             except Fenced as exc:
                 return self._lease_lost(o, f"{job_id} ({exc})")
@@ -371,13 +371,13 @@ class LocalDriver:
         except SchedulerError as exc:  # the command cannot start (missing, not executable)
             reason = f"the job cannot start: {exc}"
             with contextlib.suppress(NotFound, Fenced):  # recorded before the launch failed
-                self.adoption.stop_job(_fence(plane), job_id, reason)
+                self.adoption.stop_job(plane.fence(), job_id, reason)
             self._tell(store, job_id)
             self.say(f"trainguard: {reason}")
             return RunResult(job_id, EXIT_STOPPED, JobState.STOPPED, reason)
         if start.note is not None:
             # Not written by a run that lost the lease: its loop then stops at once.
-            with contextlib.suppress(Fenced), plane.fleet.fenced(_fence(plane), self.clock()):
+            with contextlib.suppress(Fenced), plane.fleet.fenced(plane.fence(), self.clock()):
                 store.append_audit(
                     self.clock(), ACTOR, AuditKind.NOTE, f"job:{job_id}", start.note,
                     job_id=job_id,
@@ -414,7 +414,7 @@ class LocalDriver:
         end as stopped (the cluster's shutdown then stops the processes). ``False`` when
         this run no longer holds the lease: then it writes nothing."""
         try:
-            self.adoption.stop_job(_fence(plane), job_id, reason)
+            self.adoption.stop_job(plane.fence(), job_id, reason)
         except Fenced:
             return False
         return True
@@ -494,14 +494,6 @@ class LocalDriver:
 
     def _install_signal_handlers(self) -> Callable[[], None]:
         return on_interrupt(lambda signum: self.events.put(Interrupt(signum)))
-
-
-def _fence(plane: ControlPlane) -> Fence:
-    """The lease this run writes under; :class:`Fenced` when it holds none (lost)."""
-    fence = plane.reconciler.elector.fence
-    if fence is None:
-        raise Fenced(f"{plane.identity} holds no lease")
-    return fence
 
 
 def _holder_words(plane: ControlPlane) -> str:

@@ -65,7 +65,7 @@ from trainguard.model.records import AuditKind, DeviceRecord, JobRecord, RankRep
 from trainguard.model.statemachine import IllegalTransition
 from trainguard.schedulers.base import ClusterScheduler, JobSpec
 from trainguard.store import NotFound, Store
-from trainguard.store.fleet import FleetStore
+from trainguard.store.fleet import Fence, Fenced, FleetStore
 
 log = logging.getLogger("trainguard.controller")
 
@@ -134,6 +134,14 @@ class ControlPlane:
         so the take-over's writes are fenced by it (0468)."""
         self.reconciler.elector.lease = lease
         self._keeper.start()
+
+    def fence(self) -> Fence:
+        """The lease this process writes under outside a pass (a driver's take-over, its
+        user's interrupt); :class:`Fenced` when it holds none."""
+        fence = self.reconciler.elector.fence
+        if fence is None:
+            raise Fenced(f"{self.identity} holds no lease")
+        return fence
 
     def close(self) -> None:
         """Give the lease up if this process holds it (the store is closed by its owner)."""

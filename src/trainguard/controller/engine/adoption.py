@@ -6,9 +6,10 @@ run, the ledger) and applies the steps, every store write and every call to the
 local cluster inside a transaction fenced by the lease (a deposed run writes and
 starts nothing). Before the driver's first pass it gives the cluster the stored
 quarantines, stops the dead run's leftovers, answers its intents, adopts or closes
-each job and carries out again a restart that left no process; as a post-pass step (``Reconciler.post_steps``) it resumes
-the adopted attempt once the engine judged it and records each attempt's
-process group (how the next run finds what is left if this one dies too).
+each job and carries out again a restart that left no process; as a post-pass
+step (``Reconciler.post_steps``) it resumes the adopted attempt once the engine
+judged it and records each attempt's process group (how the next run finds what
+is left if this one dies too).
 
 Crash points (controller/crash.py): ``adopt.after_stop`` (leftovers stopped and
 recorded), ``adopt.after_replay`` (the lost restart carried out again, the engine
