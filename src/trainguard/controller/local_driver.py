@@ -41,7 +41,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from trainguard.controller import local_orphans
@@ -62,11 +62,10 @@ from trainguard.controller.local_options import (
 )
 from trainguard.controller.local_start import device_statuses, log_dir, preflight, refuse
 from trainguard.controller.service import ControlPlane
-from trainguard.diagnose.detectors import ProgressLineParser, line_finding
-from trainguard.diagnose.signatures import classify_line
+from trainguard.diagnose.detectors import ProgressLineParser
+from trainguard.diagnose.kernel_finding import kernel_finding
 from trainguard.model.devices import Device
 from trainguard.model.files import make_private_dirs
-from trainguard.model.findings import Domain, Finding
 from trainguard.model.health import HealthState
 from trainguard.model.plan import Mode
 from trainguard.model.progress import ProgressEvent
@@ -108,20 +107,6 @@ def _resume_command(
 def audit_line(event: AuditEvent) -> str:
     """One audit record as the line the user reads."""
     return f"trainguard: {event.kind.value} {event.subject}: {event.message}"
-
-
-def this_host(f: Finding, devices: Sequence[Device]) -> tuple[Finding, str | None]:
-    """A finding of this machine's kernel log and the host it comes from: the host of
-    the inventory's devices when it names exactly one (else the finding's own). A NIC or
-    link event that names no host names this one, so that it isolates the host (0110),
-    as an agent's finding names the node it runs on."""
-    hosts = {d.host for d in devices}
-    host = next(iter(hosts)) if len(hosts) == 1 else None
-    if host is None or f.culprit.host is not None:
-        return f, f.culprit.host or host
-    if f.domain is Domain.NETWORK:
-        f = dataclasses.replace(f, culprit=dataclasses.replace(f.culprit, host=host))
-    return f, host
 
 
 def rank_view(e: ProgressEvent) -> RankReport | None:
@@ -334,7 +319,7 @@ class LocalDriver:
             if o.preflight and self.devices:
                 preflight(
                     store, self.devices, o.preflight, kernel_log=o.kernel_log,
-                    fence=plane.reconciler.elector.fence, clock=self.clock, actor=ACTOR,
+                    fence=plane.fence, clock=self.clock, actor=ACTOR,
                 )  # fmt: skip
                 plane.run_once()  # the cluster is told of the quarantines before the start
         except Fenced as exc:
@@ -427,13 +412,9 @@ class LocalDriver:
 
     def _evidence(self, plane: ControlPlane, job_id: str, ev: Any) -> None:
         if isinstance(ev, KernelLine):
-            try:
-                match = classify_line(ev.text)
-            except Exception:  # a garbage line never stops the driver
-                return
-            if match is not None:
-                f = line_finding(match, match.text, ev.at, "kernel_log", (), self.devices)
-                plane.ingest_finding(*this_host(f, self.devices))
+            found = kernel_finding(ev.text, ev.at, self.devices)
+            if found is not None:
+                plane.ingest_finding(*found)
         elif isinstance(ev, ProgressReceived) and ev.event.event == "progress":
             attempt = ev.event.attempt
             if attempt is None or ev.event.step is None:
@@ -504,5 +485,4 @@ __all__ = [
     "drive",
     "policy_document",
     "rank_view",
-    "this_host",
 ]

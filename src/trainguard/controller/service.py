@@ -65,7 +65,7 @@ from trainguard.model.records import AuditKind, DeviceRecord, JobRecord, RankRep
 from trainguard.model.statemachine import IllegalTransition
 from trainguard.schedulers.base import ClusterScheduler, JobSpec
 from trainguard.store import NotFound, Store
-from trainguard.store.fleet import FleetStore
+from trainguard.store.fleet import Fence, FleetStore
 
 log = logging.getLogger("trainguard.controller")
 
@@ -129,12 +129,20 @@ class ControlPlane:
         return report
 
     def close(self) -> None:
-        """Give the lease up if this process holds it (the store is closed by its owner)."""
+        """Give the lease up if this process holds it (the store is closed by its owner):
+        a standby takes over at once instead of waiting for it to expire. Never raises;
+        closing twice is harmless."""
         self._keeper.stop()
         try:
             self.reconciler.elector.release(self.clock())
         except Exception:
             log.exception("could not release the controller lease")
+
+    @property
+    def fence(self) -> Fence | None:
+        """The fence of the lease this process holds (``None``: not the leader), for a
+        driver's own fenced write before the first pass (``run --preflight``)."""
+        return self.reconciler.elector.fence
 
     def last_pass(self) -> PassReport | None:
         return self.reconciler.last_report
