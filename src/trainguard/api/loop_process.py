@@ -50,8 +50,7 @@ def _die_with_parent() -> None:
 def child_main(config: dict[str, Any]) -> int:
     """Run passes until SIGTERM or the parent goes; one JSON line per pass on stdout."""
     from trainguard.api.wiring import ServeOptions, build_control, load_scheduler
-    from trainguard.controller.engine.config import PassReport
-    from trainguard.controller.runtime import DriverRuntime
+    from trainguard.controller.service import PassReport
     from trainguard.store import open_store
 
     _die_with_parent()
@@ -102,12 +101,8 @@ def child_main(config: dict[str, Any]) -> int:
 
     # The driver runtime (controller/runtime.py): it wakes when a step asks to, and on
     # stop gives the lease back (ControlPlane.close) before the store closes.
-    runtime = DriverRuntime(
-        control,
-        tick=options.reconcile_interval,
-        clock=clock,
-        on_report=report_line,
-        on_error=crashed,
+    runtime = control.driver(
+        tick=options.reconcile_interval, on_report=report_line, on_error=crashed
     )
     signal.signal(signal.SIGTERM, lambda *_: runtime.stop())
     signal.signal(signal.SIGINT, lambda *_: runtime.stop())

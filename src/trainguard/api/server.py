@@ -34,8 +34,7 @@ from typing import Any
 from trainguard.api.auth import ANY_HOST, TokenTable, create_token_file, token_file_warning
 from trainguard.api.context import ApiContext, build_context
 from trainguard.api.wiring import ServeOptions, build_control, load_scheduler, parse_nodes
-from trainguard.controller.engine.config import PassReport
-from trainguard.controller.runtime import DriverRuntime
+from trainguard.controller.service import PassReport
 
 log = logging.getLogger("trainguard.serve")
 
@@ -175,13 +174,7 @@ class ReconcileLoop:
         self.interval = interval
         control = ctx.control
         assert control is not None
-        self.runtime = DriverRuntime(
-            control,
-            tick=interval,
-            clock=ctx.clock,
-            on_report=self._report,
-            on_error=self._error,
-        )
+        self.runtime = control.driver(tick=interval, on_report=self._report, on_error=self._error)
         self._thread: threading.Thread | None = None
 
     @property
