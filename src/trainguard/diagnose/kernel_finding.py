@@ -60,7 +60,9 @@ def own_host(
         hosts = {d.host for d in inventory}
         host = next(iter(hosts)) if len(hosts) == 1 else None
     if f.culprit.host is not None:
-        return f, f.culprit.host
+        # A source that names its node speaks for that node alone: a culprit of another
+        # host stays as it is, and the control plane refuses it (0402).
+        return f, node or f.culprit.host
     if host is not None and (node is not None or f.domain is Domain.NETWORK):
         f = dataclasses.replace(f, culprit=dataclasses.replace(f.culprit, host=host))
     return f, host
