@@ -265,8 +265,12 @@ class SourceSet:
             for ev in found:
                 try:
                     record(plane, ev)
-                except (LookupError, ValueError) as exc:  # unknown job, another host's
-                    problems.append(f"{src.name}: evidence refused: {exc}")
+                except (LookupError, ValueError) as exc:
+                    # A finding about another host is refused on record (0402); progress
+                    # of an attempt the store does not know (gone, or a stray reporter)
+                    # is the reporter's problem (the API answers it 404), not the loop's.
+                    if isinstance(ev, FindingEvidence):
+                        problems.append(f"{src.name}: evidence refused: {exc}")
         return problems
 
     def next_due(self) -> float | None:
