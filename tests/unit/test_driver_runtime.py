@@ -270,3 +270,27 @@ def _finding() -> Finding:
         severity=Severity.ERROR,
         culprit=Culprit(host="hosta"),
     )
+
+
+def test_the_plane_names_its_fence_and_stopping_its_runtime_gives_the_lease_back(
+    tmp_path: Path,
+) -> None:
+    now = {"t": 50.0}
+    with Store.open(tmp_path / "state.db", at=0.0) as store:
+        plane = ControlPlane(store, None, clock=lambda: now["t"])
+        assert plane.fence is None  # not the leader before a pass
+        reports: list[PassReport] = []
+
+        def seen(report: PassReport, _s: float) -> None:
+            reports.append(report)
+            rt.stop()
+
+        rt = plane.driver(tick=1.0, on_report=seen)
+        rt.run()
+        assert reports[0].leader and reports[0].token is not None
+        lease = plane.leader()
+        assert lease is not None and lease.expires_at <= now["t"]  # released, not left
+        assert plane.fence is None
+        other = ControlPlane(store, None, clock=lambda: now["t"], identity="standby")
+        assert other.run_once().leader  # the standby takes over at once
+        other.close()
