@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainguard.controller.local_driver import rank_view, this_host
+from trainguard.controller.local_driver import rank_view
 from trainguard.controller.service import ControlPlane
+from trainguard.diagnose.kernel_finding import own_host as this_host
 from trainguard.model.devices import Device
 from trainguard.model.findings import Culprit, Domain, Finding, Severity
 from trainguard.model.progress import ProgressEvent

@@ -6,7 +6,6 @@ import argparse
 import logging
 import os
 import signal
-import threading
 from typing import Any
 
 from trainguard._commands._common import (
@@ -283,14 +282,14 @@ def run_watch(args: argparse.Namespace) -> int:
         )
         store.close()
         return 1 if report.errors else 0
-    stop = threading.Event()
+    runtime = watch.runtime()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, lambda *_: runtime.stop())
     print(
         f"trainguard slurm watch: cluster {scheduler.cluster}, mode {args.mode}, "
         f"state {args.state}",
         flush=True,
     )
-    watch.run_forever(stop)
+    runtime.run()  # gives the lease back as it stops
     store.close()
     return 0

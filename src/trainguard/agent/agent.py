@@ -43,8 +43,7 @@ from trainguard.agent.buffer import DiskBuffer, Entry
 from trainguard.agent.client import Refused, Rejected, ServerClient, Unreachable
 from trainguard.agent.dcgm import DcgmRules, by_device, gpu_figures, parse_text
 from trainguard.agent.follow import ResumableFollower, load_position, save_position
-from trainguard.diagnose.detectors import line_finding
-from trainguard.diagnose.signatures import classify_line
+from trainguard.diagnose.kernel_finding import kernel_finding
 from trainguard.model.devices import Device
 from trainguard.model.findings import Finding
 from trainguard.signals import inventory as inv
@@ -195,14 +194,6 @@ class Agent:
             t.join(10.0)
         self.buffer.close()
 
-    def run_forever(self) -> None:
-        self.start()
-        try:
-            while not self._stop.wait(1.0):
-                pass
-        finally:
-            self.stop()
-
     # --- the watcher ---------------------------------------------------------------
 
     def _buffer(self, items: list[tuple[str, Finding]]) -> bool:
@@ -223,17 +214,8 @@ class Agent:
         return ok
 
     def _kernel_finding(self, text: str, at: float) -> Finding | None:
-        try:
-            m = classify_line(text)
-        except Exception:  # a classifier bug must not stop the agent
-            log.exception("classifier failed on a kernel line")
-            return None
-        if m is None:
-            return None
-        f = line_finding(m, text, at, "kernel_log", (), self.devices)
-        if f.culprit.host is None:
-            f = dataclasses.replace(f, culprit=dataclasses.replace(f.culprit, host=self.opt.host))
-        return f
+        found = kernel_finding(text, at, self.devices, self.opt.host)
+        return None if found is None else found[0]
 
     def poll_kernel_log(self) -> int:
         """Read new kernel-log lines; buffer their findings, then save the position."""

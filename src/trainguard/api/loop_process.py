@@ -9,10 +9,12 @@ loop in a child process it supervises: one command, one store, the same
 
 * The child (``python -m trainguard.api.loop_process CONFIG``) runs at a lower CPU
   priority (``nice`` 19: under contention the API answers first), opens the store and
-  the scheduler, runs ``ControlPlane.run_once()`` every interval, and writes one
-  JSON line per pass (duration, leader, what it opened/planned/applied/recovered,
-  errors) to stdout. It dies with its parent (``PR_SET_PDEATHSIG``, and a parent
-  check each pass) and gives the lease back on SIGTERM.
+  the scheduler, and runs ``ControlPlane.run_once()`` in the driver runtime
+  (controller/runtime.py: every interval, sooner when a step asks to look again); it
+  writes one JSON line per pass (duration, leader, what it
+  opened/planned/applied/recovered, errors) to stdout. It dies with its parent
+  (``PR_SET_PDEATHSIG``, and a parent check each pass) and gives the lease back on
+  SIGTERM.
 * The parent (:class:`ControllerProcess`) starts it, turns the lines into metrics
   and the status page's ``last_pass``, and restarts it with backoff if it dies.
   Nothing is lost when it dies: the reconciler keeps nothing in memory between
@@ -48,6 +50,7 @@ def _die_with_parent() -> None:
 def child_main(config: dict[str, Any]) -> int:
     """Run passes until SIGTERM or the parent goes; one JSON line per pass on stdout."""
     from trainguard.api.wiring import ServeOptions, build_control, load_scheduler
+    from trainguard.controller.service import PassReport
     from trainguard.store import open_store
 
     _die_with_parent()
@@ -56,46 +59,58 @@ def child_main(config: dict[str, Any]) -> int:
     with contextlib.suppress(OSError):
         os.nice(int(config.pop("nice", 19)))
     parent = os.getppid()
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stopping: list[int] = []  # a signal before the runtime exists
+    signal.signal(signal.SIGTERM, lambda signum, _f: stopping.append(signum))
+    signal.signal(signal.SIGINT, lambda signum, _f: stopping.append(signum))
     options = ServeOptions.from_json(config)
     clock = time.time
     store = open_store(options.database, at=clock())
     control = build_control(store, options, clock, load_scheduler(options.scheduler, options))
     assert control is not None
     out = sys.stdout
+
+    def report_line(report: PassReport, _elapsed: float) -> None:
+        line = {
+            "duration": report.duration,
+            "leader": report.leader,
+            "token": report.token,
+            "at": report.at,
+            "opened": list(report.opened),
+            "planned": list(report.planned),
+            "applied": list(report.applied),
+            "waiting": list(report.waiting),
+            "recovered": list(report.recovered),
+            "deposed": report.deposed,
+            "errors": list(report.errors),
+        }
+        out.write(json.dumps(line) + "\n")
+        out.flush()
+        if os.getppid() != parent:  # the parent went: the loop ends with it
+            runtime.stop()
+
+    def crashed(exc: Exception, elapsed: float) -> None:
+        # logged by the parent; the next pass starts clean
+        line = {
+            "duration": elapsed,
+            "leader": False,
+            "errors": [f"pass failed: {type(exc).__name__}: {exc}"],
+            "crashed": True,
+        }
+        out.write(json.dumps(line) + "\n")
+        out.flush()
+
+    # The driver runtime (controller/runtime.py): it wakes when a step asks to, and on
+    # stop gives the lease back (ControlPlane.close) before the store closes.
+    runtime = control.driver(
+        tick=options.reconcile_interval, on_report=report_line, on_error=crashed
+    )
+    signal.signal(signal.SIGTERM, lambda *_: runtime.stop())
+    signal.signal(signal.SIGINT, lambda *_: runtime.stop())
+    if stopping or os.getppid() != parent:
+        runtime.stop()
     try:
-        while not stop.is_set() and os.getppid() == parent:
-            started = time.perf_counter()
-            try:
-                report = control.run_once()
-                line = {
-                    "duration": report.duration,
-                    "leader": report.leader,
-                    "token": report.token,
-                    "at": report.at,
-                    "opened": list(report.opened),
-                    "planned": list(report.planned),
-                    "applied": list(report.applied),
-                    "waiting": list(report.waiting),
-                    "recovered": list(report.recovered),
-                    "deposed": report.deposed,
-                    "errors": list(report.errors),
-                }
-            except Exception as exc:  # logged by the parent; the next pass starts clean
-                line = {
-                    "duration": time.perf_counter() - started,
-                    "leader": False,
-                    "errors": [f"pass failed: {type(exc).__name__}: {exc}"],
-                    "crashed": True,
-                }
-            out.write(json.dumps(line) + "\n")
-            out.flush()
-            stop.wait(max(0.0, options.reconcile_interval - (time.perf_counter() - started)))
+        runtime.run()
     finally:
-        with contextlib.suppress(Exception):
-            control.reconciler.elector.release(clock())
         store.close()
     return 0
 

@@ -34,6 +34,7 @@ from typing import Any
 from trainguard.api.auth import ANY_HOST, TokenTable, create_token_file, token_file_warning
 from trainguard.api.context import ApiContext, build_context
 from trainguard.api.wiring import ServeOptions, build_control, load_scheduler, parse_nodes
+from trainguard.controller.service import PassReport
 
 log = logging.getLogger("trainguard.serve")
 
@@ -163,46 +164,48 @@ def load_tokens(options: ServeOptions, say: Callable[[str], None]) -> tuple[Toke
 
 
 class ReconcileLoop:
-    """Call ``control.run_once()`` every ``interval`` seconds in a thread, timing each pass."""
+    """The controller loop in a thread of ``serve --loop thread``: the driver runtime
+    (controller/runtime.py) over the control plane, each pass timed into the metrics.
+    Its evidence comes in over HTTP (the routes record it as it arrives): it composes
+    no polled source."""
 
     def __init__(self, ctx: ApiContext, interval: float) -> None:
         self.ctx = ctx
         self.interval = interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="reconcile", daemon=True)
-        self.passes = 0
-        self.errors = 0
+        control = ctx.control
+        assert control is not None
+        self.runtime = control.driver(tick=interval, on_report=self._report, on_error=self._error)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def passes(self) -> int:
+        return self.runtime.passes
+
+    @property
+    def errors(self) -> int:
+        return self.runtime.errors
 
     def start(self) -> ReconcileLoop:
-        self._thread.start()
+        self._thread = self.runtime.start_thread("reconcile")
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(30.0)
+        # The runtime gives the lease back as it stops: a standby takes over at once.
+        self.runtime.stop()
+        if self._thread is not None:
+            self._thread.join(30.0)
 
-    def _run(self) -> None:
-        control = self.ctx.control
-        assert control is not None
-        while not self._stop.is_set():
-            t0 = time.perf_counter()
-            try:
-                report = control.run_once()
-                self.passes += 1
-                self.ctx.note_pass({"errors": list(getattr(report, "errors", ()))})
-                for problem in getattr(report, "errors", ()):
-                    self.ctx.metrics.reconcile_errors.inc()
-                    log.warning("reconcile: %s", problem)
-            except Exception:  # a pass that fails is logged; the next pass starts clean
-                self.errors += 1
-                self.ctx.metrics.reconcile_errors.inc()
-                log.exception("reconcile pass failed")
-            elapsed = time.perf_counter() - t0
-            self.ctx.metrics.reconcile_seconds.observe(elapsed)
-            self._stop.wait(max(0.0, self.interval - elapsed))
-        # Hand the lease over now instead of letting a standby wait for it to expire.
-        with contextlib.suppress(Exception):
-            control.reconciler.elector.release(self.ctx.clock())
+    def _report(self, report: PassReport, elapsed: float) -> None:
+        self.ctx.note_pass({"errors": list(report.errors)})
+        for problem in report.errors:
+            self.ctx.metrics.reconcile_errors.inc()
+            log.warning("reconcile: %s", problem)
+        self.ctx.metrics.reconcile_seconds.observe(elapsed)
+
+    def _error(self, exc: Exception, elapsed: float) -> None:
+        self.ctx.metrics.reconcile_errors.inc()
+        log.error("reconcile pass failed", exc_info=exc)
+        self.ctx.metrics.reconcile_seconds.observe(elapsed)
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -6,14 +6,16 @@ The recovery engine behind ``serve`` (controller/engine/, through
 ``ClusterScheduler`` (decisions 0380, 0400). This module is only a driver; it decides
 nothing:
 
-* **wake on events**: the launcher's events (output lines, exits, the end of a rank
-  death's settle window), kernel-log lines and progress datagrams land on one queue;
-  each wakes a reconcile pass at once, and a pass runs at least every ``tick`` seconds
-  (the engine's settle, hang, backoff and verification deadlines are level-based: a
-  pass past the deadline acts);
-* **evidence sources**: a kernel-log line the classifier knows becomes a stored
-  finding (as an agent reports it to ``serve``), a progress datagram the attempt's
-  progress (as ``POST /v1/jobs/ID/progress`` does);
+* **the loop** is the driver runtime (controller/runtime.py): the launcher's events
+  (output lines, exits, the end of a rank death's settle window), kernel-log lines and
+  progress datagrams each wake a reconcile pass at once; a pass runs at least every
+  ``tick`` seconds, or sooner when a step asked to look again (the engine's settle,
+  hang, backoff and verification deadlines are level-based: a pass past the deadline
+  acts); :class:`_RunLoop` is what run does around each pass;
+* **evidence sources** (controller/sources.py): this machine's kernel log (a line
+  becomes a stored finding by the one rule, diagnose/kernel_finding.py, as an agent's
+  does) and the progress socket (a datagram becomes the attempt's progress, as
+  ``POST /v1/jobs/ID/progress`` does);
 * **the run's options as a policy**: hang, verification, restart budget and backoff
   become the job's recovery policy document (``run``), stored and audited;
 * **what the user sees**: each audit record of the job, one line on stderr as it is
@@ -36,19 +38,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import queue
 import shutil
 import signal
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from trainguard.controller.approval_prompt import approval_prompt
 from trainguard.controller.crash import CrashPoints
 from trainguard.controller.engine.adoption import Adoption
-from trainguard.controller.engine.config import ControlConfig
+from trainguard.controller.engine.config import ControlConfig, PassReport
 from trainguard.controller.interrupts import on_interrupt
 from trainguard.controller.lease import holder_alive, process_holder, take_from_dead
 from trainguard.controller.local_options import (
@@ -62,12 +63,17 @@ from trainguard.controller.local_options import (
     RunResult,
 )
 from trainguard.controller.local_start import device_statuses, log_dir, preflight, refuse
+from trainguard.controller.runtime import DriverRuntime
 from trainguard.controller.service import ControlPlane
-from trainguard.diagnose.detectors import ProgressLineParser, line_finding
-from trainguard.diagnose.signatures import classify_line
+from trainguard.controller.sources import (
+    Evidence,
+    ProgressEvidence,
+    QueueSource,
+    kernel_line_evidence,
+)
+from trainguard.diagnose.detectors import ProgressLineParser
 from trainguard.model.devices import Device
 from trainguard.model.files import make_private_dirs
-from trainguard.model.findings import Domain, Finding
 from trainguard.model.plan import Mode
 from trainguard.model.progress import ProgressEvent
 from trainguard.model.records import (
@@ -111,20 +117,6 @@ def audit_line(event: AuditEvent) -> str:
     return f"trainguard: {event.kind.value} {event.subject}: {event.message}"
 
 
-def this_host(f: Finding, devices: Sequence[Device]) -> tuple[Finding, str | None]:
-    """A finding of this machine's kernel log and the host it comes from: the host of
-    the inventory's devices when it names exactly one (else the finding's own). A NIC or
-    link event that names no host names this one, so that it isolates the host (0110),
-    as an agent's finding names the node it runs on."""
-    hosts = {d.host for d in devices}
-    host = next(iter(hosts)) if len(hosts) == 1 else None
-    if host is None or f.culprit.host is not None:
-        return f, f.culprit.host or host
-    if f.domain is Domain.NETWORK:
-        f = dataclasses.replace(f, culprit=dataclasses.replace(f.culprit, host=host))
-    return f, host
-
-
 def rank_view(e: ProgressEvent) -> RankReport | None:
     """A progress event's own view of its rank's devices (0322), when it carries one."""
     if e.visible_devices is None:
@@ -150,7 +142,15 @@ class LocalDriver:
         self.clock = clock
         self.tick = tick
         self.say = say or (lambda m: print(m, file=sys.stderr, flush=True))
-        self.events: queue.Queue[Any] = queue.Queue()
+        # This mode's evidence sources (controller/sources.py): lines and datagrams the
+        # follower and listener threads push; each push wakes a pass at once.
+        self.kernel = QueueSource("kernel log", self._kernel_evidence, on_push=self._wake)
+        self.progress = QueueSource("progress socket", self._progress_evidence,
+                                    on_push=self._wake)  # fmt: skip
+        self._runtime: DriverRuntime | None = None
+        self._interrupted: int | None = None
+        self._result: RunResult | None = None
+        self._failure: BaseException | None = None
         self.devices: tuple[Device, ...] = ()
         self.job_id = ""
         self.logs = ""
@@ -174,13 +174,13 @@ class LocalDriver:
         self.job_id = f"job-{uuid.uuid4().hex[:12]}"
         self.logs = log_dir(o.state, self.job_id, o.log_dir)
         sock_dir = short_socket_dir()
-        listener = ProgressListener(os.path.join(sock_dir, "progress.sock"), self.events.put)
+        listener = ProgressListener(os.path.join(sock_dir, "progress.sock"), self._push)
         cluster = LocalCluster(
             root,
             self.devices,
             grace=o.grace,
             clock=self.clock,
-            sink=self.events.put,
+            sink=self._push,
             launch=LocalLaunch(
                 warm_standby=o.warm_standby,
                 warm_workers=o.warm_workers,
@@ -211,7 +211,7 @@ class LocalDriver:
             # run's crash points; lenient: the variable also names the job's own phases
             crash=CrashPoints(strict=False),
         )
-        kernel, description = open_kernel_log(o.kernel_log, self.events.put, self.clock)
+        kernel, description = open_kernel_log(o.kernel_log, self._push, self.clock)
         restore = self._install_signal_handlers()
         try:
             listener.start()
@@ -286,43 +286,55 @@ class LocalDriver:
         # From the next pass on, the engine resumes the adopted attempt once it judged it
         # and records each attempt's process group (0468).
         plane.reconciler.post_steps.append(adoption)
-        token: int | None = None
-        closing = 0  # passes run after the job ended, to close its incidents
-        while True:
-            # Paused past the lease (SIGSTOP), this run may find it released by the one
-            # that took over: it must not take it back and act (0220).
-            held = plane.leader()
-            if token is not None and (
-                held is None or held.holder != plane.identity or held.token != token
-            ):
-                return self._lease_lost(o, fj.job_id)
-            report = plane.run_once()
-            for error in report.errors:
-                self.say(f"trainguard: reconcile: {error}")
-            self._tell(store, fj.job_id)
-            if not report.leader:
-                return self._lease_lost(o, fj.job_id)
-            held = plane.leader()
-            token = held.token if held is not None else None
-            self._ask(store, fj.job_id, report.waiting)
-            job = store.get_job(fj.job_id)
-            live = [i for i in store.list_incidents(job_id=fj.job_id) if not i.state.terminal]
-            if job.state.terminal and live and closing < CLOSING_PASSES:
-                # The job ended in the pass that saw its last attempt exit; the verdict on
-                # that restart (a completed one is recovered) is the next pass's (0393).
-                closing += 1
-                continue
-            if job.state.terminal:
-                incidents = tuple(i.id for i in store.list_incidents(job_id=fj.job_id))
-                code = self._exit_code(store, job.id, job.state)
-                return RunResult(fj.job_id, code, job.state, job.reason, incidents)
-            interrupted = self._wait(plane, fj.job_id)
-            if interrupted is not None:
-                reason = f"interrupted by {signal.Signals(interrupted).name}"
-                if not self._stop(plane, fj.job_id, reason):
-                    return self._lease_lost(o, fj.job_id)
-                self._tell(store, fj.job_id)
-                return RunResult(fj.job_id, EXIT_INTERRUPTED, JobState.STOPPED, reason)
+        loop = _RunLoop(self, plane, store, fj.job_id)
+        runtime = self._runtime = DriverRuntime(
+            loop, [self.kernel, self.progress], tick=self.tick, clock=self.clock,
+            on_report=loop.after_pass, on_error=self._failed, close_plane=False,
+            recorder=plane,
+        )  # fmt: skip
+        runtime.run()  # until the job ends, the lease is lost, or the user interrupts
+        self._runtime = None
+        if self._failure is not None:
+            raise self._failure
+        if self._result is not None:
+            return self._result
+        signum = self._interrupted if self._interrupted is not None else signal.SIGTERM
+        reason = f"interrupted by {signal.Signals(signum).name}"
+        if not self._stop(plane, fj.job_id, reason):
+            return self._lease_lost(o, fj.job_id)
+        self._tell(store, fj.job_id)
+        return RunResult(fj.job_id, EXIT_INTERRUPTED, JobState.STOPPED, reason)
+
+    # --- the loop's events ---------------------------------------------------------
+
+    def _push(self, item: Any) -> None:
+        """Everything the launcher, the listener, the kernel-log follower and the signal
+        handler deliver (from their threads)."""
+        if isinstance(item, KernelLine):
+            self.kernel.push(item)
+        elif isinstance(item, ProgressReceived):
+            self.progress.push(item)
+        elif isinstance(item, Interrupt):
+            self._interrupted = item.signum
+            if self._runtime is not None:
+                self._runtime.stop()  # no pass after the user's interrupt
+        else:  # the launcher's events (output, exits, a settle window's end): a pass now
+            self._wake()
+
+    def _wake(self) -> None:
+        if self._runtime is not None:
+            self._runtime.wake()
+
+    def _finish(self, result: RunResult) -> None:
+        self._result = result
+        if self._runtime is not None:
+            self._runtime.stop()
+
+    def _failed(self, exc: Exception, _elapsed: float) -> None:
+        # A pass that raises ends the run, as it always did (a traceback, not a retry).
+        self._failure = exc
+        if self._runtime is not None:
+            self._runtime.stop()
 
     def _start(
         self, plane: ControlPlane, store: Store, o: RunOptions, job_id: str
@@ -424,50 +436,23 @@ class LocalDriver:
         self.say(f"trainguard: lost the lease on {o.state} while taking over: {exc}")
         return RunResult("", EXIT_STOPPED, JobState.STOPPED, str(exc))
 
-    def _wait(self, plane: ControlPlane, job_id: str) -> int | None:
-        """Until an event or the next tick; hands evidence to the plane. A signal number
-        when the user interrupted."""
-        try:
-            ev = self.events.get(timeout=self.tick)
-        except queue.Empty:
-            return None
-        while True:
-            if isinstance(ev, Interrupt):
-                return ev.signum
-            self._evidence(plane, job_id, ev)
-            try:
-                ev = self.events.get_nowait()
-            except queue.Empty:
-                return None
+    def _kernel_evidence(self, line: KernelLine) -> Evidence | None:
+        return kernel_line_evidence(line, self.devices)
 
-    def _evidence(self, plane: ControlPlane, job_id: str, ev: Any) -> None:
-        if isinstance(ev, KernelLine):
-            try:
-                match = classify_line(ev.text)
-            except Exception:  # a garbage line never stops the driver
-                return
-            if match is not None:
-                f = line_finding(match, match.text, ev.at, "kernel_log", (), self.devices)
-                plane.ingest_finding(*this_host(f, self.devices))
-        elif isinstance(ev, ProgressReceived) and ev.event.event == "progress":
-            attempt = ev.event.attempt
-            if attempt is None or ev.event.step is None:
-                return
-            view = rank_view(ev.event)
-            if view is not None and self._views.get((attempt, view.rank)) == view:
+    def _progress_evidence(self, ev: ProgressReceived) -> Evidence | None:
+        if ev.event.event != "progress":
+            return None
+        attempt = ev.event.attempt
+        if attempt is None or ev.event.step is None:
+            return None
+        view = rank_view(ev.event)
+        if view is not None:
+            if self._views.get((attempt, view.rank)) == view:
                 view = None  # kept already: written only when it changes
-            with contextlib.suppress(NotFound, ValueError):
-                plane.ingest_progress(
-                    job_id,
-                    attempt,
-                    ev.event.step,
-                    at=ev.at,
-                    rank=ev.event.rank,
-                    job_time=ev.event.time,
-                    view=view,
-                )
-                if view is not None:
-                    self._views[(attempt, view.rank)] = view
+            else:
+                self._views[(attempt, view.rank)] = view
+        return ProgressEvidence(self.job_id, attempt, ev.event.step, at=ev.at,
+                                rank=ev.event.rank, job_time=ev.event.time, view=view)  # fmt: skip
 
     def _tell(self, store: Store, job_id: str | None) -> None:
         for event in store.list_audit(after_id=self._audit_cursor):
@@ -493,7 +478,75 @@ class LocalDriver:
             )
 
     def _install_signal_handlers(self) -> Callable[[], None]:
-        return on_interrupt(lambda signum: self.events.put(Interrupt(signum)))
+        return on_interrupt(lambda signum: self._push(Interrupt(signum)))
+
+
+class _RunLoop:
+    """What run does around each pass of the runtime: the lease guard before it, the
+    audit trail, the approval prompts and the end of the job after it (an adopted job's
+    resumption is the engine's ``Adoption`` step)."""
+
+    def __init__(
+        self,
+        driver: LocalDriver,
+        plane: ControlPlane,
+        store: Store,
+        job_id: str,
+    ) -> None:
+        self.driver = driver
+        self.plane = plane
+        self.store = store
+        self.job_id = job_id
+        self.token: int | None = None
+        self.closing = 0  # passes run after the job ended, to close its incidents
+        self.lost = False
+
+    def run_once(self, now: float | None = None) -> PassReport:
+        # Paused past the lease (SIGSTOP), this run may find it released by the one that
+        # took over: it must not take it back and act (0220).
+        held = self.plane.leader()
+        if self.token is not None and (
+            held is None or held.holder != self.plane.identity or held.token != self.token
+        ):
+            self.lost = True
+            return PassReport(at=self.driver.clock(), leader=False)
+        return self.plane.run_once(now)
+
+    def close(self) -> None:
+        """The driver closes the plane itself, after the cluster's shutdown."""
+
+    def after_pass(self, report: PassReport, _elapsed: float) -> None:
+        d, store = self.driver, self.store
+        try:
+            if self.lost:
+                d._finish(d._lease_lost(d.opt, self.job_id))
+                return
+            for error in report.errors:
+                d.say(f"trainguard: reconcile: {error}")
+            d._tell(store, self.job_id)
+            if not report.leader:
+                d._finish(d._lease_lost(d.opt, self.job_id))
+                return
+            held = self.plane.leader()
+            self.token = held.token if held is not None else None
+            d._ask(store, self.job_id, report.waiting)
+            job = store.get_job(self.job_id)
+            live = [i for i in store.list_incidents(job_id=self.job_id) if not i.state.terminal]
+            if job.state.terminal and live and self.closing < CLOSING_PASSES:
+                # The job ended in the pass that saw its last attempt exit; the verdict on
+                # that restart (a completed one is recovered) is the next pass's (0393).
+                self.closing += 1
+                d._wake()
+                return
+            if job.state.terminal:
+                incidents = tuple(i.id for i in store.list_incidents(job_id=self.job_id))
+                code = d._exit_code(store, job.id, job.state)
+                d._finish(RunResult(self.job_id, code, job.state, job.reason, incidents))
+                return
+            if d._interrupted is not None and d._runtime is not None:
+                d._runtime.stop()  # interrupted before the loop began: after its first pass
+        except Exception as exc:
+            d._failed(exc, 0.0)
 
 
 def _holder_words(plane: ControlPlane) -> str:
@@ -519,5 +572,4 @@ __all__ = [
     "drive",
     "policy_document",
     "rank_view",
-    "this_host",
 ]

@@ -285,6 +285,8 @@ class Reconciler:
             generation = inc.plan_generation
             inc = self.executor.execute(st, inc, fj, ctx)
             again = st.outcome.kind is OutcomeKind.REQUEUE and st.outcome.after_s <= 0
+            if st.outcome.kind is OutcomeKind.REQUEUE:
+                ctx.report.wake_after(st.outcome.after_s)
             replanned = st.kind is StepKind.PLAN and inc.plan_generation != generation
             if not (again or replanned) or inc.state.terminal:
                 return

@@ -38,6 +38,8 @@ from trainguard.controller.policies import (
 )
 from trainguard.controller.reconcile import ControlConfig, CrashPoints, PassReport, Reconciler
 from trainguard.controller.repair import export_repair as repair_json
+from trainguard.controller.runtime import DriverRuntime
+from trainguard.controller.sources import EvidenceSource
 from trainguard.diagnose.matcher import get_prefilter
 from trainguard.model.devices import Device, normalize_pci_bus_id
 from trainguard.model.findings import Finding
@@ -144,12 +146,29 @@ class ControlPlane:
         return fence
 
     def close(self) -> None:
-        """Give the lease up if this process holds it (the store is closed by its owner)."""
+        """Give the lease up if this process holds it (the store is closed by its owner):
+        a standby takes over at once instead of waiting for it to expire. Never raises;
+        closing twice is harmless."""
         self._keeper.stop()
         try:
             self.reconciler.elector.release(self.clock())
         except Exception:
             log.exception("could not release the controller lease")
+
+    def driver(
+        self,
+        *,
+        tick: float,
+        sources: Sequence[EvidenceSource] = (),
+        on_report: Callable[[PassReport, float], None] | None = None,
+        on_error: Callable[[Exception, float], None] | None = None,
+    ) -> DriverRuntime:
+        """The loop over this plane (controller/runtime.py): passes every ``tick``
+        seconds, sooner when a step asks to look again, ``sources`` polled before each;
+        stopping it closes the plane (the lease is given back)."""
+        return DriverRuntime(
+            self, sources, tick=tick, clock=self.clock, on_report=on_report, on_error=on_error
+        )
 
     def last_pass(self) -> PassReport | None:
         return self.reconciler.last_report

@@ -12,8 +12,11 @@ top (decision 0106). Each pass:
    (not by trainguard's hand) becomes a fatal ``node`` finding for that host.
 3. **Kernel logs**: one follower per node (a file per node: the node's syslog on a
    shared file system, or a log shipped by the node agent; the local cluster
-   writes ``$DIR/nodes/nX/kern.log``). Classified lines become findings, with the
-   device resolved from the line's PCI bus id against *that node's* GPUs.
+   writes ``$DIR/nodes/nX/kern.log``). Classified lines become findings by the one
+   rule (diagnose/kernel_finding.py), the device resolved from the line's PCI bus id
+   against *that node's* GPUs. Node events and kernel logs are this mode's evidence
+   sources (controller/sources.py), polled on the pass's observation; the loop is the
+   driver runtime (controller/runtime.py).
 4. **The reconcile pass**: the generic engine, reading Slurm's traits from the
    scheduler (``SlurmScheduler.traits`` = :data:`SLURM_TRAITS`, decision 0326),
    applies these Slurm cases where they belong — no subclass overrides its parts:
@@ -36,24 +39,28 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from trainguard.controller.engine.waiting import CapacityWait
 from trainguard.controller.reconcile import ControlConfig, CrashPoints, PassReport
+from trainguard.controller.runtime import DriverRuntime
 from trainguard.controller.service import ControlPlane
-from trainguard.diagnose.detectors import line_finding
-from trainguard.diagnose.signatures import classify_line
+from trainguard.controller.sources import (
+    CallbackSource,
+    Evidence,
+    FindingEvidence,
+    KernelLogFiles,
+    SourceSet,
+)
+from trainguard.model.devices import Device
 from trainguard.model.findings import Culprit, Domain, Finding, Severity
 from trainguard.model.records import AuditKind
-from trainguard.schedulers.base import JobPhase, Observation, SchedulerError
+from trainguard.schedulers.base import JobPhase, Observation
 from trainguard.schedulers.slurm import SlurmObservedJob, SlurmObservedNode, SlurmScheduler
 from trainguard.schedulers.slurm.scheduler import SLURM_TRAITS
-from trainguard.signals.kernel_log import FileFollower, KernelLine
 from trainguard.store import Store
 
 log = logging.getLogger("trainguard.slurm")
@@ -108,8 +115,14 @@ class SlurmWatch:
         self._managed: dict[str, str] = {}  # scheduler ref -> job id
         self._skipped: set[str] = set()
         self._node_bad: dict[str, tuple[float, bool]] = {}  # node -> (bad since, reported)
-        self._followers: dict[str, FileFollower] = {}
-        self._lines: list[tuple[str, KernelLine]] = []
+        # The evidence this mode reads besides the scheduler (controller/sources.py),
+        # polled after discovery, on the pass's observation.
+        self.sources = SourceSet(
+            [
+                CallbackSource("slurm node events", self._node_evidence),
+                KernelLogFiles(self._node_devices, self._kernel_path, clock),
+            ]
+        )
         self.last_observation: Observation | None = None
 
     # --- discovery -----------------------------------------------------------------
@@ -170,10 +183,14 @@ class SlurmWatch:
 
     # --- node events ---------------------------------------------------------------
 
-    def node_events(self, obs: Observation) -> list[Finding]:
+    def _node_evidence(self, now: float) -> list[Evidence]:
+        obs = self.last_observation
+        return [] if obs is None else self.node_events(obs)
+
+    def node_events(self, obs: Observation) -> list[Evidence]:
         """A node that stopped responding or went DOWN: a fatal node finding (once per
         transition). Drains (ours or an operator's) are not failures."""
-        out: list[Finding] = []
+        out: list[Evidence] = []
         now = self.clock()
         # Nodes running a managed job get their slurmd probed every pass: Slurm itself
         # notices a dead node only after SlurmdTimeout.
@@ -229,8 +246,7 @@ class SlurmWatch:
                 signature="slurm:node_down",
                 details={"state": node.slurm_state, "flags": list(node.flags)},
             )
-            self.cp.ingest_finding(finding, host=name)
-            out.append(finding)
+            out.append(FindingEvidence(finding, name))
         return out
 
     # --- kernel logs ---------------------------------------------------------------
@@ -242,45 +258,9 @@ class SlurmWatch:
             return self.watch.kernel_log_pattern.replace("{node}", node)
         return None
 
-    def _sink(self, node: str) -> Callable[[Any], None]:
-        def sink(line: Any) -> None:
-            if isinstance(line, KernelLine):
-                self._lines.append((node, line))
-
-        return sink
-
-    def kernel_logs(self, obs: Observation) -> list[Finding]:
-        """New kernel-log lines of every node -> findings (stored, device resolved)."""
-        for name in obs.nodes:
-            if name not in self._followers:
-                path = self._kernel_path(name)
-                if path:
-                    self._followers[name] = FileFollower(path, self._sink(name), self.clock)
-        for follower in self._followers.values():
-            follower.poll_once()
-        lines, self._lines = self._lines, []
-        out: list[Finding] = []
-        for node, line in lines:
-            try:
-                match = classify_line(line.text)
-            except Exception:  # a garbage line never stops the loop
-                continue
-            if match is None:
-                continue
-            known = obs.nodes.get(node)
-            inventory = known.devices if known is not None else ()
-            f = line_finding(match, match.text, line.at, "kernel_log", (), inventory)
-            culprit = dataclasses.replace(f.culprit, host=node)
-            if culprit.device_uuid and culprit.pci_bus_id:
-                # Every node of a cluster has the same PCI topology: once the device is
-                # known by uuid, its bus id would match the same slot on the job's other
-                # nodes (attribution matches uuid *or* bus id), so it goes to details.
-                f = dataclasses.replace(f, details={**f.details, "pci_bus_id": culprit.pci_bus_id})
-                culprit = dataclasses.replace(culprit, pci_bus_id=None)
-            f = dataclasses.replace(f, culprit=culprit)
-            self.cp.ingest_finding(f, host=node)
-            out.append(f)
-        return out
+    def _node_devices(self) -> dict[str, tuple[Device, ...]]:
+        obs = self.last_observation
+        return {} if obs is None else {name: n.devices for name, n in obs.nodes.items()}
 
     # --- the pass ------------------------------------------------------------------
 
@@ -293,30 +273,28 @@ class SlurmWatch:
             obs = self.scheduler.observe()
             self.last_observation = obs
             self.discover(obs)
-            self.node_events(obs)
-            self.kernel_logs(obs)
         except Exception as exc:
             errors.append(f"slurm: {type(exc).__name__}: {exc}")
+        if obs is not None:
+            errors.extend(self.sources.poll(self.cp, self.clock() if now is None else now))
         report = self.cp.run_once(now)
         report.errors.extend(errors)
         return report
 
-    def run_forever(self, stop: threading.Event, interval: float | None = None) -> None:
-        period = self.watch.interval if interval is None else interval
-        while not stop.is_set():
-            started = time.monotonic()
-            try:
-                report = self.run_once()
-                for error in report.errors:
-                    log.warning("slurm watch: %s", error)
-            except SchedulerError as exc:
-                # The cluster did not answer (slurmctld down, a command timed out): one
-                # line per pass, the next pass tries again; a traceback tells nothing more.
-                log.warning("slurm watch pass failed: %s", exc)
-            except Exception:
-                log.exception("slurm watch pass failed")
-            stop.wait(max(0.0, period - (time.monotonic() - started)))
-        self.cp.close()  # gives the lease up
+    def close(self) -> None:
+        """Stop reading the nodes' logs and give the lease back."""
+        self.sources.close()
+        self.cp.close()
+
+    def runtime(self, interval: float | None = None) -> DriverRuntime:
+        """The loop of ``trainguard slurm watch``: the driver runtime over this watch."""
+        return DriverRuntime(self, tick=self.watch.interval if interval is None else interval,
+                             clock=self.clock, on_report=_log_errors)  # fmt: skip
+
+
+def _log_errors(report: PassReport, _elapsed: float) -> None:
+    for error in report.errors:
+        log.warning("slurm watch: %s", error)
 
 
 def kernel_logs_from_spec(specs: list[str]) -> dict[str, str]:

@@ -75,6 +75,14 @@ class PassReport:
     # Seconds per part of the pass (observe, inventory, health, jobs, incidents,
     # deliver): where the time goes at fleet scale (bench/reconcile_pass.py).
     phases: dict[str, float] = field(default_factory=dict)
+    # Seconds until a step asked to look again (``step()``'s ``after_s``: an approval's
+    # deadline, a backoff): the driver wakes by then (controller/runtime.py).
+    wake_in: float | None = None
+
+    def wake_after(self, seconds: float) -> None:
+        """A step wants another look in ``seconds``: keep the earliest such wish."""
+        if seconds > 0 and (self.wake_in is None or seconds < self.wake_in):
+            self.wake_in = seconds
 
 
 class _Phases:
