@@ -526,19 +526,24 @@ def run_job(job: Job) -> None:
         _say_ended(job, _exit_code(exc.code))
         raise
     except BaseException as exc:  # reported and ended as a cold interpreter ends it
-        # The traceback a cold interpreter prints: from the script's frames on, without
-        # the standby's, the zygote's and runpy's (diagnose reads it). Set on the
-        # exception itself: the default hook (and rich's, loguru's...) print
-        # ``exc.__traceback__``, whatever traceback they are passed.
-        tb = exc.__traceback__
-        while tb is not None and _ours(tb.tb_frame.f_code.co_filename):
-            tb = tb.tb_next
-        if tb is not None:
-            exc.with_traceback(tb)
-        sys.excepthook(type(exc), exc, exc.__traceback__)
+        print_uncaught(exc)
         _say_ended(job, 1)
         raise SystemExit(1) from None
     _say_ended(job, 0)
+
+
+def print_uncaught(exc: BaseException) -> None:
+    """Print ``exc`` as a cold interpreter prints an uncaught exception: its traceback
+    from the job's own frames on, without the standby's, the zygote's and runpy's
+    (decision 0495; diagnose and the user read it). The trimmed traceback is set on the
+    exception itself: the default hook (and rich's, loguru's...) print
+    ``exc.__traceback__``, whatever traceback they are passed."""
+    tb = exc.__traceback__
+    while tb is not None and _ours(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    if tb is not None:
+        exc.with_traceback(tb)
+    sys.excepthook(type(exc), exc, exc.__traceback__)
 
 
 # The standby's own ``__main__`` module (its frames still run below the script's) and,
