@@ -386,3 +386,104 @@ def test_a_json_progress_line_carries_the_jobs_own_time_and_rank() -> None:
         assert got is not None and got.step == 5 and got.at is None
     hf = p.read("{'loss': '0.69', 'step': 7, 'time': 1764400000.0}")
     assert hf is not None and hf.step == 7 and hf.at is None  # Trainer's dicts: no clock
+
+
+# --- a frame is read when it is drawn (decision 0496) -----------------------------------
+
+# A real tqdm bar on a pipe, one update per line on stdin: the test decides when each
+# frame is drawn and checks it is read before the next one exists.
+PACED_BAR = """
+import sys
+from tqdm import tqdm
+bar = tqdm(total=5, file=sys.stdout, mininterval=0, miniters=1, ncols=80, desc="train")
+for _ in range(5):
+    sys.stdin.readline()
+    bar.update(1)
+sys.stdin.readline()
+bar.close()
+print("done", flush=True)
+"""
+
+
+def _read_until(fd: int, splitter: LineSplitter, want: str, timeout: float = 20.0) -> list[str]:
+    import os
+    import select
+    import time
+
+    got: list[str] = []
+    deadline = time.monotonic() + timeout
+    while not any(want in x for x in got):
+        left = deadline - time.monotonic()
+        assert left > 0 and select.select([fd], [], [], left)[0], f"{want!r} not read: {got}"
+        data = os.read(fd, 65536)
+        assert data, f"end of stream before {want!r}: {got}"
+        got += [x.decode() for x in splitter.feed(data)]
+    return got
+
+
+def test_a_tqdm_frame_on_a_pipe_is_a_line_when_drawn_not_at_the_next_redraw() -> None:
+    import subprocess
+    import sys
+
+    pytest.importorskip("tqdm")
+    child = subprocess.Popen(
+        [sys.executable, "-c", PACED_BAR],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert child.stdin is not None and child.stdout is not None
+    splitter, parser = LineSplitter(), ProgressLineParser()
+    fd = child.stdout.fileno()
+    try:
+        opening = _read_until(fd, splitter, "0/5")
+        assert readings(parser, opening)[-1].count == 0
+        for step in range(1, 6):
+            child.stdin.write(b"\n")
+            child.stdin.flush()
+            # The frame of `step` is drawn, and the child waits: nothing else comes until
+            # the test asks for the next update, so it is read now or never.
+            lines = _read_until(fd, splitter, f"{step}/5")
+            frame = next(x for x in lines if f"{step}/5" in x)
+            assert frame.startswith("train:") and frame.rstrip().endswith("]")
+            [reading] = readings(parser, [frame])
+            assert reading.is_step and reading.step == step
+        child.stdin.close()
+        rest = _read_until(fd, splitter, "done")
+        assert child.wait(20) == 0
+    finally:
+        child.kill()
+    # tqdm's closing "\n" ends the last frame: no empty line, no frame twice.
+    assert rest[-1] == "done" and "" not in rest and not any("5/5" in x for x in rest[:-1][1:])
+
+
+def test_a_drawn_frame_split_from_its_closing_newline_is_one_line() -> None:
+    s = LineSplitter()
+    assert s.feed(b"\r 40%|####  | 2/5 [00:01<00:01,  2.00it/s]") == [
+        b"",
+        b" 40%|####  | 2/5 [00:01<00:01,  2.00it/s]",
+    ]
+    assert s.feed(b"\r 60%|###### | 3/5 [00:01<00:01,  2.00it/s]   ") == [
+        b" 60%|###### | 3/5 [00:01<00:01,  2.00it/s]   "
+    ]  # tqdm pads a shorter frame with spaces over the longer one before it
+    assert s.feed(b"\nnext line\n") == [b"next line"]
+    # Not a frame: text after a \n, or after a \r that does not end in "]", waits.
+    assert s.feed(b"[rank0] loss [0.5]") == []
+    assert s.feed(b"\r 3/5 [00:01") == [b"[rank0] loss [0.5]"]
+    assert s.feed(b"<00:01]") == [b" 3/5 [00:01<00:01]"]
+    assert s.flush() == []
+
+
+def test_split_lines_gives_a_drawn_frame_at_the_end_of_a_chunk() -> None:
+    # The engine tails the attempt's log in chunks: the bar's newest frame is progress
+    # now, not when the next chunk brings the next redraw.
+    lines, rest = split_lines(
+        b"epoch 1\n\r 20%|##  | 1/5 [00:00<00:02]\r 40%|#### | 2/5 [00:00<00:01]"
+    )
+    assert lines == [
+        b"epoch 1",
+        b"",
+        b" 20%|##  | 1/5 [00:00<00:02]",
+        b" 40%|#### | 2/5 [00:00<00:01]",
+    ]
+    assert rest == b""
+    lines, rest = split_lines(b"\r 40%|#### | 2/5 [00:0")
+    assert lines == [b""] and rest == b" 40%|#### | 2/5 [00:0"
