@@ -271,11 +271,10 @@ def _write_environ(directory: str, pid: int, env: Mapping[str, str]) -> str | No
 
 def exit_grace(env: Mapping[str, str]) -> float:
     """The worker's grace between its script's end and its exit (``EXIT_GRACE_VAR``)."""
-    try:
+    with contextlib.suppress(ValueError):
         grace = float(env.get(EXIT_GRACE_VAR, EXIT_GRACE))
-    except ValueError:
-        return EXIT_GRACE
-    return grace if grace > 0 else EXIT_GRACE
+        return grace if grace > 0 else EXIT_GRACE
+    return EXIT_GRACE
 
 
 def _child(
@@ -355,11 +354,11 @@ class _Zygote:
         """Kill each worker that outlived its script's end by its grace (decision 0490)."""
         now = time.monotonic()
         for pid, (code, at) in list(self.ended.items()):
-            if pid in self.reported:
-                del self.ended[pid]
-            if pid in self.reported or now - at < self.grace[pid]:
+            if pid not in self.reported and now - at < self.grace[pid]:
                 continue
             del self.ended[pid]
+            if pid in self.reported:
+                continue
             self.killed[pid] = (code, now - at)
             with contextlib.suppress(OSError):
                 signal.pidfd_send_signal(self.pidfds[pid], signal.SIGKILL)
@@ -591,21 +590,14 @@ def _run_main(job: Job) -> None:
 
 def _exit_code(code: object) -> int:
     """The exit status ``SystemExit(code)`` gives an interpreter."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code & 0xFF
-    return 1
+    return 0 if code is None else code & 0xFF if isinstance(code, int) else 1
 
 
 def _say_ended(job: Job, code: int) -> None:
     """Tell the zygote the script ended with ``code``: from now on the worker has its
     grace to exit (its threads joined, its atexit run), then it is ended."""
-    if job.end_fd < 0:
-        return
     with contextlib.suppress(OSError):
         os.write(job.end_fd, str(code).encode())
-    with contextlib.suppress(OSError):
         os.close(job.end_fd)
 
 
