@@ -112,3 +112,45 @@ def test_a_gloo_dcp_job_restarted_warm_again_and_again_exits_every_time(tmp_path
             assert "outlived its script's end" not in text, text[-3000:]
     finally:
         sched.close()
+
+
+# Module-level state with a finaliser that says when it ran: during the interpreter's
+# finalisation (a cold worker) or before it, while every thread still runs. The old warm
+# worker's runpy dropped the script's module when the script returned: its globals, in a
+# cycle through their functions, went with the next garbage collection, and the exit
+# path runs Python (atexit handlers, thread shutdown) that may start one; here one does.
+PROBE_JOB = """
+import atexit, gc, os, sys
+atexit.register(gc.collect)
+
+class Probe:
+    def __del__(self, _write=os.write, _finalizing=sys.is_finalizing):
+        _write(1, f"probe freed while finalizing: {_finalizing()}\\n".encode())
+
+probe = Probe()
+print("attempt", os.environ["TRAINGUARD_ATTEMPT"], "ends", flush=True)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_warm_scripts_globals_are_freed_by_finalisation_as_a_cold_ones_are(
+    tmp_path: Path,
+) -> None:
+    job = tmp_path / "job.py"
+    job.write_text(PROBE_JOB)
+    sched = LocalScheduler(lambda ev: None, stdout=sys.stdout.buffer, stderr=sys.stderr.buffer,
+                           warm_standby=True, warm_workers=True)  # fmt: skip
+    cmd = (sys.executable, "-m", "torch.distributed.run", "--standalone",
+           "--nproc-per-node", "1", str(job))  # fmt: skip
+    try:
+        for attempt in range(2):
+            log = tmp_path / f"attempt-{attempt}.log"
+            att = sched.launch(LaunchSpec(cmd, attempt, (), None, str(log), job_id="probe"))
+            assert att.proc.wait(180) == 0, log.read_text()
+            att.wait_closed(5.0)
+            text = log.read_text()
+            assert ("warm workers: zygote pid" in (att.start_note or "")) == (attempt == 1)
+            assert f"attempt {attempt} ends" in text, text
+            assert "probe freed while finalizing: True\n" in text, text
+    finally:
+        sched.close()
