@@ -94,6 +94,7 @@ def test_a_gloo_dcp_job_restarted_warm_again_and_again_exits_every_time(tmp_path
             cmd = (sys.executable, "-m", "torch.distributed.run", "--standalone",
                    "--nproc-per-node", "2", str(DCP_JOB), "--ckpt", str(ckpt),
                    "--steps", str(4 * (attempt + 1)), "--exit-code", str(code),
+                   "--collect-at-exit",
                    *(["--async-save"] if attempt % 2 else []))  # fmt: skip
             log = tmp_path / f"attempt-{attempt}.log"
             extra = {"TRAINGUARD_WARM_EXIT_GRACE": "600"}

@@ -10,6 +10,8 @@ still hold it and the DCP state that used it.
 from __future__ import annotations
 
 import argparse
+import atexit
+import gc
 import os
 import sys
 
@@ -25,7 +27,12 @@ if __name__ == "__main__":
     parser.add_argument("--log-every", type=int, default=1)
     parser.add_argument("--exit-code", type=int, default=0)
     parser.add_argument("--async-save", action="store_true")
+    # A garbage collection on the way out (any allocation in an atexit handler may start
+    # one): what frees a runpy'd script's globals before finalisation (decision 0490).
+    parser.add_argument("--collect-at-exit", action="store_true")
     args = parser.parse_args()
+    if args.collect_at_exit:
+        atexit.register(gc.collect)
 
     dist.init_process_group("gloo")
     group = dist.new_group(backend="gloo")  # the checkpoint's own, as torchtitan's async mode
