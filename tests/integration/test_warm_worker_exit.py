@@ -155,3 +155,42 @@ def test_a_warm_scripts_globals_are_freed_by_finalisation_as_a_cold_ones_are(
             assert "probe freed while finalizing: True\n" in text, text
     finally:
         sched.close()
+
+
+# A child the script forks that ends through the script's own frames (sys.exit) is not
+# the worker: the worker, still training, must not be taken for ended.
+FORKING_JOB = """
+import os, sys, time
+if os.environ["TRAINGUARD_ATTEMPT"] != "0":
+    if os.fork() == 0:
+        sys.exit(0)
+    os.wait()
+    time.sleep(8)
+    print("the worker still trains", flush=True)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_child_the_script_forks_does_not_end_the_worker(tmp_path: Path) -> None:
+    job = tmp_path / "job.py"
+    job.write_text(FORKING_JOB)
+    sched = LocalScheduler(lambda ev: None, stdout=sys.stdout.buffer, stderr=sys.stderr.buffer,
+                           warm_standby=True, warm_workers=True)  # fmt: skip
+    cmd = (sys.executable, "-m", "torch.distributed.run", "--standalone",
+           "--nproc-per-node", "1", str(job))  # fmt: skip
+    try:
+        for attempt in range(2):
+            log = tmp_path / f"attempt-{attempt}.log"
+            # Shorter than the worker's sleep after its child ended, longer than a loaded
+            # machine takes to finalise an interpreter with torch imported.
+            extra = {"TRAINGUARD_WARM_EXIT_GRACE": "5"}
+            att = sched.launch(
+                LaunchSpec(cmd, attempt, (), None, str(log), job_id="fork", extra_env=extra)
+            )
+            assert att.proc.wait(180) == 0, log.read_text()
+            att.wait_closed(5.0)
+        text = (tmp_path / "attempt-1.log").read_text()
+        assert "warm workers: zygote pid" in text, text
+        assert "the worker still trains" in text and "outlived" not in text, text
+    finally:
+        sched.close()

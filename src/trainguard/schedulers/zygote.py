@@ -251,6 +251,7 @@ class Job:
     argv: list[str]
     env: dict[str, str]
     end_fd: int = -1  # where the worker says "the script ended with exit code C"
+    pid: int = 0  # the worker's: a process the script forks does not speak for it
 
 
 def _write_environ(directory: str, pid: int, env: Mapping[str, str]) -> str | None:
@@ -303,7 +304,7 @@ def _child(
     kind, target, argv = request["plan"]
     args = request.get("args") or [sys.executable, "-u", target, *argv]
     impersonate(args, request["env"], comm=args[0])  # what a cold worker shows in /proc
-    return Job(kind, target, list(argv), dict(request["env"]), end_w)
+    return Job(kind, target, list(argv), dict(request["env"]), end_w, os.getpid())
 
 
 class _Zygote:
@@ -596,6 +597,8 @@ def _exit_code(code: object) -> int:
 def _say_ended(job: Job, code: int) -> None:
     """Tell the zygote the script ended with ``code``: from now on the worker has its
     grace to exit (its threads joined, its atexit run), then it is ended."""
+    if os.getpid() != job.pid:
+        return  # a child the script forked, ending through the script's frames
     with contextlib.suppress(OSError):
         os.write(job.end_fd, str(code).encode())
         os.close(job.end_fd)
