@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -189,3 +190,69 @@ def test_warm_ranks_look_like_cold_ones_to_outside_tools(case: RunCase) -> None:
     assert b"--nproc-per-node" in agent_argv or b"--nproc_per_node" in agent_argv, agent_argv
     assert agent_env["TRAINGUARD_ATTEMPT"] == "1" and "TRAINGUARD_STANDBY" not in agent_env
     assert case.finish(200) == 0, case.output()[-3000:]
+
+
+# Trains until its rank 1 is killed (attempt 0); restarted, every rank fails at once with
+# the same KeyError (an application error), from the script's own frames.
+FAILING_JOB = """
+import os, time
+
+def fetch(batch):
+    return batch["labels"]
+
+def main():
+    attempt = int(os.environ["TRAINGUARD_ATTEMPT"])
+    for step in range(1, 100000):
+        if attempt >= 1:
+            fetch({})
+        print(f"step={step} loss=1.0", flush=True)
+        time.sleep(0.2)
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def _tracebacks(log: str) -> list[list[str]]:
+    """Each traceback in ``log``: its ``File ...`` lines and the closing exception line."""
+    found, current = [], None
+    for line in log.splitlines():
+        if line.endswith("Traceback (most recent call last):"):
+            current = []
+        elif current is not None:
+            if line.lstrip().startswith('File "'):
+                current.append(line.strip())
+            elif line and not line.startswith((" ", "\t")):
+                found.append([*current, line])
+                current = None
+    return found
+
+
+def test_a_warm_attempts_traceback_has_no_trainguard_frame(case: RunCase) -> None:
+    """The user's traceback after a warm restart is the one a cold worker prints: from
+    the script's ``<module>`` on, without zygote.py, standby.py or runpy frames (0495);
+    torchrun's own report of the failure carries none either."""
+    script = case.tmp / "failing.py"
+    script.write_text(FAILING_JOB)
+    case.start_command(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone",
+         "--nproc-per-node", "2", str(script)],
+        env={"TG_TEST_RECORD_DIR": str(case.records)},
+    )  # fmt: skip
+    _standby(case)
+    case.wait_output(r"^step=3 ")
+    pid, _ = case.rank_process(0, 1)
+    os.kill(pid, signal.SIGKILL)
+    assert case.finish(200) != 0, case.output()[-3000:]
+    log = _attempt_log(case, 1)
+    assert "; warm workers: zygote pid" in log, log[:2000]
+    for name in ("zygote.py", "standby.py", "runpy"):
+        assert name not in log, log[-4000:]
+    worker = [tb for tb in _tracebacks(log) if tb[-1].endswith("KeyError: 'labels'")]
+    assert len(worker) == 2, log[-4000:]
+    for tb in worker:
+        assert tb[:-1] == [
+            f'File "{script}", line 16, in <module>',
+            f'File "{script}", line 11, in main',
+            f'File "{script}", line 5, in fetch',
+        ], tb

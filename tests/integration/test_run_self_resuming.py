@@ -189,3 +189,43 @@ def test_resume_arg_and_the_damaged_newest_checkpoint(tmp_path: Path, keep: bool
         note = json.loads((ckpt / ".trainguard-rejected" / "step_00000015.trainguard-note.json")
                           .read_text())  # fmt: skip
         assert note["path"] == str(ckpt / "step_00000015") and "sha256" in note["reason"]
+
+
+@pytest.mark.parametrize(
+    "loaded",
+    [
+        "Loading the checkpoint at step {start}.",  # torchtitan
+        " loading checkpoint from {root} at iteration {start}",  # Megatron-LM
+        "  Continuing training from global step {start}",  # transformers Trainer
+    ],
+)
+def test_resumed_step_is_the_first_step_trained_after_the_restore(
+    tmp_path: Path, loaded: str
+) -> None:
+    """A job that says which checkpoint step it loaded, then logs every 4 steps: the
+    load line is a checkpoint event, not step 20 (0497); the first step it trained and
+    printed is 24, whatever the framework's wording."""
+    res = run(
+        tmp_path,
+        f"""
+        saved = sorted(root.glob("step_*"))
+        start = int(saved[-1].name.split("_")[1]) if saved else 0
+        if start:
+            print({loaded!r}.format(start=start, root=root), flush=True)
+            time.sleep(0.5)
+        for i in range(start + 1, 61):
+            time.sleep(0.02)
+            if i % 4 == 0:
+                print(f"step={{i}}", flush=True)
+            if i % 10 == 0:
+                save(i)
+            if i == 26 and attempt == 0:
+                sys.exit(3)
+        """,
+        "--verify-window",
+        "0.3",
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    inc = incident(tmp_path)
+    assert inc["outcome"] == "recovered" and inc["checkpoint_step"] == 20
+    assert inc["resumed_step"] == 24 and inc["warnings"] == [], inc

@@ -284,7 +284,6 @@ def test_counters_within_an_epoch_are_liveness(line: str, epoch: int, count: int
     ("line", "step"),
     [
         ("Epoch 0, global step 50: 'val_loss' reached 0.51 (best 0.51), saving model", 50),
-        ("Resuming training from checkpoint with epoch 0 and global step 250", 250),
         ("epoch 3 step 1200 loss 0.25", 1200),  # a bare step beside an epoch is global
         ("global_step=77 lr=1e-4", 77),
         # What a script prints for trainer.train()'s result.
@@ -386,3 +385,187 @@ def test_a_json_progress_line_carries_the_jobs_own_time_and_rank() -> None:
         assert got is not None and got.step == 5 and got.at is None
     hf = p.read("{'loss': '0.69', 'step': 7, 'time': 1764400000.0}")
     assert hf is not None and hf.step == 7 and hf.at is None  # Trainer's dicts: no clock
+
+
+# --- a frame is read when it is drawn (decision 0496) -----------------------------------
+
+# A real tqdm bar on a pipe, one update per line on stdin: the test decides when each
+# frame is drawn and checks it is read before the next one exists.
+PACED_BAR = """
+import sys
+from tqdm import tqdm
+bar = tqdm(total=5, file=sys.stdout, mininterval=0, miniters=1, ncols=80, desc="train")
+for _ in range(5):
+    sys.stdin.readline()
+    bar.update(1)
+sys.stdin.readline()
+bar.close()
+print("done", flush=True)
+"""
+
+
+def _read_until(fd: int, splitter: LineSplitter, want: str, timeout: float = 20.0) -> list[str]:
+    import os
+    import select
+    import time
+
+    got: list[str] = []
+    deadline = time.monotonic() + timeout
+    while not any(want in x for x in got):
+        left = deadline - time.monotonic()
+        assert left > 0 and select.select([fd], [], [], left)[0], f"{want!r} not read: {got}"
+        data = os.read(fd, 65536)
+        assert data, f"end of stream before {want!r}: {got}"
+        got += [x.decode() for x in splitter.feed(data)]
+    return got
+
+
+def test_a_tqdm_frame_on_a_pipe_is_a_line_when_drawn_not_at_the_next_redraw() -> None:
+    import subprocess
+    import sys
+
+    pytest.importorskip("tqdm")
+    child = subprocess.Popen(
+        [sys.executable, "-c", PACED_BAR],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert child.stdin is not None and child.stdout is not None
+    splitter, parser = LineSplitter(), ProgressLineParser()
+    fd = child.stdout.fileno()
+    try:
+        opening = _read_until(fd, splitter, "0/5")
+        assert readings(parser, opening)[-1].count == 0
+        for step in range(1, 6):
+            child.stdin.write(b"\n")
+            child.stdin.flush()
+            # The frame of `step` is drawn, and the child waits: nothing else comes until
+            # the test asks for the next update, so it is read now or never.
+            lines = _read_until(fd, splitter, f"{step}/5")
+            frame = next(x for x in lines if f"{step}/5" in x)
+            assert frame.startswith("train:") and frame.rstrip().endswith("]")
+            [reading] = readings(parser, [frame])
+            assert reading.is_step and reading.step == step
+        child.stdin.close()
+        rest = _read_until(fd, splitter, "done")
+        assert child.wait(20) == 0
+    finally:
+        child.kill()
+    # tqdm's closing "\n" ends the last frame: no empty line, no frame twice.
+    assert rest[-1] == "done" and "" not in rest and not any("5/5" in x for x in rest[:-1][1:])
+
+
+def test_a_drawn_frame_split_from_its_closing_newline_is_one_line() -> None:
+    s = LineSplitter()
+    assert s.feed(b"\r 40%|####  | 2/5 [00:01<00:01,  2.00it/s]") == [
+        b"",
+        b" 40%|####  | 2/5 [00:01<00:01,  2.00it/s]",
+    ]
+    assert s.feed(b"\r 60%|###### | 3/5 [00:01<00:01,  2.00it/s]   ") == [
+        b" 60%|###### | 3/5 [00:01<00:01,  2.00it/s]   "
+    ]  # tqdm pads a shorter frame with spaces over the longer one before it
+    assert s.feed(b"\nnext line\n") == [b"next line"]
+    # Not a frame: text after a \n, or after a \r that does not end in "]", waits.
+    assert s.feed(b"[rank0] loss [0.5]") == []
+    assert s.feed(b"\r 3/5 [00:01") == [b"[rank0] loss [0.5]"]
+    assert s.feed(b"<00:01]") == [b" 3/5 [00:01<00:01]"]
+    assert s.flush() == []
+
+
+def test_split_lines_gives_a_drawn_frame_at_the_end_of_a_chunk() -> None:
+    # The engine tails the attempt's log in chunks: the bar's newest frame is progress
+    # now, not when the next chunk brings the next redraw.
+    lines, rest = split_lines(
+        b"epoch 1\n\r 20%|##  | 1/5 [00:00<00:02]\r 40%|#### | 2/5 [00:00<00:01]"
+    )
+    assert lines == [
+        b"epoch 1",
+        b"",
+        b" 20%|##  | 1/5 [00:00<00:02]",
+        b" 40%|#### | 2/5 [00:00<00:01]",
+    ]
+    assert rest == b""
+    lines, rest = split_lines(b"\r 40%|#### | 2/5 [00:0")
+    assert lines == [b""] and rest == b" 40%|#### | 2/5 [00:0"
+
+
+# --- checkpoint events are not steps (decision 0497) ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("line", "event", "count"),
+    [
+        # torchtitan (CheckpointManager.load / _save_last_step)
+        ("[titan] 2026-12-05 08:00:00,000 - root - INFO - Loading the checkpoint at step 40.",
+         "load", 40),
+        ("Saving a full checkpoint at last step, step 1000.", "save", 1000),
+        # Megatron-LM (checkpointing.py)
+        (" loading checkpoint from /ck at iteration 40", "load", 40),
+        ("  successfully loaded checkpoint from /ck [ t 1/1, p 1/1 ] at iteration 40",
+         "load", 40),
+        ("saving checkpoint at iteration      40 to /ck in torch_dist format", "save", 40),
+        ("  successfully saved checkpoint from iteration      40 to /ck [ t 1/1, p 1/1 ]",
+         "save", 40),
+        # transformers Trainer: its resume banner
+        ("  Continuing training from global step 40", "load", 40),
+        # generic scripts
+        ("Resuming training from checkpoint with epoch 0 and global step 250", "load", 250),
+        ("[rank0]: loaded checkpoint step=40 from /ck/step_00000040", "load", 40),
+        ("checkpoint saved at step 40 (/ck/step-40)", "save", 40),
+    ],
+)  # fmt: skip
+def test_a_checkpoint_loaded_or_saved_at_a_step_is_no_trained_step(
+    line: str, event: str, count: int
+) -> None:
+    r = ProgressLineParser().read(line)
+    assert r is not None and r.kind is ProgressKind.CHECKPOINT and not r.is_step
+    assert r.step is None and r.count == count and r.event == event
+    # Saving happens while training; loading is start-up, as a banner is.
+    assert r.is_liveness is (event == "save")
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # Files and directories named after a step, with no step number left: nothing.
+        "Saving model checkpoint to out/checkpoint-40",  # transformers Trainer
+        "Loading states from out/checkpoints/checkpoint_3",  # accelerate load_state
+        "Saving current state to out/checkpoints/checkpoint_3",  # accelerate save_state
+        "[Torch] Checkpoint global_step40 is about to be saved!",  # DeepSpeed
+        "Finished saving the checkpoint (or staging if async is enabled)in 0.12 seconds.",
+    ],
+)
+def test_checkpoint_lines_without_a_step_say_nothing(line: str) -> None:
+    assert ProgressLineParser().read(line) is None
+
+
+def test_the_first_step_after_a_restore_is_the_first_trained_one() -> None:
+    # What a torchtitan job prints after a restart: the load names step 40, the first
+    # step it trains is 41 (logged at 50 with --log-every 10).
+    p = ProgressLineParser()
+    lines = [
+        "Loading the checkpoint at step 40.",
+        "Finished loading the checkpoint in 0.05 seconds.",
+        "step: 50  loss:  7.1234  memory:  1.23GiB(3.1%)",
+        "Saving the checkpoint (or staging if async is enabled).",
+        "saving checkpoint at iteration 50 to /ck",
+    ]
+    got = readings(p, lines)
+    assert [r.step for r in got if r.is_step] == [50]
+    assert [r.kind for r in got] == [
+        ProgressKind.CHECKPOINT, ProgressKind.STEP, ProgressKind.CHECKPOINT
+    ]  # fmt: skip
+    assert [r.is_liveness for r in got] == [False, False, True]
+
+
+def test_step_lines_that_mention_checkpoints_in_structured_forms_stay_steps() -> None:
+    p = ProgressLineParser()
+    record = p.read('{"step": 40, "loss": 0.5, "note": "checkpoint saved"}')
+    assert record is not None and record.is_step and record.step == 40
+    bar = p.read(" 7%|7         | 40/600 [00:10<02:20, 4.00it/s, checkpoint=saved]")
+    assert bar is not None and bar.is_step and bar.step == 40
+    # A loss was computed: a step trained, even where the line names the checkpoint saved.
+    demo = p.read("step   3  loss 0.1234  checkpoint -> /out/saved/step_00000003")
+    assert demo is not None and demo.is_step and demo.step == 3
+    # Lightning's ModelCheckpoint: the step has been trained, the file is written after.
+    mc = p.read("Epoch 0, global step 50: 'val_loss' reached 0.51 (best 0.51), saving model")
+    assert mc is not None and mc.is_step and mc.step == 50

@@ -10,7 +10,15 @@ answers with a :class:`ProgressReading` of one of two kinds:
 * ``LIVENESS`` — the line shows the job is working (a bar moved, a loss was
   logged, an epoch began) but its number is not the global step: a per-epoch
   batch index, an evaluation or data-loading bar, a bar that has just opened at
-  ``0/N``. When unsure, a reading is liveness, never a step.
+  ``0/N``. When unsure, a reading is liveness, never a step;
+* ``CHECKPOINT`` — a line that would read as a step but says a checkpoint was loaded
+  or saved at that step (torchtitan's ``Loading the checkpoint at step 40.``,
+  Megatron's ``loading checkpoint from ... at iteration 40`` and ``saving checkpoint at
+  iteration 40 ...``, the Trainer's ``Continuing training from global step 40``): no
+  step was trained, so the first step after a restore is the first *trained* one
+  (decision 0497). The number is the reading's ``count``, ``event`` says ``load`` or
+  ``save``; a save shows the job working (:attr:`ProgressReading.is_liveness`), a load
+  is start-up, as a banner is.
 
 Forms recognised without configuration (each from what the framework prints):
 
@@ -73,6 +81,7 @@ _MAX_RECORD = 8192
 class ProgressKind(enum.Enum):
     STEP = "step"  # the global step counter
     LIVENESS = "liveness"  # the job is working; the number (if any) is not the global step
+    CHECKPOINT = "checkpoint"  # a checkpoint loaded or saved at a step: no step trained
 
 
 @dataclass(frozen=True)
@@ -91,10 +100,20 @@ class ProgressReading:
     # rank the record names: a step rate on the job's clock (decision 0320).
     at: float | None = None
     rank: int | None = None
+    event: str = ""  # a CHECKPOINT reading's "load" or "save"
 
     @property
     def is_step(self) -> bool:
         return self.kind is ProgressKind.STEP
+
+    @property
+    def is_liveness(self) -> bool:
+        """The job is working, and the line names no step it trained: a bar, a logged
+        loss, a checkpoint being saved. Not a step (counted as one), not a checkpoint
+        being loaded (start-up: a restart that loads is not yet training)."""
+        return self.kind is ProgressKind.LIVENESS or (
+            self.kind is ProgressKind.CHECKPOINT and self.event == "save"
+        )
 
     @property
     def token(self) -> tuple[object, ...]:
@@ -294,6 +313,28 @@ _CHECKPOINT_NAME = re.compile(
 )
 
 
+# A checkpoint loaded or saved (decision 0497): a verb and "checkpoint" in one line, or
+# the Trainer's "Continuing training from global step N" (its resume banner).
+_CKPT_NOUN = re.compile(r"(?i)\b(?:checkpoint|ckpt)s?\b")
+_CKPT_VERB = re.compile(
+    r"(?i)\b(?:(?P<load>load(?:s|ed|ing)?|restor(?:e|es|ed|ing)|resum(?:e|es|ed|ing))"
+    r"|(?P<save>sav(?:e|es|ed|ing)|writ(?:e|es|ing|ten)|stag(?:e|ed|ing)))\b"
+)
+_CONTINUING = re.compile(r"(?i)\bcontinuing training from\b")
+
+
+def checkpoint_event(text: str) -> str:
+    """``"load"`` or ``"save"`` when ``text`` says a checkpoint was loaded or saved, else ``""``."""
+    if _CONTINUING.search(text):
+        return "load"
+    if _CKPT_NOUN.search(text) is None:
+        return ""
+    verb = _CKPT_VERB.search(text)
+    if verb is None:
+        return ""
+    return "load" if verb.group("load") else "save"
+
+
 def _loss(text: str) -> float | None:
     m = _GENERIC_LOSS.search(text)
     return float(m.group("loss")) if m else None
@@ -361,6 +402,24 @@ class ProgressLineParser:
         return _as_int(value)
 
     def _stock(self, text: str) -> ProgressReading | None:
+        reading = self._stock_forms(text)
+        if reading is None or not reading.is_step or reading.form in ("json", "tqdm"):
+            return reading
+        if reading.loss is not None:
+            return reading  # a loss was computed: a step was trained, whatever else is said
+        event = checkpoint_event(text)
+        if not event:
+            return reading
+        return ProgressReading(
+            ProgressKind.CHECKPOINT,
+            reading.form,
+            count=reading.step,
+            total=reading.total,
+            epoch=reading.epoch,
+            event=event,
+        )
+
+    def _stock_forms(self, text: str) -> ProgressReading | None:
         # Every line of output passes here: substring tests (C speed) decide which
         # patterns can match at all, so an ordinary log line costs a few microseconds.
         if text.lstrip().startswith("{"):
@@ -510,5 +569,6 @@ __all__ = [
     "ProgressKind",
     "ProgressLineParser",
     "ProgressReading",
+    "checkpoint_event",
     "clean_line",
 ]

@@ -362,7 +362,13 @@ def main(argv: list[str]) -> int:
     sock.sendall(OK + (b" " + workers.encode() if workers else b"") + b"\n")
     sock.close()
     # What `python -m torch.distributed.run` and the torchrun console script both run.
-    torch.distributed.run.main()
+    try:
+        torch.distributed.run.main()
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as exc:  # a failed worker: torchrun's ChildFailedError, printed
+        zygote.print_uncaught(exc)  # as a cold torchrun prints it, without our frames
+        return 1
     return 0
 
 

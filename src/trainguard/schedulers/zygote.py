@@ -13,8 +13,10 @@ agent only, by a request to the zygote:
   start_new_session=True)`` would), takes stdin/stdout/stderr passed with
   ``SCM_RIGHTS`` (the files torchrun redirects to, or the agent's own), replaces
   ``os.environ`` (before any CUDA call: CUDA reads ``CUDA_VISIBLE_DEVICES`` at its
-  initialisation), chdirs, and runs the script as ``__main__`` (:mod:`runpy`); an
-  uncaught exception ends it exactly as it ends a cold interpreter;
+  initialisation), chdirs, and runs the script in a real ``__main__`` module that stays
+  until finalisation, as a cold interpreter's does (decision 0490); an uncaught
+  exception ends it exactly as it ends a cold interpreter; a worker still alive a grace
+  after its script ended is ended, with the script's exit code (0490);
 * the agent gets a :class:`WarmWorker`, a ``Popen``-like handle (``pid``, ``poll``,
   ``wait``, ``send_signal``, ``returncode``). The zygote reads each worker's exit
   status without reaping it (``waitid(..., WNOWAIT)``) and sends it to the agent;
@@ -72,6 +74,12 @@ PR_SET_PDEATHSIG = 1
 LIBRARY_PREFIXES = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_")
 APPLIED_VARS = ("OMP_NUM_THREADS",)
 INTERPRETER_VARS = ("PATH", "VIRTUAL_ENV", "LD_LIBRARY_PATH", "LD_PRELOAD")
+# A worker whose script has ended (it said so on its end pipe, with the exit code) but
+# that is still alive this many seconds later is killed and reported with the script's
+# code (decision 0490): a thread that never ends, or a teardown that deadlocks, must not
+# keep a completed job running. The worker's environment may set another value.
+EXIT_GRACE_VAR = "TRAINGUARD_WARM_EXIT_GRACE"
+EXIT_GRACE = 10.0
 
 
 def start_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -242,6 +250,8 @@ class Job:
     target: str
     argv: list[str]
     env: dict[str, str]
+    end_fd: int = -1  # where the worker says "the script ended with exit code C"
+    pid: int = 0  # the worker's: a process the script forks does not speak for it
 
 
 def _write_environ(directory: str, pid: int, env: Mapping[str, str]) -> str | None:
@@ -260,7 +270,17 @@ def _write_environ(directory: str, pid: int, env: Mapping[str, str]) -> str | No
     return None
 
 
-def _child(request: dict[str, Any], fds: list[int], ready_w: int, sock: socket.socket) -> Job:
+def exit_grace(env: Mapping[str, str]) -> float:
+    """The worker's grace between its script's end and its exit (``EXIT_GRACE_VAR``)."""
+    with contextlib.suppress(ValueError):
+        grace = float(env.get(EXIT_GRACE_VAR, EXIT_GRACE))
+        return grace if grace > 0 else EXIT_GRACE
+    return EXIT_GRACE
+
+
+def _child(
+    request: dict[str, Any], fds: list[int], ready_w: int, sock: socket.socket, end_w: int
+) -> Job:
     """In the forked worker: a session of its own, the request's stdio, env and cwd."""
     os.setsid()
     _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)  # the zygote gone: nobody reports this worker
@@ -284,7 +304,7 @@ def _child(request: dict[str, Any], fds: list[int], ready_w: int, sock: socket.s
     kind, target, argv = request["plan"]
     args = request.get("args") or [sys.executable, "-u", target, *argv]
     impersonate(args, request["env"], comm=args[0])  # what a cold worker shows in /proc
-    return Job(kind, target, list(argv), dict(request["env"]))
+    return Job(kind, target, list(argv), dict(request["env"]), end_w, os.getpid())
 
 
 class _Zygote:
@@ -296,19 +316,53 @@ class _Zygote:
         self.pidfds: dict[int, int] = {}  # worker pid -> pidfd, until reaped
         self.reported: set[int] = set()
         self.files: dict[int, str] = {}
+        self.ends: dict[int, int] = {}  # worker pid -> its end pipe, until it says or exits
+        self.grace: dict[int, float] = {}
+        self.ended: dict[int, tuple[int, float]] = {}  # pid -> (script's code, when it ended)
+        self.killed: dict[int, tuple[int, float]] = {}  # pid -> (script's code, seconds late)
 
     def serve(self) -> Job:
         """Serve until the agent goes away (then exit); returns only in a forked worker."""
         while True:
             watched = [fd for pid, fd in self.pidfds.items() if pid not in self.reported]
-            readable, _, _ = select.select([self.sock.fileno(), *watched], [], [])
+            ends = {fd: pid for pid, fd in self.ends.items()}
+            deadlines = [at + self.grace[pid] for pid, (_, at) in self.ended.items()]
+            timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+            readable, _, _ = select.select([self.sock.fileno(), *watched, *ends], [], [], timeout)
             for fd in readable:
                 if fd == self.sock.fileno():
                     job = self._request()
                     if job is not None:
                         return job
+                elif fd in ends:
+                    self._ended(ends[fd])
                 else:
                     self._report(fd)
+            self._overdue()
+
+    def _ended(self, pid: int) -> None:
+        """The worker's script ended (it wrote its exit code), or the worker is gone."""
+        fd = self.ends.pop(pid)
+        try:
+            data = os.read(fd, 64)
+        except OSError:
+            data = b""
+        os.close(fd)
+        with contextlib.suppress(ValueError):
+            self.ended[pid] = (int(data), time.monotonic())
+
+    def _overdue(self) -> None:
+        """Kill each worker that outlived its script's end by its grace (decision 0490)."""
+        now = time.monotonic()
+        for pid, (code, at) in list(self.ended.items()):
+            if pid not in self.reported and now - at < self.grace[pid]:
+                continue
+            del self.ended[pid]
+            if pid in self.reported:
+                continue
+            self.killed[pid] = (code, now - at)
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self.pidfds[pid], signal.SIGKILL)
 
     def _report(self, pidfd: int) -> None:
         pid = next(p for p, fd in self.pidfds.items() if fd == pidfd)
@@ -319,12 +373,28 @@ class _Zygote:
         if info is None:
             return
         self.reported.add(pid)
+        self.ended.pop(pid, None)
+        body: dict[str, Any] = {"exit": pid, "status": [info.si_code, info.si_status]}
+        if pid in self.killed:
+            # Ended by us after its script had ended: the job's result is the script's.
+            code, late = self.killed.pop(pid)
+            body["status"] = [os.CLD_EXITED, code]
+            body["note"] = (
+                f"warm worker pid {pid} outlived its script's end (exit code {code}) by "
+                f"{late:.1f} s; ended"
+            )
         with contextlib.suppress(OSError):
-            _send(self.sock, {"exit": pid, "status": [info.si_code, info.si_status]})
+            _send(self.sock, body)
 
     def _reap(self, pid: int) -> None:
         fd = self.pidfds.pop(pid, None)
         self.reported.discard(pid)
+        self.grace.pop(pid, None)
+        self.ended.pop(pid, None)
+        self.killed.pop(pid, None)
+        end = self.ends.pop(pid, None)
+        if end is not None:
+            os.close(end)
         if fd is not None:
             with contextlib.suppress(ChildProcessError, OSError):
                 os.waitid(os.P_PIDFD, fd, os.WEXITED)
@@ -356,23 +426,28 @@ class _Zygote:
 
     def _start(self, request: dict[str, Any], fds: list[int]) -> Job | None:
         ready_r, ready_w = os.pipe()
+        end_r, end_w = os.pipe()
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()  # nothing of ours may be written twice by the worker
         try:
             pid = os.fork()
         except OSError as exc:
-            os.close(ready_r)
-            os.close(ready_w)
+            for fd in (ready_r, ready_w, end_r, end_w):
+                os.close(fd)
             _send(self.sock, {"error": f"fork: {exc}"})
             return None
         if pid == 0:
             os.close(ready_r)
-            for fd in self.pidfds.values():
+            os.close(end_r)
+            for fd in (*self.pidfds.values(), *self.ends.values()):
                 os.close(fd)
-            return _child(request, fds, ready_w, self.sock)
+            return _child(request, fds, ready_w, self.sock, end_w)
         os.close(ready_w)
+        os.close(end_w)
         self.pidfds[pid] = os.pidfd_open(pid)
+        self.ends[pid] = end_r
+        self.grace[pid] = exit_grace(request["env"])
         path = _write_environ(self.environ_dir, pid, request["env"])
         if path is not None:
             self.files[pid] = path
@@ -434,7 +509,6 @@ def fork_zygote(
 def run_job(job: Job) -> None:
     """Run a worker's script or module as ``__main__``, as ``PYTHON -u`` would."""
     import io
-    import runpy
 
     for fd, name, errors in ((1, "stdout", "strict"), (2, "stderr", "backslashreplace")):
         raw = io.FileIO(fd, "w", closefd=False)  # -u: unbuffered, every write goes out
@@ -447,22 +521,87 @@ def run_job(job: Job) -> None:
         torch.set_num_threads(int(threads))
     sys.argv = [job.target, *job.argv]
     try:
-        if job.kind == "module":
-            sys.path[0:0] = [os.getcwd()]
-            runpy.run_module(job.target, run_name="__main__", alter_sys=True)
-        else:
-            sys.path[0:0] = [os.path.dirname(os.path.abspath(job.target))]
-            runpy.run_path(job.target, run_name="__main__")
-    except SystemExit:
+        _run_main(job)
+    except SystemExit as exc:
+        _say_ended(job, _exit_code(exc.code))
         raise
     except BaseException as exc:  # reported and ended as a cold interpreter ends it
-        # The traceback a cold interpreter prints: from the script's frames on, without
-        # the standby's, the zygote's and runpy's (diagnose reads it).
-        tb = exc.__traceback__
-        while tb is not None and _ours(tb.tb_frame.f_code.co_filename):
-            tb = tb.tb_next
-        sys.excepthook(type(exc), exc, tb if tb is not None else exc.__traceback__)
+        print_uncaught(exc)
+        _say_ended(job, 1)
         raise SystemExit(1) from None
+    _say_ended(job, 0)
+
+
+def print_uncaught(exc: BaseException) -> None:
+    """Print ``exc`` as a cold interpreter prints an uncaught exception: its traceback
+    from the job's own frames on, without the standby's, the zygote's and runpy's
+    (decision 0495; diagnose and the user read it). The trimmed traceback is set on the
+    exception itself: the default hook (and rich's, loguru's...) print
+    ``exc.__traceback__``, whatever traceback they are passed."""
+    tb = exc.__traceback__
+    while tb is not None and _ours(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    if tb is not None:
+        exc.with_traceback(tb)
+    sys.excepthook(type(exc), exc, exc.__traceback__)
+
+
+# The standby's own ``__main__`` module (its frames still run below the script's) and,
+# where runpy ran the script, the globals it returned: referenced until the interpreter
+# finalises, as a cold interpreter's ``__main__`` is (decision 0490).
+_KEPT: list[Any] = []
+
+
+def _run_main(job: Job) -> None:
+    """The script in a real ``__main__`` module that stays in ``sys.modules``: its
+    globals (a gloo process group among them) are destroyed by the interpreter's
+    finalisation, as a cold worker's are, not when a runpy temporary module is dropped
+    while the library's threads still run (they wait for the GIL its destructor holds)."""
+    import builtins
+    import io
+    import runpy
+    import types
+
+    _KEPT.append(sys.modules.get("__main__"))
+    main = types.ModuleType("__main__")
+    sys.modules["__main__"] = main
+    if job.kind == "module":
+        sys.path[0:0] = [os.getcwd()]
+        as_main = getattr(runpy, "_run_module_as_main", None)  # what `python -m` runs
+        if as_main is not None:
+            as_main(job.target, True)
+        else:
+            _KEPT.append(runpy.run_module(job.target, run_name="__main__", alter_sys=True))
+        return
+    path = job.target
+    sys.path[0:0] = [os.path.dirname(os.path.abspath(path))]
+    if not os.path.isfile(path) or path.endswith((".pyc", ".zip")):
+        _KEPT.append(runpy.run_path(path, run_name="__main__"))  # a directory, zip or .pyc
+        return
+    from importlib.machinery import SourceFileLoader
+
+    with io.open_code(path) as fh:
+        code = compile(fh.read(), path, "exec", dont_inherit=True)
+    main.__dict__.update(
+        __file__=path, __cached__=None, __builtins__=builtins,
+        __loader__=SourceFileLoader("__main__", path),
+    )  # fmt: skip
+    exec(code, main.__dict__)
+
+
+def _exit_code(code: object) -> int:
+    """The exit status ``SystemExit(code)`` gives an interpreter."""
+    return 0 if code is None else code & 0xFF if isinstance(code, int) else 1
+
+
+def _say_ended(job: Job, code: int) -> None:
+    """Tell the zygote the script ended with ``code``: from now on the worker has its
+    grace to exit (its threads joined, its atexit run), then it is ended."""
+    if os.getpid() != job.pid:
+        return  # a child the script forked, ending through the script's frames
+    with contextlib.suppress(OSError):
+        os.write(job.end_fd, str(code).encode())
+        os.close(job.end_fd)
 
 
 def _ours(filename: str) -> bool:
@@ -488,6 +627,7 @@ class Client:
         self._exits: dict[int, tuple[int, int]] = {}
         self._requests = threading.Lock()
         self.closed = False
+        self.say: Callable[[str], None] | None = None  # into the attempt log (install)
         self._reader = threading.Thread(target=self._read, name="zygote", daemon=True)
 
     def start_reading(self) -> None:
@@ -508,6 +648,8 @@ class Client:
                 if "exit" in body:
                     self._exits[int(body["exit"])] = (int(body["status"][0]),
                                                       int(body["status"][1]))  # fmt: skip
+                    if body.get("note") and self.say is not None:
+                        self.say(str(body["note"]))
                 else:
                     self._replies.append(body)
                 self._cond.notify_all()
@@ -633,6 +775,7 @@ def install(client: Client, zygote_env: Mapping[str, str], say: Callable[[str], 
 
     cls: Any = handler_module.SubprocessHandler
     popen = cls._popen
+    client.say = say
     said: set[str] = set()
 
     def cold(why: str) -> None:

@@ -8,8 +8,12 @@ sink as an :class:`OutputLine` with the time it was read.
 
 A line ends at ``\n``, ``\r\n`` *or a lone* ``\r``: progress bars (tqdm, Lightning,
 Hugging Face) redraw themselves with ``\r`` and may print no ``\n`` for minutes, so
-reading only up to ``\n`` would hide every step until the bar closes. Long lines
-are cut at ``MAX_LINE`` bytes rather than buffered without bound.
+reading only up to ``\n`` would hide every step until the bar closes. A tqdm frame
+(tqdm is also what the Lightning and Hugging Face bars draw with) is ``\r`` followed by
+the bar, ending in ``]``, and the next terminator comes only with the next redraw: text
+after a lone ``\r`` that ends in ``]`` is therefore a line as soon as it is read, so a
+step is seen when it is drawn, not one redraw later (decision 0496). Long lines are cut
+at ``MAX_LINE`` bytes rather than buffered without bound.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from trainguard.model.files import open_private
 MAX_LINE = 64 * 1024
 _READ_SIZE = 64 * 1024
 _TERMINATOR = re.compile(rb"\r\n|\r|\n")
+_FRAME_END = b"]"  # how a tqdm frame ends: "... 10/100 [00:01<00:09, 9.95it/s]"
 
 
 class LineSplitter:
@@ -34,27 +39,42 @@ class LineSplitter:
 
     Stateful so that a ``\r\n`` split across two reads is one terminator, not two
     lines. Terminators are removed; a line longer than ``max_line`` bytes is cut into
-    pieces of ``max_line`` bytes.
+    pieces of ``max_line`` bytes. A drawn frame (text after a lone ``\r`` ending in
+    ``]``, spaces aside) is a line when it is read; a ``\n`` right after it closes it.
     """
 
     def __init__(self, max_line: int = MAX_LINE) -> None:
         self.max_line = max_line
         self._pending = bytearray()
         self._after_cr = False  # the last terminator was a \r: a leading \n belongs to it
+        self._redraw = False  # what is pending follows a lone \r
+        self._drawn = False  # a drawn frame was taken: the next terminator only closes it
 
     def feed(self, data: bytes) -> list[bytes]:
         out: list[bytes] = []
         if self._after_cr and data[:1] == b"\n":
             data = data[1:]
+            self._redraw = False
         self._after_cr = False
         start = 0
         for m in _TERMINATOR.finditer(data):
-            self._pending += data[start : m.start()]
-            out.extend(self._take())
+            text = data[start : m.start()]
+            self._pending += text
+            if text or not self._drawn:
+                out.extend(self._take())
+            self._drawn = False
             start = m.end()
+            self._redraw = m.group() == b"\r"
         if start and start == len(data) and data[-1:] == b"\r":
             self._after_cr = True  # a \n may follow in the next read
         self._pending += data[start:]
+        if start < len(data):
+            self._drawn = False
+        if self._redraw and self._pending.rstrip(b" ").endswith(_FRAME_END):
+            # Drawn: its terminator comes with the next frame (or tqdm's closing \n).
+            out.extend(self._take())
+            self._redraw = False
+            self._drawn = True
         while len(self._pending) >= self.max_line:
             out.append(bytes(self._pending[: self.max_line]))
             del self._pending[: self.max_line]

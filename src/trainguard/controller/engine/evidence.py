@@ -165,7 +165,7 @@ class EvidenceFollower(Part):
             if reported:
                 continue
             reading = self._progress.read(text)
-            if reading is not None and not reading.is_step:
+            if reading is not None and reading.is_liveness:
                 alive_lines += 1
             if reading is None or not reading.is_step or reading.step is None:
                 continue

@@ -1,0 +1,196 @@
+"""A warm worker that outlives its script is ended, with the script's code (decision 0490).
+
+Real processes: a parked standby and its zygote, a real torchrun agent (the standby),
+real forked workers. The worker's script starts a non-daemon thread that never ends and
+returns (or exits with a code) after printing its last line: a cold interpreter would
+wait for that thread forever, and so would the job. The zygote, told by the worker that
+its script ended, ends the worker after its grace and reports the script's exit code;
+the attempt log says so.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trainguard.schedulers.local import LaunchSpec, LocalScheduler, job_processes
+
+JOB = """
+import os, sys, threading, time
+if os.environ["TRAINGUARD_ATTEMPT"] != "0":
+    threading.Thread(target=lambda: time.sleep(3600), name="forever").start()
+    print("last line of rank", os.environ["LOCAL_RANK"], flush=True)
+    sys.exit(int(os.environ["TG_TEST_CODE"]))
+"""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("code", [0, 3])
+def test_a_warm_worker_that_outlives_its_script_is_ended_with_the_scripts_code(
+    tmp_path: Path, code: int
+) -> None:
+    job = tmp_path / "job.py"
+    job.write_text(JOB)
+    sched = LocalScheduler(lambda ev: None, stdout=sys.stdout.buffer, stderr=sys.stderr.buffer,
+                           warm_standby=True, warm_workers=True)  # fmt: skip
+    cmd = (sys.executable, "-m", "torch.distributed.run", "--standalone",
+           "--nproc-per-node", "2", str(job))  # fmt: skip
+    logs = [tmp_path / f"attempt-{i}.log" for i in range(2)]
+    job_id = f"wx{code}"
+    try:
+        first = sched.launch(LaunchSpec(cmd, 0, (), None, str(logs[0]), job_id=job_id))
+        assert first.proc.wait(180) == 0, logs[0].read_text()
+        first.wait_closed(5.0)
+        extra = {"TRAINGUARD_WARM_EXIT_GRACE": "1", "TG_TEST_CODE": str(code)}
+        second = sched.launch(
+            LaunchSpec(cmd, 1, (), None, str(logs[1]), job_id=job_id, extra_env=extra)
+        )
+        assert "warm workers: zygote pid" in (second.start_note or ""), second.start_note
+        started = time.monotonic()
+        rc = second.proc.wait(120)
+        second.wait_closed(5.0)
+        log = logs[1].read_text()
+        assert log.count("last line of rank") == 2, log
+        # torchrun's own result: success for 0, a failed worker (its code named) for 3.
+        assert rc == (0 if code == 0 else 1), log
+        ended = re.findall(
+            rf"# trainguard: warm worker pid \d+ outlived its script's end \(exit code {code}\)"
+            r" by (\d+\.\d) s; ended\n",
+            log,
+        )
+        assert len(ended) == 2, log
+        assert all(1.0 <= float(s) < 30 for s in ended)
+        if code:
+            assert "exitcode  : 3" in log or "exitcode: 3" in log, log
+        assert time.monotonic() - started < 60
+    finally:
+        sched.close()
+    deadline = time.monotonic() + 15
+    while job_processes(job_id) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert job_processes(job_id) == []
+
+
+DCP_JOB = Path(__file__).resolve().parents[1] / "jobs" / "frameworks" / "dcp_gloo_job.py"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_gloo_dcp_job_restarted_warm_again_and_again_exits_every_time(tmp_path: Path) -> None:
+    """torchtitan-style (gloo, DCP saves, sync and async, the process group destroyed at the
+    end while the script's globals hold it): each warm attempt ends by itself, with the
+    script's exit code, the teardown run as a cold interpreter runs it. The grace is
+    longer than the test allows, so the guard above cannot be what ends them."""
+    sched = LocalScheduler(lambda ev: None, stdout=sys.stdout.buffer, stderr=sys.stderr.buffer,
+                           warm_standby=True, warm_workers=True)  # fmt: skip
+    ckpt = tmp_path / "ckpt"
+    try:
+        for attempt in range(6):
+            code = 3 if attempt == 4 else 0
+            cmd = (sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   "--nproc-per-node", "2", str(DCP_JOB), "--ckpt", str(ckpt),
+                   "--steps", str(4 * (attempt + 1)), "--exit-code", str(code),
+                   "--collect-at-exit",
+                   *(["--async-save"] if attempt % 2 else []))  # fmt: skip
+            log = tmp_path / f"attempt-{attempt}.log"
+            extra = {"TRAINGUARD_WARM_EXIT_GRACE": "600"}
+            att = sched.launch(
+                LaunchSpec(cmd, attempt, (), None, str(log), job_id="dcp", extra_env=extra)
+            )
+            if attempt:
+                assert "warm workers: zygote pid" in (att.start_note or ""), att.start_note
+            rc = att.proc.wait(120)
+            att.wait_closed(5.0)
+            text = log.read_text()
+            assert rc == (1 if code else 0), text[-3000:]
+            assert text.count("training completed") == 2, text[-3000:]
+            if attempt:
+                assert f"Loading the checkpoint at step {4 * attempt}." in text, text[-3000:]
+            assert "outlived its script's end" not in text, text[-3000:]
+    finally:
+        sched.close()
+
+
+# Module-level state with a finaliser that says when it ran: during the interpreter's
+# finalisation (a cold worker) or before it, while every thread still runs. The old warm
+# worker's runpy dropped the script's module when the script returned: its globals, in a
+# cycle through their functions, went with the next garbage collection, and the exit
+# path runs Python (atexit handlers, thread shutdown) that may start one; here one does.
+PROBE_JOB = """
+import atexit, gc, os, sys
+atexit.register(gc.collect)
+
+class Probe:
+    def __del__(self, _write=os.write, _finalizing=sys.is_finalizing):
+        _write(1, f"probe freed while finalizing: {_finalizing()}\\n".encode())
+
+probe = Probe()
+print("attempt", os.environ["TRAINGUARD_ATTEMPT"], "ends", flush=True)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_warm_scripts_globals_are_freed_by_finalisation_as_a_cold_ones_are(
+    tmp_path: Path,
+) -> None:
+    job = tmp_path / "job.py"
+    job.write_text(PROBE_JOB)
+    sched = LocalScheduler(lambda ev: None, stdout=sys.stdout.buffer, stderr=sys.stderr.buffer,
+                           warm_standby=True, warm_workers=True)  # fmt: skip
+    cmd = (sys.executable, "-m", "torch.distributed.run", "--standalone",
+           "--nproc-per-node", "1", str(job))  # fmt: skip
+    try:
+        for attempt in range(2):
+            log = tmp_path / f"attempt-{attempt}.log"
+            att = sched.launch(LaunchSpec(cmd, attempt, (), None, str(log), job_id="probe"))
+            assert att.proc.wait(180) == 0, log.read_text()
+            att.wait_closed(5.0)
+            text = log.read_text()
+            assert ("warm workers: zygote pid" in (att.start_note or "")) == (attempt == 1)
+            assert f"attempt {attempt} ends" in text, text
+            assert "probe freed while finalizing: True\n" in text, text
+    finally:
+        sched.close()
+
+
+# A child the script forks that ends through the script's own frames (sys.exit) is not
+# the worker: the worker, still training, must not be taken for ended.
+FORKING_JOB = """
+import os, sys, time
+if os.environ["TRAINGUARD_ATTEMPT"] != "0":
+    if os.fork() == 0:
+        sys.exit(0)
+    os.wait()
+    time.sleep(8)
+    print("the worker still trains", flush=True)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_child_the_script_forks_does_not_end_the_worker(tmp_path: Path) -> None:
+    job = tmp_path / "job.py"
+    job.write_text(FORKING_JOB)
+    sched = LocalScheduler(lambda ev: None, stdout=sys.stdout.buffer, stderr=sys.stderr.buffer,
+                           warm_standby=True, warm_workers=True)  # fmt: skip
+    cmd = (sys.executable, "-m", "torch.distributed.run", "--standalone",
+           "--nproc-per-node", "1", str(job))  # fmt: skip
+    try:
+        for attempt in range(2):
+            log = tmp_path / f"attempt-{attempt}.log"
+            # Shorter than the worker's sleep after its child ended, longer than a loaded
+            # machine takes to finalise an interpreter with torch imported.
+            extra = {"TRAINGUARD_WARM_EXIT_GRACE": "5"}
+            att = sched.launch(
+                LaunchSpec(cmd, attempt, (), None, str(log), job_id="fork", extra_env=extra)
+            )
+            assert att.proc.wait(180) == 0, log.read_text()
+            att.wait_closed(5.0)
+        text = (tmp_path / "attempt-1.log").read_text()
+        assert "warm workers: zygote pid" in text, text
+        assert "the worker still trains" in text and "outlived" not in text, text
+    finally:
+        sched.close()
