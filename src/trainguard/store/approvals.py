@@ -48,7 +48,7 @@ class ApprovalStore(LeaseStore):
                 },
             )
             assert row is not None
-            approval_id = int(row[0])
+            approval_id = int(row["id"])
             self.store.append_audit(
                 at,
                 actor,

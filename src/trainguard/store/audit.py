@@ -54,7 +54,7 @@ class AuditLog(Database):
                 },
             )
             assert row is not None
-            return int(row[0])
+            return int(row["id"])
 
     def list_audit(
         self,
@@ -94,13 +94,11 @@ class AuditLog(Database):
         return [rows.audit_event(r) for r in found]
 
     def count_audit(self) -> int:
-        row = self.fetch_one(sql.COUNT_AUDIT)
-        return 0 if row is None else int(row[0])
+        return int(self.fetch_value(sql.COUNT_AUDIT) or 0)
 
     def last_audit_id(self) -> int:
         """The newest audit record's id (0 for an empty log)."""
-        row = self.fetch_one(sql.SELECT_LAST_AUDIT_ID)
-        return 0 if row is None or row[0] is None else int(row[0])
+        return int(self.fetch_value(sql.SELECT_LAST_AUDIT_ID) or 0)
 
 
 __all__ = ["AuditLog"]

@@ -85,7 +85,7 @@ class BreakerStore(FleetBase):
                 incident_id=incident_id,
             )
             return Suppression(
-                int(row[0]), float(at), breaker, resource_kind, resource_id, reason, incident_id
+                int(row["id"]), float(at), breaker, resource_kind, resource_id, reason, incident_id
             )
 
     def list_suppressions(self, *, since: float | None = None) -> list[Suppression]:
@@ -110,10 +110,10 @@ class BreakerStore(FleetBase):
             )
 
     def quarantined_since(self, resource_kind: str, since: float) -> int:
-        row = self.store.fetch_one(
+        count = self.store.fetch_value(
             sql.COUNT_QUARANTINED_SINCE, {"resource_kind": resource_kind, "since": float(since)}
         )
-        return 0 if row is None else int(row[0])
+        return int(count or 0)
 
 
 __all__ = ["BreakerStore"]

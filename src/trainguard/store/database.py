@@ -12,6 +12,8 @@ concept modules (audit, jobs, incidents, health) mixed in, and the control plane
   one (imports: database -> {sqlite, postgres} -> backend, errors).
 * No clock reads: every time is an argument (``at``).
 * A connection may be used from several threads of one process; a lock serialises them.
+* Rows are read by column name (decision 0438): ``sqlite3.Row`` on SQLite, a dict on
+  PostgreSQL; a query of one value uses :meth:`Database.fetch_value`.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any, Self
 
 from trainguard.store import schema
 from trainguard.store import sqlite as sqlite_dialect
-from trainguard.store.backend import Dialect, is_postgres_url
+from trainguard.store.backend import Dialect, Row, is_postgres_url
 from trainguard.store.errors import SchemaTooNew, StoreError
 
 DEFAULT_BUSY_TIMEOUT_S = 30.0
@@ -112,7 +114,7 @@ class Database:
         with self.transaction():
             types = self.dialect.types
             self._conn.execute(schema.render(schema.MIGRATIONS_TABLE, types))
-            current = int(self._conn.execute(schema.SELECT_SCHEMA_VERSION).fetchone()[0])
+            current = int(_first(self._conn.execute(schema.SELECT_SCHEMA_VERSION).fetchone()))
             if current > schema.LATEST_VERSION:
                 raise SchemaTooNew(
                     f"{self.path} has schema version {current}; this trainguard knows up to "
@@ -134,7 +136,7 @@ class Database:
 
     def schema_version(self) -> int:
         with self._lock:
-            return int(self._conn.execute(schema.SELECT_SCHEMA_VERSION).fetchone()[0])
+            return int(_first(self._conn.execute(schema.SELECT_SCHEMA_VERSION).fetchone()))
 
     # --- transactions and statements -------------------------------------------------
 
@@ -174,18 +176,24 @@ class Database:
             self._depth -= 1
             self._conn.execute("COMMIT" if depth == 0 else f"RELEASE {savepoint}")
 
-    def fetch_one(self, query: str, params: dict[str, Any] | None = None) -> tuple[Any, ...] | None:
-        """The first row of ``query`` (``None`` when there is none)."""
+    def fetch_one(self, query: str, params: dict[str, Any] | None = None) -> Row | None:
+        """The first row of ``query`` (``None`` when there is none), read by column name."""
         # fetchall, not fetchone: a half-read statement (INSERT ... RETURNING) stays
         # active and would make the COMMIT fail.
         with self._lock:
             rows = self._conn.execute(query, params or {}).fetchall()
-        return tuple(rows[0]) if rows else None
+        return rows[0] if rows else None
 
-    def fetch_all(self, query: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
-        """Every row of ``query``."""
+    def fetch_all(self, query: str, params: dict[str, Any] | None = None) -> list[Row]:
+        """Every row of ``query``, each read by column name."""
         with self._lock:
             return list(self._conn.execute(query, params or {}).fetchall())
+
+    def fetch_value(self, query: str, params: dict[str, Any] | None = None) -> Any:
+        """The first column of the first row of ``query`` (``None`` when there is no row):
+        a count, a maximum, the id ``INSERT ... RETURNING id`` gives."""
+        row = self.fetch_one(query, params)
+        return None if row is None else _first(row)
 
     def execute(self, query: str, params: dict[str, Any] | None = None) -> int:
         """Run a statement; returns the number of rows it changed."""
@@ -194,6 +202,11 @@ class Database:
             count = int(cur.rowcount)
             cur.fetchall()  # finish a RETURNING statement (see fetch_one)
             return count
+
+
+def _first(row: Any) -> Any:
+    """The first column of a row of either dialect (a dict iterates over its names)."""
+    return next(iter(row.values())) if isinstance(row, dict) else row[0]
 
 
 __all__ = ["DEFAULT_BUSY_TIMEOUT_S", "Database"]

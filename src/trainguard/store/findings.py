@@ -39,7 +39,7 @@ class FindingStore(FleetBase):
                 },
             )
             assert row is not None
-            return int(row[0])
+            return int(row["id"])
 
     def findings_between(
         self, since: float, until: float, *, host: str | None = None, job_id: str | None = None

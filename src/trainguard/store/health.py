@@ -115,7 +115,7 @@ def transition_health(
         row = log.fetch_one(resource.select_state, {"key": key})
         if row is None:
             raise NotFound(f"no {resource.kind} {key!r}")
-        old = HealthState(row[0])
+        old = HealthState(row["state"])
         check_health_transition(old, new_state, f"{resource.kind} health")
         log.execute(
             resource.update_state,
@@ -127,7 +127,11 @@ def transition_health(
             if incident_id is not None
             else None
         )
-        why = f"incident {incident_id}" if cause is not None and cause[0] == reason else reason
+        why = (
+            f"incident {incident_id}"
+            if cause is not None and cause["summary"] == reason
+            else reason
+        )
         audit_id = log.append_audit(
             at,
             actor,
@@ -243,7 +247,7 @@ class DeviceStore(AuditLog):
         row = self.fetch_one(sql.SELECT_DEVICE, {"uuid": ident})
         if row is not None:
             return rows.device(row)
-        found: list[tuple[Any, ...]] = []
+        found: list[rows.Row] = []
         # isascii: "²".isdigit() is true but int("²") fails; an index past 64 bits
         # cannot be stored, so it matches nothing rather than overflowing the query.
         if ident.isascii() and ident.isdigit() and len(ident) <= 19:
@@ -260,7 +264,7 @@ class DeviceStore(AuditLog):
         if not found:
             raise NotFound(f"no device {ident!r} (give a UUID, a PCI bus id or an index)")
         if len(found) > 1:
-            choices = ", ".join(f"{r[0]} on {r[1]}" for r in found)
+            choices = ", ".join(f"{r['uuid']} on {r['host']}" for r in found)
             raise NotFound(f"{ident!r} matches several devices ({choices}): give the UUID")
         return rows.device(found[0])
 

@@ -107,7 +107,7 @@ class IncidentStore(JobStore):
                 },
             )
             assert row is not None
-            incident_id = int(row[0])
+            incident_id = int(row["id"])
             self.append_audit(
                 detected_at,
                 actor,

@@ -26,7 +26,10 @@ class JobTokenStore(FleetBase):
 
     def live_job_tokens(self) -> dict[str, str]:
         """Token hash -> job id, for every job that is not over."""
-        return {str(h): str(j) for h, j in self.store.fetch_all(sql.SELECT_LIVE_JOB_TOKENS)}
+        return {
+            str(r["token_hash"]): str(r["job_id"])
+            for r in self.store.fetch_all(sql.SELECT_LIVE_JOB_TOKENS)
+        }
 
 
 __all__ = ["JobTokenStore"]

@@ -199,8 +199,8 @@ class JobStore(AuditLog):
             return []
         by_attempt: dict[int, list[RankReport]] = {}
         for r in self.fetch_all(sql.SELECT_JOB_RANKS, {"job_id": job_id}):
-            by_attempt.setdefault(int(r[0]), []).append(rows.rank_report(r))
-        return [rows.attempt(r, by_attempt.get(int(r[1]), ())) for r in found]
+            by_attempt.setdefault(int(r["attempt"]), []).append(rows.rank_report(r))
+        return [rows.attempt(r, by_attempt.get(int(r["number"]), ())) for r in found]
 
     def update_attempt_progress(self, job_id: str, number: int, step: int, *, at: float) -> None:
         """Note a progress report: the first one sets ``first_step``; not audited (hot path)."""

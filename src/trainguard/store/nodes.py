@@ -110,11 +110,11 @@ class NodeStore(FleetBase):
 
     def unschedulable_devices(self) -> list[str]:
         """UUIDs of the devices no job may get (quarantined, repair, validating, retired)."""
-        return [r[0] for r in self.store.fetch_all(sql.SELECT_UNSCHEDULABLE_DEVICES)]
+        return [r["uuid"] for r in self.store.fetch_all(sql.SELECT_UNSCHEDULABLE_DEVICES)]
 
     def unschedulable_nodes(self) -> list[str]:
         """Names of the nodes no job may get."""
-        return [r[0] for r in self.store.fetch_all(sql.SELECT_UNSCHEDULABLE_NODES)]
+        return [r["name"] for r in self.store.fetch_all(sql.SELECT_UNSCHEDULABLE_NODES)]
 
     def last_audit_id(self) -> int:
         """The newest audit record's id (0 for an empty log): the cursor of health_changes."""
@@ -134,8 +134,8 @@ class NodeStore(FleetBase):
         found = self.store.fetch_all(
             sql.SELECT_HEALTH_SUBJECTS, {"after": int(after), "upto": int(upto)}
         )
-        for (subject,) in found:
-            kind, _, name = str(subject).partition(":")
+        for row in found:
+            kind, _, name = str(row["subject"]).partition(":")
             if kind == "device":
                 devices.add(name)
             elif kind == "node":

@@ -21,7 +21,7 @@ class OutboxStore(FleetBase):
                 {"url": url, "event": event, "payload": rows.dumps(payload), "at": float(at)},
             )
             assert row is not None
-            return int(row[0])
+            return int(row["id"])
 
     def due_deliveries(self, now: float, limit: int = 100) -> list[Delivery]:
         return [

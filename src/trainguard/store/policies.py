@@ -36,7 +36,7 @@ class PolicyStore(FleetBase):
 
     def get_policy(self, name: str) -> dict[str, Any] | None:
         row = self.store.fetch_one(sql.SELECT_POLICY, {"name": name})
-        return None if row is None else dict(rows.loads(row[1]) or {})
+        return None if row is None else dict(rows.loads(row["document"]) or {})
 
     def list_policies(self) -> list[dict[str, Any]]:
         return [rows.policy(r) for r in self.store.fetch_all(sql.SELECT_POLICIES)]

@@ -15,7 +15,9 @@ Store code and the same SQL run on both databases (decision 0080):
   lock first, so write transactions are serialised exactly as SQLite's
   ``BEGIN IMMEDIATE`` serialises them (the store's read-check-write methods
   rely on that); readers never wait;
-* ``busy_timeout_s`` becomes ``lock_timeout`` (how long a writer waits for that lock).
+* ``busy_timeout_s`` becomes ``lock_timeout`` (how long a writer waits for that lock);
+* rows are dicts (``psycopg.rows.dict_row``), read by column name like SQLite's
+  ``sqlite3.Row`` (decision 0438).
 
 Needs the ``psycopg`` package (``pip install 'psycopg[binary]'``).
 """
@@ -66,16 +68,16 @@ class _Cursor:
     def rowcount(self) -> int:
         return int(self._cur.rowcount)
 
-    def fetchall(self) -> list[tuple[Any, ...]]:
+    def fetchall(self) -> list[dict[str, Any]]:
         if self._cur.description is None:
             return []
         return list(self._cur.fetchall())
 
-    def fetchone(self) -> tuple[Any, ...] | None:
+    def fetchone(self) -> dict[str, Any] | None:
         if self._cur.description is None:
             return None
         row = self._cur.fetchone()
-        return None if row is None else tuple(row)
+        return None if row is None else dict(row)
 
 
 class PgConnection:
@@ -118,6 +120,7 @@ def connect(url: str, busy_timeout_s: float) -> tuple[PgConnection, Dialect]:
     """Connect to ``url``; raises :class:`~trainguard.store.errors.StoreError` on failure."""
     try:
         import psycopg
+        import psycopg.rows
     except ImportError as exc:  # pragma: no cover - depends on the installation
         raise StoreError(
             "a postgresql:// database needs the psycopg package: pip install 'psycopg[binary]'"
@@ -127,6 +130,7 @@ def connect(url: str, busy_timeout_s: float) -> tuple[PgConnection, Dialect]:
             url,
             autocommit=True,
             cursor_factory=psycopg.ClientCursor,
+            row_factory=psycopg.rows.dict_row,
             connect_timeout=max(1, int(busy_timeout_s)),
         )
     except psycopg.Error as exc:

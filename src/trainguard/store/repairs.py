@@ -49,7 +49,7 @@ class RepairStore(FleetBase):
                 },
             )
             assert row is not None
-            repair_id = int(row[0])
+            repair_id = int(row["id"])
             self.store.append_audit(
                 at,
                 actor,
