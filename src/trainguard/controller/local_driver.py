@@ -241,14 +241,14 @@ class LocalDriver:
             reason = f"{o.state} is in use: {_holder_words(plane)} holds its lease"
             self.say(f"trainguard: {reason}")
             return RunResult("", EXIT_STOPPED, JobState.STOPPED, reason)
-        self._audit_cursor = store.last_audit_id()
+        self._audit_cursor = store.audit.last_audit_id()
         plane.put_policy(policy_document(o), ACTOR)
         # A dead run's quarantines are this cluster's from the start (a scheduler that
         # kept its state), not a difference the engine quarantines again (0385).
         cluster.hold_out(
             {
                 d.uuid: d.reason or "quarantined"
-                for d in store.list_devices()
+                for d in store.devices.list_devices()
                 if d.state is HealthState.QUARANTINED
             }
         )
@@ -276,7 +276,7 @@ class LocalDriver:
             if started is not None:
                 return started
         local_orphans.note_supervisor(store, job_id, self.clock(), resumed=took.job_id is not None)
-        fj = plane.fleet.get_fleet_job(job_id)
+        fj = plane.fleet.jobs.get_fleet_job(job_id)
         resume = took.resume_attempt
         token: int | None = None
         closing = 0  # passes run after the job ended, to close its incidents
@@ -307,15 +307,17 @@ class LocalDriver:
                 store, cluster, fj.scheduler_ref, fj.job_id, self.clock(), self._noted
             )
             self._ask(store, fj.job_id, report.waiting)
-            job = store.get_job(fj.job_id)
-            live = [i for i in store.list_incidents(job_id=fj.job_id) if not i.state.terminal]
+            job = store.jobs.get_job(fj.job_id)
+            live = [
+                i for i in store.incidents.list_incidents(job_id=fj.job_id) if not i.state.terminal
+            ]
             if job.state.terminal and live and closing < CLOSING_PASSES:
                 # The job ended in the pass that saw its last attempt exit; the verdict on
                 # that restart (a completed one is recovered) is the next pass's (0393).
                 closing += 1
                 continue
             if job.state.terminal:
-                incidents = tuple(i.id for i in store.list_incidents(job_id=fj.job_id))
+                incidents = tuple(i.id for i in store.incidents.list_incidents(job_id=fj.job_id))
                 code = self._exit_code(store, job.id, job.state)
                 return RunResult(fj.job_id, code, job.state, job.reason, incidents)
             interrupted = self._wait(plane, fj.job_id)
@@ -373,7 +375,7 @@ class LocalDriver:
             self.say(f"trainguard: {reason}")
             return RunResult(job_id, EXIT_STOPPED, JobState.STOPPED, reason)
         if start.note is not None:
-            store.append_audit(
+            store.audit.append_audit(
                 self.clock(), ACTOR, AuditKind.NOTE, f"job:{job_id}", start.note,
                 job_id=job_id,
             )  # fmt: skip
@@ -386,7 +388,7 @@ class LocalDriver:
         if state is JobState.COMPLETED:
             return 0
         if self.opt.mode is Mode.OBSERVE:
-            attempts = store.list_attempts(job_id)
+            attempts = store.jobs.list_attempts(job_id)
             last = attempts[-1] if attempts else None
             if last is not None and last.exit_code:
                 return last.exit_code
@@ -455,7 +457,7 @@ class LocalDriver:
                     self._views[(attempt, view.rank)] = view
 
     def _tell(self, store: Store, job_id: str | None) -> None:
-        for event in store.list_audit(after_id=self._audit_cursor):
+        for event in store.audit.list_audit(after_id=self._audit_cursor):
             self._audit_cursor = event.id
             if job_id is None or event.job_id in (None, job_id):
                 self.say(audit_line(event))
@@ -465,9 +467,9 @@ class LocalDriver:
         for approval_id in waiting:
             if approval_id in self._asked:
                 continue
-            approval = FleetStore(store).get_approval(approval_id)
+            approval = FleetStore(store).approvals.get_approval(approval_id)
             if approval.incident_id is None or (
-                store.get_incident(approval.incident_id).job_id != job_id
+                store.incidents.get_incident(approval.incident_id).job_id != job_id
             ):
                 continue  # another job's question (a state database serve shares)
             self._asked.add(approval_id)

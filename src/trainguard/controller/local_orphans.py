@@ -74,7 +74,7 @@ def note_supervisor(store: Store, job_id: str, at: float, *, resumed: bool) -> N
     """Record that this process supervises ``job_id`` (how the next run tells a job left
     open by a dead supervisor from one still supervised, 0114)."""
     me = process_identity()
-    store.append_audit(
+    store.audit.append_audit(
         at,
         ACTOR,
         AuditKind.NOTE,
@@ -88,7 +88,7 @@ def note_supervisor(store: Store, job_id: str, at: float, *, resumed: bool) -> N
 def supervisor_of(store: Store, job_id: str) -> dict[str, Any] | None:
     """The job's latest supervisor record (a resumed job has one per supervisor)."""
     found = None
-    for ev in store.list_audit(subject=f"job:{job_id}", kind=AuditKind.NOTE):
+    for ev in store.audit.list_audit(subject=f"job:{job_id}", kind=AuditKind.NOTE):
         sup = ev.data.get("supervisor") if isinstance(ev.data, dict) else None
         if isinstance(sup, dict) and sup.get("pid") is not None:
             found = sup
@@ -100,7 +100,7 @@ def find_orphans(store: Store, say: Callable[[str], None]) -> list[Orphan]:
     while holding the lease: a live supervisor is then a deposed one."""
     me = process_identity()
     found = []
-    for job in sorted(store.list_jobs(), key=lambda j: j.created_at, reverse=True):
+    for job in sorted(store.jobs.list_jobs(), key=lambda j: j.created_at, reverse=True):
         if job.state.terminal:
             continue
         sup = supervisor_of(store, job.id)
@@ -140,12 +140,12 @@ def stop_leftovers(
     groups = sorted(
         {
             int(ev.data["pgid"])
-            for ev in store.list_audit(job_id=job_id, kind=AuditKind.RESULT)
+            for ev in store.audit.list_audit(job_id=job_id, kind=AuditKind.RESULT)
             if isinstance(ev.data, dict) and ev.data.get("pgid") is not None
         }
     )
     subject = f"job:{job_id}"
-    intent = store.append_audit(
+    intent = store.audit.append_audit(
         at,
         ACTOR,
         AuditKind.INTENT,
@@ -158,7 +158,7 @@ def stop_leftovers(
     )
     left = kill_processes(pids, grace) if pids else []
     left += [p for p in job_processes(job_id) if p not in left]
-    store.append_audit(
+    store.audit.append_audit(
         at,
         ACTOR,
         AuditKind.RESULT,
@@ -173,11 +173,11 @@ def stop_leftovers(
 
 def answer_abandoned_intents(store: Store, job_id: str, at: float) -> None:
     """Every intent of ``trainguard run`` gets its result, if only ``abandoned``."""
-    audit = store.list_audit(job_id=job_id)
+    audit = store.audit.list_audit(job_id=job_id)
     answered = {a.data.get("intent_id") for a in audit if isinstance(a.data, dict)}
     for a in audit:
         if a.kind is AuditKind.INTENT and a.actor == ACTOR and a.id not in answered:
-            store.append_audit(
+            store.audit.append_audit(
                 at,
                 ACTOR,
                 AuditKind.RESULT,
@@ -201,18 +201,18 @@ def stop_job(store: Store, job_id: str, reason: str, at: float) -> None:
     """End a job as stopped, with its open attempts and live incidents, for ``reason``
     (the user's interrupt, or a dead run's job nobody resumes)."""
     with store.transaction():
-        for att in store.list_attempts(job_id):
+        for att in store.jobs.list_attempts(job_id):
             if not att.state.terminal:
-                store.finish_attempt(
+                store.jobs.finish_attempt(
                     job_id, att.number, AttemptState.STOPPED, at=at, reason=reason, actor=ACTOR
                 )
-        for inc in store.list_incidents(job_id=job_id):
+        for inc in store.incidents.list_incidents(job_id=job_id):
             if not inc.state.terminal:
-                store.update_incident(
+                store.incidents.update_incident(
                     inc.id, at=at, state=IncidentState.STOPPED, reason=reason, note=reason,
                     actor=ACTOR,
                 )  # fmt: skip
-        store.update_job_state(job_id, JobState.STOPPED, at=at, reason=reason, actor=ACTOR)
+        store.jobs.update_job_state(job_id, JobState.STOPPED, at=at, reason=reason, actor=ACTOR)
 
 
 @dataclass(frozen=True)
@@ -257,7 +257,7 @@ def take_over(
             adopted = _adopt(store, cluster, orphan, policy, at, stopped=bool(running))
             continue
         message = f"job {orphan.job.id} was left open by {orphan.gone} ({orphan.who}); closing it"
-        store.append_audit(at, ACTOR, AuditKind.NOTE, f"job:{orphan.job.id}", message,
+        store.audit.append_audit(at, ACTOR, AuditKind.NOTE, f"job:{orphan.job.id}", message,
                            {"supervisor": orphan.supervisor}, job_id=orphan.job.id)  # fmt: skip
         close(store, orphan, at)
     return adopted
@@ -271,7 +271,7 @@ def lost_restart(
     checkpoint it restores and its environment, from the restart's intent."""
     results = [
         e
-        for e in store.list_audit(kind=AuditKind.RESULT, job_id=job_id)
+        for e in store.audit.list_audit(kind=AuditKind.RESULT, job_id=job_id)
         if e.data.get("type") == "restart"
         and e.data.get("applied")
         and e.data.get("attempt") == last_attempt + 1
@@ -281,7 +281,7 @@ def lost_restart(
     key = results[-1].data.get("key")
     intents = [
         e
-        for e in store.list_audit(kind=AuditKind.INTENT, job_id=job_id)
+        for e in store.audit.list_audit(kind=AuditKind.INTENT, job_id=job_id)
         if key is not None and e.data.get("key") == key
     ]
     if not intents:
@@ -303,7 +303,7 @@ def replay_restart(store: Store, cluster: LocalCluster, took: TakeOver, at: floa
         return
     key, checkpoint, env = took.replay
     result = cluster.requeue(took.ref, key=key, token=0, resume_from=checkpoint, env=env)
-    store.append_audit(
+    store.audit.append_audit(
         at, ACTOR, AuditKind.NOTE, f"job:{took.job_id}",
         f"the restart {key} of the dead run left no process: attempt "
         f"{result.detail.get('attempt', '?')} started again", {"key": key},
@@ -317,11 +317,13 @@ def resume_adopted(
     """The adopted job's attempt ``number`` runs again under this driver, once the engine
     judged it (evidence on its cards fails it: then nothing is left to resume): no
     incident, the job did not fail, its supervisor did (0385)."""
-    att = store.get_attempt(job_id, number)
-    if att.state.terminal or any(i.attempt == number for i in store.list_incidents(job_id=job_id)):
+    att = store.jobs.get_attempt(job_id, number)
+    if att.state.terminal or any(
+        i.attempt == number for i in store.incidents.list_incidents(job_id=job_id)
+    ):
         return
     new = cluster.resume(ref)
-    store.append_audit(
+    store.audit.append_audit(
         at, ACTOR, AuditKind.NOTE, f"job:{job_id}",
         f"resuming job {job_id} after its supervisor died: attempt {new} replaces "
         f"attempt {number}", {"attempt": new, "replaces": number}, job_id=job_id,
@@ -342,7 +344,7 @@ def note_process_group(
     if started is None or started == noted:
         return noted
     pid, pgid = started
-    store.append_audit(
+    store.audit.append_audit(
         at, ACTOR, AuditKind.RESULT, f"job:{job_id}",
         f"attempt started: launcher pid {pid}, process group {pgid}",
         {"pid": pid, "pgid": pgid}, job_id=job_id,
@@ -364,14 +366,14 @@ def _adopt(
     job = orphan.job
     fleet = FleetStore(store)
     try:
-        fj: FleetJob | None = fleet.get_fleet_job(job.id)
+        fj: FleetJob | None = fleet.jobs.get_fleet_job(job.id)
     except NotFound:
         fj = None
     ref = fj.scheduler_ref if fj is not None else job.id
     if fj is None:
-        fleet.add_fleet_job(FleetJob(job_id=job.id, scheduler_ref=ref, policy=policy,
+        fleet.jobs.add_fleet_job(FleetJob(job_id=job.id, scheduler_ref=ref, policy=policy,
                                      registered_at=at))  # fmt: skip
-    attempts = store.list_attempts(job.id)
+    attempts = store.jobs.list_attempts(job.id)
     last = attempts[-1] if attempts else None
     spec = JobSpec(
         name=job.name,
@@ -392,7 +394,7 @@ def _adopt(
     )
     # The old loop's words: the recovery goes on (from the ledger, or a restart).
     message = f"job {job.id} was left open by {orphan.gone} ({orphan.who}); resuming its recovery"
-    store.append_audit(at, ACTOR, AuditKind.NOTE, f"job:{job.id}", message,
+    store.audit.append_audit(at, ACTOR, AuditKind.NOTE, f"job:{job.id}", message,
                        {"supervisor": orphan.supervisor, "ref": ref}, job_id=job.id)  # fmt: skip
     lost = lost_restart(store, job.id, last.number) if last is not None else None
     replay = lost if last is not None and last.state.terminal else None

@@ -124,7 +124,7 @@ class SlurmWatch:
                 continue
             if not isinstance(oj, SlurmObservedJob):
                 continue
-            existing = self.cp.fleet.find_fleet_job(ref)
+            existing = self.cp.fleet.jobs.find_fleet_job(ref)
             if existing is not None:
                 self._managed[ref] = existing.job_id
                 continue
@@ -134,7 +134,7 @@ class SlurmWatch:
                 continue
             policy = opt.policy if opt else None
             note = None
-            if policy is not None and self.cp.fleet.get_policy(policy) is None:
+            if policy is not None and self.cp.fleet.policies.get_policy(policy) is None:
                 note = f"policy {policy!r} named in the job's comment does not exist: default used"
                 policy = None
             job_id = f"slurm-{self.scheduler.cluster}-{ref.replace('#', '-')}"
@@ -157,7 +157,7 @@ class SlurmWatch:
                     note
                     or f"unknown keys in the job's comment: {sorted(opt.unknown) if opt else []}"
                 )
-                self.store.append_audit(
+                self.store.audit.append_audit(
                     self.clock(),
                     ACTOR,
                     AuditKind.NOTE,
@@ -301,27 +301,27 @@ class SlurmWatch:
                 continue
             now = self.clock()
             try:
-                job = self.store.get_job(job_id)
+                job = self.store.jobs.get_job(job_id)
                 live = [
                     i
-                    for i in self.store.list_incidents(job_id=job_id)
+                    for i in self.store.incidents.list_incidents(job_id=job_id)
                     if i.state in (IncidentState.VERIFYING, IncidentState.ACTING)
                     and i.recovery_attempt == oj.attempt
                 ]
                 with self.store.transaction():
                     for inc in live:
-                        self.store.update_incident(
+                        self.store.incidents.update_incident(
                             inc.id,
                             at=now,
                             note=f"attempt {oj.attempt} pending: {reason}"[:500],
                         )
                     if job.state is JobState.RUNNING:
-                        self.store.update_job_state(
+                        self.store.jobs.update_job_state(
                             job_id, JobState.RECOVERING, at=now, actor=ACTOR
                         )
-                        job = self.store.get_job(job_id)
+                        job = self.store.jobs.get_job(job_id)
                     if job.state is JobState.RECOVERING:
-                        self.store.update_job_state(
+                        self.store.jobs.update_job_state(
                             job_id,
                             JobState.WAITING,
                             at=now,
