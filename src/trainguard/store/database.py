@@ -1,11 +1,11 @@
 """One connection to the state database: opening, migrating, transactions, queries.
 
-:class:`Database` is the base every part of the store builds on: the
-backend-neutral :class:`~trainguard.store.core.Store` is a ``Database`` with the
-concept modules (audit, jobs, incidents, health) mixed in, and the control plane's
-:class:`~trainguard.store.fleet.FleetStore` shares one through its public methods
-(:meth:`Database.transaction`, :meth:`fetch_one`, :meth:`fetch_all`,
-:meth:`execute`), so a fleet write and a store write can be one transaction.
+:class:`Database` is what every repository of the store stands on: the
+backend-neutral :class:`~trainguard.store.core.Store` holds one (``store.db``) and gives
+it to its repositories (audit, jobs, incidents, devices), and the control plane's
+:class:`~trainguard.store.fleet.FleetStore` repositories share the same one through its
+public methods (:meth:`Database.transaction`, :meth:`fetch_one`, :meth:`fetch_all`,
+:meth:`fetch_value`, :meth:`execute`), so a fleet write and a store write can be one transaction.
 
 * What differs between SQLite and PostgreSQL is in one
   :class:`~trainguard.store.backend.Dialect`; the dialect modules do not import this
