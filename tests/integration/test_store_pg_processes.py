@@ -120,7 +120,7 @@ def test_processes_opening_a_fresh_database_at_once_migrate_it_once(postgres_url
     with Store.open(postgres_url) as store:
         assert store.schema_version() == store_sql.LATEST_VERSION
         rows = store.db.fetch_all("SELECT version FROM schema_migrations ORDER BY version")
-        assert [r["version"] for r in rows] == [m.version for m in store_sql.MIGRATIONS]
+        assert [r[0] for r in rows] == [m.version for m in store_sql.MIGRATIONS]
 
 
 def test_bad_urls_and_a_newer_schema_are_clear_errors(postgres_url: str) -> None:

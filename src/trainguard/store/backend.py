@@ -43,9 +43,9 @@ class Dialect:
 
 
 class Row(Protocol):
-    """A row read by column name (``sqlite3.Row`` on SQLite, a dict on PostgreSQL)."""
+    """A row read by column name (``sqlite3.Row`` on SQLite, ``postgres.PgRow`` on PostgreSQL)."""
 
-    def __getitem__(self, column: str, /) -> Any: ...
+    def __getitem__(self, key: str | int, /) -> Any: ...
 
 
 def is_postgres_url(target: object) -> bool:

@@ -12,8 +12,9 @@ public methods (:meth:`Database.transaction`, :meth:`fetch_one`, :meth:`fetch_al
   one (imports: database -> {sqlite, postgres} -> backend, errors).
 * No clock reads: every time is an argument (``at``).
 * A connection may be used from several threads of one process; a lock serialises them.
-* Rows are read by column name (decision 0438): ``sqlite3.Row`` on SQLite, a dict on
-  PostgreSQL; a query of one value uses :meth:`Database.fetch_value`.
+* Rows are read by column name (decision 0438): ``sqlite3.Row`` on SQLite, its
+  equivalent :class:`~trainguard.store.postgres.PgRow` on PostgreSQL (both also read by
+  position); a query of one value uses :meth:`Database.fetch_value`.
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ class Database:
         with self.transaction():
             types = self.dialect.types
             self._conn.execute(schema.render(schema.MIGRATIONS_TABLE, types))
-            current = int(_first(self._conn.execute(schema.SELECT_SCHEMA_VERSION).fetchone()))
+            current = int(self._conn.execute(schema.SELECT_SCHEMA_VERSION).fetchone()[0])
             if current > schema.LATEST_VERSION:
                 raise SchemaTooNew(
                     f"{self.path} has schema version {current}; this trainguard knows up to "
@@ -136,7 +137,7 @@ class Database:
 
     def schema_version(self) -> int:
         with self._lock:
-            return int(_first(self._conn.execute(schema.SELECT_SCHEMA_VERSION).fetchone()))
+            return int(self._conn.execute(schema.SELECT_SCHEMA_VERSION).fetchone()[0])
 
     # --- transactions and statements -------------------------------------------------
 
@@ -193,7 +194,7 @@ class Database:
         """The first column of the first row of ``query`` (``None`` when there is no row):
         a count, a maximum, the id ``INSERT ... RETURNING id`` gives."""
         row = self.fetch_one(query, params)
-        return None if row is None else _first(row)
+        return None if row is None else row[0]
 
     def execute(self, query: str, params: dict[str, Any] | None = None) -> int:
         """Run a statement; returns the number of rows it changed."""
@@ -202,11 +203,6 @@ class Database:
             count = int(cur.rowcount)
             cur.fetchall()  # finish a RETURNING statement (see fetch_one)
             return count
-
-
-def _first(row: Any) -> Any:
-    """The first column of a row of either dialect (a dict iterates over its names)."""
-    return next(iter(row.values())) if isinstance(row, dict) else row[0]
 
 
 __all__ = ["DEFAULT_BUSY_TIMEOUT_S", "Database"]
