@@ -499,12 +499,14 @@ def start_attempts(args: argparse.Namespace, db: Path) -> None:
     with Store.open(db) as store, store.transaction():
         for j in range(args.jobs):
             if args.no_controller:  # no controller to register them through the API
-                store.create_job(name=f"pretrain-{j}", command=["python", "train.py"],
+                store.jobs.create_job(name=f"pretrain-{j}", command=["python", "train.py"],
                                  need=args.gpus_per_agent, at=time.time(),
                                  job_id=f"bench-job-{j:04d}")  # fmt: skip
             host = host_name(j % args.agents)
-            devices = [d.device for d in store.list_devices(host=host)]
-            store.start_attempt(f"bench-job-{j:04d}", 0, devices, at=time.time(), actor="bench")
+            devices = [d.device for d in store.devices.list_devices(host=host)]
+            store.jobs.start_attempt(
+                f"bench-job-{j:04d}", 0, devices, at=time.time(), actor="bench"
+            )
 
 
 def probe_jobs(work: Path, det: list[dict[str, Any]], deadline: float) -> list[dict[str, Any]]:
@@ -647,10 +649,10 @@ def main() -> int:
         with Store.open(db) as store:
             lost_progress = 0
             for job_id, step in load.acked_steps.items():
-                att = store.get_attempt(job_id, 0)
+                att = store.jobs.get_attempt(job_id, 0)
                 if att.last_step != step:
                     lost_progress += 1
-            receipts = len(store.list_audit(subject="finding:bench:*"))
+            receipts = len(store.audit.list_audit(subject="finding:bench:*"))
         measured = load.measure_end - load.measure_start
         total_ok = sum(k.ok for k in load.kinds.values())
         reconcile = _histogram(metrics, "trainguard_reconcile_duration_seconds")

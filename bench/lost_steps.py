@@ -210,7 +210,7 @@ def node_trial(c: Any, variant: str, work: Path, fault: str = "node") -> dict[st
         text = w.output(jid).read_text(errors="replace")
         before = text[: text.index("attempt 1 of job")]
         printed = max(steps_in_text(before), default=None)
-        inc = w.store.list_incidents(job_id=w.managed_job_id(jid))[0]
+        inc = w.store.incidents.list_incidents(job_id=w.managed_job_id(jid))[0]
         row = _row(fault, variant, inc.to_json(), printed, text)
         row["steps_in_output"] = len(steps_in(w.output(jid)))
         after = text[text.index("attempt 1 of job") :]

@@ -198,8 +198,8 @@ def attempt_logs(state: Path, number: int) -> list[Path]:
     with Store.open(str(state)) as store:
         return [
             Path(a.log_path)
-            for job in store.list_jobs()
-            for a in store.list_attempts(job.id)
+            for job in store.jobs.list_jobs()
+            for a in store.jobs.list_attempts(job.id)
             if a.number == number and a.log_path and Path(a.log_path).exists()
         ]
 

@@ -255,11 +255,11 @@ def trial(c: LocalSlurm, fault: str, index: int, tmp: Path) -> list[Outcome]:
                     o.restored_step = restored
                     o.retry_nodes = tuple(w.scheduler.job(jid).nodes)
         b = outcomes[jid_b]
-        fj = w.watch.cp.fleet.find_fleet_job(jid_b)
+        fj = w.watch.cp.fleet.jobs.find_fleet_job(jid_b)
         if fj is not None:
             incs = [
                 i
-                for i in w.store.list_incidents(job_id=fj.job_id)
+                for i in w.store.incidents.list_incidents(job_id=fj.job_id)
                 if i.detected_at >= b.fault_at - 1.0
             ]
             if incs:
@@ -267,7 +267,8 @@ def trial(c: LocalSlurm, fault: str, index: int, tmp: Path) -> list[Outcome]:
                 b.detected = b.detected or inc.detected_at
                 if b.acted is None:
                     intents = [
-                        e.at for e in w.store.list_audit(kind=AuditKind.INTENT, incident_id=inc.id)
+                        e.at
+                        for e in w.store.audit.list_audit(kind=AuditKind.INTENT, incident_id=inc.id)
                     ]
                     b.acted = min(intents) if intents else None
                 if inc.recovered_at and b.trainguard_verified is None:

@@ -72,25 +72,25 @@ def main() -> int:
         root = Path(tmp)
         store = Store.open(root / "state.db")
         devs = [Device(i, f"GPU-{i}", f"0000:{i // 32:02x}:{i % 32:02x}.0") for i in range(N + 8)]
-        store.register_devices(devs, at=0.0)
-        store.create_job(name="bench", command=["x"], need=8, at=0.0, job_id="j")
-        store.start_attempt("j", 0, devs[:8], at=0.0)
+        store.devices.register_devices(devs, at=0.0)
+        store.jobs.create_job(name="bench", command=["x"], need=8, at=0.0, job_id="j")
+        store.jobs.start_attempt("j", 0, devs[:8], at=0.0)
 
         audit = timed(
-            lambda i: store.append_audit(float(i), "bench", "note", "bench", "m", {"i": i}), N
+            lambda i: store.audit.append_audit(float(i), "bench", "note", "bench", "m", {"i": i}), N
         )
-        rows.append(summary("store.append_audit", audit))
+        rows.append(summary("store.audit.append_audit", audit))
         rows.append(
             summary(
-                "store.update_attempt_progress",
-                timed(lambda i: store.update_attempt_progress("j", 0, i, at=float(i)), N),
+                "store.jobs.update_attempt_progress",
+                timed(lambda i: store.jobs.update_attempt_progress("j", 0, i, at=float(i)), N),
             )
         )
         rows.append(
             summary(
-                "store.transition_device (quarantine)",
+                "store.devices.transition_device (quarantine)",
                 timed(
-                    lambda i: store.transition_device(
+                    lambda i: store.devices.transition_device(
                         devs[8 + i].uuid, HealthState.QUARANTINED, "xid", "bench", float(i)
                     ),
                     N,
@@ -102,18 +102,23 @@ def main() -> int:
         )
 
         def incident(i: int) -> None:
-            inc = store.open_incident("j", 0, attribution, detected_at=float(i), failed_step=10)
-            store.record_plan(inc.id, {"actions": [{"type": "restart"}]}, at=float(i))
+            inc = store.incidents.open_incident(
+                "j", 0, attribution, detected_at=float(i), failed_step=10
+            )
+            store.incidents.record_plan(inc.id, {"actions": [{"type": "restart"}]}, at=float(i))
             with store.transaction():
-                store.update_incident(inc.id, at=float(i), state=IncidentState.ACTING)
-                store.add_incident_action(inc.id, {"type": "restart"}, at=float(i))
-            store.update_incident(inc.id, at=float(i), state=IncidentState.VERIFYING)
-            store.update_incident(inc.id, at=float(i), state=IncidentState.RECOVERED)
+                store.incidents.update_incident(inc.id, at=float(i), state=IncidentState.ACTING)
+                store.incidents.add_incident_action(inc.id, {"type": "restart"}, at=float(i))
+            store.incidents.update_incident(inc.id, at=float(i), state=IncidentState.VERIFYING)
+            store.incidents.update_incident(inc.id, at=float(i), state=IncidentState.RECOVERED)
 
         rows.append(summary("incident life (5 transactions)", timed(incident, N // 4)))
-        total = store.count_audit()
+        total = store.audit.count_audit()
         rows.append(
-            summary(f"store.list_audit (all {total})", timed(lambda i: store.list_audit(), 5))
+            summary(
+                f"store.audit.list_audit (all {total})",
+                timed(lambda i: store.audit.list_audit(), 5),
+            )
         )
         store.close()
         full = bare_insert(root / "full.db", "FULL")

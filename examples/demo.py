@@ -309,8 +309,8 @@ def main() -> int:
     from trainguard.store import Store
 
     with Store.open(state) as store:
-        [job_rec] = store.list_jobs()
-        attempts = store.list_attempts(job_rec.id)
+        [job_rec] = store.jobs.list_jobs()
+        attempts = store.jobs.list_attempts(job_rec.id)
     if any(bad["uuid"] in a.device_uuids for a in attempts[1:]):
         problems.append("the XID device was used again")
     if len(incidents) == 3 and incidents[2]["checkpoint_path"] != str(previous):

@@ -124,7 +124,7 @@ def main() -> int:
             out[0].step is NodeStep.ISOLATE and out[0].detail["route"] == "power_cycle",
             "the BMC says on, health OK, no alarm: hung -> the power-cycle route",
         )
-        check(rig.fleet.get_node("n1").state is HealthState.QUARANTINED, "n1 quarantined")
+        check(rig.fleet.nodes.get_node("n1").state is HealthState.QUARANTINED, "n1 quarantined")
         check(rig.cluster.observe().nodes["n1"].phase is NodePhase.DRAINED, "n1 drained")
 
         banner("4. pass: a power cycle is destructive -> ask a person")
@@ -151,7 +151,7 @@ def main() -> int:
         show(out)
         check(out[0].step is NodeStep.POWER_CYCLE, "power cycle handed to n1's BMC lane")
         rig.recovery.worker.wait_idle(120)
-        [action] = rig.fleet.list_power_actions(node="n1")
+        [action] = rig.fleet.power.list_power_actions(node="n1")
         check(
             action.finished and bool((action.result or {}).get("verified")),
             f"power cycle verified from a fresh read ({time.monotonic() - t:.1f}s), requests "
@@ -163,9 +163,9 @@ def main() -> int:
         out = rig.settle(time.time())
         show(out)
         check(out[-1].detail.get("then") == "return", "validation passed")
-        check(rig.fleet.get_node("n1").state is HealthState.HEALTHY, "n1 healthy")
+        check(rig.fleet.nodes.get_node("n1").state is HealthState.HEALTHY, "n1 healthy")
         check(rig.cluster.observe().nodes["n1"].phase is NodePhase.UP, "n1 back in the cluster")
-        [rec] = rig.fleet.list_repairs(resource_kind="node", resource_id="n1")
+        [rec] = rig.fleet.repairs.list_repairs(resource_kind="node", resource_id="n1")
         check(rec.outcome == "validated", f"repair {rec.id} closed: {rec.outcome}")
         print("  repair evidence:")
         for line in rec.evidence:

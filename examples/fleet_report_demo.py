@@ -44,12 +44,12 @@ def build(path: Path, rnd: random.Random) -> None:
         model = "NVIDIA H100 80GB HBM3" if r < 3 else "NVIDIA A100-SXM4-80GB"
         for k in range(4):
             name = f"gpu-r{r}-{k:02d}"
-            fleet.register_node(name, at=T0 - 10, labels={"rack": f"rack-{r}"})
+            fleet.nodes.register_node(name, at=T0 - 10, labels={"rack": f"rack-{r}"})
             devs = [
                 Device(i, f"GPU-{name}-{i}", f"0000:{16 + i:02x}:00.0", model=model, host=name)
                 for i in range(8)
             ]
-            store.register_devices(devs, at=T0 - 10)
+            store.devices.register_devices(devs, at=T0 - 10)
             nodes[name] = devs
     n = 0
     for day in range(DAYS):
@@ -59,10 +59,10 @@ def build(path: Path, rnd: random.Random) -> None:
             name = BAD_NODE if rnd.random() < 0.2 else rnd.choice(sorted(nodes))
             devs = nodes[name]
             start = T0 + day * 86400
-            store.create_job(
+            store.jobs.create_job(
                 name=job, command=["torchrun", "train.py"], need=8, at=start, job_id=job
             )
-            store.start_attempt(job, 0, devs, at=start)
+            store.jobs.start_attempt(job, 0, devs, at=start)
             kind, domain, _ = rnd.choices(CAUSES, [c[2] for c in CAUSES])[0]
             card = devs[3 if name == BAD_NODE else rnd.randrange(8)].uuid
             culprit = Culprit(device_uuid=card if domain is Domain.HARDWARE else None, host=name)
@@ -71,15 +71,17 @@ def build(path: Path, rnd: random.Random) -> None:
             acted = detected + rnd.uniform(10, 60)
             recovered = acted + rnd.uniform(300, 2400) * (1.3 - day / 20)
             att = Attribution(kind, domain, culprit, 0.9, f"{kind.value} on {name}")
-            inc = store.open_incident(job, 0, att, detected_at=detected, fault_at=fault)
-            store.start_attempt(job, 1, devs, at=acted)
-            store.update_incident(
+            inc = store.incidents.open_incident(job, 0, att, detected_at=detected, fault_at=fault)
+            store.jobs.start_attempt(job, 1, devs, at=acted)
+            store.incidents.update_incident(
                 inc.id, at=recovered, acted_at=acted, recovered_at=recovered, recovery_attempt=1
             )
             if rnd.random() < 0.15:  # the first restart fails the same way
                 again = recovered + 600
-                inc2 = store.open_incident(job, 1, att, detected_at=again + 20, fault_at=again)
-                store.update_incident(
+                inc2 = store.incidents.open_incident(
+                    job, 1, att, detected_at=again + 20, fault_at=again
+                )
+                store.incidents.update_incident(
                     inc2.id,
                     at=again + 1800,
                     acted_at=again + 50,

@@ -288,9 +288,9 @@ class RunCase:
         from trainguard.store import Store
 
         with Store.open(self.state) as store:
-            jobs = store.list_jobs()
+            jobs = store.jobs.list_jobs()
             assert len(jobs) == 1
-            return jobs[0], store.list_attempts(jobs[0].id)
+            return jobs[0], store.jobs.list_attempts(jobs[0].id)
 
 
 def _processes_with(**wanted: str) -> list[tuple[int, dict[str, str]]]:

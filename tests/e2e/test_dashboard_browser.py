@@ -220,7 +220,7 @@ def test_dashboard_plots_the_fleet_report(tmp_path: Path) -> None:
     for p in (ckdir / "model.pt", ckdir):
         os.utime(p, (now - 3600, now - 3600))
     with Store.open(tmp_path / "state.db") as store:
-        store.create_job(
+        store.jobs.create_job(
             name="llm",
             command=["python", "t.py"],
             need=1,
@@ -228,7 +228,7 @@ def test_dashboard_plots_the_fleet_report(tmp_path: Path) -> None:
             checkpoint_dir=str(ckdir.parent),
             job_id="j-ckpt",
         )
-        FleetStore(store).put_policy(
+        FleetStore(store).policies.put_policy(
             "default", {"name": "default", "max_checkpoint_age_seconds": 600}, at=now, actor="t"
         )
     server = Server(tmp_path, free_port(), "--no-controller")

@@ -40,8 +40,8 @@ def test_the_demo_completes_its_job_through_three_failures(tmp_path: Path) -> No
     assert not re.search(r"\b[\w.-]+:\d+:\d+:[0-9a-f-]{8,}", out), "a holder id is shown"
     assert "ChildFailedError" not in out and "Root Cause (first observed failure)" not in out
     with Store.open(str(work / "state.db")) as store:
-        (job,) = store.list_jobs()
+        (job,) = store.jobs.list_jobs()
         assert job.state.value == "completed"
-        incidents = store.list_incidents(job_id=job.id)
+        incidents = store.incidents.list_incidents(job_id=job.id)
         assert [i.kind.value for i in incidents] == ["xid", "hang", "crash"]
         assert all(i.state.value == "recovered" for i in incidents)

@@ -59,8 +59,8 @@ def _last_step_of_attempt_0(w: Watcher, job_id: str) -> int:
 def _assert_verified_restart(w: Watcher, job_id: str, step: int) -> None:
     """The restarted attempt restored ``step`` and went on from it (verification)."""
     mid = w.managed_job_id(job_id)
-    (inc,) = w.store.list_incidents(job_id=mid)
-    att = w.store.get_attempt(mid, inc.recovery_attempt or 0)
+    (inc,) = w.store.incidents.list_incidents(job_id=mid)
+    att = w.store.jobs.get_attempt(mid, inc.recovery_attempt or 0)
     assert att.state is AttemptState.VERIFIED
     assert att.first_step is not None and att.first_step >= step
     assert att.last_step is not None and att.last_step > att.first_step
@@ -89,7 +89,7 @@ def test_xid_on_n2_drains_n2_requeues_without_it_and_resumes(
     w.run_until(lambda: w.incident_state(jid) == "recovered", 90, "the recovery")
 
     mid = w.managed_job_id(jid)
-    (inc,) = w.store.list_incidents(job_id=mid)
+    (inc,) = w.store.incidents.list_incidents(job_id=mid)
     assert (inc.kind.value, inc.domain.value) == ("xid", "hardware")
     assert inc.culprit.device_uuid == bad.uuid  # n2's card, not the same slot on n1
     # n2 is drained, with a reason naming trainguard, the incident and the evidence.
@@ -108,10 +108,10 @@ def test_xid_on_n2_drains_n2_requeues_without_it_and_resumes(
     assert inc.checkpoint_step == step and inc.checkpoint_path == path and step % 5 == 0
     _assert_verified_restart(w, jid, step)
     # The store: device quarantined with a repair record; every action verified.
-    assert w.store.get_device_state(bad.uuid).value == "quarantined"
+    assert w.store.devices.get_device_state(bad.uuid).value == "quarantined"
     results = [a for a in w.audit() if a.kind.value == "result" and a.incident_id == inc.id]
     assert results and all(a.data.get("outcome") == "converged" for a in results)
-    assert w.store.get_job(mid).state is JobState.RUNNING
+    assert w.store.jobs.get_job(mid).state is JobState.RUNNING
 
 
 def test_a_killed_task_is_requeued_without_draining(
@@ -125,7 +125,7 @@ def test_a_killed_task_is_requeued_without_draining(
     assert slurm.kill_tasks("n2"), "no rank found on n2"
     w.run_until(lambda: w.incident_state(jid) == "recovered", 90, "the recovery")
 
-    (inc,) = w.store.list_incidents(job_id=w.managed_job_id(jid))
+    (inc,) = w.store.incidents.list_incidents(job_id=w.managed_job_id(jid))
     assert inc.domain.value not in ("hardware", "node")
     assert [a["type"] for a in inc.actions] == ["restart"]
     assert not any(_drained(slurm, n) for n in ("n1", "n2", "n3", "n4"))
@@ -152,7 +152,7 @@ def test_a_node_slurm_declares_down_requeues_the_job_and_the_failed_step_is_its_
     slurm.run("scontrol", "update", "NodeName=n2", "State=DOWN", "Reason=dead")
     w.run_until(lambda: w.incident_state(jid) == "recovered", 90, "the recovery")
 
-    (inc,) = w.store.list_incidents(job_id=w.managed_job_id(jid))
+    (inc,) = w.store.incidents.list_incidents(job_id=w.managed_job_id(jid))
     assert inc.domain.value == "node" and inc.culprit.host == "n2"
     assert int(slurm.job(jid)["Restarts"]) >= 1 and "n2" not in w.job(jid).nodes
     last = _last_step_of_attempt_0(w, jid)
@@ -174,7 +174,7 @@ def test_node_failure_is_observed_and_the_job_recovers_on_other_nodes(
     w.run_until(lambda: w.incident_state(jid) == "recovered", 120, "the recovery")
 
     mid = w.managed_job_id(jid)
-    (inc,) = w.store.list_incidents(job_id=mid)
+    (inc,) = w.store.incidents.list_incidents(job_id=mid)
     assert inc.domain.value == "node" and inc.culprit.host == "n2"
     # The evidence: n2's slurmd refused connections (probed each pass), or Slurm's own
     # event (the node stopped responding, went DOWN, the job NODE_FAILed).
@@ -200,7 +200,7 @@ def test_a_hang_is_requeued_after_the_hang_timeout(slurm: LocalSlurm, tmp_path: 
         )
         _running_at_step(w, jid, 12)
         w.run_until(lambda: w.incident_state(jid) == "recovered", 120, "the recovery")
-        (inc,) = w.store.list_incidents(job_id=w.managed_job_id(jid))
+        (inc,) = w.store.incidents.list_incidents(job_id=w.managed_job_id(jid))
         assert inc.kind.value == "hang"
         assert inc.detected_at - (inc.fault_at or 0) >= 15  # not before the timeout
         assert [a["type"] for a in inc.actions] == ["restart"]
@@ -220,7 +220,7 @@ def test_a_repeated_application_error_is_stopped_as_futile_without_drain(
         jid = w.submit(tmp_path / "ck", extra=("--fail-at-step", "8"))
         w.run_until(lambda: w.incident_state(jid) == "stopped", 150, "the futile stop")
         mid = w.managed_job_id(jid)
-        incidents = w.store.list_incidents(job_id=mid)
+        incidents = w.store.incidents.list_incidents(job_id=mid)
         # The first failure is restarted (the restart may verify before it fails again:
         # then the second failure is a new incident); the same error again stops it.
         actions = [a["type"] for i in incidents for a in i.actions]
@@ -231,7 +231,7 @@ def test_a_repeated_application_error_is_stopped_as_futile_without_drain(
         assert incidents[0].signature == inc.signature and "injected failure" in (
             inc.signature or ""
         )
-        assert w.store.get_job(mid).state is JobState.STOPPED
+        assert w.store.jobs.get_job(mid).state is JobState.STOPPED
         # Restarted once, failed the same way, never requeued again (COMPLETING is the
         # moment before FAILED: Slurm is still cleaning up the job's steps).
         job = wait_until(
@@ -259,7 +259,7 @@ def test_observe_mode_touches_nothing_and_records_the_plan(
         w.run_until(lambda: w.incident_state(jid) == "observed", 30, "the observed incident")
         for _ in range(4):
             w.run_once()
-        (inc,) = w.store.list_incidents(job_id=w.managed_job_id(jid))
+        (inc,) = w.store.incidents.list_incidents(job_id=w.managed_job_id(jid))
         kinds = [a["type"] for a in (inc.plan or {}).get("actions", [])]
         assert kinds == ["quarantine", "restart"] and inc.plan["mode"] == "observe"
         assert inc.actions == ()
@@ -287,18 +287,20 @@ def test_not_enough_healthy_nodes_holds_the_job_pending_with_a_reason(
     slurm.append_kernel_line("n2", xid_line(bad.pci_bus_id, 79))
     mid = w.managed_job_id(jid)
     w.run_until(
-        lambda: w.store.get_job(mid).state is JobState.WAITING, 60, "the job to wait for capacity"
+        lambda: w.store.jobs.get_job(mid).state is JobState.WAITING,
+        60,
+        "the job to wait for capacity",
     )
     job = slurm.job(jid)
     assert job["JobState"] == "PENDING" and job["Restarts"] == "1"
     assert "waiting for capacity" in job["AdminComment"] and "n2" in job["ExcNodeList"]
-    (inc,) = w.store.list_incidents(job_id=mid)
+    (inc,) = w.store.incidents.list_incidents(job_id=mid)
     assert inc.state is IncidentState.VERIFYING
-    assert "waiting for capacity" in (w.store.get_job(mid).reason or "")
+    assert "waiting for capacity" in (w.store.jobs.get_job(mid).reason or "")
     # An operator's drain keeps its reason; ours names trainguard.
     assert slurm.node("n3")["reason"] == "maintenance" and _drained(slurm, "n2")
     # Capacity comes back: the job starts without n2 and is verified.
     slurm.run("scontrol", "update", "NodeName=n3", "State=RESUME")
     w.run_until(lambda: w.incident_state(jid) == "recovered", 90, "the recovery")
     assert w.job(jid).nodes == ("n1", "n3")
-    assert w.store.get_job(mid).state is JobState.RUNNING
+    assert w.store.jobs.get_job(mid).state is JobState.RUNNING

@@ -39,7 +39,7 @@ class BmcRig:
         self.cluster = ProcessCluster(tmp / "cluster", nodes={n: 1 for n in nodes}, grace=1.0)
         self.store = Store.open(tmp / "tg.db")
         self.fleet = FleetStore(self.store)
-        lease = self.fleet.acquire_lease("controller", "rig", 3600.0, t0)
+        lease = self.fleet.lease.acquire_lease("controller", "rig", 3600.0, t0)
         assert lease is not None
         self.fence = Fence("controller", "rig", lease.token)
         auth = write_htpasswd(tmp / "htpasswd", USER, PASSWORD)

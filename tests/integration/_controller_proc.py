@@ -60,9 +60,11 @@ def main() -> int:
             }
             print(json.dumps(line), flush=True)
         if args.until_recovered or args.until_jobs_done:
-            done = len(store.list_incidents(state=IncidentState.RECOVERED)) >= (
+            done = len(store.incidents.list_incidents(state=IncidentState.RECOVERED)) >= (
                 args.until_recovered
-            ) and (not args.until_jobs_done or all(j.state.terminal for j in store.list_jobs()))
+            ) and (
+                not args.until_jobs_done or all(j.state.terminal for j in store.jobs.list_jobs())
+            )
             if done:
                 print(json.dumps({"identity": args.identity, "done": True}), flush=True)
                 return 0

@@ -97,7 +97,7 @@ class Fleet:
             if pred():
                 return reports
             if time.monotonic() > deadline:
-                states = [(i.id, i.state.value) for i in self.store.list_incidents()]
+                states = [(i.id, i.state.value) for i in self.store.incidents.list_incidents()]
                 raise AssertionError(f"timed out; incidents: {states}")
             time.sleep(interval)
 
@@ -137,7 +137,7 @@ class Fleet:
         )
 
     def incident_state(self, job_id: str) -> str | None:
-        incs = self.store.list_incidents(job_id=job_id)
+        incs = self.store.incidents.list_incidents(job_id=job_id)
         return incs[-1].state.value if incs else None
 
     def close(self) -> None:
@@ -149,7 +149,7 @@ def assert_intents_paired(store: Store) -> None:
     """Every intent has exactly one result with the same key, and no key repeats."""
     intents: dict[str, int] = {}
     results: dict[str, int] = {}
-    for ev in store.list_audit():
+    for ev in store.audit.list_audit():
         key = ev.data.get("key")
         if ev.kind is AuditKind.INTENT and key:
             intents[key] = intents.get(key, 0) + 1

@@ -77,7 +77,7 @@ def test_findings_survive_server_and_agent_kills_exactly_once(tmp_path: Path) ->
         assert len(set(got)) == 20
         # Delivered in the order the lines were written.
         with Store.open(tmp_path / "state.db") as store:
-            rows = FleetStore(store).findings_after(0)
+            rows = FleetStore(store).findings.findings_after(0)
         seqs = [int(r["finding"]["message"].rsplit("seq ", 1)[1]) for r in rows]
         assert seqs == list(range(20))
         assert all(r["host"] == "n1" for r in rows)

@@ -49,11 +49,11 @@ def _jobs(db: Path) -> None:
                 Device(i, f"GPU-{job_id}-{i}", f"0000:{16 + i:02x}:00.0", host=job_id)
                 for i in range(need)
             ]
-            store.register_devices(devices, at=T0)
+            store.devices.register_devices(devices, at=T0)
             # Its world size is its torchrun command line's (decision 0405).
             command = ["torchrun", "--nproc-per-node", str(need), "t.py"]
-            store.create_job(name=job_id, command=command, need=need, at=T0, job_id=job_id)
-            store.start_attempt(job_id, 0, devices, at=T0)
+            store.jobs.create_job(name=job_id, command=command, need=need, at=T0, job_id=job_id)
+            store.jobs.start_attempt(job_id, 0, devices, at=T0)
     finally:
         store.close()
 

@@ -68,14 +68,14 @@ def test_a_dead_bmc_never_delays_a_jobs_recovery(tmp_path: Path, blackhole: int)
         reports = fleet.run_until(lambda: fleet.incident_state(fj.job_id) == "recovered", 120)
         assert any("n3: wait_bmc" in r.nodes for r in reports)  # the read was under way
         reports += fleet.run_until(
-            lambda: fleet.cp.fleet.get_node("n3").state is HealthState.QUARANTINED,
+            lambda: fleet.cp.fleet.nodes.get_node("n3").state is HealthState.QUARANTINED,
             4 * BMC_TIMEOUT,
             interval=0.5,
         )
         slowest = max(r.duration for r in reports)
         print(f"passes: {len(reports)}, slowest {slowest:.3f} s (the BMC read alone: seconds)")
         assert slowest < BMC_TIMEOUT / 2, sorted(r.duration for r in reports)[-5:]
-        [rec] = fleet.cp.fleet.list_repairs(resource_kind="node", resource_id="n3")
+        [rec] = fleet.cp.fleet.repairs.list_repairs(resource_kind="node", resource_id="n3")
         text = "\n".join((rec.what_failed, *rec.evidence))
         assert "rack's power or the management network" in text, text
         assert "own standby power, own management port" in text

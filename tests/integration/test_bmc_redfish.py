@@ -124,18 +124,18 @@ class Ledger:
     def __init__(self, tmp_path: Path) -> None:
         self.store = Store.open(tmp_path / "tg.db")
         self.fleet = FleetStore(self.store)
-        lease = self.fleet.acquire_lease("controller", "t", 3600.0, T0)
+        lease = self.fleet.lease.acquire_lease("controller", "t", 3600.0, T0)
         assert lease is not None
         self.fence = Fence("controller", "t", lease.token)
 
     def journal(self, key: str, fence: Fence | None = None) -> StoreJournal:
-        self.fleet.begin_power_action(
+        self.fleet.power.begin_power_action(
             key, node="n1", action="power_cycle", message="test", data={}, fence=self.fence, at=T0
         )
         return StoreJournal(self.fleet, key, fence or self.fence, lambda: T0 + 1)
 
     def requests(self, key: str) -> list[tuple[str, str]]:
-        got = self.fleet.get_power_action(key)
+        got = self.fleet.power.get_power_action(key)
         assert got is not None
         return [(r.request, r.state) for r in got.requests]
 

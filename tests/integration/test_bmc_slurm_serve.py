@@ -137,14 +137,14 @@ def _hang_and_approve(fleet: FleetStore, emu: Emulator) -> None:
     lost-node step isolates it and asks for the cycle; alice approves."""
     emu.fault(hung=True, delay=4)
     pending = wait_for(
-        lambda: [x for x in fleet.list_approvals() if x.state is ApprovalState.PENDING],
+        lambda: [x for x in fleet.approvals.list_approvals() if x.state is ApprovalState.PENDING],
         120,
         "the power cycle's approval request",
     )
     [approval] = pending
     assert approval.kind == "power_cycle" and approval.subject == f"node:{NODE}"
-    assert fleet.get_node(NODE).state is HealthState.QUARANTINED
-    fleet.decide_approval(
+    assert fleet.nodes.get_node(NODE).state is HealthState.QUARANTINED
+    fleet.approvals.decide_approval(
         approval.id, ApprovalState.APPROVED, actor="alice", reason="hung", at=time.time()
     )
 
@@ -152,13 +152,13 @@ def _hang_and_approve(fleet: FleetStore, emu: Emulator) -> None:
 def _returned_once(fleet: FleetStore, emu: Emulator, slurm: LocalSlurm) -> None:
     """One cycle, verified, and the node validated and back in service in Slurm."""
     wait_for(lambda: _finished(fleet), 120, "the cycle to end")
-    [action] = fleet.list_power_actions(node=NODE)
+    [action] = fleet.power.list_power_actions(node=NODE)
     assert _requests(fleet) == [("ForceOff", "sent"), ("On", "sent")]
     assert action.result is not None and action.result["verified"] is True
     # The node boots, its slurmd answers; Slurm holds it DOWN/DRAIN with our reason:
     # it is validated and resumed, back in service.
     wait_for(
-        lambda: fleet.get_node(NODE).state is HealthState.HEALTHY,
+        lambda: fleet.nodes.get_node(NODE).state is HealthState.HEALTHY,
         120,
         f"{NODE} validated and returned",
     )
@@ -167,7 +167,7 @@ def _returned_once(fleet: FleetStore, emu: Emulator, slurm: LocalSlurm) -> None:
     assert seen["state"] in ("idle", "IDLE"), seen
     # exactly one cycle: the BMC accepted one ForceOff and one On, nothing more
     assert emu.host()["resets"] == ["ForceOff", "On"]
-    [rec] = fleet.list_repairs(resource_kind="node", resource_id=NODE)
+    [rec] = fleet.repairs.list_repairs(resource_kind="node", resource_id=NODE)
     assert rec.outcome == "validated"
 
 
@@ -210,11 +210,11 @@ def _kill_host(server: Server) -> None:
 
 
 def _finished(fleet: FleetStore) -> bool:
-    return any(x.finished for x in fleet.list_power_actions(node=NODE))
+    return any(x.finished for x in fleet.power.list_power_actions(node=NODE))
 
 
 def _requests(fleet: FleetStore) -> list[tuple[str, str]]:
-    [action] = fleet.list_power_actions(node=NODE)
+    [action] = fleet.power.list_power_actions(node=NODE)
     return [(r.request, r.state) for r in action.requests]
 
 
@@ -239,7 +239,9 @@ def test_failover_never_repeats_a_power_cycle_and_the_node_returns_to_service(
             a = _serve(tmp_path, "serve-a", postgres_url, cfg, slurm, monkeypatch)
             servers.append(a)
             wait_for(
-                lambda: (lease := fleet.get_lease("controller")) and lease.holder == "serve-a",
+                lambda: (
+                    (lease := fleet.lease.get_lease("controller")) and lease.holder == "serve-a"
+                ),
                 60,
                 "serve-a to lead",
             )
@@ -258,11 +260,13 @@ def test_failover_never_repeats_a_power_cycle_and_the_node_returns_to_service(
             # serve-b takes the lease when serve-a's expires and carries on from the ledger.
             _returned_once(fleet, emu, slurm)
             lease = wait_for(
-                lambda: (got := fleet.get_lease("controller")) and got.holder == "serve-b" and got,
+                lambda: (
+                    (got := fleet.lease.get_lease("controller")) and got.holder == "serve-b" and got
+                ),
                 60,
                 "serve-b to lead",
             )
-            [action] = fleet.list_power_actions(node=NODE)
+            [action] = fleet.power.list_power_actions(node=NODE)
             off, on = action.requests
             if kill_at == "between_forceoff_and_on":
                 assert on.token == lease.token > off.token  # the On came from the new leader

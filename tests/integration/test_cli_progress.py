@@ -64,8 +64,8 @@ def commands(tmp_path: Path) -> dict[str, Callable[[], tuple[str, ...]]]:
         db = tmp_path / f"state-{next(runs)}.db"
         devs = simulated(2)
         with Store.open(db) as store:
-            store.register_devices(devs, at=time.time() - 60)
-            store.transition_device(
+            store.devices.register_devices(devs, at=time.time() - 60)
+            store.devices.transition_device(
                 devs[1].uuid, HealthState.QUARANTINED, "XID 79", "t", time.time()
             )
         return ("validate", "1", "--state", str(db), "--accept-partial", *QUICK)

@@ -44,14 +44,14 @@ def state(tmp_path_factory: pytest.TempPathFactory) -> str:
     path = tmp_path_factory.mktemp("cli") / "state.db"
     devs = simulated(4)
     with Store.open(path) as s:
-        s.register_devices(devs, at=T0)
-        s.create_job(name="demo", command=["torchrun", "train.py"], need=2, at=T0, job_id="j1")
-        s.update_job_state("j1", JobState.RUNNING, at=T0)
-        s.start_attempt("j1", 0, devs[:2], at=T0)
-        s.transition_attempt("j1", 0, AttemptState.RUNNING, at=T0 + 5)
+        s.devices.register_devices(devs, at=T0)
+        s.jobs.create_job(name="demo", command=["torchrun", "train.py"], need=2, at=T0, job_id="j1")
+        s.jobs.update_job_state("j1", JobState.RUNNING, at=T0)
+        s.jobs.start_attempt("j1", 0, devs[:2], at=T0)
+        s.jobs.transition_attempt("j1", 0, AttemptState.RUNNING, at=T0 + 5)
         for step in range(1, 46):  # 2 steps/s from t0+5
-            s.update_attempt_progress("j1", 0, step, at=T0 + 5 + step * 0.5)
-        s.finish_attempt("j1", 0, AttemptState.FAILED, at=T0 + 28.3, signal=9)
+            s.jobs.update_attempt_progress("j1", 0, step, at=T0 + 5 + step * 0.5)
+        s.jobs.finish_attempt("j1", 0, AttemptState.FAILED, at=T0 + 28.3, signal=9)
         attribution = Attribution(
             kind=IncidentKind.XID,
             domain=Domain.HARDWARE,
@@ -60,16 +60,16 @@ def state(tmp_path_factory: pytest.TempPathFactory) -> str:
             summary="XID 79 (GPU fell off the bus) on rank 1's device",
             evidence=("NVRM: Xid (PCI:0000:11:00): 79, pid=4242, name=python, GPU has fallen",),
         )
-        inc = s.open_incident(
+        inc = s.incidents.open_incident(
             "j1", 0, attribution, detected_at=T0 + 28.0, fault_at=T0 + 27.6, failed_step=45
         )
-        s.record_plan(
+        s.incidents.record_plan(
             inc.id, {"actions": [{"type": "quarantine"}, {"type": "restart"}]}, at=T0 + 28.1
         )
         with s.transaction():
-            s.update_incident(inc.id, at=T0 + 28.2, state=IncidentState.ACTING)
-            s.update_job_state("j1", JobState.RECOVERING, at=T0 + 28.2)
-            s.transition_device(
+            s.incidents.update_incident(inc.id, at=T0 + 28.2, state=IncidentState.ACTING)
+            s.jobs.update_job_state("j1", JobState.RECOVERING, at=T0 + 28.2)
+            s.devices.transition_device(
                 devs[1].uuid,
                 HealthState.QUARANTINED,
                 "XID 79",
@@ -78,10 +78,10 @@ def state(tmp_path_factory: pytest.TempPathFactory) -> str:
                 job_id="j1",
                 incident_id=inc.id,
             )
-            s.add_incident_action(
+            s.incidents.add_incident_action(
                 inc.id, {"type": "quarantine", "device_uuid": devs[1].uuid}, at=T0 + 28.2
             )
-        s.start_attempt(
+        s.jobs.start_attempt(
             "j1",
             1,
             [devs[0], devs[2]],
@@ -89,8 +89,8 @@ def state(tmp_path_factory: pytest.TempPathFactory) -> str:
             checkpoint_path="/ckpt/step_00000040",
             checkpoint_step=40,
         )
-        s.add_incident_action(inc.id, {"type": "restart", "attempt": 1}, at=T0 + 29)
-        s.update_incident(
+        s.incidents.add_incident_action(inc.id, {"type": "restart", "attempt": 1}, at=T0 + 29)
+        s.incidents.update_incident(
             inc.id,
             at=T0 + 29,
             state=IncidentState.VERIFYING,
@@ -98,13 +98,15 @@ def state(tmp_path_factory: pytest.TempPathFactory) -> str:
             checkpoint_path="/ckpt/step_00000040",
             recovery_attempt=1,
         )
-        s.update_job_state("j1", JobState.RUNNING, at=T0 + 29)
-        s.transition_attempt("j1", 1, AttemptState.VERIFYING, at=T0 + 35)
-        s.transition_attempt("j1", 1, AttemptState.VERIFIED, at=T0 + 45)
-        s.update_incident(inc.id, at=T0 + 45.0, state=IncidentState.RECOVERED)
+        s.jobs.update_job_state("j1", JobState.RUNNING, at=T0 + 29)
+        s.jobs.transition_attempt("j1", 1, AttemptState.VERIFYING, at=T0 + 35)
+        s.jobs.transition_attempt("j1", 1, AttemptState.VERIFIED, at=T0 + 45)
+        s.incidents.update_incident(inc.id, at=T0 + 45.0, state=IncidentState.RECOVERED)
 
-        s.create_job(name="bad", command=["python", "bad.py"], need=1, at=T0 + 100, job_id="j2")
-        s.start_attempt("j2", 0, devs[3:], at=T0 + 100)
+        s.jobs.create_job(
+            name="bad", command=["python", "bad.py"], need=1, at=T0 + 100, job_id="j2"
+        )
+        s.jobs.start_attempt("j2", 0, devs[3:], at=T0 + 100)
         app = Attribution(
             kind=IncidentKind.APP_ERROR,
             domain=Domain.APPLICATION,
@@ -113,8 +115,10 @@ def state(tmp_path_factory: pytest.TempPathFactory) -> str:
             summary="ZeroDivisionError",
             evidence=("ZeroDivisionError: x",),
         )
-        inc2 = s.open_incident("j2", 0, app, detected_at=T0 + 101)
-        s.update_incident(inc2.id, at=T0 + 101.5, state=IncidentState.STOPPED, reason="futile")
+        inc2 = s.incidents.open_incident("j2", 0, app, detected_at=T0 + 101)
+        s.incidents.update_incident(
+            inc2.id, at=T0 + 101.5, state=IncidentState.STOPPED, reason="futile"
+        )
     return str(path)
 
 
@@ -228,8 +232,8 @@ def test_devices_release(tmp_path: Path, state: str) -> None:
     # Work on a copy: release changes the store the other tests read.
     path = tmp_path / "copy.db"
     with Store.open(state) as src, Store.open(path) as dst:
-        dst.register_devices([d.device for d in src.list_devices()], at=T0)
-        dst.transition_device(
+        dst.devices.register_devices([d.device for d in src.devices.list_devices()], at=T0)
+        dst.devices.transition_device(
             "GPU-00000000-0000-4000-8000-000000000001",
             HealthState.QUARANTINED,
             "XID 79",
@@ -260,11 +264,13 @@ def test_devices_release(tmp_path: Path, state: str) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "quarantined -> healthy" in proc.stdout
     with Store.open(path) as s:
-        dev = s.find_device("1")
+        dev = s.devices.find_device("1")
         assert dev.state is HealthState.HEALTHY
-        last = s.device_history(dev.uuid)[-1]
+        last = s.devices.device_history(dev.uuid)[-1]
         assert (last.actor, last.reason) == ("ana", "released: diag passed")
-        (audit,) = s.list_audit(kind="health", subject=f"device:{dev.uuid}", newest=True, limit=1)
+        (audit,) = s.audit.list_audit(
+            kind="health", subject=f"device:{dev.uuid}", newest=True, limit=1
+        )
         assert audit.actor == "ana" and audit.data["new"] == "healthy"
 
 
@@ -320,9 +326,11 @@ def test_audit_and_history_show_actor_names_and_json_the_holder_id(tmp_path: Pat
     devs = simulated(2)
     state = str(tmp_path / "s.db")
     with Store.open(state) as s:
-        s.register_devices(devs, at=T0)
-        s.transition_device(devs[1].uuid, HealthState.QUARANTINED, "XID 79", run_holder, T0 + 1)
-        s.append_audit(T0 + 2, "gpu-head-1:4242:9f3a0c", "note", "job:j1", "serve noted")
+        s.devices.register_devices(devs, at=T0)
+        s.devices.transition_device(
+            devs[1].uuid, HealthState.QUARANTINED, "XID 79", run_holder, T0 + 1
+        )
+        s.audit.append_audit(T0 + 2, "gpu-head-1:4242:9f3a0c", "note", "job:j1", "serve noted")
     table = cli("audit", "--state", state).stdout
     assert run_holder not in table and "gpu-head-1:4242" not in table
     rows = [line.split("\t") for line in table.splitlines()[2:]]

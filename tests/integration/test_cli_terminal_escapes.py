@@ -62,9 +62,9 @@ def state(tmp_path_factory: pytest.TempPathFactory) -> str:
     path = tmp_path_factory.mktemp("esc") / "state.db"
     devs = simulated(2)
     with Store.open(path) as s:
-        s.register_devices(devs, at=T0)
-        s.create_job(name=f"job{TITLE}", command=["python"], need=1, at=T0, job_id="j1")
-        s.start_attempt("j1", 0, devs[:1], at=T0)
+        s.devices.register_devices(devs, at=T0)
+        s.jobs.create_job(name=f"job{TITLE}", command=["python"], need=1, at=T0, job_id="j1")
+        s.jobs.start_attempt("j1", 0, devs[:1], at=T0)
         attribution = Attribution(
             kind=IncidentKind.XID,
             domain=Domain.HARDWARE,
@@ -73,7 +73,7 @@ def state(tmp_path_factory: pytest.TempPathFactory) -> str:
             summary=f"XID 79: {HOSTILE}",
             evidence=(XID_LINE,),
         )
-        s.open_incident("j1", 0, attribution, detected_at=T0 + 1)
+        s.incidents.open_incident("j1", 0, attribution, detected_at=T0 + 1)
     return str(path)
 
 

@@ -62,10 +62,10 @@ def test_the_printed_commands_show_the_demo_results(tmp_path: Path) -> None:
     state.parent.mkdir(parents=True)
     devs = simulated(2)
     with Store.open(state) as s:
-        s.register_devices(devs, at=T0)
-        s.create_job(name="demo", command=["torchrun"], need=1, at=T0, job_id="j1")
-        s.start_attempt("j1", 0, devs[:1], at=T0)
-        s.open_incident(
+        s.devices.register_devices(devs, at=T0)
+        s.jobs.create_job(name="demo", command=["torchrun"], need=1, at=T0, job_id="j1")
+        s.jobs.start_attempt("j1", 0, devs[:1], at=T0)
+        s.incidents.open_incident(
             "j1",
             0,
             Attribution(

@@ -63,7 +63,7 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
 
 
 def lead(store: Store, holder: str = "me", ttl: float = 30.0) -> Fence:
-    lease = FleetStore(store).acquire_lease(LEASE, holder, ttl, time.time())
+    lease = FleetStore(store).lease.acquire_lease(LEASE, holder, ttl, time.time())
     assert lease is not None
     return Fence(LEASE, holder, lease.token)
 
@@ -77,9 +77,9 @@ def dead_supervisor() -> dict[str, object]:
 
 
 def open_job(store: Store, job_id: str, command: list[str], at: float) -> None:
-    store.create_job(name=job_id, command=command, need=1, at=at, job_id=job_id,
+    store.jobs.create_job(name=job_id, command=command, need=1, at=at, job_id=job_id,
                      checkpoint_dir="/ckpt", actor=ACTOR)  # fmt: skip
-    store.append_audit(at, ACTOR, AuditKind.NOTE, f"job:{job_id}", "supervised",
+    store.audit.append_audit(at, ACTOR, AuditKind.NOTE, f"job:{job_id}", "supervised",
                        {"supervisor": dead_supervisor()}, job_id=job_id)  # fmt: skip
 
 
@@ -103,7 +103,7 @@ def test_a_dead_runs_job_is_adopted_its_leftover_stopped_and_an_older_one_closed
 ) -> None:
     open_job(store, "job-old", CMD, 1.0)
     open_job(store, "job-new", CMD, 2.0)
-    store.append_audit(2.5, ACTOR, AuditKind.INTENT, "job:job-new", "restart it",
+    store.audit.append_audit(2.5, ACTOR, AuditKind.INTENT, "job:job-new", "restart it",
                        job_id="job-new")  # fmt: skip
     left = leftover(tmp_path, "job-new")
     try:
@@ -120,13 +120,13 @@ def test_a_dead_runs_job_is_adopted_its_leftover_stopped_and_an_older_one_closed
     # attempt yet: those processes are its new ones, not the leftover).
     assert left.pid not in job_processes("job-new")
     # The engine knows it again, under the policy the run names; nothing was closed.
-    assert FleetStore(store).get_fleet_job("job-new").policy == "run"
+    assert FleetStore(store).jobs.get_fleet_job("job-new").policy == "run"
     assert "job-new" in cluster.observe().jobs
-    assert store.get_job("job-new").state is JobState.PENDING
+    assert store.jobs.get_job("job-new").state is JobState.PENDING
     # Older, same command: only one job is adopted; the other is closed.
-    old = store.get_job("job-old")
+    old = store.jobs.get_job("job-old")
     assert old.state is JobState.STOPPED and "supervisor died" in (old.reason or "")
-    audit = store.list_audit(job_id="job-new")
+    audit = store.audit.list_audit(job_id="job-new")
     intents = [a for a in audit if a.kind is AuditKind.INTENT]
     answered = {a.data.get("intent_id") for a in audit if a.kind is AuditKind.RESULT}
     assert all(i.id in answered for i in intents)  # the stop's, and the dead run's
@@ -143,7 +143,7 @@ def test_a_take_over_under_a_lease_another_holder_took_writes_and_stops_nothing(
     fence = lead(store, "me", ttl=0.2)
     time.sleep(0.4)
     lead(store, "someone else")  # the lease expired and was taken: "me" is deposed
-    before = store.last_audit_id()
+    before = store.audit.last_audit_id()
     left = leftover(tmp_path, "job-a")
     try:
         with pytest.raises(Fenced):
@@ -154,8 +154,8 @@ def test_a_take_over_under_a_lease_another_holder_took_writes_and_stops_nothing(
     finally:
         left.kill()
         left.wait(5)
-    assert store.list_audit(after_id=before) == []
-    assert store.get_job("job-a").state is JobState.PENDING
+    assert store.audit.list_audit(after_id=before) == []
+    assert store.jobs.get_job("job-a").state is JobState.PENDING
     assert "job-a" not in cluster.observe().jobs
 
 
@@ -166,21 +166,21 @@ def test_the_adopted_attempt_resumes_after_the_engines_first_pass_fenced(
     script.write_text("import time; time.sleep(30)\n")
     command = [sys.executable, str(script)]
     open_job(store, "job-r", command, 1.0)
-    store.start_attempt("job-r", 0, devices=simulated(1), at=1.5, actor=ACTOR)
+    store.jobs.start_attempt("job-r", 0, devices=simulated(1), at=1.5, actor=ACTOR)
     fence = lead(store)
     a = adoption(store, cluster)
     a.take_over(fence, Request(tuple(command), "/ckpt", Mode.ACT), policy="run", grace=1.0)
     a.note_supervisor(fence, "job-r", resumed=True)
     a.run_once(cluster.observe(), fence, PassReport(at=time.time(), leader=True))
-    notes = [e.message for e in store.list_audit(job_id="job-r", kind=AuditKind.NOTE)]
+    notes = [e.message for e in store.audit.list_audit(job_id="job-r", kind=AuditKind.NOTE)]
     assert "resuming job job-r after its supervisor died: attempt 1 replaces attempt 0" in notes
     wait_for(lambda: cluster.process_group("job-r") is not None, 20, "attempt 1 to launch")
     a.run_once(cluster.observe(), fence, PassReport(at=time.time(), leader=True))
-    groups = [e for e in store.list_audit(job_id="job-r", kind=AuditKind.RESULT)
+    groups = [e for e in store.audit.list_audit(job_id="job-r", kind=AuditKind.RESULT)
               if "pgid" in e.data]  # fmt: skip
     assert len(groups) == 1  # recorded once, for the next run to stop if this one dies
     a.run_once(cluster.observe(), fence, PassReport(at=time.time(), leader=True))
-    assert sum("replaces" in e.data for e in store.list_audit(job_id="job-r")) == 1
+    assert sum("replaces" in e.data for e in store.audit.list_audit(job_id="job-r")) == 1
 
 
 # --- the wait for capacity ---------------------------------------------------------------
@@ -200,14 +200,16 @@ class Held:
 
 def _recovering_job(store: Store) -> int:
     fleet = FleetStore(store)
-    store.create_job(name="j", command=["x"], need=2, at=1.0, job_id="job-w")
-    fleet.add_fleet_job(FleetJob(job_id="job-w", scheduler_ref="42", registered_at=1.0))
-    store.start_attempt("job-w", 0, devices=simulated(2), at=1.0)
-    store.update_job_state("job-w", JobState.RUNNING, at=1.1)
+    store.jobs.create_job(name="j", command=["x"], need=2, at=1.0, job_id="job-w")
+    fleet.jobs.add_fleet_job(FleetJob(job_id="job-w", scheduler_ref="42", registered_at=1.0))
+    store.jobs.start_attempt("job-w", 0, devices=simulated(2), at=1.0)
+    store.jobs.update_job_state("job-w", JobState.RUNNING, at=1.1)
     att = Attribution(IncidentKind.XID, Domain.HARDWARE, Culprit(host="n2"), 0.9, "xid")
-    inc = store.open_incident("job-w", 0, att, detected_at=2.0)
-    store.update_incident(inc.id, at=2.1, state=IncidentState.ACTING)
-    store.update_incident(inc.id, at=2.2, state=IncidentState.VERIFYING, recovery_attempt=1)
+    inc = store.incidents.open_incident("job-w", 0, att, detected_at=2.0)
+    store.incidents.update_incident(inc.id, at=2.1, state=IncidentState.ACTING)
+    store.incidents.update_incident(
+        inc.id, at=2.2, state=IncidentState.VERIFYING, recovery_attempt=1
+    )
     return inc.id
 
 
@@ -217,17 +219,17 @@ def test_a_restart_held_for_capacity_makes_the_job_waiting_once_fenced(store: St
     step = CapacityWait(store, held, actor="trainguard-slurm", clock=time.time)  # type: ignore[arg-type]
     fence = lead(store)
     step.run_once(held.observe(), fence, PassReport(at=time.time(), leader=True))
-    job = store.get_job("job-w")
+    job = store.jobs.get_job("job-w")
     assert job.state is JobState.WAITING and job.reason == REASON
-    notes = [t.what for t in store.get_incident(inc_id).timeline]
+    notes = [t.what for t in store.incidents.get_incident(inc_id).timeline]
     assert notes.count(f"attempt 1 pending: {REASON}") == 1
     # Level-based: a second pass (another leader, no memory) adds nothing.
-    last = store.last_audit_id()
+    last = store.audit.last_audit_id()
     CapacityWait(store, held, actor="x", clock=time.time).run_once(  # type: ignore[arg-type]
         held.observe(), fence, PassReport(at=time.time(), leader=True)
     )
-    assert store.list_audit(after_id=last) == []
-    assert [t.what for t in store.get_incident(inc_id).timeline] == notes
+    assert store.audit.list_audit(after_id=last) == []
+    assert [t.what for t in store.incidents.get_incident(inc_id).timeline] == notes
 
 
 def test_a_deposed_leader_records_no_wait(store: Store) -> None:
@@ -240,7 +242,7 @@ def test_a_deposed_leader_records_no_wait(store: Store) -> None:
         CapacityWait(store, held, actor="x", clock=time.time).run_once(  # type: ignore[arg-type]
             held.observe(), stale, PassReport(at=time.time(), leader=True)
         )
-    assert store.get_job("job-w").state is JobState.RUNNING
+    assert store.jobs.get_job("job-w").state is JobState.RUNNING
 
 
 class Recorder:

@@ -20,8 +20,8 @@ pytestmark = pytest.mark.slow
 def test_reported_steps_outrank_the_steps_printed_in_the_output(fleet: Fleet) -> None:
     fj = fleet.submit("--interval", "0.05", ckpt=False)
     # Read off the output while the job reports nothing itself.
-    fleet.run_until(lambda: (fleet.store.get_attempt(fj.job_id, 0).last_step or 0) >= 3)
-    reported = fleet.store.get_attempt(fj.job_id, 0).last_step
+    fleet.run_until(lambda: (fleet.store.jobs.get_attempt(fj.job_id, 0).last_step or 0) >= 3)
+    reported = fleet.store.jobs.get_attempt(fj.job_id, 0).last_step
     assert reported is not None
     fleet.cp.ingest_progress(fj.job_id, 0, reported)
     # The job prints many more steps; none of them is its progress now.
@@ -32,8 +32,8 @@ def test_reported_steps_outrank_the_steps_printed_in_the_output(fleet: Fleet) ->
         time.sleep(0.05)
     for _ in range(3):
         fleet.cp.run_once()
-    assert fleet.store.get_attempt(fj.job_id, 0).last_step == reported
+    assert fleet.store.jobs.get_attempt(fj.job_id, 0).last_step == reported
     # Its next report is.
     fleet.cp.ingest_progress(fj.job_id, 0, reported + 1)
     fleet.cp.run_once()
-    assert fleet.store.get_attempt(fj.job_id, 0).last_step == reported + 1
+    assert fleet.store.jobs.get_attempt(fj.job_id, 0).last_step == reported + 1

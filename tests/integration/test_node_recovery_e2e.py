@@ -43,9 +43,9 @@ def rig(tmp_path: Path) -> Iterator[BmcRig]:
 
 
 def _isolated_for_repair(rig: BmcRig, node: str) -> str:
-    assert rig.fleet.get_node(node).state is HealthState.QUARANTINED
+    assert rig.fleet.nodes.get_node(node).state is HealthState.QUARANTINED
     assert rig.cluster.observe().nodes[node].phase is NodePhase.DRAINED
-    [rec] = rig.fleet.list_repairs(resource_kind="node", resource_id=node)
+    [rec] = rig.fleet.repairs.list_repairs(resource_kind="node", resource_id=node)
     assert rec.state is RepairState.OPEN
     return "\n".join((rec.what_failed, *rec.evidence))
 
@@ -53,7 +53,7 @@ def _isolated_for_repair(rig: BmcRig, node: str) -> str:
 def _no_power_action(rig: BmcRig, node: str) -> None:
     """The power-action ledger holds no action for the node (every action is keyed there
     first, before any request goes out)."""
-    assert rig.fleet.list_power_actions(node=node) == []
+    assert rig.fleet.power.list_power_actions(node=node) == []
 
 
 def _steps(outcomes: list, node: str) -> list[NodeStep]:  # type: ignore[type-arg]
@@ -62,7 +62,7 @@ def _steps(outcomes: list, node: str) -> list[NodeStep]:  # type: ignore[type-ar
 
 def test_healthy_nodes_are_left_alone_and_their_bmcs_not_asked(rig: BmcRig) -> None:
     assert rig.settle(T0) == []
-    assert all(n.state is HealthState.HEALTHY for n in rig.fleet.list_nodes())
+    assert all(n.state is HealthState.HEALTHY for n in rig.fleet.nodes.list_nodes())
 
 
 def test_power_loss_isolates_the_node_for_repair(rig: BmcRig) -> None:
@@ -74,7 +74,7 @@ def test_power_loss_isolates_the_node_for_repair(rig: BmcRig) -> None:
     assert "powered off" in text and "BMC: power off" in text
     assert rig.settle(T0 + 10)[-1].step is NodeStep.NOTHING  # waits for a person
     _no_power_action(rig, "n1")
-    assert rig.fleet.get_node("n2").state is HealthState.HEALTHY
+    assert rig.fleet.nodes.get_node("n2").state is HealthState.HEALTHY
 
 
 def test_psu_alarm_in_the_sel_isolates_for_repair_without_a_power_cycle(rig: BmcRig) -> None:
@@ -85,20 +85,20 @@ def test_psu_alarm_in_the_sel_isolates_for_repair_without_a_power_cycle(rig: Bmc
     assert "hardware alarm" in text and "Power Supply 1: failure detected" in text
     rig.settle(T0 + 10)
     _no_power_action(rig, "n2")
-    assert rig.fleet.list_approvals() == []
+    assert rig.fleet.approvals.list_approvals() == []
 
 
 def test_hung_node_power_cycled_after_approval_validated_and_returned(rig: BmcRig) -> None:
     rig.emulators["n1"].fault(hung=True)
     assert _steps(rig.settle(T0), "n1") == [NodeStep.WAIT_BMC, NodeStep.ISOLATE]
-    assert rig.fleet.get_node("n1").state is HealthState.QUARANTINED
+    assert rig.fleet.nodes.get_node("n1").state is HealthState.QUARANTINED
     assert _steps(rig.settle(T0 + 1), "n1") == [NodeStep.REQUEST_APPROVAL]
-    [approval] = rig.fleet.list_approvals()
+    [approval] = rig.fleet.approvals.list_approvals()
     assert approval.state is ApprovalState.PENDING and approval.kind == "power_cycle"
     assert _steps(rig.settle(T0 + 2), "n1") == [NodeStep.WAIT_APPROVAL]
     _no_power_action(rig, "n1")
     assert not rig.emulators["n1"].answering()
-    rig.fleet.decide_approval(
+    rig.fleet.approvals.decide_approval(
         approval.id, ApprovalState.APPROVED, actor="alice", reason="hung, BMC clean", at=T0 + 3
     )
     out = rig.step(T0 + 4)
@@ -108,14 +108,14 @@ def test_hung_node_power_cycled_after_approval_validated_and_returned(rig: BmcRi
     assert rig.bmcs["n1"].read().power is PowerState.ON
     [out] = rig.step(T0 + 5)
     assert out.step is NodeStep.VALIDATE and out.detail["then"] == "return"
-    assert rig.fleet.get_node("n1").state is HealthState.HEALTHY
+    assert rig.fleet.nodes.get_node("n1").state is HealthState.HEALTHY
     assert rig.cluster.observe().nodes["n1"].phase is NodePhase.UP
-    [rec] = rig.fleet.list_repairs(resource_kind="node", resource_id="n1")
+    [rec] = rig.fleet.repairs.list_repairs(resource_kind="node", resource_id="n1")
     assert rec.state is RepairState.CLOSED and rec.outcome == "validated"
     assert rec.validations[-1]["passed"] is True
     assert any("power cycle 1 (approved by alice): verified" in e for e in rec.evidence)
     assert rig.settle(T0 + 6) == []  # back in service: nothing more, exactly one cycle
-    [action] = rig.fleet.list_power_actions(node="n1")
+    [action] = rig.fleet.power.list_power_actions(node="n1")
     assert action.key == f"node-recovery:n1:r{rec.id}:power_cycle:1" and action.finished
     # the emulator has no PowerCycle: ForceOff, a verified off, then On, each written ahead
     assert [(r.request, r.state) for r in action.requests] == [("ForceOff", "sent"), ("On", "sent")]
@@ -126,20 +126,20 @@ def test_a_deposed_leader_cannot_power_cycle(rig: BmcRig) -> None:
     rig.emulators["n1"].fault(hung=True)
     rig.settle(T0)
     rig.settle(T0 + 1)
-    [approval] = rig.fleet.list_approvals()
-    rig.fleet.decide_approval(
+    [approval] = rig.fleet.approvals.list_approvals()
+    rig.fleet.approvals.decide_approval(
         approval.id, ApprovalState.APPROVED, actor="alice", reason="ok", at=T0 + 2
     )
     # The cycle is handed to n1's lane; before its first request a newer leader takes over
     # (the lease expired): the lane's write-ahead of ForceOff is refused, nothing is sent.
     rig.recovery.worker.submit("n1", "hold", lambda: time.sleep(1.0))  # the lane is busy
     rig.step(T0 + 3)
-    newer = rig.fleet.acquire_lease("controller", "other", 60.0, T0 + 3600 + 10)
+    newer = rig.fleet.lease.acquire_lease("controller", "other", 60.0, T0 + 3600 + 10)
     assert newer is not None and newer.token > rig.fence.token
     rig.now = T0 + 3600 + 11
     assert rig.recovery.worker.wait_idle(60)
     assert not rig.emulators["n1"].answering()  # no cycle was sent
-    [action] = rig.fleet.list_power_actions(node="n1")
+    [action] = rig.fleet.power.list_power_actions(node="n1")
     assert action.requests == () and not action.finished  # for the new leader to carry on
 
 
@@ -150,9 +150,9 @@ def test_drained_node_cycled_without_approval_when_the_policy_allows(tmp_path: P
         rig.settle(T0)
         out = rig.settle(T0 + 1)
         assert _steps(out, "n2") == [NodeStep.POWER_CYCLE, NodeStep.VALIDATE]
-        assert rig.fleet.list_approvals() == []
+        assert rig.fleet.approvals.list_approvals() == []
         assert out[-1].detail["then"] == "return"
-        assert rig.fleet.get_node("n2").state is HealthState.HEALTHY
+        assert rig.fleet.nodes.get_node("n2").state is HealthState.HEALTHY
     finally:
         rig.close()
 
@@ -179,7 +179,7 @@ def test_stale_fence_is_refused_before_anything(rig: BmcRig) -> None:
     rig.emulators["n1"].fault(hung=True)
     with pytest.raises(Fenced):
         rig.recovery.run_once(rig.cluster.observe(), Fence("controller", "old", 0), T0)
-    assert rig.fleet.list_nodes() == []  # nothing was written, not even a registration
+    assert rig.fleet.nodes.list_nodes() == []  # nothing was written, not even a registration
     assert rig.cluster.observe().nodes["n1"].phase is NodePhase.UP
 
 
@@ -225,7 +225,7 @@ def test_the_control_plane_pass_runs_the_node_step_in_act_mode_only(rig: BmcRig)
     watching.reconciler.node_recovery = rig.recovery
     report = watching.run_once(T0 + 1)
     assert report.leader and report.nodes == [] and not report.errors
-    assert rig.fleet.get_node("n1").state is HealthState.HEALTHY
+    assert rig.fleet.nodes.get_node("n1").state is HealthState.HEALTHY
     acting = ControlPlane(
         rig.store, rig.cluster, config=ControlConfig(default_mode=Mode.ACT), identity="rig"
     )
@@ -236,7 +236,7 @@ def test_the_control_plane_pass_runs_the_node_step_in_act_mode_only(rig: BmcRig)
     report = acting.run_once(T0 + 3)
     assert report.leader and report.nodes == ["n1: isolate"], report.errors
     assert "BMC: power off" in _isolated_for_repair(rig, "n1")
-    assert rig.fleet.get_node("n2").state is HealthState.HEALTHY
+    assert rig.fleet.nodes.get_node("n2").state is HealthState.HEALTHY
 
 
 def test_serve_options_build_the_node_step_from_a_bmc_config(rig: BmcRig) -> None:

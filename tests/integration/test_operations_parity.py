@@ -74,7 +74,7 @@ def seed(path: Path) -> None:
             if state is None:
                 continue
             uuid = uuid_of(name)
-            store.register_devices(
+            store.devices.register_devices(
                 [Device(0, uuid, f"0000:{0x20 + i:02x}:00.0", "H100", 81559, f"h{i}")], at=t0
             )
             path_to = {
@@ -84,14 +84,14 @@ def seed(path: Path) -> None:
                 HealthState.VALIDATING: [HealthState.QUARANTINED, HealthState.VALIDATING],
             }[state]
             for step in path_to:
-                store.transition_device(uuid, step, "XID 79", "trainguard", t0 + 1)
+                store.devices.transition_device(uuid, step, "XID 79", "trainguard", t0 + 1)
             if name in WITH_REPAIR:
-                fleet.open_repair(
+                fleet.repairs.open_repair(
                     resource_kind="device", resource_id=uuid, what_failed="XID 79",
                     recommended="reseat", evidence=["Xid 79"], at=t0 + 2, actor="trainguard",
                     host=f"h{i}",
                 )  # fmt: skip
-        fleet.set_breaker(
+        fleet.breaker.set_breaker(
             QUARANTINE_BREAKER, BreakerState.OPEN, at=t0 + 3, actor="trainguard", reason="3 in 60 s"
         )
 
@@ -173,31 +173,33 @@ def observe(path: Path, name: str, after_audit: int) -> dict[str, Any]:
         world: dict[str, Any] = {}
         subjects = {f"device:{uuid}", "mode:partition:parity", f"breaker:{QUARANTINE_BREAKER}"}
         if SEEDS[name] is not None:
-            dev = store.get_device(uuid)
+            dev = store.devices.get_device(uuid)
             world["state"] = dev.state.value
             world["history"] = [
                 (h.old_state and h.old_state.value, h.new_state.value, h.actor, h.reason)
-                for h in store.device_history(uuid)
+                for h in store.devices.device_history(uuid)
             ]
-            repairs = fleet.list_repairs(resource_kind="device", resource_id=uuid)
+            repairs = fleet.repairs.list_repairs(resource_kind="device", resource_id=uuid)
             world["repairs"] = [
                 (r.state.value, r.outcome, r.closed_by, r.failed_validations,
                  [(v["passed"], bool(v.get("inconclusive")), v["by"]) for v in r.validations])
                 for r in repairs
             ]  # fmt: skip
-            approvals = [a for a in fleet.list_approvals() if a.subject == f"device:{uuid}"]
+            approvals = [
+                a for a in fleet.approvals.list_approvals() if a.subject == f"device:{uuid}"
+            ]
             world["approvals"] = [
                 (a.kind, a.state.value, a.requested_by, a.decided_by) for a in approvals
             ]
             subjects |= {f"repair:{r.id}" for r in repairs}
             subjects |= {f"approval:{a.id}" for a in approvals}
         if name == "mode":
-            world["modes"] = [m.scope.key for m in fleet.list_scope_modes()]
+            world["modes"] = [m.scope.key for m in fleet.policies.list_scope_modes()]
         if name == "breaker":
-            world["breaker"] = fleet.get_breaker(QUARANTINE_BREAKER).state.value
+            world["breaker"] = fleet.breaker.get_breaker(QUARANTINE_BREAKER).state.value
         world["audit"] = [
             (e.kind.value, _strip_ids(e.subject), e.actor, e.message)
-            for e in store.list_audit(after_id=after_audit)
+            for e in store.audit.list_audit(after_id=after_audit)
             if e.subject in subjects
         ]
     return world
@@ -205,7 +207,7 @@ def observe(path: Path, name: str, after_audit: int) -> dict[str, Any]:
 
 def last_audit_id(path: Path) -> int:
     with Store.open(path) as store:
-        events = store.list_audit(newest=True, limit=1)
+        events = store.audit.list_audit(newest=True, limit=1)
         return events[0].id if events else 0
 
 
@@ -403,8 +405,8 @@ def test_cli_release_closes_the_repair_record_locally_and_through_the_server(
         # A simulated device of this host (the parity devices live on made-up hosts).
         here = simulated(8)[7]
         with Store.open(remote / "state.db") as store:
-            store.register_devices([here], at=time.time() - 60)
-            store.transition_device(
+            store.devices.register_devices([here], at=time.time() - 60)
+            store.devices.transition_device(
                 here.uuid, HealthState.QUARANTINED, "XID 79", "trainguard", time.time()
             )
         (remote / "kern.log").write_text("")
@@ -422,18 +424,18 @@ def test_cli_release_closes_the_repair_record_locally_and_through_the_server(
     finally:
         server.stop()
     with Store.open(remote / "state.db") as store:
-        (result,) = store.list_audit(kind="result", subject=f"device:{here.uuid}")
-        (rec,) = FleetStore(store).list_repairs(resource_id=here.uuid)
+        (result,) = store.audit.list_audit(kind="result", subject=f"device:{here.uuid}")
+        (rec,) = FleetStore(store).repairs.list_repairs(resource_id=here.uuid)
     assert result.actor == ACTOR and f"partial evidence accepted by {ACTOR}" in result.message
     assert (rec.state.value, rec.outcome) == ("closed", "validated")
     for db in (local, remote):
         with Store.open(db / "state.db") as store:
             fleet = FleetStore(store)
-            assert [m.scope.key for m in fleet.list_scope_modes()] == ["partition:parity"]
-            assert fleet.get_breaker(QUARANTINE_BREAKER).state is BreakerState.CLOSED
+            assert [m.scope.key for m in fleet.policies.list_scope_modes()] == ["partition:parity"]
+            assert fleet.breaker.get_breaker(QUARANTINE_BREAKER).state is BreakerState.CLOSED
     assert observe(local / "state.db", "release", 0) == observe(remote / "state.db", "release", 0)
     with Store.open(local / "state.db") as store:
-        (rec,) = FleetStore(store).list_repairs(resource_kind="device", resource_id=uuid)
+        (rec,) = FleetStore(store).repairs.list_repairs(resource_kind="device", resource_id=uuid)
     assert (rec.state.value, rec.outcome) == ("closed", "released")
 
 

@@ -49,20 +49,20 @@ def test_a_device_that_fails_preflight_is_never_assigned(tmp_path: Path) -> None
     assert f"1 failed and will not be used: {d1.uuid}" in proc.stderr
     assert [d["uuid"] for d in assigned] == [d0.uuid]
     with Store.open(str(tmp_path / "state.db")) as store:
-        dev = store.get_device(d1.uuid)
+        dev = store.devices.get_device(d1.uuid)
         assert dev.state is HealthState.QUARANTINED
         assert dev.reason and dev.reason.startswith("preflight quick failed: memory/patterns")
-        (job,) = store.list_jobs()
-        assert [a.device_uuids for a in store.list_attempts(job.id)] == [(d0.uuid,)]
+        (job,) = store.jobs.list_jobs()
+        assert [a.device_uuids for a in store.jobs.list_attempts(job.id)] == [(d0.uuid,)]
         # The preflight's result (the engine then records carrying the quarantine out
         # on the local scheduler under the same subject: the "sync" result).
         (result,) = [
             r
-            for r in store.list_audit(kind=AuditKind.RESULT, subject=f"device:{d1.uuid}")
+            for r in store.audit.list_audit(kind=AuditKind.RESULT, subject=f"device:{d1.uuid}")
             if r.message.startswith("preflight quick failed")
         ]
         assert result.data["measurements"]["memory/patterns"]["value"] == 6
-        assert store.get_device(d0.uuid).state is HealthState.HEALTHY
+        assert store.devices.get_device(d0.uuid).state is HealthState.HEALTHY
 
 
 @pytest.mark.slow
@@ -93,5 +93,5 @@ def test_a_preflight_longer_than_the_lease_keeps_it(tmp_path: Path) -> None:
     assert "lost the lease" not in proc.stderr
     assert "all passed" in proc.stderr and len(assigned) == 2
     with Store.open(tmp_path / "state.db") as store:
-        [job] = store.list_jobs()
+        [job] = store.jobs.list_jobs()
         assert job.state.value == "completed"

@@ -48,8 +48,10 @@ def world(tmp_path: Path) -> dict[str, Any]:
     devs = simulated(2)
     now = time.time()
     with Store.open(db) as store:
-        store.register_devices(devs, at=now - 120, actor="test")
-        store.transition_device(devs[1].uuid, HealthState.QUARANTINED, "XID 79", "test", now - 60)
+        store.devices.register_devices(devs, at=now - 120, actor="test")
+        store.devices.transition_device(
+            devs[1].uuid, HealthState.QUARANTINED, "XID 79", "test", now - 60
+        )
     return {"db": db, "log": str(log), "devs": devs, "tmp": tmp_path}
 
 
@@ -62,7 +64,7 @@ def _validate(
 
 def _state(w: dict[str, Any], uuid: str) -> HealthState:
     with Store.open(w["db"]) as store:
-        return store.get_device(uuid).state
+        return store.devices.get_device(uuid).state
 
 
 @pytest.mark.slow
@@ -73,12 +75,12 @@ def test_pass_returns_the_device_with_its_measurements(world: dict[str, Any]) ->
     out = json.loads(proc.stdout)
     assert (out["previous_state"], out["state"], out["passed"]) == ("quarantined", "healthy", True)
     with Store.open(world["db"]) as store:
-        moves = [(h.old_state, h.new_state, h.actor) for h in store.device_history(uuid)]
+        moves = [(h.old_state, h.new_state, h.actor) for h in store.devices.device_history(uuid)]
         assert moves[-2:] == [
             (HealthState.QUARANTINED, HealthState.VALIDATING, "tester"),
             (HealthState.VALIDATING, HealthState.HEALTHY, "tester"),
         ]
-        (result,) = store.list_audit(kind=AuditKind.RESULT, subject=f"device:{uuid}")
+        (result,) = store.audit.list_audit(kind=AuditKind.RESULT, subject=f"device:{uuid}")
     assert result.message.startswith("validation passed: preflight quick")
     m = result.data["measurements"]
     assert m["compute/matmul_correctness"]["status"] == "pass"
@@ -122,9 +124,9 @@ def test_each_fault_sends_the_device_back_to_repair(
     assert (out["state"], out["passed"], out["failures"]) == ("repair", False, 1)
     assert _state(world, uuid) is HealthState.REPAIR
     with Store.open(world["db"]) as store:
-        last = store.device_history(uuid)[-1]
-        (result,) = store.list_audit(kind=AuditKind.RESULT, subject=f"device:{uuid}")
-        (repair,) = FleetStore(store).list_repairs(resource_kind="device", resource_id=uuid)
+        last = store.devices.device_history(uuid)[-1]
+        (result,) = store.audit.list_audit(kind=AuditKind.RESULT, subject=f"device:{uuid}")
+        (repair,) = FleetStore(store).repairs.list_repairs(resource_kind="device", resource_id=uuid)
     assert (last.old_state, last.new_state) == (HealthState.VALIDATING, HealthState.REPAIR)
     assert result.message.startswith("validation failed: ") and check in result.message
     assert result.data["failures"][0]["check"] == check
@@ -155,15 +157,17 @@ def test_pending_row_remap_from_the_driver_keeps_the_gpu_out(world: dict[str, An
     devs = [Device(i, g.uuid or "", g.pci_bus_id or "", g.name) for i, g in enumerate(gpus)]
     db = str(world["tmp"] / "gpus.db")
     with Store.open(db) as store:
-        store.register_devices(devs, at=time.time() - 60, actor="test")
-        store.transition_device(devs[1].uuid, HealthState.QUARANTINED, "XID 63", "t", time.time())
+        store.devices.register_devices(devs, at=time.time() - 60, actor="test")
+        store.devices.transition_device(
+            devs[1].uuid, HealthState.QUARANTINED, "XID 63", "t", time.time()
+        )
     proc = _cli("validate", devs[1].uuid, "--state", db, "--kernel-log", world["log"],
                 "--nvidia-smi-q", str(capture), *NO_COMPUTE, "--skip", "memory")  # fmt: skip
     assert proc.returncode == 1, proc.stderr
     assert "device_query/row_remap_pending" in proc.stdout
     with Store.open(db) as store:
-        dev = store.get_device(devs[1].uuid)
-        (result,) = store.list_audit(kind=AuditKind.RESULT, subject=f"device:{devs[1].uuid}")
+        dev = store.devices.get_device(devs[1].uuid)
+        (result,) = store.audit.list_audit(kind=AuditKind.RESULT, subject=f"device:{devs[1].uuid}")
     assert dev.state is HealthState.REPAIR
     assert [f["check"] for f in result.data["failures"]] == ["device_query/row_remap_pending"]
 
@@ -191,7 +195,7 @@ def test_retirement_needs_an_approval(world: dict[str, Any]) -> None:
     proc = _validate(world, uuid, *bad)
     assert proc.returncode == 1 and "retirement requested: approval" in proc.stdout
     with Store.open(world["db"]) as store:
-        (approval,) = FleetStore(store).list_approvals(state=ApprovalState.PENDING)
+        (approval,) = FleetStore(store).approvals.list_approvals(state=ApprovalState.PENDING)
     assert (approval.kind, approval.subject) == ("retire", f"device:{uuid}")
     assert _state(world, uuid) is HealthState.REPAIR  # nothing retired without a person
     again = json.loads(_validate(world, uuid, *bad, "--json").stdout)
@@ -230,8 +234,9 @@ def test_healthy_device_interrupted_validation_and_bad_ids(world: dict[str, Any]
     # A validation killed half-way leaves the device validating (not schedulable); the next
     # `validate` resumes it.
     with Store.open(world["db"]) as store:
-        store.transition_device(d1.uuid, HealthState.VALIDATING, "validation requested", "t",
-                                time.time())  # fmt: skip
+        store.devices.transition_device(
+            d1.uuid, HealthState.VALIDATING, "validation requested", "t", time.time()
+        )
     proc = _validate(world, "1", *NO_COMPUTE, "--skip", "memory", "--accept-partial")
     assert proc.returncode == 0, proc.stderr
     assert _state(world, d1.uuid) is HealthState.HEALTHY
@@ -240,7 +245,9 @@ def test_healthy_device_interrupted_validation_and_bad_ids(world: dict[str, Any]
     assert missing.returncode == 1 and "no state database" in missing.stderr
     assert _validate(world, "1", "--max-failures", "0").returncode == 2
     with Store.open(world["db"]) as store:
-        (repair,) = FleetStore(store).list_repairs(resource_kind="device", resource_id=d1.uuid)
+        (repair,) = FleetStore(store).repairs.list_repairs(
+            resource_kind="device", resource_id=d1.uuid
+        )
     assert repair.outcome == "validated"  # the resumed validation got its repair record
 
 
@@ -257,9 +264,9 @@ def test_checks_that_could_not_see_the_gpu_do_not_return_it(world: dict[str, Any
         assert "checked: kernel_log/events" in proc.stdout
         assert _state(world, uuid) is HealthState.REPAIR
     with Store.open(world["db"]) as store:
-        (repair,) = FleetStore(store).list_repairs(resource_kind="device", resource_id=uuid)
-        results = store.list_audit(kind=AuditKind.RESULT, subject=f"device:{uuid}")
-        pending = FleetStore(store).list_approvals(state=ApprovalState.PENDING)
+        (repair,) = FleetStore(store).repairs.list_repairs(resource_kind="device", resource_id=uuid)
+        results = store.audit.list_audit(kind=AuditKind.RESULT, subject=f"device:{uuid}")
+        pending = FleetStore(store).approvals.list_approvals(state=ApprovalState.PENDING)
     assert repair.failed_validations == 0 and repair.outcome != "validated"
     assert all(r.data["inconclusive"] and r.data["not_checked"] for r in results)
     assert not [a for a in pending if a.kind == "retire"]
@@ -268,5 +275,5 @@ def test_checks_that_could_not_see_the_gpu_do_not_return_it(world: dict[str, Any
     assert proc.returncode == 0, proc.stderr
     assert "PARTIAL" in proc.stdout and _state(world, uuid) is HealthState.HEALTHY
     with Store.open(world["db"]) as store:
-        last = store.list_audit(kind=AuditKind.RESULT, subject=f"device:{uuid}")[-1]
+        last = store.audit.list_audit(kind=AuditKind.RESULT, subject=f"device:{uuid}")[-1]
     assert "partial evidence accepted by tester" in last.message

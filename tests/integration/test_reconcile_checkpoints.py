@@ -31,7 +31,7 @@ def fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Fleet]:
 
 def test_a_damaged_newest_checkpoint_is_moved_aside_before_the_requeue(fleet: Fleet) -> None:
     fj = fleet.submit("--fail-attempts", "0", "--fail-at", "12", "--exit", "1")
-    root = Path(str(fleet.store.get_job(fj.job_id).checkpoint_dir))
+    root = Path(str(fleet.store.jobs.get_job(fj.job_id).checkpoint_dir))
     deadline = time.monotonic() + 30
     while not (root / "step_00000010").exists():
         assert time.monotonic() < deadline
@@ -40,7 +40,7 @@ def test_a_damaged_newest_checkpoint_is_moved_aside_before_the_requeue(fleet: Fl
     state.write_bytes(state.read_bytes().replace(b"10", b"99"))  # same size, wrong sha256
     fleet.run_until(lambda: fleet.incident_state(fj.job_id) == "recovered")
 
-    (inc,) = fleet.store.list_incidents(job_id=fj.job_id)
+    (inc,) = fleet.store.incidents.list_incidents(job_id=fj.job_id)
     assert inc.checkpoint_step == 5 and inc.checkpoint_path == str(root / "step_00000005")
     # The last step the job printed before it failed, read before the incident opened.
     assert (inc.failed_step, inc.lost_steps) == (12, 7)
@@ -56,5 +56,7 @@ def test_a_damaged_newest_checkpoint_is_moved_aside_before_the_requeue(fleet: Fl
     assert json.loads((moved / "state.json").read_text()) == {"step": 99}
     note = json.loads((root / REJECTED_DIR / "step_00000010.trainguard-note.json").read_text())
     assert note["path"] == str(root / "step_00000010") and note["by"] == "test-controller"
-    audit = [a for a in fleet.store.list_audit(job_id=fj.job_id) if "moved 1 of 1" in a.message]
+    audit = [
+        a for a in fleet.store.audit.list_audit(job_id=fj.job_id) if "moved 1 of 1" in a.message
+    ]
     assert audit and audit[0].data["moved"][0]["moved_to"] == str(moved)

@@ -33,18 +33,18 @@ def test_xid_quarantines_restarts_from_the_checkpoint_and_verifies(fleet: Fleet)
     )  # fmt: skip
     # The XID comes once checkpoint 10 exists; it ends attempt 0 at once (0130), or the
     # job's own exit at step 14 does, with the XID as its evidence: the same recovery.
-    fleet.run_until(lambda: (fleet.store.get_attempt(fj.job_id, 0).last_step or 0) >= 10)
+    fleet.run_until(lambda: (fleet.store.jobs.get_attempt(fj.job_id, 0).last_step or 0) >= 10)
     bad = fleet.xid(fj, device_index=1)
     fleet.run_until(lambda: fleet.incident_state(fj.job_id) == "recovered")
 
-    (inc,) = fleet.store.list_incidents(job_id=fj.job_id)
+    (inc,) = fleet.store.incidents.list_incidents(job_id=fj.job_id)
     assert (inc.kind.value, inc.domain.value, inc.culprit.device_uuid) == ("xid", "hardware", bad)
     assert [a["type"] for a in inc.actions] == ["quarantine", "restart"]
     assert inc.checkpoint_step == 10 and inc.recovery_attempt == 1
     assert inc.plan_generation == 1 and inc.lost_steps == inc.failed_step - 10
     # The world: the card is out of service in the store and in the scheduler, the
     # job runs its second attempt elsewhere, resumed from step 10; started twice only.
-    assert fleet.store.get_device_state(bad) is HealthState.QUARANTINED
+    assert fleet.store.devices.get_device_state(bad) is HealthState.QUARANTINED
     obs = fleet.cluster.observe()
     assert bad in {u for n in obs.nodes.values() for u in n.quarantined_devices}
     oj = obs.jobs[fj.scheduler_ref]
@@ -53,10 +53,10 @@ def test_xid_quarantines_restarts_from_the_checkpoint_and_verifies(fleet: Fleet)
     )
     assert oj.resume_from and oj.resume_from.endswith("step_00000010")
     assert [s["attempt"] for s in fleet.cluster.starts()] == [0, 1]
-    att = fleet.store.get_attempt(fj.job_id, 1)
+    att = fleet.store.jobs.get_attempt(fj.job_id, 1)
     # "resumed from step 10" is its first progress line: the restored step is the chosen one.
     assert att.state is AttemptState.VERIFIED and att.first_step == 10
-    assert fleet.store.get_job(fj.job_id).state is JobState.RUNNING
+    assert fleet.store.jobs.get_job(fj.job_id).state is JobState.RUNNING
     # Repair record with evidence and advice; every intent has its one result.
     (rep,) = fleet.cp.repairs()
     assert rep.resource_id == bad and rep.state is RepairState.OPEN and rep.incident_id == inc.id
@@ -74,20 +74,20 @@ def test_observe_mode_records_the_plan_and_touches_nothing(
         fj = fleet.submit("--fail-attempts", "0", "--fail-at", "6")
         bad = fleet.xid(fj)
         fleet.run_until(lambda: fleet.incident_state(fj.job_id) == "observed")
-        (inc,) = fleet.store.list_incidents(job_id=fj.job_id)
+        (inc,) = fleet.store.incidents.list_incidents(job_id=fj.job_id)
         assert inc.plan is not None and inc.plan["mode"] == "observe"
         assert [a["type"] for a in inc.plan["actions"]] == ["quarantine", "restart"]
         assert inc.actions == () and fleet.cp.actions() == []
         for _ in range(3):
             fleet.cp.run_once()
-        assert fleet.store.get_device_state(bad) is HealthState.HEALTHY
+        assert fleet.store.devices.get_device_state(bad) is HealthState.HEALTHY
         assert len(fleet.cluster.starts()) == 1
         assert fleet.cluster.observe().nodes["n1"].quarantined_devices == ()
         # The XID on its card opened the incident while the job still ran (0130); once
         # the job fails by itself (step 6), nothing restarts it.
-        fleet.run_until(lambda: fleet.store.get_job(fj.job_id).state is JobState.STOPPED)
+        fleet.run_until(lambda: fleet.store.jobs.get_job(fj.job_id).state is JobState.STOPPED)
         assert len(fleet.cluster.starts()) == 1
-        assert not fleet.store.list_audit(kind=AuditKind.INTENT)
+        assert not fleet.store.audit.list_audit(kind=AuditKind.INTENT)
     finally:
         fleet.close()
 
@@ -101,7 +101,7 @@ def test_the_most_specific_scope_wins(fleet: Fleet) -> None:
     eff = fleet.cp.effective_mode(fj.job_id)
     assert (eff.mode.value, eff.scope and eff.scope.key) == ("act", f"job:{fj.job_id}")
     fleet.run_until(lambda: fleet.incident_state(fj.job_id) == "recovered")
-    changes = fleet.store.list_audit(subject="mode:*")
+    changes = fleet.store.audit.list_audit(subject="mode:*")
     assert [(e.actor, e.data["scope"], e.data["new"]) for e in changes][-3:] == [
         ("operator:ana", "cluster", "observe"),
         ("operator:ana", "partition:gpu", "act"),
@@ -113,14 +113,14 @@ def test_a_repeated_application_error_is_stopped_as_futile(fleet: Fleet) -> None
     err = "KeyError: 'labels'"
     fj = fleet.submit("--fail-attempts", "0,1,2", "--fail-at", "6", "--error", err, ckpt=False)
     fleet.run_until(lambda: fleet.incident_state(fj.job_id) == "stopped")
-    (inc,) = fleet.store.list_incidents(job_id=fj.job_id)
+    (inc,) = fleet.store.incidents.list_incidents(job_id=fj.job_id)
     assert inc.domain.value == "application" and "futile" in (inc.reason or "")
     assert inc.plan_generation == 2  # restart once, then stop on the same error
     assert [s["attempt"] for s in fleet.cluster.starts()] == [0, 1]
-    assert fleet.store.get_job(fj.job_id).state is JobState.STOPPED
+    assert fleet.store.jobs.get_job(fj.job_id).state is JobState.STOPPED
     assert fleet.cp.actions(inc.id)[-1].type == "stop"
-    assert fleet.store.list_devices() and all(
-        d.state is HealthState.HEALTHY for d in fleet.store.list_devices()
+    assert fleet.store.devices.list_devices() and all(
+        d.state is HealthState.HEALTHY for d in fleet.store.devices.list_devices()
     )
     assert_intents_paired(fleet.store)
 
@@ -142,7 +142,7 @@ def test_an_unknown_cause_repeated_waits_for_approval(fleet: Fleet) -> None:
         fleet.cp.deny(approval.id, "operator:bo", "too late")
     fleet.run_until(lambda: fleet.incident_state(fj.job_id) == "recovered")
     assert [s["attempt"] for s in fleet.cluster.starts()] == [0, 1, 2]
-    decision = [e for e in fleet.store.list_audit(subject=f"approval:{approval.id}")][-1]
+    decision = [e for e in fleet.store.audit.list_audit(subject=f"approval:{approval.id}")][-1]
     assert decision.actor == "operator:ana" and "try once more" in decision.message
 
 
@@ -153,7 +153,7 @@ def test_a_denied_approval_stops_the_job(fleet: Fleet) -> None:
     fleet.cp.deny(approval.id, "operator:ana", "looks like the same bad node")
     fleet.run_until(lambda: fleet.incident_state(fj.job_id) == "stopped")
     assert len(fleet.cluster.starts()) == 2
-    assert fleet.store.get_job(fj.job_id).state is JobState.STOPPED
+    assert fleet.store.jobs.get_job(fj.job_id).state is JobState.STOPPED
     skipped = [a for a in fleet.cp.actions() if a.state.value == "skipped"]
     assert skipped and "denied by operator:ana" in str(skipped[0].result)
 
@@ -178,7 +178,7 @@ def test_the_breaker_trips_suppresses_pages_and_needs_a_reset(
             )
             quarantined.append(fleet.xid(fj, device_index=0))
             fleet.run_until(lambda fj=fj: fleet.incident_state(fj.job_id) == "recovered")
-        states = [fleet.store.get_device_state(u) for u in quarantined]
+        states = [fleet.store.devices.get_device_state(u) for u in quarantined]
         assert states == [HealthState.QUARANTINED, HealthState.QUARANTINED, HealthState.HEALTHY]
         status = fleet.cp.breaker()
         assert status.state is BreakerState.OPEN and status.suppressed == 1
@@ -187,7 +187,10 @@ def test_the_breaker_trips_suppresses_pages_and_needs_a_reset(
         # The job still recovered, on other devices than the suspect one.
         assert quarantined[2] not in {d.uuid for d in fleet.observed(fj).devices}
         # Paged once (audit + webhook), tickets for the two real quarantines.
-        assert len(fleet.store.list_audit(subject="breaker:quarantine", kind=AuditKind.ERROR)) == 2
+        assert (
+            len(fleet.store.audit.list_audit(subject="breaker:quarantine", kind=AuditKind.ERROR))
+            == 2
+        )
         assert [b["type"] for b in pager.bodies] == ["trainguard.page"]
         assert sorted(b["repair"]["resource_id"] for b in tickets.bodies) == sorted(quarantined[:2])
         reset = fleet.cp.reset_breaker("operator:ana", "fabric fixed, resuming quarantines")
@@ -246,8 +249,8 @@ def test_release_returns_a_device_to_service_on_record(fleet: Fleet) -> None:
     assert (
         closed is not None and closed.state is RepairState.CLOSED and closed.outcome == "released"
     )
-    assert fleet.store.get_device_state(bad) is HealthState.HEALTHY
-    last = fleet.store.device_history(bad)[-1]
+    assert fleet.store.devices.get_device_state(bad) is HealthState.HEALTHY
+    last = fleet.store.devices.device_history(bad)[-1]
     assert (last.actor, last.old_state) == ("operator:ana", HealthState.QUARANTINED)
     # The next pass tells the scheduler (level-based): the card is handed out again.
     fleet.run_until(
@@ -267,18 +270,18 @@ def test_validation_returns_or_retires_through_approval(fleet: Fleet) -> None:
         fleet.cp.record_validation(bad, True, "validator")
     rep = fleet.cp.request_validation(bad, "operator:ana")
     assert rep.state is RepairState.VALIDATING
-    assert fleet.store.get_device_state(bad) is HealthState.VALIDATING
+    assert fleet.store.devices.get_device_state(bad) is HealthState.VALIDATING
     rep = fleet.cp.record_validation(bad, False, "validator", {"matmul": "mismatch"})
     assert rep.state is RepairState.OPEN and rep.failed_validations == 1
-    assert fleet.store.get_device_state(bad) is HealthState.REPAIR
+    assert fleet.store.devices.get_device_state(bad) is HealthState.REPAIR
     fleet.cp.request_validation(bad, "operator:ana")
     rep = fleet.cp.record_validation(bad, False, "validator", {"memtest": "pattern error"})
     assert rep.failed_validations == 2
     (retire,) = fleet.cp.approvals(state="pending")
     assert retire.kind == "retire" and retire.subject == f"device:{bad}"
-    assert fleet.store.get_device_state(bad) is HealthState.REPAIR  # nothing until approved
+    assert fleet.store.devices.get_device_state(bad) is HealthState.REPAIR  # nothing until approved
     fleet.cp.approve(retire.id, "operator:ana", "RMA filed")
-    assert fleet.store.get_device_state(bad) is HealthState.RETIRED
+    assert fleet.store.devices.get_device_state(bad) is HealthState.RETIRED
     (rep,) = fleet.cp.repairs()
     assert rep.state is RepairState.CLOSED and rep.outcome == "retired"
     # A retired card never comes back to the scheduler.
@@ -295,7 +298,7 @@ def test_validation_pass_returns_the_device(fleet: Fleet) -> None:
     rep = fleet.cp.record_validation(bad, True, "validator", {"tflops": 0.93})
     assert rep.state is RepairState.CLOSED and rep.outcome == "validated"
     assert rep.validations[-1]["details"] == {"tflops": 0.93}
-    assert fleet.store.get_device_state(bad) is HealthState.HEALTHY
+    assert fleet.store.devices.get_device_state(bad) is HealthState.HEALTHY
     fleet.run_until(
         lambda: all(
             bad not in n.quarantined_devices for n in fleet.cluster.observe().nodes.values()
@@ -308,12 +311,12 @@ def test_a_hang_is_detected_and_the_job_restarted(fleet: Fleet) -> None:
     # Attempt 0 stops making progress at step 6 but keeps running.
     fj = fleet.submit("--fail-attempts", "0", "--fail-at", "6", "--hang", policy="hangs")
     fleet.run_until(lambda: fleet.incident_state(fj.job_id) == "recovered")
-    (inc,) = fleet.store.list_incidents(job_id=fj.job_id)
+    (inc,) = fleet.store.incidents.list_incidents(job_id=fj.job_id)
     assert inc.kind.value == "hang" and inc.failed_step == 6 and inc.checkpoint_step == 5
-    att0 = fleet.store.get_attempt(fj.job_id, 0)
+    att0 = fleet.store.jobs.get_attempt(fj.job_id, 0)
     assert att0.state is AttemptState.FAILED and "no progress" in (att0.reason or "")
     assert [s["attempt"] for s in fleet.cluster.starts()] == [0, 1]
-    assert all(d.state is HealthState.HEALTHY for d in fleet.store.list_devices())
+    assert all(d.state is HealthState.HEALTHY for d in fleet.store.devices.list_devices())
 
 
 def test_a_job_without_a_progress_signal_is_warned_once(fleet: Fleet) -> None:
@@ -324,7 +327,7 @@ def test_a_job_without_a_progress_signal_is_warned_once(fleet: Fleet) -> None:
     def notes() -> list[str]:
         return [
             e.message
-            for e in fleet.store.list_audit(kind=AuditKind.NOTE, subject=f"job:{fj.job_id}")
+            for e in fleet.store.audit.list_audit(kind=AuditKind.NOTE, subject=f"job:{fj.job_id}")
             if "no progress signal" in e.message
         ]
 
@@ -332,11 +335,11 @@ def test_a_job_without_a_progress_signal_is_warned_once(fleet: Fleet) -> None:
     fleet.run_until(lambda: fleet.incident_state(fj.job_id) == "recovered", timeout=30)
     (note,) = notes()
     assert "--resume-arg" in note and "TrainguardCallback" in note
-    (inc,) = fleet.store.list_incidents(job_id=fj.job_id)
+    (inc,) = fleet.store.incidents.list_incidents(job_id=fj.job_id)
     assert [w for w in inc.warnings if w.startswith("no progress signal")] == [
         note.removeprefix("warning: ")
     ]
-    assert "liveness" in (fleet.store.get_attempt(fj.job_id, 1).reason or "")
+    assert "liveness" in (fleet.store.jobs.get_attempt(fj.job_id, 1).reason or "")
 
 
 def test_an_xid_names_the_rank_that_had_the_device_when_ranks_are_not_gpus(
@@ -358,7 +361,7 @@ def test_an_xid_names_the_rank_that_had_the_device_when_ranks_are_not_gpus(
     )
     fleet.run_until(lambda: (ckpt / "step_00000010").is_dir())
     bad = fleet.xid(fj, device_index=3)
-    fleet.run_until(lambda: bool(fleet.store.list_incidents(job_id=fj.job_id)))
-    (inc,) = fleet.store.list_incidents(job_id=fj.job_id)
+    fleet.run_until(lambda: bool(fleet.store.incidents.list_incidents(job_id=fj.job_id)))
+    (inc,) = fleet.store.incidents.list_incidents(job_id=fj.job_id)
     assert (inc.kind.value, inc.culprit.device_uuid, inc.culprit.rank) == ("xid", bad, 1)
     assert "rank 3" not in inc.summary

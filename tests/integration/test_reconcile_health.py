@@ -59,7 +59,7 @@ def test_device_changes_on_either_side_are_reconciled(fleet: Fleet) -> None:
     card = "GPU-n2-1"
     assert _held(fleet, "n2") == ()
     # Another process (an operator through the API) takes the card out.
-    fleet.store.transition_device(
+    fleet.store.devices.transition_device(
         card, HealthState.QUARANTINED, "operator: flaky ECC", "operator:test", time.time()
     )
     _pass(fleet)
@@ -80,7 +80,7 @@ def test_device_changes_on_either_side_are_reconciled(fleet: Fleet) -> None:
 def test_node_changes_on_either_side_are_reconciled(fleet: Fleet) -> None:
     _pass(fleet)
     _pass(fleet)
-    fleet.cp.fleet.transition_node(
+    fleet.cp.fleet.nodes.transition_node(
         "n1", HealthState.QUARANTINED, "operator: PSU alarm", "operator:test", time.time()
     )
     _pass(fleet)
@@ -97,4 +97,4 @@ def test_node_changes_on_either_side_are_reconciled(fleet: Fleet) -> None:
     _pass(fleet)
     obs = fleet.cluster.observe()
     assert obs.nodes["n1"].phase is NodePhase.UP and obs.nodes["n2"].phase is NodePhase.UP
-    assert fleet.cp.fleet.get_node("n1").state is HealthState.HEALTHY
+    assert fleet.cp.fleet.nodes.get_node("n1").state is HealthState.HEALTHY

@@ -41,25 +41,25 @@ def test_a_released_card_is_not_quarantined_again_for_the_same_incident(
         fj = fleet.submit("--fail-attempts", "0", "--fail-at", "10", ckpt=False, devices_per_node=1)
         card = fleet.xid(fj, device_index=0)
         # The only card is quarantined: nothing left, the job waits for capacity.
-        fleet.run_until(lambda: fleet.store.get_job(fj.job_id).state is JobState.WAITING)
-        (inc,) = fleet.store.list_incidents(job_id=fj.job_id)
+        fleet.run_until(lambda: fleet.store.jobs.get_job(fj.job_id).state is JobState.WAITING)
+        (inc,) = fleet.store.incidents.list_incidents(job_id=fj.job_id)
         assert inc.plan is not None
         assert [a["type"] for a in inc.plan["actions"]] == ["quarantine", "waitforcapacity"]
         for _ in range(3):  # asked again each pass: still no capacity, nothing new
             assert not fleet.cp.run_once().errors
-        assert fleet.store.get_incident(inc.id).plan_generation == 1
+        assert fleet.store.incidents.get_incident(inc.id).plan_generation == 1
 
         fleet.cp.release(f"device:{card}", "operator:test", "reseated and tested")
         fleet.run_until(lambda: fleet.incident_state(fj.job_id) == "recovered")
 
-        inc = fleet.store.get_incident(inc.id)
+        inc = fleet.store.incidents.get_incident(inc.id)
         assert inc.plan is not None and inc.plan_generation == 2
         assert [a["type"] for a in inc.plan["actions"]] == ["restart"]
         assert any("already isolated for this incident" in r for r in inc.plan["reasons"])
         quarantines = [a for a in fleet.cp.actions(inc.id) if a.type == "quarantine"]
         assert [(a.data["resource_id"], a.state) for a in quarantines] == [(card, ActionState.DONE)]
         # The world: the card was quarantined once, released once, and runs the job again.
-        history = [h.new_state for h in fleet.store.device_history(card)]
+        history = [h.new_state for h in fleet.store.devices.device_history(card)]
         assert history == [HealthState.HEALTHY, HealthState.QUARANTINED, HealthState.HEALTHY]
         assert [(s["attempt"], s["devices"]) for s in fleet.cluster.starts()] == [
             (0, [card]),
@@ -81,10 +81,10 @@ def test_a_suppressed_quarantine_keeps_the_suspect_card_out_when_asked_again(
     try:
         fj = fleet.submit("--fail-attempts", "0", "--fail-at", "10", ckpt=False, devices_per_node=1)
         card = fleet.xid(fj, device_index=0)
-        fleet.run_until(lambda: fleet.store.get_job(fj.job_id).state is JobState.WAITING)
+        fleet.run_until(lambda: fleet.store.jobs.get_job(fj.job_id).state is JobState.WAITING)
         for _ in range(3):  # decide() asked again every pass
             assert not fleet.cp.run_once().errors
-        (inc,) = fleet.store.list_incidents(job_id=fj.job_id)
+        (inc,) = fleet.store.incidents.list_incidents(job_id=fj.job_id)
         assert inc.plan is not None and inc.plan_generation == 1
         assert [a["type"] for a in inc.plan["actions"]] == ["quarantine", "waitforcapacity"]
         (q, _wait) = fleet.cp.actions(inc.id)
@@ -92,7 +92,7 @@ def test_a_suppressed_quarantine_keeps_the_suspect_card_out_when_asked_again(
         assert fleet.cp.breaker().state is BreakerState.OPEN
         assert [s.resource_id for s in fleet.cp.suppressions()] == [card]
         # Not quarantined (the breaker held it back), and not restarted on either.
-        assert fleet.store.get_device_state(card) is HealthState.HEALTHY
+        assert fleet.store.devices.get_device_state(card) is HealthState.HEALTHY
         assert [s["attempt"] for s in fleet.cluster.starts()] == [0]
         assert inc.state is IncidentState.ACTING
     finally:
@@ -157,7 +157,7 @@ def test_the_same_collective_timeout_culprit_twice_is_isolated(
         assert first == second == "GPU-n1-0"  # the restart got the same card back
         fleet.run_until(lambda: fleet.incident_state(fj.job_id) == "recovered", timeout=40)
 
-        (inc,) = fleet.store.list_incidents(job_id=fj.job_id)
+        (inc,) = fleet.store.incidents.list_incidents(job_id=fj.job_id)
         assert inc.state is IncidentState.RECOVERED and inc.plan_generation == 2
         ledger = [(a.generation, a.type, a.data.get("resource_id")) for a in fleet.cp.actions()]
         # Once: restarted only. Twice, the same card: isolated, then restarted elsewhere.
@@ -173,7 +173,7 @@ def test_the_same_collective_timeout_culprit_twice_is_isolated(
             (1, "network", first),
         ]
         assert any("network failures keep naming device" in r for r in inc.plan["reasons"])
-        assert fleet.store.get_device_state(first) is HealthState.QUARANTINED
+        assert fleet.store.devices.get_device_state(first) is HealthState.QUARANTINED
         assert [s["devices"] for s in fleet.cluster.starts()] == [[first], [first], ["GPU-n1-1"]]
         assert_intents_paired(fleet.store)
     finally:

@@ -87,7 +87,7 @@ def test_two_controllers_on_one_store_only_one_acts(store_target: str, tmp_path:
         ]
         outs = [p.communicate(timeout=90) for p in procs]
         assert [p.returncode for p in procs] == [0, 0], outs
-        incidents = fleet.store.list_incidents()
+        incidents = fleet.store.incidents.list_incidents()
         assert len(incidents) == 2 and all(i.state is IncidentState.RECOVERED for i in incidents)
         # Each job started exactly twice; every action by one leader (its token may
         # have grown if a slow pass let its own lease lapse: still one identity).
@@ -102,8 +102,8 @@ def test_two_controllers_on_one_store_only_one_acts(store_target: str, tmp_path:
             why,
             fleet.cluster.starts(),
         )
-        actors = {e.actor for e in fleet.store.list_audit(kind=AuditKind.INTENT)}
-        leaders = {e.actor for e in fleet.store.list_audit(subject="lease:controller")}
+        actors = {e.actor for e in fleet.store.audit.list_audit(kind=AuditKind.INTENT)}
+        leaders = {e.actor for e in fleet.store.audit.list_audit(subject="lease:controller")}
         assert len(actors) == 1 and actors == leaders
         assert_intents_paired(fleet.store)
     finally:
@@ -151,7 +151,7 @@ def test_a_deposed_leader_cannot_act_when_it_wakes_up(store_target: str, tmp_pat
             "controller-new",
             old_token + 1,
         )
-        audit_before = fleet.store.count_audit()
+        audit_before = fleet.store.audit.count_audit()
 
         os.kill(old.pid, signal.SIGCONT)  # the old leader wakes up mid-action
         out, err = old.communicate(timeout=60)
@@ -168,15 +168,15 @@ def test_a_deposed_leader_cannot_act_when_it_wakes_up(store_target: str, tmp_pat
         assert restart.state is ActionState.DONE
         result = [
             e
-            for e in fleet.store.list_audit(kind=AuditKind.RESULT)
+            for e in fleet.store.audit.list_audit(kind=AuditKind.RESULT)
             if e.data.get("key") == restart.key
         ]
         assert [e.actor for e in result] == ["controller-new"]
         # The old leader wrote nothing after waking up.
-        late = fleet.store.list_audit(after_id=0)[audit_before:]
+        late = fleet.store.audit.list_audit(after_id=0)[audit_before:]
         assert all(e.actor != "controller-old" for e in late), late
         assert_intents_paired(fleet.store)
-        assert fleet.store.list_incidents()[0].state is IncidentState.RECOVERED
+        assert fleet.store.incidents.list_incidents()[0].state is IncidentState.RECOVERED
     finally:
         if old is not None and old.poll() is None:
             os.kill(old.pid, signal.SIGCONT)

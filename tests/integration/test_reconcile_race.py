@@ -62,7 +62,7 @@ def test_two_jobs_failing_together_each_lose_their_card(store_target: str, tmp_p
         ]
         assert {a.state for a in actions} == {ActionState.DONE}
         for uuid in bad:
-            assert fleet.store.get_device_state(uuid) is HealthState.QUARANTINED
+            assert fleet.store.devices.get_device_state(uuid) is HealthState.QUARANTINED
         # No restart was handed a card with an XID on it.
         restarts = [s for s in fleet.cluster.starts() if s["attempt"] == 1]
         assert len(restarts) == 2 and not {u for s in restarts for u in s["devices"]} & set(bad)
@@ -90,13 +90,13 @@ def test_a_card_taken_by_a_queued_job_is_still_quarantined(
         assert card in {d.uuid for d in fleet.observed(queued).devices}
         fleet.run_until(lambda: fleet.incident_state(victim.job_id) == "recovered")
 
-        (inc,) = fleet.store.list_incidents(job_id=victim.job_id)
+        (inc,) = fleet.store.incidents.list_incidents(job_id=victim.job_id)
         assert inc.plan is not None
         assert [(a["type"], a.get("resource_id")) for a in inc.plan["actions"]] == [
             ("quarantine", card),
             ("restart", None),
         ], inc.plan["reasons"]
-        assert fleet.store.get_device_state(card) is HealthState.QUARANTINED
+        assert fleet.store.devices.get_device_state(card) is HealthState.QUARANTINED
         obs = fleet.cluster.observe()
         assert card in obs.nodes["n2"].quarantined_devices
         # The restart got the one free card; the card in use was never capacity.

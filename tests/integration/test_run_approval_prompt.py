@@ -42,7 +42,7 @@ def _approvals(state: Path) -> list[Approval]:
         return []
     try:
         with Store.open(state) as store:
-            return FleetStore(store).list_approvals()
+            return FleetStore(store).approvals.list_approvals()
     except Exception:  # the database is still being created
         return []
 
@@ -52,7 +52,7 @@ def _answer_all(state: Path, stop: threading.Event) -> None:
         for a in _approvals(state):
             if a.state is ApprovalState.PENDING:
                 with Store.open(state) as store:
-                    FleetStore(store).decide_approval(
+                    FleetStore(store).approvals.decide_approval(
                         a.id, ApprovalState.APPROVED, actor="operator:test",
                         reason="looked at it", at=time.time(),
                     )  # fmt: skip
@@ -93,8 +93,8 @@ def test_the_printed_command_answers_the_question_and_a_denial_stops_the_job(
         for line in rest.splitlines()
     ), rest  # fmt: skip
     with Store.open(tmp_path / "state.db") as store:
-        [job] = store.list_jobs()
+        [job] = store.jobs.list_jobs()
         assert (job.state.value, job.reason) == ("stopped", RESTART_DENIED), job
-        [approval] = FleetStore(store).list_approvals()
+        [approval] = FleetStore(store).approvals.list_approvals()
         assert approval.state is ApprovalState.DENIED, approval
         assert approval.decision_reason == "the data loader is broken", approval

@@ -42,7 +42,9 @@ def _pending(state: Path) -> list[int]:
     if not state.exists():
         return []
     with Store.open(state) as store:
-        return [a.id for a in FleetStore(store).list_approvals() if a.state.value == "pending"]
+        return [
+            a.id for a in FleetStore(store).approvals.list_approvals() if a.state.value == "pending"
+        ]
 
 
 @pytest.mark.parametrize("approve", [True, False])
@@ -70,13 +72,13 @@ def test_a_run_that_died_waiting_for_approval_carries_out_the_decision_it_finds(
                             timeout=90)  # fmt: skip
     assert second.returncode == (0 if approve else 1), second.stderr[-3000:]
     with Store.open(state) as store:
-        [job] = store.list_jobs()
-        approvals = FleetStore(store).list_approvals()
+        [job] = store.jobs.list_jobs()
+        approvals = FleetStore(store).approvals.list_approvals()
         assert [(a.id, a.state.value) for a in approvals] == [
             (approval_id, "approved" if approve else "denied")
         ]
-        [inc] = store.list_incidents(job_id=job.id)
-        attempts = [a.state.value for a in store.list_attempts(job.id)]
+        [inc] = store.incidents.list_incidents(job_id=job.id)
+        attempts = [a.state.value for a in store.jobs.list_attempts(job.id)]
         if approve:
             assert (inc.state.value, job.state.value) == ("recovered", "completed")
             assert [a["type"] for a in inc.actions] == ["restart", "restart"]
@@ -133,16 +135,16 @@ def test_a_run_resumed_after_a_second_failure_asks_as_the_live_run_asks(
             run.kill()
     assert run.returncode == 0, err[-3000:]
     with Store.open(state) as store:
-        [job] = store.list_jobs()
-        [inc] = store.list_incidents(job_id=job.id)
-        [approval] = FleetStore(store).list_approvals()
+        [job] = store.jobs.list_jobs()
+        [inc] = store.incidents.list_incidents(job_id=job.id)
+        [approval] = FleetStore(store).approvals.list_approvals()
         assert approval.action_key == action_key(inc.id, 2, 0), approval
         assert (approval.kind, approval.state.value) == ("restart", "approved")
         assert "failed for an unknown cause 1 time(s) before" in approval.why
         assert [f["attempt"] for f in (inc.plan or {})["failures"]] == [0, 1]
         assert (inc.state.value, job.state.value) == ("recovered", "completed")
         assert [a["type"] for a in inc.actions] == ["restart", "restart"]
-        assert [a.state.value for a in store.list_attempts(job.id)] == [
+        assert [a.state.value for a in store.jobs.list_attempts(job.id)] == [
             "failed", "failed", "completed"
         ]  # fmt: skip
 
@@ -172,10 +174,10 @@ def test_a_denial_found_at_resume_is_audited_once(tmp_path: Path, crash_at: str 
     _, err = last.communicate(timeout=90)
     assert last.returncode == 1, err[-3000:]
     with Store.open(state) as store:
-        [job] = store.list_jobs()
-        [inc] = store.list_incidents(job_id=job.id)
+        [job] = store.jobs.list_jobs()
+        [inc] = store.incidents.list_incidents(job_id=job.id)
         key = action_key(inc.id, 2, 0)
-        keyed = [ev for ev in store.list_audit(job_id=job.id) if ev.data.get("key") == key]
+        keyed = [ev for ev in store.audit.list_audit(job_id=job.id) if ev.data.get("key") == key]
         assert [(ev.kind.value, ev.subject) for ev in keyed] == [
             ("intent", f"job:{job.id}"),
             ("result", f"job:{job.id}"),

@@ -28,8 +28,8 @@ def run(tmp: Path, job: str, *opts: str, timeout: float = 60) -> subprocess.Comp
 
 def state(tmp: Path) -> tuple[object, list[object], list[object]]:
     with Store.open(tmp / "state.db") as store:
-        [job] = store.list_jobs()
-        return job, store.list_attempts(job.id), store.list_incidents(job_id=job.id)
+        [job] = store.jobs.list_jobs()
+        return job, store.jobs.list_attempts(job.id), store.incidents.list_incidents(job_id=job.id)
 
 
 def test_a_clean_job_completes_with_exit_0(tmp_path: Path) -> None:
@@ -78,8 +78,10 @@ def test_a_crash_without_checkpoints_restarts_from_the_beginning(tmp_path: Path)
 def test_too_few_healthy_devices_stops_before_starting(tmp_path: Path) -> None:
     with Store.open(tmp_path / "state.db") as store:
         devs = simulated(2)
-        store.register_devices(devs, at=1.0)
-        store.transition_device(devs[1].uuid, HealthState.QUARANTINED, "bad card", "test", 2.0)
+        store.devices.register_devices(devs, at=1.0)
+        store.devices.transition_device(
+            devs[1].uuid, HealthState.QUARANTINED, "bad card", "test", 2.0
+        )
     res = run(tmp_path, "print('should not run')", "--devices", "2", "--need", "2")
     assert res.returncode == 1
     assert "should not run" not in res.stdout
@@ -117,7 +119,7 @@ def test_xid_leaving_too_few_devices_stops_with_a_clear_message(tmp_path: Path) 
     assert inc.kind.value == "xid" and inc.outcome == "stopped"  # type: ignore[attr-defined]
     assert [a["type"] for a in inc.actions] == ["quarantine", "stop"]  # type: ignore[attr-defined]
     with Store.open(tmp_path / "state.db") as store:
-        assert store.get_device(simulated(2)[1].uuid).state is HealthState.QUARANTINED
+        assert store.devices.get_device(simulated(2)[1].uuid).state is HealthState.QUARANTINED
 
 
 def test_usage_errors(tmp_path: Path) -> None:

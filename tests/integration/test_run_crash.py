@@ -133,7 +133,7 @@ def alive(pid: int) -> bool:
 
 def intents_have_results(store: Store) -> list[dict[str, Any]]:
     """Every intent of trainguard run has a result naming it; returns the abandoned ones."""
-    audit = store.list_audit()
+    audit = store.audit.list_audit()
     results = {a.data.get("intent_id"): a for a in audit if a.kind.value == "result"}
     for a in audit:
         if a.kind.value == "intent" and a.actor == "trainguard-run":
@@ -170,14 +170,14 @@ def test_a_supervisor_sigkilled_mid_job_is_resumed_without_an_incident(tmp_path:
     assert second.returncode == 0, err2[-3000:]
     assert "left open by a supervisor that died" in err2 and "resuming" in err2
     with Store.open(case.state) as store:
-        [job] = store.list_jobs()  # the same job, resumed and completed
+        [job] = store.jobs.list_jobs()  # the same job, resumed and completed
         assert job.state.value == "completed", job.reason
-        attempts = store.list_attempts(job.id)
+        attempts = store.jobs.list_attempts(job.id)
         assert all(a.state.terminal for a in attempts)
         assert attempts[-1].state.value in ("completed", "verified")
         assert intents_have_results(store) == []
-        assert store.list_incidents(job_id=job.id) == []
-        assert store.get_device(simulated(3)[1].uuid).state is HealthState.HEALTHY
+        assert store.incidents.list_incidents(job_id=job.id) == []
+        assert store.devices.get_device(simulated(3)[1].uuid).state is HealthState.HEALTHY
         assert job_processes(job.id) == []
     # The second run started exactly one attempt (two ranks), which ran to the end.
     assert sorted(p.name for p in (tmp_path / "run2").glob("*.json")) == [
@@ -197,12 +197,12 @@ def test_a_dead_supervisor_job_of_another_command_is_closed_not_resumed(tmp_path
     assert second.returncode == 0, err2[-3000:]
     assert "closing it" in err2
     with Store.open(case.state) as store:
-        old, new = sorted(store.list_jobs(), key=lambda j: j.created_at)
+        old, new = sorted(store.jobs.list_jobs(), key=lambda j: j.created_at)
         assert old.state.value == "stopped" and old.reason and "supervisor died" in old.reason
-        assert all(a.state.terminal for a in store.list_attempts(old.id))
-        [inc] = store.list_incidents(job_id=old.id)
+        assert all(a.state.terminal for a in store.jobs.list_attempts(old.id))
+        [inc] = store.incidents.list_incidents(job_id=old.id)
         assert inc.state.value == "stopped"
-        [attempt] = store.list_attempts(new.id)
+        [attempt] = store.jobs.list_attempts(new.id)
         assert new.state.value == "completed" and attempt.state.value == "completed"
         assert simulated(3)[1].uuid not in attempt.device_uuids
         intents_have_results(store)
@@ -218,9 +218,9 @@ def test_leftovers_of_a_dead_supervisor_and_watchdog_are_stopped_before_the_next
     try:
         case.wait_records(1, 2)
         with Store.open(case.state) as store:
-            [job] = store.list_jobs()
+            [job] = store.jobs.list_jobs()
             [started] = [
-                a for a in store.list_audit(job_id=job.id, kind="result") if "pgid" in a.data
+                a for a in store.audit.list_audit(job_id=job.id, kind="result") if "pgid" in a.data
             ]
         os.killpg(int(started.data["pgid"]), signal.SIGKILL)
         first.send_signal(signal.SIGKILL)
@@ -239,14 +239,14 @@ def test_leftovers_of_a_dead_supervisor_and_watchdog_are_stopped_before_the_next
     assert not any(alive(p) for p in survivors)
     with Store.open(case.state) as store:
         stopped = [
-            a for a in store.list_audit(job_id=job.id, kind="result")
+            a for a in store.audit.list_audit(job_id=job.id, kind="result")
             if a.message.startswith("stopped ") and "leftover" in a.message
         ]  # fmt: skip
         assert len(stopped) == 1
         assert set(survivors) <= set(stopped[0].data["stopped"])
         # The new job started after the leftovers were gone.
-        new = max(store.list_jobs(), key=lambda j: j.created_at)
-        [attempt] = store.list_attempts(new.id)
+        new = max(store.jobs.list_jobs(), key=lambda j: j.created_at)
+        [attempt] = store.jobs.list_attempts(new.id)
         assert attempt.started_at > stopped[0].at
         intents_have_results(store)
 
@@ -260,10 +260,10 @@ def _running_job(store: Store, devices: list[Any], at: float) -> Any:
     """A job in state running, its attempt 0 on the first two of ``devices``."""
     from trainguard.model.records import JobState
 
-    store.register_devices(devices, at=at)
-    job = store.create_job(name="t", command=COMMAND, need=2, at=at, mode="act")
-    store.update_job_state(job.id, JobState.RUNNING, at=at)
-    store.start_attempt(job.id, 0, devices[:2], at=at)
+    store.devices.register_devices(devices, at=at)
+    job = store.jobs.create_job(name="t", command=COMMAND, need=2, at=at, mode="act")
+    store.jobs.update_job_state(job.id, JobState.RUNNING, at=at)
+    store.jobs.start_attempt(job.id, 0, devices[:2], at=at)
     return job
 
 
@@ -274,7 +274,7 @@ def _dead_run(store: Store, job_id: str, at: float) -> None:
     from trainguard.schedulers.local import process_identity
 
     dead = {**process_identity(), "start_ticks": -1}
-    store.append_audit(at, "trainguard-run", AuditKind.NOTE, f"job:{job_id}", "supervised",
+    store.audit.append_audit(at, "trainguard-run", AuditKind.NOTE, f"job:{job_id}", "supervised",
                        {"supervisor": dead}, job_id=job_id)  # fmt: skip
 
 
@@ -286,7 +286,7 @@ def _dead_run_lease(store: Store, at: float) -> Any:
 
     host, pid, _, boot = process_holder().split(":")
     dead = f"{host}:{pid}:1:{boot}"
-    lease = FleetStore(store).acquire_lease(CONTROLLER_LEASE, dead, 3600.0, at)
+    lease = FleetStore(store).lease.acquire_lease(CONTROLLER_LEASE, dead, 3600.0, at)
     assert lease is not None
     return Fence(CONTROLLER_LEASE, dead, lease.token)
 
@@ -342,18 +342,18 @@ def test_a_supervisor_dead_between_an_xid_and_its_incident_leaves_the_card_out(
 
     _run_again(tmp_path)
     with Store.open(tmp_path / "state.db") as store:
-        assert store.get_job(job.id).state is JobState.COMPLETED
-        [inc] = store.list_incidents(job_id=job.id)
+        assert store.jobs.get_job(job.id).state is JobState.COMPLETED
+        [inc] = store.incidents.list_incidents(job_id=job.id)
         assert (inc.attempt, inc.state.value, inc.culprit.device_uuid) == (0, "recovered", bad.uuid)
         assert [a["type"] for a in inc.actions] == ["quarantine", "restart"]
-        attempts = store.list_attempts(job.id)
+        attempts = store.jobs.list_attempts(job.id)
         assert [a.state.value for a in attempts] == ["failed", "completed"]
         assert bad.uuid not in attempts[1].device_uuids
-        assert [h.new_state.value for h in store.device_history(bad.uuid)] == [
+        assert [h.new_state.value for h in store.devices.device_history(bad.uuid)] == [
             "healthy",
             "quarantined",
         ]
-        assert [r.resource_id for r in FleetStore(store).list_repairs()] == [bad.uuid]
+        assert [r.resource_id for r in FleetStore(store).repairs.list_repairs()] == [bad.uuid]
         assert intents_have_results(store) == []
 
 
@@ -376,42 +376,42 @@ def test_a_restart_that_failed_on_an_xid_before_the_next_plan_is_decided_again(
     now = time.time()
     with Store.open(tmp_path / "state.db") as store:
         job = _running_job(store, devices, now)
-        store.finish_attempt(job.id, 0, AttemptState.FAILED, at=now + 1, reason="exit 1")
+        store.jobs.finish_attempt(job.id, 0, AttemptState.FAILED, at=now + 1, reason="exit 1")
         crash = Attribution(IncidentKind.CRASH, Domain.UNKNOWN, Culprit(), 0.5, "exit 1")
-        inc = store.open_incident(job.id, 0, crash, detected_at=now + 1)
+        inc = store.incidents.open_incident(job.id, 0, crash, detected_at=now + 1)
         plan = Plan(actions=(Restart(devices=(devices[0].uuid, bad.uuid), checkpoint=None),))
         # As the engine records a plan: with the failure it answers (0360).
         failures = with_failure([], 0, crash)
-        store.record_plan(inc.id, {**plan.to_dict(), "attempt": 0, "failures": failures},
+        store.incidents.record_plan(inc.id, {**plan.to_dict(), "attempt": 0, "failures": failures},
                           at=now + 1)  # fmt: skip
-        store.update_incident(inc.id, at=now + 1, state=IncidentState.ACTING)
+        store.incidents.update_incident(inc.id, at=now + 1, state=IncidentState.ACTING)
         # The plan's restart, carried out: its ledger entry as the engine writes it.
-        inc = store.get_incident(inc.id)
+        inc = store.incidents.get_incident(inc.id)
         fence = _dead_run_lease(store, now)
         key = action_key(inc.id, inc.plan_generation, 0)
         fleet = FleetStore(store)
-        fleet.record_intent(key, incident_id=inc.id, generation=inc.plan_generation, index=0,
+        fleet.ledger.record_intent(key, incident_id=inc.id, generation=inc.plan_generation, index=0,
                             type="restart", data={}, subject=f"job:{job.id}", message="restart",
                             fence=fence, at=now + 2, job_id=job.id)  # fmt: skip
-        store.start_attempt(job.id, 1, devices[:2], at=now + 2)
-        store.add_incident_action(inc.id, {"type": "restart", "attempt": 1}, at=now + 2)
-        fleet.record_result(key, ActionState.DONE, {"attempt": 1}, subject=f"job:{job.id}",
+        store.jobs.start_attempt(job.id, 1, devices[:2], at=now + 2)
+        store.incidents.add_incident_action(inc.id, {"type": "restart", "attempt": 1}, at=now + 2)
+        fleet.ledger.record_result(key, ActionState.DONE, {"attempt": 1}, subject=f"job:{job.id}",
                             message="attempt 1 requested", fence=fence, at=now + 2)  # fmt: skip
-        store.update_incident(inc.id, at=now + 2, state=IncidentState.VERIFYING,
+        store.incidents.update_incident(inc.id, at=now + 2, state=IncidentState.VERIFYING,
                               recovery_attempt=1)  # fmt: skip
         _dead_run(store, job.id, now)
         _audited_xid(store, job.id, 1, bad, devices[:2], now + 3)
 
     _run_again(tmp_path)
     with Store.open(tmp_path / "state.db") as store:
-        assert store.get_job(job.id).state is JobState.COMPLETED
-        [inc] = store.list_incidents(job_id=job.id)
+        assert store.jobs.get_job(job.id).state is JobState.COMPLETED
+        [inc] = store.incidents.list_incidents(job_id=job.id)
         assert inc.state.value == "recovered" and inc.plan and inc.plan["attempt"] == 1
         assert [a["type"] for a in inc.actions] == ["restart", "quarantine", "restart"]
-        attempts = store.list_attempts(job.id)
+        attempts = store.jobs.list_attempts(job.id)
         assert [a.state.value for a in attempts] == ["failed", "failed", "completed"]
         assert bad.uuid not in attempts[2].device_uuids
-        assert [h.new_state.value for h in store.device_history(bad.uuid)] == [
+        assert [h.new_state.value for h in store.devices.device_history(bad.uuid)] == [
             "healthy",
             "quarantined",
         ]
@@ -437,11 +437,11 @@ def test_a_supervisor_dead_between_a_crash_and_its_incident_opens_it_at_resume(
 
     _run_again(tmp_path)
     with Store.open(tmp_path / "state.db") as store:
-        assert store.get_job(job.id).state is JobState.COMPLETED
-        [inc] = store.list_incidents(job_id=job.id)
+        assert store.jobs.get_job(job.id).state is JobState.COMPLETED
+        [inc] = store.incidents.list_incidents(job_id=job.id)
         assert (inc.attempt, inc.kind.value, inc.state.value) == (0, "crash", "recovered")
         assert [a["type"] for a in inc.actions] == ["restart"]
-        attempts = store.list_attempts(job.id)
+        attempts = store.jobs.list_attempts(job.id)
         assert [a.state.value for a in attempts] == ["failed", "completed"]
-        assert all(d.state is HealthState.HEALTHY for d in store.list_devices())
+        assert all(d.state is HealthState.HEALTHY for d in store.devices.list_devices())
         assert intents_have_results(store) == []

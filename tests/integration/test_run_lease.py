@@ -53,8 +53,8 @@ def wait_for_attempt(state: Path, timeout: float = 60) -> None:
     while time.monotonic() < deadline:
         if state.exists():
             with Store.open(state) as store:
-                jobs = store.list_jobs()
-                if jobs and store.list_attempts(jobs[0].id):
+                jobs = store.jobs.list_jobs()
+                if jobs and store.jobs.list_attempts(jobs[0].id):
                     return
         time.sleep(0.1)
     raise AssertionError("the first run did not start its job")
@@ -79,10 +79,10 @@ def test_a_second_run_on_the_same_state_is_refused_while_the_first_holds_it(
         assert f"pid {first.pid} " in line
         with Store.open(tmp_path / "state.db") as store:
             # The refused run started nothing: one job, one attempt, one holder of device 0.
-            [job] = store.list_jobs()
-            [attempt] = store.list_attempts(job.id)
+            [job] = store.jobs.list_jobs()
+            [attempt] = store.jobs.list_attempts(job.id)
             assert [d.index for d in attempt.devices] == [0]
-            lease = FleetStore(store).get_lease(CONTROLLER_LEASE)
+            lease = FleetStore(store).lease.get_lease(CONTROLLER_LEASE)
             assert lease is not None and lease.holder.split(":")[1] == str(first.pid)
             assert lease.token == 1
         _, err = first.communicate(timeout=90)
@@ -96,8 +96,8 @@ def test_a_second_run_on_the_same_state_is_refused_while_the_first_holds_it(
     )
     assert third.returncode == 0, third.stderr
     with Store.open(tmp_path / "state.db") as store:
-        assert [j.state.value for j in store.list_jobs()] == ["completed", "completed"]
-        lease = FleetStore(store).get_lease(CONTROLLER_LEASE)
+        assert [j.state.value for j in store.jobs.list_jobs()] == ["completed", "completed"]
+        lease = FleetStore(store).lease.get_lease(CONTROLLER_LEASE)
         assert lease is not None and lease.token == 2
         assert lease.expires_at <= time.time()  # released, not left to expire
 
@@ -114,12 +114,12 @@ def test_a_dead_holder_loses_the_lease_at_once_and_a_live_one_keeps_it(tmp_path:
     with Store.open(tmp_path / "state.db") as store:
         fleet = FleetStore(store)
         now = time.time()
-        assert fleet.acquire_lease(CONTROLLER_LEASE, dead, 3600.0, now) is not None
+        assert fleet.lease.acquire_lease(CONTROLLER_LEASE, dead, 3600.0, now) is not None
         lease = take_from_dead(fleet, CONTROLLER_LEASE, process_holder(), 15.0, now + 1)
         assert lease is not None and lease.token == 2 and lease.holder == process_holder()
         # A live holder (this process) keeps it against anyone else until it expires.
         assert take_from_dead(fleet, CONTROLLER_LEASE, "someone:else", 15.0, now + 2) is None
-        notes = [a.message for a in store.list_audit(subject=f"lease:{CONTROLLER_LEASE}")]
+        notes = [a.message for a in store.audit.list_audit(subject=f"lease:{CONTROLLER_LEASE}")]
         assert any("no longer runs" in m for m in notes)
 
 
@@ -152,13 +152,13 @@ def test_a_run_paused_past_its_lease_is_deposed_and_its_job_taken_over(tmp_path:
     with Store.open(tmp_path / "state.db") as store:
         # One job, taken over and completed by the second run; the deposed one opened no
         # incident and left every intent answered.
-        [job] = store.list_jobs()
+        [job] = store.jobs.list_jobs()
         assert job.state.value == "completed"
-        assert store.list_incidents(job_id=job.id) == []
-        attempts = store.list_attempts(job.id)
+        assert store.incidents.list_incidents(job_id=job.id) == []
+        attempts = store.jobs.list_attempts(job.id)
         assert [a.state.value for a in attempts] == ["stopped", "completed"]
-        lease = FleetStore(store).get_lease(CONTROLLER_LEASE)
+        lease = FleetStore(store).lease.get_lease(CONTROLLER_LEASE)
         assert lease is not None and lease.token >= 2
-        intents = [a for a in store.list_audit(job_id=job.id) if a.kind.value == "intent"]
-        answered = {a.data.get("intent_id") for a in store.list_audit(job_id=job.id)}
+        intents = [a for a in store.audit.list_audit(job_id=job.id) if a.kind.value == "intent"]
+        answered = {a.data.get("intent_id") for a in store.audit.list_audit(job_id=job.id)}
         assert all(i.id in answered for i in intents)

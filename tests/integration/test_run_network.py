@@ -110,12 +110,14 @@ def test_a_broken_ib_link_quarantines_the_host_and_the_job_moves(tmp_path: Path)
     res = run(tmp_path, "ib", 0)
     assert res.returncode == 0, res.stderr[-3000:]
     with Store.open(tmp_path / "state.db") as store:
-        [job] = store.list_jobs()
-        attempts = store.list_attempts(job.id)
-        [inc] = store.list_incidents(job_id=job.id)
-        states = {d.uuid: d.state for d in store.list_devices()}
-        nodes = {n.name: n.state for n in FleetStore(store).list_nodes()}
-        repairs = [(r.resource_kind, r.resource_id) for r in FleetStore(store).list_repairs()]
+        [job] = store.jobs.list_jobs()
+        attempts = store.jobs.list_attempts(job.id)
+        [inc] = store.incidents.list_incidents(job_id=job.id)
+        states = {d.uuid: d.state for d in store.devices.list_devices()}
+        nodes = {n.name: n.state for n in FleetStore(store).nodes.list_nodes()}
+        repairs = [
+            (r.resource_kind, r.resource_id) for r in FleetStore(store).repairs.list_repairs()
+        ]
     assert inc.domain.value == "network" and inc.outcome == "recovered"
     assert any("NET/IB" in e for e in inc.evidence)
     # The host is quarantined, as serve drains the node: one repair record for the node,
@@ -138,10 +140,10 @@ def test_a_repeated_collective_timeout_isolates_the_rank_it_waited_for(tmp_path:
     res = run(tmp_path, "timeout", 2, "--hang-timeout", "1.5")
     assert res.returncode == 0, res.stderr[-3000:]
     with Store.open(tmp_path / "state.db") as store:
-        [job] = store.list_jobs()
-        attempts = store.list_attempts(job.id)
-        incidents = store.list_incidents(job_id=job.id)
-        states = {d.uuid: d.state for d in store.list_devices()}
+        [job] = store.jobs.list_jobs()
+        attempts = store.jobs.list_attempts(job.id)
+        incidents = store.incidents.list_incidents(job_id=job.id)
+        states = {d.uuid: d.state for d in store.devices.list_devices()}
     plans = [inc.plan for inc in incidents]
     kinds = [[a["type"] for a in p["actions"]] for inc in incidents for p in [inc.plan] if p]
     assert all(inc.kind.value == "collective_timeout" for inc in incidents), plans
@@ -169,11 +171,11 @@ def test_a_nic_link_down_with_peer_errors_isolates_this_host(tmp_path: Path) -> 
     assert res.returncode == 1
     assert "does not wait for quarantined/repaired devices" in res.stderr
     with Store.open(tmp_path / "state.db") as store:
-        [job] = store.list_jobs()
-        [inc] = store.list_incidents(job_id=job.id)
-        states = {d.state for d in store.list_devices()}
-        nodes = {n.name: n.state for n in FleetStore(store).list_nodes()}
-        assert len(store.list_attempts(job.id)) == 1
+        [job] = store.jobs.list_jobs()
+        [inc] = store.incidents.list_incidents(job_id=job.id)
+        states = {d.state for d in store.devices.list_devices()}
+        nodes = {n.name: n.state for n in FleetStore(store).nodes.list_nodes()}
+        assert len(store.jobs.list_attempts(job.id)) == 1
     assert inc.domain.value == "network" and inc.outcome == "stopped"
     assert any("Link down" in e for e in inc.evidence)
     assert nodes == {"hosta": HealthState.QUARANTINED} and states == {HealthState.HEALTHY}
@@ -192,10 +194,10 @@ def test_a_nic_event_without_network_trouble_in_the_job_isolates_nothing(
         inventory=ONE_HOST,
     )  # fmt: skip
     with Store.open(tmp_path / "state.db") as store:
-        [job] = store.list_jobs()
-        incidents = store.list_incidents(job_id=job.id)
-        states = {d.state for d in store.list_devices()}
-        nodes = FleetStore(store).list_nodes()
+        [job] = store.jobs.list_jobs()
+        incidents = store.incidents.list_incidents(job_id=job.id)
+        states = {d.state for d in store.devices.list_devices()}
+        nodes = FleetStore(store).nodes.list_nodes()
     assert res.returncode == 1  # the rank keeps failing; the restart budget ends it
     assert incidents and states == {HealthState.HEALTHY}
     # The host is registered (the engine registers what it observes) and stays healthy.

@@ -57,7 +57,7 @@ def run(tmp: Path, body: str, *opts: str, timeout: float = 90) -> subprocess.Com
 
 def incident(tmp: Path) -> dict:  # type: ignore[type-arg]
     with Store.open(tmp / "state.db") as store:
-        [inc] = store.list_incidents()
+        [inc] = store.incidents.list_incidents()
         return inc.to_json()
 
 

@@ -30,8 +30,8 @@ def test_attempt_logs_go_to_the_log_dir(tmp_path: Path) -> None:
     assert f"logs in {logs}" in res.stderr
     assert "step=1 attempt 0" in (logs / "attempt-0.log").read_text()
     with Store.open(tmp_path / "state.db") as store:
-        [job] = store.list_jobs()
-        [attempt] = store.list_attempts(job.id)
+        [job] = store.jobs.list_jobs()
+        [attempt] = store.jobs.list_attempts(job.id)
         assert attempt.log_path == str(logs / "attempt-0.log")
 
 
@@ -39,7 +39,7 @@ def test_without_it_the_logs_are_under_the_state_dir_by_job(tmp_path: Path) -> N
     res = _run(tmp_path)
     assert res.returncode == 0, res.stderr
     with Store.open(tmp_path / "state.db") as store:
-        [job] = store.list_jobs()
+        [job] = store.jobs.list_jobs()
     log = tmp_path / "logs" / job.id / "attempt-0.log"
     assert "step=1 attempt 0" in log.read_text()
 
@@ -49,6 +49,6 @@ def test_a_machine_without_devices_runs_the_job_as_it_is(tmp_path: Path) -> None
     assert res.returncode == 0, res.stderr
     assert "running without device management" in res.stderr
     with Store.open(tmp_path / "state.db") as store:
-        [job] = store.list_jobs()
-        [attempt] = store.list_attempts(job.id)
+        [job] = store.jobs.list_jobs()
+        [attempt] = store.jobs.list_attempts(job.id)
         assert job.state.value == "completed" and attempt.device_uuids == ()

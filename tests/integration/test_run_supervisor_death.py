@@ -79,7 +79,7 @@ def test_sigkill_of_trainguard_run_takes_every_process_of_the_job_with_it(tmp_pa
         pids = [int(p) for p in pids_file.read_text().split()]
         assert all(alive(p) for p in pids)
         with Store.open(tmp_path / "state.db") as store:
-            [rec] = store.list_jobs()
+            [rec] = store.jobs.list_jobs()
         # Every process of the attempt carries the job's id (how leftovers are found).
         assert set(pids) <= set(job_processes(rec.id))
         tg.send_signal(signal.SIGKILL)
@@ -112,8 +112,8 @@ def test_launcher_exit_status_and_signal_pass_through_the_watchdog(tmp_path: Pat
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     with Store.open(tmp_path / "state.db") as store:
-        [rec] = store.list_jobs()
-        attempts = store.list_attempts(rec.id)
+        [rec] = store.jobs.list_jobs()
+        attempts = store.jobs.list_attempts(rec.id)
     assert [a.signal for a in attempts] == [signal.SIGKILL, None]
     assert [a.exit_code for a in attempts] == [None, 0]
 

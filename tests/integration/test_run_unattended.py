@@ -57,10 +57,10 @@ def test_two_unknown_failures_are_restarted_without_anyone(tmp_path: Path) -> No
     assert res.returncode == 0, res.stderr[-3000:]
     assert "waits for a person" not in res.stderr
     with Store.open(tmp_path / "state.db") as store:
-        [job] = store.list_jobs()
-        [inc] = store.list_incidents(job_id=job.id)
-        assert FleetStore(store).list_approvals() == []
-        assert [a.state.value for a in store.list_attempts(job.id)] == [
+        [job] = store.jobs.list_jobs()
+        [inc] = store.incidents.list_incidents(job_id=job.id)
+        assert FleetStore(store).approvals.list_approvals() == []
+        assert [a.state.value for a in store.jobs.list_attempts(job.id)] == [
             "failed", "failed", "completed"
         ]  # fmt: skip
         assert (inc.domain.value, inc.state.value, job.state.value) == (
@@ -75,10 +75,10 @@ def test_a_job_that_keeps_failing_stops_on_its_budget_without_anyone(tmp_path: P
     res = _run(tmp_path, "0,1,2,3,4", "--max-restarts", "2")
     assert res.returncode == EXIT_STOPPED, res.stderr[-3000:]
     with Store.open(tmp_path / "state.db") as store:
-        [job] = store.list_jobs()
-        [inc] = store.list_incidents(job_id=job.id)
-        assert FleetStore(store).list_approvals() == []
-        assert [a.state.value for a in store.list_attempts(job.id)] == ["failed"] * 3
+        [job] = store.jobs.list_jobs()
+        [inc] = store.incidents.list_incidents(job_id=job.id)
+        assert FleetStore(store).approvals.list_approvals() == []
+        assert [a.state.value for a in store.jobs.list_attempts(job.id)] == ["failed"] * 3
         assert job.state.value == "stopped"
         assert (job.reason or "").startswith("restart budget exhausted: 2 of 2"), job.reason
     assert job.reason in res.stderr
@@ -95,16 +95,16 @@ def test_an_unanswered_question_is_a_no_at_its_deadline_and_the_report_shows_it(
     why = restart_unanswered(2.0)
     assert why == "nobody answered whether to restart within 2 s: nothing restarts the job"
     with Store.open(tmp_path / "state.db") as store:
-        [job] = store.list_jobs()
-        [inc] = store.list_incidents(job_id=job.id)
-        [approval] = FleetStore(store).list_approvals()
+        [job] = store.jobs.list_jobs()
+        [inc] = store.incidents.list_incidents(job_id=job.id)
+        [approval] = FleetStore(store).approvals.list_approvals()
         assert (job.state.value, job.reason) == ("stopped", why), job
         assert (inc.state.value, inc.reason) == ("stopped", why), inc
         assert approval.state is ApprovalState.DENIED
         assert approval.decided_by == "trainguard run (no answer in 2 s)"
         assert approval.decided_at is not None
         assert approval.decided_at - approval.requested_at >= 2.0
-        assert [a.state.value for a in store.list_attempts(job.id)] == ["failed", "failed"]
+        assert [a.state.value for a in store.jobs.list_attempts(job.id)] == ["failed", "failed"]
     assert why in res.stderr
     report = json.loads(_report(tmp_path, inc.id, "--json"))
     [wait] = report["waits"]

@@ -83,7 +83,7 @@ def run(tmp: Path, mode: str) -> tuple[subprocess.CompletedProcess[str], list[st
             if state.exists():
                 with Store.open(state) as store:
                     ops = LocalOperations(ControlPlane(store, None), "operator:test")
-                    for a in FleetStore(store).list_approvals():
+                    for a in FleetStore(store).approvals.list_approvals():
                         if a.state.value == "pending":
                             asked.append(a.why)
                             ops.approve(a.id, "a rank may be slow to join; try again")
@@ -100,9 +100,9 @@ def test_a_restart_where_a_rank_never_reports_is_not_recovered(tmp_path: Path) -
     res, asked = run(tmp_path, "silent-rank1-on-attempt1")
     assert res.returncode == 0, res.stderr[-3000:]
     with Store.open(tmp_path / "state.db") as store:
-        [job] = store.list_jobs()
-        attempts = store.list_attempts(job.id)
-        [inc] = store.list_incidents(job_id=job.id)
+        [job] = store.jobs.list_jobs()
+        attempts = store.jobs.list_attempts(job.id)
+        [inc] = store.incidents.list_incidents(job_id=job.id)
     assert [a.state.value for a in attempts] == ["failed", "failed", "completed"]
     assert "rank(s) 1 did not report after the restart" in (attempts[1].reason or "")
     # The same incident, acted on again, recovered once both ranks reported.
@@ -119,9 +119,9 @@ def test_a_job_reporting_from_rank_0_only_is_verified_on_rank_0(tmp_path: Path) 
     assert asked == []  # one failure: nothing to ask
     assert res.returncode == 0, res.stderr[-3000:]
     with Store.open(tmp_path / "state.db") as store:
-        [job] = store.list_jobs()
-        attempts = store.list_attempts(job.id)
-        [inc] = store.list_incidents(job_id=job.id)
+        [job] = store.jobs.list_jobs()
+        attempts = store.jobs.list_attempts(job.id)
+        [inc] = store.incidents.list_incidents(job_id=job.id)
     assert [a.state.value for a in attempts] == ["failed", "completed"]
     verified = [t for t in inc.timeline if t.what.startswith("verified")]
     assert inc.outcome == "recovered" and verified[-1].what.endswith("; rank 0 reported")

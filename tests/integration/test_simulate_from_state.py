@@ -58,7 +58,7 @@ def make_state(tmp_path: Path) -> Path:
         summary="XID 79",
     )
     with Store.open(db) as store:
-        job = store.create_job(
+        job = store.jobs.create_job(
             name="pretrain",
             command=["train.py"],
             need=8,
@@ -69,12 +69,16 @@ def make_state(tmp_path: Path) -> Path:
         # Attempt 0: 10 h, then an XID; attempt 1: 20 h, then another; attempt 2: 10 h.
         spans = [(0.0, 10 * H), (10 * H + 600, 30 * H + 600), (30 * H + 1200, 40 * H + 1200)]
         for n, (start, end) in enumerate(spans):
-            store.start_attempt(job.id, n, devices, at=start)
+            store.jobs.start_attempt(job.id, n, devices, at=start)
             state = AttemptState.FAILED if n < 2 else AttemptState.COMPLETED
-            store.finish_attempt(job.id, n, state, at=end)
+            store.jobs.finish_attempt(job.id, n, state, at=end)
             if n < 2:
-                inc = store.open_incident(job.id, n, hw, detected_at=end + 5, fault_at=end)
-                store.update_incident(inc.id, at=end + 600, recovered_at=end + 600 + 60 * n)
+                inc = store.incidents.open_incident(
+                    job.id, n, hw, detected_at=end + 5, fault_at=end
+                )
+                store.incidents.update_incident(
+                    inc.id, at=end + 600, recovered_at=end + 600 + 60 * n
+                )
     return db
 
 
@@ -129,7 +133,7 @@ def test_unusable_state_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert main(["advise-interval", "--from-state", str(db), "--job", "nope"]) == 2
     assert "no job 'nope'" in capsys.readouterr().err
     with Store.open(tmp_path / "empty.db") as store:
-        store.create_job(name="x", command=["x"], need=1, at=0.0, job_id="j")
+        store.jobs.create_job(name="x", command=["x"], need=1, at=0.0, job_id="j")
     assert main(["advise-interval", "--from-state", str(tmp_path / "empty.db")]) == 2
     assert "no attempt has run yet" in capsys.readouterr().err
     assert main(["advise-interval", "--save-seconds", "5"]) == 2

@@ -28,9 +28,9 @@ T0 = 1_764_400_000.0
 @pytest.fixture
 def fleet(store_target: str) -> Iterator[FleetStore]:
     store = Store.open(store_target, at=T0)
-    store.register_devices([Device(0, "GPU-a", "0000:01:00.0", host="n1")], at=T0)
+    store.devices.register_devices([Device(0, "GPU-a", "0000:01:00.0", host="n1")], at=T0)
     f = FleetStore(store)
-    f.register_node("n1", at=T0, partition="gpu")
+    f.nodes.register_node("n1", at=T0, partition="gpu")
     yield f
     store.close()
 
@@ -41,22 +41,22 @@ def test_a_legal_change_writes_state_audit_and_history_together(
 ) -> None:
     key = "GPU-a" if kind == "device" else "n1"
     if kind == "device":
-        fleet.store.transition_device(
+        fleet.store.devices.transition_device(
             key, HealthState.QUARANTINED, "XID 79", "ctl", T0 + 1, job_id=None, incident_id=None
         )
-        history = fleet.store.device_history(key)
-        state = fleet.store.get_device_state(key)
+        history = fleet.store.devices.device_history(key)
+        state = fleet.store.devices.get_device_state(key)
     else:
-        fleet.transition_node(key, HealthState.QUARANTINED, "XID 79", "ctl", T0 + 1)
-        history = fleet.node_history(key)
-        state = fleet.get_node(key).state
+        fleet.nodes.transition_node(key, HealthState.QUARANTINED, "XID 79", "ctl", T0 + 1)
+        history = fleet.nodes.node_history(key)
+        state = fleet.nodes.get_node(key).state
     assert state is HealthState.QUARANTINED
     assert [(h.old_state, h.new_state, h.reason) for h in history] == [
         (None, HealthState.HEALTHY, "registered"),
         (HealthState.HEALTHY, HealthState.QUARANTINED, "XID 79"),
     ]
     assert all(h.resource_kind == kind for h in history)
-    (record,) = fleet.store.list_audit(kind=AuditKind.HEALTH, subject=f"{kind}:{key}")
+    (record,) = fleet.store.audit.list_audit(kind=AuditKind.HEALTH, subject=f"{kind}:{key}")
     assert history[-1].audit_id == record.id
     assert record.data["old"] == "healthy" and record.data["new"] == "quarantined"
     assert "healthy -> quarantined: XID 79" in record.message
@@ -65,7 +65,7 @@ def test_a_legal_change_writes_state_audit_and_history_together(
 @pytest.mark.parametrize("kind", ["device", "node"])
 def test_an_illegal_change_raises_and_writes_nothing(fleet: FleetStore, kind: str) -> None:
     key = "GPU-a" if kind == "device" else "n1"
-    audit = fleet.store.count_audit()
+    audit = fleet.store.audit.count_audit()
     with pytest.raises(IllegalTransition, match=f"{kind} health"):
         # healthy -> validating is not in the table
         transition_health(
@@ -78,33 +78,37 @@ def test_an_illegal_change_raises_and_writes_nothing(fleet: FleetStore, kind: st
             T0 + 1,
             label=f"{kind} {key}",
         )
-    assert fleet.store.count_audit() == audit
-    history = fleet.store.device_history(key) if kind == "device" else fleet.node_history(key)
+    assert fleet.store.audit.count_audit() == audit
+    history = (
+        fleet.store.devices.device_history(key)
+        if kind == "device"
+        else fleet.nodes.node_history(key)
+    )
     assert len(history) == 1
     with pytest.raises(NotFound):
         transition_health(
             fleet.store, NODE, "nope", HealthState.SUSPECT, "x", "ctl", T0, label="node nope"
         )
     with pytest.raises(ValueError, match="needs a reason"):
-        fleet.transition_node("n1", HealthState.SUSPECT, " ", "ctl", T0)
+        fleet.nodes.transition_node("n1", HealthState.SUSPECT, " ", "ctl", T0)
 
 
 def test_a_change_is_undone_with_the_callers_transaction(fleet: FleetStore) -> None:
-    audit = fleet.store.count_audit()
+    audit = fleet.store.audit.count_audit()
     with pytest.raises(RuntimeError), fleet.transaction():
-        fleet.transition_node("n1", HealthState.QUARANTINED, "XID 79", "ctl", T0 + 1)
+        fleet.nodes.transition_node("n1", HealthState.QUARANTINED, "XID 79", "ctl", T0 + 1)
         raise RuntimeError("the caller failed after the change")
-    assert fleet.get_node("n1").state is HealthState.HEALTHY
-    assert len(fleet.node_history("n1")) == 1
-    assert fleet.store.count_audit() == audit
+    assert fleet.nodes.get_node("n1").state is HealthState.HEALTHY
+    assert len(fleet.nodes.node_history("n1")) == 1
+    assert fleet.store.audit.count_audit() == audit
 
 
 def test_the_node_history_is_append_only(fleet: FleetStore) -> None:
-    fleet.transition_node("n1", HealthState.SUSPECT, "flaky link", "ctl", T0 + 1)
+    fleet.nodes.transition_node("n1", HealthState.SUSPECT, "flaky link", "ctl", T0 + 1)
     for statement in ("UPDATE node_health SET reason = 'x'", "DELETE FROM node_health"):
         with pytest.raises(Exception, match="append-only"), fleet.transaction():
-            fleet.store.execute(statement)
-    assert len(fleet.node_history("n1")) == 2
+            fleet.store.db.execute(statement)
+    assert len(fleet.nodes.node_history("n1")) == 2
 
 
 def test_schema_4_starts_the_history_of_nodes_known_before_it(
@@ -127,11 +131,11 @@ def test_schema_4_starts_the_history_of_nodes_known_before_it(
     try:
         assert store.schema_version() == store_schema.LATEST_VERSION >= 4
         fleet = FleetStore(store)
-        (row,) = fleet.node_history("n9")
+        (row,) = fleet.nodes.node_history("n9")
         assert (row.old_state, row.new_state, row.at) == (None, HealthState.QUARANTINED, T0 + 5)
         # and the machine goes on from there, with history
-        fleet.transition_node("n9", HealthState.REPAIR, "RMA", "ops", T0 + 11)
-        assert [h.new_state for h in fleet.node_history("n9")] == [
+        fleet.nodes.transition_node("n9", HealthState.REPAIR, "RMA", "ops", T0 + 11)
+        assert [h.new_state for h in fleet.nodes.node_history("n9")] == [
             HealthState.QUARANTINED,
             HealthState.REPAIR,
         ]

@@ -24,15 +24,15 @@ def fleet(store_target: str) -> Iterator[FleetStore]:
 
 
 def test_a_jobs_token_is_stored_hashed_and_dies_with_its_job(fleet: FleetStore) -> None:
-    tokens = JobTokens(fleet)
+    tokens = JobTokens(fleet.tokens)
     a = tokens.issue("job-a", at=T0, actor="operator:alice")
     b = tokens.issue("job-b", at=T0, actor="operator:alice")
     extra = tokens.issue("job-b", at=T0, actor="operator:alice")
-    stored = fleet.live_job_tokens()
+    stored = fleet.tokens.live_job_tokens()
     assert sorted(stored.values()) == ["job-a", "job-b", "job-b"]
     assert not {a, b, extra} & set(stored)  # hashes only
     # Another server (the same store) knows them after a refresh.
-    other = JobTokens(fleet)
+    other = JobTokens(fleet.tokens)
     assert other.lookup(a) is None
     other.refresh()
     who = other.lookup(a)
@@ -41,9 +41,9 @@ def test_a_jobs_token_is_stored_hashed_and_dies_with_its_job(fleet: FleetStore) 
     tokens.revoke(extra)
     assert tokens.lookup(extra) is None and tokens.lookup(b) is not None
     # Over with the job: a job that is stopped (or completed) keeps no live token.
-    fleet.store.create_job(name="a", command=("python",), need=1, at=T0, job_id="job-a")
-    assert fleet.live_job_tokens().get(hash_token(a)) == "job-a"
-    fleet.store.update_job_state("job-a", JobState.STOPPED, at=T0 + 1, reason="done")
+    fleet.store.jobs.create_job(name="a", command=("python",), need=1, at=T0, job_id="job-a")
+    assert fleet.tokens.live_job_tokens().get(hash_token(a)) == "job-a"
+    fleet.store.jobs.update_job_state("job-a", JobState.STOPPED, at=T0 + 1, reason="done")
     other.refresh()
     assert other.lookup(a) is None and other.lookup(b) is not None
-    assert sorted(fleet.live_job_tokens().values()) == ["job-b"]
+    assert sorted(fleet.tokens.live_job_tokens().values()) == ["job-b"]

@@ -46,50 +46,50 @@ def test_the_schema_has_the_control_plane_migration(fleet: FleetStore) -> None:
 
 
 def test_lease_takeover_increments_the_token_and_fences_the_old_holder(fleet: FleetStore) -> None:
-    a = fleet.acquire_lease("ctl", "a", 10, T0)
+    a = fleet.lease.acquire_lease("ctl", "a", 10, T0)
     assert a is not None and a.token == 1
-    assert fleet.acquire_lease("ctl", "b", 10, T0 + 5) is None  # a holds it
-    renewed = fleet.acquire_lease("ctl", "a", 10, T0 + 5)
+    assert fleet.lease.acquire_lease("ctl", "b", 10, T0 + 5) is None  # a holds it
+    renewed = fleet.lease.acquire_lease("ctl", "a", 10, T0 + 5)
     assert renewed is not None and renewed.token == 1 and renewed.expires_at == T0 + 15
-    b = fleet.acquire_lease("ctl", "b", 10, T0 + 15.01)  # expired: b takes it
+    b = fleet.lease.acquire_lease("ctl", "b", 10, T0 + 15.01)  # expired: b takes it
     assert b is not None and b.token == 2 and b.holder == "b"
     old, new = Fence("ctl", "a", 1), Fence("ctl", "b", 2)
     with pytest.raises(Fenced, match="no longer the leader"):
-        fleet.check_fence(old, T0 + 16)
-    assert fleet.check_fence(new, T0 + 16).token == 2
+        fleet.lease.check_fence(old, T0 + 16)
+    assert fleet.lease.check_fence(new, T0 + 16).token == 2
     with pytest.raises(Fenced, match="expired"):
-        fleet.check_fence(new, T0 + 30)
+        fleet.lease.check_fence(new, T0 + 30)
     # A write under a stale fence leaves nothing behind.
-    before = fleet.store.count_audit()
-    with pytest.raises(Fenced), fleet.fenced(old, T0 + 16):
-        fleet.store.append_audit(T0 + 16, "a", "note", "x", "late write")
-    assert fleet.store.count_audit() == before
+    before = fleet.store.audit.count_audit()
+    with pytest.raises(Fenced), fleet.lease.fenced(old, T0 + 16):
+        fleet.store.audit.append_audit(T0 + 16, "a", "note", "x", "late write")
+    assert fleet.store.audit.count_audit() == before
     # Same holder after expiry gets a new token too.
-    again = fleet.acquire_lease("ctl", "b", 10, T0 + 40)
+    again = fleet.lease.acquire_lease("ctl", "b", 10, T0 + 40)
     assert again is not None and again.token == 3
-    assert fleet.release_lease(Fence("ctl", "b", 3), T0 + 41)
-    assert not fleet.release_lease(Fence("ctl", "b", 2), T0 + 41)
-    assert fleet.acquire_lease("ctl", "c", 10, T0 + 41) is not None  # released: free at once
-    changes = fleet.store.list_audit(subject="lease:ctl")
+    assert fleet.lease.release_lease(Fence("ctl", "b", 3), T0 + 41)
+    assert not fleet.lease.release_lease(Fence("ctl", "b", 2), T0 + 41)
+    assert fleet.lease.acquire_lease("ctl", "c", 10, T0 + 41) is not None  # released: free at once
+    changes = fleet.store.audit.list_audit(subject="lease:ctl")
     assert [e.data["token"] for e in changes if "became leader" in e.message] == [1, 2, 3, 4]
     with pytest.raises(ValueError):
-        fleet.acquire_lease("ctl", "d", 0, T0)
+        fleet.lease.acquire_lease("ctl", "d", 0, T0)
 
 
 def _incident(fleet: FleetStore) -> int:
     from trainguard.model.findings import Attribution, Culprit, Domain, IncidentKind
 
     store = fleet.store
-    store.create_job(name="j", command=["x"], need=1, at=T0, job_id="j")
-    store.start_attempt("j", 0, [], at=T0)
+    store.jobs.create_job(name="j", command=["x"], need=1, at=T0, job_id="j")
+    store.jobs.start_attempt("j", 0, [], at=T0)
     attribution = Attribution(IncidentKind.CRASH, Domain.UNKNOWN, Culprit(), 0.5, "crash")
-    return store.open_incident("j", 0, attribution, detected_at=T0).id
+    return store.incidents.open_incident("j", 0, attribution, detected_at=T0).id
 
 
 def test_the_ledger_records_each_intent_and_result_exactly_once(fleet: FleetStore) -> None:
     inc = _incident(fleet)
     fence = Fence("ctl", "a", 1)
-    fleet.acquire_lease("ctl", "a", 100, T0)
+    fleet.lease.acquire_lease("ctl", "a", 100, T0)
     kwargs = {
         "incident_id": inc,
         "generation": 1,
@@ -101,10 +101,10 @@ def test_the_ledger_records_each_intent_and_result_exactly_once(fleet: FleetStor
         "fence": fence,
         "job_id": "j",
     }
-    first = fleet.record_intent("inc1-g1-a0", at=T0 + 1, **kwargs)  # type: ignore[arg-type]
-    again = fleet.record_intent("inc1-g1-a0", at=T0 + 2, **kwargs)  # type: ignore[arg-type]
+    first = fleet.ledger.record_intent("inc1-g1-a0", at=T0 + 1, **kwargs)  # type: ignore[arg-type]
+    again = fleet.ledger.record_intent("inc1-g1-a0", at=T0 + 2, **kwargs)  # type: ignore[arg-type]
     assert first == again and first.state is ActionState.INTENDED and first.fencing_token == 1
-    done = fleet.record_result(
+    done = fleet.ledger.record_result(
         "inc1-g1-a0",
         ActionState.DONE,
         {"attempt": 1},
@@ -113,7 +113,7 @@ def test_the_ledger_records_each_intent_and_result_exactly_once(fleet: FleetStor
         fence=fence,
         at=T0 + 3,
     )
-    later = fleet.record_result(
+    later = fleet.ledger.record_result(
         "inc1-g1-a0",
         ActionState.FAILED,
         {"error": "x"},
@@ -123,39 +123,43 @@ def test_the_ledger_records_each_intent_and_result_exactly_once(fleet: FleetStor
         at=T0 + 4,
     )
     assert done == later and done.state is ActionState.DONE and done.result == {"attempt": 1}
-    intents = fleet.store.list_audit(kind=AuditKind.INTENT)
-    results = fleet.store.list_audit(kind=AuditKind.RESULT)
+    intents = fleet.store.audit.list_audit(kind=AuditKind.INTENT)
+    results = fleet.store.audit.list_audit(kind=AuditKind.RESULT)
     assert [e.id for e in intents] == [done.intent_audit_id]
     assert [e.id for e in results] == [done.result_audit_id]
     # The result is the job's as its intent is: a job's audit shows both (0393).
     assert [e.job_id for e in (*intents, *results)] == ["j", "j"]
     with pytest.raises(NotFound):
-        fleet.record_result(
+        fleet.ledger.record_result(
             "nope", ActionState.DONE, {}, subject="s", message="m", fence=fence, at=T0
         )
     # A stale leader cannot write an intent.
-    fleet.acquire_lease("ctl", "b", 100, T0 + 200)
+    fleet.lease.acquire_lease("ctl", "b", 100, T0 + 200)
     with pytest.raises(Fenced):
-        fleet.record_intent("inc1-g1-a1", at=T0 + 201, **kwargs)  # type: ignore[arg-type]
-    assert fleet.get_action("inc1-g1-a1") is None
-    assert [a.key for a in fleet.list_actions(inc)] == ["inc1-g1-a0"]
+        fleet.ledger.record_intent("inc1-g1-a1", at=T0 + 201, **kwargs)  # type: ignore[arg-type]
+    assert fleet.ledger.get_action("inc1-g1-a1") is None
+    assert [a.key for a in fleet.ledger.list_actions(inc)] == ["inc1-g1-a0"]
 
 
 def test_approvals_record_who_why_and_when(fleet: FleetStore) -> None:
-    a = fleet.request_approval(
+    a = fleet.approvals.request_approval(
         kind="reboot", subject="node:n2", why="destructive", at=T0, actor="ctl", action_key="k1"
     )
     assert a.state is ApprovalState.PENDING
     assert (
-        fleet.request_approval(
+        fleet.approvals.request_approval(
             kind="reboot", subject="node:n2", why="destructive", at=T0, actor="ctl", action_key="k1"
         ).id
         == a.id
     )
-    assert [x.id for x in fleet.list_approvals(state=ApprovalState.PENDING)] == [a.id]
+    assert [x.id for x in fleet.approvals.list_approvals(state=ApprovalState.PENDING)] == [a.id]
     with pytest.raises(ValueError, match="reason"):
-        fleet.decide_approval(a.id, ApprovalState.APPROVED, actor="ana", reason=" ", at=T0 + 1)
-    done = fleet.decide_approval(a.id, ApprovalState.DENIED, actor="ana", reason="no", at=T0 + 2)
+        fleet.approvals.decide_approval(
+            a.id, ApprovalState.APPROVED, actor="ana", reason=" ", at=T0 + 1
+        )
+    done = fleet.approvals.decide_approval(
+        a.id, ApprovalState.DENIED, actor="ana", reason="no", at=T0 + 2
+    )
     assert (done.state, done.decided_by, done.decided_at, done.decision_reason) == (
         ApprovalState.DENIED,
         "ana",
@@ -163,44 +167,54 @@ def test_approvals_record_who_why_and_when(fleet: FleetStore) -> None:
         "no",
     )
     with pytest.raises(IllegalTransition):
-        fleet.decide_approval(a.id, ApprovalState.APPROVED, actor="bo", reason="yes", at=T0 + 3)
-    assert fleet.get_approval(a.id).decided_by == "ana"
+        fleet.approvals.decide_approval(
+            a.id, ApprovalState.APPROVED, actor="bo", reason="yes", at=T0 + 3
+        )
+    assert fleet.approvals.get_approval(a.id).decided_by == "ana"
     with pytest.raises(NotFound):
-        fleet.get_approval(999)
+        fleet.approvals.get_approval(999)
 
 
 def test_breaker_share_window_trip_and_suppressions(fleet: FleetStore) -> None:
     cfg = BreakerConfig(max_share=0.25, window_seconds=100, min_population=4)
     assert check_quarantine(fleet, cfg, resource_kind="device", population=3, now=T0).allow
-    fleet.record_quarantine("device", "g1", at=T0, incident_id=None)
-    fleet.record_quarantine("device", "g1", at=T0 + 1, incident_id=None)  # same card: counts once
+    fleet.breaker.record_quarantine("device", "g1", at=T0, incident_id=None)
+    fleet.breaker.record_quarantine(
+        "device", "g1", at=T0 + 1, incident_id=None
+    )  # same card: counts once
     assert check_quarantine(fleet, cfg, resource_kind="device", population=8, now=T0 + 2).allow
-    fleet.record_quarantine("device", "g2", at=T0 + 2, incident_id=None)
+    fleet.breaker.record_quarantine("device", "g2", at=T0 + 2, incident_id=None)
     verdict = check_quarantine(fleet, cfg, resource_kind="device", population=8, now=T0 + 3)
     assert not verdict.allow and verdict.tripped_now and "3 of 8 devices" in (verdict.reason or "")
     # Old quarantines leave the window; nodes are counted separately.
     assert check_quarantine(fleet, cfg, resource_kind="device", population=8, now=T0 + 150).allow
     assert check_quarantine(fleet, cfg, resource_kind="node", population=4, now=T0 + 3).allow
-    fleet.set_breaker("quarantine", BreakerState.OPEN, at=T0 + 3, actor="ctl", reason="too many")
+    fleet.breaker.set_breaker(
+        "quarantine", BreakerState.OPEN, at=T0 + 3, actor="ctl", reason="too many"
+    )
     verdict = check_quarantine(fleet, cfg, resource_kind="node", population=100, now=T0 + 4)
     assert not verdict.allow and not verdict.tripped_now and "open" in (verdict.reason or "")
-    fleet.record_suppression("quarantine", "device", "g3", "too many", at=T0 + 4, actor="ctl")
-    assert fleet.get_breaker("quarantine").suppressed == 1
-    assert [s.resource_id for s in fleet.list_suppressions()] == ["g3"]
+    fleet.breaker.record_suppression(
+        "quarantine", "device", "g3", "too many", at=T0 + 4, actor="ctl"
+    )
+    assert fleet.breaker.get_breaker("quarantine").suppressed == 1
+    assert [s.resource_id for s in fleet.breaker.list_suppressions()] == ["g3"]
     with pytest.raises(IllegalTransition):
-        fleet.set_breaker("quarantine", BreakerState.OPEN, at=T0 + 5, actor="ctl", reason="x")
-    closed = fleet.set_breaker(
+        fleet.breaker.set_breaker(
+            "quarantine", BreakerState.OPEN, at=T0 + 5, actor="ctl", reason="x"
+        )
+    closed = fleet.breaker.set_breaker(
         "quarantine", BreakerState.CLOSED, at=T0 + 6, actor="ana", reason="ok"
     )
     assert closed.state is BreakerState.CLOSED and closed.suppressed == 0
     # Suppressions and the quarantine log are append-only.
     with pytest.raises(Exception, match="append-only"), fleet.store.transaction():
-        fleet.store.execute("DELETE FROM suppressions")
-    assert len(fleet.list_suppressions()) == 1
+        fleet.store.db.execute("DELETE FROM suppressions")
+    assert len(fleet.breaker.list_suppressions()) == 1
 
 
 def test_repairs_move_through_their_state_machine(fleet: FleetStore) -> None:
-    rec = fleet.open_repair(
+    rec = fleet.repairs.open_repair(
         resource_kind="device",
         resource_id="g1",
         what_failed="XID 79",
@@ -212,7 +226,7 @@ def test_repairs_move_through_their_state_machine(fleet: FleetStore) -> None:
         incident_id=None,
     )
     assert rec.state is RepairState.OPEN
-    same = fleet.open_repair(
+    same = fleet.repairs.open_repair(
         resource_kind="device",
         resource_id="g1",
         what_failed="again",
@@ -222,8 +236,8 @@ def test_repairs_move_through_their_state_machine(fleet: FleetStore) -> None:
         actor="ctl",
     )
     assert same.id == rec.id  # one open record per resource
-    rec = fleet.update_repair(rec.id, at=T0 + 2, actor="ana", state=RepairState.VALIDATING)
-    rec = fleet.update_repair(
+    rec = fleet.repairs.update_repair(rec.id, at=T0 + 2, actor="ana", state=RepairState.VALIDATING)
+    rec = fleet.repairs.update_repair(
         rec.id,
         at=T0 + 3,
         actor="v",
@@ -231,52 +245,52 @@ def test_repairs_move_through_their_state_machine(fleet: FleetStore) -> None:
         validation={"passed": False, "details": {"memtest": "fail"}},
     )
     assert rec.failed_validations == 1
-    rec = fleet.update_repair(
+    rec = fleet.repairs.update_repair(
         rec.id, at=T0 + 4, actor="ana", state=RepairState.CLOSED, outcome="released"
     )
     assert (rec.closed_at, rec.closed_by, rec.outcome) == (T0 + 4, "ana", "released")
     with pytest.raises(IllegalTransition):
-        fleet.update_repair(rec.id, at=T0 + 5, actor="ana", state=RepairState.OPEN)
-    assert fleet.open_repair_for("device", "g1") is None
+        fleet.repairs.update_repair(rec.id, at=T0 + 5, actor="ana", state=RepairState.OPEN)
+    assert fleet.repairs.open_repair_for("device", "g1") is None
     assert rec.to_json()["evidence"] == ["NVRM: Xid 79"]
 
 
 def test_the_outbox_keeps_every_delivery(fleet: FleetStore) -> None:
-    d = fleet.enqueue_delivery("http://127.0.0.1:9/x", "repair", {"a": 1}, at=T0)
-    assert [x.id for x in fleet.due_deliveries(T0)] == [d]
-    failed = fleet.record_delivery_attempt(
+    d = fleet.outbox.enqueue_delivery("http://127.0.0.1:9/x", "repair", {"a": 1}, at=T0)
+    assert [x.id for x in fleet.outbox.due_deliveries(T0)] == [d]
+    failed = fleet.outbox.record_delivery_attempt(
         d, at=T0, delivered=False, status_code=None, error="refused", next_attempt_at=T0 + 10
     )
     assert failed.attempts == 1 and failed.last_error == "refused"
-    assert fleet.due_deliveries(T0 + 5) == []
-    assert [x.id for x in fleet.due_deliveries(T0 + 10)] == [d]
-    ok = fleet.record_delivery_attempt(
+    assert fleet.outbox.due_deliveries(T0 + 5) == []
+    assert [x.id for x in fleet.outbox.due_deliveries(T0 + 10)] == [d]
+    ok = fleet.outbox.record_delivery_attempt(
         d, at=T0 + 10, delivered=True, status_code=204, error=None, next_attempt_at=T0 + 10
     )
     assert ok.delivered and ok.attempts == 2 and ok.status_code == 204
-    assert fleet.due_deliveries(T0 + 1000) == []
-    assert [x.id for x in fleet.list_deliveries(event="repair")] == [d]
+    assert fleet.outbox.due_deliveries(T0 + 1000) == []
+    assert [x.id for x in fleet.outbox.list_deliveries(event="repair")] == [d]
 
 
 def test_nodes_modes_jobs_policies_and_findings(fleet: FleetStore) -> None:
-    n = fleet.register_node("n1", at=T0, partition="gpu", labels={"rack": "r1"})
+    n = fleet.nodes.register_node("n1", at=T0, partition="gpu", labels={"rack": "r1"})
     assert n.state is HealthState.HEALTHY and n.labels == {"rack": "r1"}
-    fleet.transition_node("n1", HealthState.QUARANTINED, "XID 79", "ctl", T0 + 1)
-    again = fleet.register_node("n1", at=T0 + 2, partition="gpu")
+    fleet.nodes.transition_node("n1", HealthState.QUARANTINED, "XID 79", "ctl", T0 + 1)
+    again = fleet.nodes.register_node("n1", at=T0 + 2, partition="gpu")
     assert again.state is HealthState.QUARANTINED and again.last_seen == T0 + 2
     with pytest.raises(IllegalTransition):
-        fleet.transition_node("n1", HealthState.SUSPECT, "x", "ctl", T0 + 3)
-    assert [x.name for x in fleet.list_nodes(partition="gpu")] == ["n1"]
+        fleet.nodes.transition_node("n1", HealthState.SUSPECT, "x", "ctl", T0 + 3)
+    assert [x.name for x in fleet.nodes.list_nodes(partition="gpu")] == ["n1"]
 
-    fleet.set_scope_mode(Scope.cluster(), Mode.ACT, at=T0, actor="ana", reason="go")
-    fleet.set_scope_mode(Scope.job("j9"), Mode.OBSERVE, at=T0 + 1, actor="bo")
-    assert {m.scope.key: m.mode for m in fleet.list_scope_modes()} == {
+    fleet.policies.set_scope_mode(Scope.cluster(), Mode.ACT, at=T0, actor="ana", reason="go")
+    fleet.policies.set_scope_mode(Scope.job("j9"), Mode.OBSERVE, at=T0 + 1, actor="bo")
+    assert {m.scope.key: m.mode for m in fleet.policies.list_scope_modes()} == {
         "cluster": Mode.ACT,
         "job:j9": Mode.OBSERVE,
     }
-    fleet.set_scope_mode(Scope.job("j9"), None, at=T0 + 2, actor="bo")
-    assert [m.scope.key for m in fleet.list_scope_modes()] == ["cluster"]
-    audit = fleet.store.list_audit(subject="mode:*")
+    fleet.policies.set_scope_mode(Scope.job("j9"), None, at=T0 + 2, actor="bo")
+    assert [m.scope.key for m in fleet.policies.list_scope_modes()] == ["cluster"]
+    audit = fleet.store.audit.list_audit(subject="mode:*")
     assert [(e.actor, e.data["old"], e.data["new"]) for e in audit] == [
         ("ana", None, "act"),
         ("bo", None, "observe"),
@@ -285,21 +299,24 @@ def test_nodes_modes_jobs_policies_and_findings(fleet: FleetStore) -> None:
 
     from trainguard.model.fleet import FleetJob
 
-    fleet.store.create_job(name="j", command=["x"], need=1, at=T0, job_id="j1")
-    fleet.add_fleet_job(FleetJob("j1", "1001", partition="gpu", registered_at=T0))
+    fleet.store.jobs.create_job(name="j", command=["x"], need=1, at=T0, job_id="j1")
+    fleet.jobs.add_fleet_job(FleetJob("j1", "1001", partition="gpu", registered_at=T0))
     with pytest.raises(StoreError, match="already managed"):
-        fleet.add_fleet_job(FleetJob("j1", "1002"))
-    assert fleet.find_fleet_job("1001") is not None and fleet.find_fleet_job("x") is None
+        fleet.jobs.add_fleet_job(FleetJob("j1", "1002"))
+    assert fleet.jobs.find_fleet_job("1001") is not None and fleet.jobs.find_fleet_job("x") is None
 
-    fleet.put_policy("p", {"name": "p", "max_restarts": 2}, at=T0, actor="ana")
-    fleet.put_policy("p", {"name": "p", "max_restarts": 4}, at=T0 + 1, actor="bo")
-    assert fleet.get_policy("p") == {"name": "p", "max_restarts": 4}
-    assert fleet.delete_policy("p", at=T0 + 2, actor="bo") and fleet.get_policy("p") is None
+    fleet.policies.put_policy("p", {"name": "p", "max_restarts": 2}, at=T0, actor="ana")
+    fleet.policies.put_policy("p", {"name": "p", "max_restarts": 4}, at=T0 + 1, actor="bo")
+    assert fleet.policies.get_policy("p") == {"name": "p", "max_restarts": 4}
+    assert (
+        fleet.policies.delete_policy("p", at=T0 + 2, actor="bo")
+        and fleet.policies.get_policy("p") is None
+    )
 
     f = {"kind": "xid", "domain": "hardware", "at": T0 + 5, "source": "kernel", "message": "x"}
-    fleet.add_finding(f, received_at=T0 + 6, host="n1", job_id=None, device_uuid="g1")
-    fleet.add_finding({**f, "at": T0 + 50}, received_at=T0 + 51, host="n2", job_id="j1")
-    assert [r["host"] for r in fleet.findings_between(T0, T0 + 100)] == ["n1", "n2"]
-    assert [r["host"] for r in fleet.findings_between(T0, T0 + 100, host="n2")] == ["n2"]
-    assert [r["device_uuid"] for r in fleet.findings_between(T0, T0 + 10)] == ["g1"]
-    assert len(fleet.findings_after(0, limit=1)) == 1
+    fleet.findings.add_finding(f, received_at=T0 + 6, host="n1", job_id=None, device_uuid="g1")
+    fleet.findings.add_finding({**f, "at": T0 + 50}, received_at=T0 + 51, host="n2", job_id="j1")
+    assert [r["host"] for r in fleet.findings.findings_between(T0, T0 + 100)] == ["n1", "n2"]
+    assert [r["host"] for r in fleet.findings.findings_between(T0, T0 + 100, host="n2")] == ["n2"]
+    assert [r["device_uuid"] for r in fleet.findings.findings_between(T0, T0 + 10)] == ["g1"]
+    assert len(fleet.findings.findings_after(0, limit=1)) == 1

@@ -49,7 +49,7 @@ def test_two_processes_append_concurrently_and_lose_nothing(postgres_url: str) -
         p.join(timeout=120)
         assert p.exitcode == 0
     with Store.open(postgres_url) as store:
-        events = store.list_audit()
+        events = store.audit.list_audit()
         extra = 2 * len(range(0, N_PER_WRITER, 50))
         assert len(events) == 2 * (N_PER_WRITER + extra)
         assert len({e.id for e in events}) == len(events)
@@ -66,15 +66,15 @@ def test_sigkill_inside_a_transaction_leaves_none_of_it(postgres_url: str) -> No
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     with Store.open(postgres_url, busy_timeout_s=30) as store:
-        assert [e.message for e in store.list_audit(subject="committed")] == [
+        assert [e.message for e in store.audit.list_audit(subject="committed")] == [
             f"c{i}" for i in range(20)
         ]
-        assert store.list_audit(subject="batch:0") == []
+        assert store.audit.list_audit(subject="batch:0") == []
         # The killed writer's lock went with its connection: writing works at once.
         started = time.monotonic()
-        store.append_audit(2.0, "parent", "note", "after", "ok")
+        store.audit.append_audit(2.0, "parent", "note", "after", "ok")
         assert time.monotonic() - started < 10
-        assert store.count_audit() == 21
+        assert store.audit.count_audit() == 21
 
 
 def test_sigkill_between_commits_keeps_whole_batches(postgres_url: str) -> None:
@@ -95,7 +95,7 @@ def test_sigkill_between_commits_keeps_whole_batches(postgres_url: str) -> None:
             reported = max(reported, int(line.split()[1]))
     with Store.open(postgres_url) as store:
         counts: dict[str, int] = {}
-        for e in store.list_audit(subject="batch:*"):
+        for e in store.audit.list_audit(subject="batch:*"):
             counts[e.subject] = counts.get(e.subject, 0) + 1
         assert set(counts.values()) == {100}, counts
         batches = sorted(int(s.split(":")[1]) for s in counts)
@@ -119,7 +119,7 @@ def test_processes_opening_a_fresh_database_at_once_migrate_it_once(postgres_url
         assert p.exitcode == 0
     with Store.open(postgres_url) as store:
         assert store.schema_version() == store_sql.LATEST_VERSION
-        rows = store.fetch_all("SELECT version FROM schema_migrations ORDER BY version")
+        rows = store.db.fetch_all("SELECT version FROM schema_migrations ORDER BY version")
         assert [r[0] for r in rows] == [m.version for m in store_sql.MIGRATIONS]
 
 

@@ -18,32 +18,32 @@ def test_power_actions_are_keyed_fenced_and_finished_once(store_target: str) -> 
     store = Store.open(store_target)
     try:
         fleet = FleetStore(store)
-        lease = fleet.acquire_lease("controller", "a", 10.0, T0)
+        lease = fleet.lease.acquire_lease("controller", "a", 10.0, T0)
         assert lease is not None
         a = Fence("controller", "a", lease.token)
         key = "node-recovery:n1:r1:power_cycle:1"
-        first = fleet.begin_power_action(
+        first = fleet.power.begin_power_action(
             key, node="n1", action="power_cycle", message="cycle n1", data={}, fence=a, at=T0
         )
-        again = fleet.begin_power_action(
+        again = fleet.power.begin_power_action(
             key, node="n1", action="power_cycle", message="cycle n1", data={}, fence=a, at=T0 + 1
         )
         assert first == again and first.state is PowerActionState.INTENDED
-        fleet.record_power_request(key, "ForceOff", "intended", fence=a, at=T0 + 1)
-        fleet.record_power_request(key, "ForceOff", "sent", fence=a, at=T0 + 2)
+        fleet.power.record_power_request(key, "ForceOff", "intended", fence=a, at=T0 + 1)
+        fleet.power.record_power_request(key, "ForceOff", "sent", fence=a, at=T0 + 2)
         # a takes too long; b leads now: a's next write-ahead is refused, nothing written
-        b_lease = fleet.acquire_lease("controller", "b", 10.0, T0 + 20)
+        b_lease = fleet.lease.acquire_lease("controller", "b", 10.0, T0 + 20)
         assert b_lease is not None and b_lease.token > a.token
         b = Fence("controller", "b", b_lease.token)
         with pytest.raises(Fenced):
-            fleet.record_power_request(key, "On", "intended", fence=a, at=T0 + 21)
-        got = fleet.get_power_action(key)
+            fleet.power.record_power_request(key, "On", "intended", fence=a, at=T0 + 21)
+        got = fleet.power.get_power_action(key)
         assert got is not None and [(r.request, r.state) for r in got.requests] == [
             ("ForceOff", "sent")
         ]
-        fleet.record_power_request(key, "On", "intended", fence=b, at=T0 + 22)
-        fleet.record_power_request(key, "On", "sent", fence=b, at=T0 + 23)
-        done = fleet.finish_power_action(
+        fleet.power.record_power_request(key, "On", "intended", fence=b, at=T0 + 22)
+        fleet.power.record_power_request(key, "On", "sent", fence=b, at=T0 + 23)
+        done = fleet.power.finish_power_action(
             key, {"verified": True}, message="cycled", fence=b, at=T0 + 24
         )
         assert done.finished and done.result == {"verified": True}
@@ -52,15 +52,15 @@ def test_power_actions_are_keyed_fenced_and_finished_once(store_target: str) -> 
             ("On", "sent", b.token),
         ]
         # exactly once: a second result changes nothing; a finished action takes no request
-        same = fleet.finish_power_action(
+        same = fleet.power.finish_power_action(
             key, {"verified": False}, message="again", fence=b, at=T0 + 25
         )
         assert same.result == {"verified": True} and same.finished_at == T0 + 24
         with pytest.raises(StoreError):
-            fleet.record_power_request(key, "On", "intended", fence=b, at=T0 + 26)
-        assert [x.key for x in fleet.list_power_actions(node="n1")] == [key]
-        assert fleet.list_power_actions(state=PowerActionState.INTENDED) == []
-        kinds = [e.kind for e in store.list_audit() if e.subject == "node:n1"]
+            fleet.power.record_power_request(key, "On", "intended", fence=b, at=T0 + 26)
+        assert [x.key for x in fleet.power.list_power_actions(node="n1")] == [key]
+        assert fleet.power.list_power_actions(state=PowerActionState.INTENDED) == []
+        kinds = [e.kind for e in store.audit.list_audit() if e.subject == "node:n1"]
         assert kinds.count(AuditKind.INTENT) == 1 and kinds.count(AuditKind.RESULT) == 1
     finally:
         store.close()

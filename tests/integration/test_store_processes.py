@@ -30,15 +30,19 @@ def _writer(path: str, name: str, n: int, barrier: object) -> None:
     store = Store.open(path, busy_timeout_s=60)
     barrier.wait()  # type: ignore[attr-defined]
     for i in range(n):
-        store.append_audit(T0 + i, name, "note", f"writer:{name}", f"{name} {i}", {"i": i})
+        store.audit.append_audit(T0 + i, name, "note", f"writer:{name}", f"{name} {i}", {"i": i})
         # A pause between writes, as real writers have: without it SQLite's busy
         # handler lets one tight loop starve the other (nothing is lost either way).
         time.sleep(0.001)
         if i % 50 == 0:
             # Mix in multi-row transactions, as the controller does.
             with store.transaction():
-                store.append_audit(T0 + i, name, "intent", f"writer:{name}", "intent", {"i": i})
-                store.append_audit(T0 + i, name, "result", f"writer:{name}", "result", {"i": i})
+                store.audit.append_audit(
+                    T0 + i, name, "intent", f"writer:{name}", "intent", {"i": i}
+                )
+                store.audit.append_audit(
+                    T0 + i, name, "result", f"writer:{name}", "result", {"i": i}
+                )
     store.close()
 
 
@@ -54,7 +58,7 @@ def test_two_processes_append_concurrently_and_lose_nothing(tmp_path: Path) -> N
         p.join(timeout=120)
         assert p.exitcode == 0
     with Store.open(path) as store:
-        events = store.list_audit()
+        events = store.audit.list_audit()
         extra = 2 * len(range(0, N_PER_WRITER, 50))
         assert len(events) == 2 * (N_PER_WRITER + extra)
         assert len({e.id for e in events}) == len(events)
@@ -69,20 +73,22 @@ def test_two_processes_append_concurrently_and_lose_nothing(tmp_path: Path) -> N
 
 def _quarantine_in_child(path: str) -> None:
     with Store.open(path) as store:
-        store.transition_device("GPU-1", HealthState.QUARANTINED, "XID 79", "child", T0 + 1)
+        store.devices.transition_device("GPU-1", HealthState.QUARANTINED, "XID 79", "child", T0 + 1)
 
 
 def test_quarantine_is_seen_by_another_process(tmp_path: Path) -> None:
     path = str(tmp_path / "state.db")
     with Store.open(path) as store:
-        store.register_devices([Device(i, f"GPU-{i}", f"0000:1{i}:00.0") for i in range(2)], at=T0)
+        store.devices.register_devices(
+            [Device(i, f"GPU-{i}", f"0000:1{i}:00.0") for i in range(2)], at=T0
+        )
         proc = mp.get_context("spawn").Process(target=_quarantine_in_child, args=(path,))
         proc.start()
         proc.join(timeout=60)
         assert proc.exitcode == 0
         # The already-open connection sees the other process's commit.
-        assert store.get_device_state("GPU-1") is HealthState.QUARANTINED
-        assert store.device_history("GPU-1")[-1].actor == "child"
+        assert store.devices.get_device_state("GPU-1") is HealthState.QUARANTINED
+        assert store.devices.device_history("GPU-1")[-1].actor == "child"
 
 
 CHILD = textwrap.dedent(
@@ -93,12 +99,12 @@ CHILD = textwrap.dedent(
     path, mode = sys.argv[1], sys.argv[2]
     store = Store.open(path)
     for i in range(20):
-        store.append_audit(1.0 + i, "child", "note", "committed", f"c{i}")
+        store.audit.append_audit(1.0 + i, "child", "note", "committed", f"c{i}")
     print("committed", flush=True)
     if mode == "inside":
         with store.transaction():
             for i in range(1000):
-                store.append_audit(100.0 + i, "child", "action", "batch:0", f"b{i}", {"i": i})
+                store.audit.append_audit(100.0 + i, "child", "action", "batch:0", f"b{i}", {"i": i})
                 if i == 500:
                     print("inside", flush=True)
                     time.sleep(60)
@@ -107,7 +113,7 @@ CHILD = textwrap.dedent(
         while True:
             with store.transaction():
                 for i in range(100):
-                    store.append_audit(
+                    store.audit.append_audit(
                         1000.0 + batch, "child", "action", f"batch:{batch}", f"b{i}", {"i": i}
                     )
             print(f"done {batch}", flush=True)
@@ -126,7 +132,7 @@ def _spawn(path: Path, mode: str) -> subprocess.Popen[str]:
 
 
 def _committed_intact(store: Store) -> None:
-    assert [e.message for e in store.list_audit(subject="committed")] == [
+    assert [e.message for e in store.audit.list_audit(subject="committed")] == [
         f"c{i}" for i in range(20)
     ]
 
@@ -141,10 +147,10 @@ def test_sigkill_inside_a_transaction_leaves_none_of_it(tmp_path: Path) -> None:
     proc.wait(timeout=30)
     with Store.open(path) as store:
         _committed_intact(store)
-        assert store.list_audit(subject="batch:0") == []
+        assert store.audit.list_audit(subject="batch:0") == []
         # The database is writable again (the killed writer's lock is gone).
-        store.append_audit(2.0, "parent", "note", "after", "ok")
-        assert store.count_audit() == 21
+        store.audit.append_audit(2.0, "parent", "note", "after", "ok")
+        assert store.audit.count_audit() == 21
 
 
 @pytest.mark.parametrize("delay_s", [0.0, 0.013, 0.037])
@@ -171,7 +177,7 @@ def test_sigkill_between_and_during_commits_keeps_whole_batches(
     with Store.open(path) as store:
         _committed_intact(store)
         counts: dict[str, int] = {}
-        for e in store.list_audit(subject="batch:*"):
+        for e in store.audit.list_audit(subject="batch:*"):
             counts[e.subject] = counts.get(e.subject, 0) + 1
         assert set(counts.values()) == {100}, counts  # never a partial batch
         batches = sorted(int(s.split(":")[1]) for s in counts)

@@ -29,8 +29,8 @@ def _state_db(path: Path) -> None:
 
     t0 = dt.datetime(2026, 12, 4, 17, 27, 6, 191000, tzinfo=dt.UTC).timestamp()
     with open_store(path) as store:
-        store.register_devices(simulated(4), at=t0)
-        store.transition_device(
+        store.devices.register_devices(simulated(4), at=t0)
+        store.devices.transition_device(
             simulated_uuid(1), HealthState.QUARANTINED, XID_REASON, "trainguard run", t0 + 15.997
         )
 

@@ -149,24 +149,24 @@ def _read(store: Store, job_id: str, xid_device: str | None) -> Outcome:
             "actions": [a["type"] for a in i.actions],
             "notes": [t.what for t in i.timeline],
         }
-        for i in store.list_incidents(job_id=job_id)
+        for i in store.incidents.list_incidents(job_id=job_id)
     ]
-    attempts = store.list_attempts(job_id)
+    attempts = store.jobs.list_attempts(job_id)
     return Outcome(
         incidents=incidents,
         attempts=[a.state.value for a in attempts],
         attempt0_reason=attempts[0].reason if attempts else None,
         quarantined=sorted(
             d.uuid
-            for d in store.list_devices()
+            for d in store.devices.list_devices()
             if d.state in (HealthState.QUARANTINED, HealthState.REPAIR)
         ),
-        repairs=sorted(r.resource_id for r in FleetStore(store).list_repairs()),
+        repairs=sorted(r.resource_id for r in FleetStore(store).repairs.list_repairs()),
         xid_device=xid_device,
         resumed_steps=[a.first_step for a in attempts],
         nodes_out=sorted(
             n.name
-            for n in FleetStore(store).list_nodes()
+            for n in FleetStore(store).nodes.list_nodes()
             if n.state in (HealthState.QUARANTINED, HealthState.REPAIR)
         ),
         attempt_hosts=[sorted({d.host or "" for d in a.devices}) for a in attempts],
@@ -251,12 +251,14 @@ def run_mode(
         def inject() -> None:  # the kernel's line for the card, once the checkpoint exists
             _wait(lambda: (ckpt / f"step_{xid.after_checkpoint:08d}").is_dir(), 60, "checkpoint")
             with Store.open(state) as store:
-                [job] = store.list_jobs()
-                [att] = store.list_attempts(job.id)
+                [job] = store.jobs.list_jobs()
+                [att] = store.jobs.list_attempts(job.id)
                 if xid.idle:
-                    dev = next(d for d in store.list_devices() if d.uuid not in att.device_uuids)
+                    dev = next(
+                        d for d in store.devices.list_devices() if d.uuid not in att.device_uuids
+                    )
                 else:
-                    dev = store.get_device(att.device_uuids[0])
+                    dev = store.devices.get_device(att.device_uuids[0])
             named.append(dev.uuid)
             with kern.open("a") as fh:
                 fh.write(xid_line(dev.device.pci_bus_id, xid.xid) + "\n")
@@ -290,7 +292,7 @@ def serve_mode(
         named = None
         if xid is not None:
             oj = fleet.wait_running(fj)
-            ckpt = Path(str(fleet.store.get_job(fj.job_id).checkpoint_dir or ""))
+            ckpt = Path(str(fleet.store.jobs.get_job(fj.job_id).checkpoint_dir or ""))
             # Passes follow the job's progress until its checkpoint is on disk.
             target = ckpt / f"step_{xid.after_checkpoint:08d}"
             fleet.run_until(target.is_dir, timeout=60, interval=0.05)
@@ -299,7 +301,7 @@ def serve_mode(
             else:
                 named = fleet.xid(fj, device_index=0, xid=xid.xid)
                 assert named == oj.devices[0].uuid
-        finished = done or (lambda cp, job_id: fleet.store.get_job(job_id).state.terminal)
+        finished = done or (lambda cp, job_id: fleet.store.jobs.get_job(job_id).state.terminal)
         fleet.run_until(lambda: finished(fleet.cp, fj.job_id), timeout=timeout)
         return _read(fleet.store, fj.job_id, named)
     finally:
@@ -363,9 +365,9 @@ class CrashWorld:
 
 
 def _crash_world(store: Store, job_id: str, bad: str) -> CrashWorld:
-    attempts = store.list_attempts(job_id)
-    incidents = store.list_incidents(job_id=job_id)
-    audit = store.list_audit()
+    attempts = store.jobs.list_attempts(job_id)
+    incidents = store.incidents.list_incidents(job_id=job_id)
+    audit = store.audit.list_audit()
     results = [a for a in audit if a.kind.value in ("result", "error")]
     intents = []
     for ev in audit:
@@ -384,9 +386,9 @@ def _crash_world(store: Store, job_id: str, bad: str) -> CrashWorld:
         incidents=[i.state.value for i in incidents],
         attempts=[a.state.value for a in attempts],
         attempt_devices=[tuple(a.device_uuids) for a in attempts],
-        bad_history=[h.new_state.value for h in store.device_history(bad)],
-        states={d.uuid: d.state.value for d in store.list_devices()},
-        repairs=sorted(r.resource_id for r in FleetStore(store).list_repairs()),
+        bad_history=[h.new_state.value for h in store.devices.device_history(bad)],
+        states={d.uuid: d.state.value for d in store.devices.list_devices()},
+        repairs=sorted(r.resource_id for r in FleetStore(store).repairs.list_repairs()),
         ledger=[str(a["type"]) for i in incidents for a in i.actions],
         intents=intents,
     )
@@ -438,8 +440,8 @@ def crash_run_mode(tmp: Path, point: str, then: str | None = None) -> CrashWorld
         f"trainguard run did not reach {point}: rc={first.returncode}\n{first.stderr[-2000:]}"
     )
     with Store.open(state) as store:
-        [rec] = store.list_jobs()
-        bad = store.list_attempts(rec.id)[0].device_uuids[1]
+        [rec] = store.jobs.list_jobs()
+        bad = store.jobs.list_attempts(rec.id)[0].device_uuids[1]
     # No process of the job outlives its supervisor (the watchdog, decision 0113).
     _wait(lambda: job_processes(rec.id) == [], 10, "the job's processes to end")
     if then is not None:
@@ -452,7 +454,7 @@ def crash_run_mode(tmp: Path, point: str, then: str | None = None) -> CrashWorld
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resuming its recovery" in second.stderr, second.stderr[-3000:]
     with Store.open(state) as store:
-        [again] = store.list_jobs()
+        [again] = store.jobs.list_jobs()
         assert again.id == rec.id and again.state.value == "completed", again
         return _crash_world(store, rec.id, bad)
 
@@ -488,7 +490,7 @@ def crash_serve_mode(store_target: str, tmp: Path, point: str) -> CrashWorld:
         assert second.returncode == 0, f"{second.stdout}\n{second.stderr[-3000:]}"
         store = fleet.store
         world = _crash_world(store, fj.job_id, bad)
-        [inc] = store.list_incidents(job_id=fj.job_id)
+        [inc] = store.incidents.list_incidents(job_id=fj.job_id)
         world.action_keys = [a.key for a in fleet.cp.actions(inc.id)]
         assert all(a.state.value == "done" for a in fleet.cp.actions(inc.id))
         world.starts = [s["attempt"] for s in fleet.cluster.starts()]

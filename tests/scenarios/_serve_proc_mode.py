@@ -105,7 +105,7 @@ class ServeProc:
     def xid_on(self, store: Store, uuid: str, xid: int = 79) -> None:
         """An agent on the card's host reports an XID for it (as soon as it is asked: the
         job runs on meanwhile)."""
-        dev = store.get_device(uuid).device
+        dev = store.devices.get_device(uuid).device
         _post_xid(self.server, dev.host or "", dev.pci_bus_id, xid)
 
     @contextmanager
@@ -160,11 +160,11 @@ def serve_proc_mode(
             # The pass that saw the attempt running has recorded it.
             wait_for(lambda: serve.attempts(job_id), 30, "the attempt recorded")
             with Store.open(store_target) as store:
-                [att] = store.list_attempts(job_id)
+                [att] = store.jobs.list_attempts(job_id)
                 if xid.idle:
                     named = next(
                         d.uuid
-                        for d in sorted(store.list_devices(), key=lambda d: d.uuid)
+                        for d in sorted(store.devices.list_devices(), key=lambda d: d.uuid)
                         if d.uuid not in att.device_uuids
                     )
                 else:

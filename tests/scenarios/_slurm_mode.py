@@ -99,7 +99,7 @@ def slurm_mode(
             f"--comment=trainguard:policy=scenario,ckpt={ckpt}",
             str(_batch_script(tmp, [str(a) for a in job_args], ckpt)),
         )
-        w.run_until(lambda: w.watch.cp.fleet.find_fleet_job(slurm_id), 60, "the job managed")
+        w.run_until(lambda: w.watch.cp.fleet.jobs.find_fleet_job(slurm_id), 60, "the job managed")
         job_id = w.managed_job_id(slurm_id)
         named = None
         if xid is not None:
@@ -122,7 +122,7 @@ def slurm_mode(
             named = dev.uuid
             cluster.append_kernel_line(dev.host or "", xid_line(dev.pci_bus_id, xid.xid))
         w.run_until(
-            lambda: w.store.get_job(job_id).state.terminal, timeout, f"job {slurm_id} to end"
+            lambda: w.store.jobs.get_job(job_id).state.terminal, timeout, f"job {slurm_id} to end"
         )
         return _read(w.store, job_id, named)
     finally:

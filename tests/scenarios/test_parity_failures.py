@@ -47,8 +47,8 @@ def _scenario(
 ) -> World:
     out = scenario(mode, tmp, store_target, job_args, policy)
     with Store.open(state_of(mode, tmp, store_target)) as store:
-        [job] = store.list_jobs()
-        incidents = store.list_incidents(job_id=job.id)
+        [job] = store.jobs.list_jobs()
+        incidents = store.incidents.list_incidents(job_id=job.id)
         return World(
             out=out,
             job_state=job.state.value,
@@ -59,7 +59,7 @@ def _scenario(
             ckpt=Path(job.checkpoint_dir or ""),
             set_aside=[
                 (e.kind.value, e.message, "intent_id" in (e.data or {}))
-                for e in store.list_audit()
+                for e in store.audit.list_audit()
                 if "checkpoint(s) aside" in e.message
             ],
         )
@@ -263,8 +263,8 @@ class _Operator:
             try:
                 with Store.open(self.target) as store:
                     fleet = FleetStore(store)
-                    for a in fleet.list_approvals(state=ApprovalState.PENDING):
-                        fleet.decide_approval(
+                    for a in fleet.approvals.list_approvals(state=ApprovalState.PENDING):
+                        fleet.approvals.decide_approval(
                             a.id, self.answer, actor="operator:test",
                             reason="looked at it", at=time.time(),
                         )  # fmt: skip

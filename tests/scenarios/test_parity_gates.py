@@ -65,24 +65,25 @@ class World:
 
 def _world(store: Store, job_id: str, named: Sequence[str]) -> World:
     fleet = FleetStore(store)
-    incidents = store.list_incidents(job_id=job_id)
+    incidents = store.incidents.list_incidents(job_id=job_id)
     return World(
         out=_read(store, job_id, named[0] if named else None),
-        job=store.get_job(job_id).state.value,
-        job_reason=store.get_job(job_id).reason,
+        job=store.jobs.get_job(job_id).state.value,
+        job_reason=store.jobs.get_job(job_id).reason,
         approvals=[
-            (a.kind, a.state.value) for a in sorted(fleet.list_approvals(), key=lambda a: a.id)
+            (a.kind, a.state.value)
+            for a in sorted(fleet.approvals.list_approvals(), key=lambda a: a.id)
         ],
-        approval_why=[a.why for a in sorted(fleet.list_approvals(), key=lambda a: a.id)],
-        breaker=fleet.get_breaker("quarantine").state.value,
-        suppressed=[s.resource_id for s in fleet.list_suppressions()],
-        health={u: store.get_device(u).state.value for u in named},
+        approval_why=[a.why for a in sorted(fleet.approvals.list_approvals(), key=lambda a: a.id)],
+        breaker=fleet.breaker.get_breaker("quarantine").state.value,
+        suppressed=[s.resource_id for s in fleet.breaker.list_suppressions()],
+        health={u: store.devices.get_device(u).state.value for u in named},
         ledger=[
             (str(a["type"]), str(a.get("result") or a.get("skipped") or ""))
             for i in incidents
             for a in i.actions
         ],
-        attempt_devices=[tuple(a.device_uuids) for a in store.list_attempts(job_id)],
+        attempt_devices=[tuple(a.device_uuids) for a in store.jobs.list_attempts(job_id)],
         named=list(named),
     )
 
@@ -96,7 +97,7 @@ def _operations(store: Store) -> LocalOperations:
 
 
 def _is_last(store: Store, job_id: str, attempt: int) -> bool:
-    return store.list_attempts(job_id)[-1].number == attempt
+    return store.jobs.list_attempts(job_id)[-1].number == attempt
 
 
 def run_gate(
@@ -124,10 +125,10 @@ def run_gate(
         for attempt, step in xids:
             _wait((ckpt / f"step_{step:08d}").is_dir, 60, f"checkpoint {step}")
             with Store.open(state) as store:
-                [job] = store.list_jobs()
+                [job] = store.jobs.list_jobs()
                 _wait(partial(_is_last, store, job.id, attempt), 30, f"attempt {attempt}")
-                att = store.list_attempts(job.id)[-1]
-                dev = store.get_device(att.device_uuids[0])
+                att = store.jobs.list_attempts(job.id)[-1]
+                dev = store.devices.get_device(att.device_uuids[0])
             named.append(dev.uuid)
             with kern.open("a") as fh:
                 fh.write(xid_line(dev.device.pci_bus_id, 79) + "\n")
@@ -183,7 +184,7 @@ def serve_gate(
         ops.set_mode("cluster", job_mode.value, "the scenario's mode")
         fleet.cp.put_policy(policy.document(), OPERATOR)
         fj = fleet.submit(*job_args, devices_per_node=1, policy="scenario")
-        ckpt = Path(str(fleet.store.get_job(fj.job_id).checkpoint_dir or ""))
+        ckpt = Path(str(fleet.store.jobs.get_job(fj.job_id).checkpoint_dir or ""))
         named: list[str] = []
         operated = operator is None
 
@@ -207,7 +208,7 @@ def serve_gate(
 
         def finished() -> bool:
             look()
-            return fleet.store.get_job(fj.job_id).state.terminal
+            return fleet.store.jobs.get_job(fj.job_id).state.terminal
 
         fleet.run_until(finished, timeout=timeout, interval=0.05)
         return _world(fleet.store, fj.job_id, named)
@@ -257,10 +258,10 @@ def serve_proc_gate(
 
                 def recorded(a: int = attempt) -> bool:
                     # The pass that saw the attempt running has recorded it.
-                    return bool(store.list_attempts(job_id)) and _is_last(store, job_id, a)
+                    return bool(store.jobs.list_attempts(job_id)) and _is_last(store, job_id, a)
 
                 _wait(recorded, 30, f"attempt {attempt}")
-                uuid = store.list_attempts(job_id)[-1].device_uuids[0]
+                uuid = store.jobs.list_attempts(job_id)[-1].device_uuids[0]
                 named.append(uuid)
                 if job_mode is not Mode.OBSERVE:
                     serve.xid_on(store, uuid)
@@ -270,7 +271,11 @@ def serve_proc_gate(
                 # its end first (the in-process modes see it in the pass after it).
                 with serve.held():
                     serve.xid_on(store, uuid)
-                    _wait(lambda: bool(store.list_incidents(job_id=job_id)), 30, "the XID seen")
+                    _wait(
+                        lambda: bool(store.incidents.list_incidents(job_id=job_id)),
+                        30,
+                        "the XID seen",
+                    )
         serve.wait_ended(job_id, timeout)
     finally:
         stop.set()

@@ -32,7 +32,7 @@ def _open_breaker(state: Path) -> None:
     """An operator opened the quarantine breaker (a fleet-wide event is being looked at)."""
     state.parent.mkdir(parents=True, exist_ok=True)
     with Store.open(state) as store:
-        FleetStore(store).set_breaker(
+        FleetStore(store).breaker.set_breaker(
             "quarantine", BreakerState.OPEN, at=time.time(), actor=OPERATOR,
             reason="a switch firmware roll-out is being looked at",
         )  # fmt: skip
@@ -65,12 +65,12 @@ def test_an_open_breaker_holds_back_a_host_quarantine_and_the_job_moves_anyway(
     assert out.nodes_out == [] and out.repairs == [] and out.quarantined == [], out
     with Store.open(state) as store:
         fleet = FleetStore(store)
-        [held] = fleet.list_suppressions()
+        [held] = fleet.breaker.list_suppressions()
         assert (held.resource_kind, held.resource_id) == ("node", "n1"), held
         assert "the quarantine breaker is open" in held.reason, held
-        assert fleet.get_breaker("quarantine").state is BreakerState.OPEN
-        [job] = store.list_jobs()
-        [rec] = store.list_incidents(job_id=job.id)
+        assert fleet.breaker.get_breaker("quarantine").state is BreakerState.OPEN
+        [job] = store.jobs.list_jobs()
+        [rec] = store.incidents.list_incidents(job_id=job.id)
         [q] = [a for a in rec.actions if a["type"] == "quarantine"]
         assert (q["resource_kind"], q["resource_id"], q["result"]) == ("node", "n1", "suppressed")
         assert q["summary"].startswith("node n1 not quarantined: the quarantine breaker is open")

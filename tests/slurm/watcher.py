@@ -108,22 +108,22 @@ class Watcher:
             time.sleep(max(0.0, self.interval - (time.monotonic() - started)))
 
     def incidents(self) -> list[IncidentRecord]:
-        return self.store.list_incidents()
+        return self.store.incidents.list_incidents()
 
     def managed_job_id(self, slurm_job_id: str) -> str:
-        fj = self.watch.cp.fleet.find_fleet_job(slurm_job_id)
+        fj = self.watch.cp.fleet.jobs.find_fleet_job(slurm_job_id)
         assert fj is not None, f"job {slurm_job_id} is not managed"
         return fj.job_id
 
     def incident_state(self, slurm_job_id: str) -> str | None:
-        fj = self.watch.cp.fleet.find_fleet_job(slurm_job_id)
+        fj = self.watch.cp.fleet.jobs.find_fleet_job(slurm_job_id)
         if fj is None:
             return None
-        incs = self.store.list_incidents(job_id=fj.job_id)
+        incs = self.store.incidents.list_incidents(job_id=fj.job_id)
         return incs[-1].state.value if incs else None
 
     def audit(self) -> list[Any]:
-        return list(self.store.list_audit())
+        return list(self.store.audit.list_audit())
 
     def close(self) -> None:
         self.store.close()

@@ -50,10 +50,10 @@ TOKENS = {
 
 def _jobs(store: Store, *ids: str) -> None:
     devices = [Device(i, f"GPU-{i}", f"0000:1{i}:00.0", host="n1") for i in range(len(ids))]
-    store.register_devices(devices, at=T0)
+    store.devices.register_devices(devices, at=T0)
     for job_id, dev in zip(ids, devices, strict=True):
-        store.create_job(name=job_id, command=["x"], need=1, at=T0, job_id=job_id)
-        store.start_attempt(job_id, 0, [dev], at=T0)
+        store.jobs.create_job(name=job_id, command=["x"], need=1, at=T0, job_id=job_id)
+        store.jobs.start_attempt(job_id, 0, [dev], at=T0)
 
 
 def _poison_count(ctx: ApiContext, kind: str) -> float:
@@ -95,19 +95,19 @@ def test_one_poison_progress_event_is_dropped_audited_and_counted_and_the_rest_l
     ctx.progress.offer("job-a", [ev(5), ev(2**63, "checkpoint_saved"), ev(7)], T0 + 1)
     ctx.progress.offer("job-b", [ev(3)], T0 + 1)
     ctx.progress.flush()
-    assert ctx.store.get_attempt("job-a", 0).last_step == 7
-    assert ctx.store.get_attempt("job-b", 0).last_step == 3
+    assert ctx.store.jobs.get_attempt("job-a", 0).last_step == 7
+    assert ctx.store.jobs.get_attempt("job-b", 0).last_step == 3
     assert ctx.progress.pending() == 0 and ctx.progress.poisoned == 1
     assert _poison_count(ctx, "progress") == 1
     exposed = generate_latest(ctx.metrics.registry).decode()  # what GET /metrics serves
     assert 'trainguard_ingest_poison_total{kind="progress"} 1.0' in exposed
-    [audit] = ctx.store.list_audit(kind=AuditKind.ERROR, subject="job:job-a")
+    [audit] = ctx.store.audit.list_audit(kind=AuditKind.ERROR, subject="job:job-a")
     assert audit.data["record"]["step"] == str(2**63) and audit.job_id == "job-a"
     assert "OverflowError" in audit.message or "out of range" in audit.message
     # Ingestion goes on for every job: the next flush is not held back by the poison.
     ctx.progress.offer("job-b", [ev(9)], T0 + 2)
     assert ctx.progress.flush() == 1
-    assert ctx.store.get_attempt("job-b", 0).last_step == 9
+    assert ctx.store.jobs.get_attempt("job-b", 0).last_step == 9
     assert _poison_count(ctx, "progress") == 1
 
 
@@ -126,7 +126,7 @@ def test_a_store_failure_still_keeps_the_whole_batch_for_the_next_flush(ctx: Api
     assert ctx.progress.flush() == 0 and ctx.progress.pending() == 1
     down[0] = False
     ctx.progress.flush()
-    assert ctx.store.get_attempt("job-a", 0).last_step == 4
+    assert ctx.store.jobs.get_attempt("job-a", 0).last_step == 4
     assert _poison_count(ctx, "progress") == 0
 
 
@@ -166,11 +166,11 @@ def test_a_poison_finding_is_rejected_audited_and_acknowledged_and_the_others_re
     rejected: list[str] = []
     assert ing.ingest(items, rejected) == (["n1:1", "n1:2", "n1:3"], 2, 0)
     assert rejected == ["n1:2"] and recorded == ["n1:1", "n1:3"]
-    assert [r.subject for r in ctx.store.list_audit(subject="finding:*")] == [
+    assert [r.subject for r in ctx.store.audit.list_audit(subject="finding:*")] == [
         "finding:n1:1",
         "finding:n1:3",
     ]
-    [audit] = ctx.store.list_audit(kind=AuditKind.ERROR, subject="host:n1")
+    [audit] = ctx.store.audit.list_audit(kind=AuditKind.ERROR, subject="host:n1")
     assert audit.data["record"]["id"] == "n1:2"
     assert _poison_count(ctx, "finding") == 1
 
@@ -190,7 +190,7 @@ def test_a_finding_id_is_deduplicated_per_host_and_survives_a_restart(ctx: ApiCo
     assert again.known("n1", fid) and again.known("n2", fid) and not again.known("n3", fid)
     assert again.ingest([IncomingFinding(fid, "n2", _finding(), T0)])[1:] == (0, 1)
     assert again.ingest([IncomingFinding(fid, "n3", _finding(), T0)])[1:] == (1, 0)
-    receipts = ctx.store.list_audit(subject=f"finding:{fid}")
+    receipts = ctx.store.audit.list_audit(subject=f"finding:{fid}")
     assert sorted(r.actor for r in receipts) == ["agent:n1", "agent:n2", "agent:n3"]
 
 
@@ -209,7 +209,7 @@ def test_over_http_another_hosts_agent_cannot_suppress_a_finding(tmp_path: Path)
         r2 = client.post("/v1/agents/n2/findings", headers=_auth(AGENT_N2), json={"findings": [f]})
         r1 = client.post("/v1/agents/n1/findings", headers=_auth(AGENT_N1), json={"findings": [f]})
     assert r2.json()["new"] == 1 and r1.json()["new"] == 1 and r1.json()["duplicates"] == 0
-    actors = [r.actor for r in ctx.store.list_audit(subject=f"finding:{f['id']}")]
+    actors = [r.actor for r in ctx.store.audit.list_audit(subject=f"finding:{f['id']}")]
     assert actors == ["agent:n2", "agent:n1"]
     ctx.store.close()
 
@@ -247,8 +247,8 @@ def test_progress_with_a_step_or_attempt_past_the_bound_is_refused_and_ingestion
         )
         assert r.status_code == 202
         ctx.progress.flush()
-    assert ctx.store.get_attempt("job-a", 0).last_step == MAX_INT
-    assert ctx.store.get_attempt("job-b", 0).last_step == 8
+    assert ctx.store.jobs.get_attempt("job-a", 0).last_step == MAX_INT
+    assert ctx.store.jobs.get_attempt("job-b", 0).last_step == 8
     assert ctx.progress.pending() == 0 and _poison_count(ctx, "progress") == 0
     ctx.store.close()
 
@@ -334,7 +334,7 @@ def test_bad_input_gets_a_4xx_with_a_message_in_the_published_shape(
             else:
                 assert isinstance(detail, str) and detail, r.text
         # Nothing was recorded from any of them, and the server still answers.
-        assert ctx.store.list_audit(subject="finding:*") == []
+        assert ctx.store.audit.list_audit(subject="finding:*") == []
         assert client.get("/v1/status", headers=_auth(VIEW)).status_code == 200
     ctx.store.close()
 

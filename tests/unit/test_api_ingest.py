@@ -98,9 +98,9 @@ def store(tmp_path: Path) -> Any:
 
 def test_progress_sink_moves_attempt_progress_and_counts_unknown_jobs(store: Store) -> None:
     dev = Device(0, "GPU-a", "0000:10:00.0", host="n1")
-    store.register_devices([dev], at=T0)
-    job = store.create_job(name="j", command=["x"], need=1, at=T0, job_id="job-1")
-    store.start_attempt(job.id, 0, [dev], at=T0)
+    store.devices.register_devices([dev], at=T0)
+    job = store.jobs.create_job(name="j", command=["x"], need=1, at=T0, job_id="job-1")
+    store.jobs.start_attempt(job.id, 0, [dev], at=T0)
     dropped: dict[str, int] = {}
     sink = store_progress_sink(store, dropped)
     sink(
@@ -112,7 +112,7 @@ def test_progress_sink_moves_attempt_progress_and_counts_unknown_jobs(store: Sto
             ProgressItem("job-1", T0 + 3, ev(9, attempt=7)),
         ]
     )
-    att = store.get_attempt("job-1", 0)
+    att = store.jobs.get_attempt("job-1", 0)
     assert (att.first_step, att.last_step, att.last_step_at) == (0, 9, T0 + 3)
     assert dropped == {"unknown_attempt": 2}
     # The job's own times of its progress events (not of "resumed": a restore's load
@@ -124,25 +124,25 @@ def test_progress_sink_moves_attempt_progress_and_counts_unknown_jobs(store: Sto
         local_rank=0, visible_devices="GPU-a", host="n1",
     )  # fmt: skip
     sink([ProgressItem("job-1", T0 + 4, view), ProgressItem("job-1", T0 + 4, view)])
-    (report,) = store.get_attempt("job-1", 0).rank_reports
+    (report,) = store.jobs.get_attempt("job-1", 0).rank_reports
     assert (report.rank, report.host, report.visible) == (0, "n1", ("GPU-a",))
 
 
 def test_progress_sink_stores_that_the_attempt_reports_its_own_steps(store: Store) -> None:
     # The passes reading the attempt's output may run in another process (0397, 0462).
     dev = Device(0, "GPU-a", "0000:10:00.0", host="n1")
-    store.register_devices([dev], at=T0)
-    job = store.create_job(name="j", command=["x"], need=1, at=T0, job_id="job-1")
-    store.start_attempt(job.id, 0, [dev], at=T0)
-    store.start_attempt(job.id, 1, [dev], at=T0 + 1)
-    assert not store.is_self_reported("job-1", 1)
+    store.devices.register_devices([dev], at=T0)
+    job = store.jobs.create_job(name="j", command=["x"], need=1, at=T0, job_id="job-1")
+    store.jobs.start_attempt(job.id, 0, [dev], at=T0)
+    store.jobs.start_attempt(job.id, 1, [dev], at=T0 + 1)
+    assert not store.jobs.is_self_reported("job-1", 1)
     sink = store_progress_sink(store, {})
     sink([ProgressItem("job-1", T0 + 2, ev(3, attempt=1)), ProgressItem("job-x", T0, ev(1))])
     sink([ProgressItem("job-1", T0 + 5, ev(4, attempt=1))])
-    assert store.is_self_reported("job-1", 1)
-    assert not store.is_self_reported("job-1", 0)  # another attempt: not reported
-    assert not store.is_self_reported("job-x", 0)  # unknown: nothing written
-    row = store.fetch_one(
+    assert store.jobs.is_self_reported("job-1", 1)
+    assert not store.jobs.is_self_reported("job-1", 0)  # another attempt: not reported
+    assert not store.jobs.is_self_reported("job-x", 0)  # unknown: nothing written
+    row = store.db.fetch_one(
         "SELECT self_reported_at FROM attempts WHERE job_id = 'job-1' AND number = 1", {}
     )
     assert row is not None and row[0] == T0 + 2  # the first report's time stays
@@ -171,7 +171,7 @@ def test_findings_are_recorded_once_even_across_a_restart(store: Store) -> None:
     assert again.load_receipts() == 3
     assert again.ingest([*items, IncomingFinding("n1:3", "n1", _finding(), T0)])[1:] == (1, 3)
     assert sunk == ["n1:0", "n1:1", "n1:2", "n1:3"]
-    receipts = store.list_audit(subject="finding:*")
+    receipts = store.audit.list_audit(subject="finding:*")
     assert [r.subject for r in receipts] == [f"finding:n1:{i}" for i in range(4)]
     assert receipts[0].data["finding"]["message"] == "line 0"
 
@@ -187,7 +187,7 @@ def test_a_failing_sink_records_no_receipt_and_the_finding_is_taken_later(store:
     items = [IncomingFinding("a", "n1", _finding(), T0), IncomingFinding("b", "n1", _finding(), T0)]
     with pytest.raises(RuntimeError):
         ing.ingest(items)
-    assert store.list_audit(subject="finding:*") == []  # rolled back with the sink's writes
+    assert store.audit.list_audit(subject="finding:*") == []  # rolled back with the sink's writes
     broken[0] = False
     assert ing.ingest(items) == (["a", "b"], 2, 0)
 

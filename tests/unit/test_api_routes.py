@@ -110,7 +110,7 @@ def test_every_change_needs_the_operator_role_and_is_refused_otherwise(api: Api)
         assert r.status_code == status, r.json()
         r = api.client.put("/v1/modes", headers=_auth(token), json={"mode": "act", "reason": "x"})
         assert r.status_code == status
-    assert api.store.list_audit(subject="mode:*") == []
+    assert api.store.audit.list_audit(subject="mode:*") == []
 
 
 def test_agent_tokens_report_only_for_their_own_host(api: Api) -> None:
@@ -132,7 +132,7 @@ def test_public_read_lets_anonymous_requests_read_but_not_write(api: Api) -> Non
 
 
 def test_oversized_bodies_get_413_and_change_nothing(api: Api) -> None:
-    before = api.store.count_audit()
+    before = api.store.audit.count_audit()
     big = {"devices": [dict(DEVICES[0], model="x" * 200, uuid=f"GPU-{i}") for i in range(400)]}
     r = api.post("/v1/agents/n1/inventory", big, AGENT_N1)
     assert r.status_code == 413 and "larger than" in r.json()["detail"]
@@ -143,7 +143,7 @@ def test_oversized_bodies_get_413_and_change_nothing(api: Api) -> None:
         content=iter([b'{"devices": [', b" " * (70 * 1024), b"]}"]),
     )
     assert r.status_code == 413
-    assert api.store.count_audit() == before and api.store.list_devices() == []
+    assert api.store.audit.count_audit() == before and api.store.devices.list_devices() == []
 
 
 @pytest.mark.parametrize(
@@ -197,7 +197,7 @@ def test_oversized_bodies_get_413_and_change_nothing(api: Api) -> None:
 def test_malformed_ingestion_is_refused_with_a_message(
     api: Api, path: str, body: Any, needle: str
 ) -> None:
-    before = api.store.count_audit()
+    before = api.store.audit.count_audit()
     if isinstance(body, bytes):
         r = api.client.post(
             path, headers={**_auth(AGENT_ANY), "Content-Type": "application/json"}, content=body
@@ -206,7 +206,7 @@ def test_malformed_ingestion_is_refused_with_a_message(
         r = api.post(path, body, AGENT_ANY)
     assert r.status_code in (404, 422), r.text
     assert needle.lower() in r.text.lower()
-    assert api.store.count_audit() == before
+    assert api.store.audit.count_audit() == before
 
 
 def test_unknown_ids_are_404_with_a_message(api: Api) -> None:
@@ -273,7 +273,7 @@ def test_findings_are_recorded_once_per_id_and_acknowledged_in_order(api: Api) -
         "/v1/agents/n1/findings", {"findings": [dict(f, id="n1:2"), dict(f, id="n1:3")]}, AGENT_N1
     )
     assert r.json() == {"acked": ["n1:2", "n1:3"], "new": 1, "duplicates": 1, "rejected": []}
-    rows = api.control.fleet.findings_after(0)
+    rows = api.control.fleet.findings.findings_after(0)
     assert len(rows) == 3
     assert rows[0]["device_uuid"] == "GPU-n1-0" and rows[0]["host"] == "n1"
     r = api.post(
@@ -292,8 +292,8 @@ def _job_with_attempt(api: Api) -> str:
         actor="t",
         job_id="job-1",
     )
-    dev = api.store.get_device("GPU-n1-0").device
-    api.store.start_attempt(fj.job_id, 0, [dev], at=T0)
+    dev = api.store.devices.get_device("GPU-n1-0").device
+    api.store.jobs.start_attempt(fj.job_id, 0, [dev], at=T0)
     return fj.job_id
 
 
@@ -329,7 +329,7 @@ def test_progress_is_accepted_at_once_and_reaches_the_attempt(api: Api) -> None:
 
 def test_audit_pages_follow_the_cursor_and_filters_apply(api: Api) -> None:
     for i in range(7):
-        api.store.append_audit(T0 + i, "t", "note", f"thing:{i % 2}", f"message {i}")
+        api.store.audit.append_audit(T0 + i, "t", "note", f"thing:{i % 2}", f"message {i}")
     seen: list[int] = []
     cursor = None
     while True:
@@ -357,7 +357,7 @@ def test_audit_pages_follow_the_cursor_and_filters_apply(api: Api) -> None:
 def test_audit_events_carry_a_display_name_beside_the_recorded_actor(api: Api) -> None:
     # The dashboard shows actor_name; the holder id stays in actor (decision 0427).
     holder = "gpu-head-1:4242:9f3a0c"
-    api.store.append_audit(T0, holder, "note", "thing:x", "noted")
+    api.store.audit.append_audit(T0, holder, "note", "thing:x", "noted")
     [event] = api.get("/v1/audit", subject="thing:x").json()["events"]
     assert (event["actor"], event["actor_name"]) == (holder, "serve@gpu-head-1")
 
@@ -374,8 +374,12 @@ def test_jobs_incidents_plans_and_reports_read_like_the_clis(api: Api) -> None:
         summary="XID 79",
         evidence=("Xid 79 line",),
     )
-    inc = api.store.open_incident(job, 0, attribution, detected_at=T0 + 5, fault_at=T0 + 4)
-    api.store.record_plan(inc.id, {"mode": "act", "actions": [{"type": "restart"}]}, at=T0 + 6)
+    inc = api.store.incidents.open_incident(
+        job, 0, attribution, detected_at=T0 + 5, fault_at=T0 + 4
+    )
+    api.store.incidents.record_plan(
+        inc.id, {"mode": "act", "actions": [{"type": "restart"}]}, at=T0 + 6
+    )
     incidents = api.get("/v1/incidents", open="true").json()
     assert [i["id"] for i in incidents] == [inc.id]
     assert incidents[0] == inc.to_json() | {
@@ -443,7 +447,7 @@ def test_modes_are_set_per_scope_and_audited_with_who_and_why(api: Api) -> None:
 
 def test_retire_needs_an_approval_and_the_decision_is_audited(api: Api) -> None:
     inventory(api)
-    api.store.transition_device("GPU-n1-0", HealthState.QUARANTINED, "XID 79", "t", T0)
+    api.store.devices.transition_device("GPU-n1-0", HealthState.QUARANTINED, "XID 79", "t", T0)
     r = api.post("/v1/devices/0000:10:00.0/retire", {"reason": "third XID 79 this month"})
     assert r.status_code == 200, r.json()
     approval = r.json()
@@ -469,7 +473,7 @@ def test_release_of_a_healthy_device_is_a_conflict_and_of_a_quarantined_one_is_r
     inventory(api)
     r = api.post("/v1/devices/GPU-n1-1/release", {"reason": "why not"})
     assert r.status_code == 409
-    api.store.transition_device("GPU-n1-1", HealthState.QUARANTINED, "ECC", "t", T0)
+    api.store.devices.transition_device("GPU-n1-1", HealthState.QUARANTINED, "ECC", "t", T0)
     r = api.post("/v1/devices/1/release", {"reason": "reseated"}, OP)
     assert r.status_code == 200 and r.json()["state"] == "healthy"
     history = api.get("/v1/devices/GPU-n1-1/history").json()

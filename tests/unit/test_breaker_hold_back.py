@@ -18,7 +18,7 @@ def test_the_tripping_refusal_opens_the_breaker_pages_once_and_each_is_suppresse
 ) -> None:
     with Store.open(str(tmp_path / "state.db")) as store:
         fleet = FleetStore(store)
-        fleet.record_quarantine("device", "GPU-a", at=100.0, incident_id=None)
+        fleet.breaker.record_quarantine("device", "GPU-a", at=100.0, incident_id=None)
         verdict = check_quarantine(
             fleet, BreakerConfig(), resource_kind="device", population=4, now=200.0
         )
@@ -35,13 +35,13 @@ def test_the_tripping_refusal_opens_the_breaker_pages_once_and_each_is_suppresse
                     actor="trainguard-run",
                     incident_id=None,
                 )
-        status = fleet.get_breaker(QUARANTINE_BREAKER)
+        status = fleet.breaker.get_breaker(QUARANTINE_BREAKER)
         assert (status.state, status.reason) == (BreakerState.OPEN, verdict.reason)
-        assert [(s.resource_id, s.at) for s in fleet.list_suppressions()] == [
+        assert [(s.resource_id, s.at) for s in fleet.breaker.list_suppressions()] == [
             ("GPU-b", 200.0),
             ("GPU-c", 300.0),
         ]
-        pages = [e for e in store.list_audit(kind=AuditKind.ERROR) if e.data.get("page")]
+        pages = [e for e in store.audit.list_audit(kind=AuditKind.ERROR) if e.data.get("page")]
         assert [(e.actor, e.data["resource"]) for e in pages] == [
             ("trainguard-run", "device:GPU-b")
         ]

@@ -241,8 +241,8 @@ def test_the_sources_evidence_lands_in_a_real_control_plane(tmp_path: Path) -> N
     with Store.open(tmp_path / "state.db", at=0.0) as store:
         plane = ControlPlane(store, None, clock=lambda: 10.0)
         plane.ingest_inventory("hosta", [card])
-        job = store.create_job(name="j", command=("true",), need=1, at=0.0)
-        store.start_attempt(job.id, 0, [card], at=0.0)
+        job = store.jobs.create_job(name="j", command=("true",), need=1, at=0.0)
+        store.jobs.start_attempt(job.id, 0, [card], at=0.0)
         ev = kernel_line_evidence(
             KernelLine(
                 5.0, "kmsg", "NVRM: Xid (PCI:0000:10:00): 79, pid=1, GPU has fallen off the bus."
@@ -255,9 +255,9 @@ def test_the_sources_evidence_lands_in_a_real_control_plane(tmp_path: Path) -> N
         source.push(ProgressEvidence(job.id, 0, 3, at=6.0, rank=0))
         rt = DriverRuntime(plane, [source], tick=1.0, clock=lambda: 10.0)
         assert rt.poll_sources(10.0) == []
-        rows = plane.fleet.findings_between(0.0, 20.0)
+        rows = plane.fleet.findings.findings_between(0.0, 20.0)
         assert [(r["host"], r["device_uuid"]) for r in rows] == [("hosta", "GPU-a0")]
-        assert store.get_attempt(job.id, 0).last_step == 3
+        assert store.jobs.get_attempt(job.id, 0).last_step == 3
         plane.close()
 
 

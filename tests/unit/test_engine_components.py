@@ -75,7 +75,7 @@ def test_health_registers_the_inventory_at_the_pass_time(rig: Rig) -> None:
     ctx = rig.context()
     reads = rig.clock.reads
     health.sync_inventory(ctx)
-    devices = {r.uuid: r for r in rig.store.list_devices()}
+    devices = {r.uuid: r for r in rig.store.devices.list_devices()}
     assert len(devices) == 3
     assert {r.first_seen for r in devices.values()} == {T0}
     assert rig.clock.reads == reads  # no write to fence, no clock read
@@ -87,13 +87,13 @@ def test_health_enforces_the_stored_state_through_the_one_applier(rig: Rig) -> N
     health.sync_inventory(ctx)
     health.enforce(ctx)  # the first pass compares everything: nothing differs
     assert all(not n.quarantined_devices for n in rig.cluster.observe().nodes.values())
-    card = sorted(r.uuid for r in rig.store.list_devices(host="n1"))[0]
-    rig.store.transition_device(card, HealthState.QUARANTINED, "operator", "op", T0 + 1)
+    card = sorted(r.uuid for r in rig.store.devices.list_devices(host="n1"))[0]
+    rig.store.devices.transition_device(card, HealthState.QUARANTINED, "operator", "op", T0 + 1)
     later = rig.context(T0 + 2)
     reads = rig.clock.reads
     health.enforce(later)
     assert card in rig.cluster.observe().nodes["n1"].quarantined_devices
-    said = rig.store.list_audit(subject=f"device:{card}")
+    said = rig.store.audit.list_audit(subject=f"device:{card}")
     intent = [e for e in said if e.kind is AuditKind.INTENT]
     result = [e for e in said if e.kind is AuditKind.RESULT]
     assert len(intent) == 1 and len(result) == 1
@@ -102,7 +102,7 @@ def test_health_enforces_the_stored_state_through_the_one_applier(rig: Rig) -> N
     assert rig.clock.reads == reads + 2  # only the two fence checks read the clock
     # Level: the next pass finds the scheduler as the store has it, and calls nothing.
     health.enforce(rig.context(T0 + 3))
-    assert len(rig.store.list_audit(subject=f"device:{card}", kind=AuditKind.INTENT)) == 1
+    assert len(rig.store.audit.list_audit(subject=f"device:{card}", kind=AuditKind.INTENT)) == 1
 
 
 def _finding(at: float) -> Finding:
@@ -121,11 +121,15 @@ def _finding(at: float) -> Finding:
 def test_evidence_reads_each_new_finding_once(rig: Rig) -> None:
     evidence = EvidenceFollower(rig.core)
     fleet = rig.core.fleet
-    fleet.add_finding(_finding(T0 - 10).to_dict(), received_at=T0 - 10, host="n1", job_id=None)
+    fleet.findings.add_finding(
+        _finding(T0 - 10).to_dict(), received_at=T0 - 10, host="n1", job_id=None
+    )
     first = evidence.read_new_findings(T0)
     assert [r["finding"]["message"] for r in first] == ["node lost"]
     assert evidence.read_new_findings(T0 + 1) == []  # read once
-    fleet.add_finding(_finding(T0 + 1).to_dict(), received_at=T0 + 1, host="n1", job_id=None)
+    fleet.findings.add_finding(
+        _finding(T0 + 1).to_dict(), received_at=T0 + 1, host="n1", job_id=None
+    )
     assert len(evidence.read_new_findings(T0 + 2)) == 1
 
 
@@ -142,30 +146,30 @@ def test_the_reconciler_composes_components_over_one_core(rig: Rig, tmp_path: Pa
     report = r.run_once(T0)
     assert report.leader and not report.errors, report.errors
     # The pass's one now: the inventory it registered is dated the time it was given.
-    assert {d.first_seen for d in rig.store.list_devices()} == {T0}
+    assert {d.first_seen for d in rig.store.devices.list_devices()} == {T0}
 
 
 def test_the_applier_writes_attempt_steps_fenced_and_moves_a_job_only_from_its_states(
     rig: Rig,
 ) -> None:
     store, applier = rig.store, ActionRunner(rig.core)
-    job = store.create_job(name="j", command=("x",), need=1, at=T0 - 5)
-    store.update_job_state(job.id, JobState.RUNNING, at=T0 - 4)
+    job = store.jobs.create_job(name="j", command=("x",), need=1, at=T0 - 5)
+    store.jobs.update_job_state(job.id, JobState.RUNNING, at=T0 - 4)
     for n in (0, 1):
-        store.start_attempt(job.id, n, (), at=T0 - 3 + n)
-        store.transition_attempt(job.id, n, AttemptState.RUNNING, at=T0 - 3 + n)
+        store.jobs.start_attempt(job.id, n, (), at=T0 - 3 + n)
+        store.jobs.transition_attempt(job.id, n, AttemptState.RUNNING, at=T0 - 3 + n)
     ctx = rig.context()
     reads = rig.clock.reads
     applier.apply_attempt_steps(
         job.id, superseded({0: AttemptState.RUNNING, 1: AttemptState.RUNNING}, 1, ctx.now), ctx
     )
-    assert store.get_attempt(job.id, 0).state is AttemptState.STOPPED
-    assert store.get_attempt(job.id, 1).state is AttemptState.RUNNING
+    assert store.jobs.get_attempt(job.id, 0).state is AttemptState.STOPPED
+    assert store.jobs.get_attempt(job.id, 1).state is AttemptState.RUNNING
     assert rig.clock.reads == reads + 1  # one transaction, one fence check
     # The job moved on (recovering) before the write: "completed from running" is not
     # applied; the attempt's end is.
-    store.update_job_state(job.id, JobState.RECOVERING, at=T0 + 1)
+    store.jobs.update_job_state(job.id, JobState.RECOVERING, at=T0 + 1)
     steps = ended(1, completed=True, now=ctx.now, ended_at=None, reason=None, has_incident=False)
     applier.apply_attempt_steps(job.id, steps, ctx)
-    assert store.get_attempt(job.id, 1).state is AttemptState.COMPLETED
-    assert store.get_job(job.id).state is JobState.RECOVERING
+    assert store.jobs.get_attempt(job.id, 1).state is AttemptState.COMPLETED
+    assert store.jobs.get_job(job.id).state is JobState.RECOVERING

@@ -59,9 +59,9 @@ def _incident(
     recovery_attempt: int | None = None,
 ) -> None:
     att = Attribution(kind, domain, culprit, 0.9, f"{kind.value} on {culprit.describe()}")
-    inc = store.open_incident(job, attempt, att, detected_at=detected, fault_at=fault)
+    inc = store.incidents.open_incident(job, attempt, att, detected_at=detected, fault_at=fault)
     if acted is not None or recovered is not None or recovery_attempt is not None:
-        store.update_incident(
+        store.incidents.update_incident(
             inc.id,
             at=recovered or acted or detected,
             acted_at=acted,
@@ -74,13 +74,15 @@ def fill(path: Path, t0: float = T0) -> None:
     """Four incidents on two jobs from ``t0`` on (see the expected figures in the tests)."""
     store = Store.open(path, at=t0 - 5000)
     fleet = FleetStore(store)
-    fleet.register_node("n1", at=t0 - 5000, labels={"rack": "r1"})
-    fleet.register_node("n2", at=t0 - 5000, labels={"rack": "r2"})
-    store.register_devices(N1 + N2, at=t0 - 5000)
+    fleet.nodes.register_node("n1", at=t0 - 5000, labels={"rack": "r1"})
+    fleet.nodes.register_node("n2", at=t0 - 5000, labels={"rack": "r2"})
+    store.devices.register_devices(N1 + N2, at=t0 - 5000)
     for job, devs in (("j1", N1), ("j2", N2)):
-        store.create_job(name=job, command=["python", "train.py"], need=2, at=t0 - 4000, job_id=job)
+        store.jobs.create_job(
+            name=job, command=["python", "train.py"], need=2, at=t0 - 4000, job_id=job
+        )
         for n in range(3):
-            store.start_attempt(job, n, devs, at=t0 - 4000 + n)
+            store.jobs.start_attempt(job, n, devs, at=t0 - 4000 + n)
     gpu_a = Culprit(device_uuid="GPU-a", host="n1")
     # j1: XID on GPU-a, down 1 h; its restart (attempt 1) fails on GPU-a again, down 30 min.
     _incident(

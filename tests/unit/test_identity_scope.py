@@ -57,19 +57,19 @@ class Plane:
     def world(self, hosts: set[str]) -> dict[str, Any]:
         """The state of ``hosts``' cards and nodes, with their history lengths."""
         devices = {
-            d.uuid: (d.state.value, len(self.store.device_history(d.uuid)))
-            for d in self.store.list_devices()
+            d.uuid: (d.state.value, len(self.store.devices.device_history(d.uuid)))
+            for d in self.store.devices.list_devices()
             if d.device.host in hosts
         }
         nodes = {
-            n.name: (n.state.value, len(self.control.fleet.node_history(n.name)))
-            for n in self.control.fleet.list_nodes()
+            n.name: (n.state.value, len(self.control.fleet.nodes.node_history(n.name)))
+            for n in self.control.fleet.nodes.list_nodes()
             if n.name in hosts
         }
         return {"devices": devices, "nodes": nodes}
 
     def refusals(self) -> list[Any]:
-        return [e for e in self.store.list_audit() if e.data.get("refused")]
+        return [e for e in self.store.audit.list_audit() if e.data.get("refused")]
 
 
 def _plane(directory: Path) -> Plane:
@@ -127,7 +127,7 @@ def test_a_forged_xid_naming_another_hosts_card_is_refused_and_changes_nothing(
     assert r.status_code == 409
     plane.control.run_once()
     assert plane.world({"n1"}) == before
-    assert plane.store.list_audit(subject="finding:*") == []
+    assert plane.store.audit.list_audit(subject="finding:*") == []
     refused = plane.refusals()
     assert {e.subject for e in refused} == {"device:GPU-n1-0", "node:n1"}
     first = next(e for e in refused if e.subject == "device:GPU-n1-0")
@@ -139,10 +139,10 @@ def test_a_forged_xid_naming_another_hosts_card_is_refused_and_changes_nothing(
         "/v1/agents/n2/findings", {"findings": [xid("f6", device_uuid="GPU-n2-0")]}, TOKENS["n2"]
     )
     assert r.status_code == 200 and r.json()["new"] == 1
-    receipt = plane.store.list_audit(subject="finding:f6")[0]
+    receipt = plane.store.audit.list_audit(subject="finding:f6")[0]
     assert receipt.actor == "agent:n2" and receipt.data["token"]["name"] == "n2"
     plane.control.run_once()
-    assert plane.store.get_device("GPU-n2-0").state.value == "quarantined"
+    assert plane.store.devices.get_device("GPU-n2-0").state.value == "quarantined"
     assert plane.world({"n1"}) == before
 
 
@@ -162,7 +162,7 @@ def test_a_uuid_named_before_any_inventory_never_acts_on_the_host_that_lists_it_
     for _ in range(2):
         plane.control.run_once()
     assert plane.world({"n1"}) == before
-    assert plane.store.get_device("GPU-new").state.value == "healthy"
+    assert plane.store.devices.get_device("GPU-new").state.value == "healthy"
     # From now on the uuid is n1's, and n2 naming it is refused.
     r = plane.post(
         "/v1/agents/n2/findings", {"findings": [xid("e2", device_uuid="GPU-new")]}, TOKENS["n2"]
@@ -204,7 +204,7 @@ def test_a_heartbeat_carries_figures_of_its_own_cards_only(tmp_path: Path) -> No
 
 def test_a_jobs_token_posts_that_jobs_progress_and_nothing_else(plane: Plane) -> None:
     job_token = plane.ctx.job_tokens.issue("job-a", at=T0, actor="operator:alice")
-    assert plane.store.fetch_all("SELECT token_hash FROM job_tokens")[0][0] != job_token
+    assert plane.store.db.fetch_all("SELECT token_hash FROM job_tokens")[0][0] != job_token
     progress = {"events": [{"step": 1, "time": T0, "rank": 0}]}
     for fast in (True, False):
         client = TestClient(create_app(plane.ctx, fast_lane=fast))
@@ -236,13 +236,13 @@ def test_a_jobs_token_dies_with_the_job_and_another_servers_token_is_found(
 ) -> None:
     from trainguard.api.identity import JobTokens
 
-    other_server = JobTokens(plane.control.fleet)
+    other_server = JobTokens(plane.control.fleet.tokens)
     token = other_server.issue("job-z", at=T0, actor="operator:alice")
     progress = {"events": [{"step": 1, "time": T0}]}
     r = plane.post("/v1/jobs/job-z/progress", progress, token)
     assert r.status_code == 202, r.text  # found by a refresh on the miss
-    plane.store.create_job(name="z", command=("python",), need=1, at=T0, job_id="job-z")
-    plane.store.update_job_state("job-z", JobState.STOPPED, at=T0 + 1, reason="done")
+    plane.store.jobs.create_job(name="z", command=("python",), need=1, at=T0, job_id="job-z")
+    plane.store.jobs.update_job_state("job-z", JobState.STOPPED, at=T0 + 1, reason="done")
     plane.ctx.job_tokens.refresh()
     r = plane.post("/v1/jobs/job-z/progress", progress, token)
     assert r.status_code == 401
@@ -334,7 +334,8 @@ def test_no_finding_a_host_can_send_changes_a_card_or_node_of_another_host() -> 
                     assert not report.errors, report.errors
                 assert plane.world(others) == before
                 receipts = [
-                    plane.store.list_audit(subject=f"finding:{f['id']}") for f in body["findings"]
+                    plane.store.audit.list_audit(subject=f"finding:{f['id']}")
+                    for f in body["findings"]
                 ]
                 if r.status_code == 409:
                     assert receipts == [[]] * len(receipts)
@@ -350,7 +351,7 @@ def test_no_finding_a_host_can_send_changes_a_card_or_node_of_another_host() -> 
             r = plane.post("/v1/agents/n3/findings", {"findings": [own]}, TOKENS["n3"])
             assert r.status_code == 200
             plane.control.run_once()
-            assert plane.store.get_device("GPU-n3-1").state.value == "quarantined"
+            assert plane.store.devices.get_device("GPU-n3-1").state.value == "quarantined"
             check()
             assert accepted  # ... and batches were taken along the way
         finally:

@@ -46,9 +46,9 @@ def _job(store: Store, job_id: str, need: int, command: tuple[str, ...] | None =
     devices = [
         Device(i, f"GPU-{job_id}-{i}", f"0000:{16 + i:02x}:00.0", host="n1") for i in range(need)
     ]
-    store.register_devices(devices, at=T0)
-    store.create_job(name=job_id, command=list(command), need=need, at=T0, job_id=job_id)
-    store.start_attempt(job_id, 0, devices, at=T0)
+    store.devices.register_devices(devices, at=T0)
+    store.jobs.create_job(name=job_id, command=list(command), need=need, at=T0, job_id=job_id)
+    store.jobs.start_attempt(job_id, 0, devices, at=T0)
 
 
 # --- the rank limit ------------------------------------------------------------------
@@ -181,17 +181,17 @@ def test_rank_reports_are_rows_upserted_per_rank(store_target: str) -> None:
     store = Store.open(store_target, at=T0)
     try:
         _job(store, "j", 2)
-        store.note_ranks_reported("j", 0, [1, 0])
-        store.record_rank_report("j", 0, RankReport(1, "n1", 1, ("1",)))
-        store.note_ranks_reported("j", 0, [1])  # never replaces a view
-        store.record_rank_report("j", 7, RankReport(0, "n1", 0, ("0",)))  # no such attempt
-        (att,) = store.list_attempts("j")
+        store.jobs.note_ranks_reported("j", 0, [1, 0])
+        store.jobs.record_rank_report("j", 0, RankReport(1, "n1", 1, ("1",)))
+        store.jobs.note_ranks_reported("j", 0, [1])  # never replaces a view
+        store.jobs.record_rank_report("j", 7, RankReport(0, "n1", 0, ("0",)))  # no such attempt
+        (att,) = store.jobs.list_attempts("j")
         assert att.rank_reports == (
             RankReport(0, None, None, ()),
             RankReport(1, "n1", 1, ("1",)),
         )
-        assert store.get_attempt("j", 0).rank_reports == att.rank_reports
-        rows = store.fetch_all("SELECT rank FROM attempt_ranks WHERE job_id = 'j'")
+        assert store.jobs.get_attempt("j", 0).rank_reports == att.rank_reports
+        rows = store.db.fetch_all("SELECT rank FROM attempt_ranks WHERE job_id = 'j'")
         assert sorted(r[0] for r in rows) == [0, 1]
     finally:
         store.close()
@@ -201,19 +201,19 @@ def test_a_resumed_event_is_taken_once_per_attempt(store_target: str) -> None:
     store = Store.open(store_target, at=T0)
     try:
         _job(store, "j", 1)
-        assert store.record_resumed("j", 0, checkpoint_path="/c/10", checkpoint_step=10, at=T0)
-        assert not store.record_resumed(
+        assert store.jobs.record_resumed("j", 0, checkpoint_path="/c/10", checkpoint_step=10, at=T0)
+        assert not store.jobs.record_resumed(
             "j", 0, checkpoint_path="/evil", checkpoint_step=999, at=T0 + 1
         )
-        att = store.get_attempt("j", 0)
+        att = store.jobs.get_attempt("j", 0)
         assert (att.checkpoint_path, att.checkpoint_step) == ("/c/10", 10)
-        store.start_attempt("j", 1, [], at=T0 + 2, checkpoint_path="/c/10", checkpoint_step=10)
+        store.jobs.start_attempt("j", 1, [], at=T0 + 2, checkpoint_path="/c/10", checkpoint_step=10)
         # A fresh start takes the record and keeps what trainguard offered.
-        assert store.record_resumed("j", 1, checkpoint_path=None, checkpoint_step=None, at=T0)
-        assert not store.record_resumed("j", 1, checkpoint_path="/x", checkpoint_step=1, at=T0)
-        assert store.get_attempt("j", 1).checkpoint_step == 10
+        assert store.jobs.record_resumed("j", 1, checkpoint_path=None, checkpoint_step=None, at=T0)
+        assert not store.jobs.record_resumed("j", 1, checkpoint_path="/x", checkpoint_step=1, at=T0)
+        assert store.jobs.get_attempt("j", 1).checkpoint_step == 10
         with pytest.raises(LookupError):
-            store.record_resumed("j", 9, checkpoint_path=None, checkpoint_step=None, at=T0)
+            store.jobs.record_resumed("j", 9, checkpoint_path=None, checkpoint_step=None, at=T0)
     finally:
         store.close()
 
@@ -251,11 +251,11 @@ def test_schema_8_moves_the_json_rank_reports_to_rows(
     store = Store.open(store_target, at=T0 + 1)
     try:
         assert store.schema_version() == store_schema.LATEST_VERSION == 9
-        assert store.get_attempt("j", 0).rank_reports == (
+        assert store.jobs.get_attempt("j", 0).rank_reports == (
             RankReport(0, "n1", 0, ("0",)),
             RankReport(1, None, None, ()),
         )
-        assert store.get_attempt("j", 1).rank_reports == ()
+        assert store.jobs.get_attempt("j", 1).rank_reports == ()
     finally:
         store.close()
 
@@ -296,7 +296,7 @@ def test_a_rank_past_the_world_size_is_refused_with_422(
     r = _post(client, "j", [{**ok, "rank": 2**53 - 1}])
     assert r.status_code == 422
     ctx.progress.flush()
-    assert [x.rank for x in store.get_attempt("j", 0).rank_reports] == [1]
+    assert [x.rank for x in store.jobs.get_attempt("j", 0).rank_reports] == [1]
     rejected = ctx.metrics.registry.get_sample_value(
         "trainguard_http_rejected_total", {"reason": "rank_out_of_range"}
     )
@@ -325,7 +325,7 @@ def test_a_full_share_answers_429_with_retry_after_and_is_counted(
     )
     assert throttled == 1
     ctx.progress.flush()
-    assert store.get_attempt("honest", 0).last_step == 5
+    assert store.jobs.get_attempt("honest", 0).last_step == 5
 
 
 def test_a_resumed_event_does_not_rewrite_the_restored_checkpoint(
@@ -340,7 +340,7 @@ def test_a_resumed_event_does_not_rewrite_the_restored_checkpoint(
     later = {**first, "step": 900, "checkpoint": "/elsewhere"}
     assert _post(client, "j", [later]).status_code == 202
     ctx.progress.flush()
-    att = store.get_attempt("j", 0)
+    att = store.jobs.get_attempt("j", 0)
     assert (att.checkpoint_path, att.checkpoint_step) == ("/c/10", 10)
     assert ctx.progress_dropped.get("resumed_again") == 1
 

@@ -25,7 +25,7 @@ def test_the_keeper_renews_without_passes_and_a_stopped_holder_is_taken_over() -
     try:
         time.sleep(4 * TTL)  # a long step: no pass in between
         assert theirs.ensure(time.time()) is None  # still held, by us
-        lease = fleet.get_lease(mine.name)
+        lease = fleet.lease.get_lease(mine.name)
         assert lease is not None and lease.holder == "mine" and lease.token == fence.token
         assert lease.valid_at(time.time())
     finally:
@@ -36,6 +36,6 @@ def test_the_keeper_renews_without_passes_and_a_stopped_holder_is_taken_over() -
     # Woken up (a paused holder), the keeper must not take it back: it drops ours.
     LeaseKeeper(mine, time.time).renew()
     assert mine.lease is None and mine.fence is None
-    lease = fleet.get_lease(mine.name)
+    lease = fleet.lease.get_lease(mine.name)
     assert lease is not None and lease.holder == "theirs"
     store.close()

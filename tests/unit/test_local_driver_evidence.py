@@ -52,11 +52,11 @@ def test_two_hosts_on_one_machine_name_none_and_a_named_host_is_kept() -> None:
 def test_progress_keeps_the_rank_that_reported_and_the_jobs_time(tmp_path: Path) -> None:
     with Store.open(tmp_path / "state.db", at=0.0) as store:
         plane = ControlPlane(store, None, clock=lambda: 10.0)
-        job = store.create_job(name="j", command=("true",), need=1, at=0.0)
-        store.start_attempt(job.id, 0, [_device(0, "hosta")], at=0.0)
+        job = store.jobs.create_job(name="j", command=("true",), need=1, at=0.0)
+        store.jobs.start_attempt(job.id, 0, [_device(0, "hosta")], at=0.0)
         plane.ingest_progress(job.id, 0, 3, at=5.0, rank=1, job_time=4.5)
         plane.ingest_progress(job.id, 0, 4, at=6.0, rank=1, job_time=5.5)
-        att = store.get_attempt(job.id, 0)
+        att = store.jobs.get_attempt(job.id, 0)
     assert [r.rank for r in att.rank_reports] == [1]
     assert att.job_first_step == 3
 
@@ -67,7 +67,7 @@ def test_a_progress_event_carries_its_ranks_view_of_its_devices(tmp_path: Path) 
     assert view == RankReport(rank=1, host="h", local_rank=1, visible=("2", "3"))
     assert rank_view(ProgressEvent("progress", 3, 4.5, rank=1)) is None
     with Store.open(tmp_path / "state.db", at=0.0) as store:
-        job = store.create_job(name="j", command=("true",), need=1, at=0.0)
-        store.start_attempt(job.id, 0, [_device(0, "hosta")], at=0.0)
+        job = store.jobs.create_job(name="j", command=("true",), need=1, at=0.0)
+        store.jobs.start_attempt(job.id, 0, [_device(0, "hosta")], at=0.0)
         ControlPlane(store, None).ingest_progress(job.id, 0, 3, rank=1, view=view)
-        assert store.get_attempt(job.id, 0).rank_reports == (view,)
+        assert store.jobs.get_attempt(job.id, 0).rank_reports == (view,)

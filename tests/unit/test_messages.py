@@ -234,19 +234,23 @@ def test_actors_read_as_names_people_know() -> None:
 def test_an_incident_update_without_a_note_says_what_changed(tmp_path: Path) -> None:
     devs = simulated(2)
     with Store.open(tmp_path / "s.db") as s:
-        s.register_devices(devs, at=T0)
-        s.create_job(name="j", command=["torchrun"], need=2, at=T0, job_id="j1")
-        s.start_attempt("j1", 0, devs, at=T0)
-        inc = s.open_incident("j1", 0, attribute([_app_error(0)], devs, T0 + 1), detected_at=T0)
-        s.update_incident(inc.id, at=T0 + 1, checkpoint_step=8, failed_step=10, acted_at=T0 + 1)
-        s.update_incident(
+        s.devices.register_devices(devs, at=T0)
+        s.jobs.create_job(name="j", command=["torchrun"], need=2, at=T0, job_id="j1")
+        s.jobs.start_attempt("j1", 0, devs, at=T0)
+        inc = s.incidents.open_incident(
+            "j1", 0, attribute([_app_error(0)], devs, T0 + 1), detected_at=T0
+        )
+        s.incidents.update_incident(
+            inc.id, at=T0 + 1, checkpoint_step=8, failed_step=10, acted_at=T0 + 1
+        )
+        s.incidents.update_incident(
             inc.id,
             at=T0 + 1,
             checkpoint_path="/work/wt/readable/demo-run/recovery/checkpoints/step_00000008",
             repair="XID 79 (GPU_HAS_FALLEN_OFF_THE_BUS): NVIDIA's immediate action RESTART_BM",
         )
-        s.update_incident(inc.id, at=T0 + 2, note="first progress after restart: step 9")
-        notes = [e.message for e in s.list_audit(subject=f"incident:{inc.id}")][-3:]
+        s.incidents.update_incident(inc.id, at=T0 + 2, note="first progress after restart: step 9")
+        notes = [e.message for e in s.audit.list_audit(subject=f"incident:{inc.id}")][-3:]
     assert notes == [
         "incident 1 updated: checkpoint step 8, failed step 10",
         "incident 1 updated: checkpoint path …/step_00000008, repair set",
@@ -257,20 +261,20 @@ def test_an_incident_update_without_a_note_says_what_changed(tmp_path: Path) -> 
 def test_a_health_change_for_an_incidents_cause_points_at_the_incident(tmp_path: Path) -> None:
     devs = simulated(3)
     with Store.open(tmp_path / "s.db") as s:
-        s.register_devices(devs, at=T0)
-        s.create_job(name="j", command=["torchrun"], need=2, at=T0, job_id="j1")
-        s.start_attempt("j1", 0, devs[:2], at=T0)
+        s.devices.register_devices(devs, at=T0)
+        s.jobs.create_job(name="j", command=["torchrun"], need=2, at=T0, job_id="j1")
+        s.jobs.start_attempt("j1", 0, devs[:2], at=T0)
         a = attribute(_xid_findings(), devs[:2], failed_at=T0 + 0.1)
-        inc = s.open_incident("j1", 0, a, detected_at=T0 + 0.1)
-        s.transition_device(
+        inc = s.incidents.open_incident("j1", 0, a, detected_at=T0 + 0.1)
+        s.devices.transition_device(
             devs[1].uuid, HealthState.QUARANTINED, a.summary, "ctl", T0 + 1, incident_id=inc.id
         )
-        s.transition_device(
+        s.devices.transition_device(
             devs[2].uuid, HealthState.QUARANTINED, "same host", "ctl", T0 + 1, incident_id=inc.id
         )
-        lines = [e.message for e in s.list_audit(kind=AuditKind.HEALTH)]
+        lines = [e.message for e in s.audit.list_audit(kind=AuditKind.HEALTH)]
         # The device's own record keeps the whole reason (the devices table shows it).
-        assert s.get_device(devs[1].uuid).reason == a.summary
+        assert s.devices.get_device(devs[1].uuid).reason == a.summary
     assert lines == [
         f"device 1 {UUID1} healthy -> quarantined (incident 1)",
         f"device 2 {devs[2].uuid} healthy -> quarantined: same host",
@@ -285,16 +289,16 @@ def test_approvals_name_who_asked_and_who_answered_as_a_person_reads_it() -> Non
     holder = "vm:21938:301429:73fe0e86-aaaa-bbbb-cccc-000000000000"  # a run's lease holder
     with Store.open(":memory:") as store:
         fleet = FleetStore(store)
-        asked = fleet.request_approval(
+        asked = fleet.approvals.request_approval(
             kind="restart", subject="job:j", why="unknown twice", at=1.0, actor=holder
         )
         assert asked.to_json()["requested_by"] == holder  # the raw id stays in JSON
         assert asked.to_json()["requested_by_name"] == "trainguard run"
-        fleet.decide_approval(
+        fleet.approvals.decide_approval(
             asked.id, ApprovalState.DENIED, actor="trainguard run (no answer in 2 s)",
             reason="no answer is a no", at=3.0,
         )  # fmt: skip
-        line = store.list_audit()[-1].message
+        line = store.audit.list_audit()[-1].message
         assert line == (
             f"approval {asked.id} denied by trainguard run (no answer in 2 s): no answer is a no"
         )

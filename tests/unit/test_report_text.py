@@ -25,10 +25,10 @@ RUN_HOLDER = "vm:21938:301429:73fe0e86-5b1c-4b1e-9a53-9f2d1c3e4a5b"
 def _report(tmp_path: Path) -> dict:
     devs = simulated(3)
     with Store.open(tmp_path / "s.db") as s:
-        s.register_devices(devs, at=T0)
-        s.create_job(name="demo", command=["torchrun"], need=2, at=T0, job_id="j1")
-        s.start_attempt("j1", 0, devs[:2], at=T0)
-        inc = s.open_incident(
+        s.devices.register_devices(devs, at=T0)
+        s.jobs.create_job(name="demo", command=["torchrun"], need=2, at=T0, job_id="j1")
+        s.jobs.start_attempt("j1", 0, devs[:2], at=T0)
+        inc = s.incidents.open_incident(
             "j1",
             0,
             Attribution(
@@ -42,7 +42,7 @@ def _report(tmp_path: Path) -> dict:
             ),
             detected_at=T0 + 1,
         )
-        s.add_incident_action(
+        s.incidents.add_incident_action(
             inc.id,
             {
                 "type": "restart",
@@ -106,13 +106,15 @@ def _demo_like(tmp_path: Path) -> dict:
     devs = simulated(3)
     summary = f"XID 79 on device {devs[1].uuid} (rank 1): {XID}"
     with Store.open(tmp_path / "s.db") as s:
-        s.register_devices(devs, at=T0)
-        s.create_job(name="demo", command=["torchrun"], need=2, at=T0, job_id="j1")
-        s.start_attempt("j1", 0, devs[:2], at=T0)
+        s.devices.register_devices(devs, at=T0)
+        s.jobs.create_job(name="demo", command=["torchrun"], need=2, at=T0, job_id="j1")
+        s.jobs.start_attempt("j1", 0, devs[:2], at=T0)
         for step in range(1, 11):
-            s.update_attempt_progress("j1", 0, step, at=T0 + step * 0.5)
-        s.finish_attempt("j1", 0, AttemptState.FAILED, at=T0 + 5.1, reason=f"failed: {summary}")
-        inc = s.open_incident(
+            s.jobs.update_attempt_progress("j1", 0, step, at=T0 + step * 0.5)
+        s.jobs.finish_attempt(
+            "j1", 0, AttemptState.FAILED, at=T0 + 5.1, reason=f"failed: {summary}"
+        )
+        inc = s.incidents.open_incident(
             "j1",
             0,
             Attribution(
@@ -128,17 +130,19 @@ def _demo_like(tmp_path: Path) -> dict:
             failed_step=10,
             actor=RUN_HOLDER,
         )
-        s.transition_device(
+        s.devices.transition_device(
             devs[1].uuid, HealthState.QUARANTINED, summary, RUN_HOLDER, T0 + 5.2,
             job_id="j1", incident_id=inc.id,
         )  # fmt: skip
-        s.update_incident(
+        s.incidents.update_incident(
             inc.id, at=T0 + 5.3, state=IncidentState.ACTING, checkpoint_step=8,
             checkpoint_path="/ck/step_00000008", recovery_attempt=1, actor=RUN_HOLDER,
         )  # fmt: skip
-        s.start_attempt("j1", 1, [devs[0], devs[2]], at=T0 + 5.4, checkpoint_step=8)
-        s.update_incident(inc.id, at=T0 + 5.5, state=IncidentState.VERIFYING, actor=RUN_HOLDER)
-        s.update_incident(
+        s.jobs.start_attempt("j1", 1, [devs[0], devs[2]], at=T0 + 5.4, checkpoint_step=8)
+        s.incidents.update_incident(
+            inc.id, at=T0 + 5.5, state=IncidentState.VERIFYING, actor=RUN_HOLDER
+        )
+        s.incidents.update_incident(
             inc.id, at=T0 + 9.0, state=IncidentState.RECOVERED,
             note="verified: steps 9 -> 21 at 5.85 steps/s; all 2 ranks reported",
             note_details={"first_step": 9, "last_step": 21, "ranks_source": "the ranks seen"},

@@ -41,12 +41,12 @@ moves = st.lists(
 def _fleet() -> Iterator[FleetStore]:
     store = Store.open(":memory:", at=T0)
     try:
-        store.register_devices(
+        store.devices.register_devices(
             [Device(i, uuid, f"0000:0{i}:00.0") for i, uuid in enumerate(DEVICES)], at=T0
         )
         fleet = FleetStore(store)
         for name in NODES:
-            fleet.register_node(name, at=T0)
+            fleet.nodes.register_node(name, at=T0)
         yield fleet
     finally:
         store.close()
@@ -54,14 +54,14 @@ def _fleet() -> Iterator[FleetStore]:
 
 def _state(fleet: FleetStore, kind: str, key: str) -> HealthState:
     if kind == "device":
-        return fleet.store.get_device_state(key)
-    return fleet.get_node(key).state
+        return fleet.store.devices.get_device_state(key)
+    return fleet.nodes.get_node(key).state
 
 
 def _history(fleet: FleetStore, kind: str, key: str) -> list[HealthChange]:
     if kind == "device":
-        return fleet.store.device_history(key)
-    return fleet.node_history(key)
+        return fleet.store.devices.device_history(key)
+    return fleet.nodes.node_history(key)
 
 
 @settings(max_examples=60, deadline=None)
@@ -74,10 +74,14 @@ def test_no_illegal_transition_is_persisted_and_every_one_has_history(
         for n, (kind, i, target) in enumerate(steps):
             key = (DEVICES if kind == "device" else NODES)[i]
             before = _state(fleet, kind, key)
-            audit_before = fleet.store.count_audit()
+            audit_before = fleet.store.audit.count_audit()
             history_before = len(_history(fleet, kind, key))
             at = T0 + 1 + n
-            change = fleet.store.transition_device if kind == "device" else fleet.transition_node
+            change = (
+                fleet.store.devices.transition_device
+                if kind == "device"
+                else fleet.nodes.transition_node
+            )
             if target in HEALTH_TRANSITIONS[before]:
                 change(key, target, f"step {n}", "prop", at)
                 assert _state(fleet, kind, key) is target
@@ -91,10 +95,10 @@ def test_no_illegal_transition_is_persisted_and_every_one_has_history(
                     raise AssertionError(f"{kind} {key}: {before} -> {target} was accepted")
                 # Refused: nothing of it was written.
                 assert _state(fleet, kind, key) is before
-                assert fleet.store.count_audit() == audit_before
+                assert fleet.store.audit.count_audit() == audit_before
                 assert len(_history(fleet, kind, key)) == history_before
 
-        audit = {e.id: e for e in fleet.store.list_audit(kind=AuditKind.HEALTH)}
+        audit = {e.id: e for e in fleet.store.audit.list_audit(kind=AuditKind.HEALTH)}
         for (kind, key), count in done.items():
             history = _history(fleet, kind, key)
             assert len(history) == 1 + count  # the registration, then one row per change

@@ -45,7 +45,7 @@ def test_sql_text_lives_only_in_sql_and_schema() -> None:
 
 def test_no_store_module_touches_a_private_member_of_another_object() -> None:
     # self._x (db._x: an instance the classmethod made) is a class's own business;
-    # other._x (store._conn, fleet._one) is not.
+    # other._x (store.db._conn, fleet._one) is not.
     found = []
     for path in _modules():
         if path.name in {"postgres.py", "sqlite.py"}:  # the dialects wrap a driver object

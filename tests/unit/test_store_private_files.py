@@ -32,7 +32,7 @@ def test_created_directories_and_database_files_are_private(
 ) -> None:
     db = tmp_path / "a" / "b" / "state.db"
     store = Store.open(db, at=1.0)
-    store.append_audit(1.0, "test", "note", "s", "written, so the WAL exists")
+    store.audit.append_audit(1.0, "test", "note", "s", "written, so the WAL exists")
     assert _mode(tmp_path / "a") == 0o700 and _mode(tmp_path / "a" / "b") == 0o700
     assert _mode(db) == 0o600
     assert _mode(Path(f"{db}-wal")) == 0o600 and _mode(Path(f"{db}-shm")) == 0o600

@@ -28,7 +28,7 @@ DEVICES = [Device(i, f"GPU-{i}", f"0000:1{i}:00.0", model="m", memory_mb=100) fo
 def store(store_target: str) -> Store:
     # store_target (tests/pg_fixture.py): each test runs on SQLite and on PostgreSQL.
     s = Store.open(store_target, at=T0)
-    s.register_devices(DEVICES, at=T0)
+    s.devices.register_devices(DEVICES, at=T0)
     return s
 
 
@@ -78,7 +78,7 @@ def test_garbage_file_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_job_round_trip_and_state_machine(store: Store) -> None:
-    job = store.create_job(
+    job = store.jobs.create_job(
         name="demo",
         command=["torchrun", "train.py"],
         need=2,
@@ -87,43 +87,45 @@ def test_job_round_trip_and_state_machine(store: Store) -> None:
         checkpoint_dir="/ckpt",
         job_id="job-1",
     )
-    assert store.get_job("job-1") == job
+    assert store.jobs.get_job("job-1") == job
     assert job.state is JobState.PENDING
-    store.update_job_state("job-1", JobState.RUNNING, at=T0 + 1)
-    done = store.update_job_state("job-1", JobState.COMPLETED, at=T0 + 9, reason="exit 0")
+    store.jobs.update_job_state("job-1", JobState.RUNNING, at=T0 + 1)
+    done = store.jobs.update_job_state("job-1", JobState.COMPLETED, at=T0 + 9, reason="exit 0")
     assert done.state is JobState.COMPLETED and done.ended_at == T0 + 9
     assert done.reason == "exit 0" and done.command == ("torchrun", "train.py")
-    audit_before = store.count_audit()
+    audit_before = store.audit.count_audit()
     with pytest.raises(IllegalTransition):
-        store.update_job_state("job-1", JobState.RUNNING, at=T0 + 10)
-    assert store.get_job("job-1").state is JobState.COMPLETED
-    assert store.count_audit() == audit_before  # the failed change left no trace
+        store.jobs.update_job_state("job-1", JobState.RUNNING, at=T0 + 10)
+    assert store.jobs.get_job("job-1").state is JobState.COMPLETED
+    assert store.audit.count_audit() == audit_before  # the failed change left no trace
     with pytest.raises(StoreError, match="already exists"):
-        store.create_job(name="x", command=["x"], need=1, at=T0, job_id="job-1")
+        store.jobs.create_job(name="x", command=["x"], need=1, at=T0, job_id="job-1")
     with pytest.raises(NotFound):
-        store.get_job("nope")
-    assert [j.id for j in store.list_jobs()] == ["job-1"]
+        store.jobs.get_job("nope")
+    assert [j.id for j in store.jobs.list_jobs()] == ["job-1"]
 
 
 def test_attempt_round_trip(store: Store) -> None:
-    store.create_job(name="demo", command=["x"], need=2, at=T0, job_id="j")
-    att = store.start_attempt("j", 0, DEVICES[:2], at=T0 + 1, log_path="/logs/0.log")
+    store.jobs.create_job(name="demo", command=["x"], need=2, at=T0, job_id="j")
+    att = store.jobs.start_attempt("j", 0, DEVICES[:2], at=T0 + 1, log_path="/logs/0.log")
     assert att.state is AttemptState.STARTING
     assert att.devices == tuple(DEVICES[:2])
-    store.transition_attempt("j", 0, AttemptState.RUNNING, at=T0 + 2)
+    store.jobs.transition_attempt("j", 0, AttemptState.RUNNING, at=T0 + 2)
     for step in range(1, 11):
-        store.update_attempt_progress("j", 0, step, at=T0 + 2 + step)
-    got = store.get_attempt("j", 0)
+        store.jobs.update_attempt_progress("j", 0, step, at=T0 + 2 + step)
+    got = store.jobs.get_attempt("j", 0)
     assert (got.first_step, got.last_step) == (1, 10)
     assert (got.first_step_at, got.last_step_at) == (T0 + 3, T0 + 12)
     assert got.step_rate == pytest.approx(1.0)
-    done = store.finish_attempt("j", 0, AttemptState.FAILED, at=T0 + 13, signal=9, reason="killed")
+    done = store.jobs.finish_attempt(
+        "j", 0, AttemptState.FAILED, at=T0 + 13, signal=9, reason="killed"
+    )
     assert done.ended_at == T0 + 13 and done.signal == 9 and done.exit_code is None
     with pytest.raises(ValueError, match="terminal"):
-        store.finish_attempt("j", 0, AttemptState.RUNNING, at=T0 + 14)
+        store.jobs.finish_attempt("j", 0, AttemptState.RUNNING, at=T0 + 14)
     with pytest.raises(IllegalTransition):
-        store.transition_attempt("j", 0, AttemptState.RUNNING, at=T0 + 14)
-    second = store.start_attempt(
+        store.jobs.transition_attempt("j", 0, AttemptState.RUNNING, at=T0 + 14)
+    second = store.jobs.start_attempt(
         "j",
         1,
         [DEVICES[0], DEVICES[2]],
@@ -132,30 +134,32 @@ def test_attempt_round_trip(store: Store) -> None:
         checkpoint_step=5,
     )
     assert second.checkpoint_step == 5
-    store.set_attempt_checkpoint("j", 1, checkpoint_path="/ckpt/step_00000004", checkpoint_step=4)
-    assert store.get_attempt("j", 1).checkpoint_step == 4
-    assert [a.number for a in store.list_attempts("j")] == [0, 1]
+    store.jobs.set_attempt_checkpoint(
+        "j", 1, checkpoint_path="/ckpt/step_00000004", checkpoint_step=4
+    )
+    assert store.jobs.get_attempt("j", 1).checkpoint_step == 4
+    assert [a.number for a in store.jobs.list_attempts("j")] == [0, 1]
     with pytest.raises(StoreError, match="already exists"):
-        store.start_attempt("j", 1, DEVICES[:1], at=T0 + 21)
+        store.jobs.start_attempt("j", 1, DEVICES[:1], at=T0 + 21)
     with pytest.raises(NotFound):
-        store.update_attempt_progress("j", 7, 1, at=T0)
+        store.jobs.update_attempt_progress("j", 7, 1, at=T0)
     with pytest.raises(NotFound):
-        store.start_attempt("no-such-job", 0, DEVICES[:1], at=T0)
+        store.jobs.start_attempt("no-such-job", 0, DEVICES[:1], at=T0)
 
 
 def test_the_jobs_own_step_times_are_one_ranks_first_and_highest(store: Store) -> None:
     # Decision 0320: a rate on the job's clock. The first rank that stamps a step is
     # the clock kept (another host's clock is another clock); lower steps arriving
     # late do not move the last one back.
-    store.create_job(name="demo", command=["x"], need=2, at=T0, job_id="j")
-    store.start_attempt("j", 0, DEVICES[:2], at=T0)
-    assert store.get_attempt("j", 0).job_step_rate is None
-    store.record_job_step_time("j", 0, 10, time=T0 + 100.0, rank=1)
-    store.record_job_step_time("j", 0, 11, time=T0 + 1.0, rank=0)  # another clock
-    store.record_job_step_time("j", 0, 30, time=T0 + 110.0, rank=1)
-    store.record_job_step_time("j", 0, 20, time=T0 + 105.0, rank=1)  # late, lower
-    store.record_job_step_time("j", 9, 1, time=T0, rank=0)  # no such attempt: ignored
-    got = store.get_attempt("j", 0)
+    store.jobs.create_job(name="demo", command=["x"], need=2, at=T0, job_id="j")
+    store.jobs.start_attempt("j", 0, DEVICES[:2], at=T0)
+    assert store.jobs.get_attempt("j", 0).job_step_rate is None
+    store.jobs.record_job_step_time("j", 0, 10, time=T0 + 100.0, rank=1)
+    store.jobs.record_job_step_time("j", 0, 11, time=T0 + 1.0, rank=0)  # another clock
+    store.jobs.record_job_step_time("j", 0, 30, time=T0 + 110.0, rank=1)
+    store.jobs.record_job_step_time("j", 0, 20, time=T0 + 105.0, rank=1)  # late, lower
+    store.jobs.record_job_step_time("j", 9, 1, time=T0, rank=0)  # no such attempt: ignored
+    got = store.jobs.get_attempt("j", 0)
     assert (got.job_first_step, got.job_first_time) == (10, T0 + 100.0)
     assert (got.job_last_step, got.job_last_time) == (30, T0 + 110.0)
     assert got.job_time_rank == 1 and got.job_step_rate == pytest.approx(2.0)
@@ -163,36 +167,36 @@ def test_the_jobs_own_step_times_are_one_ranks_first_and_highest(store: Store) -
 
 
 def test_each_ranks_reported_device_view_is_kept_newest_wins(store: Store) -> None:
-    store.create_job(name="demo", command=["x"], need=2, at=T0, job_id="j")
-    store.start_attempt("j", 0, DEVICES[:2], at=T0)
-    assert store.get_attempt("j", 0).rank_reports == ()
-    store.record_rank_report("j", 0, RankReport(1, "h", 1, ("0", "1")))
-    store.record_rank_report("j", 0, RankReport(0, "h", 0, ("0", "1")))
-    store.record_rank_report("j", 0, RankReport(1, "h", 0, ("1",)))
-    store.record_rank_report("j", 5, RankReport(0, "h", 0, ("0",)))  # no such attempt
-    assert store.get_attempt("j", 0).rank_reports == (
+    store.jobs.create_job(name="demo", command=["x"], need=2, at=T0, job_id="j")
+    store.jobs.start_attempt("j", 0, DEVICES[:2], at=T0)
+    assert store.jobs.get_attempt("j", 0).rank_reports == ()
+    store.jobs.record_rank_report("j", 0, RankReport(1, "h", 1, ("0", "1")))
+    store.jobs.record_rank_report("j", 0, RankReport(0, "h", 0, ("0", "1")))
+    store.jobs.record_rank_report("j", 0, RankReport(1, "h", 0, ("1",)))
+    store.jobs.record_rank_report("j", 5, RankReport(0, "h", 0, ("0",)))  # no such attempt
+    assert store.jobs.get_attempt("j", 0).rank_reports == (
         RankReport(0, "h", 0, ("0", "1")),
         RankReport(1, "h", 0, ("1",)),
     )
 
 
 def test_a_rank_that_only_reported_progress_never_replaces_a_device_view(store: Store) -> None:
-    store.create_job(name="demo", command=["x"], need=2, at=T0, job_id="j")
-    store.start_attempt("j", 0, DEVICES[:2], at=T0)
-    store.record_rank_report("j", 0, RankReport(1, "h", 1, ("1",)))
-    store.note_ranks_reported("j", 0, [0, 1])
-    store.note_ranks_reported("j", 0, [0])  # again: nothing changes
-    store.note_ranks_reported("j", 5, [0])  # no such attempt
-    assert store.get_attempt("j", 0).rank_reports == (
+    store.jobs.create_job(name="demo", command=["x"], need=2, at=T0, job_id="j")
+    store.jobs.start_attempt("j", 0, DEVICES[:2], at=T0)
+    store.jobs.record_rank_report("j", 0, RankReport(1, "h", 1, ("1",)))
+    store.jobs.note_ranks_reported("j", 0, [0, 1])
+    store.jobs.note_ranks_reported("j", 0, [0])  # again: nothing changes
+    store.jobs.note_ranks_reported("j", 5, [0])  # no such attempt
+    assert store.jobs.get_attempt("j", 0).rank_reports == (
         RankReport(0, None, None, ()),
         RankReport(1, "h", 1, ("1",)),
     )
 
 
 def test_incident_life(store: Store) -> None:
-    store.create_job(name="demo", command=["x"], need=2, at=T0, job_id="j")
-    store.start_attempt("j", 0, DEVICES[:2], at=T0)
-    inc = store.open_incident(
+    store.jobs.create_job(name="demo", command=["x"], need=2, at=T0, job_id="j")
+    store.jobs.start_attempt("j", 0, DEVICES[:2], at=T0)
+    inc = store.incidents.open_incident(
         "j", 0, xid_attribution(), detected_at=T0 + 10.4, fault_at=T0 + 10.0, failed_step=42
     )
     assert inc.state is IncidentState.OPEN and inc.outcome == "open"
@@ -202,14 +206,16 @@ def test_incident_life(store: Store) -> None:
     assert [t.what for t in inc.timeline] == ["fault", "detected xid (hardware): XID 79 on GPU-1"]
 
     plan = {"mode": "act", "actions": [{"type": "quarantine"}, {"type": "restart"}]}
-    assert store.record_plan(inc.id, plan, at=T0 + 10.5) == 1
-    assert store.record_plan(inc.id, plan, at=T0 + 10.6) == 2
-    assert store.get_incident(inc.id).plan == plan
+    assert store.incidents.record_plan(inc.id, plan, at=T0 + 10.5) == 1
+    assert store.incidents.record_plan(inc.id, plan, at=T0 + 10.6) == 2
+    assert store.incidents.get_incident(inc.id).plan == plan
 
-    acting = store.update_incident(inc.id, at=T0 + 10.7, state=IncidentState.ACTING)
+    acting = store.incidents.update_incident(inc.id, at=T0 + 10.7, state=IncidentState.ACTING)
     assert acting.acted_at == T0 + 10.7
-    store.add_incident_action(inc.id, {"type": "quarantine", "device_uuid": "GPU-1"}, at=T0 + 10.7)
-    verifying = store.update_incident(
+    store.incidents.add_incident_action(
+        inc.id, {"type": "quarantine", "device_uuid": "GPU-1"}, at=T0 + 10.7
+    )
+    verifying = store.incidents.update_incident(
         inc.id,
         at=T0 + 11,
         state=IncidentState.VERIFYING,
@@ -219,8 +225,10 @@ def test_incident_life(store: Store) -> None:
     )
     assert verifying.lost_steps == 2  # failed_step 42 - restored 40
     with pytest.raises(IllegalTransition):
-        store.update_incident(inc.id, at=T0 + 12, state=IncidentState.OBSERVED)
-    rec = store.update_incident(inc.id, at=T0 + 30, state=IncidentState.RECOVERED, note="verified")
+        store.incidents.update_incident(inc.id, at=T0 + 12, state=IncidentState.OBSERVED)
+    rec = store.incidents.update_incident(
+        inc.id, at=T0 + 30, state=IncidentState.RECOVERED, note="verified"
+    )
     assert rec.recovered_at == T0 + 30 and rec.closed_at == T0 + 30
     assert rec.outcome == "recovered"
     assert rec.actions[0]["type"] == "quarantine"
@@ -230,34 +238,38 @@ def test_incident_life(store: Store) -> None:
     assert rec.plan_generation == 2
 
     # Explicit lost_steps wins over the computed one.
-    inc2 = store.open_incident("j", 0, xid_attribution(), detected_at=T0 + 50, failed_step=10)
-    inc2 = store.update_incident(inc2.id, at=T0 + 51, checkpoint_step=5, lost_steps=7)
+    inc2 = store.incidents.open_incident(
+        "j", 0, xid_attribution(), detected_at=T0 + 50, failed_step=10
+    )
+    inc2 = store.incidents.update_incident(inc2.id, at=T0 + 51, checkpoint_step=5, lost_steps=7)
     assert inc2.lost_steps == 7
-    assert [i.id for i in store.list_incidents(job_id="j")] == [inc.id, inc2.id]
-    assert [i.id for i in store.list_incidents(state=IncidentState.RECOVERED)] == [inc.id]
-    assert store.list_incidents(job_id="other") == []
+    assert [i.id for i in store.incidents.list_incidents(job_id="j")] == [inc.id, inc2.id]
+    assert [i.id for i in store.incidents.list_incidents(state=IncidentState.RECOVERED)] == [inc.id]
+    assert store.incidents.list_incidents(job_id="other") == []
     with pytest.raises(NotFound):
-        store.get_incident(999)
+        store.incidents.get_incident(999)
 
 
 def test_transaction_is_all_or_nothing(store: Store) -> None:
-    store.create_job(name="demo", command=["x"], need=2, at=T0, job_id="j")
-    store.start_attempt("j", 0, DEVICES[:2], at=T0)
-    inc = store.open_incident("j", 0, xid_attribution(), detected_at=T0 + 1)
-    audit_before = store.count_audit()
+    store.jobs.create_job(name="demo", command=["x"], need=2, at=T0, job_id="j")
+    store.jobs.start_attempt("j", 0, DEVICES[:2], at=T0)
+    inc = store.incidents.open_incident("j", 0, xid_attribution(), detected_at=T0 + 1)
+    audit_before = store.audit.count_audit()
     with pytest.raises(RuntimeError), store.transaction():
-        store.transition_device("GPU-1", HealthState.QUARANTINED, "xid", "trainguard", T0 + 2)
-        store.update_incident(inc.id, at=T0 + 2, state=IncidentState.ACTING)
+        store.devices.transition_device(
+            "GPU-1", HealthState.QUARANTINED, "xid", "trainguard", T0 + 2
+        )
+        store.incidents.update_incident(inc.id, at=T0 + 2, state=IncidentState.ACTING)
         raise RuntimeError("scheduler call failed")
-    assert store.get_device_state("GPU-1").value == "healthy"
-    assert store.get_incident(inc.id).state is IncidentState.OPEN
-    assert store.count_audit() == audit_before
-    assert len(store.device_history("GPU-1")) == 1
+    assert store.devices.get_device_state("GPU-1").value == "healthy"
+    assert store.incidents.get_incident(inc.id).state is IncidentState.OPEN
+    assert store.audit.count_audit() == audit_before
+    assert len(store.devices.device_history("GPU-1")) == 1
 
     # A nested failure undoes only the inner block (savepoint).
     with store.transaction():
-        store.append_audit(T0 + 3, "t", "note", "x", "outer")
+        store.audit.append_audit(T0 + 3, "t", "note", "x", "outer")
         with pytest.raises(IllegalTransition), store.transaction():
-            store.append_audit(T0 + 3, "t", "note", "x", "inner")
-            store.update_incident(inc.id, at=T0 + 3, state=IncidentState.RECOVERED)
-    assert [e.message for e in store.list_audit(subject="x")] == ["outer"]
+            store.audit.append_audit(T0 + 3, "t", "note", "x", "inner")
+            store.incidents.update_incident(inc.id, at=T0 + 3, state=IncidentState.RECOVERED)
+    assert [e.message for e in store.audit.list_audit(subject="x")] == ["outer"]

@@ -65,11 +65,11 @@ def measure(db_path: str, job_id: str | None, now: float) -> Measured:
     with store:
         if job_id is not None:
             try:
-                jobs = [store.get_job(job_id)]
+                jobs = [store.jobs.get_job(job_id)]
             except NotFound as exc:
                 raise NoMeasurements(f"no job {job_id!r} in {db_path}") from exc
         else:
-            jobs = store.list_jobs()
+            jobs = store.jobs.list_jobs()
         if not jobs:
             raise NoMeasurements(f"no jobs in {db_path}")
         gpu_seconds = 0.0
@@ -78,10 +78,10 @@ def measure(db_path: str, job_id: str | None, now: float) -> Measured:
         saves: list[float] = []
         notes: list[str] = []
         for job in jobs:
-            for att in store.list_attempts(job.id):
+            for att in store.jobs.list_attempts(job.id):
                 end = att.ended_at if att.ended_at is not None else (att.last_step_at or now)
                 gpu_seconds += max(0.0, end - att.started_at) * max(1, len(att.devices))
-            for inc in store.list_incidents(job_id=job.id):
+            for inc in store.incidents.list_incidents(job_id=job.id):
                 failures += 1
                 start = inc.fault_at if inc.fault_at is not None else inc.detected_at
                 if inc.recovered_at is not None and inc.recovered_at >= start:

@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
             with store:
                 events = [
                     e.to_json()
-                    for e in store.list_audit(
+                    for e in store.audit.list_audit(
                         since=since,
                         kind=args.kind,
                         subject=args.subject,

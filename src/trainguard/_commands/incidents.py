@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
             incidents = []
         else:
             with store:
-                incidents = [i.to_json() for i in store.list_incidents(job_id=args.job)]
+                incidents = [i.to_json() for i in store.incidents.list_incidents(job_id=args.job)]
     if args.open:
         incidents = [i for i in incidents if i["outcome"] == "open"]
     if args.json:

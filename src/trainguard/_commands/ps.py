@@ -39,12 +39,12 @@ def rows(store: Any, job: str | None, host: str) -> list[dict[str, Any]]:
 
     running = {
         j.id: j
-        for j in store.list_jobs()
+        for j in store.jobs.list_jobs()
         if j.state in (JobState.RUNNING, JobState.RECOVERING) and job in (None, j.id)
     }
     found = [dict(r.to_json(), host=host) for r in rank_processes(running)]
     for job_id in sorted(running):
-        attempts = store.list_attempts(job_id)
+        attempts = store.jobs.list_attempts(job_id)
         if not attempts:
             continue
         current = attempts[-1]

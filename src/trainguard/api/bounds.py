@@ -129,7 +129,7 @@ def store_lookup(store: Any) -> Callable[[str], Any | None]:
 
     def lookup(job_id: str) -> Any | None:
         try:
-            return store.get_job(job_id)
+            return store.jobs.get_job(job_id)
         except NotFound:
             return None
 

@@ -175,7 +175,7 @@ def watch_for(
     def wanted() -> dict[str, str]:
         return {
             j.id: j.checkpoint_dir
-            for j in store.list_jobs()
+            for j in store.jobs.list_jobs()
             if j.checkpoint_dir and not j.state.terminal
         }
 

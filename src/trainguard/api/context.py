@@ -129,7 +129,7 @@ class ApiContext:
 def _latest_attempt(store: Store, job_id: str, cache: dict[str, int]) -> int | None:
     if job_id in cache:
         return cache[job_id]
-    attempts = store.list_attempts(job_id)
+    attempts = store.jobs.list_attempts(job_id)
     if not attempts:
         return None
     cache[job_id] = attempts[-1].number
@@ -182,8 +182,10 @@ def store_progress_sink(
                             raise NotFound(item.job_id)
                     if ev.step < 0:
                         raise ValueError("step must be >= 0")
-                    store.update_attempt_progress(item.job_id, number, ev.step, at=item.received_at)
-                    if ev.event == "resumed" and not store.record_resumed(
+                    store.jobs.update_attempt_progress(
+                        item.job_id, number, ev.step, at=item.received_at
+                    )
+                    if ev.event == "resumed" and not store.jobs.record_resumed(
                         item.job_id,
                         number,
                         checkpoint_path=ev.checkpoint,
@@ -203,24 +205,24 @@ def store_progress_sink(
                         )
                         key = (item.job_id, number, ev.rank)
                         if views.get(key) != report:
-                            store.record_rank_report(item.job_id, number, report)
+                            store.jobs.record_rank_report(item.job_id, number, report)
                             if len(views) >= _MAX_VIEWS_CACHED:
                                 views.clear()  # bounded: at worst a view is written again
                             views[key] = report
                     elif (item.job_id, number, ev.rank) not in views:
                         # It reports, without its devices: restart verification still
                         # expects it to report again, as run does (0350).
-                        store.note_ranks_reported(item.job_id, number, (ev.rank,))
+                        store.jobs.note_ranks_reported(item.job_id, number, (ev.rank,))
                         if len(views) >= _MAX_VIEWS_CACHED:
                             views.clear()
                         views[(item.job_id, number, ev.rank)] = RankReport(ev.rank, None, None, ())
                     if ev.event == "progress" and math.isfinite(ev.time):
                         # The job's own time: a step rate that batching cannot bend (0320).
-                        store.record_job_step_time(
+                        store.jobs.record_job_step_time(
                             item.job_id, number, ev.step, time=ev.time, rank=ev.rank
                         )
                     if (item.job_id, number) not in reported:
-                        store.note_self_reported(item.job_id, number, at=item.received_at)
+                        store.jobs.note_self_reported(item.job_id, number, at=item.received_at)
                         reported.add((item.job_id, number))
                 except NotFound:
                     count("unknown_attempt")
@@ -242,7 +244,7 @@ def poison_recorder(
         log.warning("dropped a %s report (%s) that cannot be recorded: %s", kind, subject, reason)
         try:
             with store.transaction():
-                store.append_audit(
+                store.audit.append_audit(
                     clock(),
                     actor,
                     AuditKind.ERROR,
@@ -278,7 +280,7 @@ def _storable(data: dict[str, Any]) -> dict[str, Any]:
 def _device_host(store: Store) -> Callable[[str], str | None]:
     def read(uuid: str) -> str | None:
         try:
-            return store.get_device(uuid).device.host
+            return store.devices.get_device(uuid).device.host
         except NotFound:
             return None
 
@@ -344,8 +346,10 @@ def build_context(
         ),
         metrics=metrics,
         fleet=fleet,
-        job_tokens=JobTokens(fleet),
-        refusals=Refusals(store, clock=clock, count=metrics.rejected.labels("out_of_scope").inc),
+        job_tokens=JobTokens(fleet.tokens),
+        refusals=Refusals(
+            store.audit, clock=clock, count=metrics.rejected.labels("out_of_scope").inc
+        ),
         device_owners=DeviceOwners(_device_host(store)),
         clock=clock,
         control=control,

@@ -43,7 +43,7 @@ _MAX_REFUSAL_KEYS = 10_000
 
 
 class JobTokenBackend(Protocol):
-    """The part of :class:`trainguard.store.fleet.FleetStore` the job tokens use."""
+    """The job tokens' repository (``FleetStore.tokens``, :mod:`trainguard.store.job_tokens`)."""
 
     def add_job_token(self, token_hash: str, job_id: str, *, at: float, actor: str) -> None: ...
 
@@ -201,6 +201,8 @@ def foreign_gpus(uuids: Iterable[str], host: str, device_host: DeviceHosts) -> l
 
 
 class AuditSink(Protocol):
+    """The audit log (``Store.audit``, :class:`trainguard.store.audit.AuditLog`)."""
+
     def append_audit(
         self,
         at: float,
@@ -220,12 +222,12 @@ class Refusals:
 
     def __init__(
         self,
-        store: AuditSink,
+        audit: AuditSink,
         *,
         clock: Callable[[], float] = time.time,
         count: Callable[[], None] = lambda: None,
     ) -> None:
-        self.store = store
+        self.audit = audit
         self.clock = clock
         self.count = count
         self._last: dict[tuple[str, str, str], tuple[float, int]] = {}
@@ -280,7 +282,7 @@ class Refusals:
             "suppressed_since_last": suppressed,
         }
         try:
-            self.store.append_audit(
+            self.audit.append_audit(
                 now,
                 who.actor,
                 AuditKind.NOTE,

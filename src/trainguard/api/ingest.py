@@ -414,10 +414,8 @@ def _progress_record(item: ProgressItem) -> dict[str, Any]:
 # --- findings ------------------------------------------------------------------------
 
 
-class ReceiptStore(AuditSink, Protocol):
-    """The part of :class:`trainguard.store.Store` the finding ingestor uses."""
-
-    def transaction(self) -> Any: ...
+class ReceiptLog(AuditSink, Protocol):
+    """The audit log's part the finding ingestor uses (``Store.audit``)."""
 
     def list_audit(
         self,
@@ -426,6 +424,16 @@ class ReceiptStore(AuditSink, Protocol):
         kind: AuditKind | str | None = None,
         subject: str | None = None,
     ) -> list[Any]: ...
+
+
+class ReceiptStore(Protocol):
+    """The part of :class:`trainguard.store.Store` the finding ingestor uses: its audit log
+    and its transactions (a receipt and the finding's audit record are one write)."""
+
+    @property
+    def audit(self) -> ReceiptLog: ...
+
+    def transaction(self) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -506,7 +514,7 @@ class FindingIngestor:
 
     def load_receipts(self, now: float | None = None) -> int:
         now = self.clock() if now is None else now
-        events = self.store.list_audit(
+        events = self.store.audit.list_audit(
             since=now - RECEIPT_WINDOW_S, kind=AuditKind.OBSERVATION, subject=f"{RECEIPT_PREFIX}*"
         )
         with self._lock:
@@ -573,7 +581,7 @@ class FindingIngestor:
         f = item.finding
         with self.store.transaction():
             token = item.token or {}
-            self.store.append_audit(
+            self.store.audit.append_audit(
                 item.received_at,
                 f"{token['role']}:{token['name']}" if token else f"agent:{item.host}",
                 AuditKind.OBSERVATION,

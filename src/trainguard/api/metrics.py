@@ -96,7 +96,7 @@ class StoreCollector(Collector):
 
     def _compute(self) -> list[Metric]:
         out: list[Metric] = []
-        incidents = self.store.list_incidents()
+        incidents = self.store.incidents.list_incidents()
         total = CounterMetricFamily(
             "trainguard_incidents",
             "Incidents recorded, by kind and domain",
@@ -152,9 +152,9 @@ class StoreCollector(Collector):
 
         restarts = 0
         jobs_by_state: dict[str, int] = {}
-        for job in self.store.list_jobs():
+        for job in self.store.jobs.list_jobs():
             jobs_by_state[job.state.value] = jobs_by_state.get(job.state.value, 0) + 1
-            restarts += sum(1 for a in self.store.list_attempts(job.id) if a.number > 0)
+            restarts += sum(1 for a in self.store.jobs.list_attempts(job.id) if a.number > 0)
         restarts_f = CounterMetricFamily(
             "trainguard_restarts", "Attempts started after a job's first (restarts)"
         )
@@ -166,7 +166,7 @@ class StoreCollector(Collector):
         out.append(jobs_f)
 
         dev_counts = {s.value: 0 for s in HealthState}
-        for dev in self.store.list_devices():
+        for dev in self.store.devices.list_devices():
             dev_counts[dev.state.value] += 1
         dev_f = GaugeMetricFamily("trainguard_devices", "Devices by health state", labels=["state"])
         for s, n in dev_counts.items():

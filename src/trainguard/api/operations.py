@@ -36,7 +36,7 @@ def _limit_of(fleet: Any, name: str | None) -> float | None:
     # Stored documents were validated when they were put (controller.policies), so the
     # field is read as stored: the job's own document first, then the operator default.
     for doc_name in (name, DEFAULT_POLICY):
-        doc = fleet.get_policy(doc_name) if doc_name else None
+        doc = fleet.policies.get_policy(doc_name) if doc_name else None
         value = None if doc is None else doc.get(LIMIT_FIELD)
         if isinstance(value, int | float) and not isinstance(value, bool):
             return float(value)
@@ -45,7 +45,7 @@ def _limit_of(fleet: Any, name: str | None) -> float | None:
 
 def _max_age(fleet: Any, job_id: str, policies: dict[str | None, float | None]) -> float | None:
     try:
-        name = fleet.get_fleet_job(job_id).policy
+        name = fleet.jobs.get_fleet_job(job_id).policy
     except NotFound:  # not a managed job: the operator default still applies
         name = None
     if name not in policies:
@@ -85,7 +85,7 @@ def job_protections(
     """Protection of every job not finished yet that names a checkpoint directory."""
     limits: dict[str | None, float | None] = {}
     out: dict[str, CheckpointProtection] = {}
-    for job in store.list_jobs():
+    for job in store.jobs.list_jobs():
         if job.state.terminal:
             continue
         p = job_protection(fleet, job, now, mounts=mounts, policies=limits, cache=cache)
@@ -97,10 +97,10 @@ def job_protections(
 def progress_ages(store: Any, now: float) -> dict[str, float]:
     """Seconds since the last progress step of each running job's latest attempt."""
     out: dict[str, float] = {}
-    for job in store.list_jobs():
+    for job in store.jobs.list_jobs():
         if job.state is not JobState.RUNNING:
             continue
-        attempts = store.list_attempts(job.id)
+        attempts = store.jobs.list_attempts(job.id)
         if not attempts:
             continue
         att = attempts[-1]
@@ -116,7 +116,7 @@ def checkpoint_saves(
     checkpoint directory, written in ``[since, until]`` (for the write-time trend)."""
     out: list[tuple[float, float]] = []
     seen: set[str] = set()
-    for job in store.list_jobs():
+    for job in store.jobs.list_jobs():
         if not job.checkpoint_dir or job.checkpoint_dir in seen:
             continue
         seen.add(job.checkpoint_dir)
@@ -159,7 +159,7 @@ def operations_collector(ctx: Any) -> OperationsCollector:
     """The ``/metrics`` collector of the alerting figures, reading one API context."""
 
     def breakers() -> dict[str, bool]:
-        status = ctx.fleet.get_breaker(QUARANTINE_BREAKER)
+        status = ctx.fleet.breaker.get_breaker(QUARANTINE_BREAKER)
         return {status.name: status.state is BreakerState.OPEN}
 
     return OperationsCollector(

@@ -79,7 +79,7 @@ def post_inventory(
     for d in devices:
         # A uuid already known on another host is a cloned or mistyped inventory.
         try:
-            known = ctx.store.get_device(d.uuid)
+            known = ctx.store.devices.get_device(d.uuid)
         except LookupError:
             continue
         if known.device.host != host:
@@ -88,13 +88,13 @@ def post_inventory(
                 who, f"device:{d.uuid}", f"{who.actor}: inventory of {host}: {message}"
             )
             raise HTTPException(409, message)
-    before = {d.uuid for d in ctx.store.list_devices(host=host)}
+    before = {d.uuid for d in ctx.store.devices.list_devices(host=host)}
     control = ctx.control
     try:
         if control is not None:
             control.ingest_inventory(host, devices, actor=who.actor)  # the node, its devices
         else:
-            ctx.store.register_devices(devices, at=ctx.clock(), actor=who.actor)
+            ctx.store.devices.register_devices(devices, at=ctx.clock(), actor=who.actor)
     except Exception as exc:
         if not ctx.findings.is_poison(exc):
             raise  # the store is unavailable: the framework's 5xx, the agent retries

@@ -149,7 +149,7 @@ def submit_job(body: S.SubmitIn, ctx: Ctx, who: Operator, request: Request) -> d
 def job_management(job_id: str, ctx: Ctx, _: Viewer) -> dict[str, Any]:
     """How the control plane manages a job: scheduler id, policy, opt-in, effective mode."""
     ctl = control(ctx)
-    fj = ctx.fleet.get_fleet_job(job_id)
+    fj = ctx.fleet.jobs.get_fleet_job(job_id)
     return {
         **fj.to_json(),
         "effective_mode": ctl.effective_mode(job_id).to_json(),
@@ -177,12 +177,15 @@ def list_approvals(
     state: Annotated[ApprovalState | None, Query(description="e.g. `pending`")] = None,
     incident_id: IdQuery = None,
 ) -> list[dict[str, Any]]:
-    return [a.to_json() for a in ctx.fleet.list_approvals(state=state, incident_id=incident_id)]
+    return [
+        a.to_json()
+        for a in ctx.fleet.approvals.list_approvals(state=state, incident_id=incident_id)
+    ]
 
 
 @router.get("/approvals/{approval_id}", response_model=S.ApprovalOut, tags=["approvals"])
 def get_approval(approval_id: IdPath, ctx: Ctx, _: Viewer) -> dict[str, Any]:
-    return ctx.fleet.get_approval(approval_id).to_json()
+    return ctx.fleet.approvals.get_approval(approval_id).to_json()
 
 
 @router.post("/approvals/{approval_id}/approve", response_model=S.ApprovalOut, tags=["approvals"])
@@ -201,7 +204,10 @@ def deny(approval_id: IdPath, body: S.ReasonIn, ctx: Ctx, who: Operator) -> dict
 
 
 def _modes(ctx: ApiContext) -> dict[str, Any]:
-    return {"default": ctx.mode, "scopes": [m.to_json() for m in ctx.fleet.list_scope_modes()]}
+    return {
+        "default": ctx.mode,
+        "scopes": [m.to_json() for m in ctx.fleet.policies.list_scope_modes()],
+    }
 
 
 @router.get("/modes", response_model=S.ModesOut, tags=["modes"])
@@ -236,7 +242,7 @@ def get_breaker(ctx: Ctx, _: Viewer) -> dict[str, Any]:
     """The quarantine circuit breaker: ``open`` means quarantines are suppressed."""
     from trainguard.controller.breaker import QUARANTINE_BREAKER
 
-    return ctx.fleet.get_breaker(QUARANTINE_BREAKER).to_json()
+    return ctx.fleet.breaker.get_breaker(QUARANTINE_BREAKER).to_json()
 
 
 @router.post("/breaker/reset", response_model=S.BreakerOut, tags=["breaker"])
@@ -248,7 +254,7 @@ def reset_breaker(body: S.ReasonIn, ctx: Ctx, who: Operator) -> dict[str, Any]:
 @router.get("/suppressions", response_model=list[S.SuppressionOut], tags=["breaker"])
 def list_suppressions(ctx: Ctx, _: Viewer, since: EpochQuery = None) -> list[dict[str, Any]]:
     """Quarantines the breaker did not carry out, and why."""
-    return [s.to_json() for s in ctx.fleet.list_suppressions(since=since)]
+    return [s.to_json() for s in ctx.fleet.breaker.list_suppressions(since=since)]
 
 
 # --- policies ------------------------------------------------------------------------
@@ -266,12 +272,12 @@ def _policy_json(p: dict[str, Any]) -> dict[str, Any]:
 @router.get("/policies", response_model=list[S.PolicyOut], tags=["policies"])
 def list_policies(ctx: Ctx, _: Viewer) -> list[dict[str, Any]]:
     """Named recovery policies (``default`` holds the operator defaults)."""
-    return [_policy_json(p) for p in ctx.fleet.list_policies()]
+    return [_policy_json(p) for p in ctx.fleet.policies.list_policies()]
 
 
 @router.get("/policies/{name}", response_model=S.PolicyOut, tags=["policies"])
 def get_policy(name: str, ctx: Ctx, _: Viewer) -> dict[str, Any]:
-    for p in ctx.fleet.list_policies():
+    for p in ctx.fleet.policies.list_policies():
         if p["name"] == name:
             return _policy_json(p)
     raise HTTPException(404, f"no policy {name!r}")
@@ -311,7 +317,7 @@ def list_repairs(
 ) -> list[dict[str, Any]]:
     return [
         r.to_json()
-        for r in ctx.fleet.list_repairs(
+        for r in ctx.fleet.repairs.list_repairs(
             state=state, resource_kind=resource_kind, resource_id=resource_id
         )
     ]
@@ -319,7 +325,7 @@ def list_repairs(
 
 @router.get("/repairs/{repair_id}", response_model=S.RepairOut, tags=["repairs"])
 def get_repair(repair_id: IdPath, ctx: Ctx, _: Viewer) -> dict[str, Any]:
-    return ctx.fleet.get_repair(repair_id).to_json()
+    return ctx.fleet.repairs.get_repair(repair_id).to_json()
 
 
 @router.get("/repairs/{repair_id}/export", response_model=dict[str, Any], tags=["repairs"])
@@ -327,13 +333,13 @@ def export_repair(repair_id: IdPath, ctx: Ctx, _: Viewer) -> dict[str, Any]:
     """The repair record as ticket systems get it (the repair webhook's payload)."""
     from trainguard.controller.repair import export_repair as repair_json
 
-    return repair_json(ctx.fleet.get_repair(repair_id))
+    return repair_json(ctx.fleet.repairs.get_repair(repair_id))
 
 
 @router.get("/deliveries", response_model=list[S.DeliveryOut], tags=["repairs"])
 def list_deliveries(ctx: Ctx, _: Viewer, event: str | None = None) -> list[dict[str, Any]]:
     """The webhook outbox: every POST, delivered or still being retried."""
-    return [d.to_json() for d in ctx.fleet.list_deliveries(event=event)]
+    return [d.to_json() for d in ctx.fleet.outbox.list_deliveries(event=event)]
 
 
 # --- release, retirement, validation -------------------------------------------------

@@ -48,7 +48,7 @@ def attempt_progress(att: AttemptRecord) -> dict[str, Any] | None:
 
 
 def job_detail(ctx: ApiContext, job: JobRecord) -> dict[str, Any]:
-    attempts = ctx.store.list_attempts(job.id)
+    attempts = ctx.store.jobs.list_attempts(job.id)
     latest = attempts[-1] if attempts else None
     # A finished job's checkpoints protect nothing any more: not looked at (0251). A live
     # one's are read by the checkpoint watch, in the background (0408).
@@ -158,7 +158,9 @@ def list_jobs(
     state: Annotated[str | None, Query(description="only jobs in this state")] = None,
 ) -> list[dict[str, Any]]:
     """Every job with its attempts and latest progress, oldest first."""
-    return [job_detail(ctx, j) for j in ctx.store.list_jobs() if state is None or j.state == state]
+    return [
+        job_detail(ctx, j) for j in ctx.store.jobs.list_jobs() if state is None or j.state == state
+    ]
 
 
 @router.get("/jobs/{job_id}", response_model=S.JobDetail, tags=["jobs"])
@@ -167,7 +169,7 @@ def get_job(
     ctx: Ctx,
     _: Viewer,
 ) -> dict[str, Any]:
-    return job_detail(ctx, ctx.store.get_job(job_id))
+    return job_detail(ctx, ctx.store.jobs.get_job(job_id))
 
 
 @router.get("/jobs/{job_id}/attempts", response_model=list[S.Attempt], tags=["jobs"])
@@ -176,8 +178,8 @@ def list_attempts(
     ctx: Ctx,
     _: Viewer,
 ) -> list[dict[str, Any]]:
-    ctx.store.get_job(job_id)  # 404 for an unknown job, not an empty list
-    return [a.to_json() for a in ctx.store.list_attempts(job_id)]
+    ctx.store.jobs.get_job(job_id)  # 404 for an unknown job, not an empty list
+    return [a.to_json() for a in ctx.store.jobs.list_attempts(job_id)]
 
 
 @router.get("/jobs/{job_id}/attempts/{number}", response_model=S.Attempt, tags=["jobs"])
@@ -187,7 +189,7 @@ def get_attempt(
     ctx: Ctx,
     _: Viewer,
 ) -> dict[str, Any]:
-    return ctx.store.get_attempt(job_id, number).to_json()
+    return ctx.store.jobs.get_attempt(job_id, number).to_json()
 
 
 # --- incidents, plans, actions -----------------------------------------------------
@@ -202,7 +204,7 @@ def list_incidents(
     open: Annotated[bool, Query(description="only incidents not closed yet")] = False,
 ) -> list[dict[str, Any]]:
     """Incidents, oldest first (the same objects as ``trainguard incidents --json``)."""
-    incs = ctx.store.list_incidents(job_id=job_id, state=state)
+    incs = ctx.store.incidents.list_incidents(job_id=job_id, state=state)
     return [i.to_json() for i in incs if not open or not i.state.terminal]
 
 
@@ -212,7 +214,7 @@ def get_incident(
     ctx: Ctx,
     _: Viewer,
 ) -> dict[str, Any]:
-    return ctx.store.get_incident(incident_id).to_json()
+    return ctx.store.incidents.get_incident(incident_id).to_json()
 
 
 @router.get(
@@ -223,7 +225,7 @@ def incident_timeline(
     ctx: Ctx,
     _: Viewer,
 ) -> list[dict[str, Any]]:
-    return [t.to_json() for t in ctx.store.get_incident(incident_id).timeline]
+    return [t.to_json() for t in ctx.store.incidents.get_incident(incident_id).timeline]
 
 
 @router.get("/incidents/{incident_id}/evidence", response_model=S.Evidence, tags=["incidents"])
@@ -232,7 +234,7 @@ def incident_evidence(
     ctx: Ctx,
     _: Viewer,
 ) -> dict[str, Any]:
-    inc = ctx.store.get_incident(incident_id)
+    inc = ctx.store.incidents.get_incident(incident_id)
     return {"incident_id": inc.id, "evidence": list(inc.evidence), "attribution": inc.attribution}
 
 
@@ -256,9 +258,9 @@ def list_plans(
 ) -> list[dict[str, Any]]:
     """The latest recorded plan of each incident (its generation counts the plans recorded)."""
     incs = (
-        [ctx.store.get_incident(incident_id)]
+        [ctx.store.incidents.get_incident(incident_id)]
         if incident_id is not None
-        else ctx.store.list_incidents()
+        else ctx.store.incidents.list_incidents()
     )
     return [
         {
@@ -280,7 +282,7 @@ def list_actions(
     incident_id: IdQuery = None,
 ) -> list[dict[str, Any]]:
     """The action ledger: each action of each plan generation, with its intent and result."""
-    return [a.to_json() for a in ctx.fleet.list_actions(incident_id)]
+    return [a.to_json() for a in ctx.fleet.ledger.list_actions(incident_id)]
 
 
 # --- devices and nodes -------------------------------------------------------------
@@ -294,7 +296,9 @@ def list_devices(
     state: HealthState | None = None,
 ) -> list[dict[str, Any]]:
     return [
-        d.to_json() for d in ctx.store.list_devices(host=host) if state is None or d.state is state
+        d.to_json()
+        for d in ctx.store.devices.list_devices(host=host)
+        if state is None or d.state is state
     ]
 
 
@@ -306,7 +310,7 @@ def get_device(
     host: str | None = None,
 ) -> dict[str, Any]:
     """A device by UUID, PCI bus id (any spelling) or index (with ``host`` when ambiguous)."""
-    return ctx.store.find_device(ident, host=host).to_json()
+    return ctx.store.devices.find_device(ident, host=host).to_json()
 
 
 @router.get("/devices/{ident}/history", response_model=list[S.HealthChangeOut], tags=["devices"])
@@ -316,8 +320,8 @@ def device_history(
     _: Viewer,
     host: str | None = None,
 ) -> list[dict[str, Any]]:
-    dev = ctx.store.find_device(ident, host=host)
-    return [h.to_json() for h in ctx.store.device_history(dev.uuid)]
+    dev = ctx.store.devices.find_device(ident, host=host)
+    return [h.to_json() for h in ctx.store.devices.device_history(dev.uuid)]
 
 
 def node_views(ctx: ApiContext, host: str | None = None) -> list[dict[str, Any]]:
@@ -325,10 +329,12 @@ def node_views(ctx: ApiContext, host: str | None = None) -> list[dict[str, Any]]
     and the worst health state of the node and its devices."""
     now = ctx.clock()
     by_host: dict[str, dict[str, int]] = {}
-    for d in ctx.store.list_devices(host=host):
+    for d in ctx.store.devices.list_devices(host=host):
         counts = by_host.setdefault(d.device.host, {})
         counts[d.state.value] = counts.get(d.state.value, 0) + 1
-    fleet_nodes = {n.name: n for n in ctx.fleet.list_nodes() if host is None or n.name == host}
+    fleet_nodes = {
+        n.name: n for n in ctx.fleet.nodes.list_nodes() if host is None or n.name == host
+    }
     if host is not None:
         hosts = {host} & (set(by_host) | set(fleet_nodes) | set(ctx.nodes.nodes))
     else:
@@ -422,7 +428,7 @@ def list_audit(
             raise HTTPException(422, f"malformed cursor {cursor!r}")
         after = int(cursor)
     newest = order == "newest"
-    events = ctx.store.list_audit(
+    events = ctx.store.audit.list_audit(
         since=since_f,
         until=until_f,
         kind=kind,

@@ -40,10 +40,10 @@ def check_quarantine(
     Reads the breaker's state and the recent quarantines; the verdict itself is
     :func:`trainguard.policy.breaker.quarantine_verdict`.
     """
-    status = fleet.get_breaker(QUARANTINE_BREAKER)
+    status = fleet.breaker.get_breaker(QUARANTINE_BREAKER)
     open_reason = str(status.reason) if status.state is BreakerState.OPEN else None
     recent = (
-        fleet.quarantined_since(resource_kind, now - config.window_seconds)
+        fleet.breaker.quarantined_since(resource_kind, now - config.window_seconds)
         if open_reason is None and population >= config.min_population
         else 0
     )
@@ -75,10 +75,12 @@ def hold_back(
     operator finds the same rows whichever mode refused the quarantine.
     """
     store = fleet.store
-    if trip and fleet.get_breaker(QUARANTINE_BREAKER).state is BreakerState.CLOSED:
-        fleet.set_breaker(QUARANTINE_BREAKER, BreakerState.OPEN, at=at, actor=actor, reason=reason)
+    if trip and fleet.breaker.get_breaker(QUARANTINE_BREAKER).state is BreakerState.CLOSED:
+        fleet.breaker.set_breaker(
+            QUARANTINE_BREAKER, BreakerState.OPEN, at=at, actor=actor, reason=reason
+        )
         resource = f"{resource_kind}:{resource_id}"
-        store.append_audit(
+        store.audit.append_audit(
             at,
             actor,
             AuditKind.ERROR,
@@ -88,7 +90,7 @@ def hold_back(
             incident_id=incident_id,
         )
         if page_webhook:
-            fleet.enqueue_delivery(
+            fleet.outbox.enqueue_delivery(
                 page_webhook,
                 "page",
                 page_payload(
@@ -98,7 +100,7 @@ def hold_back(
                 ),
                 at=at,
             )
-    fleet.record_suppression(
+    fleet.breaker.record_suppression(
         QUARANTINE_BREAKER,
         resource_kind,
         resource_id,

@@ -4,7 +4,7 @@
 (decision 0082). Each pass the controller calls :meth:`LeaderElector.ensure`:
 the leader renews its lease (same fencing token); a follower takes it over only
 after it expired, with the token incremented. Every write the leader makes goes
-through ``FleetStore.fenced(fence, now)`` and every scheduler call carries the
+through ``FleetStore.lease.fenced(fence, now)`` and every scheduler call carries the
 token, so a leader that was paused past its lease (GC, SIGSTOP, a slow disk) and
 wakes up cannot act: its store writes raise ``Fenced`` and a scheduler that
 tracks tokens refuses its calls.
@@ -54,7 +54,7 @@ class LeaderElector:
 
     def ensure(self, now: float) -> Fence | None:
         """Renew or take the lease; the fence to write with, ``None`` when not the leader."""
-        self.lease = self.fleet.acquire_lease(self.name, self.identity, self.ttl, now)
+        self.lease = self.fleet.lease.acquire_lease(self.name, self.identity, self.ttl, now)
         if self.lease is None:
             return None
         return Fence(self.name, self.identity, self.lease.token)
@@ -68,7 +68,7 @@ class LeaderElector:
     def release(self, now: float) -> None:
         fence = self.fence
         if fence is not None:
-            self.fleet.release_lease(fence, now)
+            self.fleet.lease.release_lease(fence, now)
         self.lease = None
 
 
@@ -108,13 +108,13 @@ def take_from_dead(
     """
     # One transaction: two runs starting at once cannot both take over from the dead.
     with fleet.store.transaction():
-        lease = fleet.acquire_lease(name, holder, ttl, now)
+        lease = fleet.lease.acquire_lease(name, holder, ttl, now)
         if lease is not None:
             return lease
-        current = fleet.get_lease(name)
+        current = fleet.lease.get_lease(name)
         if current is None or holder_alive(current.holder) is not False:
             return None
-        fleet.store.append_audit(
+        fleet.store.audit.append_audit(
             now,
             holder,
             AuditKind.NOTE,
@@ -123,8 +123,8 @@ def take_from_dead(
             f"{current.token}) ends now instead of at expiry",
             {"dead_holder": current.holder, "token": current.token},
         )
-        fleet.release_lease(Fence(name, current.holder, current.token), now)
-        return fleet.acquire_lease(name, holder, ttl, now)
+        fleet.lease.release_lease(Fence(name, current.holder, current.token), now)
+        return fleet.lease.acquire_lease(name, holder, ttl, now)
 
 
 class LeaseKeeper:
@@ -156,7 +156,7 @@ class LeaseKeeper:
         if held is None:
             return
         try:
-            lease = self.elector.fleet.acquire_lease(
+            lease = self.elector.fleet.lease.acquire_lease(
                 self.elector.name, self.elector.identity, self.elector.ttl, self.clock()
             )
         except StoreError:

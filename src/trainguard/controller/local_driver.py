@@ -243,7 +243,7 @@ class LocalDriver:
             self.say(f"trainguard: {reason}")
             return RunResult("", EXIT_STOPPED, JobState.STOPPED, reason)
         plane.hold(taken)
-        self._audit_cursor = store.last_audit_id()
+        self._audit_cursor = store.audit.last_audit_id()
         plane.put_policy(policy_document(o), ACTOR)
         adoption = self.adoption = Adoption(
             store, cluster, LocalProcesses(), actor=ACTOR, clock=self.clock,
@@ -282,7 +282,7 @@ class LocalDriver:
             adoption.note_supervisor(plane.fence(), job_id, resumed=took.job_id is not None)
         except Fenced:
             return self._lease_lost(o, job_id)
-        fj = plane.fleet.get_fleet_job(job_id)
+        fj = plane.fleet.jobs.get_fleet_job(job_id)
         # From the next pass on, the engine resumes the adopted attempt once it judged it
         # and records each attempt's process group (0468).
         plane.reconciler.post_steps.append(adoption)
@@ -389,8 +389,8 @@ class LocalDriver:
             return RunResult(job_id, EXIT_STOPPED, JobState.STOPPED, reason)
         if start.note is not None:
             # Not written by a run that lost the lease: its loop then stops at once.
-            with contextlib.suppress(Fenced), plane.fleet.fenced(plane.fence(), self.clock()):
-                store.append_audit(
+            with contextlib.suppress(Fenced), plane.fleet.lease.fenced(plane.fence(), self.clock()):
+                store.audit.append_audit(
                     self.clock(), ACTOR, AuditKind.NOTE, f"job:{job_id}", start.note,
                     job_id=job_id,
                 )  # fmt: skip
@@ -403,7 +403,7 @@ class LocalDriver:
         if state is JobState.COMPLETED:
             return 0
         if self.opt.mode is Mode.OBSERVE:
-            attempts = store.list_attempts(job_id)
+            attempts = store.jobs.list_attempts(job_id)
             last = attempts[-1] if attempts else None
             if last is not None and last.exit_code:
                 return last.exit_code
@@ -455,7 +455,7 @@ class LocalDriver:
                                 rank=ev.event.rank, job_time=ev.event.time, view=view)  # fmt: skip
 
     def _tell(self, store: Store, job_id: str | None) -> None:
-        for event in store.list_audit(after_id=self._audit_cursor):
+        for event in store.audit.list_audit(after_id=self._audit_cursor):
             self._audit_cursor = event.id
             if job_id is None or event.job_id in (None, job_id):
                 self.say(audit_line(event))
@@ -465,9 +465,9 @@ class LocalDriver:
         for approval_id in waiting:
             if approval_id in self._asked:
                 continue
-            approval = FleetStore(store).get_approval(approval_id)
+            approval = FleetStore(store).approvals.get_approval(approval_id)
             if approval.incident_id is None or (
-                store.get_incident(approval.incident_id).job_id != job_id
+                store.incidents.get_incident(approval.incident_id).job_id != job_id
             ):
                 continue  # another job's question (a state database serve shares)
             self._asked.add(approval_id)
@@ -530,8 +530,12 @@ class _RunLoop:
             held = self.plane.leader()
             self.token = held.token if held is not None else None
             d._ask(store, self.job_id, report.waiting)
-            job = store.get_job(self.job_id)
-            live = [i for i in store.list_incidents(job_id=self.job_id) if not i.state.terminal]
+            job = store.jobs.get_job(self.job_id)
+            live = [
+                i
+                for i in store.incidents.list_incidents(job_id=self.job_id)
+                if not i.state.terminal
+            ]
             if job.state.terminal and live and self.closing < CLOSING_PASSES:
                 # The job ended in the pass that saw its last attempt exit; the verdict on
                 # that restart (a completed one is recovered) is the next pass's (0393).
@@ -539,7 +543,7 @@ class _RunLoop:
                 d._wake()
                 return
             if job.state.terminal:
-                incidents = tuple(i.id for i in store.list_incidents(job_id=self.job_id))
+                incidents = tuple(i.id for i in store.incidents.list_incidents(job_id=self.job_id))
                 code = d._exit_code(store, job.id, job.state)
                 d._finish(RunResult(self.job_id, code, job.state, job.reason, incidents))
                 return

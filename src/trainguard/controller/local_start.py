@@ -25,8 +25,8 @@ from trainguard.store.fleet import Fence, FleetStore
 
 def device_statuses(store: Store, devices: Sequence[Device]) -> tuple[DeviceStatus, ...]:
     """Each device of the inventory with its stored health (healthy when unknown)."""
-    records = {r.uuid: r for r in store.list_devices()}
-    hosts_out = {n.name: n for n in FleetStore(store).list_nodes() if not n.state.schedulable}
+    records = {r.uuid: r for r in store.devices.list_devices()}
+    hosts_out = {n.name: n for n in FleetStore(store).nodes.list_nodes() if not n.state.schedulable}
     out = []
     for dev in devices:
         rec = records.get(dev.uuid)
@@ -56,18 +56,18 @@ def preflight(
     candidates = [s.device for s in device_statuses(store, devices) if s.state.schedulable]
     if not candidates:
         return
-    histories = {d.uuid: store.device_history(d.uuid) for d in candidates}
+    histories = {d.uuid: store.devices.device_history(d.uuid) for d in candidates}
     gate = preflight_gate(candidates, level, histories=histories, kernel_log=kernel_log)
     fleet = FleetStore(store)
     for fail in gate.failed:
         at = clock()
         reason = f"preflight {gate.level} failed: {fail.reason}"
-        with fleet.fenced(fence, at):
+        with fleet.lease.fenced(fence, at):
             subject = f"device:{fail.uuid}"
-            store.append_audit(at, actor, AuditKind.RESULT, subject, reason, fail.data)
-            store.transition_device(fail.uuid, HealthState.QUARANTINED, reason, actor, at)
-    with fleet.fenced(fence, clock()):
-        store.append_audit(
+            store.audit.append_audit(at, actor, AuditKind.RESULT, subject, reason, fail.data)
+            store.devices.transition_device(fail.uuid, HealthState.QUARANTINED, reason, actor, at)
+    with fleet.lease.fenced(fence, clock()):
+        store.audit.append_audit(
             clock(),
             actor,
             AuditKind.NOTE,
@@ -92,12 +92,12 @@ def refuse(
     before its first attempt, with the reason, as ``trainguard jobs`` shows it (fenced:
     a run that lost the lease records nothing)."""
     o = options
-    with FleetStore(store).fenced(fence, at):
-        store.create_job(
+    with FleetStore(store).lease.fenced(fence, at):
+        store.jobs.create_job(
             name=o.display_name(), command=o.command, need=need, at=at, mode=o.mode.value,
             min_need=o.min_need, checkpoint_dir=o.checkpoint_dir, job_id=job_id, actor=actor,
         )  # fmt: skip
-        store.update_job_state(job_id, JobState.STOPPED, at=at, reason=reason, actor=actor)
+        store.jobs.update_job_state(job_id, JobState.STOPPED, at=at, reason=reason, actor=actor)
 
 
 def log_dir(state: str, job_id: str, given: str | None) -> str:

@@ -87,16 +87,16 @@ class StoreJournal:
         self.fleet, self.key, self.fence, self.clock = fleet, key, fence, clock
 
     def requests(self) -> list[tuple[str, str]]:
-        got = self.fleet.get_power_action(self.key)
+        got = self.fleet.power.get_power_action(self.key)
         return [] if got is None else [(r.request, r.state) for r in got.requests]
 
     def intend(self, request: str) -> None:
-        self.fleet.record_power_request(
+        self.fleet.power.record_power_request(
             self.key, request, "intended", fence=self.fence, at=self.clock()
         )
 
     def sent(self, request: str) -> None:
-        self.fleet.record_power_request(
+        self.fleet.power.record_power_request(
             self.key, request, "sent", fence=self.fence, at=self.clock()
         )
 
@@ -199,7 +199,9 @@ class NodeRecovery:
             return 0, None, None
         n, last = 0, None
         while True:
-            got = self.fleet.get_power_action(self.key(node, repair.id, f"power_cycle:{n + 1}"))
+            got = self.fleet.power.get_power_action(
+                self.key(node, repair.id, f"power_cycle:{n + 1}")
+            )
             if got is None:
                 return n, last, None
             if not got.finished:
@@ -213,7 +215,7 @@ class NodeRecovery:
         if node not in self.worker.nodes:
             return answering, None, False
         try:
-            rec = self.fleet.get_node(node)
+            rec = self.fleet.nodes.get_node(node)
             wanted = (not answering and rec.state.schedulable) or (
                 (rec.reason or "").startswith(MARK)
                 and rec.state in (HealthState.QUARANTINED, HealthState.VALIDATING)
@@ -236,18 +238,20 @@ class NodeRecovery:
         pass's in-band and BMC view of every node, for the nodes lost with their BMC)."""
         seen = dict(seen) if seen is not None else {node: self._seen(obs, node)}
         try:
-            rec = self.fleet.get_node(node)
+            rec = self.fleet.nodes.get_node(node)
         except NotFound:
-            rec = self.fleet.register_node(
+            rec = self.fleet.nodes.register_node(
                 node, at=now, partition=obs.nodes[node].partition, actor=self.actor
             )
         answering, reading, pending = seen[node]
         ours = (rec.reason or "").startswith(MARK)
-        repair = self.fleet.open_repair_for("node", node) if ours else None
+        repair = self.fleet.repairs.open_repair_for("node", node) if ours else None
         cycles, last, unfinished = self._cycles(node, repair)
         approval = Approval.NONE
         if repair is not None:
-            got = self.fleet.approval_for(self.key(node, repair.id, f"power_cycle:{cycles + 1}"))
+            got = self.fleet.approvals.approval_for(
+                self.key(node, repair.id, f"power_cycle:{cycles + 1}")
+            )
             if got is not None:
                 approval = Approval(got.state.value)
         validation = None
@@ -286,7 +290,7 @@ class NodeRecovery:
 
     def run_once(self, obs: Observation, fence: Fence, now: float) -> list[NodeOutcome]:
         """One pass over every node of ``obs`` (nodes with nothing to do are not listed)."""
-        self.fleet.check_fence(fence, now)
+        self.fleet.lease.check_fence(fence, now)
         out: list[NodeOutcome] = []
         seen = {node: self._seen(obs, node) for node in sorted(obs.nodes)}
         for node in sorted(obs.nodes):
@@ -302,7 +306,7 @@ class NodeRecovery:
     def _audit(
         self, kind: AuditKind, node: str, message: str, data: dict[str, Any], now: float
     ) -> None:
-        self.fleet.store.append_audit(now, self.actor, kind, f"node:{node}", message, data)
+        self.fleet.store.audit.append_audit(now, self.actor, kind, f"node:{node}", message, data)
 
     def _carry_out(
         self,
@@ -326,7 +330,7 @@ class NodeRecovery:
         elif step is NodeStep.REQUEST_APPROVAL:
             assert repair is not None
             key = self.key(node, repair.id, f"power_cycle:{facts.power_cycles + 1}")
-            approval = self.fleet.request_approval(
+            approval = self.fleet.approvals.request_approval(
                 kind="power_cycle",
                 subject=f"node:{node}",
                 why=d.needs_approval or d.reason,
@@ -366,8 +370,8 @@ class NodeRecovery:
         self.scheduler.drain(
             node, reason[:200], key=f"node-recovery:{node}:drain:{now:.3f}", token=fence.token
         )
-        with self.fleet.fenced(fence, now):
-            self.fleet.transition_node(node, HealthState.QUARANTINED, reason, self.actor, now)
+        with self.fleet.lease.fenced(fence, now):
+            self.fleet.nodes.transition_node(node, HealthState.QUARANTINED, reason, self.actor, now)
             return open_repair_for(
                 self.fleet,
                 resource_kind="node",
@@ -387,13 +391,13 @@ class NodeRecovery:
         """The ledger row and intent (fenced), then the cycle on the node's BMC lane."""
         node = d.node
         key = self.key(node, repair.id, f"power_cycle:{facts.power_cycles + 1}")
-        approval = self.fleet.approval_for(key)
+        approval = self.fleet.approvals.approval_for(key)
         why = (
             f"approved by {approval.decided_by}"
             if approval is not None and approval.state is ApprovalState.APPROVED
             else "allowed by policy for a drained node"
         )
-        self.fleet.begin_power_action(
+        self.fleet.power.begin_power_action(
             key,
             node=node,
             action="power_cycle",
@@ -410,7 +414,7 @@ class NodeRecovery:
     ) -> dict[str, Any]:
         """Carry on a cycle the ledger holds unfinished (unless this server's lane is on it)."""
         key = self.key(node, repair.id, f"power_cycle:{facts.power_cycles + 1}")
-        got = self.fleet.get_power_action(key)
+        got = self.fleet.power.get_power_action(key)
         requests = [f"{r.request}:{r.state}" for r in got.requests] if got else []
         if node not in self.worker.nodes:
             return {"key": key, "requests": requests, "error": "no BMC is configured any more"}
@@ -473,27 +477,27 @@ class NodeRecovery:
             )
         self._unfinished.pop(key, None)
         try:
-            self.fleet.finish_power_action(key, data, message=message, fence=fence, at=at)
+            self.fleet.power.finish_power_action(key, data, message=message, fence=fence, at=at)
         except Fenced as exc:
             log.warning("power cycle %s: result not recorded, deposed: %s", key, exc)
             return
-        self.fleet.update_repair(repair_id, at=at, actor=self.actor, evidence=[line])
+        self.fleet.repairs.update_repair(repair_id, at=at, actor=self.actor, evidence=[line])
 
     def _validate(
         self, d: NodeDecision, facts: NodeFacts, repair: RepairRecord, fence: Fence, now: float
     ) -> dict[str, Any]:
         node = d.node
-        with self.fleet.fenced(fence, now):
+        with self.fleet.lease.fenced(fence, now):
             if facts.health is HealthState.QUARANTINED:
-                self.fleet.transition_node(
+                self.fleet.nodes.transition_node(
                     node, HealthState.VALIDATING, MARK + d.reason, self.actor, now
                 )
             if repair.state is RepairState.OPEN:
-                self.fleet.update_repair(
+                self.fleet.repairs.update_repair(
                     repair.id, at=now, actor=self.actor, state=RepairState.VALIDATING
                 )
         v = self.validate(node)
-        self.fleet.update_repair(
+        self.fleet.repairs.update_repair(
             repair.id,
             at=now,
             actor=self.actor,
@@ -512,7 +516,7 @@ class NodeRecovery:
             ),
             self.policy,
         )
-        fresh = self.fleet.get_repair(repair.id)
+        fresh = self.fleet.repairs.get_repair(repair.id)
         if again.step is NodeStep.RETURN:
             self._return(node, fresh, fence, now)
         elif again.step is NodeStep.REPAIR:
@@ -526,11 +530,11 @@ class NodeRecovery:
             key=self.key(node, repair.id, "resume"),
             token=fence.token,
         )
-        with self.fleet.fenced(fence, now):
-            self.fleet.transition_node(
+        with self.fleet.lease.fenced(fence, now):
+            self.fleet.nodes.transition_node(
                 node, HealthState.HEALTHY, "validated after a power cycle", self.actor, now
             )
-            self.fleet.update_repair(
+            self.fleet.repairs.update_repair(
                 repair.id, at=now, actor=self.actor, state=RepairState.CLOSED, outcome="validated"
             )
 
@@ -538,11 +542,13 @@ class NodeRecovery:
         self, d: NodeDecision, facts: NodeFacts, repair: RepairRecord | None, now: float
     ) -> None:
         node = d.node
-        current = self.fleet.get_node(node).state
+        current = self.fleet.nodes.get_node(node).state
         if current in (HealthState.QUARANTINED, HealthState.VALIDATING):
-            self.fleet.transition_node(node, HealthState.REPAIR, MARK + d.reason, self.actor, now)
+            self.fleet.nodes.transition_node(
+                node, HealthState.REPAIR, MARK + d.reason, self.actor, now
+            )
         if repair is not None:
-            self.fleet.update_repair(
+            self.fleet.repairs.update_repair(
                 repair.id,
                 at=now,
                 actor=self.actor,

@@ -172,16 +172,16 @@ class LocalOperations:
 
     def devices(self, host: str | None = None) -> list[Json]:
         with _refusals():
-            return [d.to_json() for d in self.control.store.list_devices(host=host)]
+            return [d.to_json() for d in self.control.store.devices.list_devices(host=host)]
 
     def device(self, ident: str, host: str | None = None) -> Json:
         with _refusals():
-            return self.control.store.find_device(ident, host=host).to_json()
+            return self.control.store.devices.find_device(ident, host=host).to_json()
 
     def device_history(self, ident: str, host: str | None = None) -> list[Json]:
         with _refusals():
-            dev = self.control.store.find_device(ident, host=host)
-            return [h.to_json() for h in self.control.store.device_history(dev.uuid)]
+            dev = self.control.store.devices.find_device(ident, host=host)
+            return [h.to_json() for h in self.control.store.devices.device_history(dev.uuid)]
 
     def approvals(self, state: str | None = "pending") -> list[Json]:
         with _refusals():
@@ -197,15 +197,15 @@ class LocalOperations:
         """``device:UUID`` or ``node:NAME``, resolved (``NotFound`` as an error)."""
         with _refusals():
             if target.kind == "device":
-                dev = self.control.store.find_device(target.ident, host=target.host)
+                dev = self.control.store.devices.find_device(target.ident, host=target.host)
                 return f"device:{dev.uuid}"
-            return f"node:{self.control.fleet.get_node(target.ident).name}"
+            return f"node:{self.control.fleet.nodes.get_node(target.ident).name}"
 
     def _view(self, resource: str) -> Json:
         kind, _, ident = resource.partition(":")
         if kind == "device":
-            return self.control.store.get_device(ident).to_json()
-        return dict(self.control.fleet.get_node(ident).to_json())
+            return self.control.store.devices.get_device(ident).to_json()
+        return dict(self.control.fleet.nodes.get_node(ident).to_json())
 
     def _on(self, target: Target, act: Callable[[str], Json]) -> Json:
         """``act`` on the resolved resource (``device:UUID`` / ``node:NAME``), the control

@@ -180,7 +180,7 @@ class Reconciler:
                 now=now,
                 obs=obs,
                 fence=fence,
-                modes={m.scope.key: m.mode for m in self.fleet.list_scope_modes()},
+                modes={m.scope.key: m.mode for m in self.fleet.policies.list_scope_modes()},
                 report=report,
                 findings=tuple(self.evidence.read_new_findings(now)),
             )
@@ -189,7 +189,7 @@ class Reconciler:
             phase("inventory")
             self.health.enforce(ctx)
             phase("health")
-            for fj in self.fleet.list_fleet_jobs():
+            for fj in self.fleet.jobs.list_fleet_jobs():
                 try:
                     self.attempts.sync_job(fj, ctx)
                 except (Fenced, KeyboardInterrupt):

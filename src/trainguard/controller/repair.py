@@ -85,7 +85,7 @@ def open_repair_for(
     """Step 10 for a quarantined resource: its repair record (the open one when it has
     one), queued for the repair webhook when one is configured. The one place both
     ``trainguard run`` and the reconciler open repair records (0130)."""
-    repair = fleet.open_repair(
+    repair = fleet.repairs.open_repair(
         resource_kind=resource_kind,
         resource_id=resource_id,
         what_failed=what_failed[:500],
@@ -97,7 +97,7 @@ def open_repair_for(
         incident_id=incident_id,
     )
     if webhook:
-        fleet.enqueue_delivery(webhook, "repair", export_repair(repair), at=at)
+        fleet.outbox.enqueue_delivery(webhook, "repair", export_repair(repair), at=at)
     return repair
 
 
@@ -190,7 +190,7 @@ def deliver_due(
     """POST every due delivery once; record each attempt. Returns the deliveries after."""
     cfg = config or DeliveryConfig()
     out: list[Delivery] = []
-    for d in fleet.due_deliveries(now, cfg.batch):
+    for d in fleet.outbox.due_deliveries(now, cfg.batch):
         status: int | None = None
         error: str | None = None
         try:
@@ -202,7 +202,7 @@ def deliver_due(
         delivered = status is not None and 200 <= status < 300
         backoff = min(cfg.max_backoff, cfg.base_backoff * 2.0 ** min(d.attempts, 30))
         out.append(
-            fleet.record_delivery_attempt(
+            fleet.outbox.record_delivery_attempt(
                 d.id,
                 at=now,
                 delivered=delivered,

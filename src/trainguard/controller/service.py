@@ -175,7 +175,7 @@ class ControlPlane:
 
     def leader(self) -> Lease | None:
         """The current lease (whoever holds it), ``None`` before anyone took it."""
-        return self.fleet.get_lease(self.config.lease_name)
+        return self.fleet.lease.get_lease(self.config.lease_name)
 
     def is_leader(self) -> bool:
         lease = self.leader()
@@ -203,15 +203,15 @@ class ControlPlane:
             raise ValueError("scheduler_ref must not be empty")
         if need < 0:
             raise ValueError("need must be >= 0")
-        if policy is not None and self.fleet.get_policy(policy) is None:
+        if policy is not None and self.fleet.policies.get_policy(policy) is None:
             raise ValueError(f"no policy named {policy!r}")
         now = self.clock()
         with self.store.transaction():
-            if self.fleet.find_fleet_job(scheduler_ref) is not None:
+            if self.fleet.jobs.find_fleet_job(scheduler_ref) is not None:
                 raise ValueError(f"scheduler job {scheduler_ref!r} is already managed")
             if job_id is not None and self._existing_job(job_id) is not None:
                 raise JobIdTaken(f"job id {job_id!r} is already taken by another job")
-            job = self.store.create_job(
+            job = self.store.jobs.create_job(
                 name=name,
                 command=list(command),
                 need=need,
@@ -222,7 +222,7 @@ class ControlPlane:
                 mode=self.effective_mode_for(job_id, partition).mode.value,
                 actor=actor,
             )
-            fj = self.fleet.add_fleet_job(
+            fj = self.fleet.jobs.add_fleet_job(
                 FleetJob(
                     job_id=job.id,
                     scheduler_ref=scheduler_ref,
@@ -232,7 +232,7 @@ class ControlPlane:
                     registered_at=now,
                 )
             )
-            self.store.append_audit(
+            self.store.audit.append_audit(
                 now,
                 actor,
                 AuditKind.NOTE,
@@ -265,7 +265,7 @@ class ControlPlane:
             raise ValueError("this control plane has no scheduler to submit to")
         # Everything register_job would refuse is refused before the scheduler starts a
         # process: a refusal after it left an unmanaged job holding devices (issue 25).
-        if policy is not None and self.fleet.get_policy(policy) is None:
+        if policy is not None and self.fleet.policies.get_policy(policy) is None:
             raise ValueError(f"no policy named {policy!r}")
         taken = None if job_id is None else self._existing_job(job_id)
         if taken is not None:
@@ -274,14 +274,14 @@ class ControlPlane:
                 spec.name, tuple(spec.command), size
             ):  # fmt: skip
                 with contextlib.suppress(NotFound):  # a retry: nothing submitted twice
-                    return self.fleet.get_fleet_job(taken.id)
+                    return self.fleet.jobs.get_fleet_job(taken.id)
             raise JobIdTaken(
                 f"job id {job_id!r} is already taken by another job; nothing was submitted"
             )
         jid = job_id or f"job-{uuidlib.uuid4().hex[:12]}"
         result = self.scheduler.submit(spec, key=f"submit-{jid}", token=0)
         ref = str(result.detail["ref"])
-        existing = self.fleet.find_fleet_job(ref)
+        existing = self.fleet.jobs.find_fleet_job(ref)
         if existing is not None:
             return existing
         return self.register_job(
@@ -300,25 +300,25 @@ class ControlPlane:
 
     def _existing_job(self, job_id: str) -> JobRecord | None:
         try:
-            return self.store.get_job(job_id)
+            return self.store.jobs.get_job(job_id)
         except NotFound:
             return None
 
     def fleet_jobs(self) -> list[FleetJob]:
-        return self.fleet.list_fleet_jobs()
+        return self.fleet.jobs.list_fleet_jobs()
 
     def job(self, job_id: str) -> JobRecord:
-        return self.store.get_job(job_id)
+        return self.store.jobs.get_job(job_id)
 
     def set_job_policy(
         self, job_id: str, policy: str | None, actor: str, *, opted_in: bool | None = None
     ) -> FleetJob:
         """Change which policy a job follows (``None``: the default) and/or its opt-in."""
-        if policy is not None and self.fleet.get_policy(policy) is None:
+        if policy is not None and self.fleet.policies.get_policy(policy) is None:
             raise ValueError(f"no policy named {policy!r}")
         now = self.clock()
         with self.store.transaction():
-            fj = self.fleet.get_fleet_job(job_id)
+            fj = self.fleet.jobs.get_fleet_job(job_id)
             new = FleetJob(
                 job_id=fj.job_id,
                 scheduler_ref=fj.scheduler_ref,
@@ -327,8 +327,8 @@ class ControlPlane:
                 opted_in=fj.opted_in if opted_in is None else opted_in,
                 registered_at=fj.registered_at,
             )
-            self.fleet.update_fleet_job(new)
-            self.store.append_audit(
+            self.fleet.jobs.update_fleet_job(new)
+            self.store.audit.append_audit(
                 now,
                 actor,
                 AuditKind.NOTE,
@@ -359,8 +359,8 @@ class ControlPlane:
             for d in devices
         ]
         with self.store.transaction():
-            self.fleet.register_node(host, at=now, partition=partition, actor=actor)
-            return self.store.register_devices(devs, at=now, actor=actor)
+            self.fleet.nodes.register_node(host, at=now, partition=partition, actor=actor)
+            return self.store.devices.register_devices(devs, at=now, actor=actor)
 
     def ingest_finding(
         self,
@@ -388,11 +388,11 @@ class ControlPlane:
         host = host or f.culprit.host
         device_uuid = self._resolve_device(f.culprit.device_uuid, f.culprit.pci_bus_id, host)
         if job is not None:
-            self.store.get_job(job)  # NotFound for an unknown job
+            self.store.jobs.get_job(job)  # NotFound for an unknown job
         data = f.to_dict()
         if device_uuid and not f.culprit.device_uuid:
             data["culprit"] = {**data["culprit"], "device_uuid": device_uuid, "host": host}
-        return self.fleet.add_finding(
+        return self.fleet.findings.add_finding(
             data,
             received_at=self.clock(),
             host=host,
@@ -404,7 +404,7 @@ class ControlPlane:
     def _resolve_device(self, uuid: str | None, pci: str | None, host: str | None) -> str | None:
         if uuid:
             try:
-                rec = self.store.get_device(uuid)
+                rec = self.store.devices.get_device(uuid)
             except NotFound:
                 return uuid
             if host is not None and rec.device.host != host:
@@ -417,7 +417,9 @@ class ControlPlane:
         except ValueError:
             return None
         matches = [
-            r.uuid for r in self.store.list_devices(host=host) if r.device.pci_bus_id == norm
+            r.uuid
+            for r in self.store.devices.list_devices(host=host)
+            if r.device.pci_bus_id == norm
         ]
         return matches[0] if len(matches) == 1 else None
 
@@ -446,15 +448,15 @@ class ControlPlane:
             raise ValueError("step must be >= 0")
         when = self.clock() if at is None else float(at)
         with self.store.transaction():
-            self.store.update_attempt_progress(job_id, int(attempt), int(step), at=when)
+            self.store.jobs.update_attempt_progress(job_id, int(attempt), int(step), at=when)
             # Its reports, not its output's step-like lines, are its progress now (0397).
-            self.store.note_self_reported(job_id, int(attempt), at=when)
+            self.store.jobs.note_self_reported(job_id, int(attempt), at=when)
         if view is not None:
-            self.store.record_rank_report(job_id, int(attempt), view)
+            self.store.jobs.record_rank_report(job_id, int(attempt), view)
         elif rank is not None:
-            self.store.note_ranks_reported(job_id, int(attempt), (int(rank),))
+            self.store.jobs.note_ranks_reported(job_id, int(attempt), (int(rank),))
         if job_time is not None and math.isfinite(job_time):
-            self.store.record_job_step_time(
+            self.store.jobs.record_job_step_time(
                 job_id, int(attempt), int(step), time=float(job_time), rank=rank or 0
             )
 
@@ -471,23 +473,25 @@ class ControlPlane:
         ``None`` clears it (inherit). Audited with who and why."""
         sc = scope if isinstance(scope, Scope) else Scope.parse(scope)
         if sc.kind.value == "job":
-            self.store.get_job(sc.name)
+            self.store.jobs.get_job(sc.name)
         value = None if mode is None else Mode(mode)
-        return self.fleet.set_scope_mode(sc, value, at=self.clock(), actor=actor, reason=reason)
+        return self.fleet.policies.set_scope_mode(
+            sc, value, at=self.clock(), actor=actor, reason=reason
+        )
 
     def modes(self) -> list[ScopeMode]:
-        return self.fleet.list_scope_modes()
+        return self.fleet.policies.list_scope_modes()
 
     def effective_mode(self, job_id: str) -> EffectiveMode:
         """The mode that applies to a managed job now, and the scope it comes from."""
-        fj = self.fleet.get_fleet_job(job_id)
+        fj = self.fleet.jobs.get_fleet_job(job_id)
         return self.reconciler.effective_mode(fj)
 
     def effective_mode_for(self, job_id: str | None, partition: str | None) -> EffectiveMode:
         """The mode a job would get (``job_id=None``: one not registered yet)."""
         from trainguard.controller.reconcile import resolve_mode
 
-        modes = {m.scope.key: m.mode for m in self.fleet.list_scope_modes()}
+        modes = {m.scope.key: m.mode for m in self.fleet.policies.list_scope_modes()}
         return resolve_mode(modes, job_id, partition, self.config.default_mode)
 
     # --- approvals -------------------------------------------------------------------
@@ -495,12 +499,12 @@ class ControlPlane:
     def approvals(
         self, state: ApprovalState | str | None = None, incident_id: int | None = None
     ) -> list[Approval]:
-        return self.fleet.list_approvals(
+        return self.fleet.approvals.list_approvals(
             state=None if state is None else ApprovalState(state), incident_id=incident_id
         )
 
     def approval(self, approval_id: int) -> Approval:
-        return self.fleet.get_approval(approval_id)
+        return self.fleet.approvals.get_approval(approval_id)
 
     def approve(self, approval_id: int, actor: str, reason: str) -> Approval:
         """pending -> approved (who, why, when recorded); the reconciler then acts.
@@ -510,33 +514,33 @@ class ControlPlane:
         """
         now = self.clock()
         with self.store.transaction():
-            approval = self.fleet.decide_approval(
+            approval = self.fleet.approvals.decide_approval(
                 approval_id, ApprovalState.APPROVED, actor=actor, reason=reason, at=now
             )
             if approval.action_key is None and approval.kind == "retire":
                 self._retire(approval, actor, now)
-        return self.fleet.get_approval(approval_id)
+        return self.fleet.approvals.get_approval(approval_id)
 
     def deny(self, approval_id: int, actor: str, reason: str) -> Approval:
-        return self.fleet.decide_approval(
+        return self.fleet.approvals.decide_approval(
             approval_id, ApprovalState.DENIED, actor=actor, reason=reason, at=self.clock()
         )
 
     # --- breaker ---------------------------------------------------------------------
 
     def breaker(self) -> BreakerStatus:
-        return self.fleet.get_breaker(QUARANTINE_BREAKER)
+        return self.fleet.breaker.get_breaker(QUARANTINE_BREAKER)
 
     def reset_breaker(self, actor: str, reason: str) -> BreakerStatus:
         """open -> closed: quarantines go ahead again. Raises ``IllegalTransition`` when closed."""
         if not reason or not reason.strip():
             raise ValueError("resetting the breaker needs a reason")
-        return self.fleet.set_breaker(
+        return self.fleet.breaker.set_breaker(
             QUARANTINE_BREAKER, BreakerState.CLOSED, at=self.clock(), actor=actor, reason=reason
         )
 
     def suppressions(self, since: float | None = None) -> list[Suppression]:
-        return self.fleet.list_suppressions(since=since)
+        return self.fleet.breaker.list_suppressions(since=since)
 
     # --- policies --------------------------------------------------------------------
 
@@ -549,70 +553,70 @@ class ControlPlane:
             doc = load_policy_text(document, name=name)
         else:
             doc = parse_policy(document, name=name)
-        self.fleet.put_policy(doc.name, doc.to_json(), at=self.clock(), actor=actor)
+        self.fleet.policies.put_policy(doc.name, doc.to_json(), at=self.clock(), actor=actor)
         return doc
 
     def get_policy(self, name: str) -> PolicyDocument:
-        data = self.fleet.get_policy(name)
+        data = self.fleet.policies.get_policy(name)
         if data is None:
             raise NotFound(f"no policy {name!r}")
         return parse_policy(data)
 
     def list_policies(self) -> list[PolicyDocument]:
-        return [parse_policy(p["document"]) for p in self.fleet.list_policies()]
+        return [parse_policy(p["document"]) for p in self.fleet.policies.list_policies()]
 
     def delete_policy(self, name: str, actor: str) -> bool:
-        users = [j.job_id for j in self.fleet.list_fleet_jobs() if j.policy == name]
+        users = [j.job_id for j in self.fleet.jobs.list_fleet_jobs() if j.policy == name]
         if users:
             raise ValueError(f"policy {name!r} is used by job(s) {', '.join(users)}")
-        return self.fleet.delete_policy(name, at=self.clock(), actor=actor)
+        return self.fleet.policies.delete_policy(name, at=self.clock(), actor=actor)
 
     def job_policy(self, job_id: str) -> RecoveryPolicy:
         """The effective recovery policy of a managed job (defaults + its document)."""
-        fj = self.fleet.get_fleet_job(job_id)
-        job = self.store.get_job(job_id)
-        default = self.fleet.get_policy(DEFAULT_POLICY)
-        own = self.fleet.get_policy(fj.policy) if fj.policy else None
+        fj = self.fleet.jobs.get_fleet_job(job_id)
+        job = self.store.jobs.get_job(job_id)
+        default = self.fleet.policies.get_policy(DEFAULT_POLICY)
+        own = self.fleet.policies.get_policy(fj.policy) if fj.policy else None
         doc = merge(parse_policy(default) if default else None, parse_policy(own) if own else None)
         return resolve(doc, need=job.need, min_need=job.min_need)
 
     # --- repair, release, validation, retirement -------------------------------------
 
     def repairs(self, state: RepairState | str | None = None) -> list[RepairRecord]:
-        return self.fleet.list_repairs(state=None if state is None else RepairState(state))
+        return self.fleet.repairs.list_repairs(state=None if state is None else RepairState(state))
 
     def repair(self, repair_id: int) -> RepairRecord:
-        return self.fleet.get_repair(repair_id)
+        return self.fleet.repairs.get_repair(repair_id)
 
     def export_repair(self, repair_id: int) -> dict[str, Any]:
         """The repair record as the JSON ticket systems get."""
-        return repair_json(self.fleet.get_repair(repair_id))
+        return repair_json(self.fleet.repairs.get_repair(repair_id))
 
     def deliveries(self, event: str | None = None) -> list[Delivery]:
-        return self.fleet.list_deliveries(event=event)
+        return self.fleet.outbox.list_deliveries(event=event)
 
     def resolve_resource(self, resource: str) -> Resource:
         """``device:ID`` | ``node:NAME`` | a bare device id (UUID, PCI bus id, index) or node."""
         kind, sep, ident = resource.partition(":")
         if sep and kind in ("device", "node"):
             if kind == "node":
-                return ("node", self.fleet.get_node(ident).name)
-            return ("device", self.store.find_device(ident).uuid)
+                return ("node", self.fleet.nodes.get_node(ident).name)
+            return ("device", self.store.devices.find_device(ident).uuid)
         try:
-            return ("device", self.store.find_device(resource).uuid)
+            return ("device", self.store.devices.find_device(resource).uuid)
         except NotFound:
             pass
         try:
-            return ("node", self.fleet.get_node(resource).name)
+            return ("node", self.fleet.nodes.get_node(resource).name)
         except NotFound:
             raise NotFound(f"no device or node {resource!r}") from None
 
     def _state(self, res: Resource) -> HealthState:
         kind, ident = res
         return (
-            self.store.get_device(ident).state
+            self.store.devices.get_device(ident).state
             if kind == "device"
-            else self.fleet.get_node(ident).state
+            else self.fleet.nodes.get_node(ident).state
         )
 
     def _transition(
@@ -620,9 +624,9 @@ class ControlPlane:
     ) -> None:
         kind, ident = res
         if kind == "device":
-            self.store.transition_device(ident, new, reason, actor, at)
+            self.store.devices.transition_device(ident, new, reason, actor, at)
         else:
-            self.fleet.transition_node(ident, new, reason, actor, at)
+            self.fleet.nodes.transition_node(ident, new, reason, actor, at)
 
     def release(self, resource: str, actor: str, reason: str) -> RepairRecord | None:
         """An operator returns a quarantined (or suspect) resource to service, on record.
@@ -640,9 +644,9 @@ class ControlPlane:
             if state not in (HealthState.QUARANTINED, HealthState.SUSPECT):
                 raise IllegalTransition("release", state, HealthState.HEALTHY)
             self._transition(res, HealthState.HEALTHY, f"released: {reason}", actor, now)
-            rec = self.fleet.open_repair_for(*res)
+            rec = self.fleet.repairs.open_repair_for(*res)
             if rec is not None:
-                return self.fleet.update_repair(
+                return self.fleet.repairs.update_repair(
                     rec.id,
                     at=now,
                     actor=actor,
@@ -668,7 +672,7 @@ class ControlPlane:
             resumed = self._state(res) is HealthState.VALIDATING
             if not resumed:
                 self._transition(res, HealthState.VALIDATING, reason, actor, now)
-            rec = self.fleet.open_repair_for(*res) or self.fleet.open_repair(
+            rec = self.fleet.repairs.open_repair_for(*res) or self.fleet.repairs.open_repair(
                 resource_kind=res[0],
                 resource_id=res[1],
                 what_failed=f"validation {'resumed' if resumed else 'requested'} "
@@ -677,10 +681,12 @@ class ControlPlane:
                 evidence=[],
                 at=now,
                 actor=actor,
-                host=self.store.get_device(res[1]).device.host if res[0] == "device" else res[1],
+                host=self.store.devices.get_device(res[1]).device.host
+                if res[0] == "device"
+                else res[1],
             )
             if rec.state is RepairState.OPEN:
-                rec = self.fleet.update_repair(
+                rec = self.fleet.repairs.update_repair(
                     rec.id, at=now, actor=actor, state=RepairState.VALIDATING, note=reason
                 )
             return rec
@@ -712,7 +718,7 @@ class ControlPlane:
             state = self._state(res)
             if state is not HealthState.VALIDATING:
                 raise IllegalTransition("validation result", state, HealthState.HEALTHY)
-            rec = self.fleet.open_repair_for(*res)
+            rec = self.fleet.repairs.open_repair_for(*res)
             if rec is None:
                 raise NotFound(f"no open repair record for {res[0]} {res[1]}")
             info: dict[str, Any] = dict(details or {})
@@ -720,7 +726,7 @@ class ControlPlane:
             summary = str(info.get("summary") or "")
             if not summary:
                 summary = "inconclusive" if inconclusive and not passed else "no details given"
-            self.store.append_audit(
+            self.store.audit.append_audit(
                 now,
                 actor,
                 AuditKind.RESULT,
@@ -731,7 +737,7 @@ class ControlPlane:
             if inconclusive and not passed:
                 entry["inconclusive"] = True
                 self._transition(res, HealthState.REPAIR, "validation inconclusive", actor, now)
-                return self.fleet.update_repair(
+                return self.fleet.repairs.update_repair(
                     rec.id,
                     at=now,
                     actor=actor,
@@ -741,7 +747,7 @@ class ControlPlane:
                 )
             if passed:
                 self._transition(res, HealthState.HEALTHY, "validation passed", actor, now)
-                return self.fleet.update_repair(
+                return self.fleet.repairs.update_repair(
                     rec.id,
                     at=now,
                     actor=actor,
@@ -750,7 +756,7 @@ class ControlPlane:
                     validation=entry,
                 )
             self._transition(res, HealthState.REPAIR, "validation failed", actor, now)
-            rec = self.fleet.update_repair(
+            rec = self.fleet.repairs.update_repair(
                 rec.id,
                 at=now,
                 actor=actor,
@@ -773,10 +779,10 @@ class ControlPlane:
         state = self._state(res)
         if state in (HealthState.HEALTHY, HealthState.SUSPECT, HealthState.RETIRED):
             raise IllegalTransition("retire request", state, HealthState.RETIRED)
-        for a in self.fleet.list_approvals(state=ApprovalState.PENDING):
+        for a in self.fleet.approvals.list_approvals(state=ApprovalState.PENDING):
             if a.kind == "retire" and a.subject == f"{res[0]}:{res[1]}":
                 return a
-        return self.fleet.request_approval(
+        return self.fleet.approvals.request_approval(
             kind="retire",
             subject=f"{res[0]}:{res[1]}",
             why=f"retire is destructive: {reason}",
@@ -794,19 +800,19 @@ class ControlPlane:
             self._transition(res, HealthState.REPAIR, "to be retired", actor, now)
         if state is not HealthState.RETIRED:
             self._transition(res, HealthState.RETIRED, why, actor, now)
-        rec = self.fleet.open_repair_for(kind, ident)
+        rec = self.fleet.repairs.open_repair_for(kind, ident)
         if rec is not None:
-            self.fleet.update_repair(
+            self.fleet.repairs.update_repair(
                 rec.id, at=now, actor=actor, state=RepairState.CLOSED, outcome="retired", note=why
             )
 
     # --- reads the API shows ---------------------------------------------------------
 
     def nodes(self) -> list[Node]:
-        return self.fleet.list_nodes()
+        return self.fleet.nodes.list_nodes()
 
     def actions(self, incident_id: int | None = None) -> list[ActionRecord]:
-        return self.fleet.list_actions(incident_id)
+        return self.fleet.ledger.list_actions(incident_id)
 
 
 __all__ = ["ControlConfig", "ControlPlane", "PassReport"]

@@ -136,7 +136,7 @@ class SlurmWatch:
                 continue
             if not isinstance(oj, SlurmObservedJob):
                 continue
-            existing = self.cp.fleet.find_fleet_job(ref)
+            existing = self.cp.fleet.jobs.find_fleet_job(ref)
             if existing is not None:
                 self._managed[ref] = existing.job_id
                 continue
@@ -146,7 +146,7 @@ class SlurmWatch:
                 continue
             policy = opt.policy if opt else None
             note = None
-            if policy is not None and self.cp.fleet.get_policy(policy) is None:
+            if policy is not None and self.cp.fleet.policies.get_policy(policy) is None:
                 note = f"policy {policy!r} named in the job's comment does not exist: default used"
                 policy = None
             job_id = f"slurm-{self.scheduler.cluster}-{ref.replace('#', '-')}"
@@ -169,7 +169,7 @@ class SlurmWatch:
                     note
                     or f"unknown keys in the job's comment: {sorted(opt.unknown) if opt else []}"
                 )
-                self.store.append_audit(
+                self.store.audit.append_audit(
                     self.clock(),
                     ACTOR,
                     AuditKind.NOTE,

@@ -3,12 +3,14 @@
 ``Store.open(path)`` gives typed access to jobs, attempts, incidents, device
 health (with history) and the audit log; see ``docs/store.md``. The store is split
 by concept (decision 0200): the backend-neutral ``Store`` (:mod:`trainguard.store.core`)
-is a :class:`~trainguard.store.database.Database` (connection, transactions,
-migrations; the dialects :mod:`~trainguard.store.sqlite` and
-:mod:`~trainguard.store.postgres` below it) with :mod:`~trainguard.store.audit`,
-:mod:`~trainguard.store.jobs`, :mod:`~trainguard.store.incidents` and
-:mod:`~trainguard.store.health` mixed in. All SQL lives in :mod:`trainguard.store.sql`
-(the schema in :mod:`trainguard.store.schema`); ``Store.open("postgresql://...")`` (or
+is a :class:`~trainguard.store.database.Database` (``store.db``: connection,
+transactions, migrations; the dialects :mod:`~trainguard.store.sqlite` and
+:mod:`~trainguard.store.postgres` below it) and one repository per concept over it
+(decision 0439): ``store.audit`` (:mod:`~trainguard.store.audit`), ``store.jobs``
+(:mod:`~trainguard.store.jobs`), ``store.incidents`` (:mod:`~trainguard.store.incidents`)
+and ``store.devices`` (:mod:`~trainguard.store.health`). All SQL lives in
+:mod:`trainguard.store.sql` (the schema in :mod:`trainguard.store.schema`);
+``Store.open("postgresql://...")`` (or
 ``open_store(target)``) runs the same schema and SQL on PostgreSQL
 (``docs/control-plane.md``, decision 0080). The control plane's own tables are
 in :mod:`trainguard.store.fleet`.

@@ -48,7 +48,7 @@ class FindingTally:
     def refresh(self) -> None:
         with self._lock:
             while True:
-                rows = self.fleet.findings_after(self.after, TALLY_PAGE)
+                rows = self.fleet.findings.findings_after(self.after, TALLY_PAGE)
                 for row in rows:
                     self._count(row)
                     self.after = max(self.after, int(row["id"]))
@@ -126,7 +126,7 @@ def _interruption(
     store: Any, inc: IncidentRecord, until: float, racks: dict[str, str]
 ) -> Interruption:
     try:
-        att = store.get_attempt(inc.job_id, inc.attempt)
+        att = store.jobs.get_attempt(inc.job_id, inc.attempt)
         devices = list(att.devices)
     except Exception:  # an incident without its attempt (e.g. one recorded by hand)
         devices = []
@@ -135,7 +135,7 @@ def _interruption(
     model = None
     if card:
         try:
-            model = store.get_device(card).device.model
+            model = store.devices.get_device(card).device.model
         except Exception:  # a card the inventory never saw
             model = next((d.model for d in devices if d.uuid == card), None)
     if not model and devices:
@@ -172,10 +172,10 @@ def fleet_report(
     """
     racks: dict[str, str] = {}
     if fleet is not None:
-        for node in fleet.list_nodes():
+        for node in fleet.nodes.list_nodes():
             if node.labels.get("rack"):
                 racks[node.name] = node.labels["rack"]
-    everything = store.list_incidents()
+    everything = store.incidents.list_incidents()
     incidents = [i for i in everything if since <= i.detected_at <= until]
     items = [_interruption(store, i, until, racks) for i in incidents]
     # An incident opened on the very attempt that recovered another: that restart failed.

@@ -8,12 +8,18 @@ from trainguard.model.actors import actor_name
 from trainguard.model.fleet import Approval, ApprovalState, check_approval_transition
 from trainguard.model.records import AuditKind
 from trainguard.store import rows, sql
+from trainguard.store.core import Store
 from trainguard.store.errors import NotFound
+from trainguard.store.fleet_base import FleetBase
 from trainguard.store.lease import Fence, LeaseStore
 
 
-class ApprovalStore(LeaseStore):
+class ApprovalStore(FleetBase):
     """Approvals an operator grants or denies."""
+
+    def __init__(self, store: Store, lease: LeaseStore) -> None:
+        super().__init__(store)
+        self.lease = lease
 
     def request_approval(
         self,
@@ -29,12 +35,12 @@ class ApprovalStore(LeaseStore):
         fence: Fence | None = None,
     ) -> Approval:
         """Create a pending approval; for an ``action_key`` that has one, return that one."""
-        with self.fenced(fence, at):
+        with self.lease.fenced(fence, at):
             if action_key is not None:
-                row = self.store.fetch_one(sql.SELECT_APPROVAL_BY_KEY, {"action_key": action_key})
+                row = self.db.fetch_one(sql.SELECT_APPROVAL_BY_KEY, {"action_key": action_key})
                 if row is not None:
                     return rows.approval(row)
-            row = self.store.fetch_one(
+            row = self.db.fetch_one(
                 sql.INSERT_APPROVAL,
                 {
                     "kind": kind,
@@ -48,8 +54,8 @@ class ApprovalStore(LeaseStore):
                 },
             )
             assert row is not None
-            approval_id = int(row[0])
-            self.store.append_audit(
+            approval_id = int(row["id"])
+            self.store.audit.append_audit(
                 at,
                 actor,
                 AuditKind.DECISION,
@@ -61,13 +67,13 @@ class ApprovalStore(LeaseStore):
             return self.get_approval(approval_id)
 
     def get_approval(self, approval_id: int) -> Approval:
-        row = self.store.fetch_one(sql.SELECT_APPROVAL, {"id": int(approval_id)})
+        row = self.db.fetch_one(sql.SELECT_APPROVAL, {"id": int(approval_id)})
         if row is None:
             raise NotFound(f"no approval {approval_id}")
         return rows.approval(row)
 
     def approval_for(self, action_key: str) -> Approval | None:
-        row = self.store.fetch_one(sql.SELECT_APPROVAL_BY_KEY, {"action_key": action_key})
+        row = self.db.fetch_one(sql.SELECT_APPROVAL_BY_KEY, {"action_key": action_key})
         return None if row is None else rows.approval(row)
 
     def list_approvals(
@@ -77,7 +83,7 @@ class ApprovalStore(LeaseStore):
             "state": None if state is None else ApprovalState(state).value,
             "incident_id": incident_id,
         }
-        return [rows.approval(r) for r in self.store.fetch_all(sql.SELECT_APPROVALS, params)]
+        return [rows.approval(r) for r in self.db.fetch_all(sql.SELECT_APPROVALS, params)]
 
     def decide_approval(
         self, approval_id: int, state: ApprovalState, *, actor: str, reason: str, at: float
@@ -92,7 +98,7 @@ class ApprovalStore(LeaseStore):
         with self.store.transaction():
             approval = self.get_approval(approval_id)
             check_approval_transition(approval.state, state)
-            self.store.execute(
+            self.db.execute(
                 sql.DECIDE_APPROVAL,
                 {
                     "id": int(approval_id),
@@ -102,7 +108,7 @@ class ApprovalStore(LeaseStore):
                     "reason": reason,
                 },
             )
-            self.store.append_audit(
+            self.store.audit.append_audit(
                 at,
                 actor,
                 AuditKind.DECISION,

@@ -22,8 +22,11 @@ def _subject_like(subject: str | None) -> str | None:
     return prefix + "%"
 
 
-class AuditLog(Database):
-    """Appending to and reading the audit log."""
+class AuditLog:
+    """Appending to and reading the audit log of one database."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
 
     def append_audit(
         self,
@@ -39,8 +42,8 @@ class AuditLog(Database):
     ) -> int:
         """Append one audit record; returns its id. Raises ``ValueError`` for an unknown kind."""
         kind = AuditKind(kind)
-        with self.transaction():
-            row = self.fetch_one(
+        with self.db.transaction():
+            row = self.db.fetch_one(
                 sql.INSERT_AUDIT,
                 {
                     "at": float(at),
@@ -54,7 +57,7 @@ class AuditLog(Database):
                 },
             )
             assert row is not None
-            return int(row[0])
+            return int(row["id"])
 
     def list_audit(
         self,
@@ -84,9 +87,9 @@ class AuditLog(Database):
             "job_id": job_id,
             "incident_id": incident_id,
             "after_id": after_id,
-            "limit": self.dialect.no_limit if limit is None else max(0, int(limit)),
+            "limit": self.db.dialect.no_limit if limit is None else max(0, int(limit)),
         }
-        found = self.fetch_all(
+        found = self.db.fetch_all(
             sql.SELECT_AUDIT_NEWEST if newest else sql.SELECT_AUDIT_OLDEST, params
         )
         if newest:
@@ -94,13 +97,11 @@ class AuditLog(Database):
         return [rows.audit_event(r) for r in found]
 
     def count_audit(self) -> int:
-        row = self.fetch_one(sql.COUNT_AUDIT)
-        return 0 if row is None else int(row[0])
+        return int(self.db.fetch_value(sql.COUNT_AUDIT) or 0)
 
     def last_audit_id(self) -> int:
         """The newest audit record's id (0 for an empty log)."""
-        row = self.fetch_one(sql.SELECT_LAST_AUDIT_ID)
-        return 0 if row is None or row[0] is None else int(row[0])
+        return int(self.db.fetch_value(sql.SELECT_LAST_AUDIT_ID) or 0)
 
 
 __all__ = ["AuditLog"]

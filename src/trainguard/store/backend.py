@@ -15,6 +15,7 @@ imports neither, so database -> dialect -> backend has no cycle.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from trainguard.store import schema
 
@@ -41,8 +42,14 @@ class Dialect:
         return migration.sqlite_only
 
 
+class Row(Protocol):
+    """A row read by column name (``sqlite3.Row`` on SQLite, ``postgres.PgRow`` on PostgreSQL)."""
+
+    def __getitem__(self, key: str | int, /) -> Any: ...
+
+
 def is_postgres_url(target: object) -> bool:
     return isinstance(target, str) and target.startswith(POSTGRES_SCHEMES)
 
 
-__all__ = ["POSTGRES_SCHEMES", "Dialect", "is_postgres_url"]
+__all__ = ["POSTGRES_SCHEMES", "Dialect", "Row", "is_postgres_url"]

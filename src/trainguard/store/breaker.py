@@ -17,7 +17,7 @@ class BreakerStore(FleetBase):
     """The circuit breaker, the quarantines it counts and what it suppressed."""
 
     def get_breaker(self, name: str) -> BreakerStatus:
-        row = self.store.fetch_one(sql.SELECT_BREAKER, {"name": name})
+        row = self.db.fetch_one(sql.SELECT_BREAKER, {"name": name})
         if row is None:
             return BreakerStatus(name=name, state=BreakerState.CLOSED, changed_at=0.0)
         return rows.breaker(row)
@@ -30,7 +30,7 @@ class BreakerStore(FleetBase):
         with self.store.transaction():
             old = self.get_breaker(name)
             check_breaker_transition(old.state, state)
-            self.store.execute(
+            self.db.execute(
                 sql.UPSERT_BREAKER,
                 {
                     "name": name,
@@ -40,7 +40,7 @@ class BreakerStore(FleetBase):
                     "reason": reason,
                 },
             )
-            self.store.append_audit(
+            self.store.audit.append_audit(
                 at,
                 actor,
                 AuditKind.STATE if state is BreakerState.CLOSED else AuditKind.ERROR,
@@ -62,7 +62,7 @@ class BreakerStore(FleetBase):
         incident_id: int | None = None,
     ) -> Suppression:
         with self.store.transaction():
-            row = self.store.fetch_one(
+            row = self.db.fetch_one(
                 sql.INSERT_SUPPRESSION,
                 {
                     "at": float(at),
@@ -74,8 +74,8 @@ class BreakerStore(FleetBase):
                 },
             )
             assert row is not None
-            self.store.execute(sql.COUNT_SUPPRESSED, {"name": breaker})
-            self.store.append_audit(
+            self.db.execute(sql.COUNT_SUPPRESSED, {"name": breaker})
+            self.store.audit.append_audit(
                 at,
                 actor,
                 AuditKind.DECISION,
@@ -85,13 +85,13 @@ class BreakerStore(FleetBase):
                 incident_id=incident_id,
             )
             return Suppression(
-                int(row[0]), float(at), breaker, resource_kind, resource_id, reason, incident_id
+                int(row["id"]), float(at), breaker, resource_kind, resource_id, reason, incident_id
             )
 
     def list_suppressions(self, *, since: float | None = None) -> list[Suppression]:
         return [
             rows.suppression(r)
-            for r in self.store.fetch_all(sql.SELECT_SUPPRESSIONS, {"since": since})
+            for r in self.db.fetch_all(sql.SELECT_SUPPRESSIONS, {"since": since})
         ]
 
     def record_quarantine(
@@ -99,7 +99,7 @@ class BreakerStore(FleetBase):
     ) -> None:
         """Count a quarantine for the breaker's window (append-only)."""
         with self.store.transaction():
-            self.store.fetch_one(
+            self.db.fetch_one(
                 sql.INSERT_QUARANTINE,
                 {
                     "at": float(at),
@@ -110,10 +110,10 @@ class BreakerStore(FleetBase):
             )
 
     def quarantined_since(self, resource_kind: str, since: float) -> int:
-        row = self.store.fetch_one(
+        count = self.db.fetch_value(
             sql.COUNT_QUARANTINED_SINCE, {"resource_kind": resource_kind, "since": float(since)}
         )
-        return 0 if row is None else int(row[0])
+        return int(count or 0)
 
 
 __all__ = ["BreakerStore"]

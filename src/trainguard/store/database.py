@@ -1,17 +1,20 @@
 """One connection to the state database: opening, migrating, transactions, queries.
 
-:class:`Database` is the base every part of the store builds on: the
-backend-neutral :class:`~trainguard.store.core.Store` is a ``Database`` with the
-concept modules (audit, jobs, incidents, health) mixed in, and the control plane's
-:class:`~trainguard.store.fleet.FleetStore` shares one through its public methods
-(:meth:`Database.transaction`, :meth:`fetch_one`, :meth:`fetch_all`,
-:meth:`execute`), so a fleet write and a store write can be one transaction.
+:class:`Database` is what every repository of the store stands on: the
+backend-neutral :class:`~trainguard.store.core.Store` holds one (``store.db``) and gives
+it to its repositories (audit, jobs, incidents, devices), and the control plane's
+:class:`~trainguard.store.fleet.FleetStore` repositories share the same one through its
+public methods (:meth:`Database.transaction`, :meth:`fetch_one`, :meth:`fetch_all`,
+:meth:`fetch_value`, :meth:`execute`), so a fleet write and a store write can be one transaction.
 
 * What differs between SQLite and PostgreSQL is in one
   :class:`~trainguard.store.backend.Dialect`; the dialect modules do not import this
   one (imports: database -> {sqlite, postgres} -> backend, errors).
 * No clock reads: every time is an argument (``at``).
 * A connection may be used from several threads of one process; a lock serialises them.
+* Rows are read by column name (decision 0438): ``sqlite3.Row`` on SQLite, its
+  equivalent :class:`~trainguard.store.postgres.PgRow` on PostgreSQL (both also read by
+  position); a query of one value uses :meth:`Database.fetch_value`.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any, Self
 
 from trainguard.store import schema
 from trainguard.store import sqlite as sqlite_dialect
-from trainguard.store.backend import Dialect, is_postgres_url
+from trainguard.store.backend import Dialect, Row, is_postgres_url
 from trainguard.store.errors import SchemaTooNew, StoreError
 
 DEFAULT_BUSY_TIMEOUT_S = 30.0
@@ -174,18 +177,24 @@ class Database:
             self._depth -= 1
             self._conn.execute("COMMIT" if depth == 0 else f"RELEASE {savepoint}")
 
-    def fetch_one(self, query: str, params: dict[str, Any] | None = None) -> tuple[Any, ...] | None:
-        """The first row of ``query`` (``None`` when there is none)."""
+    def fetch_one(self, query: str, params: dict[str, Any] | None = None) -> Row | None:
+        """The first row of ``query`` (``None`` when there is none), read by column name."""
         # fetchall, not fetchone: a half-read statement (INSERT ... RETURNING) stays
         # active and would make the COMMIT fail.
         with self._lock:
             rows = self._conn.execute(query, params or {}).fetchall()
-        return tuple(rows[0]) if rows else None
+        return rows[0] if rows else None
 
-    def fetch_all(self, query: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
-        """Every row of ``query``."""
+    def fetch_all(self, query: str, params: dict[str, Any] | None = None) -> list[Row]:
+        """Every row of ``query``, each read by column name."""
         with self._lock:
             return list(self._conn.execute(query, params or {}).fetchall())
+
+    def fetch_value(self, query: str, params: dict[str, Any] | None = None) -> Any:
+        """The first column of the first row of ``query`` (``None`` when there is no row):
+        a count, a maximum, the id ``INSERT ... RETURNING id`` gives."""
+        row = self.fetch_one(query, params)
+        return None if row is None else row[0]
 
     def execute(self, query: str, params: dict[str, Any] | None = None) -> int:
         """Run a statement; returns the number of rows it changed."""

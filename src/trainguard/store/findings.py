@@ -24,7 +24,7 @@ class FindingStore(FleetBase):
         """Keep one finding (``Finding.to_dict()``) as reported; returns its id. Not audited
         (hot path: agents report continuously; what matters is audited when it is used)."""
         with self.store.transaction():
-            row = self.store.fetch_one(
+            row = self.db.fetch_one(
                 sql.INSERT_FINDING,
                 {
                     "at": float(finding["at"]),
@@ -39,19 +39,19 @@ class FindingStore(FleetBase):
                 },
             )
             assert row is not None
-            return int(row[0])
+            return int(row["id"])
 
     def findings_between(
         self, since: float, until: float, *, host: str | None = None, job_id: str | None = None
     ) -> list[dict[str, Any]]:
-        found = self.store.fetch_all(
+        found = self.db.fetch_all(
             sql.SELECT_FINDINGS,
             {"since": float(since), "until": float(until), "host": host, "job_id": job_id},
         )
         return [rows.finding(r) for r in found]
 
     def findings_after(self, after_id: int, limit: int = 1000) -> list[dict[str, Any]]:
-        found = self.store.fetch_all(
+        found = self.db.fetch_all(
             sql.SELECT_FINDINGS_AFTER, {"after_id": int(after_id), "limit": limit}
         )
         return [rows.finding(r) for r in found]

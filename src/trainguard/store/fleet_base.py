@@ -1,11 +1,12 @@
-"""What every part of the control-plane store stands on: the core :class:`Store` it shares.
+"""What every repository of the control-plane store stands on: the core :class:`Store` it shares.
 
-The :class:`~trainguard.store.fleet.FleetStore` is assembled from one class per
+The :class:`~trainguard.store.fleet.FleetStore` is composed of one repository per
 concept (lease, nodes, managed jobs, policies, findings, ledger, approvals, breaker,
-repairs, outbox), each a :class:`FleetBase`. They reach the database only through
-the core store's public methods (``transaction``, ``fetch_one``, ``fetch_all``,
-``execute``, ``append_audit``), so a fleet write and a store write (an incident
-update, a device quarantine, an audit record) can be one atomic transaction.
+repairs, outbox, tokens), each a :class:`FleetBase`. They reach the database through
+the store's one :class:`~trainguard.store.database.Database` (``db``: ``fetch_one``,
+``fetch_all``, ``execute``) and its repositories (``store.audit``, ``store.jobs``, ...),
+so a fleet write and a store write (an incident update, a device quarantine, an audit
+record) can be one atomic transaction (``store.transaction()``).
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from trainguard.store.core import Store
 
 
 class FleetBase:
-    """The control-plane tables of one :class:`Store` (and that store itself)."""
+    """One control-plane repository of one :class:`Store` (and that store itself)."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        self.db = store.db
 
     def transaction(self) -> AbstractContextManager[None]:
         return self.store.transaction()

@@ -13,9 +13,9 @@ class FleetJobStore(FleetBase):
 
     def add_fleet_job(self, job: FleetJob) -> FleetJob:
         with self.store.transaction():
-            self.store.get_job(job.job_id)
+            self.store.jobs.get_job(job.job_id)
             try:
-                self.store.execute(
+                self.db.execute(
                     sql.INSERT_FLEET_JOB,
                     {
                         "job_id": job.job_id,
@@ -26,7 +26,7 @@ class FleetJobStore(FleetBase):
                         "registered_at": job.registered_at,
                     },
                 )
-            except self.store.dialect.integrity_errors as exc:
+            except self.db.dialect.integrity_errors as exc:
                 raise StoreError(
                     f"job {job.job_id!r} or scheduler job {job.scheduler_ref!r} is already managed"
                 ) from exc
@@ -34,7 +34,7 @@ class FleetJobStore(FleetBase):
 
     def update_fleet_job(self, job: FleetJob) -> FleetJob:
         with self.store.transaction():
-            changed = self.store.execute(
+            changed = self.db.execute(
                 sql.UPDATE_FLEET_JOB,
                 {
                     "job_id": job.job_id,
@@ -48,17 +48,17 @@ class FleetJobStore(FleetBase):
             return self.get_fleet_job(job.job_id)
 
     def get_fleet_job(self, job_id: str) -> FleetJob:
-        row = self.store.fetch_one(sql.SELECT_FLEET_JOB, {"job_id": job_id})
+        row = self.db.fetch_one(sql.SELECT_FLEET_JOB, {"job_id": job_id})
         if row is None:
             raise NotFound(f"job {job_id!r} is not managed")
         return rows.fleet_job(row)
 
     def find_fleet_job(self, scheduler_ref: str) -> FleetJob | None:
-        row = self.store.fetch_one(sql.SELECT_FLEET_JOB_BY_REF, {"scheduler_ref": scheduler_ref})
+        row = self.db.fetch_one(sql.SELECT_FLEET_JOB_BY_REF, {"scheduler_ref": scheduler_ref})
         return None if row is None else rows.fleet_job(row)
 
     def list_fleet_jobs(self) -> list[FleetJob]:
-        return [rows.fleet_job(r) for r in self.store.fetch_all(sql.SELECT_FLEET_JOBS, {})]
+        return [rows.fleet_job(r) for r in self.db.fetch_all(sql.SELECT_FLEET_JOBS, {})]
 
 
 __all__ = ["FleetJobStore"]

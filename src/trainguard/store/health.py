@@ -26,6 +26,7 @@ from trainguard.model.records import AuditKind, DeviceRecord, HealthChange
 from trainguard.model.statemachine import IllegalTransition
 from trainguard.store import rows, sql
 from trainguard.store.audit import AuditLog
+from trainguard.store.database import Database
 from trainguard.store.errors import NotFound
 
 
@@ -70,7 +71,7 @@ def _insert_history(
     job_id: str | None = None,
     incident_id: int | None = None,
 ) -> None:
-    log.fetch_one(
+    log.db.fetch_one(
         resource.insert_history,
         {
             "key": key,
@@ -111,23 +112,27 @@ def transition_health(
     new_state = HealthState(new_state)
     if not reason or not reason.strip():
         raise ValueError(f"a {resource.kind} health change needs a reason")
-    with log.transaction():
-        row = log.fetch_one(resource.select_state, {"key": key})
+    with log.db.transaction():
+        row = log.db.fetch_one(resource.select_state, {"key": key})
         if row is None:
             raise NotFound(f"no {resource.kind} {key!r}")
-        old = HealthState(row[0])
+        old = HealthState(row["state"])
         check_health_transition(old, new_state, f"{resource.kind} health")
-        log.execute(
+        log.db.execute(
             resource.update_state,
             {"key": key, "state": new_state.value, "reason": reason, "at": float(at)},
         )
         # The incident's own cause is said by the incident: its line points at it.
         cause = (
-            log.fetch_one(sql.SELECT_INCIDENT_SUMMARY, {"id": int(incident_id)})
+            log.db.fetch_one(sql.SELECT_INCIDENT_SUMMARY, {"id": int(incident_id)})
             if incident_id is not None
             else None
         )
-        why = f"incident {incident_id}" if cause is not None and cause[0] == reason else reason
+        why = (
+            f"incident {incident_id}"
+            if cause is not None and cause["summary"] == reason
+            else reason
+        )
         audit_id = log.append_audit(
             at,
             actor,
@@ -176,12 +181,16 @@ def health_history(log: AuditLog, resource: HealthResource, key: str) -> list[He
     """Every health change of ``key``, oldest first."""
     return [
         rows.health_change(r, resource.kind)
-        for r in log.fetch_all(resource.select_history, {"key": key})
+        for r in log.db.fetch_all(resource.select_history, {"key": key})
     ]
 
 
-class DeviceStore(AuditLog):
+class DeviceStore:
     """The devices (GPUs) an inventory saw and their health."""
+
+    def __init__(self, db: Database, audit: AuditLog) -> None:
+        self.db = db
+        self.audit = audit
 
     def register_devices(
         self, devices: Iterable[Device], *, at: float, actor: str = "trainguard"
@@ -192,7 +201,7 @@ class DeviceStore(AuditLog):
         Returns the records of the given devices, in the order given.
         """
         devs = list(devices)
-        with self.transaction():
+        with self.db.transaction():
             for d in devs:
                 params = {
                     "uuid": d.uuid,
@@ -203,14 +212,14 @@ class DeviceStore(AuditLog):
                     "memory_mb": d.memory_mb,
                     "at": float(at),
                 }
-                if self.fetch_one(sql.SELECT_DEVICE, {"uuid": d.uuid}) is not None:
-                    self.execute(sql.UPDATE_DEVICE_SEEN, params)
+                if self.db.fetch_one(sql.SELECT_DEVICE, {"uuid": d.uuid}) is not None:
+                    self.db.execute(sql.UPDATE_DEVICE_SEEN, params)
                     continue
-                self.execute(
+                self.db.execute(
                     sql.INSERT_DEVICE,
                     {**params, "state": HealthState.HEALTHY.value, "reason": "registered"},
                 )
-                audit_id = self.append_audit(
+                audit_id = self.audit.append_audit(
                     at,
                     actor,
                     AuditKind.OBSERVATION,
@@ -218,11 +227,13 @@ class DeviceStore(AuditLog):
                     f"device {d.index} {d.uuid} ({d.pci_bus_id}, {d.model}) registered",
                     d.to_dict(),
                 )
-                record_registration(self, DEVICE, d.uuid, actor=actor, at=at, audit_id=audit_id)
+                record_registration(
+                    self.audit, DEVICE, d.uuid, actor=actor, at=at, audit_id=audit_id
+                )
             return [self.get_device(d.uuid) for d in devs]
 
     def get_device(self, uuid: str) -> DeviceRecord:
-        row = self.fetch_one(sql.SELECT_DEVICE, {"uuid": uuid})
+        row = self.db.fetch_one(sql.SELECT_DEVICE, {"uuid": uuid})
         if row is None:
             raise NotFound(f"no device {uuid!r}")
         return rows.device(row)
@@ -231,7 +242,7 @@ class DeviceStore(AuditLog):
         return self.get_device(uuid).state
 
     def list_devices(self, *, host: str | None = None) -> list[DeviceRecord]:
-        return [rows.device(r) for r in self.fetch_all(sql.SELECT_DEVICES, {"host": host})]
+        return [rows.device(r) for r in self.db.fetch_all(sql.SELECT_DEVICES, {"host": host})]
 
     def find_device(self, ident: str, *, host: str | None = None) -> DeviceRecord:
         """Resolve a device by UUID, PCI bus id (any accepted spelling) or index.
@@ -240,27 +251,27 @@ class DeviceStore(AuditLog):
         devices (the same index on two hosts) raises ``NotFound`` with the choices.
         """
         ident = ident.strip()
-        row = self.fetch_one(sql.SELECT_DEVICE, {"uuid": ident})
+        row = self.db.fetch_one(sql.SELECT_DEVICE, {"uuid": ident})
         if row is not None:
             return rows.device(row)
-        found: list[tuple[Any, ...]] = []
+        found: list[rows.Row] = []
         # isascii: "²".isdigit() is true but int("²") fails; an index past 64 bits
         # cannot be stored, so it matches nothing rather than overflowing the query.
         if ident.isascii() and ident.isdigit() and len(ident) <= 19:
             idx = int(ident)
             if idx < 2**63:
-                found = self.fetch_all(sql.SELECT_DEVICES_BY_INDEX, {"idx": idx, "host": host})
+                found = self.db.fetch_all(sql.SELECT_DEVICES_BY_INDEX, {"idx": idx, "host": host})
         else:
             try:
                 pci = normalize_pci_bus_id(ident)
             except ValueError:
                 pci = None
             if pci is not None:
-                found = self.fetch_all(sql.SELECT_DEVICES_BY_PCI, {"pci_bus_id": pci})
+                found = self.db.fetch_all(sql.SELECT_DEVICES_BY_PCI, {"pci_bus_id": pci})
         if not found:
             raise NotFound(f"no device {ident!r} (give a UUID, a PCI bus id or an index)")
         if len(found) > 1:
-            choices = ", ".join(f"{r[0]} on {r[1]}" for r in found)
+            choices = ", ".join(f"{r['uuid']} on {r['host']}" for r in found)
             raise NotFound(f"{ident!r} matches several devices ({choices}): give the UUID")
         return rows.device(found[0])
 
@@ -284,10 +295,10 @@ class DeviceStore(AuditLog):
         new_state = HealthState(new_state)
         if not reason or not reason.strip():
             raise ValueError("a device health change needs a reason")
-        with self.transaction():
+        with self.db.transaction():
             dev = self.get_device(uuid)
             transition_health(
-                self,
+                self.audit,
                 DEVICE,
                 uuid,
                 new_state,
@@ -313,13 +324,13 @@ class DeviceStore(AuditLog):
         return self.transition_device(uuid, HealthState.HEALTHY, reason, actor, at)
 
     def device_history(self, uuid: str) -> list[HealthChange]:
-        return health_history(self, DEVICE, uuid)
+        return health_history(self.audit, DEVICE, uuid)
 
     def incident_health_changes(self, incident_id: int) -> list[HealthChange]:
         """Device health changes made on behalf of an incident (its quarantines)."""
         return [
             rows.health_change(r)
-            for r in self.fetch_all(
+            for r in self.db.fetch_all(
                 sql.SELECT_DEVICE_HEALTH_BY_INCIDENT, {"incident_id": int(incident_id)}
             )
         ]

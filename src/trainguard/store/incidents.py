@@ -21,6 +21,8 @@ from trainguard.model.records import (
     iso_utc,
 )
 from trainguard.store import rows, sql
+from trainguard.store.audit import AuditLog
+from trainguard.store.database import Database
 from trainguard.store.errors import NotFound
 from trainguard.store.jobs import JobStore
 
@@ -53,8 +55,13 @@ def _describe_changes(changes: dict[str, Any], evidence: Sequence[str]) -> str:
 _TIMES = frozenset({"fault_at", "acted_at", "recovered_at", "closed_at"})
 
 
-class IncidentStore(JobStore):
-    """Incidents (an incident belongs to a job, hence the base)."""
+class IncidentStore:
+    """Incidents and their plans (an incident belongs to a job: it reads the jobs)."""
+
+    def __init__(self, db: Database, audit: AuditLog, jobs: JobStore) -> None:
+        self.db = db
+        self.audit = audit
+        self.jobs = jobs
 
     # --- incidents -------------------------------------------------------------------
 
@@ -79,9 +86,9 @@ class IncidentStore(JobStore):
         if fault_at is not None:
             timeline.append({"at": float(fault_at), "what": "fault"})
         timeline.append({"at": float(detected_at), "what": what})
-        with self.transaction():
-            self.get_job(job_id)
-            row = self.fetch_one(
+        with self.db.transaction():
+            self.jobs.get_job(job_id)
+            row = self.db.fetch_one(
                 sql.INSERT_INCIDENT,
                 {
                     "job_id": job_id,
@@ -107,8 +114,8 @@ class IncidentStore(JobStore):
                 },
             )
             assert row is not None
-            incident_id = int(row[0])
-            self.append_audit(
+            incident_id = int(row["id"])
+            self.audit.append_audit(
                 detected_at,
                 actor,
                 AuditKind.OBSERVATION,
@@ -129,7 +136,7 @@ class IncidentStore(JobStore):
             return self.get_incident(incident_id)
 
     def get_incident(self, incident_id: int) -> IncidentRecord:
-        row = self.fetch_one(sql.SELECT_INCIDENT, {"id": int(incident_id)})
+        row = self.db.fetch_one(sql.SELECT_INCIDENT, {"id": int(incident_id)})
         if row is None:
             raise NotFound(f"no incident {incident_id}")
         return rows.incident(row)
@@ -138,10 +145,10 @@ class IncidentStore(JobStore):
         self, *, job_id: str | None = None, state: IncidentState | None = None
     ) -> list[IncidentRecord]:
         params = {"job_id": job_id, "state": None if state is None else IncidentState(state).value}
-        return [rows.incident(r) for r in self.fetch_all(sql.SELECT_INCIDENTS, params)]
+        return [rows.incident(r) for r in self.db.fetch_all(sql.SELECT_INCIDENTS, params)]
 
     def _write_incident(self, inc: IncidentRecord) -> None:
-        self.execute(
+        self.db.execute(
             sql.UPDATE_INCIDENT,
             {
                 "id": inc.id,
@@ -218,7 +225,7 @@ class IncidentStore(JobStore):
           when the change sets one of them and gives no ``lost_steps``.
         """
         added = tuple(evidence)
-        with self.transaction():
+        with self.db.transaction():
             old = self.get_incident(incident_id)
             inc = old
             timeline = list(inc.timeline)
@@ -295,7 +302,7 @@ class IncidentStore(JobStore):
                 data["note"] = note
             if note_details:
                 data["note_details"] = note_details
-            self.append_audit(
+            self.audit.append_audit(
                 at,
                 actor,
                 kind,
@@ -322,7 +329,7 @@ class IncidentStore(JobStore):
         """
         entry = dict(action)
         entry.setdefault("at", iso_utc(at))
-        with self.transaction():
+        with self.db.transaction():
             inc = self.get_incident(incident_id)
             what = str(entry.get("type", "action"))
             detail = entry.get("summary") or entry.get("message")
@@ -336,7 +343,7 @@ class IncidentStore(JobStore):
                 ),
             )
             self._write_incident(inc)
-            self.append_audit(
+            self.audit.append_audit(
                 at,
                 actor,
                 audit_kind,
@@ -362,7 +369,7 @@ class IncidentStore(JobStore):
         controller that restarts can tell which plan it was carrying out. The
         decision is audited in the same transaction.
         """
-        with self.transaction():
+        with self.db.transaction():
             inc = self.get_incident(incident_id)
             generation = inc.plan_generation + 1
             kinds = [str(a.get("type")) for a in plan.get("actions", []) if isinstance(a, dict)]
@@ -377,7 +384,7 @@ class IncidentStore(JobStore):
                 ),
             )
             self._write_incident(inc)
-            self.append_audit(
+            self.audit.append_audit(
                 at,
                 actor,
                 AuditKind.DECISION,

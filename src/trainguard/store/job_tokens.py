@@ -16,17 +16,20 @@ class JobTokenStore(FleetBase):
     """The hashes of the jobs' progress tokens."""
 
     def add_job_token(self, token_hash: str, job_id: str, *, at: float, actor: str) -> None:
-        self.store.execute(
+        self.db.execute(
             sql.INSERT_JOB_TOKEN,
             {"token_hash": token_hash, "job_id": job_id, "at": float(at), "actor": actor},
         )
 
     def delete_job_token(self, token_hash: str) -> int:
-        return self.store.execute(sql.DELETE_JOB_TOKEN, {"token_hash": token_hash})
+        return self.db.execute(sql.DELETE_JOB_TOKEN, {"token_hash": token_hash})
 
     def live_job_tokens(self) -> dict[str, str]:
         """Token hash -> job id, for every job that is not over."""
-        return {str(h): str(j) for h, j in self.store.fetch_all(sql.SELECT_LIVE_JOB_TOKENS)}
+        return {
+            str(r["token_hash"]): str(r["job_id"])
+            for r in self.db.fetch_all(sql.SELECT_LIVE_JOB_TOKENS)
+        }
 
 
 __all__ = ["JobTokenStore"]

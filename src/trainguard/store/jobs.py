@@ -23,11 +23,16 @@ from trainguard.model.records import (
 )
 from trainguard.store import rows, sql
 from trainguard.store.audit import AuditLog
+from trainguard.store.database import Database
 from trainguard.store.errors import NotFound, StoreError
 
 
-class JobStore(AuditLog):
-    """Jobs and attempts."""
+class JobStore:
+    """Jobs and attempts; every change audited in its own transaction."""
+
+    def __init__(self, db: Database, audit: AuditLog) -> None:
+        self.db = db
+        self.audit = audit
 
     # --- jobs ------------------------------------------------------------------------
 
@@ -57,9 +62,9 @@ class JobStore(AuditLog):
             checkpoint_dir=checkpoint_dir,
             updated_at=float(at),
         )
-        with self.transaction():
+        with self.db.transaction():
             try:
-                self.execute(
+                self.db.execute(
                     sql.INSERT_JOB,
                     {
                         "id": job.id,
@@ -76,9 +81,9 @@ class JobStore(AuditLog):
                         "reason": None,
                     },
                 )
-            except self.dialect.integrity_errors as exc:
+            except self.db.dialect.integrity_errors as exc:
                 raise StoreError(f"job {job.id!r} already exists") from exc
-            self.append_audit(
+            self.audit.append_audit(
                 at,
                 actor,
                 AuditKind.STATE,
@@ -90,13 +95,13 @@ class JobStore(AuditLog):
         return job
 
     def get_job(self, job_id: str) -> JobRecord:
-        row = self.fetch_one(sql.SELECT_JOB, {"id": job_id})
+        row = self.db.fetch_one(sql.SELECT_JOB, {"id": job_id})
         if row is None:
             raise NotFound(f"no job {job_id!r}")
         return rows.job(row)
 
     def list_jobs(self) -> list[JobRecord]:
-        return [rows.job(r) for r in self.fetch_all(sql.SELECT_JOBS, {})]
+        return [rows.job(r) for r in self.db.fetch_all(sql.SELECT_JOBS, {})]
 
     def update_job_state(
         self,
@@ -109,11 +114,11 @@ class JobStore(AuditLog):
     ) -> JobRecord:
         """Move a job along its state machine (raises ``IllegalTransition``); audited."""
         state = JobState(state)
-        with self.transaction():
+        with self.db.transaction():
             job = self.get_job(job_id)
             check_job_transition(job.state, state)
             ended_at = float(at) if state.terminal else None
-            self.execute(
+            self.db.execute(
                 sql.UPDATE_JOB_STATE,
                 {
                     "id": job_id,
@@ -123,7 +128,7 @@ class JobStore(AuditLog):
                     "reason": reason,
                 },
             )
-            self.append_audit(
+            self.audit.append_audit(
                 at,
                 actor,
                 AuditKind.STATE,
@@ -150,10 +155,10 @@ class JobStore(AuditLog):
     ) -> AttemptRecord:
         """Record attempt ``number`` of a job as ``starting`` on ``devices``; audited."""
         devs = tuple(devices)
-        with self.transaction():
+        with self.db.transaction():
             self.get_job(job_id)
             try:
-                self.execute(
+                self.db.execute(
                     sql.INSERT_ATTEMPT,
                     {
                         "job_id": job_id,
@@ -166,9 +171,9 @@ class JobStore(AuditLog):
                         "log_path": log_path,
                     },
                 )
-            except self.dialect.integrity_errors as exc:
+            except self.db.dialect.integrity_errors as exc:
                 raise StoreError(f"attempt {number} of job {job_id!r} already exists") from exc
-            self.append_audit(
+            self.audit.append_audit(
                 at,
                 actor,
                 AuditKind.ACTION,
@@ -187,25 +192,25 @@ class JobStore(AuditLog):
 
     def get_attempt(self, job_id: str, number: int) -> AttemptRecord:
         key = {"job_id": job_id, "number": int(number)}
-        row = self.fetch_one(sql.SELECT_ATTEMPT, key)
+        row = self.db.fetch_one(sql.SELECT_ATTEMPT, key)
         if row is None:
             raise NotFound(f"no attempt {number} of job {job_id!r}")
-        reports = [rows.rank_report(r) for r in self.fetch_all(sql.SELECT_ATTEMPT_RANKS, key)]
+        reports = [rows.rank_report(r) for r in self.db.fetch_all(sql.SELECT_ATTEMPT_RANKS, key)]
         return rows.attempt(row, reports)
 
     def list_attempts(self, job_id: str) -> list[AttemptRecord]:
-        found = self.fetch_all(sql.SELECT_ATTEMPTS, {"job_id": job_id})
+        found = self.db.fetch_all(sql.SELECT_ATTEMPTS, {"job_id": job_id})
         if not found:
             return []
         by_attempt: dict[int, list[RankReport]] = {}
-        for r in self.fetch_all(sql.SELECT_JOB_RANKS, {"job_id": job_id}):
-            by_attempt.setdefault(int(r[0]), []).append(rows.rank_report(r))
-        return [rows.attempt(r, by_attempt.get(int(r[1]), ())) for r in found]
+        for r in self.db.fetch_all(sql.SELECT_JOB_RANKS, {"job_id": job_id}):
+            by_attempt.setdefault(int(r["attempt"]), []).append(rows.rank_report(r))
+        return [rows.attempt(r, by_attempt.get(int(r["number"]), ())) for r in found]
 
     def update_attempt_progress(self, job_id: str, number: int, step: int, *, at: float) -> None:
         """Note a progress report: the first one sets ``first_step``; not audited (hot path)."""
-        with self.transaction():
-            changed = self.execute(
+        with self.db.transaction():
+            changed = self.db.execute(
                 sql.UPDATE_ATTEMPT_PROGRESS,
                 {"job_id": job_id, "number": int(number), "step": int(step), "at": float(at)},
             )
@@ -219,8 +224,8 @@ class JobStore(AuditLog):
         progress line): the attempt keeps the first and the highest of one rank, for a
         step rate on the job's clock (decision 0320). Not audited (hot path); a report of
         another rank, or of an unknown attempt, changes nothing."""
-        with self.transaction():
-            self.execute(
+        with self.db.transaction():
+            self.db.execute(
                 sql.UPDATE_ATTEMPT_JOB_TIME,
                 {
                     "job_id": job_id,
@@ -237,11 +242,11 @@ class JobStore(AuditLog):
 
         One row per (attempt, rank), upserted (decision 0406): the cost of a report
         does not grow with the number of ranks the attempt has."""
-        with self.transaction():
+        with self.db.transaction():
             key = {"job_id": job_id, "number": int(number)}
-            if self.fetch_one(sql.SELECT_ATTEMPT_EXISTS, key) is None:
+            if self.db.fetch_one(sql.SELECT_ATTEMPT_EXISTS, key) is None:
                 return
-            self.execute(
+            self.db.execute(
                 sql.UPSERT_ATTEMPT_RANK,
                 {
                     **key,
@@ -257,30 +262,30 @@ class JobStore(AuditLog):
         report that names no device, added only for a rank without one, so a rank's own
         view of its devices (0322) is never replaced. Verification expects every rank
         that reported before a failure to report again (0350)."""
-        with self.transaction():
+        with self.db.transaction():
             key = {"job_id": job_id, "number": int(number)}
-            if self.fetch_one(sql.SELECT_ATTEMPT_EXISTS, key) is None:
+            if self.db.fetch_one(sql.SELECT_ATTEMPT_EXISTS, key) is None:
                 return
             for rank in sorted({int(r) for r in ranks}):
-                self.execute(sql.INSERT_ATTEMPT_RANK_IF_NEW, {**key, "rank": rank})
+                self.db.execute(sql.INSERT_ATTEMPT_RANK_IF_NEW, {**key, "rank": rank})
 
     def note_self_reported(self, job_id: str, number: int, *, at: float) -> None:
         """The job reported a step of this attempt itself (trainguard.train): from now on
         its reports, not its output's step-like lines, are its progress (0397). Kept in
         the store, for whichever process reads the attempt's output; the first report's
         time stays. Not audited (hot path); an unknown attempt changes nothing."""
-        with self.transaction():
-            self.execute(
+        with self.db.transaction():
+            self.db.execute(
                 sql.UPDATE_ATTEMPT_SELF_REPORTED,
                 {"job_id": job_id, "number": int(number), "at": float(at)},
             )
 
     def is_self_reported(self, job_id: str, number: int) -> bool:
         """Whether the job reported a step of this attempt itself (``note_self_reported``)."""
-        row = self.fetch_one(
+        row = self.db.fetch_one(
             sql.SELECT_ATTEMPT_SELF_REPORTED, {"job_id": job_id, "number": int(number)}
         )
-        return row is not None and row[0] is not None
+        return row is not None and row["self_reported_at"] is not None
 
     def record_resumed(
         self,
@@ -296,12 +301,12 @@ class JobStore(AuditLog):
         (no ``checkpoint_path``) takes it too and keeps the offered checkpoint. Returns
         whether it was taken; ``False`` when the attempt already has one (nothing
         changes). Raises ``NotFound`` for an unknown attempt."""
-        with self.transaction():
+        with self.db.transaction():
             key = {"job_id": job_id, "number": int(number)}
             if checkpoint_path is None:
-                changed = self.execute(sql.UPDATE_ATTEMPT_RESUMED_MARK, {**key, "at": float(at)})
+                changed = self.db.execute(sql.UPDATE_ATTEMPT_RESUMED_MARK, {**key, "at": float(at)})
             else:
-                changed = self.execute(
+                changed = self.db.execute(
                     sql.UPDATE_ATTEMPT_RESUMED,
                     {
                         **key,
@@ -312,7 +317,7 @@ class JobStore(AuditLog):
                 )
             if changed:
                 return True
-            if self.fetch_one(sql.SELECT_ATTEMPT_EXISTS, key) is None:
+            if self.db.fetch_one(sql.SELECT_ATTEMPT_EXISTS, key) is None:
                 raise NotFound(f"no attempt {number} of job {job_id!r}")
             return False
 
@@ -320,8 +325,8 @@ class JobStore(AuditLog):
         self, job_id: str, number: int, *, checkpoint_path: str | None, checkpoint_step: int | None
     ) -> AttemptRecord:
         """Record which checkpoint the attempt actually restored (from its ``resumed`` event)."""
-        with self.transaction():
-            changed = self.execute(
+        with self.db.transaction():
+            changed = self.db.execute(
                 sql.UPDATE_ATTEMPT_CHECKPOINT,
                 {
                     "job_id": job_id,
@@ -352,10 +357,10 @@ class JobStore(AuditLog):
         call restricted to terminal states.
         """
         state = AttemptState(state)
-        with self.transaction():
+        with self.db.transaction():
             att = self.get_attempt(job_id, number)
             check_attempt_transition(att.state, state)
-            self.execute(
+            self.db.execute(
                 sql.UPDATE_ATTEMPT_STATE,
                 {
                     "job_id": job_id,
@@ -367,7 +372,7 @@ class JobStore(AuditLog):
                     "reason": reason,
                 },
             )
-            self.append_audit(
+            self.audit.append_audit(
                 at,
                 actor,
                 AuditKind.STATE,

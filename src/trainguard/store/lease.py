@@ -38,7 +38,7 @@ class LeaseStore(FleetBase):
     """The leader lease and the fenced write transaction."""
 
     def get_lease(self, name: str) -> Lease | None:
-        row = self.store.fetch_one(sql.SELECT_LEASE, {"name": name})
+        row = self.db.fetch_one(sql.SELECT_LEASE, {"name": name})
         return None if row is None else rows.lease(row)
 
     def acquire_lease(self, name: str, holder: str, ttl: float, now: float) -> Lease | None:
@@ -54,13 +54,13 @@ class LeaseStore(FleetBase):
             current = self.get_lease(name)
             expires = float(now) + float(ttl)
             if current is None:
-                self.store.execute(
+                self.db.execute(
                     sql.INSERT_LEASE,
                     {"name": name, "holder": holder, "token": 1, "expires_at": expires, "at": now},
                 )
                 taken = Lease(name, holder, 1, expires, float(now))
             elif current.holder == holder and current.valid_at(now):
-                self.store.execute(
+                self.db.execute(
                     sql.RENEW_LEASE,
                     {
                         "name": name,
@@ -75,7 +75,7 @@ class LeaseStore(FleetBase):
                 return None
             else:
                 token = current.token + 1
-                changed = self.store.execute(
+                changed = self.db.execute(
                     sql.TAKE_LEASE,
                     {
                         "name": name,
@@ -89,7 +89,7 @@ class LeaseStore(FleetBase):
                 if changed != 1:  # pragma: no cover - writes are serialised
                     return None
                 taken = Lease(name, holder, token, expires, float(now))
-            self.store.append_audit(
+            self.store.audit.append_audit(
                 now,
                 holder,
                 AuditKind.STATE,
@@ -108,7 +108,7 @@ class LeaseStore(FleetBase):
     def release_lease(self, fence: Fence, now: float) -> bool:
         """Give the lease up at once (it expires now); False when it was not ours any more."""
         with self.store.transaction():
-            changed = self.store.execute(
+            changed = self.db.execute(
                 sql.RENEW_LEASE,
                 {
                     "name": fence.lease,
@@ -119,7 +119,7 @@ class LeaseStore(FleetBase):
                 },
             )
             if changed:
-                self.store.append_audit(
+                self.store.audit.append_audit(
                     now,
                     fence.holder,
                     AuditKind.STATE,

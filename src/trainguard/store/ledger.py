@@ -12,21 +12,27 @@ from typing import Any
 from trainguard.model.fleet import ActionRecord, ActionState, check_action_transition
 from trainguard.model.records import AuditKind
 from trainguard.store import rows, sql
+from trainguard.store.core import Store
 from trainguard.store.errors import NotFound, StoreError
+from trainguard.store.fleet_base import FleetBase
 from trainguard.store.lease import Fence, LeaseStore
 
 
-class LedgerStore(LeaseStore):
+class LedgerStore(FleetBase):
     """The action ledger: write-ahead intents and their results, exactly once."""
 
+    def __init__(self, store: Store, lease: LeaseStore) -> None:
+        super().__init__(store)
+        self.lease = lease
+
     def get_action(self, key: str) -> ActionRecord | None:
-        row = self.store.fetch_one(sql.SELECT_ACTION, {"action_key": key})
+        row = self.db.fetch_one(sql.SELECT_ACTION, {"action_key": key})
         return None if row is None else rows.action(row)
 
     def list_actions(self, incident_id: int | None = None) -> list[ActionRecord]:
         return [
             rows.action(r)
-            for r in self.store.fetch_all(sql.SELECT_ACTIONS, {"incident_id": incident_id})
+            for r in self.db.fetch_all(sql.SELECT_ACTIONS, {"incident_id": incident_id})
         ]
 
     def record_intent(
@@ -49,11 +55,11 @@ class LedgerStore(LeaseStore):
         Idempotent: when the key is already in the ledger nothing is written and
         the existing row is returned, so an intent is never recorded twice.
         """
-        with self.fenced(fence, at):
+        with self.lease.fenced(fence, at):
             existing = self.get_action(key)
             if existing is not None:
                 return existing
-            audit_id = self.store.append_audit(
+            audit_id = self.store.audit.append_audit(
                 at,
                 fence.holder,
                 AuditKind.INTENT,
@@ -63,7 +69,7 @@ class LedgerStore(LeaseStore):
                 job_id=job_id,
                 incident_id=incident_id,
             )
-            self.store.execute(
+            self.db.execute(
                 sql.INSERT_ACTION,
                 {
                     "action_key": key,
@@ -100,7 +106,7 @@ class LedgerStore(LeaseStore):
         and returns it as it is (the first result stands).
         """
         state = ActionState(state)
-        with self.fenced(fence, at):
+        with self.lease.fenced(fence, at):
             action = self.get_action(key)
             if action is None:
                 raise NotFound(f"no action {key!r}")
@@ -111,10 +117,10 @@ class LedgerStore(LeaseStore):
             # The result belongs to the job its intent was written for: a job's audit
             # (list_audit(job_id=...), GET /v1/jobs/ID) shows both halves of an action.
             try:
-                job_id: str | None = self.store.get_incident(action.incident_id).job_id
+                job_id: str | None = self.store.incidents.get_incident(action.incident_id).job_id
             except NotFound:
                 job_id = None
-            audit_id = self.store.append_audit(
+            audit_id = self.store.audit.append_audit(
                 at,
                 who,
                 AuditKind.RESULT,
@@ -124,7 +130,7 @@ class LedgerStore(LeaseStore):
                 job_id=job_id,
                 incident_id=action.incident_id,
             )
-            changed = self.store.execute(
+            changed = self.db.execute(
                 sql.FINISH_ACTION,
                 {
                     "action_key": key,
@@ -142,7 +148,7 @@ class LedgerStore(LeaseStore):
 
     def intended_actions(self) -> list[ActionRecord]:
         """Ledger rows whose result is not recorded yet (in flight, or left by a crash)."""
-        return [rows.action(r) for r in self.store.fetch_all(sql.SELECT_INTENDED_ACTIONS)]
+        return [rows.action(r) for r in self.db.fetch_all(sql.SELECT_INTENDED_ACTIONS)]
 
 
 __all__ = ["LedgerStore"]

@@ -40,14 +40,14 @@ class NodeStore(FleetBase):
                 "labels": rows.dumps(dict(labels or {})),
                 "at": float(at),
             }
-            if self.store.fetch_one(sql.SELECT_NODE, {"name": name}) is not None:
-                self.store.execute(sql.UPDATE_NODE_SEEN, params)
+            if self.db.fetch_one(sql.SELECT_NODE, {"name": name}) is not None:
+                self.db.execute(sql.UPDATE_NODE_SEEN, params)
             else:
-                self.store.execute(
+                self.db.execute(
                     sql.INSERT_NODE,
                     {**params, "state": HealthState.HEALTHY.value, "reason": "registered"},
                 )
-                audit_id = self.store.append_audit(
+                audit_id = self.store.audit.append_audit(
                     at,
                     actor,
                     AuditKind.OBSERVATION,
@@ -55,19 +55,20 @@ class NodeStore(FleetBase):
                     f"node {name} registered" + (f" in partition {partition}" if partition else ""),
                     {"partition": partition, "labels": dict(labels or {})},
                 )
-                record_registration(self.store, NODE, name, actor=actor, at=at, audit_id=audit_id)
+                record_registration(
+                    self.store.audit, NODE, name, actor=actor, at=at, audit_id=audit_id
+                )
             return self.get_node(name)
 
     def get_node(self, name: str) -> Node:
-        row = self.store.fetch_one(sql.SELECT_NODE, {"name": name})
+        row = self.db.fetch_one(sql.SELECT_NODE, {"name": name})
         if row is None:
             raise NotFound(f"no node {name!r}")
         return rows.node(row)
 
     def list_nodes(self, *, partition: str | None = None) -> list[Node]:
         return [
-            rows.node(r)
-            for r in self.store.fetch_all(sql.SELECT_NODES, {"partition_name": partition})
+            rows.node(r) for r in self.db.fetch_all(sql.SELECT_NODES, {"partition_name": partition})
         ]
 
     def transition_node(
@@ -89,7 +90,7 @@ class NodeStore(FleetBase):
         """
         with self.store.transaction():
             transition_health(
-                self.store,
+                self.store.audit,
                 NODE,
                 name,
                 new_state,
@@ -104,21 +105,21 @@ class NodeStore(FleetBase):
 
     def node_history(self, name: str) -> list[HealthChange]:
         """Every health change of the node, oldest first (``resource_kind`` ``"node"``)."""
-        return health_history(self.store, NODE, name)
+        return health_history(self.store.audit, NODE, name)
 
     # --- what the reconciler reads every pass (decision 0122) --------------------------
 
     def unschedulable_devices(self) -> list[str]:
         """UUIDs of the devices no job may get (quarantined, repair, validating, retired)."""
-        return [r[0] for r in self.store.fetch_all(sql.SELECT_UNSCHEDULABLE_DEVICES)]
+        return [r["uuid"] for r in self.db.fetch_all(sql.SELECT_UNSCHEDULABLE_DEVICES)]
 
     def unschedulable_nodes(self) -> list[str]:
         """Names of the nodes no job may get."""
-        return [r[0] for r in self.store.fetch_all(sql.SELECT_UNSCHEDULABLE_NODES)]
+        return [r["name"] for r in self.db.fetch_all(sql.SELECT_UNSCHEDULABLE_NODES)]
 
     def last_audit_id(self) -> int:
         """The newest audit record's id (0 for an empty log): the cursor of health_changes."""
-        return self.store.last_audit_id()
+        return self.store.audit.last_audit_id()
 
     def health_changes(self, after: int, upto: int) -> tuple[set[str], set[str]]:
         """Devices (UUIDs) and nodes (names) whose health changed in audit records
@@ -131,11 +132,11 @@ class NodeStore(FleetBase):
         """
         devices: set[str] = set()
         nodes: set[str] = set()
-        found = self.store.fetch_all(
+        found = self.db.fetch_all(
             sql.SELECT_HEALTH_SUBJECTS, {"after": int(after), "upto": int(upto)}
         )
-        for (subject,) in found:
-            kind, _, name = str(subject).partition(":")
+        for row in found:
+            kind, _, name = str(row["subject"]).partition(":")
             if kind == "device":
                 devices.add(name)
             elif kind == "node":

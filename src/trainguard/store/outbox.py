@@ -16,28 +16,28 @@ class OutboxStore(FleetBase):
     def enqueue_delivery(self, url: str, event: str, payload: dict[str, Any], *, at: float) -> int:
         """Put a webhook POST in the outbox (inside the caller's transaction, if any)."""
         with self.store.transaction():
-            row = self.store.fetch_one(
+            row = self.db.fetch_one(
                 sql.INSERT_DELIVERY,
                 {"url": url, "event": event, "payload": rows.dumps(payload), "at": float(at)},
             )
             assert row is not None
-            return int(row[0])
+            return int(row["id"])
 
     def due_deliveries(self, now: float, limit: int = 100) -> list[Delivery]:
         return [
             rows.delivery(r)
-            for r in self.store.fetch_all(
+            for r in self.db.fetch_all(
                 sql.SELECT_DUE_DELIVERIES, {"now": float(now), "limit": limit}
             )
         ]
 
     def list_deliveries(self, *, event: str | None = None) -> list[Delivery]:
         return [
-            rows.delivery(r) for r in self.store.fetch_all(sql.SELECT_DELIVERIES, {"event": event})
+            rows.delivery(r) for r in self.db.fetch_all(sql.SELECT_DELIVERIES, {"event": event})
         ]
 
     def get_delivery(self, delivery_id: int) -> Delivery:
-        row = self.store.fetch_one(sql.SELECT_DELIVERY, {"id": int(delivery_id)})
+        row = self.db.fetch_one(sql.SELECT_DELIVERY, {"id": int(delivery_id)})
         if row is None:
             raise NotFound(f"no delivery {delivery_id}")
         return rows.delivery(row)
@@ -54,7 +54,7 @@ class OutboxStore(FleetBase):
     ) -> Delivery:
         with self.store.transaction():
             d = self.get_delivery(delivery_id)
-            self.store.execute(
+            self.db.execute(
                 sql.UPDATE_DELIVERY,
                 {
                     "id": d.id,

@@ -20,11 +20,11 @@ class PolicyStore(FleetBase):
     ) -> dict[str, Any]:
         """Store a (validated) policy document as JSON; audited with the whole document."""
         with self.store.transaction():
-            self.store.execute(
+            self.db.execute(
                 sql.UPSERT_POLICY,
                 {"name": name, "document": rows.dumps(document), "at": float(at), "actor": actor},
             )
-            self.store.append_audit(
+            self.store.audit.append_audit(
                 at,
                 actor,
                 AuditKind.NOTE,
@@ -35,17 +35,17 @@ class PolicyStore(FleetBase):
         return document
 
     def get_policy(self, name: str) -> dict[str, Any] | None:
-        row = self.store.fetch_one(sql.SELECT_POLICY, {"name": name})
-        return None if row is None else dict(rows.loads(row[1]) or {})
+        row = self.db.fetch_one(sql.SELECT_POLICY, {"name": name})
+        return None if row is None else dict(rows.loads(row["document"]) or {})
 
     def list_policies(self) -> list[dict[str, Any]]:
-        return [rows.policy(r) for r in self.store.fetch_all(sql.SELECT_POLICIES)]
+        return [rows.policy(r) for r in self.db.fetch_all(sql.SELECT_POLICIES)]
 
     def delete_policy(self, name: str, *, at: float, actor: str) -> bool:
         with self.store.transaction():
-            gone = self.store.execute(sql.DELETE_POLICY, {"name": name})
+            gone = self.db.execute(sql.DELETE_POLICY, {"name": name})
             if gone:
-                self.store.append_audit(
+                self.store.audit.append_audit(
                     at,
                     actor,
                     AuditKind.NOTE,
@@ -69,11 +69,11 @@ class PolicyStore(FleetBase):
         with self.store.transaction():
             old = {m.scope.key: m for m in self.list_scope_modes()}.get(scope.key)
             if mode is None:
-                self.store.execute(sql.DELETE_SCOPE_MODE, {"scope": scope.key})
+                self.db.execute(sql.DELETE_SCOPE_MODE, {"scope": scope.key})
                 new: ScopeMode | None = None
             else:
                 mode = Mode(mode)
-                self.store.execute(
+                self.db.execute(
                     sql.UPSERT_SCOPE_MODE,
                     {
                         "scope": scope.key,
@@ -86,7 +86,7 @@ class PolicyStore(FleetBase):
                 new = ScopeMode(scope, mode, actor, float(at), reason)
             before = None if old is None else old.mode.value
             after = None if mode is None else mode.value
-            self.store.append_audit(
+            self.store.audit.append_audit(
                 at,
                 actor,
                 AuditKind.STATE,
@@ -99,7 +99,7 @@ class PolicyStore(FleetBase):
             return new
 
     def list_scope_modes(self) -> list[ScopeMode]:
-        return [rows.scope_mode(r) for r in self.store.fetch_all(sql.SELECT_SCOPE_MODES)]
+        return [rows.scope_mode(r) for r in self.db.fetch_all(sql.SELECT_SCOPE_MODES)]
 
 
 __all__ = ["PolicyStore"]

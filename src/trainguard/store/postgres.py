@@ -15,7 +15,9 @@ Store code and the same SQL run on both databases (decision 0080):
   lock first, so write transactions are serialised exactly as SQLite's
   ``BEGIN IMMEDIATE`` serialises them (the store's read-check-write methods
   rely on that); readers never wait;
-* ``busy_timeout_s`` becomes ``lock_timeout`` (how long a writer waits for that lock).
+* ``busy_timeout_s`` becomes ``lock_timeout`` (how long a writer waits for that lock);
+* rows are :class:`PgRow`: read by column name or by position, like SQLite's
+  ``sqlite3.Row`` (decision 0438), so a row means the same on both databases.
 
 Needs the ``psycopg`` package (``pip install 'psycopg[binary]'``).
 """
@@ -23,6 +25,7 @@ Needs the ``psycopg`` package (``pip install 'psycopg[binary]'``).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -56,6 +59,33 @@ def redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
+class PgRow(tuple[Any, ...]):
+    """A row as ``sqlite3.Row`` gives it: a tuple of the values, also read by column name."""
+
+    columns: dict[str, int]
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, str):
+            return tuple.__getitem__(self, self.columns[key])
+        return tuple.__getitem__(self, key)
+
+    def keys(self) -> list[str]:
+        return list(self.columns)
+
+
+def pg_row(cursor: Any) -> Any:
+    """A psycopg row factory making :class:`PgRow` (one column index per statement)."""
+    description = cursor.description or ()
+    columns = {column.name: i for i, column in enumerate(description)}
+
+    def make(values: Sequence[Any]) -> PgRow:
+        row = PgRow(values)
+        row.columns = columns
+        return row
+
+    return make
+
+
 class _Cursor:
     """The part of a DB-API cursor the store uses; statements without rows fetch ``[]``."""
 
@@ -66,16 +96,16 @@ class _Cursor:
     def rowcount(self) -> int:
         return int(self._cur.rowcount)
 
-    def fetchall(self) -> list[tuple[Any, ...]]:
+    def fetchall(self) -> list[PgRow]:
         if self._cur.description is None:
             return []
         return list(self._cur.fetchall())
 
-    def fetchone(self) -> tuple[Any, ...] | None:
+    def fetchone(self) -> PgRow | None:
         if self._cur.description is None:
             return None
         row = self._cur.fetchone()
-        return None if row is None else tuple(row)
+        return None if row is None else row
 
 
 class PgConnection:
@@ -127,6 +157,7 @@ def connect(url: str, busy_timeout_s: float) -> tuple[PgConnection, Dialect]:
             url,
             autocommit=True,
             cursor_factory=psycopg.ClientCursor,
+            row_factory=pg_row,
             connect_timeout=max(1, int(busy_timeout_s)),
         )
     except psycopg.Error as exc:
@@ -140,4 +171,4 @@ def connect(url: str, busy_timeout_s: float) -> tuple[PgConnection, Dialect]:
     return PgConnection(conn), _dialect()
 
 
-__all__ = ["WRITE_LOCK_KEY", "PgConnection", "connect", "redact", "to_pyformat"]
+__all__ = ["WRITE_LOCK_KEY", "PgConnection", "PgRow", "connect", "redact", "to_pyformat"]

@@ -19,24 +19,28 @@ from typing import Any
 from trainguard.model.bmc import PowerActionRecord, PowerActionState, PowerRequest
 from trainguard.model.records import AuditKind
 from trainguard.store import rows, sql
+from trainguard.store.core import Store
 from trainguard.store.errors import NotFound, StoreError
+from trainguard.store.fleet_base import FleetBase
 from trainguard.store.lease import Fence, LeaseStore
 
 
-class PowerLedgerStore(LeaseStore):
+class PowerLedgerStore(FleetBase):
     """Keyed, fenced power actions and their requests (see the module docstring)."""
 
+    def __init__(self, store: Store, lease: LeaseStore) -> None:
+        super().__init__(store)
+        self.lease = lease
+
     def get_power_action(self, key: str) -> PowerActionRecord | None:
-        row = self.store.fetch_one(sql.SELECT_POWER_ACTION, {"action_key": key})
+        row = self.db.fetch_one(sql.SELECT_POWER_ACTION, {"action_key": key})
         return None if row is None else rows.power_action(row)
 
     def list_power_actions(
         self, node: str | None = None, state: PowerActionState | None = None
     ) -> list[PowerActionRecord]:
         params = {"node": node, "state": None if state is None else state.value}
-        return [
-            rows.power_action(r) for r in self.store.fetch_all(sql.SELECT_POWER_ACTIONS, params)
-        ]
+        return [rows.power_action(r) for r in self.db.fetch_all(sql.SELECT_POWER_ACTIONS, params)]
 
     def begin_power_action(
         self,
@@ -51,11 +55,11 @@ class PowerLedgerStore(LeaseStore):
     ) -> PowerActionRecord:
         """The action's row (``intended``, no request yet) and its ``intent`` audit record,
         in one fenced transaction. Idempotent: an existing key is returned unchanged."""
-        with self.fenced(fence, at):
+        with self.lease.fenced(fence, at):
             existing = self.get_power_action(key)
             if existing is not None:
                 return existing
-            self.store.append_audit(
+            self.store.audit.append_audit(
                 at,
                 fence.holder,
                 AuditKind.INTENT,
@@ -63,7 +67,7 @@ class PowerLedgerStore(LeaseStore):
                 message,
                 {"key": key, "type": action, "token": fence.token, **data},
             )
-            self.store.execute(
+            self.db.execute(
                 sql.INSERT_POWER_ACTION,
                 {
                     "action_key": key,
@@ -87,7 +91,7 @@ class PowerLedgerStore(LeaseStore):
         """
         if state not in ("intended", "sent"):
             raise ValueError(f"a request is intended or sent, not {state!r}")
-        with self.fenced(fence, at):
+        with self.lease.fenced(fence, at):
             action = self.get_power_action(key)
             if action is None:
                 raise NotFound(f"no power action {key!r}")
@@ -99,7 +103,7 @@ class PowerLedgerStore(LeaseStore):
                 reqs[-1] = new
             else:
                 reqs.append(new)
-            self.store.execute(
+            self.db.execute(
                 sql.UPDATE_POWER_REQUESTS,
                 {
                     "action_key": key,
@@ -117,13 +121,13 @@ class PowerLedgerStore(LeaseStore):
     ) -> PowerActionRecord:
         """The action's result and its ``result`` audit record, once: finishing a finished
         action changes nothing (the first result stands)."""
-        with self.fenced(fence, at):
+        with self.lease.fenced(fence, at):
             action = self.get_power_action(key)
             if action is None:
                 raise NotFound(f"no power action {key!r}")
             if action.finished:
                 return action
-            self.store.append_audit(
+            self.store.audit.append_audit(
                 at,
                 fence.holder,
                 AuditKind.RESULT,
@@ -131,7 +135,7 @@ class PowerLedgerStore(LeaseStore):
                 message,
                 {"key": key, "type": action.action, **result},
             )
-            self.store.execute(
+            self.db.execute(
                 sql.FINISH_POWER_ACTION,
                 {
                     "action_key": key,

@@ -34,7 +34,7 @@ class RepairStore(FleetBase):
             for existing in self.list_repairs(resource_kind=resource_kind, resource_id=resource_id):
                 if not existing.state.terminal:
                     return existing
-            row = self.store.fetch_one(
+            row = self.db.fetch_one(
                 sql.INSERT_REPAIR,
                 {
                     "resource_kind": resource_kind,
@@ -49,8 +49,8 @@ class RepairStore(FleetBase):
                 },
             )
             assert row is not None
-            repair_id = int(row[0])
-            self.store.append_audit(
+            repair_id = int(row["id"])
+            self.store.audit.append_audit(
                 at,
                 actor,
                 AuditKind.ACTION,
@@ -69,7 +69,7 @@ class RepairStore(FleetBase):
             return self.get_repair(repair_id)
 
     def get_repair(self, repair_id: int) -> RepairRecord:
-        row = self.store.fetch_one(sql.SELECT_REPAIR, {"id": int(repair_id)})
+        row = self.db.fetch_one(sql.SELECT_REPAIR, {"id": int(repair_id)})
         if row is None:
             raise NotFound(f"no repair record {repair_id}")
         return rows.repair(row)
@@ -86,7 +86,7 @@ class RepairStore(FleetBase):
             "resource_kind": resource_kind,
             "resource_id": resource_id,
         }
-        return [rows.repair(r) for r in self.store.fetch_all(sql.SELECT_REPAIRS, params)]
+        return [rows.repair(r) for r in self.db.fetch_all(sql.SELECT_REPAIRS, params)]
 
     def open_repair_for(self, resource_kind: str, resource_id: str) -> RepairRecord | None:
         for rec in self.list_repairs(resource_kind=resource_kind, resource_id=resource_id):
@@ -119,7 +119,7 @@ class RepairStore(FleetBase):
             if validation is not None:
                 new = replace(new, validations=(*new.validations, dict(validation)))
             new = replace(new, evidence=new.evidence + tuple(evidence), updated_at=float(at))
-            self.store.execute(
+            self.db.execute(
                 sql.UPDATE_REPAIR,
                 {
                     "id": rec.id,
@@ -137,7 +137,7 @@ class RepairStore(FleetBase):
                 if new.state is not rec.state
                 else "updated"
             )
-            self.store.append_audit(
+            self.store.audit.append_audit(
                 at,
                 actor,
                 AuditKind.STATE if new.state is not rec.state else AuditKind.NOTE,

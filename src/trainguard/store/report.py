@@ -77,7 +77,7 @@ def _device_json(d: Device, store: Store | None = None) -> dict[str, Any]:
     }
     if store is not None:
         try:
-            rec = store.get_device(d.uuid)
+            rec = store.devices.get_device(d.uuid)
         except NotFound:
             out["state"] = None
         else:
@@ -102,12 +102,12 @@ def build_report(store: Store, incident_id: int) -> dict[str, Any]:
 
     Raises :class:`trainguard.store.NotFound` for an unknown incident.
     """
-    inc = store.get_incident(incident_id)
+    inc = store.incidents.get_incident(incident_id)
     try:
-        job_name: str | None = store.get_job(inc.job_id).name
+        job_name: str | None = store.jobs.get_job(inc.job_id).name
     except NotFound:
         job_name = None
-    attempts = store.list_attempts(inc.job_id)
+    attempts = store.jobs.list_attempts(inc.job_id)
     by_number = {a.number: a for a in attempts}
     failed = by_number.get(inc.attempt)
     recovery_number = inc.recovery_attempt
@@ -140,7 +140,7 @@ def build_report(store: Store, incident_id: int) -> dict[str, Any]:
             "reason": h.reason,
             "actor": h.actor,
         }
-        for h in store.incident_health_changes(inc.id)
+        for h in store.devices.incident_health_changes(inc.id)
     ]
 
     # Each failure of the incident, with its own figures: the failed attempt and every
@@ -219,7 +219,9 @@ def _waits(store: Store, incident_id: int) -> list[dict[str, Any]]:
     who answered (a person, or the controller when nobody answered in time), when,
     and how long the wait held the job (``held_s`` null while it still waits)."""
     out = []
-    for a in sorted(FleetStore(store).list_approvals(incident_id=incident_id), key=lambda a: a.id):
+    for a in sorted(
+        FleetStore(store).approvals.list_approvals(incident_id=incident_id), key=lambda a: a.id
+    ):
         out.append(
             {
                 "approval_id": a.id,

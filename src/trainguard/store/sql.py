@@ -13,6 +13,7 @@ from __future__ import annotations
 from trainguard.model.fleet import ActionState
 from trainguard.model.health import HealthState
 from trainguard.model.records import AuditKind
+from trainguard.store import rows
 from trainguard.store.schema import (  # noqa: F401 - re-exported: one module for every caller
     INSERT_MIGRATION,
     LATEST_VERSION,
@@ -26,12 +27,16 @@ from trainguard.store.schema import (  # noqa: F401 - re-exported: one module fo
     render,
 )
 
+
+def _listed(columns: tuple[str, ...], **aliases: str) -> str:
+    """A SELECT list of ``columns`` (declared in :mod:`.rows`); ``aliases`` maps a
+    column name to the expression selected as it."""
+    return ", ".join(f"{aliases[c]} AS {c}" if c in aliases else c for c in columns)
+
+
 # --- jobs ----------------------------------------------------------------------------
 
-JOB_COLUMNS = (
-    "id, name, command, need, min_need, mode, checkpoint_dir, state,"
-    " created_at, updated_at, ended_at, reason"
-)
+JOB_COLUMNS = _listed(rows.JOB)
 INSERT_JOB = (
     f"INSERT INTO jobs ({JOB_COLUMNS}) VALUES (:id, :name, :command, :need, :min_need, :mode,"
     " :checkpoint_dir, :state, :created_at, :updated_at, :ended_at, :reason)"
@@ -45,12 +50,7 @@ UPDATE_JOB_STATE = (
 
 # --- attempts ------------------------------------------------------------------------
 
-ATTEMPT_COLUMNS = (
-    "job_id, number, devices, state, started_at, ended_at, exit_code, signal,"
-    " checkpoint_path, checkpoint_step, first_step, first_step_at, last_step, last_step_at,"
-    " log_path, reason, job_first_step, job_first_time, job_last_step, job_last_time,"
-    " job_time_rank, resumed_at"
-)
+ATTEMPT_COLUMNS = _listed(rows.ATTEMPT)
 INSERT_ATTEMPT = (
     f"INSERT INTO attempts ({ATTEMPT_COLUMNS}) VALUES (:job_id, :number, :devices, :state,"
     " :started_at, NULL, NULL, NULL, :checkpoint_path, :checkpoint_step, NULL, NULL, NULL, NULL,"
@@ -83,7 +83,7 @@ UPDATE_ATTEMPT_JOB_TIME = (
     " AND (job_time_rank IS NULL OR job_time_rank = :rank)"
 )
 # The ranks' reports (decision 0406): a row per (attempt, rank), written by upsert.
-RANK_COLUMNS = "attempt, rank, host, local_rank, visible"
+RANK_COLUMNS = _listed(rows.RANK)
 SELECT_ATTEMPT_EXISTS = "SELECT 1 FROM attempts WHERE job_id = :job_id AND number = :number"
 SELECT_ATTEMPT_RANKS = (
     f"SELECT {RANK_COLUMNS} FROM attempt_ranks WHERE job_id = :job_id AND attempt = :number"
@@ -137,13 +137,7 @@ SELECT_ATTEMPT_SELF_REPORTED = (
 
 # --- incidents -----------------------------------------------------------------------
 
-INCIDENT_COLUMNS = (
-    "id, job_id, attempt, kind, domain, state, culprit_device_uuid, culprit_pci_bus_id,"
-    " culprit_rank, culprit_host, summary, fault_at, detected_at, acted_at, recovered_at,"
-    " closed_at, checkpoint_path, checkpoint_step, failed_step, lost_steps, recovery_attempt,"
-    " signature, confidence, actions, evidence, plan, plan_generation, timeline, attribution,"
-    " repair, reason, resumed_step, warnings"
-)
+INCIDENT_COLUMNS = _listed(rows.INCIDENT)
 INSERT_INCIDENT = (
     "INSERT INTO incidents (job_id, attempt, kind, domain, state, culprit_device_uuid,"
     " culprit_pci_bus_id, culprit_rank, culprit_host, summary, fault_at, detected_at,"
@@ -177,9 +171,7 @@ UPDATE_INCIDENT = (
 
 # --- devices -------------------------------------------------------------------------
 
-DEVICE_COLUMNS = (
-    "uuid, host, idx, pci_bus_id, model, memory_mb, state, reason, since, first_seen, last_seen"
-)
+DEVICE_COLUMNS = _listed(rows.DEVICE)
 SELECT_DEVICE = f"SELECT {DEVICE_COLUMNS} FROM devices WHERE uuid = :uuid"
 SELECT_DEVICES = (
     f"SELECT {DEVICE_COLUMNS} FROM devices WHERE (:host IS NULL OR host = :host)"
@@ -224,16 +216,14 @@ INSERT_NODE_HEALTH = (
     f"INSERT INTO node_health (node_name, {_HISTORY_COLUMNS}) VALUES ({_HISTORY_VALUES})"
     " RETURNING id"
 )
+_DEVICE_HISTORY = _listed(rows.HEALTH_CHANGE, subject="device_uuid")
+_NODE_HISTORY = _listed(rows.HEALTH_CHANGE, subject="node_name")
 SELECT_DEVICE_HEALTH = (
-    f"SELECT id, device_uuid, {_HISTORY_COLUMNS} FROM device_health"
-    " WHERE device_uuid = :key ORDER BY id"
+    f"SELECT {_DEVICE_HISTORY} FROM device_health WHERE device_uuid = :key ORDER BY id"
 )
-SELECT_NODE_HEALTH = (
-    f"SELECT id, node_name, {_HISTORY_COLUMNS} FROM node_health WHERE node_name = :key ORDER BY id"
-)
+SELECT_NODE_HEALTH = f"SELECT {_NODE_HISTORY} FROM node_health WHERE node_name = :key ORDER BY id"
 SELECT_DEVICE_HEALTH_BY_INCIDENT = (
-    f"SELECT id, device_uuid, {_HISTORY_COLUMNS} FROM device_health"
-    " WHERE incident_id = :incident_id ORDER BY id"
+    f"SELECT {_DEVICE_HISTORY} FROM device_health WHERE incident_id = :incident_id ORDER BY id"
 )
 _SCHEDULABLE = ", ".join(f"'{s.value}'" for s in HealthState if s.schedulable)
 SELECT_UNSCHEDULABLE_DEVICES = (
@@ -250,7 +240,7 @@ SELECT_HEALTH_SUBJECTS = (
 
 # --- audit ---------------------------------------------------------------------------
 
-AUDIT_COLUMNS = "id, at, actor, kind, subject, message, data, job_id, incident_id"
+AUDIT_COLUMNS = _listed(rows.AUDIT)
 INSERT_AUDIT = (
     "INSERT INTO audit (at, actor, kind, subject, message, data, job_id, incident_id)"
     " VALUES (:at, :actor, :kind, :subject, :message, :data, :job_id, :incident_id)"
@@ -276,7 +266,7 @@ SELECT_LAST_AUDIT_ID = "SELECT MAX(id) FROM audit"
 
 # --- control plane (migration 2; the FleetStore's modules) ---------------------------
 
-LEASE_COLUMNS = "name, holder, token, expires_at, acquired_at"
+LEASE_COLUMNS = _listed(rows.LEASE)
 SELECT_LEASE = f"SELECT {LEASE_COLUMNS} FROM leases WHERE name = :name"
 INSERT_LEASE = (
     "INSERT INTO leases (name, holder, token, expires_at, acquired_at, renewed_at)"
@@ -292,7 +282,7 @@ RENEW_LEASE = (
     " WHERE name = :name AND holder = :holder AND token = :token"
 )
 
-NODE_COLUMNS = "name, partition_name, state, reason, since, first_seen, last_seen, labels"
+NODE_COLUMNS = _listed(rows.NODE)
 SELECT_NODE = f"SELECT {NODE_COLUMNS} FROM nodes WHERE name = :name"
 SELECT_NODES = (
     f"SELECT {NODE_COLUMNS} FROM nodes WHERE (:partition_name IS NULL"
@@ -307,7 +297,7 @@ UPDATE_NODE_SEEN = (
     " labels = :labels, last_seen = :at WHERE name = :name"
 )
 
-FLEET_JOB_COLUMNS = "job_id, scheduler_ref, partition_name, policy, opted_in, registered_at"
+FLEET_JOB_COLUMNS = _listed(rows.FLEET_JOB)
 INSERT_FLEET_JOB = (
     f"INSERT INTO fleet_jobs ({FLEET_JOB_COLUMNS}) VALUES (:job_id, :scheduler_ref,"
     " :partition_name, :policy, :opted_in, :registered_at)"
@@ -328,8 +318,8 @@ UPSERT_POLICY = (
     " ON CONFLICT (name) DO UPDATE SET document = excluded.document,"
     " updated_at = excluded.updated_at, updated_by = excluded.updated_by"
 )
-SELECT_POLICY = "SELECT name, document, updated_at, updated_by FROM policies WHERE name = :name"
-SELECT_POLICIES = "SELECT name, document, updated_at, updated_by FROM policies ORDER BY name"
+SELECT_POLICY = f"SELECT {_listed(rows.POLICY)} FROM policies WHERE name = :name"
+SELECT_POLICIES = f"SELECT {_listed(rows.POLICY)} FROM policies ORDER BY name"
 DELETE_POLICY = "DELETE FROM policies WHERE name = :name"
 
 UPSERT_SCOPE_MODE = (
@@ -338,10 +328,10 @@ UPSERT_SCOPE_MODE = (
     " ON CONFLICT (scope) DO UPDATE SET mode = excluded.mode, set_by = excluded.set_by,"
     " set_at = excluded.set_at, reason = excluded.reason"
 )
-SELECT_SCOPE_MODES = "SELECT scope, mode, set_by, set_at, reason FROM scope_modes ORDER BY scope"
+SELECT_SCOPE_MODES = f"SELECT {_listed(rows.SCOPE_MODE)} FROM scope_modes ORDER BY scope"
 DELETE_SCOPE_MODE = "DELETE FROM scope_modes WHERE scope = :scope"
 
-FINDING_COLUMNS = "id, at, received_at, host, job_id, attempt, kind, domain, device_uuid, data"
+FINDING_COLUMNS = _listed(rows.FINDING)
 INSERT_FINDING = (
     "INSERT INTO findings (at, received_at, host, job_id, attempt, kind, domain, device_uuid,"
     " data) VALUES (:at, :received_at, :host, :job_id, :attempt, :kind, :domain, :device_uuid,"
@@ -356,10 +346,7 @@ SELECT_FINDINGS_AFTER = (
     f"SELECT {FINDING_COLUMNS} FROM findings WHERE id > :after_id ORDER BY id LIMIT :limit"
 )
 
-ACTION_COLUMNS = (
-    "action_key, incident_id, generation, idx, type, state, fencing_token, data, result,"
-    " intended_at, finished_at, intent_audit_id, result_audit_id"
-)
+ACTION_COLUMNS = _listed(rows.ACTION)
 INSERT_ACTION = (
     f"INSERT INTO actions ({ACTION_COLUMNS}) VALUES (:action_key, :incident_id, :generation,"
     " :idx, :type, :state, :fencing_token, :data, NULL, :at, NULL, :intent_audit_id, NULL)"
@@ -379,10 +366,7 @@ SELECT_INTENDED_ACTIONS = (
     " ORDER BY incident_id, generation, idx"
 )
 
-POWER_ACTION_COLUMNS = (
-    "action_key, node, action, state, fencing_token, requests, result, intended_at,"
-    " updated_at, finished_at"
-)
+POWER_ACTION_COLUMNS = _listed(rows.POWER_ACTION)
 INSERT_POWER_ACTION = (
     f"INSERT INTO power_actions ({POWER_ACTION_COLUMNS}) VALUES (:action_key, :node, :action,"
     " 'intended', :fencing_token, '[]', NULL, :at, :at, NULL)"
@@ -405,10 +389,7 @@ FINISH_POWER_ACTION = (
     " WHERE action_key = :action_key AND state = 'intended'"
 )
 
-APPROVAL_COLUMNS = (
-    "id, kind, subject, why, state, incident_id, action_key, requested_at, requested_by,"
-    " decided_at, decided_by, decision_reason, data"
-)
+APPROVAL_COLUMNS = _listed(rows.APPROVAL)
 INSERT_APPROVAL = (
     "INSERT INTO approvals (kind, subject, why, state, incident_id, action_key, requested_at,"
     " requested_by, data) VALUES (:kind, :subject, :why, 'pending', :incident_id, :action_key,"
@@ -425,10 +406,7 @@ DECIDE_APPROVAL = (
     " decision_reason = :reason WHERE id = :id AND state = 'pending'"
 )
 
-SELECT_BREAKER = (
-    "SELECT name, state, changed_at, changed_by, reason, suppressed FROM breakers"
-    " WHERE name = :name"
-)
+SELECT_BREAKER = f"SELECT {_listed(rows.BREAKER)} FROM breakers WHERE name = :name"
 UPSERT_BREAKER = (
     "INSERT INTO breakers (name, state, changed_at, changed_by, reason, suppressed)"
     " VALUES (:name, :state, :at, :actor, :reason, 0)"
@@ -441,7 +419,7 @@ INSERT_SUPPRESSION = (
     " VALUES (:at, :breaker, :resource_kind, :resource_id, :reason, :incident_id) RETURNING id"
 )
 SELECT_SUPPRESSIONS = (
-    "SELECT id, at, breaker, resource_kind, resource_id, reason, incident_id FROM suppressions"
+    f"SELECT {_listed(rows.SUPPRESSION)} FROM suppressions"
     " WHERE (:since IS NULL OR at >= :since) ORDER BY id"
 )
 INSERT_QUARANTINE = (
@@ -453,10 +431,7 @@ COUNT_QUARANTINED_SINCE = (
     " WHERE resource_kind = :resource_kind AND at >= :since"
 )
 
-REPAIR_COLUMNS = (
-    "id, resource_kind, resource_id, host, incident_id, state, what_failed, recommended,"
-    " evidence, created_at, updated_at, outcome, closed_at, closed_by, validations"
-)
+REPAIR_COLUMNS = _listed(rows.REPAIR)
 INSERT_REPAIR = (
     "INSERT INTO repairs (resource_kind, resource_id, host, incident_id, state, what_failed,"
     " recommended, evidence, created_at, updated_at, validations) VALUES (:resource_kind,"
@@ -475,10 +450,7 @@ UPDATE_REPAIR = (
     " evidence = :evidence WHERE id = :id"
 )
 
-DELIVERY_COLUMNS = (
-    "id, url, event, payload, created_at, attempts, next_attempt_at, delivered_at, last_error,"
-    " status_code"
-)
+DELIVERY_COLUMNS = _listed(rows.DELIVERY)
 INSERT_DELIVERY = (
     "INSERT INTO deliveries (url, event, payload, created_at, attempts, next_attempt_at)"
     " VALUES (:url, :event, :payload, :at, 0, :at) RETURNING id"

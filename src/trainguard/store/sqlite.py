@@ -82,6 +82,8 @@ def connect(path: Path, busy_timeout_s: float) -> tuple[sqlite3.Connection, Dial
         )
     except sqlite3.Error as exc:
         raise StoreError(f"cannot open state database {path}: {exc}") from exc
+    # Rows are read by column name (decision 0438); sqlite3.Row does it in C.
+    conn.row_factory = sqlite3.Row
     try:
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
         conn.execute("PRAGMA foreign_keys = ON")

@@ -71,7 +71,7 @@ class ActionRunner(Part):
             SyncOp.RESUME_NODE: sched.resume_node,
         }[step.op]
         with self.fenced(ctx.fence):
-            self.store.append_audit(
+            self.store.audit.append_audit(
                 ctx.now, self.identity, AuditKind.INTENT, step.subject, step.message,
                 {"key": step.key},
             )  # fmt: skip
@@ -83,7 +83,7 @@ class ActionRunner(Part):
             outcome = {"error": str(exc)}
             kind = AuditKind.ERROR
         with self.fenced(ctx.fence):
-            self.store.append_audit(
+            self.store.audit.append_audit(
                 ctx.now, self.identity, kind, step.subject, f"{step.message}: done",
                 {"key": step.key, **outcome},
             )  # fmt: skip
@@ -107,14 +107,14 @@ class ActionRunner(Part):
         with self.fenced(ctx.fence):
             if (
                 unless_ended is not None
-                and self.store.get_attempt(job_id, unless_ended).state.terminal
+                and self.store.jobs.get_attempt(job_id, unless_ended).state.terminal
             ):
                 return opened
             for s in steps:
                 if isinstance(s, EndAttempt):
-                    if self.store.get_attempt(job_id, s.attempt).state.terminal:
+                    if self.store.jobs.get_attempt(job_id, s.attempt).state.terminal:
                         continue
-                    self.store.finish_attempt(
+                    self.store.jobs.finish_attempt(
                         job_id,
                         s.attempt,
                         s.state,
@@ -125,7 +125,7 @@ class ActionRunner(Part):
                         actor=self.identity,
                     )
                 elif isinstance(s, OpenIncident):
-                    inc = self.store.open_incident(
+                    inc = self.store.incidents.open_incident(
                         job_id,
                         s.attempt,
                         s.attribution,
@@ -137,7 +137,7 @@ class ActionRunner(Part):
                     opened.append(inc.id)
                 elif isinstance(s, BackToActing):
                     if s.to_acting:
-                        self.store.update_incident(
+                        self.store.incidents.update_incident(
                             s.incident_id,
                             at=s.at,
                             state=IncidentState.ACTING,
@@ -146,14 +146,14 @@ class ActionRunner(Part):
                             actor=self.identity,
                         )
                     else:
-                        self.store.update_incident(
+                        self.store.incidents.update_incident(
                             s.incident_id, at=s.at, note=s.note, actor=self.identity
                         )
                 else:
-                    current = self.store.get_job(job_id).state
+                    current = self.store.jobs.get_job(job_id).state
                     if current.terminal or (s.only_from is not None and current not in s.only_from):
                         continue
-                    self.store.update_job_state(
+                    self.store.jobs.update_job_state(
                         job_id, s.state, at=ctx.now, reason=s.reason, actor=self.identity
                     )
         return opened
@@ -178,12 +178,12 @@ class ActionRunner(Part):
         """The action's store effects and its result record: one fenced transaction."""
         now = ctx.now
         with self.fenced(ctx.fence):
-            current = self.fleet.get_action(rec.key)
+            current = self.fleet.ledger.get_action(rec.key)
             if current is not None and current.state.terminal:
                 return
             effects()
             summary = result.get("summary") or state.value
-            self.fleet.record_result(
+            self.fleet.ledger.record_result(
                 rec.key,
                 state,
                 result,
@@ -218,7 +218,7 @@ class ActionRunner(Part):
     ) -> None:
         """The incident's record of what this action did (inside its result's transaction),
         with the action's key."""
-        self.store.add_incident_action(
+        self.store.incidents.add_incident_action(
             inc.id, {**entry, "key": rec.key}, at=at, actor=self.identity,
             audit_kind=AuditKind.NOTE,
         )  # fmt: skip
@@ -286,13 +286,13 @@ class ActionRunner(Part):
             transition: Callable[..., object]
             try:
                 if rkind == "device":
-                    dev = self.store.get_device(rid)
+                    dev = self.store.devices.get_device(rid)
                     host, schedulable = dev.device.host, dev.state.schedulable
-                    transition = self.store.transition_device
+                    transition = self.store.devices.transition_device
                 else:
                     host = rid
-                    schedulable = self.fleet.get_node(rid).state.schedulable
-                    transition = self.fleet.transition_node
+                    schedulable = self.fleet.nodes.get_node(rid).state.schedulable
+                    transition = self.fleet.nodes.transition_node
             except NotFound:
                 schedulable = False  # not in the store (yet): nothing to move
             else:
@@ -306,7 +306,7 @@ class ActionRunner(Part):
                         job_id=inc.job_id,
                         incident_id=inc.id,
                     )
-            self.fleet.record_quarantine(rkind, rid, at=now, incident_id=inc.id)
+            self.fleet.breaker.record_quarantine(rkind, rid, at=now, incident_id=inc.id)
             repair = open_quarantine_repair(
                 self.fleet,
                 inc,
@@ -317,7 +317,7 @@ class ActionRunner(Part):
                 actor=self.identity,
                 webhook=self.config.repair_webhook,
             )
-            self.store.update_incident(
+            self.store.incidents.update_incident(
                 inc.id, at=now, repair=repair.recommended, actor=self.identity
             )
             self._ledger(
@@ -438,7 +438,7 @@ class ActionRunner(Part):
             outcome = got
         new_attempt = int(outcome.get("attempt", failed_attempt + 1))
         now = ctx.now
-        job_dir = self.store.get_job(inc.job_id).checkpoint_dir
+        job_dir = self.store.jobs.get_job(inc.job_id).checkpoint_dir
         if outcome.get("resume_request_withheld") and job_dir:
             # The scheduler withheld the stale resume request (the old attempt trained on
             # while a dead node was awaited): the job restores its newest valid checkpoint,
@@ -451,7 +451,7 @@ class ActionRunner(Part):
             # Every failed attempt of the incident loses its own work (0370).
             restored = int(ckpt_step) if ckpt_step is not None else None
             lost = lost_steps(self.core.segments(inc.id, inc.job_id, new_attempt, restored))
-            self.store.update_incident(
+            self.store.incidents.update_incident(
                 inc.id,
                 at=now,
                 checkpoint_path=resume,
@@ -481,14 +481,14 @@ class ActionRunner(Part):
                 },
                 now,
             )
-            cur = self.store.get_incident(inc.id)
+            cur = self.store.incidents.get_incident(inc.id)
             if cur.state is IncidentState.ACTING:
-                self.store.update_incident(
+                self.store.incidents.update_incident(
                     inc.id, at=now, state=IncidentState.VERIFYING, actor=self.identity
                 )
-            job = self.store.get_job(inc.job_id)
+            job = self.store.jobs.get_job(inc.job_id)
             if job.state in (JobState.RECOVERING, JobState.WAITING):
-                self.store.update_job_state(
+                self.store.jobs.update_job_state(
                     inc.job_id, JobState.RUNNING, at=now, actor=self.identity
                 )
 
@@ -551,18 +551,18 @@ class ActionRunner(Part):
                 },
                 now,
             )
-            cur = self.store.get_incident(inc.id)
+            cur = self.store.incidents.get_incident(inc.id)
             if not cur.state.terminal:
-                self.store.update_incident(
+                self.store.incidents.update_incident(
                     inc.id,
                     at=now,
                     state=IncidentState.STOPPED,
                     reason=full[:500],
                     actor=self.identity,
                 )
-            job = self.store.get_job(inc.job_id)
+            job = self.store.jobs.get_job(inc.job_id)
             if not job.state.terminal:
-                self.store.update_job_state(
+                self.store.jobs.update_job_state(
                     inc.job_id, JobState.STOPPED, at=now, reason=full[:500], actor=self.identity
                 )
 
@@ -589,12 +589,14 @@ class ActionRunner(Part):
         reason = act.reason or "waiting for capacity"
 
         def effects() -> None:
-            job = self.store.get_job(inc.job_id)
+            job = self.store.jobs.get_job(inc.job_id)
             if job.state is JobState.RECOVERING:
-                self.store.update_job_state(
+                self.store.jobs.update_job_state(
                     inc.job_id, JobState.WAITING, at=now, reason=reason[:500], actor=self.identity
                 )
-            self.store.update_incident(inc.id, at=now, note=reason[:500], actor=self.identity)
+            self.store.incidents.update_incident(
+                inc.id, at=now, note=reason[:500], actor=self.identity
+            )
 
         self.finish(
             rec, ActionState.DONE, {"summary": "waiting for capacity"}, inc, action, ctx, effects
@@ -619,12 +621,12 @@ class ActionRunner(Part):
         ]
         # Still where they were: a restart retried after a crash moves nothing twice.
         todo = [c for c in todo if os.path.exists(c.path)]
-        job = self.store.get_job(inc.job_id)
+        job = self.store.jobs.get_job(inc.job_id)
         if self.config.keep_rejected_in_place or not todo or not job.checkpoint_dir:
             return
         subject = f"job:{inc.job_id}"
         # Intent first, as run writes it (0343): the user's files are renamed.
-        intent = self.store.append_audit(
+        intent = self.store.audit.append_audit(
             ctx.now,
             self.identity,
             AuditKind.INTENT,
@@ -635,7 +637,7 @@ class ActionRunner(Part):
             incident_id=inc.id,
         )
         moved = move_aside(todo, job.checkpoint_dir, at=ctx.now, by=self.identity)
-        self.store.append_audit(
+        self.store.audit.append_audit(
             ctx.now,
             self.identity,
             AuditKind.RESULT,

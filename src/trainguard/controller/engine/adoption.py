@@ -108,7 +108,7 @@ class TakeOver:
 def supervisor_of(store: Store, job_id: str) -> dict[str, Any] | None:
     """The job's latest supervisor record (a resumed job has one per supervisor)."""
     found = None
-    for ev in store.list_audit(subject=f"job:{job_id}", kind=AuditKind.NOTE):
+    for ev in store.audit.list_audit(subject=f"job:{job_id}", kind=AuditKind.NOTE):
         sup = ev.data.get("supervisor") if isinstance(ev.data, dict) else None
         if isinstance(sup, dict) and sup.get("pid") is not None:
             found = sup
@@ -147,7 +147,7 @@ class Adoption:
     def open_jobs(self) -> list[OpenJob]:
         me = self.processes.me()
         out = []
-        for job in self.store.list_jobs():
+        for job in self.store.jobs.list_jobs():
             if job.state.terminal:
                 continue
             sup = supervisor_of(self.store, job.id)
@@ -169,11 +169,11 @@ class Adoption:
         would not stop. Called holding the lease, before anything is submitted."""
         # A dead run's quarantines are this cluster's from the start (a scheduler that
         # kept its state), not a difference the engine quarantines again (0385).
-        self.fleet.check_fence(fence, self.clock())
+        self.fleet.lease.check_fence(fence, self.clock())
         self.cluster.hold_out(
             {
                 d.uuid: d.reason or "quarantined"
-                for d in self.store.list_devices()
+                for d in self.store.devices.list_devices()
                 if d.state is HealthState.QUARANTINED
             }
         )
@@ -211,7 +211,7 @@ class Adoption:
         ref, job_id, r = self._replay
         self._replay = None
         now = self.clock()
-        with self.fleet.fenced(fence, now):
+        with self.fleet.lease.fenced(fence, now):
             result = self.cluster.requeue(
                 ref, key=r.key, token=fence.token, resume_from=r.checkpoint, env=dict(r.env)
             )
@@ -234,16 +234,18 @@ class Adoption:
         (the user's interrupt, a job that cannot start, a dead run's job nobody resumes)."""
         at = self.clock()
         store = self.store
-        with self.fleet.fenced(fence, at):
-            for att in store.list_attempts(job_id):
+        with self.fleet.lease.fenced(fence, at):
+            for att in store.jobs.list_attempts(job_id):
                 if not att.state.terminal:
-                    store.finish_attempt(job_id, att.number, AttemptState.STOPPED, at=at,
+                    store.jobs.finish_attempt(job_id, att.number, AttemptState.STOPPED, at=at,
                                          reason=reason, actor=self.actor)  # fmt: skip
-            for inc in store.list_incidents(job_id=job_id):
+            for inc in store.incidents.list_incidents(job_id=job_id):
                 if not inc.state.terminal:
-                    store.update_incident(inc.id, at=at, state=IncidentState.STOPPED,
+                    store.incidents.update_incident(inc.id, at=at, state=IncidentState.STOPPED,
                                           reason=reason, note=reason, actor=self.actor)  # fmt: skip
-            store.update_job_state(job_id, JobState.STOPPED, at=at, reason=reason, actor=self.actor)
+            store.jobs.update_job_state(
+                job_id, JobState.STOPPED, at=at, reason=reason, actor=self.actor
+            )
 
     # --- after each pass (Reconciler.post_steps) -----------------------------------
 
@@ -260,12 +262,12 @@ class Adoption:
             return
         ref, job_id, number = self._resume
         self._resume = None
-        att = self.store.get_attempt(job_id, number)
-        incidents = [i.attempt for i in self.store.list_incidents(job_id=job_id)]
+        att = self.store.jobs.get_attempt(job_id, number)
+        incidents = [i.attempt for i in self.store.incidents.list_incidents(job_id=job_id)]
         if not resume_due(att.state.terminal, incidents, number):
             return
         now = self.clock()
-        with self.fleet.fenced(fence, now):
+        with self.fleet.lease.fenced(fence, now):
             new = self.cluster.resume(ref)
             self._append(now, job_id,
                 f"resuming job {job_id} after its supervisor died: attempt {new} replaces "
@@ -278,7 +280,7 @@ class Adoption:
         if self.job_id is None:
             return
         try:
-            ref = self.fleet.get_fleet_job(self.job_id).scheduler_ref
+            ref = self.fleet.jobs.get_fleet_job(self.job_id).scheduler_ref
             started = self.cluster.process_group(ref)
         except Exception:  # a job the cluster no longer knows: nothing to note
             return
@@ -286,8 +288,8 @@ class Adoption:
             return
         pid, pgid = started
         now = self.clock()
-        with self.fleet.fenced(fence, now):
-            self.store.append_audit(
+        with self.fleet.lease.fenced(fence, now):
+            self.store.audit.append_audit(
                 now, self.actor, AuditKind.RESULT, f"job:{self.job_id}",
                 f"attempt started: launcher pid {pid}, process group {pgid}",
                 {"pid": pid, "pgid": pgid}, job_id=self.job_id,
@@ -307,14 +309,14 @@ class Adoption:
         groups = sorted(
             {
                 int(ev.data["pgid"])
-                for ev in self.store.list_audit(job_id=job_id, kind=AuditKind.RESULT)
+                for ev in self.store.audit.list_audit(job_id=job_id, kind=AuditKind.RESULT)
                 if isinstance(ev.data, dict) and ev.data.get("pgid") is not None
             }
         )
         subject = f"job:{job_id}"
         now = self.clock()
-        with self.fleet.fenced(fence, now):
-            intent = self.store.append_audit(
+        with self.fleet.lease.fenced(fence, now):
+            intent = self.store.audit.append_audit(
                 now, self.actor, AuditKind.INTENT, subject,
                 f"stop leftover processes of job {job_id} (process groups "
                 f"{', '.join(map(str, groups)) or 'none recorded'}): "
@@ -325,8 +327,8 @@ class Adoption:
         left = self.processes.kill(pids, grace) if pids else []
         left += [p for p in self.processes.of_job(job_id) if p not in left]
         now = self.clock()
-        with self.fleet.fenced(fence, now):
-            self.store.append_audit(
+        with self.fleet.lease.fenced(fence, now):
+            self.store.audit.append_audit(
                 now, self.actor, AuditKind.RESULT, subject,
                 (f"stopped {len(pids)} leftover process(es)" if pids else "no leftover process")
                 + (f"; still running: {', '.join(map(str, left))}" if left else ""),
@@ -338,9 +340,9 @@ class Adoption:
     def _answer_abandoned(self, fence: Fence, job_id: str) -> None:
         """Every intent of ``trainguard run`` gets its result, if only ``abandoned``."""
         now = self.clock()
-        with self.fleet.fenced(fence, now):
-            for a in unanswered_intents(self.store.list_audit(job_id=job_id), self.actor):
-                self.store.append_audit(
+        with self.fleet.lease.fenced(fence, now):
+            for a in unanswered_intents(self.store.audit.list_audit(job_id=job_id), self.actor):
+                self.store.audit.append_audit(
                     now, self.actor, AuditKind.RESULT, a.subject,
                     f"abandoned: the supervisor died before it answered: {a.message}"[:500],
                     {"intent_id": a.id, "abandoned": True}, job_id=job_id,
@@ -349,18 +351,18 @@ class Adoption:
     def _adopt(self, fence: Fence, st: AdoptionStep, policy: str, *, stopped: bool) -> str:
         """Give the engine the job again: managed under its old scheduler ref (or its id,
         for a job the old loop ran), known to the cluster at its last attempt."""
-        job = self.store.get_job(st.job_id)
+        job = self.store.jobs.get_job(st.job_id)
         now = self.clock()
-        with self.fleet.fenced(fence, now):
+        with self.fleet.lease.fenced(fence, now):
             try:
-                fj: FleetJob | None = self.fleet.get_fleet_job(job.id)
+                fj: FleetJob | None = self.fleet.jobs.get_fleet_job(job.id)
             except NotFound:
                 fj = None
             ref = fj.scheduler_ref if fj is not None else job.id
             if fj is None:
-                self.fleet.add_fleet_job(FleetJob(job_id=job.id, scheduler_ref=ref,
+                self.fleet.jobs.add_fleet_job(FleetJob(job_id=job.id, scheduler_ref=ref,
                                                   policy=policy, registered_at=now))  # fmt: skip
-            attempts = self.store.list_attempts(job.id)
+            attempts = self.store.jobs.list_attempts(job.id)
             last = attempts[-1] if attempts else None
             spec = JobSpec(name=job.name, command=tuple(job.command), nodes=1,
                            devices_per_node=job.need, env={JOB_ID_ENV: job.id})  # fmt: skip
@@ -379,7 +381,7 @@ class Adoption:
         resume, replay = after_adopt(
             last.number if last is not None else None,
             last is not None and last.state.terminal,
-            self.store.list_audit(job_id=job.id),
+            self.store.audit.list_audit(job_id=job.id),
         )
         self._resume = (ref, job.id, resume) if resume is not None else None
         self._replay = (ref, job.id, replay) if replay is not None else None
@@ -387,12 +389,13 @@ class Adoption:
 
     def _note(self, fence: Fence | None, job_id: str, message: str, data: dict[str, Any]) -> None:
         now = self.clock()
-        with self.fleet.fenced(fence, now):
+        with self.fleet.lease.fenced(fence, now):
             self._append(now, job_id, message, data)
 
     def _append(self, at: float, job_id: str, message: str, data: dict[str, Any]) -> None:
-        self.store.append_audit(at, self.actor, AuditKind.NOTE, f"job:{job_id}", message, data,
-                                job_id=job_id)  # fmt: skip
+        self.store.audit.append_audit(
+            at, self.actor, AuditKind.NOTE, f"job:{job_id}", message, data, job_id=job_id
+        )
 
 
 __all__ = ["AdoptingCluster", "Adoption", "HostProcesses", "TakeOver", "supervisor_of"]

@@ -42,7 +42,7 @@ class AttemptSync(Part):
         self._hangs: dict[tuple[str, int], HangDetector] = {}
 
     def sync_job(self, fj: FleetJob, ctx: PassContext) -> None:
-        job = self.store.get_job(fj.job_id)
+        job = self.store.jobs.get_job(fj.job_id)
         oj = ctx.obs.jobs.get(fj.scheduler_ref)
         if oj is None or job.state.terminal:
             return
@@ -50,7 +50,7 @@ class AttemptSync(Part):
             job = self._requeued_by_the_scheduler(fj, job, oj, ctx)
         if self.traits.shared_output:
             self.evidence.seed_output(job.id, oj)
-        attempts = {a.number: a for a in self.store.list_attempts(job.id)}
+        attempts = {a.number: a for a in self.store.jobs.list_attempts(job.id)}
         now = ctx.now
         # Attempts the scheduler has moved past end here (a requeue superseded them).
         for number in attempts:
@@ -71,7 +71,7 @@ class AttemptSync(Part):
                 self.applier.apply_attempt_steps(job.id, moves, ctx)
             return
         self.evidence.follow_output(job.id, att, oj, ctx.now)
-        att = self.store.get_attempt(job.id, att.number)
+        att = self.store.jobs.get_attempt(job.id, att.number)
         if oj.phase is not JobPhase.RUNNING:
             self._hangs.pop((job.id, att.number), None)  # over: nothing left to time
             self.evidence.evidence_read.discard((job.id, att.number))
@@ -101,13 +101,13 @@ class AttemptSync(Part):
             # Observe mode does nothing (0345): the incident and its plan are recorded,
             # the attempt runs on and its record follows the process, as in run.
             if self.core.incident_for_attempt(job.id, att.number) is None:
-                job = self.store.get_job(job.id)
+                job = self.store.jobs.get_job(job.id)
                 failed = self.evidence.failed_view(oj, att, job.id, evidence)
                 self._attempt_failed(fj, job, att, failed, ctx, hang=None, keep_running=True)
             return
         if evidence:
             self._hangs.pop((job.id, att.number), None)
-            job = self.store.get_job(job.id)  # _start_attempt may have just made it running
+            job = self.store.jobs.get_job(job.id)  # _start_attempt may have just made it running
             failed = self.evidence.failed_view(oj, att, job.id, evidence)
             self._attempt_failed(fj, job, att, failed, ctx, hang=None)
             return
@@ -149,7 +149,7 @@ class AttemptSync(Part):
         if oj.phase is JobPhase.RUNNING and oj.nodes:
             self.evidence.attempt_nodes.setdefault((job.id, oj.attempt), tuple(oj.nodes))
         now = ctx.now
-        attempts = {a.number: a for a in self.store.list_attempts(job.id)}
+        attempts = {a.number: a for a in self.store.jobs.list_attempts(job.id)}
         for number, att in sorted(attempts.items()):
             if (
                 number >= oj.attempt
@@ -161,7 +161,7 @@ class AttemptSync(Part):
             if evidence:
                 failed = self.evidence.failed_view(oj, att, job.id, evidence)
                 self._attempt_failed(fj, job, att, failed, ctx, hang=None, observed=oj)
-                job = self.store.get_job(job.id)
+                job = self.store.jobs.get_job(job.id)
         return job
 
     def _start_attempt(self, job: JobRecord, oj: ObservedJob, ctx: PassContext) -> AttemptRecord:
@@ -170,18 +170,18 @@ class AttemptSync(Part):
         # its recorded result) an incident of the job has a restart still in flight.
         recovering = [
             i
-            for i in self.store.list_incidents(job_id=job.id)
+            for i in self.store.incidents.list_incidents(job_id=job.id)
             if not i.state.terminal
             and (
                 i.recovery_attempt == oj.attempt
                 or any(
                     a.type == ActionKind.RESTART and a.state is ActionState.INTENDED
-                    for a in self.fleet.list_actions(i.id)
+                    for a in self.fleet.ledger.list_actions(i.id)
                 )
             )
         ]
         with self.fenced(ctx.fence):
-            self.store.start_attempt(
+            self.store.jobs.start_attempt(
                 job.id,
                 oj.attempt,
                 oj.devices,
@@ -192,11 +192,11 @@ class AttemptSync(Part):
                 actor=self.identity,
             )
             target = AttemptState.VERIFYING if recovering else AttemptState.RUNNING
-            att = self.store.transition_attempt(
+            att = self.store.jobs.transition_attempt(
                 job.id, oj.attempt, target, at=oj.started_at, actor=self.identity
             )
             if job.state in (JobState.PENDING, JobState.WAITING):
-                self.store.update_job_state(
+                self.store.jobs.update_job_state(
                     job.id, JobState.RUNNING, at=ctx.now, actor=self.identity
                 )
         return att
@@ -236,7 +236,7 @@ class AttemptSync(Part):
         recovering = next(
             (
                 i
-                for i in self.store.list_incidents(job_id=job.id)
+                for i in self.store.incidents.list_incidents(job_id=job.id)
                 if i.recovery_attempt == att.number and i.state in _LIVE
             ),
             None,
@@ -260,7 +260,7 @@ class AttemptSync(Part):
         if hang is not None and not (recovering is None and failure.observed_before):
             # Kept as the attempt's evidence (after it was attributed, so not twice): a
             # re-plan of this attempt re-attributes its failure from it (snapshot.plan).
-            self.fleet.add_finding(
+            self.fleet.findings.add_finding(
                 hang.to_dict(), received_at=now, host=None, job_id=job.id, attempt=att.number
             )
         # The rule (policy.attempt_sync.failure_steps) decides; the applier writes it in one
@@ -289,10 +289,10 @@ class AttemptSync(Part):
         oj = ctx.obs.jobs.get(fj.scheduler_ref)
         if att is None or att.state.terminal or oj is None:
             return
-        job = self.store.get_job(inc.job_id)
+        job = self.store.jobs.get_job(inc.job_id)
         f = failed_finding(v, ctx.now)
         # Kept as the attempt's evidence: the re-plan re-attributes this failure from it.
-        self.fleet.add_finding(
+        self.fleet.findings.add_finding(
             f.to_dict(), received_at=f.at, host=None, job_id=job.id, attempt=att.number
         )
         attribution = attribute([f], att.devices, f.at, self.config.correlation_window)

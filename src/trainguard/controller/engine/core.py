@@ -101,12 +101,12 @@ class EngineCore:
 
     def made_by_us(self, job_id: str, attempt: int) -> bool:
         """Whether trainguard made ``attempt`` (a restart of an incident of this job)."""
-        for inc in self.store.list_incidents(job_id=job_id):
+        for inc in self.store.incidents.list_incidents(job_id=job_id):
             if inc.recovery_attempt == attempt:
                 return True
             if not inc.state.terminal and any(
                 a.type == ActionKind.RESTART and a.state is ActionState.INTENDED
-                for a in self.fleet.list_actions(inc.id)
+                for a in self.fleet.ledger.list_actions(inc.id)
             ):
                 return True
         return False
@@ -114,18 +114,18 @@ class EngineCore:
     def live_incidents(self) -> list[IncidentRecord]:
         out: list[IncidentRecord] = []
         for state in _LIVE:
-            out += self.store.list_incidents(state=state)
+            out += self.store.incidents.list_incidents(state=state)
         return sorted(out, key=lambda i: i.id)
 
     def fleet_job_or_none(self, job_id: str) -> FleetJob | None:
         try:
-            return self.fleet.get_fleet_job(job_id)
+            return self.fleet.jobs.get_fleet_job(job_id)
         except NotFound:
             return None
 
     def attempt_or_none(self, job_id: str, number: int) -> AttemptRecord | None:
         try:
-            return self.store.get_attempt(job_id, number)
+            return self.store.jobs.get_attempt(job_id, number)
         except NotFound:
             return None
 
@@ -134,13 +134,13 @@ class EngineCore:
     ) -> list[Segment]:
         """The incident's attempts as policy.lost counts them, attempt ``running``
         having restored ``restored`` (0370): read as run reads them, from the store."""
-        attempts = {a.number: a for a in self.store.list_attempts(job_id)}
+        attempts = {a.number: a for a in self.store.jobs.list_attempts(job_id)}
         return incident_segments(
-            self.store.get_incident(inc_id), attempts, running=running, restored=restored
+            self.store.incidents.get_incident(inc_id), attempts, running=running, restored=restored
         )
 
     def incident_for_attempt(self, job_id: str, number: int) -> IncidentRecord | None:
-        for inc in self.store.list_incidents(job_id=job_id):
+        for inc in self.store.incidents.list_incidents(job_id=job_id):
             if inc.attempt == number or inc.recovery_attempt == number:
                 return inc
         return None
@@ -159,8 +159,8 @@ class EngineCore:
         """The job's document over the operator default (read once per pass)."""
         key = fj.policy or ""
         if key not in self.policy_cache:
-            default = self.fleet.get_policy(DEFAULT_POLICY)
-            own = self.fleet.get_policy(fj.policy) if fj.policy else None
+            default = self.fleet.policies.get_policy(DEFAULT_POLICY)
+            own = self.fleet.policies.get_policy(fj.policy) if fj.policy else None
             base = parse_policy(default) if default else None
             doc = parse_policy(own) if own else None
             self.policy_cache[key] = merge(base, doc)
@@ -175,7 +175,7 @@ class EngineCore:
         if not fj.opted_in:
             return EffectiveMode(Mode.OBSERVE, None)
         if modes is None:
-            modes = {m.scope.key: m.mode for m in self.fleet.list_scope_modes()}
+            modes = {m.scope.key: m.mode for m in self.fleet.policies.list_scope_modes()}
         return resolve_mode(modes, fj.job_id, fj.partition, self.config.default_mode)
 
     def checkpoints(self, job: JobRecord) -> tuple[CheckpointInfo, ...]:
@@ -183,7 +183,9 @@ class EngineCore:
 
     def failures(self, job_id: str, before_incident: int) -> list[PriorFailure]:
         """The job's failures before incident ``before_incident``, one per failure (0360)."""
-        return failure_history(self.store.list_incidents(job_id=job_id), before=before_incident)
+        return failure_history(
+            self.store.incidents.list_incidents(job_id=job_id), before=before_incident
+        )
 
     def restarts_used(self, inc: IncidentRecord, ledger: Sequence[ActionRecord]) -> int:
         """The job's restarts that count against this incident's budget (0130): the
@@ -195,13 +197,13 @@ class EngineCore:
             )
 
         earlier = sorted(
-            (i for i in self.store.list_incidents(job_id=inc.job_id) if i.id < inc.id),
+            (i for i in self.store.incidents.list_incidents(job_id=inc.job_id) if i.id < inc.id),
             key=lambda i: i.id,
         )
         entries = [
             BudgetEntry(
                 failed_step=i.failed_step,
-                restarts=done(self.fleet.list_actions(i.id)),
+                restarts=done(self.fleet.ledger.list_actions(i.id)),
                 recovered=i.state is IncidentState.RECOVERED,
             )
             for i in earlier
@@ -237,7 +239,7 @@ class EngineCore:
         """The warnings said about a job (audit notes with a ``warning``), oldest first."""
         return [
             str(e.data["warning"])
-            for e in self.store.list_audit(kind=AuditKind.NOTE, subject=f"job:{job_id}")
+            for e in self.store.audit.list_audit(kind=AuditKind.NOTE, subject=f"job:{job_id}")
             if isinstance(e.data.get("warning"), str)
         ]
 
@@ -305,4 +307,4 @@ class Part:
         """A write transaction that first proves the lease: at the moment of the write,
         the one clock read a component makes in a pass (a pass may outlast the lease in
         a scheduler call; its ``PassContext.now`` must not vouch for it)."""
-        return self.fleet.fenced(fence, self.core.clock())
+        return self.fleet.lease.fenced(fence, self.core.clock())

@@ -119,7 +119,7 @@ class EvidenceFollower(Part):
             and (job_id, att.number) in self.outputs  # where its output was read up to
         ):
             self._read_progress(job_id, att, att.log_path, now)
-        return self.store.get_attempt(job_id, att.number)
+        return self.store.jobs.get_attempt(job_id, att.number)
 
     def _read_progress(self, job_id: str, att: AttemptRecord, path: str, now: float) -> None:
         """Read ``path`` from where this attempt's output was read up to, to its end
@@ -154,7 +154,7 @@ class EvidenceFollower(Part):
         # ("injecting hang at step 8"), not a step it made (0397). Asked of the store
         # after the read: the report may have been taken by another process (serve's API),
         # and a report made before these lines were written is seen.
-        reported = self.store.is_self_reported(job_id, att.number)
+        reported = self.store.jobs.is_self_reported(job_id, att.number)
         job_lines = 0
         alive_lines = 0  # liveness readings (a bar, a logged loss): run's count (0393)
         for raw in lines:
@@ -179,9 +179,9 @@ class EvidenceFollower(Part):
             # Verification expects every rank that reported before to report again (0350);
             # only ranks of the job's world are kept (0405): a line's "[rank123456]:" is not.
             limit = rank_limit(
-                torchrun_world_size(self.store.get_job(job_id).command), self.config.max_ranks
+                torchrun_world_size(self.store.jobs.get_job(job_id).command), self.config.max_ranks
             )
-            self.store.note_ranks_reported(job_id, att.number, {r for r in ranks if r < limit})
+            self.store.jobs.note_ranks_reported(job_id, att.number, {r for r in ranks if r < limit})
         if job_lines and state.first_at is None:
             state.first_at = now
         if alive_lines:
@@ -196,10 +196,10 @@ class EvidenceFollower(Part):
                 self._warn_no_step_signal(job_id, att, state.first_at, now)
             return
         if att.first_step is None:
-            self.store.update_attempt_progress(job_id, att.number, steps[0], at=now)
+            self.store.jobs.update_attempt_progress(job_id, att.number, steps[0], at=now)
         last = max(steps)
         if att.last_step is None or last > att.last_step or len(steps) > 1:
-            self.store.update_attempt_progress(job_id, att.number, last, at=now)
+            self.store.jobs.update_attempt_progress(job_id, att.number, last, at=now)
         # Steps the job stamped itself: the rate verification may compare (0320). This
         # pass read them all at ``now``; their own times say when they were made.
         # The store keeps a rank's first and highest: per rank, those two are enough.
@@ -210,7 +210,7 @@ class EvidenceFollower(Part):
                 first_last[1] = (step, at)
         for rank, first_last in ends.items():
             for step, at in dict.fromkeys(first_last):
-                self.store.record_job_step_time(job_id, att.number, step, time=at, rank=rank)
+                self.store.jobs.record_job_step_time(job_id, att.number, step, time=at, rank=rank)
 
     def _warn_no_step_signal(
         self, job_id: str, att: AttemptRecord, first_at: float | None, now: float
@@ -228,14 +228,16 @@ class EvidenceFollower(Part):
             step_signal=False,
             first_output_at=first_at,
             now=now,
-            window_seconds=self.core.policy(fj, self.store.get_job(job_id)).verify_window_seconds,
+            window_seconds=self.core.policy(
+                fj, self.store.jobs.get_job(job_id)
+            ).verify_window_seconds,
         )
         if text is None:
             return
         self._warned_no_step.add(job_id)
         if text in self.core.job_warnings(job_id):
             return  # said before this controller started
-        self.store.append_audit(
+        self.store.audit.append_audit(
             now, self.identity, AuditKind.NOTE, f"job:{job_id}", f"warning: {text}",
             {"warning": text},
         )  # fmt: skip
@@ -318,12 +320,12 @@ class EvidenceFollower(Part):
         if self._finding_cursor is None:
             # First pass (or a restart): what can still matter; each attempt's own
             # history is read in full once by _new_fatal_evidence.
-            rows = self.fleet.findings_between(now - IDLE_EVIDENCE_MAX_AGE_S, now + 1.0)
+            rows = self.fleet.findings.findings_between(now - IDLE_EVIDENCE_MAX_AGE_S, now + 1.0)
             self._finding_cursor = max((int(r["id"]) for r in rows), default=0)
             return rows
         out: list[dict[str, Any]] = []
         for _ in range(FINDING_BATCHES_PER_PASS):
-            rows = self.fleet.findings_after(self._finding_cursor, FINDING_BATCH)
+            rows = self.fleet.findings.findings_after(self._finding_cursor, FINDING_BATCH)
             if rows:
                 self._finding_cursor = max(int(r["id"]) for r in rows)
             out += rows
@@ -363,7 +365,7 @@ class EvidenceFollower(Part):
         hosts = self._hosts(job_id, att)
         out: list[Finding] = []
         if rows is None:
-            rows = self.fleet.findings_between(att.started_at, until + 1.0)
+            rows = self.fleet.findings.findings_between(att.started_at, until + 1.0)
         for row in rows:
             try:
                 f = Finding.from_dict(row["finding"])
@@ -420,7 +422,7 @@ class EvidenceFollower(Part):
         """The hang that ended ``att``, as its detector worded it (kept by
         ``_attempt_failed``); ``None`` when it did not hang."""
         until = (att.ended_at if att.ended_at is not None else now) + 1.0
-        for row in self.fleet.findings_between(att.started_at, until, job_id=job_id):
+        for row in self.fleet.findings.findings_between(att.started_at, until, job_id=job_id):
             if row.get("attempt") == att.number and row.get("kind") == "hang":
                 return Finding.from_dict(row["finding"])
         return None
@@ -480,7 +482,9 @@ class EvidenceFollower(Part):
         # The attempt's hosts only: an output line's PCI bus id names a card of the host
         # that printed it (bus ids repeat across hosts), and it is not a fleet-wide read.
         hosts = {d.host for d in devices} | set(oj.nodes if oj is not None else ())
-        inventory = [r.device for h in sorted(hosts) for r in self.store.list_devices(host=h)]
+        inventory = [
+            r.device for h in sorted(hosts) for r in self.store.devices.list_devices(host=h)
+        ]
         if tail:
             # The streaming classifier: it sees whole tracebacks, not just single lines.
             for match in Classifier().feed("\n".join(tail) + "\n"):
@@ -491,7 +495,9 @@ class EvidenceFollower(Part):
         hosts = {d.host for d in devices}
         uuids = {d.uuid for d in devices}
         window = self.config.correlation_window
-        for row in self.fleet.findings_between(att.started_at - window, failed_at + window):
+        for row in self.fleet.findings.findings_between(
+            att.started_at - window, failed_at + window
+        ):
             if not (
                 row["job_id"] == job.id
                 or row["device_uuid"] in uuids
@@ -537,9 +543,9 @@ class EvidenceFollower(Part):
         # The stored node health too: a node quarantined in this pass is drained after
         # the pass observed the cluster, and a re-plan in the same pass (waiting for
         # capacity) must not hand its cards back to the job (the store is written first).
-        drained |= set(self.fleet.unschedulable_nodes())
+        drained |= set(self.fleet.nodes.unschedulable_nodes())
         out = []
-        for rec in self.store.list_devices():
+        for rec in self.store.devices.list_devices():
             if rec.uuid in busy:
                 continue
             state = rec.state

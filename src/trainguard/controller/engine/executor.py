@@ -72,26 +72,26 @@ class Executor(Part):
             )
         if kind is StepKind.MARK_STOPPED:
             self._finish_stopped(inc, fj, ctx, st.reason)
-            return self.store.get_incident(inc.id)
+            return self.store.incidents.get_incident(inc.id)
         if kind is StepKind.NOTE_NOT_VERIFIED:
-            return self.store.update_incident(
+            return self.store.incidents.update_incident(
                 inc.id, at=ctx.now, note=st.reason, actor=self.identity
             )
         if kind is StepKind.FAIL_ATTEMPT:
             assert st.verification is not None
             self.attempts.fail_unverified(inc, fj, ctx, st.verification)
-            return self.store.get_incident(inc.id)
+            return self.store.incidents.get_incident(inc.id)
         if kind is StepKind.MARK_RECOVERED:
             self._mark_recovered(st, inc, ctx)
-            return self.store.get_incident(inc.id)
+            return self.store.incidents.get_incident(inc.id)
         assert st.index is not None and st.key is not None
         generation = inc.plan_generation
         action = ((inc.plan or {}).get("actions") or [])[st.index]
         if kind is StepKind.REQUEST_APPROVAL:
-            approval = self.fleet.approval_for(st.key)
+            approval = self.fleet.approvals.approval_for(st.key)
             if approval is None:
                 with self.fenced(ctx.fence):  # the lease proved now, the request dated ctx.now
-                    approval = self.fleet.request_approval(
+                    approval = self.fleet.approvals.request_approval(
                         kind=str(action.get("type")),
                         subject=action_subject(action, inc),
                         why=st.approval_why or st.reason,
@@ -107,12 +107,12 @@ class Executor(Part):
             return inc
         if kind is StepKind.EXPIRE_APPROVAL:
             # Nobody answered in time: no answer is a no, in this controller's name (0425).
-            expired = self.fleet.approval_for(st.key)
+            expired = self.fleet.approvals.approval_for(st.key)
             if expired is not None and expired.state is ApprovalState.PENDING:
                 assert st.deadline_s is not None
                 # A person who answered at the same moment wins (pending -> decided once).
                 with contextlib.suppress(IllegalTransition), self.fenced(ctx.fence):
-                    self.fleet.decide_approval(
+                    self.fleet.approvals.decide_approval(
                         expired.id,
                         ApprovalState.DENIED,
                         actor=no_answer_actor(self.config.name, st.deadline_s),
@@ -121,7 +121,7 @@ class Executor(Part):
                     )
             return inc
         if kind is StepKind.SKIP:
-            denied = self.fleet.approval_for(st.key)
+            denied = self.fleet.approvals.approval_for(st.key)
             who = (
                 f"denied by {denied.decided_by}: {denied.decision_reason}"
                 if denied is not None
@@ -135,14 +135,14 @@ class Executor(Part):
         # APPLY
         if inc.state is IncidentState.OPEN:
             with self.fenced(ctx.fence):
-                inc = self.store.update_incident(
+                inc = self.store.incidents.update_incident(
                     inc.id, at=ctx.now, state=IncidentState.ACTING, actor=self.identity
                 )
             self.crash.hit("act.after_acting")
-        rec = self.fleet.get_action(st.key) if st.intent_recorded else None
+        rec = self.fleet.ledger.get_action(st.key) if st.intent_recorded else None
         if rec is None:
             with self.fenced(ctx.fence):  # the lease proved now, the intent dated ctx.now
-                rec = self.fleet.record_intent(
+                rec = self.fleet.ledger.record_intent(
                     st.key,
                     incident_id=inc.id,
                     generation=generation,
@@ -169,7 +169,7 @@ class Executor(Part):
         why: str,
     ) -> None:
         with self.fenced(ctx.fence):  # the lease proved now, both dated ctx.now
-            self.fleet.record_intent(
+            self.fleet.ledger.record_intent(
                 key,
                 incident_id=inc.id,
                 generation=generation,
@@ -182,7 +182,7 @@ class Executor(Part):
                 at=ctx.now,
                 job_id=inc.job_id,
             )
-            self.fleet.record_result(
+            self.fleet.ledger.record_result(
                 key,
                 ActionState.SKIPPED,
                 {"skipped": why},
@@ -226,21 +226,21 @@ class Executor(Part):
                 lambda: None,
             )
         ctx.report.applied.append(rec.key)
-        return self.store.get_incident(inc.id)
+        return self.store.incidents.get_incident(inc.id)
 
     def _finish_stopped(
         self, inc: IncidentRecord, fj: FleetJob, ctx: PassContext, reason: str
     ) -> None:
         now = ctx.now
         with self.fenced(ctx.fence):
-            cur = self.store.get_incident(inc.id)
+            cur = self.store.incidents.get_incident(inc.id)
             if not cur.state.terminal:
-                self.store.update_incident(
+                self.store.incidents.update_incident(
                     inc.id, at=now, state=IncidentState.STOPPED, reason=reason, actor=self.identity
                 )
-            job = self.store.get_job(inc.job_id)
+            job = self.store.jobs.get_job(inc.job_id)
             if not job.state.terminal:
-                self.store.update_job_state(
+                self.store.jobs.update_job_state(
                     inc.job_id, JobState.STOPPED, at=now, reason=reason, actor=self.identity
                 )
 
@@ -255,7 +255,7 @@ class Executor(Part):
         note = first_progress_note(att.first_step, att.number)
         if any(t.what == note for t in inc.timeline):
             return inc  # the timeline is the record of it: once, across passes and leaders
-        return self.store.update_incident(
+        return self.store.incidents.update_incident(
             inc.id,
             at=ctx.now,
             note=note,
@@ -272,12 +272,12 @@ class Executor(Part):
         now = ctx.now
         self.crash.hit("verify.before_recovered")
         with self.fenced(ctx.fence):
-            cur = self.store.get_incident(inc.id)
+            cur = self.store.incidents.get_incident(inc.id)
             if cur.state is not IncidentState.VERIFYING:
                 return
-            att_now = self.store.get_attempt(inc.job_id, number)
+            att_now = self.store.jobs.get_attempt(inc.job_id, number)
             if att_now.state is AttemptState.VERIFYING:
-                self.store.transition_attempt(
+                self.store.jobs.transition_attempt(
                     inc.job_id,
                     number,
                     AttemptState.VERIFIED,
@@ -286,7 +286,7 @@ class Executor(Part):
                     actor=self.identity,
                 )
             if acc.resumed_on_its_own:
-                self.store.update_incident(
+                self.store.incidents.update_incident(
                     inc.id,
                     at=now,
                     checkpoint_step=acc.restored_step,
@@ -300,8 +300,8 @@ class Executor(Part):
                 if acc.warning:
                     self._tell_resume_fix(inc, acc.warning, now)
             for w in self.core.job_warnings(inc.job_id):  # what the job was told, as in run
-                self.store.update_incident(inc.id, at=now, warning=w, actor=self.identity)
-            self.store.update_incident(
+                self.store.incidents.update_incident(inc.id, at=now, warning=w, actor=self.identity)
+            self.store.incidents.update_incident(
                 inc.id,
                 at=now,
                 state=IncidentState.RECOVERED,
@@ -318,10 +318,10 @@ class Executor(Part):
         once per job (as run said it), in an audit note of the job that the drivers
         print. Not a job warning (``_job_warnings``): it belongs to this incident's
         restart, and later incidents carry their own (0393)."""
-        told = self.store.list_audit(kind=AuditKind.NOTE, job_id=inc.job_id)
+        told = self.store.audit.list_audit(kind=AuditKind.NOTE, job_id=inc.job_id)
         if any("resume_warning" in e.data for e in told):
             return
-        self.store.append_audit(
+        self.store.audit.append_audit(
             now, self.identity, AuditKind.NOTE, f"job:{inc.job_id}", f"warning: {warning}",
             {"resume_warning": warning, "incident": inc.id},
             job_id=inc.job_id, incident_id=inc.id,

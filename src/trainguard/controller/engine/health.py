@@ -45,7 +45,7 @@ class HealthEnforcer(Part):
         for node in ctx.obs.nodes.values():
             key = (node.partition, ())
             if self._seen_nodes.get(node.name) != key:
-                self.fleet.register_node(
+                self.fleet.nodes.register_node(
                     node.name, at=ctx.now, partition=node.partition, actor=self.identity
                 )
                 self._seen_nodes[node.name] = key
@@ -55,7 +55,7 @@ class HealthEnforcer(Part):
                 if self._seen_devices.get(d.uuid) != (d.host, d.index, d.pci_bus_id)
             ]
             if fresh:
-                self.store.register_devices(fresh, at=ctx.now, actor=self.identity)
+                self.store.devices.register_devices(fresh, at=ctx.now, actor=self.identity)
                 for d in fresh:
                     self._seen_devices[d.uuid] = (d.host, d.index, d.pci_bus_id)
 
@@ -76,7 +76,7 @@ class HealthEnforcer(Part):
             if not node.down_undrained:
                 continue
             try:
-                stored[node.name] = self.fleet.get_node(node.name)
+                stored[node.name] = self.fleet.nodes.get_node(node.name)
             except NotFound:
                 continue
         for step in drain_down_steps(down, stored):
@@ -97,7 +97,7 @@ class HealthEnforcer(Part):
         obs = ctx.obs
         view = self._health
         now = ctx.now
-        upto = self.fleet.last_audit_id()
+        upto = self.fleet.nodes.last_audit_id()
         full = (
             view.cursor < 0
             or now - view.loaded_at >= self.config.health_resync_seconds
@@ -106,15 +106,15 @@ class HealthEnforcer(Part):
         touched: set[str] = set()  # nodes to compare this pass (besides changed observations)
         if full:
             # Two reads for the whole fleet, not one per device.
-            view.devices = {r.uuid: r for r in self.store.list_devices()}
-            view.nodes = {n.name: n for n in self.fleet.list_nodes()}
+            view.devices = {r.uuid: r for r in self.store.devices.list_devices()}
+            view.nodes = {n.name: n for n in self.fleet.nodes.list_nodes()}
             view.loaded_at = now
         else:
-            changed_devices, changed_nodes = self.fleet.health_changes(view.cursor, upto)
+            changed_devices, changed_nodes = self.fleet.nodes.health_changes(view.cursor, upto)
             self._refresh_devices(changed_devices)
             for name in changed_nodes:
                 try:
-                    view.nodes[name] = self.fleet.get_node(name)
+                    view.nodes[name] = self.fleet.nodes.get_node(name)
                 except NotFound:
                     view.nodes.pop(name, None)
             touched |= changed_nodes
@@ -162,11 +162,11 @@ class HealthEnforcer(Part):
         if not uuids:
             return
         if len(uuids) > _REREAD_ALL_ABOVE:
-            view.devices = {r.uuid: r for r in self.store.list_devices()}
+            view.devices = {r.uuid: r for r in self.store.devices.list_devices()}
             return
         for uuid in uuids:
             try:
-                view.devices[uuid] = self.store.get_device(uuid)
+                view.devices[uuid] = self.store.devices.get_device(uuid)
             except NotFound:
                 view.devices.pop(uuid, None)
 
@@ -174,7 +174,7 @@ class HealthEnforcer(Part):
         """Resources a ledger quarantine is still in flight for (intended, no result yet)."""
         return {
             str(a.data.get("resource_id"))
-            for a in self.fleet.intended_actions()
+            for a in self.fleet.ledger.intended_actions()
             if a.type == ActionKind.QUARANTINE
         }
 
@@ -209,14 +209,14 @@ class HealthEnforcer(Part):
                 continue
             assert uuid is not None
             try:
-                dev = self.store.get_device(uuid)
+                dev = self.store.devices.get_device(uuid)
             except NotFound:
                 continue
             if row.get("host") is not None and dev.device.host != row["host"]:
                 continue  # one host's word about another host's card acts on nothing (0402)
             if dev.state not in (HealthState.HEALTHY, HealthState.SUSPECT):
                 continue
-            if any(h.at > f.at for h in self.store.device_history(uuid)[1:]):
+            if any(h.at > f.at for h in self.store.devices.device_history(uuid)[1:]):
                 continue  # its health changed after the finding: that decision stands
             verdict = check_quarantine(
                 self.fleet,
@@ -236,14 +236,14 @@ class HealthEnforcer(Part):
                         incident_id=None,
                     )
                     continue
-                self.store.transition_device(
+                self.store.devices.transition_device(
                     uuid,
                     HealthState.QUARANTINED,
                     idle_quarantine_reason(f),
                     self.identity,
                     now,
                 )
-                self.fleet.record_quarantine("device", uuid, at=now, incident_id=None)
+                self.fleet.breaker.record_quarantine("device", uuid, at=now, incident_id=None)
                 idle_card_repair(
                     self.fleet,
                     f,

@@ -72,7 +72,7 @@ class SnapshotBuilder(Part):
         only_if_changed: bool = False,
     ) -> IncidentRecord:
         obs, fence, now = ctx.obs, ctx.fence, ctx.now
-        job = self.store.get_job(inc.job_id)
+        job = self.store.jobs.get_job(inc.job_id)
         policy = self.core.policy(fj, job)
         mode = self.core.effective_mode(fj, ctx.modes)
         previous = inc.plan or {}
@@ -80,7 +80,7 @@ class SnapshotBuilder(Part):
         if failed_attempt == inc.attempt or not failures:
             attribution = inc.as_attribution()
         else:
-            att = self.store.get_attempt(inc.job_id, failed_attempt)
+            att = self.store.jobs.get_attempt(inc.job_id, failed_attempt)
             oj = obs.jobs.get(fj.scheduler_ref)
             # A recovery attempt that hung is attributed as a hang, as when it was detected:
             # from the detector's finding, kept with the attempt's evidence (read there).
@@ -94,7 +94,7 @@ class SnapshotBuilder(Part):
             prior_failure(f, inc.culprit if int(f["attempt"]) == inc.attempt else None)
             for f in failures
         ]
-        ledger = self.fleet.list_actions(inc.id)
+        ledger = self.fleet.ledger.list_actions(inc.id)
         isolated = isolated_for_incident(ledger)
         restarts_used = self.core.restarts_used(inc, ledger)
         failed_rec = self.core.attempt_or_none(inc.job_id, failed_attempt)
@@ -131,7 +131,7 @@ class SnapshotBuilder(Part):
             leader={"holder": fence.holder, "token": fence.token},
         )
         with self.fenced(fence):
-            self.store.record_plan(inc.id, plan_dict, at=now, actor=self.identity)
+            self.store.incidents.record_plan(inc.id, plan_dict, at=now, actor=self.identity)
             if mode.mode is Mode.OBSERVE:
                 why = (
                     "the job did not opt in"
@@ -139,9 +139,9 @@ class SnapshotBuilder(Part):
                     else f"mode observe ({mode.scope.key if mode.scope else 'default'})"
                 )
                 would = "; ".join(plan.reasons) or "no action"
-                cur = self.store.get_incident(inc.id)
+                cur = self.store.incidents.get_incident(inc.id)
                 if cur.state is IncidentState.OPEN:
-                    self.store.update_incident(
+                    self.store.incidents.update_incident(
                         inc.id,
                         at=now,
                         state=IncidentState.OBSERVED,
@@ -149,17 +149,17 @@ class SnapshotBuilder(Part):
                         actor=self.identity,
                     )
                 else:
-                    self.store.update_incident(
+                    self.store.incidents.update_incident(
                         inc.id,
                         at=now,
                         state=IncidentState.STOPPED,
                         reason=f"{why}: nothing more done (would: {would})",
                         actor=self.identity,
                     )
-                job_now = self.store.get_job(inc.job_id)
+                job_now = self.store.jobs.get_job(inc.job_id)
                 oj = obs.jobs.get(fj.scheduler_ref)
                 if not job_now.state.terminal and (oj is None or oj.phase.terminal):
-                    self.store.update_job_state(
+                    self.store.jobs.update_job_state(
                         inc.job_id,
                         JobState.STOPPED,
                         at=now,
@@ -168,19 +168,19 @@ class SnapshotBuilder(Part):
                     )
         ctx.report.planned.append(inc.id)
         self.crash.hit("plan.after_recorded")
-        return self.store.get_incident(inc.id)
+        return self.store.incidents.get_incident(inc.id)
 
     def _launch_env(self, inc: IncidentRecord, attempt: int) -> dict[str, str]:
         """The extra environment a plan gave ``attempt`` (its restart's ledger intent), as
         run reads its launch intent: decide() must know what the failed attempt already
         ran with, or the OOM rule retries with expandable segments forever (0340)."""
-        for earlier in self.store.list_incidents(job_id=inc.job_id):
+        for earlier in self.store.incidents.list_incidents(job_id=inc.job_id):
             if earlier.id > inc.id:
                 break
             for entry in earlier.actions:
                 if entry.get("type") != ActionKind.RESTART or entry.get("attempt") != attempt:
                     continue
-                rec = self.fleet.get_action(str(entry.get("key")))
+                rec = self.fleet.ledger.get_action(str(entry.get("key")))
                 env = (rec.data.get("env") if rec is not None else None) or {}
                 return {str(k): str(v) for k, v in env.items()}
         return {}
@@ -219,7 +219,7 @@ class SnapshotBuilder(Part):
         actions = tuple(PlannedAction(i, action_kind(a), _typed(a)) for i, a in enumerate(raw))
         ledger = {
             a.index: a.state
-            for a in self.fleet.list_actions(inc.id)
+            for a in self.fleet.ledger.list_actions(inc.id)
             if a.generation == inc.plan_generation
         }
         pending = [a for a in actions if a.index not in ledger or not ledger[a.index].terminal]
@@ -229,7 +229,9 @@ class SnapshotBuilder(Part):
             unanswered: dict[int, float] = {}
             for a in actions:
                 if a.kind is ActionKind.RESTART and ledger.get(a.index) is ActionState.SKIPPED:
-                    got = self.fleet.approval_for(action_key(inc.id, inc.plan_generation, a.index))
+                    got = self.fleet.approvals.approval_for(
+                        action_key(inc.id, inc.plan_generation, a.index)
+                    )
                     t = unanswered_timeout(got.decided_by) if got is not None else None
                     if t is not None:
                         unanswered[a.index] = t
@@ -248,7 +250,7 @@ class SnapshotBuilder(Part):
             inc.domain.value,
         )
         nxt = pending[0]
-        policy = self.core.policy(fj, self.store.get_job(inc.job_id))
+        policy = self.core.policy(fj, self.store.jobs.get_job(inc.job_id))
         approvals: dict[int, ApprovalState] = {}
         asked_at: dict[int, float] = {}
         if nxt.index not in ledger and approval_reason(
@@ -257,7 +259,9 @@ class SnapshotBuilder(Part):
             prior_domains=prior_domains,
             uncertain_waits=policy.approvals,
         ):
-            got = self.fleet.approval_for(action_key(inc.id, inc.plan_generation, nxt.index))
+            got = self.fleet.approvals.approval_for(
+                action_key(inc.id, inc.plan_generation, nxt.index)
+            )
             if got is not None:
                 approvals[nxt.index] = got.state
                 asked_at[nxt.index] = got.requested_at
@@ -272,8 +276,8 @@ class SnapshotBuilder(Part):
                         if isinstance(q, Quarantine)
                     ]
             placement = {
-                "unschedulable_devices": frozenset(self.fleet.unschedulable_devices()),
-                "unschedulable_nodes": frozenset(self.fleet.unschedulable_nodes()),
+                "unschedulable_devices": frozenset(self.fleet.nodes.unschedulable_devices()),
+                "unschedulable_nodes": frozenset(self.fleet.nodes.unschedulable_nodes()),
                 "other_plan_targets": tuple(others),
             }
         return dataclasses.replace(
@@ -302,9 +306,9 @@ class SnapshotBuilder(Part):
         """What verification reads about the recovery attempt (policy/verify.py, 0145)."""
         if att is None or att.state not in _VERIFIABLE:
             return base  # not started yet (pending), or failed: the sync re-plans it
-        job = self.store.get_job(inc.job_id)
+        job = self.store.jobs.get_job(inc.job_id)
         policy = self.core.policy(fj, job)
-        others = [a for a in self.store.list_attempts(inc.job_id) if a.number != att.number]
+        others = [a for a in self.store.jobs.list_attempts(inc.job_id) if a.number != att.number]
         restored = inc.checkpoint_step if inc.checkpoint_path is not None else None
         valid = self.core.valid_checkpoints(job.checkpoint_dir)
         saves = [(s, t) for s, t in valid if t >= att.started_at]

@@ -49,19 +49,19 @@ class CapacityWait:
     def pending(self, obs: Observation) -> list[PendingAttempt]:
         """The facts of every managed job whose attempt waits for capacity."""
         out = []
-        for fj in self.fleet.list_fleet_jobs():
+        for fj in self.fleet.jobs.list_fleet_jobs():
             oj = obs.jobs.get(fj.scheduler_ref)
             if oj is None or oj.phase is not JobPhase.PENDING or not waits_for_capacity(oj.reason):
                 continue
             try:
-                job = self.store.get_job(fj.job_id)
+                job = self.store.jobs.get_job(fj.job_id)
             except NotFound:
                 continue
             incidents = tuple(
                 WaitingIncident(
                     i.id, i.state, i.recovery_attempt, tuple(t.what for t in i.timeline)
                 )
-                for i in self.store.list_incidents(job_id=fj.job_id)
+                for i in self.store.incidents.list_incidents(job_id=fj.job_id)
                 if not i.state.terminal
             )
             out.append(PendingAttempt(fj.job_id, job.state, oj.attempt, oj.reason or "", incidents))
@@ -76,17 +76,19 @@ class CapacityWait:
                 continue
             now = self.clock()
             try:
-                with self.fleet.fenced(fence, now):
+                with self.fleet.lease.fenced(fence, now):
                     for st in steps:
                         if st.kind is WaitStepKind.NOTE_INCIDENT:
                             assert st.incident_id is not None
-                            self.store.update_incident(st.incident_id, at=now, note=st.text)
+                            self.store.incidents.update_incident(
+                                st.incident_id, at=now, note=st.text
+                            )
                         elif st.kind is WaitStepKind.JOB_RECOVERING:
-                            self.store.update_job_state(
+                            self.store.jobs.update_job_state(
                                 st.job_id, JobState.RECOVERING, at=now, actor=self.actor
                             )
                         else:
-                            self.store.update_job_state(
+                            self.store.jobs.update_job_state(
                                 st.job_id, JobState.WAITING, at=now, reason=st.text,
                                 actor=self.actor,
                             )  # fmt: skip
