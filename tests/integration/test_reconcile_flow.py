@@ -54,8 +54,9 @@ def test_xid_quarantines_restarts_from_the_checkpoint_and_verifies(fleet: Fleet)
     assert oj.resume_from and oj.resume_from.endswith("step_00000010")
     assert [s["attempt"] for s in fleet.cluster.starts()] == [0, 1]
     att = fleet.store.jobs.get_attempt(fj.job_id, 1)
-    # "resumed from step 10" is its first progress line: the restored step is the chosen one.
-    assert att.state is AttemptState.VERIFIED and att.first_step == 10
+    # "resumed from step 10 (path)" is a checkpoint event (0497): the first step it
+    # trained is 11, the one after the chosen restore point.
+    assert att.state is AttemptState.VERIFIED and att.first_step == 11
     assert fleet.store.jobs.get_job(fj.job_id).state is JobState.RUNNING
     # Repair record with evidence and advice; every intent has its one result.
     (rep,) = fleet.cp.repairs()

@@ -40,11 +40,12 @@ def test_a_hang_is_detected_by_the_adaptive_detector_by_default(
     assert seconds_masked(out.attempt0_reason) == f"failed: {said}", out
     detected = [seconds_masked(n) for n in inc["notes"] if n.startswith("detected")]
     assert detected == [f"detected hang (unknown): {said}"], out
-    # The restart's first step is noted before it is verified, in the same words.
-    first = "first progress after restart: step 5 (attempt 1)"
+    # The restart's first step is noted before it is verified, in the same words: the
+    # first step trained after restoring step 5 (the load line is not a step, 0497).
+    first = "first progress after restart: step 6 (attempt 1)"
     assert inc["notes"].count(first) == 1, out
     assert inc["notes"].index(first) < inc["notes"].index("verifying -> recovered"), out
-    assert out.resumed_steps == [1, 5], out
+    assert out.resumed_steps == [1, 6], out
     assert out.quarantined == [] and out.repairs == [], out
 
 

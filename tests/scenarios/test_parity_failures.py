@@ -210,7 +210,8 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_job_resumes_from_the_o
     assert restart["checkpoint"]["step"] == 5, w
     [skipped] = w.plans[0]["skipped_checkpoints"]
     assert skipped["step"] == 10 and not skipped["valid"], w
-    assert out.attempts == ["failed", "completed"] and out.resumed_steps[1] == 5, w
+    # the first step trained after restoring step 5 (0497)
+    assert out.attempts == ["failed", "completed"] and out.resumed_steps[1] == 6, w
     # (run names the process: "the job (pid N) exited with code 1")
     assert (out.attempt0_reason or "").endswith("exited with code 1"), w
     # The damaged checkpoint is moved aside with a note, so nothing restores it later

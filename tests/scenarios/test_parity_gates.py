@@ -468,7 +468,8 @@ def test_the_breaker_holds_back_a_quarantine_beyond_the_share_and_the_job_avoids
     assert w.suppressed == [second] and w.breaker == "open", w
     assert w.health == {first: "quarantined", second: "healthy"}, w
     assert w.out.attempts == ["failed", "failed", "completed"] and w.job == "completed", w
-    assert w.out.resumed_steps == [1, 10, 20], w
+    # each restart's first trained step, after the restored 10 and 20 (0497)
+    assert w.out.resumed_steps == [1, 11, 21], w
     assert not {first, second} & set(w.attempt_devices[2]), w
 
 
