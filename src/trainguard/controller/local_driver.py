@@ -78,7 +78,6 @@ from trainguard.model.plan import Mode
 from trainguard.model.progress import ProgressEvent
 from trainguard.model.records import (
     AuditEvent,
-    AuditKind,
     JobState,
     RankReport,
 )
@@ -343,10 +342,7 @@ class LocalDriver:
         submission; a result when it does not start."""
         try:
             if o.preflight and self.devices:
-                preflight(
-                    store, self.devices, o.preflight, kernel_log=o.kernel_log,
-                    fence=plane.fence(), clock=self.clock, actor=ACTOR,
-                )  # fmt: skip
+                preflight(plane, self.devices, o.preflight, kernel_log=o.kernel_log, actor=ACTOR)
                 plane.run_once()  # the cluster is told of the quarantines before the start
         except Fenced as exc:
             self.say(f"trainguard: lost the lease on {o.state} before the job started: {exc}")
@@ -358,8 +354,7 @@ class LocalDriver:
         if start.count is None:
             reason = start.reason or "too few devices"
             try:
-                refuse(store, o, job_id, start.need, reason, fence=plane.fence(),
-                       at=self.clock(), actor=ACTOR)  # fmt: skip
+                refuse(plane, o, job_id, start.need, reason, actor=ACTOR)
             except Fenced as exc:
                 return self._lease_lost(o, f"{job_id} ({exc})")
             self._tell(store, job_id)
@@ -389,11 +384,8 @@ class LocalDriver:
             return RunResult(job_id, EXIT_STOPPED, JobState.STOPPED, reason)
         if start.note is not None:
             # Not written by a run that lost the lease: its loop then stops at once.
-            with contextlib.suppress(Fenced), plane.fleet.lease.fenced(plane.fence(), self.clock()):
-                store.audit.append_audit(
-                    self.clock(), ACTOR, AuditKind.NOTE, f"job:{job_id}", start.note,
-                    job_id=job_id,
-                )  # fmt: skip
+            with contextlib.suppress(Fenced):
+                plane.note_job(job_id, start.note, ACTOR)
         return None
 
     def _exit_code(self, store: Store, job_id: str, state: JobState) -> int:

@@ -12,15 +12,15 @@ so the user reads it as every other line of the run, and the audit keeps it.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from trainguard.controller.local_options import RunOptions
+from trainguard.controller.service import ControlPlane
 from trainguard.model.devices import Device
 from trainguard.model.health import HealthState
 from trainguard.model.plan import DeviceStatus
-from trainguard.model.records import AuditKind, JobState
 from trainguard.store import Store
-from trainguard.store.fleet import Fence, FleetStore
+from trainguard.store.fleet import FleetStore
 
 
 def device_statuses(store: Store, devices: Sequence[Device]) -> tuple[DeviceStatus, ...]:
@@ -40,64 +40,40 @@ def device_statuses(store: Store, devices: Sequence[Device]) -> tuple[DeviceStat
 
 
 def preflight(
-    store: Store,
+    plane: ControlPlane,
     devices: Sequence[Device],
     level: str,
     *,
     kernel_log: str | None,
-    fence: Fence | None,
-    clock: Callable[[], float],
     actor: str,
 ) -> None:
-    """``--preflight LEVEL``: check the schedulable devices; quarantine the ones that
-    fail (each with its reason and measurements) and record the summary."""
+    """``--preflight LEVEL``: check the schedulable devices; the plane quarantines the
+    ones that fail (each with its reason and measurements) and records the summary
+    (``Fenced`` when this run does not hold the lease)."""
     from trainguard.preflight.gate import preflight_gate  # the checks load lazily
 
+    store = plane.store
     candidates = [s.device for s in device_statuses(store, devices) if s.state.schedulable]
     if not candidates:
         return
     histories = {d.uuid: store.devices.device_history(d.uuid) for d in candidates}
     gate = preflight_gate(candidates, level, histories=histories, kernel_log=kernel_log)
-    fleet = FleetStore(store)
-    for fail in gate.failed:
-        at = clock()
-        reason = f"preflight {gate.level} failed: {fail.reason}"
-        with fleet.lease.fenced(fence, at):
-            subject = f"device:{fail.uuid}"
-            store.audit.append_audit(at, actor, AuditKind.RESULT, subject, reason, fail.data)
-            store.devices.transition_device(fail.uuid, HealthState.QUARANTINED, reason, actor, at)
-    with fleet.lease.fenced(fence, clock()):
-        store.audit.append_audit(
-            clock(),
-            actor,
-            AuditKind.NOTE,
-            f"preflight:{gate.level}",
-            gate.summary,
-            {"checked": [d.uuid for d in candidates], "failed": [f.uuid for f in gate.failed]},
-        )
+    failed = [(f.uuid, f"preflight {gate.level} failed: {f.reason}", f.data) for f in gate.failed]
+    plane.record_preflight(gate.level, gate.summary, [d.uuid for d in candidates], failed, actor)
 
 
 def refuse(
-    store: Store,
-    options: RunOptions,
-    job_id: str,
-    need: int,
-    reason: str,
-    *,
-    fence: Fence,
-    at: float,
-    actor: str,
+    plane: ControlPlane, options: RunOptions, job_id: str, need: int, reason: str, *, actor: str
 ) -> None:
-    """The job cannot start (policy/start.py): it is recorded as a job that stopped
-    before its first attempt, with the reason, as ``trainguard jobs`` shows it (fenced:
-    a run that lost the lease records nothing)."""
+    """The job cannot start (policy/start.py): recorded as a job that stopped before
+    its first attempt, with the reason (``Fenced``: a run that lost the lease records
+    nothing)."""
     o = options
-    with FleetStore(store).lease.fenced(fence, at):
-        store.jobs.create_job(
-            name=o.display_name(), command=o.command, need=need, at=at, mode=o.mode.value,
-            min_need=o.min_need, checkpoint_dir=o.checkpoint_dir, job_id=job_id, actor=actor,
-        )  # fmt: skip
-        store.jobs.update_job_state(job_id, JobState.STOPPED, at=at, reason=reason, actor=actor)
+    plane.record_refused_job(
+        job_id=job_id, name=o.display_name(), command=o.command, need=need,
+        min_need=o.min_need, checkpoint_dir=o.checkpoint_dir, mode=o.mode.value,
+        reason=reason, actor=actor,
+    )  # fmt: skip
 
 
 def log_dir(state: str, job_id: str, given: str | None) -> str:

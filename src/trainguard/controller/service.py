@@ -29,6 +29,7 @@ from typing import Any
 
 from trainguard.controller.breaker import QUARANTINE_BREAKER
 from trainguard.controller.lease import LeaseKeeper, default_identity
+from trainguard.controller.lifecycle import Resource, ResourceLifecycle
 from trainguard.controller.policies import (
     DEFAULT_POLICY,
     load_policy_text,
@@ -63,15 +64,12 @@ from trainguard.model.fleet import (
 )
 from trainguard.model.health import HealthState
 from trainguard.model.plan import Mode, RecoveryPolicy
-from trainguard.model.records import AuditKind, DeviceRecord, JobRecord, RankReport
-from trainguard.model.statemachine import IllegalTransition
+from trainguard.model.records import AuditKind, DeviceRecord, JobRecord, JobState, RankReport
 from trainguard.schedulers.base import ClusterScheduler, JobSpec
 from trainguard.store import NotFound, Store
 from trainguard.store.fleet import Fence, Fenced, FleetStore
 
 log = logging.getLogger("trainguard.controller")
-
-Resource = tuple[str, str]  # ("device", uuid) | ("node", name)
 
 
 class JobIdTaken(ValueError):
@@ -108,6 +106,7 @@ class ControlPlane:
             clock=clock,
             crash=crash,
         )
+        self.lifecycle = ResourceLifecycle(store, self.fleet, clock, self.config)
         self._warmed = False
         self._keeper = LeaseKeeper(self.reconciler.elector, clock)
 
@@ -197,8 +196,10 @@ class ControlPlane:
         opted_in: bool = True,
         checkpoint_dir: str | None = None,
         job_id: str | None = None,
+        notes: Sequence[str] = (),
     ) -> FleetJob:
-        """Manage a job the scheduler already has (e.g. a Slurm job that opted in)."""
+        """Manage a job the scheduler already has (e.g. a Slurm job that opted in);
+        ``notes`` (what the driver saw wrong in the job's request) are recorded with it."""
         if not scheduler_ref or not str(scheduler_ref).strip():
             raise ValueError("scheduler_ref must not be empty")
         if need < 0:
@@ -243,6 +244,10 @@ class ControlPlane:
                 fj.to_json(),
                 job_id=job.id,
             )
+            for note in notes:
+                self.store.audit.append_audit(
+                    now, actor, AuditKind.NOTE, f"job:{job.id}", note, job_id=job.id
+                )
         return fj
 
     def submit_job(
@@ -303,6 +308,69 @@ class ControlPlane:
             return self.store.jobs.get_job(job_id)
         except NotFound:
             return None
+
+    # --- a driver's own records ---------------------------------------------------
+    # Written only by the process that holds the lease (Fenced otherwise), so a driver
+    # that lost it records nothing; these are the only writes a driver asks for.
+
+    def note_job(self, job_id: str, text: str, actor: str) -> None:
+        """A driver's note on a job (why it starts on fewer devices, ...)."""
+        now = self.clock()
+        with self.fleet.lease.fenced(self.fence(), now):
+            self.store.audit.append_audit(
+                now, actor, AuditKind.NOTE, f"job:{job_id}", text, job_id=job_id
+            )
+
+    def record_refused_job(
+        self,
+        *,
+        job_id: str,
+        name: str,
+        command: Sequence[str],
+        need: int,
+        min_need: int | None,
+        checkpoint_dir: str | None,
+        mode: str,
+        reason: str,
+        actor: str,
+    ) -> None:
+        """A job that cannot start, recorded as one that stopped before its first
+        attempt, with the reason (as ``trainguard jobs`` shows it)."""
+        now = self.clock()
+        with self.fleet.lease.fenced(self.fence(), now):
+            self.store.jobs.create_job(
+                name=name, command=list(command), need=need, at=now, mode=mode,
+                min_need=min_need, checkpoint_dir=checkpoint_dir, job_id=job_id, actor=actor,
+            )  # fmt: skip
+            self.store.jobs.update_job_state(
+                job_id, JobState.STOPPED, at=now, reason=reason, actor=actor
+            )
+
+    def record_preflight(
+        self,
+        level: str,
+        summary: str,
+        checked: Sequence[str],
+        failed: Sequence[tuple[str, str, Mapping[str, Any]]],
+        actor: str,
+    ) -> None:
+        """A preflight's outcome: each failed device (uuid, reason, measurements)
+        quarantined with its result record, then the summary."""
+        for uuid, reason, data in failed:
+            now = self.clock()
+            with self.fleet.lease.fenced(self.fence(), now):
+                self.store.audit.append_audit(
+                    now, actor, AuditKind.RESULT, f"device:{uuid}", reason, dict(data)
+                )
+                self.store.devices.transition_device(
+                    uuid, HealthState.QUARANTINED, reason, actor, now
+                )
+        now = self.clock()
+        with self.fleet.lease.fenced(self.fence(), now):
+            self.store.audit.append_audit(
+                now, actor, AuditKind.NOTE, f"preflight:{level}", summary,
+                {"checked": list(checked), "failed": [uuid for uuid, _, _ in failed]},
+            )  # fmt: skip
 
     def fleet_jobs(self) -> list[FleetJob]:
         return self.fleet.jobs.list_fleet_jobs()
@@ -518,7 +586,7 @@ class ControlPlane:
                 approval_id, ApprovalState.APPROVED, actor=actor, reason=reason, at=now
             )
             if approval.action_key is None and approval.kind == "retire":
-                self._retire(approval, actor, now)
+                self.lifecycle.retire(approval, actor, now)
         return self.fleet.approvals.get_approval(approval_id)
 
     def deny(self, approval_id: int, actor: str, reason: str) -> Approval:
@@ -597,99 +665,18 @@ class ControlPlane:
 
     def resolve_resource(self, resource: str) -> Resource:
         """``device:ID`` | ``node:NAME`` | a bare device id (UUID, PCI bus id, index) or node."""
-        kind, sep, ident = resource.partition(":")
-        if sep and kind in ("device", "node"):
-            if kind == "node":
-                return ("node", self.fleet.nodes.get_node(ident).name)
-            return ("device", self.store.devices.find_device(ident).uuid)
-        try:
-            return ("device", self.store.devices.find_device(resource).uuid)
-        except NotFound:
-            pass
-        try:
-            return ("node", self.fleet.nodes.get_node(resource).name)
-        except NotFound:
-            raise NotFound(f"no device or node {resource!r}") from None
-
-    def _state(self, res: Resource) -> HealthState:
-        kind, ident = res
-        return (
-            self.store.devices.get_device(ident).state
-            if kind == "device"
-            else self.fleet.nodes.get_node(ident).state
-        )
-
-    def _transition(
-        self, res: Resource, new: HealthState, reason: str, actor: str, at: float
-    ) -> None:
-        kind, ident = res
-        if kind == "device":
-            self.store.devices.transition_device(ident, new, reason, actor, at)
-        else:
-            self.fleet.nodes.transition_node(ident, new, reason, actor, at)
+        return self.lifecycle.resolve_resource(resource)
 
     def release(self, resource: str, actor: str, reason: str) -> RepairRecord | None:
-        """An operator returns a quarantined (or suspect) resource to service, on record.
-
-        Closes its open repair record (outcome ``released``). Anything but
-        ``quarantined``/``suspect`` raises ``IllegalTransition`` (a resource in
-        repair returns through validation). The scheduler is told by the next pass.
-        """
-        if not reason or not reason.strip():
-            raise ValueError("a release needs a reason")
-        res = self.resolve_resource(resource)
-        now = self.clock()
-        with self.store.transaction():
-            state = self._state(res)
-            if state not in (HealthState.QUARANTINED, HealthState.SUSPECT):
-                raise IllegalTransition("release", state, HealthState.HEALTHY)
-            self._transition(res, HealthState.HEALTHY, f"released: {reason}", actor, now)
-            rec = self.fleet.repairs.open_repair_for(*res)
-            if rec is not None:
-                return self.fleet.repairs.update_repair(
-                    rec.id,
-                    at=now,
-                    actor=actor,
-                    state=RepairState.CLOSED,
-                    outcome="released",
-                    note=reason,
-                )
-        return None
+        """An operator returns a quarantined or suspect resource to service
+        (:meth:`ResourceLifecycle.release`)."""
+        return self.lifecycle.release(resource, actor, reason)
 
     def request_validation(
         self, resource: str, actor: str, reason: str = "validation requested"
     ) -> RepairRecord:
-        """quarantined | repair -> validating; the repair record follows. The checks
-        themselves run elsewhere (``trainguard validate``, an agent) and report back
-        through :meth:`record_validation`.
-
-        Idempotent in ``validating`` (a validation interrupted half-way is resumed):
-        no transition, and a resource put there without a repair record gets one.
-        """
-        res = self.resolve_resource(resource)
-        now = self.clock()
-        with self.store.transaction():
-            resumed = self._state(res) is HealthState.VALIDATING
-            if not resumed:
-                self._transition(res, HealthState.VALIDATING, reason, actor, now)
-            rec = self.fleet.repairs.open_repair_for(*res) or self.fleet.repairs.open_repair(
-                resource_kind=res[0],
-                resource_id=res[1],
-                what_failed=f"validation {'resumed' if resumed else 'requested'} "
-                "without a recorded failure",
-                recommended="run validation",
-                evidence=[],
-                at=now,
-                actor=actor,
-                host=self.store.devices.get_device(res[1]).device.host
-                if res[0] == "device"
-                else res[1],
-            )
-            if rec.state is RepairState.OPEN:
-                rec = self.fleet.repairs.update_repair(
-                    rec.id, at=now, actor=actor, state=RepairState.VALIDATING, note=reason
-                )
-            return rec
+        """quarantined | repair -> validating (:meth:`ResourceLifecycle.request_validation`)."""
+        return self.lifecycle.request_validation(resource, actor, reason)
 
     def record_validation(
         self,
@@ -700,111 +687,14 @@ class ControlPlane:
         inconclusive: bool = False,
         failures_to_retire: int | None = None,
     ) -> RepairRecord:
-        """The result of validating a resource in ``validating``.
-
-        Pass: -> healthy, repair closed (``validated``), the measurements recorded.
-        Fail: -> repair, the repair record open again; after ``failures_to_retire``
-        (default: ``validation_failures_to_retire``) failures a ``retire`` approval is
-        requested. Inconclusive (``passed=False, inconclusive=True``: the checks that
-        judge the hardware could not run): -> repair, recorded, not counted as a failure.
-        Each result is kept in the audit log as a ``result`` record with its details
-        (``details["summary"]`` is its message).
-        """
-        if failures_to_retire is not None and failures_to_retire < 1:
-            raise ValueError("failures_to_retire must be at least 1")
-        res = self.resolve_resource(resource)
-        now = self.clock()
-        with self.store.transaction():
-            state = self._state(res)
-            if state is not HealthState.VALIDATING:
-                raise IllegalTransition("validation result", state, HealthState.HEALTHY)
-            rec = self.fleet.repairs.open_repair_for(*res)
-            if rec is None:
-                raise NotFound(f"no open repair record for {res[0]} {res[1]}")
-            info: dict[str, Any] = dict(details or {})
-            entry = {"at": now, "passed": bool(passed), "by": actor, "details": info}
-            summary = str(info.get("summary") or "")
-            if not summary:
-                summary = "inconclusive" if inconclusive and not passed else "no details given"
-            self.store.audit.append_audit(
-                now,
-                actor,
-                AuditKind.RESULT,
-                f"{res[0]}:{res[1]}",
-                f"validation {'passed' if passed else 'failed'}: {summary}",
-                info,
-            )
-            if inconclusive and not passed:
-                entry["inconclusive"] = True
-                self._transition(res, HealthState.REPAIR, "validation inconclusive", actor, now)
-                return self.fleet.repairs.update_repair(
-                    rec.id,
-                    at=now,
-                    actor=actor,
-                    state=RepairState.OPEN,
-                    validation=entry,
-                    note="validation inconclusive: the hardware checks could not run",
-                )
-            if passed:
-                self._transition(res, HealthState.HEALTHY, "validation passed", actor, now)
-                return self.fleet.repairs.update_repair(
-                    rec.id,
-                    at=now,
-                    actor=actor,
-                    state=RepairState.CLOSED,
-                    outcome="validated",
-                    validation=entry,
-                )
-            self._transition(res, HealthState.REPAIR, "validation failed", actor, now)
-            rec = self.fleet.repairs.update_repair(
-                rec.id,
-                at=now,
-                actor=actor,
-                state=RepairState.OPEN,
-                validation=entry,
-                note="validation failed",
-            )
-            limit = failures_to_retire or self.config.validation_failures_to_retire
-            if rec.failed_validations >= limit:
-                self.request_retire(
-                    f"{res[0]}:{res[1]}",
-                    actor,
-                    f"failed validation {rec.failed_validations} times",
-                )
-            return rec
+        """A validation's result (:meth:`ResourceLifecycle.record_validation`)."""
+        return self.lifecycle.record_validation(
+            resource, passed, actor, details, inconclusive, failures_to_retire
+        )
 
     def request_retire(self, resource: str, actor: str, reason: str) -> Approval:
         """Ask to retire a resource for good: a ``retire`` approval (destructive)."""
-        res = self.resolve_resource(resource)
-        state = self._state(res)
-        if state in (HealthState.HEALTHY, HealthState.SUSPECT, HealthState.RETIRED):
-            raise IllegalTransition("retire request", state, HealthState.RETIRED)
-        for a in self.fleet.approvals.list_approvals(state=ApprovalState.PENDING):
-            if a.kind == "retire" and a.subject == f"{res[0]}:{res[1]}":
-                return a
-        return self.fleet.approvals.request_approval(
-            kind="retire",
-            subject=f"{res[0]}:{res[1]}",
-            why=f"retire is destructive: {reason}",
-            at=self.clock(),
-            actor=actor,
-            data={"reason": reason},
-        )
-
-    def _retire(self, approval: Approval, actor: str, now: float) -> None:
-        kind, _, ident = approval.subject.partition(":")
-        res: Resource = (kind, ident)
-        state = self._state(res)
-        why = f"retired (approval {approval.id} by {actor}: {approval.decision_reason})"
-        if state is HealthState.QUARANTINED:
-            self._transition(res, HealthState.REPAIR, "to be retired", actor, now)
-        if state is not HealthState.RETIRED:
-            self._transition(res, HealthState.RETIRED, why, actor, now)
-        rec = self.fleet.repairs.open_repair_for(kind, ident)
-        if rec is not None:
-            self.fleet.repairs.update_repair(
-                rec.id, at=now, actor=actor, state=RepairState.CLOSED, outcome="retired", note=why
-            )
+        return self.lifecycle.request_retire(resource, actor, reason)
 
     # --- reads the API shows ---------------------------------------------------------
 

@@ -57,7 +57,6 @@ from trainguard.controller.sources import (
 )
 from trainguard.model.devices import Device
 from trainguard.model.findings import Culprit, Domain, Finding, Severity
-from trainguard.model.records import AuditKind
 from trainguard.schedulers.base import JobPhase, Observation
 from trainguard.schedulers.slurm import SlurmObservedJob, SlurmObservedNode, SlurmScheduler
 from trainguard.schedulers.slurm.scheduler import SLURM_TRAITS
@@ -150,6 +149,9 @@ class SlurmWatch:
                 note = f"policy {policy!r} named in the job's comment does not exist: default used"
                 policy = None
             job_id = f"slurm-{self.scheduler.cluster}-{ref.replace('#', '-')}"
+            notes = [note] if note else []
+            if opt is not None and opt.unknown:
+                notes.append(f"unknown keys in the job's comment: {sorted(opt.unknown)}")
             fj = self.cp.register_job(
                 scheduler_ref=ref,
                 name=oj.name,
@@ -161,22 +163,10 @@ class SlurmWatch:
                 opted_in=opt is not None,
                 checkpoint_dir=opt.checkpoint_dir if opt else None,
                 job_id=job_id,
+                notes=notes,
             )
             if opt is not None and opt.mode == "observe":
                 self.cp.set_mode(f"job:{fj.job_id}", "observe", ACTOR, "the job's comment asks")
-            if note or (opt and opt.unknown):
-                why = (
-                    note
-                    or f"unknown keys in the job's comment: {sorted(opt.unknown) if opt else []}"
-                )
-                self.store.audit.append_audit(
-                    self.clock(),
-                    ACTOR,
-                    AuditKind.NOTE,
-                    f"job:{fj.job_id}",
-                    why,
-                    job_id=fj.job_id,
-                )
             self._managed[ref] = fj.job_id
             fresh.append(fj.job_id)
         return fresh
