@@ -411,7 +411,9 @@ def crash_run_mode(tmp: Path, point: str, then: str | None = None) -> CrashWorld
         sys.executable,
         str(JOB),
         "--steps",
-        "16",
+        # With a take-over to kill too, the restarted attempt must still be running when
+        # the first run dies after verifying it (a loaded machine finishes 16 steps first).
+        "40" if then is not None else "16",
         "--interval",
         "0.05",
         "--fail-attempts",
