@@ -22,10 +22,42 @@ def _cluster_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--slurm-conf",
         metavar="FILE",
-        default=os.environ.get("SLURM_CONF"),
-        help="the cluster's slurm.conf (default: $SLURM_CONF, else Slurm's own default)",
+        help="the cluster's slurm.conf (default: $SLURM_CONF, else Slurm's own default; "
+        "with --ssh: a path on the login node, no default)",
     )
     parser.add_argument("--slurm-bin", metavar="DIR", help="where squeue/scontrol... are")
+    ssh = parser.add_argument_group(
+        "remote control over ssh (decision 0535): Slurm's commands run on a login node"
+    )
+    ssh.add_argument(
+        "--ssh",
+        metavar="USER@HOST",
+        help="run every Slurm command on this login node over OpenSSH (key authentication, "
+        "the host key checked); --slurm-conf and --slurm-bin then name paths there",
+    )
+    ssh.add_argument("--ssh-port", type=int, metavar="N", help="its ssh port (default 22)")
+    ssh.add_argument(
+        "--ssh-key", metavar="FILE", help="private key to log in with (default: ssh's own)"
+    )
+    ssh.add_argument(
+        "--ssh-known-hosts",
+        metavar="FILE",
+        help="known-hosts file holding the login node's host key; only this file is "
+        "consulted (default: ~/.ssh/known_hosts and the system's)",
+    )
+    ssh.add_argument(
+        "--ssh-accept-new-host-key",
+        action="store_true",
+        help="trust the host key of a host not in the known-hosts file yet, and record it "
+        "there (a changed key is still refused)",
+    )
+    ssh.add_argument(
+        "--ssh-max-sessions",
+        type=int,
+        default=4,
+        metavar="N",
+        help="Slurm commands running at once over the one connection (default 4)",
+    )
     parser.add_argument(
         "--slurm-state",
         metavar="DIR",
@@ -118,7 +150,32 @@ def register(subparsers: Any) -> None:
     status.set_defaults(func=run_status, state=DEFAULT_STATE)
 
 
-def _scheduler(args: argparse.Namespace) -> Any:
+def _commands(args: argparse.Namespace) -> Any:
+    """Where Slurm's commands run: here, or on ``--ssh``'s login node (``ValueError`` for
+    bad ssh options)."""
+    from trainguard.schedulers.slurm.commands import SlurmCommands
+
+    if not args.ssh:
+        return SlurmCommands(
+            conf=args.slurm_conf or os.environ.get("SLURM_CONF") or None, bindir=args.slurm_bin
+        )
+    from trainguard.schedulers.slurm.ssh import SshSlurmCommands, SshTarget
+
+    for flag, path in (("--ssh-key", args.ssh_key), ("--ssh-known-hosts", args.ssh_known_hosts)):
+        if path and not os.path.isfile(path):
+            raise ValueError(f"{flag} {path}: no such file")
+    target = SshTarget(
+        args.ssh,
+        port=args.ssh_port,
+        key=args.ssh_key,
+        known_hosts=args.ssh_known_hosts,
+        accept_new_host_key=args.ssh_accept_new_host_key,
+        max_sessions=args.ssh_max_sessions,
+    )
+    return SshSlurmCommands(target, conf=args.slurm_conf or None, bindir=args.slurm_bin)
+
+
+def _scheduler(args: argparse.Namespace, commands: Any = None) -> Any:
     from pathlib import Path
 
     from trainguard.schedulers.slurm import SlurmScheduler
@@ -130,18 +187,17 @@ def _scheduler(args: argparse.Namespace) -> Any:
         state_dir = str(base / "slurm")
     return SlurmScheduler(
         state_dir,
-        conf=args.slurm_conf or None,
-        bindir=args.slurm_bin,
         partition=args.partition,
         inventory=args.inventory or None,
+        commands=commands if commands is not None else _commands(args),
     )
 
 
-def _require_tools(scheduler: Any) -> None:
-    """Stop before the first pass when Slurm's commands are missing: without them every
-    pass would fail the same way, forever. Raises ``SchedulerError``."""
-    for tool in ("squeue", "sinfo", "scontrol"):
-        scheduler.cmd.tool(tool)
+def _require_tools(commands: Any) -> None:
+    """Stop before the first pass when Slurm's commands are missing (or, over ssh, the
+    login node refuses us): without them every pass would fail the same way, forever.
+    Raises ``SchedulerError``."""
+    commands.require("squeue", "sinfo", "scontrol")
 
 
 def run_status(args: argparse.Namespace) -> int:
@@ -149,9 +205,15 @@ def run_status(args: argparse.Namespace) -> int:
     from trainguard.schedulers.slurm import SlurmObservedJob, SlurmObservedNode
 
     try:
-        obs = _scheduler(args).observe()
+        commands = _commands(args)
+    except ValueError as exc:
+        return usage_error(str(exc))
+    try:
+        obs = _scheduler(args, commands).observe()
     except SchedulerError as exc:
         return error(str(exc))
+    finally:
+        commands.close()
     nodes = [n for n in obs.nodes.values() if isinstance(n, SlurmObservedNode)]
     jobs = [
         j
@@ -245,10 +307,15 @@ def run_watch(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return usage_error(str(exc))
     try:
-        scheduler = _scheduler(args)
-        _require_tools(scheduler)
+        commands = _commands(args)
+    except ValueError as exc:
+        return usage_error(str(exc))
+    try:
+        _require_tools(commands)
+        scheduler = _scheduler(args, commands)
         store = Store.open(args.state)
     except (ValueError, SchedulerError, StoreError, OSError) as exc:
+        commands.close()
         return error(str(exc))
     watch = SlurmWatch(
         store,
@@ -281,15 +348,18 @@ def run_watch(args: argparse.Namespace) -> int:
             }
         )
         store.close()
+        commands.close()
         return 1 if report.errors else 0
     runtime = watch.runtime()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: runtime.stop())
+    where = f" (over ssh to {commands.remote})" if commands.remote else ""
     print(
-        f"trainguard slurm watch: cluster {scheduler.cluster}, mode {args.mode}, "
+        f"trainguard slurm watch: cluster {scheduler.cluster}{where}, mode {args.mode}, "
         f"state {args.state}",
         flush=True,
     )
     runtime.run()  # gives the lease back as it stops
     store.close()
+    commands.close()
     return 0

@@ -29,7 +29,10 @@ top (decision 0106). Each pass:
      node is drained and the requeued attempt verified;
    * job output is followed per attempt whether Slurm truncated the file on
      requeue (the default) or appends to it (``--open-mode=append``).
-5. A requeued job that cannot start for lack of healthy nodes stays pending with
+5. Over ssh (Slurm's commands on a login node, decision 0535) a job whose output file
+   is not visible here under the same path is managed in observe mode: without its
+   progress every attempt would look hung.
+6. A requeued job that cannot start for lack of healthy nodes stays pending with
    trainguard's reason in its ``AdminComment`` and ``waiting`` in the store: the
    engine's :class:`~trainguard.controller.engine.waiting.CapacityWait` step, run at
    the end of each pass that leads, fenced (decision 0469).
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -167,9 +171,27 @@ class SlurmWatch:
             )
             if opt is not None and opt.mode == "observe":
                 self.cp.set_mode(f"job:{fj.job_id}", "observe", ACTOR, "the job's comment asks")
+            elif (unseen := self._output_unseen(oj)) is not None:
+                self.cp.set_mode(f"job:{fj.job_id}", "observe", ACTOR, unseen)
             self._managed[ref] = fj.job_id
             fresh.append(fj.job_id)
         return fresh
+
+    def _output_unseen(self, oj: SlurmObservedJob) -> str | None:
+        """Why a job whose Slurm commands run on a login node cannot be acted on from here:
+        its output (progress, errors) is read from files, and where they are not visible
+        under the same path every attempt would look hung (decision 0535). ``None``: seen."""
+        where = self.scheduler.cmd.remote
+        if where is None:
+            return None
+        path = oj.output_path
+        if path and os.path.isdir(os.path.dirname(path) or "."):
+            return None
+        return (
+            f"observed only: its output {path or '(none)'} is not visible on this host "
+            f"(slurm watch runs over ssh to {where}; mount the cluster's file system "
+            "at the same path to act)"
+        )
 
     # --- node events ---------------------------------------------------------------
 

@@ -84,8 +84,10 @@ class SlurmClient:
         """Whether the node's slurmd accepts a TCP connection (``None``: address unknown).
 
         Slurm notices a dead node only after ``SlurmdTimeout`` pings; a refused or silent
-        slurmd port is the same fact, seconds earlier (decision 0106)."""
-        if not node.address or not node.port:
+        slurmd port is the same fact, seconds earlier (decision 0106). Commands that run
+        on a login node (``cmd.remote``): ``None``, the nodes' addresses are the
+        cluster's, not reachable from here (decision 0535)."""
+        if not node.address or not node.port or self.cmd.remote is not None:
             return None
         try:
             with socket.create_connection((node.address, node.port), timeout=timeout):

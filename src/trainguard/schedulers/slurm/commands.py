@@ -4,6 +4,10 @@ Nothing here goes through a shell: every call is ``subprocess.run([...])`` with
 arguments the adapter built from validated names (:mod:`.names`). The
 environment may carry ``SLURM_CONF`` (a cluster other than the default one)
 and a ``PATH`` with the Slurm tools; nothing else is added.
+
+:class:`SlurmCommands` is the one place a Slurm command runs: here, on this host;
+:class:`~trainguard.schedulers.slurm.ssh.SshSlurmCommands` runs the same argument
+lists on a login node over OpenSSH (decision 0535) by overriding :meth:`launch`.
 """
 
 from __future__ import annotations
@@ -45,6 +49,19 @@ class SlurmCommands:
     seconds: float = 0.0
     env_extra: Mapping[str, str] = field(default_factory=dict)
 
+    @property
+    def remote(self) -> str | None:
+        """The host the commands run on when it is not this one (``None``: here)."""
+        return None
+
+    def require(self, *tools: str) -> None:
+        """Raise :class:`SlurmCommandError` unless every tool can be run."""
+        for name in tools:
+            self.tool(name)
+
+    def close(self) -> None:
+        """Release what running commands holds (nothing here)."""
+
     def tool(self, name: str) -> str:
         if self.bindir:
             path = os.path.join(self.bindir, name)
@@ -65,26 +82,42 @@ class SlurmCommands:
         env.update(self.env_extra)
         return env
 
-    def run(
-        self, name: str, *args: str, check: bool = True, timeout: float | None = None
+    def launch(
+        self, argv: list[str], timeout: float, input: str | None
     ) -> subprocess.CompletedProcess[str]:
-        argv = [self.tool(name), *args]
-        started = time.perf_counter()
+        """Run ``argv`` (the tool's path first) to its end or ``timeout``; raises
+        :class:`SlurmCommandError` when it cannot run or times out."""
         try:
-            proc = subprocess.run(
+            return subprocess.run(
                 argv,
                 capture_output=True,
                 text=True,
                 errors="replace",
                 env=self.env(),
-                timeout=self.timeout if timeout is None else timeout,
+                timeout=timeout,
                 check=False,
-                stdin=subprocess.DEVNULL,
+                input=input,
+                stdin=None if input is not None else subprocess.DEVNULL,
             )
         except subprocess.TimeoutExpired as exc:
             raise SlurmCommandError(argv, f"timed out after {exc.timeout:g} s") from exc
         except OSError as exc:
             raise SlurmCommandError(argv, f"cannot run: {exc}") from exc
+
+    def run(
+        self,
+        name: str,
+        *args: str,
+        check: bool = True,
+        timeout: float | None = None,
+        input: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run Slurm's ``name`` with ``args``; ``input`` is its standard input (else none).
+        A non-zero exit raises :class:`SlurmCommandError` unless ``check`` is false."""
+        argv = [self.tool(name), *args]
+        started = time.perf_counter()
+        try:
+            proc = self.launch(argv, self.timeout if timeout is None else timeout, input)
         finally:
             self.calls += 1
             self.seconds += time.perf_counter() - started

@@ -364,7 +364,11 @@ class SlurmJobActions:
         # The batch script submit wrote exports the job's progress token: its copy is
         # as private as the original (0403).
         _write_private(script_path, script)
-        out = self.cmd.run("sbatch", *args, str(script_path)).stdout.strip()
+        if self.cmd.remote is None:
+            out = self.cmd.run("sbatch", *args, str(script_path)).stdout.strip()
+        else:
+            # This host's copy is not on the login node: sbatch reads the script on stdin.
+            out = self.cmd.run("sbatch", *args, input=script).stdout.strip()
         new_id = names.job_id(out.split(";")[0])
         with self.state.locked() as state:
             r = state["refs"].setdefault(job.ref, {"chain": [{"job_id": jid, "base": 0}]})

@@ -83,7 +83,8 @@ class SlurmScheduler:
     ``state_dir`` keeps keys, tokens, job identities and resubmission chains (it
     must survive controller restarts); ``partition`` scopes observation (and is the
     default for ``submit``); ``inventory`` maps nodes to their GPUs (a JSON file
-    path or a mapping; default: ``slurm:<cluster>:<node>:gpu<i>`` per GRES GPU).
+    path or a mapping; default: ``slurm:<cluster>:<node>:gpu<i>`` per GRES GPU);
+    ``commands`` runs Slurm's tools elsewhere (:mod:`.ssh`: on a login node).
     """
 
     name = "slurm"
@@ -104,10 +105,13 @@ class SlurmScheduler:
         poll: float = 0.2,
         use_json: bool | None = None,
         command_timeout: float = 20.0,
+        commands: SlurmCommands | None = None,
     ) -> None:
         self.state_dir = Path(state_dir)
         make_private_dirs(self.state_dir)
-        self.cmd = SlurmCommands(conf=conf, bindir=bindir, timeout=command_timeout)
+        # ``commands``: where Slurm's tools run when not here (over ssh, decision 0535);
+        # it carries its own conf, bindir and timeout.
+        self.cmd = commands or SlurmCommands(conf=conf, bindir=bindir, timeout=command_timeout)
         self.client = SlurmClient(self.cmd, use_json=use_json)
         self.partition = names.partition(partition) if partition else None
         self.clock = clock
