@@ -18,6 +18,7 @@ from trainguard.controller.slurm_watch import SlurmWatch, SlurmWatchConfig
 from trainguard.model.plan import Mode
 from trainguard.model.records import IncidentRecord
 from trainguard.schedulers.slurm import SlurmObservedJob, SlurmScheduler
+from trainguard.schedulers.slurm.commands import SlurmCommands
 from trainguard.store import Store
 
 
@@ -30,12 +31,18 @@ class Watcher:
         mode: str = "act",
         policy: dict[str, Any] | None = None,
         interval: float = 0.5,
+        commands: SlurmCommands | None = None,
     ) -> None:
         self.cluster = cluster
         self.tmp = tmp
         self.interval = interval
+        # ``commands``: Slurm's commands run elsewhere (over ssh), with their own conf.
         self.scheduler = SlurmScheduler(
-            tmp / "slurm-state", conf=cluster.conf, inventory=cluster.inventory, poll=0.1
+            tmp / "slurm-state",
+            conf=cluster.conf,
+            inventory=cluster.inventory,
+            poll=0.1,
+            commands=commands,
         )
         self.store = Store.open(str(tmp / "state.db"))
         self.watch = SlurmWatch(
@@ -127,6 +134,7 @@ class Watcher:
 
     def close(self) -> None:
         self.store.close()
+        self.scheduler.cmd.close()
 
 
 __all__ = ["Watcher"]
