@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -205,3 +206,28 @@ def test_concurrent_commands_are_bounded_by_the_pool(local_sshd: LocalSshd, tmp_
         assert cmds.peak == 2 and cmds.active == 0
     finally:
         cmds.close()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--ssh=-oProxyCommand=touch {marker}"], "expected USER@HOST"),
+        (["--ssh", "u@h", "--ssh-key", "{marker}"], "no such file"),
+        (["--ssh", "u@h", "--ssh-port", "0"], "not a port"),
+    ],
+)
+def test_bad_ssh_options_are_refused_before_anything_runs(
+    tmp_path: Path, options: list[str], message: str
+) -> None:
+    marker = tmp_path / "ran"
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainguard.cli", "slurm", "watch", "--once"]
+        + [o.replace("{marker}", str(marker)) for o in options]
+        + ["--state", str(tmp_path / "s.db")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2 and message in proc.stderr
+    assert not marker.exists() and not (tmp_path / "s.db").exists()
