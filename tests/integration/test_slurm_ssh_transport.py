@@ -231,3 +231,14 @@ def test_bad_ssh_options_are_refused_before_anything_runs(
     )
     assert proc.returncode == 2 and message in proc.stderr
     assert not marker.exists() and not (tmp_path / "s.db").exists()
+
+
+def test_ssh_options_without_ssh_are_refused(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainguard.cli", "slurm", "status", "--ssh-port", "2222"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2 and "--ssh-port: only with --ssh USER@HOST" in proc.stderr

@@ -156,14 +156,29 @@ def _commands(args: argparse.Namespace) -> Any:
     from trainguard.schedulers.slurm.commands import SlurmCommands
 
     if not args.ssh:
+        given = [
+            flag
+            for flag, value in (
+                ("--ssh-port", args.ssh_port),
+                ("--ssh-key", args.ssh_key),
+                ("--ssh-known-hosts", args.ssh_known_hosts),
+                ("--ssh-accept-new-host-key", args.ssh_accept_new_host_key),
+            )
+            if value
+        ]
+        if given:
+            raise ValueError(f"{', '.join(given)}: only with --ssh USER@HOST")
         return SlurmCommands(
             conf=args.slurm_conf or os.environ.get("SLURM_CONF") or None, bindir=args.slurm_bin
         )
     from trainguard.schedulers.slurm.ssh import SshSlurmCommands, SshTarget
 
-    for flag, path in (("--ssh-key", args.ssh_key), ("--ssh-known-hosts", args.ssh_known_hosts)):
-        if path and not os.path.isfile(path):
-            raise ValueError(f"{flag} {path}: no such file")
+    if args.ssh_key and not os.path.isfile(args.ssh_key):
+        raise ValueError(f"--ssh-key {args.ssh_key}: no such file")
+    known = args.ssh_known_hosts
+    if known and not args.ssh_accept_new_host_key and not os.path.isfile(known):
+        # Without accept-new an absent file can only refuse the host: say so now.
+        raise ValueError(f"--ssh-known-hosts {known}: no such file")
     target = SshTarget(
         args.ssh,
         port=args.ssh_port,
