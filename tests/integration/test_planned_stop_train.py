@@ -72,7 +72,9 @@ def test_sigterm_saves_the_step_and_the_next_run_resumes_after_it(tmp_path: Path
     assert f"stopped steps={line.step}" in text
     # The next job of the series resumes right after it.
     out2 = tmp_path / "out2.txt"
-    nxt = _run([sys.executable, str(TINY), "--steps", str(line.step + 3), "--ckpt-dir", str(ck)], out2)
+    nxt = _run(
+        [sys.executable, str(TINY), "--steps", str(line.step + 3), "--ckpt-dir", str(ck)], out2
+    )
     assert nxt.wait(120) == 0
     assert _steps(out2.read_text()) == [line.step + 1, line.step + 2, line.step + 3]
 

@@ -15,6 +15,7 @@ action (it dies), and a job's own handler is left alone (and said so).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -98,10 +99,8 @@ class StopOnSignal:
         if first:
             # os.write: no buffered stream is touched inside a signal handler.
             msg = f"trainguard: {self.name}: planned stop requested, at the next step\n"
-            try:
+            with contextlib.suppress(OSError):
                 os.write(2, msg.encode())
-            except OSError:
-                pass
 
 
 def planned_stop(manager: Any, step: int, state: Any, epoch: int | None) -> str | None:
