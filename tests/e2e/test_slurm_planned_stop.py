@@ -22,9 +22,9 @@ import pytest
 from slurm.harness import LocalSlurm, slurm, slurm_cluster, wait_until
 from slurm.watcher import Watcher
 from trainguard.checkpoints import latest_valid
-from trainguard.controller.engine.planned import planned_stops
 from trainguard.model.planned_stop import parse_stop_line
 from trainguard.model.records import AttemptState, JobState
+from trainguard.store.series import format_series, list_series, planned_stops, series_report
 
 pytestmark = pytest.mark.slow
 
@@ -75,8 +75,43 @@ def test_warning_signal_saves_the_step_and_the_next_job_resumes_after_it(
     assert w.store.incidents.list_incidents(job_id=mid) == []
     (att,) = w.store.jobs.list_attempts(mid)
     assert att.state is AttemptState.STOPPED and (att.reason or "").startswith("planned")
-    (record,) = planned_stops(w.store.audit, mid)
+    (record,) = planned_stops(w.store, mid)
     assert record["checkpoint_step"] == line.step and record["work_lost_steps"] == 0
     assert record["just_in_time"] is True
     slurm.run("scancel", second)
     wait_until(lambda: _state(slurm, second) not in ("RUNNING", "COMPLETING"), 30, "cancel")
+
+
+def test_a_futile_series_is_stopped_and_its_waiting_jobs_cancelled(
+    slurm: LocalSlurm, tmp_path: Path
+) -> None:
+    # No restarts inside a job: each job of the series fails once and is given up, and
+    # the series rule sees the same failure in two jobs in a row.
+    w = Watcher(slurm, tmp_path, policy={"max_restarts": 0, "series_same_failure_jobs": 2})
+    try:
+        ck = tmp_path / "ck"
+        series = ("--job-name=series-b", "--dependency=singleton")
+        jobs = [
+            w.submit(ck, extra=("--fail-at-step", "2"), sbatch=series, steps=100, sleep=0.1)
+            for _ in range(4)
+        ]
+        sid = f"slurm:{w.scheduler.cluster}:root:series-b@{ck}"
+
+        def stopped() -> list[dict[str, object]]:
+            return series_report(w.store, sid)["stopped"] if list_series(w.store) else []
+
+        (stop,) = w.run_until(stopped, 180, "the series stopped")
+        assert "same failure" in str(stop["reason"])
+        assert stop["cancelled"] == jobs[:1:-1]  # newest first
+        for job_id in jobs[2:]:
+            wait_until(lambda j=job_id: _state(slurm, j) == "CANCELLED", 30, f"{job_id} cancelled")
+            assert "futile job series" in slurm.job(job_id).get("AdminComment", "")
+            # Never trained: waiting, or started by Slurm just before the verdict.
+            assert w.steps(job_id) == []
+        report = series_report(w.store, sid)
+        ran = [j for j in report["jobs"] if j["scheduler_ref"] in jobs[:2]]
+        assert [j["outcome"] for j in ran] == ["failed", "failed"]
+        assert report["incidents"] == 2
+        assert "same failure" in format_series(report)
+    finally:
+        w.close()

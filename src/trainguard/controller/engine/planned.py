@@ -7,7 +7,8 @@ planned-stop line in its output tail, the newest valid checkpoint of the job's
 checkpoint directory); :func:`trainguard.policy.planned_stop.classify_stop` decides;
 the attempt and the job end ``stopped`` in one fenced transaction, and a planned-stop
 record (checkpoint age at the stop, work lost) goes into the audit log, subject
-``job:<id>``, ``data.record == "planned_stop"``. No incident is opened.
+``job:<id>``, ``data.record == "planned_stop"`` (read back by
+:func:`trainguard.store.series.planned_stops`). No incident is opened.
 """
 
 from __future__ import annotations
@@ -24,11 +25,9 @@ from trainguard.model.planned_stop import parse_stop_line
 from trainguard.model.records import AttemptRecord, AuditKind, JobRecord
 from trainguard.policy.planned_stop import PlannedStop, StopFacts, classify_stop, planned_stop_steps
 from trainguard.schedulers.base import ObservedJob
-from trainguard.store.audit import AuditLog
+from trainguard.store.series import PLANNED
 
 log = logging.getLogger("trainguard.controller")
-
-RECORD = "planned_stop"
 
 
 class PlannedStops(Part):
@@ -86,17 +85,11 @@ class PlannedStops(Part):
                 AuditKind.STATE,
                 f"job:{job.id}",
                 stop.reason,
-                {**stop.to_dict(), "scheduler_ref": fj.scheduler_ref},
+                {**stop.to_dict(), "record": PLANNED, "scheduler_ref": fj.scheduler_ref},
                 job_id=job.id,
             )
         log.info("job %s attempt %d: %s", job.id, att.number, stop.reason)
         return stop
 
 
-def planned_stops(audit: AuditLog, job_id: str) -> list[dict[str, object]]:
-    """The planned-stop records of one job, oldest first (the read path of reports)."""
-    events = audit.list_audit(job_id=job_id, subject=f"job:{job_id}")
-    return [dict(e.data) for e in events if e.data.get("record") == RECORD]
-
-
-__all__ = ["RECORD", "PlannedStops", "planned_stops"]
+__all__ = ["PlannedStops"]
