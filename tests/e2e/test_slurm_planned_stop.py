@@ -13,15 +13,18 @@ its waiting dependents are cancelled with the reason.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from slurm.harness import LocalSlurm, slurm, slurm_cluster, wait_until
 from slurm.watcher import Watcher
 from trainguard.checkpoints import latest_valid
+from trainguard.cli import main
 from trainguard.model.planned_stop import parse_stop_line
 from trainguard.model.records import AttemptState, JobState
 from trainguard.store.series import format_series, list_series, planned_stops, series_report
@@ -82,8 +85,14 @@ def test_warning_signal_saves_the_step_and_the_next_job_resumes_after_it(
     wait_until(lambda: _state(slurm, second) not in ("RUNNING", "COMPLETING"), 30, "cancel")
 
 
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
+    capsys.readouterr()
+    assert main(list(argv)) == 0
+    return json.loads(capsys.readouterr().out)
+
+
 def test_a_futile_series_is_stopped_and_its_waiting_jobs_cancelled(
-    slurm: LocalSlurm, tmp_path: Path
+    slurm: LocalSlurm, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # No restarts inside a job: each job of the series fails once and is given up, and
     # the series rule sees the same failure in two jobs in a row.
@@ -113,5 +122,13 @@ def test_a_futile_series_is_stopped_and_its_waiting_jobs_cancelled(
         assert [j["outcome"] for j in ran] == ["failed", "failed"]
         assert report["incidents"] == 2
         assert "same failure" in format_series(report)
+        # The read path: `trainguard slurm series [SERIES] --json`.
+        w.store.close()
+        listed = _cli(capsys, "slurm", "series", "--state", str(tmp_path / "state.db"), "--json")
+        assert sid in listed
+        shown = _cli(
+            capsys, "slurm", "series", sid, "--state", str(tmp_path / "state.db"), "--json"
+        )
+        assert shown["incidents"] == 2 and shown["stopped"][0]["cancelled"] == jobs[:1:-1]
     finally:
         w.close()
