@@ -129,3 +129,28 @@ def _environ(pid: int) -> str:
         return Path(f"/proc/{pid}/environ").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
         return ""
+
+
+def test_trainguard_run_turns_slurms_warning_into_a_planned_stop(tmp_path: Path) -> None:
+    """``trainguard run`` as the batch shell's process gets SIGUSR1 (``--signal=B:USR1@N``):
+    its ranks get their stop signal and the stop timeout, save the step they are on, and
+    run exits 75 (a planned stop) with the job stopped by plan."""
+    ck = tmp_path / "ck"
+    out = tmp_path / "run.txt"
+    argv = [
+        sys.executable, "-m", "trainguard.cli", "run", "--state", str(tmp_path / "s.db"),
+        "--checkpoint-dir", str(ck), "--grace", "1", "--",
+        sys.executable, str(TINY), "--steps", "500", "--ckpt-dir", str(ck),
+        "--save-every", "50", "--step-sleep", "0.05", "--stop-on-signal",
+    ]  # fmt: skip
+    proc = _run(argv, out)
+    _wait_for_step(out, 6, proc, 120)
+    proc.send_signal(signal.SIGUSR1)
+    assert proc.wait(90) == 75, out.read_text()[-3000:]
+    text = out.read_text()
+    line = parse_stop_line(text)
+    assert line is not None and line.checkpoint is not None, text[-3000:]
+    info = latest_valid(ck)
+    assert info is not None and info.step == line.step
+    assert max(_steps(text)) == line.step
+    assert "planned stop (SIGUSR1)" in text
