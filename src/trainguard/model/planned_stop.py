@@ -18,6 +18,8 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from trainguard.model.snapshot import signal_setting
+
 STOP_SIGNAL_ENV = "TRAINGUARD_STOP_SIGNAL"
 STOP_TIMEOUT_ENV = "TRAINGUARD_STOP_TIMEOUT"
 DEFAULT_STOP_SIGNAL = "SIGTERM"
@@ -27,7 +29,6 @@ STOP_EVENT = "planned_stop"  # the progress event the job sends with the line
 # and not a failure code a scheduler would retry on its own.
 PLANNED_STOP_EXIT = 75  # EX_TEMPFAIL: "try again later"
 
-_OFF = ("NONE", "OFF", "0", "FALSE", "NO")
 # "checkpoint ... saved": the output classifier reads it as a checkpoint event, never as
 # a trained step (decision 0497), so it cannot move the job's progress.
 _LINE = re.compile(
@@ -54,14 +55,7 @@ class StopLine:
 def stop_signal_for(env: Mapping[str, str]) -> signal.Signals | None:
     """The stop signal a rank with environment ``env`` catches; None: turned off
     (``none``/``off``/``0``) or not a signal name."""
-    raw = env.get(STOP_SIGNAL_ENV, "").strip().upper() or DEFAULT_STOP_SIGNAL
-    if raw in _OFF:
-        return None
-    name = raw if raw.startswith("SIG") else f"SIG{raw}"
-    try:
-        return signal.Signals[name]
-    except KeyError:
-        return None
+    return signal_setting(env, STOP_SIGNAL_ENV, DEFAULT_STOP_SIGNAL)
 
 
 def stop_timeout_for(env: Mapping[str, str]) -> float:
