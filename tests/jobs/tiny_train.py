@@ -30,11 +30,14 @@ Options:
   --seed S             base seed (default 1234)
   --verify MODE        checkpoint verification on resume: full or quick (default full)
   --memory-snapshots   a memory snapshot after every step (TRAINGUARD_SNAPSHOT_DIR: where)
+  --stop-on-signal     planned stops: ask ckpt.stop_requested() after every step (the stop
+                       signal, default SIGTERM, then saves that step and ends the job, exit 0)
   --device D           cpu (default) or cuda (the rank's LOCAL_RANK device; deterministic kernels)
   --backend B          process-group backend: gloo (default) or nccl; nccl starts a process
                        group even for one rank, so the NCCL paths run on a one-GPU machine
 
-Output: ``step=N loss=X`` per step on stdout (flushed), ``done steps=N`` at the end.
+Output: ``step=N loss=X`` per step on stdout (flushed), ``done steps=N`` at the end
+(``stopped steps=N`` after a planned stop).
 A fault is announced on stderr before it happens (``tiny_train: injecting ...``).
 Exit status: 0 at --steps; 1 after an injected failure or OOM (Python traceback).
 """
@@ -195,6 +198,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--verify", choices=("full", "quick"), default="full")
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--memory-snapshots", action="store_true")
+    p.add_argument("--stop-on-signal", action="store_true")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     return p.parse_args(argv)
@@ -273,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
                 job.model, device_ids=[device.index] if device.type == "cuda" else None
             )
         net.train()
+        stopped = None
         for step in range(start + 1, args.steps + 1):
             _inject(args, step, rank)
             value = train_step(job, net, args.batch_size)
@@ -288,13 +293,16 @@ def main(argv: list[str] | None = None) -> int:
                 ckpt.save(step, state, epoch=job.sampler.epoch)
             if args.memory_snapshots:
                 ckpt.snapshot(step, state, epoch=job.sampler.epoch)
+            if args.stop_on_signal and ckpt.stop_requested(step, state, epoch=job.sampler.epoch):
+                stopped = step
+                break
             if args.step_sleep:
                 time.sleep(args.step_sleep)
     if losses is not None:
         losses.close()
     if scratch is not None:
         shutil.rmtree(scratch, ignore_errors=True)
-    print(f"done steps={args.steps}", flush=True)
+    print(f"done steps={args.steps}" if stopped is None else f"stopped steps={stopped}", flush=True)
     if distributed:
         # Without this barrier torch 2.13's gloo aborts ~1 run in 3 at exit
         # ("terminate called without an active exception") when one rank tears the

@@ -16,7 +16,7 @@ echo "attempt ${TRAINGUARD_ATTEMPT} of job ${SLURM_JOB_ID} on ${SLURM_JOB_NODELI
 # TRAINGUARD_SNAPSHOT_DIR_PER_NODE=DIR: each node keeps its memory snapshots in DIR/<node>
 # (every logical node of the local cluster shares this host's /dev/shm; a lost node's
 # directory can then be removed as its memory would be gone).
-exec srun --kill-on-bad-exit=1 bash -c '
+step=(srun --kill-on-bad-exit=1 bash -c '
 if [ -n "${TRAINGUARD_SNAPSHOT_DIR_PER_NODE:-}" ]; then
     export TRAINGUARD_SNAPSHOT_DIR="$TRAINGUARD_SNAPSHOT_DIR_PER_NODE/$SLURMD_NODENAME"
 fi
@@ -25,4 +25,20 @@ is_host=0
 exec "$0" -m torch.distributed.run --nnodes=2 --nproc-per-node=1 --max-restarts=0 \
     --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:'"$port"' \
     --rdzv-id="$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}" --rdzv-conf is_host=$is_host \
-    "$@"' "$py" "$tiny" "$@"
+    "$@"' "$py" "$tiny" "$@")
+# TRAINGUARD_STOP_ON_USR1=1: Slurm's warning before the time limit (--signal=B:USR1@N, or
+# `scancel --signal=USR1 --batch`) reaches this batch shell only; it becomes SIGTERM to
+# every process of the job step (the ranks' planned-stop signal). Not `kill -TERM` to
+# srun: srun answers SIGTERM by killing the step.
+if [ -n "${TRAINGUARD_STOP_ON_USR1:-}" ]; then
+    "${step[@]}" &
+    pid=$!
+    trap 'echo "batch: SIGUSR1 (time limit ahead): SIGTERM to the job step"
+          scancel --signal=TERM "$SLURM_JOB_ID"' USR1
+    while :; do
+        wait "$pid"
+        rc=$?
+        kill -0 "$pid" 2>/dev/null || exit "$rc"
+    done
+fi
+exec "${step[@]}"

@@ -149,6 +149,51 @@ def register(subparsers: Any) -> None:
     )
     status.set_defaults(func=run_status, state=DEFAULT_STATE)
 
+    series = sub.add_parser(
+        "series",
+        help="job series: the Slurm jobs of one training run as one record",
+        description=(
+            "A job series is the Slurm jobs of one training run (the same job name, user "
+            "and checkpoint directory: resubmissions, --dependency=singleton chains). "
+            "Without SERIES: the series the store knows. With it: its jobs, incidents, "
+            "planned stops, work lost, goodput, and why it was stopped."
+        ),
+    )
+    series.add_argument("series", nargs="?", metavar="SERIES", help="a series id")
+    series.add_argument(
+        "--state",
+        "--database",
+        dest="state",
+        default=DEFAULT_STATE,
+        metavar="URL|PATH",
+        help=f"SQLite file or postgresql:// URL (default {DEFAULT_STATE})",
+    )
+    series.add_argument("--json", action="store_true", help="print JSON")
+    series.set_defaults(func=run_series)
+
+
+def run_series(args: argparse.Namespace) -> int:
+    from trainguard.store import NotFound, Store, StoreError
+    from trainguard.store.series import format_series, list_series, series_report
+
+    try:
+        store = Store.open_existing(args.state)
+    except StoreError as exc:
+        return error(str(exc))
+    if store is None:
+        return error(f"no state database at {args.state}")
+    with store:
+        if not args.series:
+            ids = list_series(store)
+            print_json(ids) if args.json else print("\n".join(ids) or "no job series")
+            return 0
+        try:
+            report = series_report(store, args.series)
+        except NotFound:
+            return error(f"no job series {args.series!r} in {args.state}")
+    print_json(report) if args.json else print(format_series(report))
+    return 0
+
 
 def _commands(args: argparse.Namespace) -> Any:
     """Where Slurm's commands run: here, or on ``--ssh``'s login node (``ValueError`` for

@@ -10,8 +10,11 @@ from collections.abc import Callable
 from typing import Any
 
 
-def on_interrupt(deliver: Callable[[int], None]) -> Callable[[], None]:
-    """Route SIGINT and SIGTERM to ``deliver``; returns what puts the old handlers back.
+def on_interrupt(
+    deliver: Callable[[int], None], also: tuple[signal.Signals, ...] = ()
+) -> Callable[[], None]:
+    """Route SIGINT and SIGTERM (and ``also``) to ``deliver``; returns what puts the old
+    handlers back.
 
     Off the main thread (a test driving a supervisor from a thread) nothing is changed:
     Python lets only the main thread set handlers.
@@ -23,7 +26,7 @@ def on_interrupt(deliver: Callable[[int], None]) -> Callable[[], None]:
     def handler(signum: int, _frame: Any) -> None:
         deliver(signum)
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, *also):
         old[sig] = signal.signal(sig, handler)
 
     def restore() -> None:

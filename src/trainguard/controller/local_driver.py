@@ -75,6 +75,7 @@ from trainguard.diagnose.detectors import ProgressLineParser
 from trainguard.model.devices import Device
 from trainguard.model.files import make_private_dirs
 from trainguard.model.plan import Mode
+from trainguard.model.planned_stop import PLANNED_STOP_EXIT, stop_timeout_for
 from trainguard.model.progress import ProgressEvent
 from trainguard.model.records import (
     AuditEvent,
@@ -82,6 +83,7 @@ from trainguard.model.records import (
     RankReport,
 )
 from trainguard.policy.adoption import Request
+from trainguard.policy.planned_stop import PLANNED_PREFIX
 from trainguard.policy.resume_arg import resume_command
 from trainguard.policy.start import default_need, start_devices
 from trainguard.schedulers.base import JobSpec, SchedulerError
@@ -148,6 +150,7 @@ class LocalDriver:
                                     on_push=self._wake)  # fmt: skip
         self._runtime: DriverRuntime | None = None
         self._interrupted: int | None = None
+        self._planned_grace: float | None = None  # a planned stop's wait for the ranks
         self._result: RunResult | None = None
         self._failure: BaseException | None = None
         self.devices: tuple[Device, ...] = ()
@@ -224,6 +227,8 @@ class LocalDriver:
             if kernel is not None:
                 kernel.stop()
             listener.stop()
+            if self._planned_grace is not None:
+                cluster.grace = max(cluster.grace, self._planned_grace)
             cluster.shutdown()
             plane.close()
             store.close()
@@ -299,10 +304,18 @@ class LocalDriver:
             return self._result
         signum = self._interrupted if self._interrupted is not None else signal.SIGTERM
         reason = f"interrupted by {signal.Signals(signum).name}"
+        code = EXIT_INTERRUPTED
+        if signum == signal.SIGUSR1:
+            # Slurm's warning before a time limit (--signal=B:USR1@N): a planned stop. The
+            # cluster's shutdown gives the ranks their stop signal (SIGTERM) and the stop
+            # timeout to save the step they are on (0500).
+            reason = f"{PLANNED_PREFIX} (SIGUSR1): the scheduler's warning; the ranks save"
+            code = PLANNED_STOP_EXIT
+            self._planned_grace = stop_timeout_for(os.environ)
         if not self._stop(plane, fj.job_id, reason):
             return self._lease_lost(o, fj.job_id)
         self._tell(store, fj.job_id)
-        return RunResult(fj.job_id, EXIT_INTERRUPTED, JobState.STOPPED, reason)
+        return RunResult(fj.job_id, code, JobState.STOPPED, reason)
 
     # --- the loop's events ---------------------------------------------------------
 
@@ -470,7 +483,8 @@ class LocalDriver:
             )
 
     def _install_signal_handlers(self) -> Callable[[], None]:
-        return on_interrupt(lambda signum: self._push(Interrupt(signum)))
+        # SIGUSR1: Slurm's warning before the time limit, a planned stop (0500).
+        return on_interrupt(lambda signum: self._push(Interrupt(signum)), (signal.SIGUSR1,))
 
 
 class _RunLoop:

@@ -52,6 +52,7 @@ from trainguard.controller.engine.waiting import CapacityWait
 from trainguard.controller.reconcile import ControlConfig, CrashPoints, PassReport
 from trainguard.controller.runtime import DriverRuntime
 from trainguard.controller.service import ControlPlane
+from trainguard.controller.slurm_series import SeriesKeeper
 from trainguard.controller.sources import (
     CallbackSource,
     Evidence,
@@ -116,6 +117,11 @@ class SlurmWatch:
             CapacityWait(store, scheduler, actor=ACTOR, clock=clock)
         )
         self._managed: dict[str, str] = {}  # scheduler ref -> job id
+        # Job series (0502): the jobs of one run kept together, a futile series stopped.
+        self.series = SeriesKeeper(
+            store, scheduler, self.cp, lambda: self._managed, actor=ACTOR, clock=clock
+        )
+        self.cp.reconciler.post_steps.append(self.series)
         self._skipped: set[str] = set()
         self._node_bad: dict[str, tuple[float, bool]] = {}  # node -> (bad since, reported)
         # The evidence this mode reads besides the scheduler (controller/sources.py),

@@ -62,6 +62,10 @@ class RecoveryPolicy:
     approvals: bool = True
     # How long an approval waits; no answer by then is a no (None: no deadline, 0425).
     approval_timeout_seconds: float | None = None
+    # A job series (Slurm jobs of one name and user, 0502) is stopped when its last N
+    # jobs failed the same way, or its last M ended without a newer checkpoint.
+    series_same_failure_jobs: int = 3
+    series_no_checkpoint_jobs: int = 3
 
     def __post_init__(self) -> None:
         if self.placement not in PLACEMENTS:

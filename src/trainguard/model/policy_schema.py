@@ -337,6 +337,24 @@ class PolicyDocument:
         run_value=3600.0,
         decision="0425",
     )
+    series_same_failure_jobs: int | None = _setting(
+        "series_same_failure_jobs",
+        "int",
+        "a job series (Slurm jobs of one name and user) whose last this many jobs failed "
+        "the same way is stopped: its waiting jobs are cancelled",
+        unit="jobs",
+        minimum=1,
+        decision="0502",
+    )
+    series_no_checkpoint_jobs: int | None = _setting(
+        "series_no_checkpoint_jobs",
+        "int",
+        "a job series whose last this many jobs ended without a newer valid checkpoint "
+        "than the job before them is stopped: its waiting jobs are cancelled",
+        unit="jobs",
+        minimum=1,
+        decision="0502",
+    )
 
     def settings(self) -> Iterator[tuple[Setting, Any]]:
         """Each setting with this document's value (``None``: unset)."""

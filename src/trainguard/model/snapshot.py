@@ -55,17 +55,23 @@ def snapshot_base_for(rank: int, env: Mapping[str, str]) -> Path:
     return Path(raw.replace("{rank}", str(rank)))
 
 
+def signal_setting(env: Mapping[str, str], name: str, default: str) -> signal.Signals | None:
+    """The signal the variable ``name`` of ``env`` names (``SIGUSR2``, ``usr2``; unset:
+    ``default``); None: turned off (``none``/``off``/``0``) or not a signal name."""
+    raw = env.get(name, "").strip().upper() or default
+    if raw in ("NONE", "OFF", "0", "FALSE", "NO"):
+        return None
+    full = raw if raw.startswith("SIG") else f"SIG{raw}"
+    try:
+        return signal.Signals[full]
+    except KeyError:
+        return None
+
+
 def flush_signal_for(env: Mapping[str, str]) -> signal.Signals | None:
     """The flush signal a rank with environment ``env`` listens for; None: turned off
     (``none``/``off``/``0``) or not a signal name."""
-    raw = env.get(SNAPSHOT_SIGNAL_ENV, "").strip().upper() or DEFAULT_SIGNAL
-    if raw in ("NONE", "OFF", "0", "FALSE", "NO"):
-        return None
-    name = raw if raw.startswith("SIG") else f"SIG{raw}"
-    try:
-        return signal.Signals[name]
-    except KeyError:
-        return None
+    return signal_setting(env, SNAPSHOT_SIGNAL_ENV, DEFAULT_SIGNAL)
 
 
 __all__ = [
@@ -80,6 +86,7 @@ __all__ = [
     "flush_signal_for",
     "new_run_env",
     "rank_dir_name",
+    "signal_setting",
     "snapshot_base_for",
     "user_dir_name",
 ]

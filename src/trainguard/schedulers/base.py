@@ -98,6 +98,9 @@ class ObservedJob:
     failed_rank: int | None = None
     failed_local_rank: int | None = None
     failed_pid: int | None = None  # that rank's process: the user matches it to its log
+    # The scheduler ended the job by plan ("time limit", "preempted"): not a failure
+    # (policy/planned_stop.py, 0501).
+    planned_end: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -74,6 +74,21 @@ class DistContext:
         dist.all_gather_object(out, value)
         return out
 
+    def any(self, flag: bool) -> bool:
+        """Whether ``flag`` is true on any rank (one small all-reduce; ``flag`` without
+        collectives). The tensor lives where the backend needs it (NCCL: the GPU)."""
+        if not self.collectives:
+            return flag
+        import torch
+        import torch.distributed as dist
+
+        device = torch.device("cpu")
+        if dist.get_backend() == "nccl":
+            device = torch.device("cuda", torch.cuda.current_device())
+        box = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+        dist.all_reduce(box, op=dist.ReduceOp.MAX)
+        return bool(box.item())
+
     def temp_token(self, step: int) -> str:
         """A token naming this save's temporary directory, the same on every rank.
 

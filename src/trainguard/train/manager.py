@@ -67,6 +67,7 @@ from trainguard.train.retention import (
 )
 from trainguard.train.snapshot import FlushOnSignal, SnapshotResult, Snapshots, flush_signal
 from trainguard.train.state import REPLICATED_FILE, HostStager, TrainState, rank_file
+from trainguard.train.stop import StopOnSignal, planned_stop
 
 log = logging.getLogger("trainguard.train")
 
@@ -163,6 +164,7 @@ class CheckpointManager:
             clean_stale(self.root, now=time.time(), stale_seconds=stale_seconds)
         self.snapshots: Snapshots | None = None
         self._flush: FlushOnSignal | None = None
+        self._stop: StopOnSignal | None = None  # installed by the first stop_requested()
         if memory_snapshots:
             self.snapshots = Snapshots(
                 self.root,
@@ -311,6 +313,36 @@ class CheckpointManager:
             stall_seconds=self._clock() - started,
         )
 
+    def stop_requested(
+        self, step: int, state: TrainState | Mapping[str, Any], *, epoch: int | None = None
+    ) -> bool:
+        """Call after every step, on every rank: True once the job should stop by plan.
+
+        The first call installs the handler of the stop signal
+        (``TRAINGUARD_STOP_SIGNAL``, default SIGTERM: Slurm's at a time limit or a
+        preemption; ``none`` turns planned stops off). When it came to any rank (the
+        ranks agree with one small all-reduce per call), ``step`` is saved unless it
+        already was (a synchronous save, bounded), rank 0 prints the planned-stop line
+        and every rank gets True: leave the training loop and exit. Work lost at the
+        stop: the step being trained when the signal came is finished and saved.
+        """
+        if self._closed:
+            raise RuntimeError("CheckpointManager is closed")
+        if self._stop is None:
+            self._stop = StopOnSignal.from_env()
+        if not self._stop.active:
+            return False
+        if not self.dist.any(self._stop.requested):
+            return False
+        planned_stop(self, int(step), state, epoch)
+        return True
+
+    def request_stop(self) -> None:
+        """Ask for a planned stop from inside the job (as the stop signal would)."""
+        if self._stop is None:
+            self._stop = StopOnSignal.from_env()
+        self._stop.request()
+
     def wait(self) -> SaveResult | None:
         """Wait for a pending asynchronous save (or retention); raise a save's failure."""
         error = self._join_pending()
@@ -344,6 +376,8 @@ class CheckpointManager:
             self._closed = True
             if self._flush is not None:
                 self._flush.uninstall()
+            if self._stop is not None:
+                self._stop.uninstall()
             if self.snapshots is not None:
                 if keep_snapshots:
                     self.snapshots.wait()

@@ -10,6 +10,7 @@ from trainguard.controller.engine.config import _LIVE
 from trainguard.controller.engine.context import PassContext
 from trainguard.controller.engine.core import EngineCore, Part
 from trainguard.controller.engine.evidence import EvidenceFollower
+from trainguard.controller.engine.planned import PlannedStops
 from trainguard.diagnose.attribution import attempt_failure_reason, attribute
 from trainguard.diagnose.detectors import HangDetector
 from trainguard.model.findings import Attribution, Finding
@@ -36,6 +37,7 @@ class AttemptSync(Part):
         super().__init__(core)
         self.evidence = evidence
         self.applier = applier  # writes the steps policy.attempt_sync decides
+        self.planned = PlannedStops(core, evidence, applier)
         # One hang detector per live attempt, fed the progress the store holds. Lost on a
         # restart of the controller: the new one starts from the stored last step with
         # the start-up allowance, so a restart can delay a hang verdict, never invent one.
@@ -75,6 +77,10 @@ class AttemptSync(Part):
         if oj.phase is not JobPhase.RUNNING:
             self._hangs.pop((job.id, att.number), None)  # over: nothing left to time
             self.evidence.evidence_read.discard((job.id, att.number))
+        # A time limit, a preemption or the job's own planned stop: not a failure, no
+        # incident; its record says what the stop cost (0501).
+        if oj.phase.terminal and self.planned.end(fj, job, att, oj, ctx) is not None:
+            return
         if oj.phase in (JobPhase.COMPLETED, JobPhase.CANCELLED):
             completed = oj.phase is JobPhase.COMPLETED
             has_incident = not completed and bool(

@@ -242,6 +242,10 @@ class EvidenceFollower(Part):
             {"warning": text},
         )  # fmt: skip
 
+    def output_tail(self, path: str | None) -> list[str]:
+        """The last lines of a job's output (its own header left out)."""
+        return self._tail(path)
+
     def _tail(self, path: str | None) -> list[str]:
         if not path:
             return []

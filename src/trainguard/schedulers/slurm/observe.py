@@ -51,6 +51,8 @@ FAILED_STATES = frozenset(
     {"FAILED", "NODE_FAIL", "TIMEOUT", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"}
 )
 HELD_REASONS = ("JobHeldUser", "JobHeldAdmin", "job_requeued_in_held_state")
+# Ends by plan, not failures (decision 0501): Slurm's words -> the record's.
+PLANNED_ENDS = {"TIMEOUT": "time limit", "PREEMPTED": "preempted", "DEADLINE": "deadline"}
 
 
 @dataclass(frozen=True)
@@ -252,6 +254,7 @@ class SlurmObserver:
             gpus_per_node=job.gpus_per_node,
             gpus_by_node=dict(job.gpus),
             admin_comment=job.admin_comment,
+            planned_end=PLANNED_ENDS.get(job.state) if phase.terminal else None,
         )
 
     def _observed_node(self, node: SlurmNode, quarantined: Mapping[str, Any]) -> SlurmObservedNode:
@@ -318,6 +321,7 @@ __all__ = [
     "FAILED_STATES",
     "HELD_REASONS",
     "PENDING_STATES",
+    "PLANNED_ENDS",
     "RUNNING_STATES",
     "SlurmObservedJob",
     "SlurmObservedNode",
