@@ -19,7 +19,9 @@ The rules, in the order they are applied (docs/run.md, decision 0050):
    advice. (Checked before the futile rule, which would stop at once.)
 3. **Futile retry.** The same application-error signature ``futile_after``
    times in a row (this failure included) stops the job: retrying would fail
-   the same way and only burn the budget.
+   the same way and only burn the budget. A training-health event's signature
+   carries its step: the same NaN or spike at the same step again, replayed from
+   a checkpoint before it, is the job's or its data's, never a GPU's (0520).
 4. **Budget.** At most ``max_restarts`` restarts; exponential backoff between
    them (the first restart is immediate: the cause has just been isolated).
 5. **Capacity.** The next attempt gets ``need`` schedulable devices, keeping the
@@ -31,7 +33,11 @@ The rules, in the order they are applied (docs/run.md, decision 0050):
    of a bad device is replaced by a whole spare host (decision 0112).
 6. **Checkpoint.** Restart from the newest *valid* checkpoint in the catalog's
    list; every invalid one newer than it is listed in ``skipped_checkpoints``
-   with the catalog's reason. No valid checkpoint: start fresh, and say so.
+   with the catalog's reason. After a training-health event (NaN/Inf loss or
+   gradient norm, loss spike, replica mismatch) the newest valid one saved
+   *before* the event's step; those saved at or after it are listed as suspect
+   (``policy.checkpoint_choice.select_checkpoint``, 0521). No valid checkpoint:
+   start fresh, and say so.
 7. **Observe mode** produces exactly the same Plan, marked ``observe``; the
    controller records it and acts on nothing.
 
@@ -44,6 +50,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from trainguard.diagnose.training_health import event_step
 from trainguard.model.checkpoint import CheckpointInfo
 from trainguard.model.devices import Device, normalize_pci_bus_id
 from trainguard.model.findings import Attribution, Culprit, Domain, IncidentKind
@@ -58,6 +65,7 @@ from trainguard.model.plan import (
     Stop,
     WaitForCapacity,
 )
+from trainguard.policy.checkpoint_choice import select_checkpoint
 
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 EXPANDABLE = "expandable_segments:True"
@@ -266,18 +274,6 @@ def _isolation_targets(
     return list(found.values())
 
 
-def _select_checkpoint(
-    checkpoints: tuple[CheckpointInfo, ...],
-) -> tuple[CheckpointInfo | None, tuple[CheckpointInfo, ...]]:
-    """The newest valid checkpoint and the invalid ones newer than it (newest first)."""
-    skipped: list[CheckpointInfo] = []
-    for info in checkpoints:
-        if info.valid:
-            return info, tuple(skipped)
-        skipped.append(info)
-    return None, tuple(skipped)
-
-
 def _consecutive_same_signature(snapshot: RecoverySnapshot, signature: str) -> int:
     """How many failures in a row, this one included, had ``signature``."""
     count = 1
@@ -481,11 +477,28 @@ def decide(snapshot: RecoverySnapshot) -> Plan:
         )
 
     # 3. Futile retry: the job's own error, the same way again.
+    bad_step = event_step(attribution.findings)
     signature = attribution.signature
     futile_kind = attribution.kind is not IncidentKind.OOM
     if futile_kind and attribution.domain in _FUTILE_DOMAINS and signature:
         repeats = _consecutive_same_signature(snapshot, signature)
         if repeats >= max(policy.futile_after, 1):
+            if bad_step is not None:
+                # A health event is dated by its step: the same one again at the same
+                # step after a restore replayed the run is the job's or its data's (0520).
+                return finish(
+                    Stop(
+                        reason=(
+                            f"futile retry: the same training-health event ({signature}) "
+                            f"{repeats} times in a row at step {bad_step}, replayed from a "
+                            "checkpoint before it: an application or data problem, not a GPU"
+                        ),
+                        advice="look at the data and the step's inputs (learning rate, "
+                        "batch) at that step, fix them, then run again",
+                    ),
+                    "same training-health event at the same step as the previous attempt: "
+                    "stop, no quarantine",
+                )
             return finish(
                 Stop(
                     reason=(
@@ -573,14 +586,20 @@ def decide(snapshot: RecoverySnapshot) -> Plan:
             if replaced:
                 reasons.append(f"replacement device(s): {', '.join(replaced)}")
 
-    # 6. The newest valid checkpoint.
-    checkpoint, skipped = _select_checkpoint(snapshot.checkpoints)
+    # 6. The newest valid checkpoint; after a training-health event, the newest valid
+    # one saved before it (policy.checkpoint_choice, 0521).
+    checkpoint, skipped = select_checkpoint(snapshot.checkpoints, bad_step)
     for info in skipped:
         reasons.append(f"skipped checkpoint {info.path}: {info.reason or 'invalid'}")
+    pre_event = "" if bad_step is None else f", the newest from before step {bad_step}"
     if checkpoint is None:
-        reasons.append("no valid checkpoint: the job restarts from the beginning")
+        reasons.append(
+            "no valid checkpoint"
+            + ("" if bad_step is None else f" from before step {bad_step}")
+            + ": the job restarts from the beginning"
+        )
     else:
-        reasons.append(f"restore checkpoint {checkpoint.path} (step {checkpoint.step})")
+        reasons.append(f"restore checkpoint {checkpoint.path} (step {checkpoint.step}{pre_event})")
 
     delay = backoff_seconds(
         snapshot.restarts_used, policy.backoff_base_seconds, policy.backoff_max_seconds
