@@ -4,6 +4,8 @@ ones, and stops when the same event recurs at the same step; never quarantines f
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_policy import attribution, ckpt, snapshot
@@ -104,6 +106,36 @@ def test_a_replica_mismatch_is_not_quarantined_on_its_first_occurrence() -> None
     restart = plan.actions[-1]
     assert isinstance(restart, Restart) and restart.checkpoint is not None
     assert restart.checkpoint.step == 8
+
+
+def test_a_replica_mismatch_naming_the_same_device_again_quarantines_it() -> None:
+    first = health(9, kind="replica_mismatch", metric="parameters", rank=1)
+    again = health(31, kind="replica_mismatch", metric="parameters", rank=1)
+    snap = snapshot(
+        attempt=1, restarts_used=1, attribution=again, history=(_prior(first, 0),),
+        checkpoints=(ckpt(30), ckpt(8)),
+    )  # fmt: skip
+    plan = decide(snap)
+    [q] = [a for a in plan.actions if isinstance(a, Quarantine)]
+    assert q.resource_id == "GPU-0000"
+    restart = plan.actions[-1]
+    assert isinstance(restart, Restart) and "GPU-0000" not in restart.devices
+    # Another device named the second time: still only suspect.
+    other = health(31, kind="replica_mismatch", metric="parameters", rank=1)
+    other = dataclasses.replace(other, culprit=Culprit(rank=1, device_uuid="GPU-0001"))
+    plan = decide(dataclasses.replace(snap, attribution=other))
+    assert not any(isinstance(a, Quarantine) for a in plan.actions)
+
+
+def test_a_replica_mismatch_at_the_same_step_again_is_futile_without_quarantine() -> None:
+    first = health(9, kind="replica_mismatch", metric="parameters", rank=1)
+    snap = snapshot(
+        attempt=1, restarts_used=1, attribution=first, history=(_prior(first, 0),),
+        checkpoints=(ckpt(8),),
+    )  # fmt: skip
+    plan = decide(snap)
+    assert isinstance(plan.actions[-1], Stop) and "futile" in plan.actions[-1].reason
+    assert not any(isinstance(a, Quarantine) for a in plan.actions)
 
 
 def test_the_withheld_resume_request_never_offers_a_suspect_checkpoint() -> None:

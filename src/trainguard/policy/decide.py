@@ -12,7 +12,10 @@ The rules, in the order they are applied (docs/run.md, decision 0050):
    culprit failed that way before (``isolate_network_after``, decision 0110).
    Nothing already out of service, and nothing in ``snapshot.isolated`` (done
    for this incident already), is quarantined again (decision 0111).
-   Application errors, out-of-memory and hangs never quarantine.
+   A replica checksum mismatch names its device as suspect; the same device named
+   again by one (``REPLICA_QUARANTINE_AFTER``) is quarantined (decision 0522).
+   Application errors, training-health events, out-of-memory and hangs never
+   quarantine.
 2. **Out of memory.** Retry once with
    ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (the fragmentation
    case) when the attempt did not already run with it; otherwise stop with
@@ -50,7 +53,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from trainguard.diagnose.training_health import event_step
+from trainguard.diagnose.training_health import REPLICA_MISMATCH, event_step
 from trainguard.model.checkpoint import CheckpointInfo
 from trainguard.model.devices import Device, normalize_pci_bus_id
 from trainguard.model.findings import Attribution, Culprit, Domain, IncidentKind
@@ -77,6 +80,8 @@ OOM_ADVICE = (
 # The finding kind of network evidence that names a link or NIC (docs/signatures.md):
 # strong enough to isolate the host on a first occurrence (decision 0110).
 NETWORK_EVIDENCE_KIND = "network_error"
+# Replica mismatches naming one device before it is quarantined (decision 0522).
+REPLICA_QUARANTINE_AFTER = 2
 # Domains whose failures are the job's own doing: retrying the same failure is futile.
 _FUTILE_DOMAINS = frozenset({Domain.APPLICATION, Domain.USER_CONFIG})
 # HealthState.schedulable as a set: membership is several times cheaper than the
@@ -243,6 +248,9 @@ def _isolation_targets(
     def add(kind: str, rid: str, reason: str, why: str) -> None:
         found.setdefault((kind, rid), _Target(kind, rid, reason, why))
 
+    replica = _replica_target(snapshot, by_uuid, by_pci, notes)
+    if replica is not None:
+        found.setdefault((replica.kind, replica.rid), replica)
     if strong_network or attribution.domain is not Domain.NETWORK:
         return list(found.values())
 
@@ -272,6 +280,51 @@ def _isolation_targets(
         assert current[1] is not None
         add("node", current[1], why, f"network failures keep naming host {current[1]}")
     return list(found.values())
+
+
+def _replica_target(
+    snapshot: RecoverySnapshot,
+    by_uuid: dict[str, DeviceStatus],
+    by_pci: dict[str, DeviceStatus],
+    notes: list[str],
+) -> _Target | None:
+    """A replica whose parameters disagreed with its peers' (a bit flip, silent data
+    corruption) names its device as *suspect* only: one occurrence may be a transient
+    upset. The same device named by a replica mismatch again in the job's history
+    (``REPLICA_QUARANTINE_AFTER`` occurrences) is quarantined (decision 0522)."""
+    attribution = snapshot.attribution
+    if not (attribution.signature or "").startswith(REPLICA_MISMATCH + ":"):
+        return None
+    current = _culprit_resource(attribution.culprit, by_uuid, by_pci)
+    if current[0] is None:
+        notes.append("replica checksum mismatch without a device for its rank: nothing to isolate")
+        return None
+    repeats = 1
+    for prior in snapshot.history:
+        if prior.attempt == snapshot.attempt or not (prior.signature or "").startswith(
+            REPLICA_MISMATCH + ":"
+        ):
+            continue
+        if prior.signature == attribution.signature:
+            # The same first suspect step again, replayed from before it: deterministic,
+            # the job's (a code path that differs per rank), not a flipped bit.
+            notes.append("replica checksum mismatch at the same step again: not a GPU")
+            return None
+        if _same_culprit(current, _culprit_resource(prior.culprit, by_uuid, by_pci)):
+            repeats += 1
+    if repeats < REPLICA_QUARANTINE_AFTER:
+        notes.append(
+            f"replica checksum mismatch names device {current[0]}: suspect, not quarantined on "
+            f"occurrence {repeats} of {REPLICA_QUARANTINE_AFTER} (the same device again "
+            "quarantines it)"
+        )
+        return None
+    return _Target(
+        "device",
+        current[0],
+        f"{attribution.summary} (the same device in {repeats} replica mismatches)",
+        f"replica checksum mismatches keep naming device {current[0]}",
+    )
 
 
 def _consecutive_same_signature(snapshot: RecoverySnapshot, signature: str) -> int:
@@ -480,7 +533,8 @@ def decide(snapshot: RecoverySnapshot) -> Plan:
     bad_step = event_step(attribution.findings)
     signature = attribution.signature
     futile_kind = attribution.kind is not IncidentKind.OOM
-    if futile_kind and attribution.domain in _FUTILE_DOMAINS and signature:
+    futile_domain = attribution.domain in _FUTILE_DOMAINS or bad_step is not None
+    if futile_kind and futile_domain and signature:
         repeats = _consecutive_same_signature(snapshot, signature)
         if repeats >= max(policy.futile_after, 1):
             if bad_step is not None:
