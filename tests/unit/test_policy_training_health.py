@@ -167,3 +167,26 @@ def test_the_restored_checkpoint_is_never_suspect_and_is_the_newest_eligible(
     assert chosen.step is not None and (event is None or chosen.step < event)
     assert [c.step for c in skipped] == [c.step for c in cks if c.step > chosen.step]
     assert not any(c.valid for c in skipped)
+
+
+def test_an_attempts_own_health_event_fails_it_and_anothers_does_not() -> None:
+    from trainguard.policy.evidence import Route, route_finding
+
+    f = health_finding(HealthEvent("loss_spike", 40, "loss", 9.0, 1.0, 0.1), at=1.0)
+    assert route_finding(f, attempt_devices={"GPU-0000"}, own=True) is Route.RECOVER
+    assert route_finding(f, attempt_devices={"GPU-0000"}) is Route.OBSERVE
+
+
+def test_a_health_event_is_the_cause_unless_hardware_evidence_won() -> None:
+    from trainguard.diagnose.attribution import with_health_event
+    from trainguard.model import Device, Finding, Severity
+
+    dev = Device(index=0, uuid="GPU-0000", pci_bus_id="0000:10:00.0", host="localhost")
+    f = health_finding(HealthEvent("nan_loss", 12, "loss", float("nan"), rank=0), at=1.0)
+    crash = attribution()
+    got = with_health_event(crash, [f], [dev])
+    assert got.signature == "nan_loss:loss@step:12" and got.culprit.device_uuid == "GPU-0000"
+    xid = Finding(kind="xid", domain=Domain.HARDWARE, at=1.0, source="kernel",
+                  message="Xid 79", severity=Severity.FATAL)  # fmt: skip
+    hw = attribution(IncidentKind.XID, Domain.HARDWARE, findings=(xid,))
+    assert with_health_event(hw, [f, xid], [dev]) is hw

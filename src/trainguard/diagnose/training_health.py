@@ -15,11 +15,15 @@ which carries the step: decision 0520).
     step or after it, or ``grad_patience`` non-finite norms in a row. Alone it is what
     dynamic loss scaling (fp16 ``GradScaler``) produces on a skipped step, which is no
     fault; the event is dated at the *first* non-finite norm of the run;
-  - a **loss spike**: a loss above ``median + z × 1.4826 × MAD`` of the last ``window``
-    finite losses *and* at least ``rise`` × the median above it, judged only once
+  - a **loss spike**: a loss above ``median + z × σ`` of the last ``window`` finite
+    losses (σ: 1.4826 × the MAD of their consecutive differences over √2, the noise
+    without the trend) *and* at least ``rise`` × the median above it, judged only once
     ``min_window`` losses are known (warm-up). Median and MAD ignore the noise of a
     healthy curve and the slow fall of its trend; the relative rise keeps a very
-    smooth curve (a tiny MAD) from calling a small bump a spike.
+    smooth curve (a tiny MAD) from calling a small bump a spike. A loss at least
+    ``extreme`` × the median is a spike at once; a smaller one must be confirmed by the
+    next report staying raised (half the rise and half the z-score): a lone outlier of
+    a heavy-tailed, noisy but healthy curve is no reason to roll a job back.
 
 * :func:`scan` - the same rule over a whole series (tests, the bench).
 * :func:`health_finding` / :func:`health_attribution` - an event as the
@@ -59,7 +63,8 @@ class SpikeRule:
     window: int = 50  # finite losses the median and MAD are taken over
     min_window: int = 20  # no verdict before this many (warm-up)
     z: float = 8.0  # robust z-score a spike exceeds
-    rise: float = 0.5  # and at least this fraction above the median
+    rise: float = 0.6  # and at least this fraction above the median
+    extreme: float = 2.5  # a loss this many times the median needs no confirmation
     grad_patience: int = 3  # non-finite gradient norms in a row that confirm one alone
 
 
@@ -108,6 +113,8 @@ class HealthMonitor:
         self._bad_grad_since: int | None = None  # first step of the current non-finite run
         self._bad_grad_value: float | None = None
         self._bad_grads = 0
+        # A spike waiting for the next report to confirm it: (event, median, scale).
+        self._pending: tuple[HealthEvent, float, float] | None = None
         self.event: HealthEvent | None = None
 
     def observe(
@@ -140,10 +147,20 @@ class HealthMonitor:
             return self._grad_event()
         if loss is None:
             return None
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            candidate, med, scale = pending
+            if loss - med > 0.5 * max(self.rule.z * scale, self.rule.rise * abs(med)):
+                return candidate  # still raised: the spike was real, dated at its step
         spike = self._spike(step, loss)
         if spike is None:
             self._recent.append(loss)
-        return spike
+            return None
+        assert spike.baseline is not None and spike.scale is not None
+        if loss >= self.rule.extreme * spike.baseline:
+            return spike
+        self._pending = (spike, spike.baseline, spike.scale)
+        return None
 
     def _grad_event(self) -> HealthEvent:
         assert self._bad_grad_since is not None
@@ -156,10 +173,21 @@ class HealthMonitor:
         if len(self._recent) < max(rule.min_window, 2):
             return None
         med = median(self._recent)
-        scale = _MAD_SIGMA * median(abs(x - med) for x in self._recent)
+        scale = _noise(self._recent)
         if loss - med <= rule.z * scale or loss - med <= rule.rise * abs(med):
             return None
         return HealthEvent(LOSS_SPIKE, step, "loss", loss, med, scale, rank=self.rank)
+
+
+def _noise(window: Iterable[float]) -> float:
+    """The window's noise as a standard deviation, robustly and without its trend: the
+    MAD of consecutive differences (a falling curve's slope is not noise) over √2."""
+    xs = list(window)
+    diffs = [b - a for a, b in zip(xs, xs[1:], strict=False)]
+    if not diffs:
+        return 0.0
+    mid = median(diffs)
+    return _MAD_SIGMA * median(abs(d - mid) for d in diffs) / math.sqrt(2.0)
 
 
 def scan(

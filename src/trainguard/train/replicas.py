@@ -4,8 +4,8 @@ Data-parallel replicas hold the same parameters after every optimizer step. A bi
 flipped in one replica's memory or arithmetic (silent data corruption) makes it
 drift from its peers without any error. :class:`ReplicaCheck` compares them every
 ``every`` steps: each rank digests its parameters on their own device (the sum of
-their bytes, and the sum of each tensor's byte sum weighted by its position: a single
-flipped bit always changes the first), all-gathers the two integers over the job's
+their 32-bit words, and the sum of each tensor's word sum weighted by its position: a
+single flipped bit always changes the first), all-gathers the two integers over the job's
 process group, and a rank whose digest differs from the majority's prints one line
 on stderr (:func:`trainguard.model.replica.replica_line`) that the supervisor turns
 into a finding naming its GPU. Every rank learns the verdict.
@@ -38,10 +38,23 @@ def _every_from_env() -> int:
         return 0
 
 
+def _words(t: Any) -> Any:
+    """``t``'s bytes as the widest integer words that tile them (int32, int16, uint8):
+    a flipped bit changes one word by a power of two, so it always changes their sum."""
+    import torch
+
+    flat = t.reshape(-1).view(torch.uint8)
+    for dtype, size in ((torch.int32, 4), (torch.int16, 2)):
+        if flat.numel() % size == 0:
+            return flat.view(dtype)
+    return flat
+
+
 def parameter_digest(params: Iterable[Any]) -> Any:
-    """Two int64 on the parameters' device: the sum of all their bytes, and the sum of
-    each tensor's byte sum times its position (1-based). Cheap: one pass, no copy to
-    the host until the gather."""
+    """Two int64 on the parameters' device: the sum of all their words (int32 where the
+    bytes allow: no overflow below 2^32 words), and the sum of each tensor's word sum
+    times its position (1-based). Cheap: one pass, no copy to the host until the
+    gather."""
     import torch
 
     total: Any = None
@@ -50,7 +63,7 @@ def parameter_digest(params: Iterable[Any]) -> Any:
         t = p.detach()
         if not t.is_contiguous():
             t = t.contiguous()
-        s = t.view(torch.uint8).sum(dtype=torch.int64)
+        s = _words(t).sum(dtype=torch.int64)
         total = s if total is None else total + s
         weighted = s * i if weighted is None else weighted + s * i
     if total is None:
