@@ -124,7 +124,9 @@ def _ckpt(step: int) -> CheckpointInfo:
     return CheckpointInfo(f"/ck/step_{step:08d}", "trainguard", step, 1, float(step), True)
 
 
-def run_case(rng: random.Random, curve: Curve, at: int | None, rule: SpikeRule) -> dict[str, object]:
+def run_case(
+    rng: random.Random, curve: Curve, at: int | None, rule: SpikeRule
+) -> dict[str, object]:
     """Feed ``curve``; the job saves every C steps until D steps after an event. Returns
     the event's step and the restore point the rule picks."""
     every = rng.choice([5, 10, 25, 50])

@@ -38,6 +38,7 @@ A loss that stops decreasing is reported only (``diagnose.training.loss_not_decr
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -183,7 +184,7 @@ def _noise(window: Iterable[float]) -> float:
     """The window's noise as a standard deviation, robustly and without its trend: the
     MAD of consecutive differences (a falling curve's slope is not noise) over √2."""
     xs = list(window)
-    diffs = [b - a for a, b in zip(xs, xs[1:], strict=False)]
+    diffs = [b - a for a, b in itertools.pairwise(xs)]
     if not diffs:
         return 0.0
     mid = median(diffs)
