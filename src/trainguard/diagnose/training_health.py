@@ -15,13 +15,14 @@ which carries the step: decision 0520).
     step or after it, or ``grad_patience`` non-finite norms in a row. Alone it is what
     dynamic loss scaling (fp16 ``GradScaler``) produces on a skipped step, which is no
     fault; the event is dated at the *first* non-finite norm of the run;
-  - a **loss spike**: a loss above ``median + z × σ`` of the last ``window`` finite
-    losses (σ: 1.4826 × the MAD of their consecutive differences over √2, the noise
-    without the trend) *and* at least ``rise`` × the median above it, judged only once
+  - a **loss spike**: a loss above ``level + z × σ`` over the last ``window`` finite
+    losses (the level: their median, or the newest ``level`` ones' when lower; σ: 1.4826
+    × the MAD of their consecutive differences over √2, the noise without the trend)
+    *and* at least ``rise`` × the level above it, judged only once
     ``min_window`` losses are known (warm-up). Median and MAD ignore the noise of a
     healthy curve and the slow fall of its trend; the relative rise keeps a very
     smooth curve (a tiny MAD) from calling a small bump a spike. A loss at least
-    ``extreme`` × the median is a spike at once; a smaller one must be confirmed by the
+    ``extreme`` × the level is a spike at once; a smaller one must be confirmed by the
     next report staying raised (half the rise and half the z-score): a lone outlier of
     a heavy-tailed, noisy but healthy curve is no reason to roll a job back.
 
@@ -63,6 +64,7 @@ class SpikeRule:
 
     window: int = 50  # finite losses the median and MAD are taken over
     min_window: int = 20  # no verdict before this many (warm-up)
+    level: int = 15  # the newest losses whose median may stand for the level
     z: float = 8.0  # robust z-score a spike exceeds
     rise: float = 0.6  # and at least this fraction above the median
     extreme: float = 2.5  # a loss this many times the median needs no confirmation
@@ -173,7 +175,10 @@ class HealthMonitor:
         rule = self.rule
         if len(self._recent) < max(rule.min_window, 2):
             return None
-        med = median(self._recent)
+        # The level: the window's median, or its newest part's when lower (on a curve
+        # still falling fast the whole window's median lags behind the loss).
+        newest = list(itertools.islice(reversed(self._recent), rule.level))
+        med = min(median(self._recent), median(newest))
         scale = _noise(self._recent)
         if loss - med <= rule.z * scale or loss - med <= rule.rise * abs(med):
             return None
