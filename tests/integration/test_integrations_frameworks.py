@@ -120,6 +120,8 @@ def test_hf_trainer_reports_steps_and_resumes_past_a_damaged_checkpoint(
     assert steps_of(first) == [1, 2, 3, 4, 5, 6]
     losses = [e for e in first if e.get("loss") is not None]
     assert [e["step"] for e in losses] == [2, 4, 6]  # logging_steps=2, loss from on_log
+    # The logged gradient norm goes with it: the training-health monitor reads both (0520).
+    assert all(isinstance(e["metrics"].get("grad_norm"), float) for e in losses)
     # The Trainer's own tqdm output, split at \r: the training bar gives the steps it
     # drew (tqdm skips redraws within 0.1 s), in order, up to the last; its opening 0/6
     # and the evaluation bars (4 batches each) are liveness only.

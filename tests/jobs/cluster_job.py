@@ -27,6 +27,9 @@ fails on cue:
                         the exception it causes, as a real log reads)
   --damage-newest       ... after truncating the newest checkpoint's ``state.json``
                         (its manifest then disagrees: damaged on storage)
+  --nan-log-attempts 0  attempts that print a Trainer log dict with a NaN loss and gradient
+  --nan-log-at STEP     ... after this step: ``{'loss': nan, 'grad_norm': nan, ...}``
+                        (and step on, as a Trainer does)
   --env-log FILE        append ``{"attempt": N, "PYTORCH_CUDA_ALLOC_CONF": ...}`` to FILE
                         at start (what the attempt's environment really had)
 """
@@ -110,7 +113,10 @@ def main() -> int:
     ap.add_argument("--warn")
     ap.add_argument("--damage-newest", action="store_true")
     ap.add_argument("--env-log")
+    ap.add_argument("--nan-log-attempts", default="")
+    ap.add_argument("--nan-log-at", type=int, default=0)
     args = ap.parse_args()
+    nan_log = {int(a) for a in args.nan_log_attempts.split(",") if a.strip()}
     attempt = int(os.environ.get("TRAINGUARD_ATTEMPT", "0"))
     failing = {int(a) for a in args.fail_attempts.split(",") if a.strip()}
     hung = False
@@ -142,6 +148,11 @@ def main() -> int:
                 print(f"[rank{rank}]:step={step}", flush=True)
         else:
             print(f"step={step}", flush=True)
+        if attempt in nan_log and step == args.nan_log_at:
+            print(
+                "{'loss': nan, 'grad_norm': nan, 'learning_rate': 5e-05, 'epoch': 0.5}",
+                flush=True,
+            )
         if args.ckpt and step % args.every == 0:
             save(Path(args.ckpt), step)
         if attempt in failing and step >= args.fail_at:

@@ -24,6 +24,14 @@ Options:
   --hang-at-step N     sleep forever at step N (the other ranks then time out in gloo)
   --fault-rank R       the rank the three faults above hit (default 0)
   --fault-attempt A    inject faults only when TRAINGUARD_ATTEMPT == A (default: always)
+  --nan-grad-at-step N every rank's gradients become NaN after step N's backward and the
+                       optimizer applies them (no loss scaling): grad_norm NaN at N, the
+                       loss NaN from N+1 on (a bad batch; --fault-attempt applies)
+  --spike-at-step N    every rank's output layer is scaled ×30 before step N: the loss
+                       spikes at N and stays high for a while (--fault-attempt applies)
+  --bit-flip-at-step N flip one bit of a parameter of --fault-rank after step N
+  --report-grad-norm   report each step's gradient norm (``grad_norm``) with the loss
+  --replica-check N    compare the replicas' parameters every N steps (ReplicaCheck)
   --losses-out FILE    append "<step>\\t<loss as float.hex()>" per step (rank r>0: FILE.rank<r>)
   --extra-state-mb M   add an M MiB buffer to the model, for large checkpoints (default 0)
   --pg-timeout S       process-group (collective) timeout in seconds (default 30)
@@ -62,7 +70,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainguard.train import CheckpointManager, TrainState, report_progress, resume
+from trainguard.train import CheckpointManager, ReplicaCheck, TrainState, report_progress, resume
 
 N_SAMPLES = 40
 N_FEATURES = 8
@@ -178,6 +186,43 @@ def train_step(job: Job, net: nn.Module, batch_size: int) -> float:
     return float(loss.detach())
 
 
+def train_step_with_norm(
+    job: Job, net: nn.Module, batch_size: int, nan_grad: bool = False
+) -> tuple[float, float]:
+    """:func:`train_step` that also measures the gradient norm (after unscaling, as
+    frameworks log it). ``nan_grad``: the gradients become NaN and the optimizer applies
+    them without the scaler's check (bf16/fp32 training has none)."""
+    idx = job.sampler.next_batch(batch_size)
+    x, y = job.xs[idx], job.ys[idx]
+    x = x * float(np.random.uniform(0.9, 1.1))
+    x = x + random.gauss(0.0, 0.01)
+    loss = nn.functional.mse_loss(net(x), y)
+    job.optimizer.zero_grad(set_to_none=True)
+    job.scaler.scale(loss).backward()
+    job.scaler.unscale_(job.optimizer)
+    params = [p for p in job.model.parameters() if p.grad is not None]
+    if nan_grad:
+        for p in params:
+            p.grad.fill_(float("nan"))  # type: ignore[union-attr]
+    norm = float(torch.nn.utils.clip_grad_norm_(params, float("inf")))
+    if nan_grad:
+        job.optimizer.step()
+    else:
+        job.scaler.step(job.optimizer)
+    job.scaler.update()
+    job.scheduler.step()
+    return float(loss.detach()), norm
+
+
+def _data_fault(args: argparse.Namespace, at: int | None, step: int) -> bool:
+    """A fault of the data (every rank at once): at its step, on its attempt."""
+    if at != step:
+        return False
+    if args.fault_attempt is None:
+        return True
+    return int(os.environ.get("TRAINGUARD_ATTEMPT", "0") or 0) == args.fault_attempt
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="tiny real training job for trainguard tests")
     p.add_argument("--steps", type=int, required=True)
@@ -201,6 +246,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stop-on-signal", action="store_true")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    p.add_argument("--nan-grad-at-step", type=int, default=None)
+    p.add_argument("--spike-at-step", type=int, default=None)
+    p.add_argument("--bit-flip-at-step", type=int, default=None)
+    p.add_argument("--report-grad-norm", action="store_true")
+    p.add_argument("--replica-check", type=int, default=0)
     return p.parse_args(argv)
 
 
@@ -278,9 +328,28 @@ def main(argv: list[str] | None = None) -> int:
             )
         net.train()
         stopped = None
+        replicas = ReplicaCheck(job.model, every=args.replica_check)
+        with_norm = args.report_grad_norm or args.nan_grad_at_step is not None
         for step in range(start + 1, args.steps + 1):
             _inject(args, step, rank)
-            value = train_step(job, net, args.batch_size)
+            if _data_fault(args, args.spike_at_step, step):
+                print(f"tiny_train: injecting a loss spike at step {step}", file=sys.stderr)
+                with torch.no_grad():
+                    job.model.net[-1].weight.mul_(30.0)  # type: ignore[operator]
+            norm: float | None = None
+            if with_norm:
+                nan_grad = _data_fault(args, args.nan_grad_at_step, step)
+                if nan_grad:
+                    print(f"tiny_train: injecting NaN gradients at step {step}", file=sys.stderr)
+                value, norm = train_step_with_norm(job, net, args.batch_size, nan_grad)
+            else:
+                value = train_step(job, net, args.batch_size)
+            if args.bit_flip_at_step == step and _faults_armed(args, rank):
+                print(f"tiny_train: flipping a bit at step {step} (rank {rank})", file=sys.stderr)
+                with torch.no_grad():
+                    words = job.model.net[0].weight.view(torch.int32)  # type: ignore[operator]
+                    words.view(-1)[3] ^= 1 << 20
+            replicas.check(step)
             # One write per line: under PYTHONUNBUFFERED print() writes the text and the
             # newline separately, and two ranks sharing a pipe then glue their lines.
             sys.stdout.write(f"step={step} loss={value:.6f}\n")
@@ -288,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
             if losses is not None:
                 losses.write(f"{step}\t{value.hex()}\n")
                 losses.flush()
-            report_progress(step, loss=value, lr=job.scheduler.get_last_lr()[0])
+            extra = {} if norm is None else {"grad_norm": norm}
+            report_progress(step, loss=value, lr=job.scheduler.get_last_lr()[0], **extra)
             if args.save_every and step % args.save_every == 0:
                 ckpt.save(step, state, epoch=job.sampler.epoch)
             if args.memory_snapshots:

@@ -205,3 +205,33 @@ def test_wire_findings_default_the_culprit_host_to_the_reporter() -> None:
         "n7",
     )
     assert f.culprit.host == "n7" and f.severity is Severity.ERROR
+
+
+def test_a_nan_loss_in_a_coalesced_stream_becomes_the_attempts_finding(store: Store) -> None:
+    """serve judges training health on arrival, before coalescing drops the middle of a
+    stream; the flush stores the event as a finding of the attempt (0520)."""
+    from trainguard.api.ingest import ProgressPipeline
+    from trainguard.controller.health_watch import HealthWatch
+    from trainguard.store.fleet import FleetStore
+
+    dev = Device(0, "GPU-a", "0000:10:00.0", host="n1")
+    store.devices.register_devices([dev], at=T0)
+    job = store.jobs.create_job(name="j", command=["x"], need=1, at=T0, job_id="job-1")
+    store.jobs.start_attempt(job.id, 0, [dev], at=T0)
+    pipeline = ProgressPipeline(store_progress_sink(store, {}), health=HealthWatch())
+    events = [
+        ProgressEvent(
+            event="progress", step=s, time=T0 + s, rank=0, attempt=0,
+            loss=float("nan") if s == 30 else 1.0 + 0.01 * (s % 3),
+            metrics={"grad_norm": 1.0},
+        )
+        for s in range(1, 60)
+    ]  # fmt: skip
+    assert pipeline.offer("job-1", events, T0 + 60) == len(events)
+    pipeline.flush()
+    rows = FleetStore(store).findings.findings_between(T0, T0 + 100, job_id="job-1")
+    [row] = [r for r in rows if r.get("kind") == "nan_loss"]
+    assert row["attempt"] == 0
+    f = Finding.from_dict(row["finding"])
+    assert f.details["step"] == 30 and f.signature == "nan_loss:loss@step:30"
+    assert store.jobs.get_attempt("job-1", 0).last_step == 59

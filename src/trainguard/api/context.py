@@ -33,6 +33,8 @@ from trainguard.api.ingest import (
 from trainguard.api.metrics import Metrics, StoreCollector
 from trainguard.api.middleware import DEFAULT_MAX_BODY
 from trainguard.api.operations import job_protections, operations_collector
+from trainguard.controller.health_watch import HealthWatch
+from trainguard.diagnose.training_health import health_finding
 from trainguard.model.records import AuditKind, RankReport
 from trainguard.policy.verify import DEFAULT_MAX_RANKS
 from trainguard.store import NotFound, Store
@@ -159,6 +161,7 @@ def store_progress_sink(
     output may run in another process (serve's loop child).
     """
     latest: dict[str, int] = {}
+    fleet = FleetStore(store)
     # The rank views already stored (job, attempt, rank) -> view: written once each.
     views: dict[tuple[str, int, int], RankReport] = {}
 
@@ -224,6 +227,15 @@ def store_progress_sink(
                     if (item.job_id, number) not in reported:
                         store.jobs.note_self_reported(item.job_id, number, at=item.received_at)
                         reported.add((item.job_id, number))
+                    if item.health is not None:
+                        # The attempt's training-health event: the loop fails it (0520).
+                        fleet.findings.add_finding(
+                            health_finding(item.health, item.received_at).to_dict(),
+                            received_at=item.received_at,
+                            host=None,
+                            job_id=item.job_id,
+                            attempt=number,
+                        )
                 except NotFound:
                     count("unknown_attempt")
                 except ValueError:
@@ -340,6 +352,7 @@ def build_context(
             clock=clock,
             is_poison=is_poison,
             on_poison=on_poison,
+            health=HealthWatch(),
         ),
         findings=FindingIngestor(
             store, finding_sink, clock=clock, is_poison=is_poison, on_poison=on_poison

@@ -37,6 +37,7 @@ keeps the reports for the next try, as before.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
@@ -47,6 +48,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from trainguard.api.identity import AuditSink
+from trainguard.controller.health_watch import HealthWatch, report_metrics
+from trainguard.diagnose.training_health import HealthEvent
 from trainguard.model.findings import Culprit, Domain, Finding, Severity
 from trainguard.model.progress import ProgressEvent
 from trainguard.model.records import AuditKind
@@ -169,11 +172,14 @@ class NodeTable:
 
 @dataclass(frozen=True)
 class ProgressItem:
-    """One progress event of one job, stamped with its arrival (server clock)."""
+    """One progress event of one job, stamped with its arrival (server clock); ``health``:
+    the training-health event this report completed (judged on arrival, before
+    coalescing drops the middle of a stream: decision 0520)."""
 
     job_id: str
     received_at: float
     event: ProgressEvent
+    health: HealthEvent | None = None
 
 
 ProgressSink = Callable[[list[ProgressItem]], None]
@@ -187,7 +193,7 @@ def coalesce(items: Sequence[ProgressItem]) -> list[ProgressItem]:
     keep: set[int] = set()
     for i, item in enumerate(items):
         ev = item.event
-        if ev.event != "progress":
+        if ev.event != "progress" or item.health is not None:
             keep.add(i)
             continue
         key = (item.job_id, ev.attempt, ev.rank)
@@ -223,12 +229,14 @@ class ProgressPipeline:
         duty: float = FLUSH_DUTY,
         is_poison: PoisonCheck | None = None,
         on_poison: PoisonHandler = _log_poison,
+        health: HealthWatch | None = None,
     ) -> None:
         if batch_size < 1 or max_pending < 1 or max_pending_per_job < 1:
             raise ValueError("progress buffer sizes must be at least 1")
         if not 0.0 < duty <= 1.0:
             raise ValueError("the flusher's duty must be in (0, 1]")
         self.sink = sink
+        self.health = health  # training-health monitors, fed every accepted report
         self.is_poison = is_poison or poison_check()
         self.on_poison = on_poison
         self.flush_interval = flush_interval
@@ -283,10 +291,21 @@ class ProgressPipeline:
                 return 0
             if queue is None:
                 queue = self._queues[key] = deque()
+            if self.health is not None:
+                items = [self._judged(job_id, item) for item in items]
             queue.extend(items)
             self._count += len(items)
             self.accepted += len(items)
         return len(items)
+
+    def _judged(self, job_id: str, item: ProgressItem) -> ProgressItem:
+        """``item`` with the health event its loss and gradient norm complete, if any."""
+        ev = item.event
+        if self.health is None or ev.event != "progress" or ev.attempt is None:
+            return item
+        loss, grad_norm = report_metrics(ev.loss, ev.metrics)
+        event = self.health.observe(job_id, ev.attempt, ev.rank, ev.step, loss, grad_norm)
+        return item if event is None else dataclasses.replace(item, health=event)
 
     def pending(self) -> int:
         with self._lock:

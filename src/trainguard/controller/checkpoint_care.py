@@ -23,12 +23,17 @@ from dataclasses import dataclass
 
 from trainguard.checkpoints import IN_PROGRESS_REASON, scan, validate
 from trainguard.model.checkpoint import CheckpointInfo
+from trainguard.policy.checkpoint_choice import is_suspect
 
 REJECTED_DIR = ".trainguard-rejected"
 
 
-def select_checkpoints(root: str | None, verify: str = "full") -> tuple[CheckpointInfo, ...]:
-    """The catalog's verdicts, newest first, down to (and including) the first valid one.
+def select_checkpoints(
+    root: str | None, verify: str = "full", event_step: int | None = None
+) -> tuple[CheckpointInfo, ...]:
+    """The catalog's verdicts, newest first, down to (and including) the first valid one
+    (the first valid one not suspect when a training-health event at ``event_step``
+    makes those saved at or after it suspect: ``policy.checkpoint_choice``, 0521).
 
     A quick scan orders the candidates; each is then verified in full, newest
     first, so only the checkpoints that matter are hashed. Everything newer than
@@ -47,7 +52,7 @@ def select_checkpoints(root: str | None, verify: str = "full") -> tuple[Checkpoi
             continue
         full = validate(info.path, verify) if verify != "quick" else info
         out.append(full)
-        if full.valid:
+        if full.valid and not is_suspect(full, event_step):
             break
     return tuple(out)
 

@@ -50,6 +50,7 @@ from trainguard.controller.approval_prompt import approval_prompt
 from trainguard.controller.crash import CrashPoints
 from trainguard.controller.engine.adoption import Adoption
 from trainguard.controller.engine.config import ControlConfig, PassReport
+from trainguard.controller.health_watch import report_metrics
 from trainguard.controller.interrupts import on_interrupt
 from trainguard.controller.lease import holder_alive, process_holder, take_from_dead
 from trainguard.controller.local_options import (
@@ -456,8 +457,10 @@ class LocalDriver:
                 view = None  # kept already: written only when it changes
             else:
                 self._views[(attempt, view.rank)] = view
+        loss, grad_norm = report_metrics(ev.event.loss, ev.event.metrics)
         return ProgressEvidence(self.job_id, attempt, ev.event.step, at=ev.at,
-                                rank=ev.event.rank, job_time=ev.event.time, view=view)  # fmt: skip
+                                rank=ev.event.rank, job_time=ev.event.time, view=view,
+                                loss=loss, grad_norm=grad_norm)  # fmt: skip
 
     def _tell(self, store: Store, job_id: str | None) -> None:
         for event in store.audit.list_audit(after_id=self._audit_cursor):

@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from trainguard.controller.breaker import QUARANTINE_BREAKER
+from trainguard.controller.health_watch import HealthWatch
 from trainguard.controller.lease import LeaseKeeper, default_identity
 from trainguard.controller.lifecycle import Resource, ResourceLifecycle
 from trainguard.controller.policies import (
@@ -42,6 +43,7 @@ from trainguard.controller.repair import export_repair as repair_json
 from trainguard.controller.runtime import DriverRuntime
 from trainguard.controller.sources import EvidenceSource
 from trainguard.diagnose.matcher import get_prefilter
+from trainguard.diagnose.training_health import health_finding
 from trainguard.model.devices import Device, normalize_pci_bus_id
 from trainguard.model.findings import Finding
 from trainguard.model.fleet import (
@@ -108,6 +110,7 @@ class ControlPlane:
         )
         self.lifecycle = ResourceLifecycle(store, self.fleet, clock, self.config)
         self._warmed = False
+        self.health = HealthWatch()  # training-health monitors of reported progress (0520)
         self._keeper = LeaseKeeper(self.reconciler.elector, clock)
 
     @property
@@ -501,13 +504,17 @@ class ControlPlane:
         rank: int | None = None,
         job_time: float | None = None,
         view: RankReport | None = None,
+        loss: float | None = None,
+        grad_norm: float | None = None,
     ) -> None:
         """A progress report (``trainguard.train`` over HTTP): the attempt's last step;
         ``rank``: the rank that reported it (verification expects every rank that
         reported before a failure to report again, 0350); ``job_time``: when the job
         made the step, by its own clock (a step rate batching cannot bend, 0320);
         ``view``: that rank's own view of its devices (the device map, 0322; written
-        each time: pass it only when it changed).
+        each time: pass it only when it changed); ``loss``/``grad_norm``: the step's, for
+        the training-health monitor (a NaN or a spike becomes a finding for the attempt,
+        which fails it and dates the restore point: 0520).
 
         Not audited (hot path). Raises ``NotFound`` for an unknown job/attempt,
         ``ValueError`` for a negative step.
@@ -527,6 +534,9 @@ class ControlPlane:
             self.store.jobs.record_job_step_time(
                 job_id, int(attempt), int(step), time=float(job_time), rank=rank or 0
             )
+        event = self.health.observe(job_id, int(attempt), rank or 0, int(step), loss, grad_norm)
+        if event is not None:
+            self.ingest_finding(health_finding(event, when), job=job_id, attempt=int(attempt))
 
     # --- modes -----------------------------------------------------------------------
 

@@ -57,6 +57,8 @@ class ProgressEvidence:
     rank: int | None = None
     job_time: float | None = None
     view: RankReport | None = None
+    loss: float | None = None  # the step's, for the training-health monitor (0520)
+    grad_norm: float | None = None
 
 
 Evidence = FindingEvidence | ProgressEvidence
@@ -97,6 +99,8 @@ class Recorder(Protocol):
         rank: int | None = None,
         job_time: float | None = None,
         view: RankReport | None = None,
+        loss: float | None = None,
+        grad_norm: float | None = None,
     ) -> Any: ...
 
 
@@ -106,6 +110,13 @@ def record(plane: Recorder, evidence: Evidence) -> None:
     if isinstance(evidence, FindingEvidence):
         plane.ingest_finding(evidence.finding, host=evidence.host)
     else:
+        # The step's loss and gradient norm only when the report had them: a recorder
+        # without a training-health monitor is still one.
+        health = {
+            k: v
+            for k, v in (("loss", evidence.loss), ("grad_norm", evidence.grad_norm))
+            if v is not None
+        }
         plane.ingest_progress(
             evidence.job_id,
             evidence.attempt,
@@ -114,6 +125,7 @@ def record(plane: Recorder, evidence: Evidence) -> None:
             rank=evidence.rank,
             job_time=evidence.job_time,
             view=evidence.view,
+            **health,
         )
 
 

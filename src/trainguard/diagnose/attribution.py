@@ -44,6 +44,7 @@ from trainguard.diagnose.correlate import (
     tier,
 )
 from trainguard.diagnose.detectors import RankView, rank_using
+from trainguard.diagnose.training_health import health_attribution, is_health_finding
 from trainguard.model.devices import Device
 from trainguard.model.findings import (
     Attribution,
@@ -471,10 +472,31 @@ def attempt_failure_reason(attribution: Attribution, trigger: Finding | None = N
     return f"failed: {attribution.summary}"
 
 
+def with_health_event(
+    attribution: Attribution,
+    findings: Sequence[Finding],
+    devices: Sequence[Device],
+    views: Sequence[RankView] = (),
+) -> Attribution:
+    """A training-health event of the attempt (a NaN/Inf loss or gradient norm, a loss
+    spike, a replica mismatch) is its failure's cause, dated at the event's step, unless
+    hardware evidence won: the crash or stop that followed it is its consequence, and the
+    restore point is chosen before it (decision 0520)."""
+    if attribution.domain is Domain.HARDWARE:
+        return attribution
+    health = [f for f in findings if is_health_finding(f)]
+    if not health:
+        return attribution
+    first = min(health, key=lambda f: (int(f.details.get("step", 0)), f.at))
+    culprit = _complete_culprit(first.culprit, devices, views)
+    return health_attribution(health, culprit) or attribution
+
+
 __all__ = [
     "DEFAULT_CORRELATION_WINDOW",
     "attempt_failure_reason",
     "attribute",
     "hardware_reason",
+    "with_health_event",
     "with_link_evidence",
 ]

@@ -101,6 +101,15 @@ class ProgressReading:
     at: float | None = None
     rank: int | None = None
     event: str = ""  # a CHECKPOINT reading's "load" or "save"
+    grad_norm: float | None = None  # a record's ``grad_norm`` (training health, 0520)
+    # A run's summary (Trainer's ``train_runtime`` record): its loss is the mean of the
+    # whole run, no step's, and says nothing of training health.
+    summary: bool = False
+
+    @property
+    def has_health(self) -> bool:
+        """The line carries a step's loss or gradient norm (training health reads it)."""
+        return not self.summary and (self.loss is not None or self.grad_norm is not None)
 
     @property
     def is_step(self) -> bool:
@@ -202,6 +211,7 @@ def _from_record(record: dict[str, Any], form: str) -> ProgressReading | None:
         named.setdefault(_key_name(str(key)), value)
     epoch = _as_float(named.get("epoch"))
     loss = next((_as_float(named[k]) for k in _LOSS_KEYS if k in named), None)
+    grad_norm = _as_float(named.get("grad_norm"))
     for key in _STEP_KEYS:
         step = _as_int(named.get(key))
         if step is not None:
@@ -215,9 +225,17 @@ def _from_record(record: dict[str, Any], form: str) -> ProgressReading | None:
                 loss=loss,
                 at=_job_time(named) if timed else None,
                 rank=_as_int(named.get("rank")) if timed else None,
+                grad_norm=grad_norm,
             )
     if any(k in named for k in _LOG_KEYS):
-        return ProgressReading(ProgressKind.LIVENESS, form, epoch=epoch, loss=loss)
+        return ProgressReading(
+            ProgressKind.LIVENESS,
+            form,
+            epoch=epoch,
+            loss=loss,
+            grad_norm=grad_norm,
+            summary="train_runtime" in named,
+        )
     return None
 
 
@@ -561,6 +579,8 @@ def _as_liveness(reading: ProgressReading) -> ProgressReading:
         epoch=reading.epoch,
         loss=reading.loss,
         label=reading.label,
+        grad_norm=reading.grad_norm,
+        summary=reading.summary,
     )
 
 

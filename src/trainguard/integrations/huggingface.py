@@ -10,8 +10,10 @@
 
 Every rank reports ``state.global_step`` after each optimizer step (``on_step_end``);
 when the Trainer logs (``on_log``, every ``logging_steps``) the same step is
-reported again with the logged loss, which the Trainer has already turned into a
-Python number. Nothing else: no I/O, no collective, no device sync.
+reported again with the logged loss and gradient norm, which the Trainer has already
+turned into Python numbers (the supervisor's training-health monitor reads both: a NaN
+or a spike rolls the job back to a checkpoint before it, decision 0520). Nothing else:
+no I/O, no collective, no device sync.
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ class TrainguardCallback(_TrainerCallback):
     ) -> None:
         if not logs or "loss" not in logs or state.global_step <= 0:
             return
-        report_progress(int(state.global_step), loss=cheap_loss(logs["loss"]))
+        grad_norm = cheap_loss(logs.get("grad_norm"))
+        extra = {} if grad_norm is None else {"grad_norm": grad_norm}
+        report_progress(int(state.global_step), loss=cheap_loss(logs["loss"]), **extra)
 
 
 __all__ = ["TrainguardCallback"]

@@ -12,14 +12,19 @@ The rules, in the order they are applied (docs/run.md, decision 0050):
    culprit failed that way before (``isolate_network_after``, decision 0110).
    Nothing already out of service, and nothing in ``snapshot.isolated`` (done
    for this incident already), is quarantined again (decision 0111).
-   Application errors, out-of-memory and hangs never quarantine.
+   A replica checksum mismatch names its device as suspect; the same device named
+   again by one (``REPLICA_QUARANTINE_AFTER``) is quarantined (decision 0522).
+   Application errors, training-health events, out-of-memory and hangs never
+   quarantine.
 2. **Out of memory.** Retry once with
    ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (the fragmentation
    case) when the attempt did not already run with it; otherwise stop with
    advice. (Checked before the futile rule, which would stop at once.)
 3. **Futile retry.** The same application-error signature ``futile_after``
    times in a row (this failure included) stops the job: retrying would fail
-   the same way and only burn the budget.
+   the same way and only burn the budget. A training-health event's signature
+   carries its step: the same NaN or spike at the same step again, replayed from
+   a checkpoint before it, is the job's or its data's, never a GPU's (0520).
 4. **Budget.** At most ``max_restarts`` restarts; exponential backoff between
    them (the first restart is immediate: the cause has just been isolated).
 5. **Capacity.** The next attempt gets ``need`` schedulable devices, keeping the
@@ -31,7 +36,11 @@ The rules, in the order they are applied (docs/run.md, decision 0050):
    of a bad device is replaced by a whole spare host (decision 0112).
 6. **Checkpoint.** Restart from the newest *valid* checkpoint in the catalog's
    list; every invalid one newer than it is listed in ``skipped_checkpoints``
-   with the catalog's reason. No valid checkpoint: start fresh, and say so.
+   with the catalog's reason. After a training-health event (NaN/Inf loss or
+   gradient norm, loss spike, replica mismatch) the newest valid one saved
+   *before* the event's step; those saved at or after it are listed as suspect
+   (``policy.checkpoint_choice.select_checkpoint``, 0521). No valid checkpoint:
+   start fresh, and say so.
 7. **Observe mode** produces exactly the same Plan, marked ``observe``; the
    controller records it and acts on nothing.
 
@@ -44,6 +53,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from trainguard.diagnose.training_health import REPLICA_MISMATCH, event_step
 from trainguard.model.checkpoint import CheckpointInfo
 from trainguard.model.devices import Device, normalize_pci_bus_id
 from trainguard.model.findings import Attribution, Culprit, Domain, IncidentKind
@@ -58,6 +68,7 @@ from trainguard.model.plan import (
     Stop,
     WaitForCapacity,
 )
+from trainguard.policy.checkpoint_choice import select_checkpoint
 
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 EXPANDABLE = "expandable_segments:True"
@@ -69,6 +80,8 @@ OOM_ADVICE = (
 # The finding kind of network evidence that names a link or NIC (docs/signatures.md):
 # strong enough to isolate the host on a first occurrence (decision 0110).
 NETWORK_EVIDENCE_KIND = "network_error"
+# Replica mismatches naming one device before it is quarantined (decision 0522).
+REPLICA_QUARANTINE_AFTER = 2
 # Domains whose failures are the job's own doing: retrying the same failure is futile.
 _FUTILE_DOMAINS = frozenset({Domain.APPLICATION, Domain.USER_CONFIG})
 # HealthState.schedulable as a set: membership is several times cheaper than the
@@ -235,6 +248,9 @@ def _isolation_targets(
     def add(kind: str, rid: str, reason: str, why: str) -> None:
         found.setdefault((kind, rid), _Target(kind, rid, reason, why))
 
+    replica = _replica_target(snapshot, by_uuid, by_pci, notes)
+    if replica is not None:
+        found.setdefault((replica.kind, replica.rid), replica)
     if strong_network or attribution.domain is not Domain.NETWORK:
         return list(found.values())
 
@@ -266,16 +282,49 @@ def _isolation_targets(
     return list(found.values())
 
 
-def _select_checkpoint(
-    checkpoints: tuple[CheckpointInfo, ...],
-) -> tuple[CheckpointInfo | None, tuple[CheckpointInfo, ...]]:
-    """The newest valid checkpoint and the invalid ones newer than it (newest first)."""
-    skipped: list[CheckpointInfo] = []
-    for info in checkpoints:
-        if info.valid:
-            return info, tuple(skipped)
-        skipped.append(info)
-    return None, tuple(skipped)
+def _replica_target(
+    snapshot: RecoverySnapshot,
+    by_uuid: dict[str, DeviceStatus],
+    by_pci: dict[str, DeviceStatus],
+    notes: list[str],
+) -> _Target | None:
+    """A replica whose parameters disagreed with its peers' (a bit flip, silent data
+    corruption) names its device as *suspect* only: one occurrence may be a transient
+    upset. The same device named by a replica mismatch again in the job's history
+    (``REPLICA_QUARANTINE_AFTER`` occurrences) is quarantined (decision 0522)."""
+    attribution = snapshot.attribution
+    if not (attribution.signature or "").startswith(REPLICA_MISMATCH + ":"):
+        return None
+    current = _culprit_resource(attribution.culprit, by_uuid, by_pci)
+    if current[0] is None:
+        notes.append("replica checksum mismatch without a device for its rank: nothing to isolate")
+        return None
+    repeats = 1
+    for prior in snapshot.history:
+        if prior.attempt == snapshot.attempt or not (prior.signature or "").startswith(
+            REPLICA_MISMATCH + ":"
+        ):
+            continue
+        if prior.signature == attribution.signature:
+            # The same first suspect step again, replayed from before it: deterministic,
+            # the job's (a code path that differs per rank), not a flipped bit.
+            notes.append("replica checksum mismatch at the same step again: not a GPU")
+            return None
+        if _same_culprit(current, _culprit_resource(prior.culprit, by_uuid, by_pci)):
+            repeats += 1
+    if repeats < REPLICA_QUARANTINE_AFTER:
+        notes.append(
+            f"replica checksum mismatch names device {current[0]}: suspect, not quarantined on "
+            f"occurrence {repeats} of {REPLICA_QUARANTINE_AFTER} (the same device again "
+            "quarantines it)"
+        )
+        return None
+    return _Target(
+        "device",
+        current[0],
+        f"{attribution.summary} (the same device in {repeats} replica mismatches)",
+        f"replica checksum mismatches keep naming device {current[0]}",
+    )
 
 
 def _consecutive_same_signature(snapshot: RecoverySnapshot, signature: str) -> int:
@@ -481,11 +530,29 @@ def decide(snapshot: RecoverySnapshot) -> Plan:
         )
 
     # 3. Futile retry: the job's own error, the same way again.
+    bad_step = event_step(attribution.findings)
     signature = attribution.signature
     futile_kind = attribution.kind is not IncidentKind.OOM
-    if futile_kind and attribution.domain in _FUTILE_DOMAINS and signature:
+    futile_domain = attribution.domain in _FUTILE_DOMAINS or bad_step is not None
+    if futile_kind and futile_domain and signature:
         repeats = _consecutive_same_signature(snapshot, signature)
         if repeats >= max(policy.futile_after, 1):
+            if bad_step is not None:
+                # A health event is dated by its step: the same one again at the same
+                # step after a restore replayed the run is the job's or its data's (0520).
+                return finish(
+                    Stop(
+                        reason=(
+                            f"futile retry: the same training-health event ({signature}) "
+                            f"{repeats} times in a row at step {bad_step}, replayed from a "
+                            "checkpoint before it: an application or data problem, not a GPU"
+                        ),
+                        advice="look at the data and the step's inputs (learning rate, "
+                        "batch) at that step, fix them, then run again",
+                    ),
+                    "same training-health event at the same step as the previous attempt: "
+                    "stop, no quarantine",
+                )
             return finish(
                 Stop(
                     reason=(
@@ -573,14 +640,20 @@ def decide(snapshot: RecoverySnapshot) -> Plan:
             if replaced:
                 reasons.append(f"replacement device(s): {', '.join(replaced)}")
 
-    # 6. The newest valid checkpoint.
-    checkpoint, skipped = _select_checkpoint(snapshot.checkpoints)
+    # 6. The newest valid checkpoint; after a training-health event, the newest valid
+    # one saved before it (policy.checkpoint_choice, 0521).
+    checkpoint, skipped = select_checkpoint(snapshot.checkpoints, bad_step)
     for info in skipped:
         reasons.append(f"skipped checkpoint {info.path}: {info.reason or 'invalid'}")
+    pre_event = "" if bad_step is None else f", the newest from before step {bad_step}"
     if checkpoint is None:
-        reasons.append("no valid checkpoint: the job restarts from the beginning")
+        reasons.append(
+            "no valid checkpoint"
+            + ("" if bad_step is None else f" from before step {bad_step}")
+            + ": the job restarts from the beginning"
+        )
     else:
-        reasons.append(f"restore checkpoint {checkpoint.path} (step {checkpoint.step})")
+        reasons.append(f"restore checkpoint {checkpoint.path} (step {checkpoint.step}{pre_event})")
 
     delay = backoff_seconds(
         snapshot.restarts_used, policy.backoff_base_seconds, policy.backoff_max_seconds

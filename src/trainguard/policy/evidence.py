@@ -8,6 +8,9 @@ other adapter) waited for the job to crash or hang on it. Now all three ask
 
 * a **fatal hardware** fault on one of the attempt's own devices, or a **fatal node**
   fault on one of its hosts: recover now (``RECOVER``);
+* a **training-health event** recorded for the attempt itself (a NaN/Inf loss or
+  gradient norm, a loss spike, a replica mismatch: decision 0520): recover now, from
+  a checkpoint before it (``RECOVER``);
 * any other finding on one of its devices: evidence for the attribution (``EVIDENCE``);
 * a fatal hardware fault on a device the attempt does not hold: that card is broken
   and idle, keep it out of future plans (``QUARANTINE_IDLE``; the caller knows
@@ -20,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from enum import StrEnum
 
+from trainguard.diagnose.training_health import is_health_finding
 from trainguard.model.findings import Domain, Finding, Severity
 
 
@@ -37,10 +41,14 @@ def route_finding(
     attempt_hosts: Collection[str] = (),
     device_uuid: str | None = None,
     host: str | None = None,
+    own: bool = False,
 ) -> Route:
     """Where ``finding`` goes for an attempt holding ``attempt_devices`` (uuids) on
     ``attempt_hosts``. ``device_uuid``/``host``: what the store resolved the finding
-    to (a PCI bus id on a host), else the culprit's own."""
+    to (a PCI bus id on a host), else the culprit's own. ``own``: it was recorded for
+    this attempt (its job and attempt number)."""
+    if own and is_health_finding(finding):
+        return Route.RECOVER
     uuid = device_uuid or finding.culprit.device_uuid
     where = host or finding.culprit.host
     fatal = finding.severity is Severity.FATAL

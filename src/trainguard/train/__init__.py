@@ -31,12 +31,14 @@ from trainguard.train.progress import report_progress, should_stop
 
 if TYPE_CHECKING:
     from trainguard.train.manager import CheckpointManager, CheckpointWriteError, SaveResult
+    from trainguard.train.replicas import ReplicaCheck
     from trainguard.train.restore import ResumeResult, resume
     from trainguard.train.state import Stateful, TrainState
 
 __all__ = [
     "CheckpointManager",
     "CheckpointWriteError",
+    "ReplicaCheck",
     "ResumeError",
     "ResumeResult",
     "SaveResult",
@@ -52,6 +54,7 @@ _LAZY = {
     "CheckpointManager": "trainguard.train.manager",
     "CheckpointWriteError": "trainguard.train.manager",
     "SaveResult": "trainguard.train.manager",
+    "ReplicaCheck": "trainguard.train.replicas",
     "ResumeResult": "trainguard.train.restore",
     "resume": "trainguard.train.restore",
     "Stateful": "trainguard.train.state",

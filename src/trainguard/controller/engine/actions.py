@@ -15,6 +15,7 @@ from trainguard.controller.checkpoint_care import move_aside, select_checkpoints
 from trainguard.controller.engine.context import PassContext
 from trainguard.controller.engine.core import Part
 from trainguard.controller.repair import open_quarantine_repair
+from trainguard.diagnose.training_health import event_step
 from trainguard.model.checkpoint import RESUME_DIGEST_ENV, CheckpointInfo
 from trainguard.model.fleet import ActionRecord, ActionState, FleetJob
 from trainguard.model.health import HealthState
@@ -444,7 +445,12 @@ class ActionRunner(Part):
             # while a dead node was awaited): the job restores its newest valid checkpoint,
             # and the rule says which one that is (policy.checkpoint_choice, 0433).
             newest = next((c for c in select_checkpoints(job_dir, verify="full") if c.valid), None)
-            restore = restore_point(ckpt, withheld=True, newest=newest)
+            restore = restore_point(
+                ckpt,
+                withheld=True,
+                newest=newest,
+                event_step=event_step(inc.as_attribution().findings),
+            )
         resume, ckpt_step = restore.path, restore.step
 
         def effects() -> None:

@@ -178,8 +178,12 @@ class EngineCore:
             modes = {m.scope.key: m.mode for m in self.fleet.policies.list_scope_modes()}
         return resolve_mode(modes, fj.job_id, fj.partition, self.config.default_mode)
 
-    def checkpoints(self, job: JobRecord) -> tuple[CheckpointInfo, ...]:
-        return select_checkpoints(job.checkpoint_dir, "full")
+    def checkpoints(
+        self, job: JobRecord, event_step: int | None = None
+    ) -> tuple[CheckpointInfo, ...]:
+        """The job's checkpoints, newest first, down to the one a restart restores
+        (before ``event_step``, a training-health event's, when there was one)."""
+        return select_checkpoints(job.checkpoint_dir, "full", event_step)
 
     def failures(self, job_id: str, before_incident: int) -> list[PriorFailure]:
         """The job's failures before incident ``before_incident``, one per failure (0360)."""

@@ -21,7 +21,7 @@ from trainguard.controller.engine.config import (
     _OutputState,
 )
 from trainguard.controller.engine.core import EngineCore, Part
-from trainguard.diagnose.attribution import attribute, with_link_evidence
+from trainguard.diagnose.attribution import attribute, with_health_event, with_link_evidence
 from trainguard.diagnose.detectors import (
     ProcessExit,
     ProgressLineParser,
@@ -36,12 +36,19 @@ from trainguard.diagnose.device_map import (
     torchrun_world_size,
 )
 from trainguard.diagnose.signatures import Classifier
+from trainguard.diagnose.training_health import (
+    HealthEvent,
+    LineHealth,
+    health_finding,
+    replica_event,
+)
 from trainguard.model.devices import normalize_pci_bus_id
 from trainguard.model.files import open_regular
 from trainguard.model.findings import Attribution, Culprit, Domain, Finding, Severity
 from trainguard.model.health import HealthState
 from trainguard.model.plan import DeviceStatus
 from trainguard.model.records import AttemptRecord, AuditKind, JobRecord
+from trainguard.model.replica import read_replica_line
 from trainguard.policy.decide import evidence_resources
 from trainguard.policy.evidence import Route, route_finding
 from trainguard.policy.verify import no_step_signal_warning, rank_limit
@@ -87,6 +94,9 @@ class EvidenceFollower(Part):
         # traits.shared_output: what the file began with when an attempt's output was
         # seeded (a truncation on requeue changes it).
         self._heads: dict[tuple[str, int], bytes] = {}
+        # Training health read from each attempt's output (a loss, a gradient norm, a
+        # replica checksum line): its first event becomes its finding (0520, 0522).
+        self._health: dict[tuple[str, int], LineHealth] = {}
 
     def follow_output(self, job_id: str, att: AttemptRecord, oj: ObservedJob, now: float) -> None:
         """Progress lines (``step=N``) in the attempt's output become attempt progress."""
@@ -147,7 +157,7 @@ class EvidenceFollower(Part):
         data = state.partial + chunk
         # Progress bars redraw with \r: split there too, or a bar's steps wait for its \n.
         lines, state.partial = split_lines(data)
-        steps = []
+        steps: list[int] = []
         timed: list[tuple[int, float, int]] = []  # (step, the job's time, rank)
         ranks: set[int] = set()  # ranks that named themselves on a step, as run counts them
         # A job that reports its steps itself: its output's "step 8" is a message's
@@ -157,14 +167,28 @@ class EvidenceFollower(Part):
         reported = self.store.jobs.is_self_reported(job_id, att.number)
         job_lines = 0
         alive_lines = 0  # liveness readings (a bar, a logged loss): run's count (0393)
+        health = self._health.setdefault((job_id, att.number), LineHealth())
         for raw in lines:
             text = raw.decode("utf-8", "replace")
+            if health.event is None:
+                replica = read_replica_line(text)
+                if replica is not None:
+                    self._health_event(job_id, att, health, replica_event(replica), now)
             if is_annotation(text) or is_train_message(text):
                 continue
             job_lines += bool(text.strip())  # a blank line says nothing (run's rule)
             if reported:
                 continue
             reading = self._progress.read(text)
+            if reading is not None and health.event is None and reading.has_health:
+                # A loss logged without a step (Trainer's dict) is the latest step's.
+                step = (
+                    reading.step if reading.step is not None else max(steps or [att.last_step or 0])
+                )
+                rank = reading.rank if reading.rank is not None else rank_prefix(text)
+                event = health.observe(rank or 0, step, reading.loss, reading.grad_norm)
+                if event is not None:
+                    self._health_event(job_id, att, health, event, now)
             if reading is not None and reading.is_liveness:
                 alive_lines += 1
             if reading is None or not reading.is_step or reading.step is None:
@@ -211,6 +235,17 @@ class EvidenceFollower(Part):
         for rank, first_last in ends.items():
             for step, at in dict.fromkeys(first_last):
                 self.store.jobs.record_job_step_time(job_id, att.number, step, time=at, rank=rank)
+
+    def _health_event(
+        self, job_id: str, att: AttemptRecord, health: LineHealth, event: HealthEvent, now: float
+    ) -> None:
+        """An attempt's first health event in its output, kept as its finding: the next
+        pass reads it and fails the attempt (policy.evidence, 0520)."""
+        health.event = event
+        f = health_finding(event, now, source="output")
+        self.fleet.findings.add_finding(
+            f.to_dict(), received_at=now, host=None, job_id=job_id, attempt=att.number
+        )
 
     def _warn_no_step_signal(
         self, job_id: str, att: AttemptRecord, first_at: float | None, now: float
@@ -357,7 +392,8 @@ class EvidenceFollower(Part):
         rows: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[Finding]:
         """Findings since the attempt started that fail it now (``Route.RECOVER``):
-        fatal hardware faults on its GPUs, fatal node faults on its hosts; oldest first.
+        fatal hardware faults on its GPUs, fatal node faults on its hosts, its own
+        training-health events; oldest first.
         ``rows``: judge these stored findings instead of reading the attempt's."""
         uuids = {d.uuid for d in att.devices}
         host_of = {d.uuid: d.host for d in att.devices}
@@ -394,6 +430,7 @@ class EvidenceFollower(Part):
                 attempt_hosts=hosts,
                 device_uuid=uuid,
                 host=host,
+                own=row.get("job_id") == job_id and row.get("attempt") == att.number,
             )
             if route is Route.RECOVER:
                 out.append(f)
@@ -520,7 +557,9 @@ class EvidenceFollower(Part):
             reported_views(att.rank_reports, devices),
             rank_views(devices, torchrun_world_size(job.command)),
         )
-        attribution = attribute(findings, devices, failed_at, window, views)
+        attribution = with_health_event(
+            attribute(findings, devices, failed_at, window, views), findings, devices, views
+        )
         # Link/NIC evidence isolates its host whatever won the attribution, as in run (0353).
         return with_link_evidence(attribution, findings, failed_at, window)
 

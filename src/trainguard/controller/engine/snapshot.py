@@ -19,6 +19,7 @@ from trainguard.controller.engine.context import PassContext
 from trainguard.controller.engine.core import EngineCore, Part
 from trainguard.controller.engine.evidence import EvidenceFollower
 from trainguard.diagnose.device_map import torchrun_world_size
+from trainguard.diagnose.training_health import event_step
 from trainguard.model.fleet import ActionState, ApprovalState, FleetJob, action_key
 from trainguard.model.plan import ActionKind, Mode, Quarantine, RecoverySnapshot, action_kind
 from trainguard.model.records import (
@@ -112,7 +113,7 @@ class SnapshotBuilder(Part):
             attribution=attribution,
             devices=devices,
             assigned=failed_rec.device_uuids if failed_rec else (),
-            checkpoints=self.core.checkpoints(job),
+            checkpoints=self.core.checkpoints(job, event_step(attribution.findings)),
             history=tuple(history),
             isolated=isolated,
             env=self._launch_env(inc, failed_attempt),
