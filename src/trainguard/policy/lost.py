@@ -12,13 +12,30 @@ attempts of ``max(0, reached_i - restored_{i+1})``:
 * a restore of ``None`` is a start from the beginning (step 0).
 
 The incident's ``failed_step`` stays the first failure's step: where the incident
-began. Pure: no I/O, no clock.
+began.
+
+That count starts from the last step each failed attempt *showed*; a job that logs
+every N steps (torchtitan every 10) made more than it showed. :func:`lost_work` says
+the loss as what is known (decision 0530), one typed value for every reader (the
+report, its JSON, the recovered note):
+
+* **exact**: every failed attempt failed within one step of its last step seen
+  (``floor(rate x (failed_at - last_step_at)) == 0``);
+* **estimate** (``≈``): the steps after the last one seen, ``floor(rate x gap)``
+  per failed attempt from its last progress time and its step rate, added;
+* **lower bound** (``≥``): for some failed attempt that cannot be timed: no step rate,
+  no time of its last step or failure, or a hang (its fault time *is* its last
+  progress: how many unshown steps it made before it stopped is not measurable).
+
+Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 from trainguard.model.plan import ActionKind
 from trainguard.model.records import AttemptRecord, IncidentRecord
@@ -99,4 +116,82 @@ def incident_segments(
     return segments
 
 
-__all__ = ["Segment", "furthest_reached", "incident_segments", "lost_restored_at", "lost_steps"]
+class LostBound(StrEnum):
+    """What a lost-work figure is: the count itself, an estimate, or at least it."""
+
+    EXACT = "exact"
+    ESTIMATE = "estimate"
+    LOWER_BOUND = "lower_bound"
+    UNKNOWN = "unknown"  # no failed attempt showed a step
+
+
+_SIGN = {LostBound.EXACT: "", LostBound.ESTIMATE: "≈ ", LostBound.LOWER_BOUND: "≥ "}
+
+
+@dataclass(frozen=True)
+class Unshown:
+    """One failed attempt, as far as its steps after the last one seen can be timed."""
+
+    rate: float | None  # its steps per second before it failed
+    last_step_at: float | None  # when its last step was seen
+    failed_at: float | None  # when it failed
+    hang: bool = False  # it stopped making progress: its failure time is its last progress
+
+
+def unshown_steps(u: Unshown) -> int | None:
+    """Steps the attempt made after the last one it showed; ``None``: not measurable."""
+    if u.hang or u.rate is None or u.rate <= 0 or u.last_step_at is None or u.failed_at is None:
+        return None
+    return math.floor(u.rate * max(0.0, u.failed_at - u.last_step_at))
+
+
+@dataclass(frozen=True)
+class LostWork:
+    """An incident's lost work as what is known (decision 0530)."""
+
+    steps: int | None  # the figure: exact, estimated, or the least it was; None: unknown
+    bound: LostBound
+    counted: int | None  # counted from the last step each failed attempt showed
+
+    @property
+    def said(self) -> str:
+        """The figure with its bound, as people read it: ``7``, ``≈ 7``, ``≥ 0``."""
+        if self.steps is None:
+            return "unknown"
+        return f"{_SIGN[self.bound]}{self.steps}"
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "steps": self.steps,
+            "bound": self.bound.value,
+            "counted_steps": self.counted,
+            "said": self.said,
+        }
+
+
+def lost_work(counted: int | None, failures: Sequence[Unshown]) -> LostWork:
+    """The lost work of an incident whose steps counted from the last step shown are
+    ``counted`` (:func:`lost_steps`), and whose failed attempts were ``failures``."""
+    if counted is None:
+        return LostWork(None, LostBound.UNKNOWN, None)
+    unshown = [unshown_steps(u) for u in failures]
+    if not failures or any(n is None for n in unshown):
+        return LostWork(counted, LostBound.LOWER_BOUND, counted)
+    extra = sum(n or 0 for n in unshown)
+    if extra == 0:
+        return LostWork(counted, LostBound.EXACT, counted)
+    return LostWork(counted + extra, LostBound.ESTIMATE, counted)
+
+
+__all__ = [
+    "LostBound",
+    "LostWork",
+    "Segment",
+    "Unshown",
+    "furthest_reached",
+    "incident_segments",
+    "lost_restored_at",
+    "lost_steps",
+    "lost_work",
+    "unshown_steps",
+]

@@ -7,6 +7,11 @@ How the figures are computed (also in ``docs/store.md``):
 * **lost work, steps**: the incident's ``lost_steps`` (``failed_step`` minus the
   restored ``checkpoint_step``; when a restart failed too, each failed attempt's
   reached step minus the next restore, summed: policy/lost.py, 0370).
+* **lost work, bound** (decision 0530, policy/lost.py ``lost_work``): the count above
+  starts at the last step each failed attempt showed; ``lost_work.steps`` adds the
+  steps made after it, ``floor(rate x (failed_at - last step's time))``, and says what
+  the figure is: ``exact``, ``estimate`` (``≈``) or ``lower_bound`` (``≥``: a hang, or
+  no rate or time to estimate with); ``counted_steps`` is the count itself.
 * **lost work, seconds**: lost steps divided by the pre-failure step rate, the
   failed attempt's (last step - first step) / (time of last step - time of first
   step); when that attempt has no measurable rate, the newest earlier attempt
@@ -30,6 +35,7 @@ from trainguard.model.devices import Device
 from trainguard.model.findings import Domain, IncidentKind
 from trainguard.model.records import AttemptRecord, AttemptState, IncidentRecord, iso_utc
 from trainguard.model.text import visible
+from trainguard.policy.lost import LostWork, Unshown, lost_work
 from trainguard.store.core import NotFound, Store
 from trainguard.store.fleet import FleetStore
 
@@ -97,6 +103,27 @@ def _step_rate(failed: AttemptRecord | None, attempts: list[AttemptRecord]) -> f
     return None
 
 
+def _lost_work(
+    inc: IncidentRecord,
+    attempts: list[AttemptRecord],
+    failures: list[dict[str, Any]],
+    baseline: float | None,
+) -> LostWork:
+    """The incident's lost work as what is known (policy.lost.lost_work, 0530): each
+    failed attempt timed from its last step seen to its failure, at its own rate."""
+    by_number = {a.number: a for a in attempts}
+    unshown = []
+    for f in failures:
+        att = by_number[f["attempt"]]
+        first = att.number == inc.attempt
+        # A hang's failure is when its progress stopped: the first failure's fault time,
+        # and, for a restart that hung, the detector's "no progress" verdict.
+        hang = inc.kind is IncidentKind.HANG if first else "no progress" in (att.reason or "")
+        failed_at = inc.fault_at if first and inc.fault_at is not None else att.ended_at
+        unshown.append(Unshown(att.step_rate or baseline, att.last_step_at, failed_at, hang))
+    return lost_work(inc.lost_steps, unshown)
+
+
 def build_report(store: Store, incident_id: int) -> dict[str, Any]:
     """The post-incident record as a JSON-able dict (``trainguard report ID --json``).
 
@@ -157,7 +184,8 @@ def build_report(store: Store, incident_id: int) -> dict[str, Any]:
         or (a in restarts and a.number != recovery_number and a.state is AttemptState.FAILED)
     ]
     rate = _step_rate(failed, attempts)
-    lost_seconds = round(inc.lost_steps / rate, 3) if inc.lost_steps is not None and rate else None
+    lost = _lost_work(inc, attempts, failures, rate)
+    lost_seconds = round(lost.steps / rate, 3) if lost.steps is not None and rate else None
     origin = inc.fault_at if inc.fault_at is not None else inc.detected_at
     culprit = inc.culprit.to_dict()
     return {
@@ -187,7 +215,7 @@ def build_report(store: Store, incident_id: int) -> dict[str, Any]:
         "failed_step": inc.failed_step,
         "failures": failures,
         "lost_work": {
-            "steps": inc.lost_steps,
+            **lost.to_json(),
             "seconds": lost_seconds,
             "step_rate": None if rate is None else round(rate, 4),
         },
@@ -352,7 +380,14 @@ def _header(r: dict[str, Any]) -> list[str]:
         f"(job total {r['job_restarts']}){recovered}"
     )
     lw = r["lost_work"]
-    lost = "unknown" if lw["steps"] is None else f"{lw['steps']} step(s)"
+    lost = "unknown" if lw["steps"] is None else f"{lw.get('said', lw['steps'])} step(s)"
+    if lw.get("bound") == "estimate":
+        lost += (
+            f" ({lw['counted_steps']} counted from the last step seen, the rest estimated "
+            "from its time and the step rate)"
+        )
+    elif lw.get("bound") == "lower_bound":
+        lost += " (counted from the last step seen; the steps after it could not be timed)"
     if lw["seconds"] is not None:
         lost += f", about {lw['seconds']:.1f} s at {lw['step_rate']:g} steps/s"
     out.append(f"  lost work: {lost}")
