@@ -172,7 +172,14 @@ def test_incidents_table(state: str) -> None:
 def test_report_json(state: str) -> None:
     r = cli_json("report", "1", "--state", state)
     assert r["outcome"] == "recovered"
-    assert r["checkpoint"] == {"path": "/ckpt/step_00000040", "step": 40}
+    assert r["checkpoint"] == {
+        "path": "/ckpt/step_00000040",
+        "step": 40,
+        "epoch": None,
+        "said": "from step 40",
+    }
+    assert r["resumed_step"] is None and r["warnings"] == [] and r["set_aside"] == []
+    assert r["verification"]["verdict"] is None  # no verified note in this record
     assert r["lost_work"] == {
         "steps": 5,
         "bound": "exact",

@@ -58,6 +58,7 @@ from trainguard.model.plan import (
     Stop,
     WaitForCapacity,
 )
+from trainguard.policy.checkpoint_choice import planned_restore
 
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 EXPANDABLE = "expandable_segments:True"
@@ -264,6 +265,14 @@ def _isolation_targets(
         assert current[1] is not None
         add("node", current[1], why, f"network failures keep naming host {current[1]}")
     return list(found.values())
+
+
+def _restore_said(checkpoint: CheckpointInfo) -> str:
+    """What the restore counts, as every record says it (policy.checkpoint_choice)."""
+    point = planned_restore(checkpoint)
+    if point.step is not None:
+        return f"step {point.step}"
+    return f"epoch {point.epoch}" if point.epoch is not None else "step not known"
 
 
 def _select_checkpoint(
@@ -580,7 +589,7 @@ def decide(snapshot: RecoverySnapshot) -> Plan:
     if checkpoint is None:
         reasons.append("no valid checkpoint: the job restarts from the beginning")
     else:
-        reasons.append(f"restore checkpoint {checkpoint.path} (step {checkpoint.step})")
+        reasons.append(f"restore checkpoint {checkpoint.path} ({_restore_said(checkpoint)})")
 
     delay = backoff_seconds(
         snapshot.restarts_used, policy.backoff_base_seconds, policy.backoff_max_seconds

@@ -182,6 +182,14 @@ class RestartObservation:
     failed_step: int | None = None
 
 
+class VerifyMethod(StrEnum):
+    """How a restart was verified: the ``method`` of a verdict's details (0532)."""
+
+    STEPS = "steps"  # steps after the restart, from the restored one, over the window
+    LIVENESS = "liveness"  # no step signal: output or checkpoints over the window
+    COMPLETED = "completed"  # every rank exited 0 inside the window
+
+
 @dataclass(frozen=True)
 class Verification:
     verdict: Verdict
@@ -321,6 +329,7 @@ def verify_restart(o: RestartObservation, rules: VerifyRules = VerifyRules()) ->
             resumed_below=below,
             resumed_from=resumed_from,
             from_memory=memory,
+            details={"method": VerifyMethod.COMPLETED.value, "resumed_from": resumed_from},
         )
     window = rules.window_seconds
     if o.first_step is None or o.first_at is None:
@@ -347,6 +356,13 @@ def verify_restart(o: RestartObservation, rules: VerifyRules = VerifyRules()) ->
             resumed_from=resumed_from,
             by_liveness=True,
             from_memory=memory,
+            details={
+                "method": VerifyMethod.LIVENESS.value,
+                "liveness": o.alive_evidence or "alive",
+                "seconds": round(o.alive_until - o.alive_from, 3),
+                "saved_steps": sorted(o.saved_steps),
+                "rate_unchecked": "no step signal",
+            },
         )
     last_step = o.last_step if o.last_step is not None else o.first_step
     last_at = o.last_at if o.last_at is not None else o.first_at
@@ -396,6 +412,7 @@ def verify_restart(o: RestartObservation, rules: VerifyRules = VerifyRules()) ->
     if below:
         parts.append(f"resumed below the offered checkpoint ({where}, offered {o.restored_step})")
     details: dict[str, Any] = {
+        "method": VerifyMethod.STEPS.value,
         "first_step": o.first_step,
         "last_step": last_step,
         "rate": None if o.rate is None else round(o.rate, 4),
@@ -515,6 +532,9 @@ class Accounting:
     resumed_on_its_own: bool  # the job restored a state of its own, not what was offered
     warning: str | None  # resumed below the offered checkpoint: what to tell the user
     note: str | None
+    # The job restored the offered checkpoint, which counts no steps (an epoch count,
+    # 0531): its path stays the incident's, its step is where the job resumed.
+    keeps_path: bool = False
 
 
 def account(
@@ -558,6 +578,20 @@ def account(
     if real is None or not (v.resumed_below or offered_step is None):
         lost = None if failed_step is None else max(0, failed_step - (offered_step or 0))
         return Accounting(offered_step, lost, False, None, None)
+    if offered_step is None and offered_path is not None and real > (0 if exact else 1):
+        # A checkpoint that counts epochs was offered (no step to compare with): the job
+        # restored it, and its first step says at which step that was.
+        lost = None if failed_step is None else max(0, failed_step - real)
+        name = offered_path.rstrip("/").rsplit("/", 1)[-1]
+        return Accounting(
+            real,
+            lost,
+            True,
+            None,
+            f"the job restored {name} and resumed at step {real}"
+            + (f": {lost} step(s) lost" if lost is not None else ""),
+            keeps_path=True,
+        )
     over = real <= (0 if exact else 1)
     restored = None if over else real
     lost = None if failed_step is None else max(0, failed_step - (restored or 0))
@@ -588,6 +622,7 @@ __all__ = [
     "StepClock",
     "Verdict",
     "Verification",
+    "VerifyMethod",
     "VerifyRules",
     "account",
     "expected_ranks",

@@ -292,7 +292,7 @@ class Executor(Part):
                     checkpoint_step=acc.restored_step,
                     lost_steps=acc.lost_steps,
                     warning=acc.warning,
-                    clear=("checkpoint_path",)
+                    clear=(() if acc.keeps_path else ("checkpoint_path",))
                     + (("checkpoint_step",) if acc.restored_step is None else ()),
                     note=acc.note,
                     actor=self.identity,
