@@ -11,45 +11,16 @@ disk only then and asks :func:`restore_point`; it chooses nothing itself.
 
 One restore is said one way wherever it is said (decision 0531): the plan's reason,
 the restart's intent and ledger entry, the report and its JSON all take
-:meth:`RestorePoint.said`. A checkpoint that counts epochs (the DDP tutorial's
-``snapshot.pt``, ``epoch_3.pt`` with ``EPOCHS_RUN``) is restored, at an epoch, with
-no step: "from epoch_3.pt (epoch 4)", never "from the beginning" nor "step None".
+:meth:`RestorePoint.said` (``model/accounting.py``). A checkpoint that counts
+epochs (the DDP tutorial's ``snapshot.pt``, ``epoch_3.pt`` with ``EPOCHS_RUN``) is
+restored, at an epoch, with no step: "from epoch_3.pt (epoch 4)", never "from the
+beginning" nor "step None".
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from trainguard.model.accounting import RestorePoint
 from trainguard.model.checkpoint import CheckpointInfo
-
-
-@dataclass(frozen=True)
-class RestorePoint:
-    """What a restart restores: a checkpoint's path and step (``None``: from the start,
-    or a checkpoint that counts epochs, not steps)."""
-
-    path: str | None
-    step: int | None
-    epoch: int | None = None  # a checkpoint that counts epochs: the epochs it completed
-
-    @property
-    def said(self) -> str:
-        """The restore in words: "from step 40", "from epoch_3.pt (epoch 4)" (with ", step
-        N" once the job showed where that is), "from last.ckpt (step not known)", or
-        "from the beginning" (nothing restored)."""
-        if self.path is None:
-            return "from the beginning"
-        name = self.path.rstrip("/").rsplit("/", 1)[-1]
-        if self.epoch is not None:
-            at_step = f", step {self.step}" if self.step is not None else ""
-            return f"from {name} (epoch {self.epoch}{at_step})"
-        if self.step is not None:
-            return f"from step {self.step}"
-        return f"from {name} (step not known)"
-
-    def to_json(self) -> dict[str, object]:
-        """The restore as report --json gives it (``checkpoint``)."""
-        return {"path": self.path, "step": self.step, "epoch": self.epoch, "said": self.said}
 
 
 def planned_restore(checkpoint: CheckpointInfo | None) -> RestorePoint:

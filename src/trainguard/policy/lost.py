@@ -17,7 +17,9 @@ began.
 That count starts from the last step each failed attempt *showed*; a job that logs
 every N steps (torchtitan every 10) made more than it showed. :func:`lost_work` says
 the loss as what is known (decision 0530), one typed value for every reader (the
-report, its JSON, the recovered note):
+report, its JSON, the recovered note); the rule lives with its type in
+``model/accounting.py`` (the store's report applies it, and the store reads only the
+model) and is re-exported here:
 
 * **exact**: every failed attempt failed within one step of its last step seen
   (``floor(rate x (failed_at - last_step_at)) == 0``);
@@ -32,11 +34,10 @@ Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 
+from trainguard.model.accounting import LostBound, LostWork, Unshown, lost_work, unshown_steps
 from trainguard.model.plan import ActionKind
 from trainguard.model.records import AttemptRecord, IncidentRecord
 
@@ -114,73 +115,6 @@ def incident_segments(
         segments.append(Segment(restarts[number], att.last_step if att else None))
     segments.append(Segment(restored, None))
     return segments
-
-
-class LostBound(StrEnum):
-    """What a lost-work figure is: the count itself, an estimate, or at least it."""
-
-    EXACT = "exact"
-    ESTIMATE = "estimate"
-    LOWER_BOUND = "lower_bound"
-    UNKNOWN = "unknown"  # no failed attempt showed a step
-
-
-_SIGN = {LostBound.EXACT: "", LostBound.ESTIMATE: "≈ ", LostBound.LOWER_BOUND: "≥ "}
-
-
-@dataclass(frozen=True)
-class Unshown:
-    """One failed attempt, as far as its steps after the last one seen can be timed."""
-
-    rate: float | None  # its steps per second before it failed
-    last_step_at: float | None  # when its last step was seen
-    failed_at: float | None  # when it failed
-    hang: bool = False  # it stopped making progress: its failure time is its last progress
-
-
-def unshown_steps(u: Unshown) -> int | None:
-    """Steps the attempt made after the last one it showed; ``None``: not measurable."""
-    if u.hang or u.rate is None or u.rate <= 0 or u.last_step_at is None or u.failed_at is None:
-        return None
-    return math.floor(u.rate * max(0.0, u.failed_at - u.last_step_at))
-
-
-@dataclass(frozen=True)
-class LostWork:
-    """An incident's lost work as what is known (decision 0530)."""
-
-    steps: int | None  # the figure: exact, estimated, or the least it was; None: unknown
-    bound: LostBound
-    counted: int | None  # counted from the last step each failed attempt showed
-
-    @property
-    def said(self) -> str:
-        """The figure with its bound, as people read it: ``7``, ``≈ 7``, ``≥ 0``."""
-        if self.steps is None:
-            return "unknown"
-        return f"{_SIGN[self.bound]}{self.steps}"
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "steps": self.steps,
-            "bound": self.bound.value,
-            "counted_steps": self.counted,
-            "said": self.said,
-        }
-
-
-def lost_work(counted: int | None, failures: Sequence[Unshown]) -> LostWork:
-    """The lost work of an incident whose steps counted from the last step shown are
-    ``counted`` (:func:`lost_steps`), and whose failed attempts were ``failures``."""
-    if counted is None:
-        return LostWork(None, LostBound.UNKNOWN, None)
-    unshown = [unshown_steps(u) for u in failures]
-    if not failures or any(n is None for n in unshown):
-        return LostWork(counted, LostBound.LOWER_BOUND, counted)
-    extra = sum(n or 0 for n in unshown)
-    if extra == 0:
-        return LostWork(counted, LostBound.EXACT, counted)
-    return LostWork(counted + extra, LostBound.ESTIMATE, counted)
 
 
 __all__ = [

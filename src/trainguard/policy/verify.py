@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from trainguard.model.accounting import VerifyMethod
 from trainguard.model.findings import Culprit, Domain, Finding, Severity
 
 # Jobs log every N steps (HF ``logging_steps``, Lightning ``log_every_n_steps``):
@@ -180,14 +181,6 @@ class RestartObservation:
     # restore in [offered, failed_step] is correct, not a jump.
     memory_step: int | None = None
     failed_step: int | None = None
-
-
-class VerifyMethod(StrEnum):
-    """How a restart was verified: the ``method`` of a verdict's details (0532)."""
-
-    STEPS = "steps"  # steps after the restart, from the restored one, over the window
-    LIVENESS = "liveness"  # no step signal: output or checkpoints over the window
-    COMPLETED = "completed"  # every rank exited 0 inside the window
 
 
 @dataclass(frozen=True)

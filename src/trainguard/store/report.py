@@ -7,7 +7,7 @@ How the figures are computed (also in ``docs/store.md``):
 * **lost work, steps**: the incident's ``lost_steps`` (``failed_step`` minus the
   restored ``checkpoint_step``; when a restart failed too, each failed attempt's
   reached step minus the next restore, summed: policy/lost.py, 0370).
-* **lost work, bound** (decision 0530, policy/lost.py ``lost_work``): the count above
+* **lost work, bound** (decision 0530, model/accounting.py ``lost_work``): the count above
   starts at the last step each failed attempt showed; ``lost_work.steps`` adds the
   steps made after it, ``floor(rate x (failed_at - last step's time))``, and says what
   the figure is: ``exact``, ``estimate`` (``≈``) or ``lower_bound`` (``≥``: a hang, or
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainguard.model.accounting import LostWork, RestorePoint, Unshown, VerifyMethod, lost_work
 from trainguard.model.actors import actor_name
 from trainguard.model.devices import Device
 from trainguard.model.findings import Domain, IncidentKind
@@ -41,9 +42,6 @@ from trainguard.model.records import (
     iso_utc,
 )
 from trainguard.model.text import visible
-from trainguard.policy.checkpoint_choice import RestorePoint
-from trainguard.policy.lost import LostWork, Unshown, lost_work
-from trainguard.policy.verify import VerifyMethod
 from trainguard.store.core import NotFound, Store
 from trainguard.store.fleet import FleetStore
 
