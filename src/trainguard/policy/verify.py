@@ -70,6 +70,12 @@ NO_STEP_SIGNAL_WARNING = (
 )
 
 
+# A framework may print for tens of seconds before its first step (a launcher banner,
+# transformers loading): the warning is never said sooner than this after the first
+# output, whatever the verification window (decision 0534).
+NO_STEP_START_WINDOW = 60.0
+
+
 def no_step_signal_warning(
     *,
     attempt: int,
@@ -77,15 +83,40 @@ def no_step_signal_warning(
     first_output_at: float | None,
     now: float,
     window_seconds: float,
+    first_alive_at: float | None = None,
+    start_window_seconds: float = NO_STEP_START_WINDOW,
+    verified_by_liveness: bool = False,
 ) -> str | None:
-    """The warning when the first attempt has produced output for a verification window
-    and not one step (a restart of it can only be verified by liveness); else None.
-    The caller says it once per job."""
-    if attempt != 0 or step_signal or first_output_at is None:
+    """The warning that a restart of this job can only be verified by liveness, or None.
+    The caller says it once per job, and withdraws it once a step is seen
+    (:func:`no_step_signal_withdrawal`).
+
+    Said when the premise is shown, never on a start that is merely slow (0534):
+
+    * a restart of the job was just verified by liveness and it never showed a step; or
+    * the first attempt has shown liveness (a bar, an epoch, a loss: not a banner or a
+      warning, ``first_alive_at``) for a verification window, no step at all, and its
+      output began at least ``start_window_seconds`` ago.
+    """
+    if step_signal:
         return None
-    if now < first_output_at + window_seconds:
+    if verified_by_liveness:
+        return NO_STEP_SIGNAL_WARNING
+    if attempt != 0 or first_output_at is None or first_alive_at is None:
+        return None
+    if now < first_alive_at + window_seconds:
+        return None
+    if now < first_output_at + max(window_seconds, start_window_seconds):
         return None
     return NO_STEP_SIGNAL_WARNING
+
+
+def no_step_signal_withdrawal(step: int, attempt: int) -> str:
+    """The note that withdraws :data:`NO_STEP_SIGNAL_WARNING`: its premise is disproved."""
+    return (
+        f"withdrawn: the earlier no-step-signal warning (the job reports steps: step {step} "
+        f"seen in attempt {attempt}); nothing to change"
+    )
 
 
 def first_progress_note(step: int, attempt: int) -> str:
@@ -607,6 +638,7 @@ __all__ = [
     "DEFAULT_MAX_RANKS",
     "DEFAULT_STEP_WINDOW",
     "NO_STEP_SIGNAL_WARNING",
+    "NO_STEP_START_WINDOW",
     "RATE_CLOCKS",
     "RATE_FIX",
     "RESUME_FIXES",
@@ -622,6 +654,7 @@ __all__ = [
     "failed_finding",
     "first_progress_note",
     "no_step_signal_warning",
+    "no_step_signal_withdrawal",
     "rank_limit",
     "rate_unchecked",
     "step_window",

@@ -236,12 +236,36 @@ class EngineCore:
         return failed.last_step if failed.last_step > inc.failed_step else None
 
     def job_warnings(self, job_id: str) -> list[str]:
-        """The warnings said about a job (audit notes with a ``warning``), oldest first."""
+        """The warnings said about a job (audit notes with a ``warning``), oldest first,
+        less those withdrawn since (a note with ``withdrawn``: its premise disproved)."""
+        notes = self.store.audit.list_audit(kind=AuditKind.NOTE, subject=f"job:{job_id}")
+        withdrawn = {str(e.data["withdrawn"]) for e in notes if "withdrawn" in e.data}
         return [
             str(e.data["warning"])
-            for e in self.store.audit.list_audit(kind=AuditKind.NOTE, subject=f"job:{job_id}")
-            if isinstance(e.data.get("warning"), str)
+            for e in notes
+            if isinstance(e.data.get("warning"), str) and e.data["warning"] not in withdrawn
         ]
+
+    def warn_job(self, job_id: str, text: str, now: float) -> bool:
+        """Say ``text`` as a warning about the job, once (a note in the job's audit that
+        its incidents carry); False when it stands already."""
+        if text in self.job_warnings(job_id):
+            return False
+        self.store.audit.append_audit(
+            now, self.identity, AuditKind.NOTE, f"job:{job_id}", f"warning: {text}",
+            {"warning": text},
+        )  # fmt: skip
+        return True
+
+    def withdraw_job_warning(self, job_id: str, text: str, why: str, now: float) -> bool:
+        """Withdraw a standing warning whose premise ``why`` disproves; False when it
+        does not stand."""
+        if text not in self.job_warnings(job_id):
+            return False
+        self.store.audit.append_audit(
+            now, self.identity, AuditKind.NOTE, f"job:{job_id}", why, {"withdrawn": text}
+        )
+        return True
 
     def hold_back(
         self,

@@ -27,7 +27,7 @@ from trainguard.model.records import (
 from trainguard.model.statemachine import IllegalTransition
 from trainguard.policy.approvals import no_answer_actor
 from trainguard.policy.step import Step, StepKind
-from trainguard.policy.verify import first_progress_note
+from trainguard.policy.verify import first_progress_note, no_step_signal_warning
 
 
 class Executor(Part):
@@ -299,6 +299,14 @@ class Executor(Part):
                 )
                 if acc.warning:
                     self._tell_resume_fix(inc, acc.warning, now)
+            if st.verification.by_liveness:
+                # The premise shown: this restart could only be verified by liveness (0534).
+                said = no_step_signal_warning(
+                    attempt=number, step_signal=False, first_output_at=None, now=now,
+                    window_seconds=0.0, verified_by_liveness=True,
+                )  # fmt: skip
+                if said is not None:
+                    self.core.warn_job(inc.job_id, said, now)
             for w in self.core.job_warnings(inc.job_id):  # what the job was told, as in run
                 self.store.incidents.update_incident(inc.id, at=now, warning=w, actor=self.identity)
             self.store.incidents.update_incident(
