@@ -11,11 +11,14 @@ from hypothesis import strategies as st
 from trainguard.policy.verify import (
     NO_STEP_SIGNAL_WARNING,
     NO_STEP_START_WINDOW,
+    OWN_RESUME_FIX,
+    PROGRESS_FIXES,
     RATE_CLOCKS,
     RESUME_FIXES,
     RestartObservation,
     StepClock,
     Verdict,
+    Verification,
     VerifyRules,
     account,
     expected_ranks,
@@ -358,7 +361,9 @@ def test_no_step_signal_is_warned_after_a_window_of_liveness_and_the_start_windo
             verified_by_liveness=verified_by_liveness,
         )
 
-    assert warn() == NO_STEP_SIGNAL_WARNING and NO_STEP_SIGNAL_WARNING.endswith(RESUME_FIXES)
+    assert warn() == NO_STEP_SIGNAL_WARNING and NO_STEP_SIGNAL_WARNING.endswith(PROGRESS_FIXES)
+    # Advice that fits the premise: show the step; passing a checkpoint fixes nothing.
+    assert "--resume-arg" not in NO_STEP_SIGNAL_WARNING
     assert warn(now=139.9) is None  # not a window of liveness yet
     assert warn(step_signal=True) is None
     assert warn(attempt=1) is None  # a restart is judged by verification, not warned
@@ -507,3 +512,16 @@ def test_a_verified_restart_says_what_its_rank_check_found() -> None:
     assert "; ranks not checked" in unchecked.reason
     assert unchecked.details["ranks_source"] == "no rank reported"
     assert "rank" not in verify_restart(moving(251, 300), RULES).reason  # no source: silent
+
+
+def test_a_job_that_resumed_by_itself_is_not_told_to_take_a_resume_arg() -> None:
+    # A Lightning script with ckpt_path="last" in another directory resumed at step 21,
+    # below the offered 40: it resumes by itself; --resume-arg is not its fix (0534).
+    own = Verification(Verdict.VERIFIED, "x", resumed_below=True, resumed_from=21)
+    acc = account(own, 40, 45, offered_path="/out/step-40")
+    assert acc.warning is not None and acc.warning.endswith(OWN_RESUME_FIX)
+    assert "`--resume-arg '" not in acc.warning
+    # One that started over is told how to pass the checkpoint.
+    over = Verification(Verdict.VERIFIED, "x", resumed_below=True, resumed_from=1)
+    acc = account(over, 40, 45, offered_path="/out/step-40")
+    assert acc.warning is not None and acc.warning.endswith(RESUME_FIXES)

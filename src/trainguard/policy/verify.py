@@ -63,10 +63,27 @@ RESUME_FIXES = (
     "`trainguard.integrations.lightning.TrainguardCallback` to report the step"
 )
 
+# What a job whose output names no step is told: how to show the step. Not how to pass
+# a checkpoint: that fixes nothing here, and the job may take no such argument (0534).
+PROGRESS_FIXES = (
+    "show the training step: `trainguard run --progress-pattern REGEX`, call "
+    "`trainguard.train.report_progress(step)`, or add "
+    "`trainguard.integrations.huggingface.TrainguardCallback` / "
+    "`trainguard.integrations.lightning.TrainguardCallback`"
+)
+# A job that resumed by itself from an older state of its own (a Lightning script's
+# ckpt_path="last", get_last_checkpoint in another directory): it takes no --resume-arg;
+# what it lacks is trainguard seeing the checkpoints it loads (0534).
+OWN_RESUME_FIX = (
+    "the job resumes by itself from its own checkpoints (no `--resume-arg` needed): "
+    "give `--checkpoint-dir` the directory it loads them from (an output directory is "
+    "searched one or two levels down), so the checkpoint it resumes from is the one offered"
+)
+
 # Said once per job, by run and serve alike (issue 13).
 NO_STEP_SIGNAL_WARNING = (
     "no progress signal: the job's output names no training step, so a restart "
-    "can only be verified by liveness (output), not by the restored step; " + RESUME_FIXES
+    "can only be verified by liveness (output), not by the restored step; " + PROGRESS_FIXES
 )
 
 
@@ -624,7 +641,7 @@ def account(
         warning = (
             f"resumed below the offered checkpoint: offered "
             f"{offered_path or 'a checkpoint'} (step {offered_step}), the job restarted at "
-            f"step {real}; " + RESUME_FIXES
+            f"step {real}; " + (RESUME_FIXES if over else OWN_RESUME_FIX)
         )
     note = (
         "the job started over from step 0"
@@ -639,6 +656,8 @@ __all__ = [
     "DEFAULT_STEP_WINDOW",
     "NO_STEP_SIGNAL_WARNING",
     "NO_STEP_START_WINDOW",
+    "OWN_RESUME_FIX",
+    "PROGRESS_FIXES",
     "RATE_CLOCKS",
     "RATE_FIX",
     "RESUME_FIXES",
