@@ -21,7 +21,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from trainguard.checkpoints import IN_PROGRESS_REASON, scan, validate
+from trainguard.checkpoints import IN_PROGRESS_REASON, checkpoint_root, scan, validate
 from trainguard.model.checkpoint import CheckpointInfo
 
 REJECTED_DIR = ".trainguard-rejected"
@@ -32,8 +32,11 @@ def select_checkpoints(root: str | None, verify: str = "full") -> tuple[Checkpoi
 
     A quick scan orders the candidates; each is then verified in full, newest
     first, so only the checkpoints that matter are hashed. Everything newer than
-    the chosen one is returned with its reason, for the plan to record.
+    the chosen one is returned with its reason, for the plan to record. ``root`` may
+    be the job's output directory: its checkpoints are read where the framework put
+    them (checkpoints.locate, 0534).
     """
+    root = checkpoint_root(root)
     if not root or not os.path.exists(root):
         return ()
     out: list[CheckpointInfo] = []
@@ -88,6 +91,7 @@ def move_aside(
     that cannot be moved (permissions, another filesystem) is reported with the
     error and left where it is.
     """
+    root = checkpoint_root(root)  # where the checkpoints are: they move aside beside them
     if not root:
         return []
     out: list[MovedAside] = []

@@ -178,7 +178,22 @@ class EngineCore:
             modes = {m.scope.key: m.mode for m in self.fleet.policies.list_scope_modes()}
         return resolve_mode(modes, fj.job_id, fj.partition, self.config.default_mode)
 
-    def checkpoints(self, job: JobRecord) -> tuple[CheckpointInfo, ...]:
+    def checkpoints(self, job: JobRecord, now: float) -> tuple[CheckpointInfo, ...]:
+        """The catalog's verdicts for the job's checkpoint directory; when that is an
+        output directory whose checkpoints sit below it, the directory chosen is said
+        once, in the job's audit (0534)."""
+        if job.checkpoint_dir:
+            from trainguard.checkpoints import locate
+
+            where = locate(job.checkpoint_dir)
+            if where.said:
+                subject = f"job:{job.id}"
+                said = {e.message for e in self.store.audit.list_audit(subject=subject)}
+                if where.said not in said:
+                    self.store.audit.append_audit(
+                        now, self.identity, AuditKind.NOTE, subject, where.said,
+                        {"checkpoint_dir": where.path}, job_id=job.id,
+                    )  # fmt: skip
         return select_checkpoints(job.checkpoint_dir, "full")
 
     def failures(self, job_id: str, before_incident: int) -> list[PriorFailure]:
@@ -214,9 +229,11 @@ class EngineCore:
     @staticmethod
     def valid_checkpoints(root: str | None) -> list[tuple[int | None, float]]:
         """Valid checkpoints in ``root`` (quick check): ``(step, mtime)``."""
+        from trainguard.checkpoints import checkpoint_root, scan
+
+        root = checkpoint_root(root)  # an output directory: where its checkpoints are (0534)
         if not root or not os.path.isdir(root):
             return []
-        from trainguard.checkpoints import scan
 
         try:
             found = scan(root, "quick")

@@ -112,7 +112,7 @@ class SnapshotBuilder(Part):
             attribution=attribution,
             devices=devices,
             assigned=failed_rec.device_uuids if failed_rec else (),
-            checkpoints=self.core.checkpoints(job),
+            checkpoints=self.core.checkpoints(job, now),
             history=tuple(history),
             isolated=isolated,
             env=self._launch_env(inc, failed_attempt),
