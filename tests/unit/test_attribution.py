@@ -18,10 +18,16 @@ DEVICES = (
 )
 
 
-def crash(rank: int, at: float, sig: int | None = None, code: int | None = None) -> Finding:
+def crash(
+    rank: int,
+    at: float,
+    sig: int | None = None,
+    code: int | None = None,
+    devices: tuple[Device, ...] = DEVICES,
+) -> Finding:
     f = crash_finding(
         ProcessExit(at=at, source="rank", rank=rank, local_rank=rank, signal=sig, exit_code=code),
-        DEVICES,
+        devices,
     )
     assert f is not None
     return f
@@ -298,12 +304,7 @@ FOUR = tuple(Device(index=i, uuid=f"GPU-{i}", pci_bus_id=f"0000:1{i}:00.0") for 
 
 
 def _exit(rank: int, at: float, code: int | None = None, sig: int | None = None) -> Finding:
-    f = crash_finding(
-        ProcessExit(at=at, source="rank", rank=rank, local_rank=rank, signal=sig, exit_code=code),
-        FOUR,
-    )
-    assert f is not None
-    return f
+    return crash(rank, at, sig=sig, code=code, devices=FOUR)
 
 
 def test_a_key_error_on_every_rank_names_no_device_nor_rank() -> None:
