@@ -7,7 +7,8 @@
   estimated or a lower bound (policy/lost.py counts the steps it starts from);
 * :class:`VerifyMethod`: how a restart was verified (policy/verify.py decides).
 
-They live in the model because the store's report reads them and the store reads only
+:func:`incident_lost_work` applies the rule to an incident's stored record. They
+live in the model because the store's report reads them and the store reads only
 the model. Pure: no I/O, no clock.
 """
 
@@ -17,6 +18,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+
+from trainguard.model.findings import IncidentKind
+from trainguard.model.records import AttemptRecord, IncidentRecord
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,47 @@ def lost_work(counted: int | None, failures: Sequence[Unshown]) -> LostWork:
     return LostWork(counted + extra, LostBound.ESTIMATE, counted)
 
 
+def step_rate_before(
+    failed: AttemptRecord | None, attempts: Sequence[AttemptRecord]
+) -> float | None:
+    """The pre-failure step rate: the failed attempt's, else the newest earlier
+    attempt's that has one."""
+    if failed is not None and failed.step_rate is not None:
+        return failed.step_rate
+    number = failed.number if failed is not None else None
+    for att in sorted(attempts, key=lambda a: a.number, reverse=True):
+        if number is not None and att.number >= number:
+            continue
+        if att.step_rate is not None:
+            return att.step_rate
+    return None
+
+
+def incident_lost_work(
+    inc: IncidentRecord,
+    attempts: Sequence[AttemptRecord],
+    failed: Sequence[int],
+    baseline: float | None,
+) -> LostWork:
+    """The incident's lost work (:func:`lost_work`) from its record: each failed attempt
+    (numbers ``failed``) timed from its last step seen to its failure, at its own rate
+    (else ``baseline``). The report and the recovered note say this one value."""
+    by_number = {a.number: a for a in attempts}
+    unshown = []
+    for number in failed:
+        att = by_number.get(number)
+        if att is None:
+            unshown.append(Unshown(None, None, None))
+            continue
+        first = number == inc.attempt
+        # A hang's failure is when its progress stopped: the first failure's fault time,
+        # and, for a restart that hung, the hang detector's "no progress" verdict.
+        hang = inc.kind is IncidentKind.HANG if first else "no progress" in (att.reason or "")
+        failed_at = inc.fault_at if first and inc.fault_at is not None else att.ended_at
+        unshown.append(Unshown(att.step_rate or baseline, att.last_step_at, failed_at, hang))
+    return lost_work(inc.lost_steps, unshown)
+
+
 class VerifyMethod(StrEnum):
     """How a restart was verified: the ``method`` of a verdict's details (0532)."""
 
@@ -137,6 +182,8 @@ __all__ = [
     "RestorePoint",
     "Unshown",
     "VerifyMethod",
+    "incident_lost_work",
     "lost_work",
+    "step_rate_before",
     "unshown_steps",
 ]

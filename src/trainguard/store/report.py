@@ -30,12 +30,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainguard.model.accounting import LostWork, RestorePoint, Unshown, VerifyMethod, lost_work
+from trainguard.model.accounting import (
+    RestorePoint,
+    VerifyMethod,
+    incident_lost_work,
+    step_rate_before,
+)
 from trainguard.model.actors import actor_name
 from trainguard.model.devices import Device
 from trainguard.model.findings import Domain, IncidentKind
 from trainguard.model.records import (
-    AttemptRecord,
     AttemptState,
     AuditKind,
     IncidentRecord,
@@ -97,39 +101,6 @@ def _device_json(d: Device, store: Store | None = None) -> dict[str, Any]:
     return out
 
 
-def _step_rate(failed: AttemptRecord | None, attempts: list[AttemptRecord]) -> float | None:
-    if failed is not None and failed.step_rate is not None:
-        return failed.step_rate
-    number = failed.number if failed is not None else None
-    for att in sorted(attempts, key=lambda a: a.number, reverse=True):
-        if number is not None and att.number >= number:
-            continue
-        if att.step_rate is not None:
-            return att.step_rate
-    return None
-
-
-def _lost_work(
-    inc: IncidentRecord,
-    attempts: list[AttemptRecord],
-    failures: list[dict[str, Any]],
-    baseline: float | None,
-) -> LostWork:
-    """The incident's lost work as what is known (policy.lost.lost_work, 0530): each
-    failed attempt timed from its last step seen to its failure, at its own rate."""
-    by_number = {a.number: a for a in attempts}
-    unshown = []
-    for f in failures:
-        att = by_number[f["attempt"]]
-        first = att.number == inc.attempt
-        # A hang's failure is when its progress stopped: the first failure's fault time,
-        # and, for a restart that hung, the detector's "no progress" verdict.
-        hang = inc.kind is IncidentKind.HANG if first else "no progress" in (att.reason or "")
-        failed_at = inc.fault_at if first and inc.fault_at is not None else att.ended_at
-        unshown.append(Unshown(att.step_rate or baseline, att.last_step_at, failed_at, hang))
-    return lost_work(inc.lost_steps, unshown)
-
-
 def build_report(store: Store, incident_id: int) -> dict[str, Any]:
     """The post-incident record as a JSON-able dict (``trainguard report ID --json``).
 
@@ -178,19 +149,18 @@ def build_report(store: Store, incident_id: int) -> dict[str, Any]:
 
     # Each failure of the incident, with its own figures: the failed attempt and every
     # restart of it that failed too (the header speaks of the incident as a whole).
-    failures = [
-        {
-            "attempt": a.number,
-            "at": iso_utc(a.ended_at),
-            "step": a.last_step,
-            "reason": a.reason,
-        }
+    failed_attempts = [
+        a
         for a in sorted(attempts, key=lambda a: a.number)
         if a.number == inc.attempt
         or (a in restarts and a.number != recovery_number and a.state is AttemptState.FAILED)
     ]
-    rate = _step_rate(failed, attempts)
-    lost = _lost_work(inc, attempts, failures, rate)
+    failures = [
+        {"attempt": a.number, "at": iso_utc(a.ended_at), "step": a.last_step, "reason": a.reason}
+        for a in failed_attempts
+    ]
+    rate = step_rate_before(failed, attempts)
+    lost = incident_lost_work(inc, attempts, [a.number for a in failed_attempts], rate)
     lost_seconds = round(lost.steps / rate, 3) if lost.steps is not None and rate else None
     origin = inc.fault_at if inc.fault_at is not None else inc.detected_at
     culprit = inc.culprit.to_dict()
