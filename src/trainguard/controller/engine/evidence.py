@@ -252,6 +252,12 @@ class EvidenceFollower(Part):
         self._warned_no_step.add(job_id)
         self.core.warn_job(job_id, text, now)
 
+    def note_warned_no_step(self, job_id: str) -> None:
+        """The job was told it shows no step (a restart verified by liveness): a step
+        seen from now on withdraws it, as it withdraws the follower's own warning."""
+        self._warned_no_step.add(job_id)
+        self._no_step_withdrawn.discard(job_id)
+
     def _withdraw_no_step_signal(self, job_id: str, step: int, attempt: int, now: float) -> None:
         """A step was seen: the warning that the job shows none is withdrawn (0534)."""
         self._warned_no_step.discard(job_id)

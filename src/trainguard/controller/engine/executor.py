@@ -308,6 +308,8 @@ class Executor(Part):
                 )  # fmt: skip
                 if said is not None:
                     self.core.warn_job(inc.job_id, said, now)
+                    # A step seen later still withdraws it (the evidence follower's set).
+                    self.planner.evidence.note_warned_no_step(inc.job_id)
             for w in self.core.job_warnings(inc.job_id):  # what the job was told, as in run
                 self.store.incidents.update_incident(inc.id, at=now, warning=w, actor=self.identity)
             lost = self._lost_work_note(inc.id, number)
