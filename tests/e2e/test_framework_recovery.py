@@ -78,6 +78,12 @@ def test_hf_trainer_unmodified_with_resume_arg_restores_and_verifies(case: RunCa
     assert restored <= inc["resumed_step"] <= restored + 50
     assert inc["lost_steps"] == inc["failed_step"] - restored
     assert not any("resumed below" in w for w in inc["warnings"])
+    # It shows steps: never left warned of having no progress signal, however long
+    # transformers took to load before step 1 (0534).
+    assert not any("no progress signal" in w for w in inc["warnings"]), inc["warnings"]
+    report = case.cli_json("report", str(inc["id"]))
+    assert report["verification"]["verdict"] == "step_verified"
+    assert report["lost_work"]["counted_steps"] == inc["lost_steps"]
     # The restart was given the checkpoint on its command line; the first attempt ran
     # as written.
     header = case.attempt_log(1).splitlines()[0]
