@@ -78,6 +78,12 @@ def test_hf_trainer_unmodified_with_resume_arg_restores_and_verifies(case: RunCa
     assert restored <= inc["resumed_step"] <= restored + 50
     assert inc["lost_steps"] == inc["failed_step"] - restored
     assert not any("resumed below" in w for w in inc["warnings"])
+    # It shows steps: never left warned of having no progress signal, however long
+    # transformers took to load before step 1 (0534).
+    assert not any("no progress signal" in w for w in inc["warnings"]), inc["warnings"]
+    report = case.cli_json("report", str(inc["id"]))
+    assert report["verification"]["verdict"] == "step_verified"
+    assert report["lost_work"]["counted_steps"] == inc["lost_steps"]
     # The restart was given the checkpoint on its command line; the first attempt ran
     # as written.
     header = case.attempt_log(1).splitlines()[0]
@@ -144,6 +150,13 @@ def test_damaged_newest_is_moved_aside_so_a_script_that_picks_its_own_resumes_fr
     assert f"resumed from {ckpt / f'ckpt_{previous:06d}.pt'}" in case.attempt_log(1)
     results = [a for a in case.audit() if a["kind"] == "result" and "moved" in a["message"]]
     assert results and results[0]["data"]["moved"][0]["moved_to"] == str(moved)
+    # The report tells why work was lost: which checkpoint, why, where it went (0532).
+    report = case.cli_json("report", str(inc["id"]))
+    [aside] = report["set_aside"]
+    assert aside["path"] == str(newest) and aside["moved_to"] == str(moved) and aside["reason"]
+    assert report["checkpoint"]["said"] == f"from step {previous}"
+    assert report["verification"]["verdict"] == "step_verified"
+    assert report["resumed_step"] == inc["resumed_step"]
 
 
 def test_lightning_own_launcher_rank0_killed_is_found_at_once_and_blamed_on_rank0(

@@ -172,8 +172,22 @@ def test_incidents_table(state: str) -> None:
 def test_report_json(state: str) -> None:
     r = cli_json("report", "1", "--state", state)
     assert r["outcome"] == "recovered"
-    assert r["checkpoint"] == {"path": "/ckpt/step_00000040", "step": 40}
-    assert r["lost_work"] == {"steps": 5, "seconds": 2.5, "step_rate": 2.0}
+    assert r["checkpoint"] == {
+        "path": "/ckpt/step_00000040",
+        "step": 40,
+        "epoch": None,
+        "said": "from step 40",
+    }
+    assert r["resumed_step"] is None and r["warnings"] == [] and r["set_aside"] == []
+    assert r["verification"]["verdict"] is None  # no verified note in this record
+    assert r["lost_work"] == {
+        "steps": 5,
+        "bound": "exact",
+        "counted_steps": 5,
+        "said": "5",
+        "seconds": 2.5,
+        "step_rate": 2.0,
+    }
     assert r["restart_count"] == 1 and r["job_restarts"] == 1 and r["recovery_attempt"] == 1
     assert [d["uuid"] for d in r["replacement_devices"]] == [
         "GPU-00000000-0000-4000-8000-000000000002"

@@ -335,7 +335,8 @@ def test_a_job_without_a_progress_signal_is_warned_once(fleet: Fleet) -> None:
     fleet.run_until(lambda: bool(notes()), timeout=20)
     fleet.run_until(lambda: fleet.incident_state(fj.job_id) == "recovered", timeout=30)
     (note,) = notes()
-    assert "--resume-arg" in note and "TrainguardCallback" in note
+    # The fix that fits a job showing no step: show it (decision 0534).
+    assert "--progress-pattern" in note and "TrainguardCallback" in note
     (inc,) = fleet.store.incidents.list_incidents(job_id=fj.job_id)
     assert [w for w in inc.warnings if w.startswith("no progress signal")] == [
         note.removeprefix("warning: ")

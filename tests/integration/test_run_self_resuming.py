@@ -96,6 +96,18 @@ def test_a_job_that_starts_over_is_resumed_below_not_a_failed_attempt(tmp_path: 
     assert "step 20" in w and "--resume-arg" in w and "resume_path" in w
     assert res.stderr.count("warning: resumed below the offered checkpoint") == 1
     assert "restored step" not in " ".join(t["what"] for t in inc["timeline"])
+    # One lost-work statement: the timeline's note says what the report says (0530).
+    report = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "trainguard.cli", "report", str(inc["id"]), "--json",
+             "--state", str(tmp_path / "state.db")],
+            capture_output=True, text=True, check=True, timeout=60,
+        ).stdout
+    )  # fmt: skip
+    lw = report["lost_work"]
+    assert lw["counted_steps"] == 22 and lw["bound"] in ("exact", "estimate")
+    [note] = [t["what"] for t in inc["timeline"] if t["what"].startswith("lost work: ")]
+    assert note.startswith(f"lost work: {lw['said']} step(s)"), (note, lw)
 
 
 def test_a_job_that_resumes_by_itself_past_the_checkpoint_within_the_window_verifies(

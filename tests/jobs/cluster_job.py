@@ -17,6 +17,8 @@ fails on cue:
   --steps N             stop (exit 0) after step N (default: run for a long time)
   --interval S          seconds per step
   --no-steps            print ``tick`` lines, no step (a job without a progress signal)
+  --steps-from N        ... until step N, then ``step=N`` lines (a slow first step)
+  --epoch-lines         ... printing ``Epoch N | Batchsize: 32`` (liveness) instead of ``tick``
   --slow-attempts 1     attempts that step every ``--slow-interval`` seconds instead
   --json-steps          print ``{"step": N, "time": T}`` lines (the job's own time of
                         each step, decision 0320) instead of ``step=N``
@@ -103,6 +105,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=100000)
     ap.add_argument("--interval", type=float, default=0.05)
     ap.add_argument("--no-steps", action="store_true")
+    ap.add_argument("--steps-from", type=int, default=0)
+    ap.add_argument("--epoch-lines", action="store_true")
     ap.add_argument("--slow-attempts", default="")
     ap.add_argument("--slow-interval", type=float, default=1.0)
     ap.add_argument("--json-steps", action="store_true")
@@ -138,8 +142,8 @@ def main() -> int:
     while step < args.steps:
         step += 1
         time.sleep(args.interval)
-        if args.no_steps:
-            print("tick", flush=True)
+        if args.no_steps and not (args.steps_from and step >= args.steps_from):
+            print(f"Epoch {step} | Batchsize: 32" if args.epoch_lines else "tick", flush=True)
         elif args.json_steps:
             print(json.dumps({"step": step, "time": time.time()}), flush=True)
         elif args.ranks:

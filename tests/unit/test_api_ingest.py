@@ -211,7 +211,7 @@ def test_a_nan_loss_in_a_coalesced_stream_becomes_the_attempts_finding(store: St
     """serve judges training health on arrival, before coalescing drops the middle of a
     stream; the flush stores the event as a finding of the attempt (0520)."""
     from trainguard.api.ingest import ProgressPipeline
-    from trainguard.controller.health_watch import HealthWatch
+    from trainguard.diagnose.health_watch import HealthWatch
     from trainguard.store.fleet import FleetStore
 
     dev = Device(0, "GPU-a", "0000:10:00.0", host="n1")

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from trainguard.diagnose.attribution import attribute, with_link_evidence
 from trainguard.diagnose.detectors import ProcessExit, crash_finding
 from trainguard.model import Culprit, Device, Domain, Finding, IncidentKind, Severity
@@ -13,10 +18,16 @@ DEVICES = (
 )
 
 
-def crash(rank: int, at: float, sig: int | None = None, code: int | None = None) -> Finding:
+def crash(
+    rank: int,
+    at: float,
+    sig: int | None = None,
+    code: int | None = None,
+    devices: tuple[Device, ...] = DEVICES,
+) -> Finding:
     f = crash_finding(
         ProcessExit(at=at, source="rank", rank=rank, local_rank=rank, signal=sig, exit_code=code),
-        DEVICES,
+        devices,
     )
     assert f is not None
     return f
@@ -285,3 +296,82 @@ def test_a_kernel_link_event_counts_only_with_network_trouble_in_the_job() -> No
     far = [down, peer, crash(0, T0 + 500, code=1)]
     got = with_link_evidence(attribute(far, DEVICES, T0 + 500), far, T0 + 500, 60.0)
     assert down not in got.findings
+
+
+# An application error every rank raised alike names no device (decision 0533).
+
+FOUR = tuple(Device(index=i, uuid=f"GPU-{i}", pci_bus_id=f"0000:1{i}:00.0") for i in range(4))
+
+
+def _exit(rank: int, at: float, code: int | None = None, sig: int | None = None) -> Finding:
+    return crash(rank, at, sig=sig, code=code, devices=FOUR)
+
+
+def test_a_key_error_on_every_rank_names_no_device_nor_rank() -> None:
+    sig = "app_error:KeyError: 'labels'"
+    findings = [
+        *(
+            line("app_error", T0 + r * 0.01, r, f"[rank{r}]: KeyError: 'labels'",
+                 Domain.APPLICATION, sig)
+            for r in range(4)
+        ),
+        *(_exit(r, T0 + 0.1 + r * 0.01, code=1) for r in (2, 0, 3, 1)),
+    ]  # fmt: skip
+    a = attribute(findings, FOUR, failed_at=T0 + 0.1)
+    assert a.kind is IncidentKind.APP_ERROR and a.domain is Domain.APPLICATION
+    assert a.culprit.device_uuid is None and a.culprit.pci_bus_id is None
+    assert a.culprit.rank is None and a.signature == sig
+    assert "several ranks alike" in a.summary and "GPU-" not in a.summary
+
+
+def test_unlabelled_tracebacks_of_several_ranks_that_exited_with_errors_name_no_device() -> None:
+    # torchrun without --tee: the lines name no rank; two ranks exited with code 1.
+    sig = "app_error:RuntimeError: loss is NaN"
+    findings = [
+        line("app_error", T0, None, "RuntimeError: loss is NaN", Domain.APPLICATION, sig),
+        line("app_error", T0 + 0.01, None, "RuntimeError: loss is NaN", Domain.APPLICATION, sig),
+        _exit(1, T0 + 0.05, code=1),
+        _exit(0, T0 + 0.06, code=1),
+    ]
+    a = attribute(findings, FOUR, failed_at=T0 + 0.05)
+    assert a.kind is IncidentKind.APP_ERROR and a.culprit.device_uuid is None
+
+
+def test_one_ranks_error_whose_peers_were_stopped_still_names_its_rank_and_device() -> None:
+    sig = "app_error:ValueError: bad batch"
+    findings = [
+        line("app_error", T0, None, "ValueError: bad batch", Domain.APPLICATION, sig),
+        _exit(1, T0 + 0.05, code=1),
+        _exit(0, T0 + 0.2, sig=15),  # torchrun stopped its peer: it raised nothing
+    ]
+    a = attribute(findings, FOUR, failed_at=T0 + 0.05)
+    assert a.culprit.rank == 1 and a.culprit.device_uuid == "GPU-1"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    ranks=st.integers(min_value=2, max_value=4),
+    labelled=st.booleans(),
+    order=st.randoms(use_true_random=False),
+    gaps=st.lists(st.floats(min_value=0, max_value=5, allow_nan=False), min_size=8, max_size=8),
+    message=st.sampled_from(
+        ["KeyError: 'labels'", "RuntimeError: loss is NaN", "ValueError: shape mismatch"]
+    ),
+)
+def test_symmetric_evidence_across_ranks_never_yields_a_device(
+    ranks: int, labelled: bool, order: Any, gaps: list[float], message: str
+) -> None:
+    sig = f"app_error:{message}"
+    findings = []
+    for r in range(ranks):
+        text = f"[rank{r}]: {message}" if labelled else message
+        findings.append(
+            line("app_error", T0 + gaps[r], r if labelled else None, text, Domain.APPLICATION, sig)
+        )
+        findings.append(_exit(r, T0 + gaps[r] + gaps[4 + r % 4], code=1))
+    order.shuffle(findings)
+    first_exit = min(f.at for f in findings if f.kind == "crash")
+    a = attribute(findings, FOUR, failed_at=first_exit)
+    assert a.kind is IncidentKind.APP_ERROR
+    assert a.culprit.device_uuid is None and a.culprit.pci_bus_id is None
+    assert a.culprit.rank is None

@@ -141,7 +141,7 @@ def _ckpt(step: int | None, *, unit: str = "step", valid: bool = True) -> Checkp
 
 def test_the_restore_point_is_the_plans_unless_the_resume_request_was_withheld() -> None:
     assert planned_restore(None) == RestorePoint(None, None)
-    assert planned_restore(_ckpt(5, unit="epoch")) == RestorePoint("/ck/5", None)
+    assert planned_restore(_ckpt(5, unit="epoch")) == RestorePoint("/ck/5", None, 5)  # 0531
     plan = _ckpt(10)
     newer = _ckpt(20)
     assert restore_point(plan, withheld=False, newest=newer) == RestorePoint("/ck/10", 10)

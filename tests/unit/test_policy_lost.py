@@ -8,11 +8,15 @@ from hypothesis import strategies as st
 from trainguard.model.findings import Domain, IncidentKind
 from trainguard.model.records import AttemptRecord, IncidentRecord
 from trainguard.policy.lost import (
+    LostBound,
     Segment,
+    Unshown,
     furthest_reached,
     incident_segments,
     lost_restored_at,
     lost_steps,
+    lost_work,
+    unshown_steps,
 )
 
 steps = st.one_of(st.none(), st.integers(min_value=0, max_value=10_000))
@@ -116,3 +120,68 @@ def test_segments_before_the_running_restart_is_in_the_ledger() -> None:
     segments = incident_segments(inc, {1: _attempt(1, None)}, running=2, restored=None)
     assert segments == [Segment(None, 40), Segment(30, None), Segment(None, None)]
     assert lost_steps(segments) == 10 + 30
+
+
+# Lost work said as what is known (decision 0530).
+
+
+def test_a_sparse_logger_crash_is_estimated_from_its_last_progress_time_and_rate() -> None:
+    # torchtitan logs every 10 steps: last seen step 40 at t=100, 2 steps/s, the crash
+    # at t=103.6 (step 47): 0 counted from step 40's restore, ≈ 7 in truth.
+    lw = lost_work(0, [Unshown(rate=2.0, last_step_at=100.0, failed_at=103.6)])
+    assert (lw.steps, lw.bound, lw.counted, lw.said) == (7, LostBound.ESTIMATE, 0, "≈ 7")
+
+
+def test_a_failure_within_one_step_of_the_last_step_seen_is_exact() -> None:
+    lw = lost_work(4, [Unshown(rate=2.0, last_step_at=100.0, failed_at=100.4)])
+    assert (lw.steps, lw.bound, lw.said) == (4, LostBound.EXACT, "4")
+
+
+def test_a_hang_or_an_untimed_failure_is_a_lower_bound() -> None:
+    hang = lost_work(0, [Unshown(rate=2.0, last_step_at=100.0, failed_at=100.0, hang=True)])
+    assert (hang.steps, hang.bound, hang.said) == (0, LostBound.LOWER_BOUND, "≥ 0")
+    no_rate = lost_work(3, [Unshown(rate=None, last_step_at=100.0, failed_at=200.0)])
+    assert no_rate.said == "≥ 3"
+    # One untimed failure among timed ones makes the whole figure a lower bound.
+    mixed = lost_work(
+        3,
+        [Unshown(2.0, 100.0, 105.0), Unshown(2.0, None, 300.0)],
+    )
+    assert mixed.bound is LostBound.LOWER_BOUND and mixed.steps == 3
+
+
+def test_no_counted_loss_is_unknown_not_zero() -> None:
+    lw = lost_work(None, [Unshown(2.0, 100.0, 103.0)])
+    assert (lw.steps, lw.bound, lw.said) == (None, LostBound.UNKNOWN, "unknown")
+    assert lw.to_json() == {
+        "steps": None,
+        "bound": "unknown",
+        "counted_steps": None,
+        "said": "unknown",
+    }
+
+
+times = st.floats(min_value=0, max_value=1e6, allow_nan=False)
+
+
+@given(
+    st.integers(min_value=0, max_value=10_000),
+    st.lists(
+        st.builds(
+            Unshown,
+            st.one_of(st.none(), st.floats(min_value=0, max_value=100, allow_nan=False)),
+            st.one_of(st.none(), times),
+            st.one_of(st.none(), times),
+            st.booleans(),
+        ),
+        max_size=5,
+    ),
+)
+def test_the_figure_never_says_less_than_was_counted(counted: int, fails: list[Unshown]) -> None:
+    lw = lost_work(counted, fails)
+    assert lw.steps is not None and lw.steps >= counted and lw.counted == counted
+    # Exact only when every failure was timed and showed nothing unshown.
+    if lw.bound is LostBound.EXACT:
+        assert fails and all(unshown_steps(u) == 0 for u in fails)
+    if any(unshown_steps(u) is None for u in fails) or not fails:
+        assert lw.bound is LostBound.LOWER_BOUND and lw.said.startswith("≥ ")

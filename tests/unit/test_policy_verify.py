@@ -10,16 +10,21 @@ from hypothesis import strategies as st
 
 from trainguard.policy.verify import (
     NO_STEP_SIGNAL_WARNING,
+    NO_STEP_START_WINDOW,
+    OWN_RESUME_FIX,
+    PROGRESS_FIXES,
     RATE_CLOCKS,
     RESUME_FIXES,
     RestartObservation,
     StepClock,
     Verdict,
+    Verification,
     VerifyRules,
     account,
     expected_ranks,
     failed_finding,
     no_step_signal_warning,
+    no_step_signal_withdrawal,
     rate_unchecked,
     step_window,
     verify_restart,
@@ -335,26 +340,96 @@ def test_a_memory_restore_is_accepted_only_between_the_offered_and_the_failed_st
         assert not v.resumed_below
 
 
-def test_no_step_signal_is_warned_for_the_first_attempt_after_a_window_of_output() -> None:
+def test_no_step_signal_is_warned_after_a_window_of_liveness_and_the_start_window() -> None:
+    # Decision 0534: liveness (not a banner) for a window, and the start window after
+    # the first output, before the first attempt is warned.
     def warn(
         attempt: int = 0,
         step_signal: bool = False,
         first_output_at: float | None = 100.0,
-        now: float = 110.0,
+        first_alive_at: float | None = 130.0,
+        now: float = 160.0,
+        verified_by_liveness: bool = False,
     ) -> str | None:
         return no_step_signal_warning(
             attempt=attempt,
             step_signal=step_signal,
             first_output_at=first_output_at,
+            first_alive_at=first_alive_at,
             now=now,
             window_seconds=10.0,
+            verified_by_liveness=verified_by_liveness,
         )
 
-    assert warn() == NO_STEP_SIGNAL_WARNING and NO_STEP_SIGNAL_WARNING.endswith(RESUME_FIXES)
-    assert warn(now=109.9) is None  # not a window of output yet
+    assert warn() == NO_STEP_SIGNAL_WARNING and NO_STEP_SIGNAL_WARNING.endswith(PROGRESS_FIXES)
+    # Advice that fits the premise: show the step; passing a checkpoint fixes nothing.
+    assert "--resume-arg" not in NO_STEP_SIGNAL_WARNING
+    assert warn(now=139.9) is None  # not a window of liveness yet
     assert warn(step_signal=True) is None
     assert warn(attempt=1) is None  # a restart is judged by verification, not warned
     assert warn(first_output_at=None) is None
+
+
+def test_a_banner_long_before_step_one_is_no_missing_progress_signal() -> None:
+    # HF Trainer: the launcher's banner 26 s before step 1 while transformers loads;
+    # nothing that is liveness came: no warning, however long the banner stood.
+    assert (
+        no_step_signal_warning(
+            attempt=0, step_signal=False, first_output_at=100.0, first_alive_at=None,
+            now=126.0, window_seconds=10.0,
+        )
+        is None
+    )  # fmt: skip
+    # A bar of other work (a dataset map) for a window, but inside the start window.
+    assert (
+        no_step_signal_warning(
+            attempt=0, step_signal=False, first_output_at=100.0, first_alive_at=110.0,
+            now=126.0, window_seconds=10.0,
+        )
+        is None
+    )  # fmt: skip
+    assert NO_STEP_START_WINDOW >= 60.0
+
+
+def test_a_restart_verified_by_liveness_shows_the_premise_and_a_step_withdraws_it() -> None:
+    assert (
+        no_step_signal_warning(
+            attempt=1, step_signal=False, first_output_at=None, now=0.0, window_seconds=10.0,
+            verified_by_liveness=True,
+        )
+        == NO_STEP_SIGNAL_WARNING
+    )  # fmt: skip
+    # Never once a step was seen, whatever verified it.
+    assert (
+        no_step_signal_warning(
+            attempt=1, step_signal=True, first_output_at=None, now=0.0, window_seconds=10.0,
+            verified_by_liveness=True,
+        )
+        is None
+    )  # fmt: skip
+    withdrawal = no_step_signal_withdrawal(41, 0)
+    assert "step 41" in withdrawal and "withdrawn" in withdrawal
+    assert "warning: no progress signal" not in withdrawal  # run prints the warning once
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(min_value=0, max_value=3),
+    st.booleans(),
+    st.one_of(st.none(), st.floats(min_value=0, max_value=1000, allow_nan=False)),
+    st.one_of(st.none(), st.floats(min_value=0, max_value=1000, allow_nan=False)),
+    st.floats(min_value=0, max_value=2000, allow_nan=False),
+)
+def test_the_warning_is_never_said_inside_the_start_window_nor_with_a_step(
+    attempt: int, step_signal: bool, first: float | None, alive: float | None, now: float
+) -> None:
+    said = no_step_signal_warning(
+        attempt=attempt, step_signal=step_signal, first_output_at=first, first_alive_at=alive,
+        now=now, window_seconds=10.0,
+    )  # fmt: skip
+    if said is not None:
+        assert not step_signal and attempt == 0 and first is not None and alive is not None
+        assert now >= first + NO_STEP_START_WINDOW and now >= alive + 10.0
 
 
 @settings(max_examples=500, deadline=None)
@@ -437,3 +512,16 @@ def test_a_verified_restart_says_what_its_rank_check_found() -> None:
     assert "; ranks not checked" in unchecked.reason
     assert unchecked.details["ranks_source"] == "no rank reported"
     assert "rank" not in verify_restart(moving(251, 300), RULES).reason  # no source: silent
+
+
+def test_a_job_that_resumed_by_itself_is_not_told_to_take_a_resume_arg() -> None:
+    # A Lightning script with ckpt_path="last" in another directory resumed at step 21,
+    # below the offered 40: it resumes by itself; --resume-arg is not its fix (0534).
+    own = Verification(Verdict.VERIFIED, "x", resumed_below=True, resumed_from=21)
+    acc = account(own, 40, 45, offered_path="/out/step-40")
+    assert acc.warning is not None and acc.warning.endswith(OWN_RESUME_FIX)
+    assert "`--resume-arg '" not in acc.warning
+    # One that started over is told how to pass the checkpoint.
+    over = Verification(Verdict.VERIFIED, "x", resumed_below=True, resumed_from=1)
+    acc = account(over, 40, 45, offered_path="/out/step-40")
+    assert acc.warning is not None and acc.warning.endswith(RESUME_FIXES)

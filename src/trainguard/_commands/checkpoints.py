@@ -1,5 +1,10 @@
 """``trainguard checkpoints DIR``: list checkpoints with their verdicts, or print the latest valid.
 
+DIR may be a framework's output directory: when DIR itself holds no checkpoint, the
+directory one or two levels down that does (torchtitan ``checkpoint/``, Lightning
+``lightning_logs/version_N/checkpoints/``, ``checkpoints/``) is read, and stderr says
+which (checkpoints.locate, decision 0534).
+
 Exit codes: 0 listed (or ``--latest`` found one); 1 ``--latest`` found no valid
 checkpoint; 2 bad usage (DIR missing or unreadable).
 """
@@ -8,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import os
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -30,7 +36,10 @@ def register(subparsers: Any) -> None:
         ),
     )
     parser.add_argument(
-        "dir", metavar="DIR", help="directory holding checkpoints (or one checkpoint)"
+        "dir",
+        metavar="DIR",
+        help="directory holding checkpoints (or one checkpoint), or a framework's output "
+        "directory with them one or two levels down (the directory chosen is said)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON array")
     parser.add_argument(
@@ -79,8 +88,15 @@ def _reading(args: argparse.Namespace, work: Callable[[], T]) -> T:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainguard.checkpoints import latest_valid, scan
+    from trainguard.checkpoints import latest_valid, locate, scan
 
+    try:
+        where = locate(args.dir) if os.path.isdir(args.dir) else None
+    except OSError:
+        where = None
+    if where is not None and where.said:
+        print(f"trainguard: {where.said}", file=sys.stderr)
+        args.dir = where.path
     try:
         if args.latest:
             found = _reading(args, lambda: latest_valid(args.dir, verify=args.verify))

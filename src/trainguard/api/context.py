@@ -33,7 +33,7 @@ from trainguard.api.ingest import (
 from trainguard.api.metrics import Metrics, StoreCollector
 from trainguard.api.middleware import DEFAULT_MAX_BODY
 from trainguard.api.operations import job_protections, operations_collector
-from trainguard.controller.health_watch import HealthWatch
+from trainguard.diagnose.health_watch import HealthWatch
 from trainguard.diagnose.training_health import health_finding
 from trainguard.model.records import AuditKind, RankReport
 from trainguard.policy.verify import DEFAULT_MAX_RANKS

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from trainguard.api.identity import AuditSink
-from trainguard.controller.health_watch import HealthWatch, report_metrics
+from trainguard.diagnose.health_watch import HealthWatch, report_metrics
 from trainguard.diagnose.training_health import HealthEvent
 from trainguard.model.findings import Culprit, Domain, Finding, Severity
 from trainguard.model.progress import ProgressEvent

@@ -6,6 +6,7 @@ Public API (stdlib only, never imports torch)::
     latest_valid(root, verify=..., cache=None) -> CheckpointInfo | None
     validate(path, verify=..., cache=None) -> CheckpointInfo
     VerdictCache()   # verdicts kept per (path, mtime, size): pass it as cache=
+    locate(root) -> Located   # an output directory's checkpoint directory (.locate)
     advise(save_seconds, mtbf_seconds, restart_seconds=0.0, current_interval=None)
         -> IntervalAdvice                                         # see .interval
 
@@ -31,6 +32,7 @@ from trainguard.checkpoints.interval import (
     job_mtbf_seconds,
     young_interval,
 )
+from trainguard.checkpoints.locate import Located, checkpoint_root, locate
 from trainguard.model.checkpoint import CheckpointInfo
 
 __all__ = [
@@ -38,14 +40,17 @@ __all__ = [
     "VERIFY_MODES",
     "CheckpointInfo",
     "IntervalAdvice",
+    "Located",
     "VerdictCache",
     "VerifyMode",
     "Waste",
     "advise",
+    "checkpoint_root",
     "daly_interval",
     "expected_waste",
     "job_mtbf_seconds",
     "latest_valid",
+    "locate",
     "scan",
     "validate",
     "young_interval",

@@ -21,7 +21,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from trainguard.checkpoints import IN_PROGRESS_REASON, scan, validate
+from trainguard.checkpoints import IN_PROGRESS_REASON, checkpoint_root, scan, validate
 from trainguard.model.checkpoint import CheckpointInfo
 from trainguard.policy.checkpoint_choice import is_suspect
 
@@ -37,8 +37,11 @@ def select_checkpoints(
 
     A quick scan orders the candidates; each is then verified in full, newest
     first, so only the checkpoints that matter are hashed. Everything newer than
-    the chosen one is returned with its reason, for the plan to record.
+    the chosen one is returned with its reason, for the plan to record. ``root`` may
+    be the job's output directory: its checkpoints are read where the framework put
+    them (checkpoints.locate, 0534).
     """
+    root = checkpoint_root(root)
     if not root or not os.path.exists(root):
         return ()
     out: list[CheckpointInfo] = []
@@ -93,6 +96,7 @@ def move_aside(
     that cannot be moved (permissions, another filesystem) is reported with the
     error and left where it is.
     """
+    root = checkpoint_root(root)  # where the checkpoints are: they move aside beside them
     if not root:
         return []
     out: list[MovedAside] = []

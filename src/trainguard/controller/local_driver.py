@@ -50,7 +50,6 @@ from trainguard.controller.approval_prompt import approval_prompt
 from trainguard.controller.crash import CrashPoints
 from trainguard.controller.engine.adoption import Adoption
 from trainguard.controller.engine.config import ControlConfig, PassReport
-from trainguard.controller.health_watch import report_metrics
 from trainguard.controller.interrupts import on_interrupt
 from trainguard.controller.lease import holder_alive, process_holder, take_from_dead
 from trainguard.controller.local_options import (
@@ -73,6 +72,7 @@ from trainguard.controller.sources import (
     kernel_line_evidence,
 )
 from trainguard.diagnose.detectors import ProgressLineParser
+from trainguard.diagnose.health_watch import report_metrics
 from trainguard.model.devices import Device
 from trainguard.model.files import make_private_dirs
 from trainguard.model.plan import Mode

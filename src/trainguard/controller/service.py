@@ -28,7 +28,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from trainguard.controller.breaker import QUARANTINE_BREAKER
-from trainguard.controller.health_watch import HealthWatch
 from trainguard.controller.lease import LeaseKeeper, default_identity
 from trainguard.controller.lifecycle import Resource, ResourceLifecycle
 from trainguard.controller.policies import (
@@ -42,6 +41,7 @@ from trainguard.controller.reconcile import ControlConfig, CrashPoints, PassRepo
 from trainguard.controller.repair import export_repair as repair_json
 from trainguard.controller.runtime import DriverRuntime
 from trainguard.controller.sources import EvidenceSource
+from trainguard.diagnose.health_watch import HealthWatch
 from trainguard.diagnose.matcher import get_prefilter
 from trainguard.diagnose.training_health import health_finding
 from trainguard.model.devices import Device, normalize_pci_bus_id

@@ -13,6 +13,11 @@ Pure (no I/O, no clock). Rules, strongest first (decision 0053):
    CUDA errors -> ``cuda_error``; a Python traceback -> ``app_error``
    (``application``, with the traceback's last line as the signature the
    futile-retry rule compares).
+   An application error that more than one rank raised alike (the same signature
+   from two ranks or more; or, in output that names no rank, the same error twice
+   and two ranks or more that exited with an error code) is the program's, not a
+   card's: it names no rank and no device (decision 0533). Only evidence that singles
+   one rank out names its device.
 4. Otherwise the crash itself (``crash``, domain ``unknown``; a process killed
    by the kernel's OOM killer -> ``user_config``, other host-level evidence ->
    ``node``), then collective errors without any crash (``network``), then a hang.
@@ -180,6 +185,22 @@ def _from_the_job(f: Finding) -> bool:
     return f.source == "output" or f.source.startswith("output:") or f.culprit.rank is not None
 
 
+def raised_alike(errors: Sequence[Finding], crashes: Sequence[Finding], error: Finding) -> bool:
+    """``error``'s signature was raised by more than one rank (decision 0533): two ranks
+    name it, or, where the output names no rank, it appears twice and two ranks or more
+    exited with an error code (a rank that died of a signal was stopped by the launcher
+    after a peer's error, and raised nothing)."""
+    alike = [f for f in errors if f.kind in _APP_KINDS and f.signature == error.signature]
+    ranks = {r for f in alike if (r := _rank_of(f)) is not None}
+    if len(ranks) > 1:
+        return True
+    unnamed = sum(1 for f in alike if _rank_of(f) is None)
+    failed = {
+        r for f in crashes if f.signal is None and f.exit_code and (r := _rank_of(f)) is not None
+    }
+    return unnamed > 1 and len(failed) > 1
+
+
 def attribute(
     findings: Sequence[Finding],
     devices: Sequence[Device],
@@ -304,6 +325,11 @@ def attribute(
         if incident_kind is IncidentKind.APP_ERROR:
             # The last traceback line is what the futile-retry rule compares.
             first = hits[-1] if all(h.culprit.rank == first.culprit.rank for h in hits) else first
+        where = culprit.describe()
+        if incident_kind is IncidentKind.APP_ERROR and raised_alike(errors, crashes, first):
+            # Every rank ran the same program into the same error: no card is singled out.
+            culprit = Culprit(host=culprit.host)
+            where = "several ranks alike"
         domain: Domain = first.domain if first.domain is not Domain.UNKNOWN else Domain.APPLICATION
         support = [*hits, *([root_crash] if root_crash else [])]
         return Attribution(
@@ -311,7 +337,7 @@ def attribute(
             domain=domain,
             culprit=culprit,
             confidence=0.85,
-            summary=f"{incident_kind.value} on {culprit.describe()}: {first.message}",
+            summary=f"{incident_kind.value} on {where}: {first.message}",
             evidence=_evidence(support),
             findings=tuple(support),
             signature=_signature_text(first),
@@ -497,6 +523,7 @@ __all__ = [
     "attempt_failure_reason",
     "attribute",
     "hardware_reason",
+    "raised_alike",
     "with_health_event",
     "with_link_evidence",
 ]

@@ -153,6 +153,10 @@ class CheckpointInfo:
                 valid=bool(d["valid"]),
                 reason=None if d.get("reason") is None else str(d["reason"]),
                 notes=tuple(str(n) for n in d.get("notes") or ()),
+                # What the number counts and where it came from: an epoch count read
+                # back as a step would be restored, verified and counted as one.
+                step_source=None if d.get("step_source") is None else str(d["step_source"]),
+                step_unit=str(d.get("step_unit") or "step"),
                 manifest_sha256=None
                 if d.get("manifest_sha256") is None
                 else str(d["manifest_sha256"]),

@@ -14,33 +14,33 @@ a training-health event (a NaN loss or gradient norm, a loss spike, a replica th
 disagrees: :mod:`trainguard.diagnose.training_health`), the newest valid one saved
 *before* the event's step. One saved at or after it is *suspect*: skipped, listed in the
 plan with why, and moved aside with the damaged ones (decision 0521).
+One restore is said one way wherever it is said (decision 0531): the plan's reason,
+the restart's intent and ledger entry, the report and its JSON all take
+:meth:`RestorePoint.said` (``model/accounting.py``). A checkpoint that counts
+epochs (the DDP tutorial's ``snapshot.pt``, ``epoch_3.pt`` with ``EPOCHS_RUN``) is
+restored, at an epoch, with no step: "from epoch_3.pt (epoch 4)", never "from the
+beginning" nor "step None".
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
+from trainguard.model.accounting import RestorePoint
 from trainguard.model.checkpoint import CheckpointInfo
 
 SUSPECT_REASON = "suspect"
 
 
-@dataclass(frozen=True)
-class RestorePoint:
-    """What a restart restores: a checkpoint's path and step (``None``: from the start,
-    or a checkpoint that counts epochs, not steps)."""
-
-    path: str | None
-    step: int | None
-
-
 def planned_restore(checkpoint: CheckpointInfo | None) -> RestorePoint:
-    """The plan's checkpoint as a restore point; its step only when it counts steps."""
+    """The plan's checkpoint as a restore point; its step only when it counts steps,
+    its epoch when it counts epochs."""
     if checkpoint is None:
         return RestorePoint(None, None)
-    step = checkpoint.step if checkpoint.step_unit == "step" else None
-    return RestorePoint(checkpoint.path, step)
+    if checkpoint.step_unit == "step":
+        return RestorePoint(checkpoint.path, checkpoint.step)
+    epoch = checkpoint.step if checkpoint.step_unit == "epoch" else None
+    return RestorePoint(checkpoint.path, None, epoch)
 
 
 def is_suspect(info: CheckpointInfo, event_step: int | None) -> bool:

@@ -68,7 +68,7 @@ from trainguard.model.plan import (
     Stop,
     WaitForCapacity,
 )
-from trainguard.policy.checkpoint_choice import select_checkpoint
+from trainguard.policy.checkpoint_choice import planned_restore, select_checkpoint
 
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 EXPANDABLE = "expandable_segments:True"
@@ -325,6 +325,14 @@ def _replica_target(
         f"{attribution.summary} (the same device in {repeats} replica mismatches)",
         f"replica checksum mismatches keep naming device {current[0]}",
     )
+
+
+def _restore_said(checkpoint: CheckpointInfo) -> str:
+    """What the restore counts, as every record says it (policy.checkpoint_choice)."""
+    point = planned_restore(checkpoint)
+    if point.step is not None:
+        return f"step {point.step}"
+    return f"epoch {point.epoch}" if point.epoch is not None else "step not known"
 
 
 def _consecutive_same_signature(snapshot: RecoverySnapshot, signature: str) -> int:
@@ -653,7 +661,9 @@ def decide(snapshot: RecoverySnapshot) -> Plan:
             + ": the job restarts from the beginning"
         )
     else:
-        reasons.append(f"restore checkpoint {checkpoint.path} (step {checkpoint.step}{pre_event})")
+        reasons.append(
+            f"restore checkpoint {checkpoint.path} ({_restore_said(checkpoint)}{pre_event})"
+        )
 
     delay = backoff_seconds(
         snapshot.restarts_used, policy.backoff_base_seconds, policy.backoff_max_seconds

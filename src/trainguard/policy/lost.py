@@ -12,7 +12,24 @@ attempts of ``max(0, reached_i - restored_{i+1})``:
 * a restore of ``None`` is a start from the beginning (step 0).
 
 The incident's ``failed_step`` stays the first failure's step: where the incident
-began. Pure: no I/O, no clock.
+began.
+
+That count starts from the last step each failed attempt *showed*; a job that logs
+every N steps (torchtitan every 10) made more than it showed. :func:`lost_work` says
+the loss as what is known (decision 0530), one typed value for every reader (the
+report, its JSON, the recovered note); the rule lives with its type in
+``model/accounting.py`` (the store's report applies it, and the store reads only the
+model) and is re-exported here:
+
+* **exact**: every failed attempt failed within one step of its last step seen
+  (``floor(rate x (failed_at - last_step_at)) == 0``);
+* **estimate** (``≈``): the steps after the last one seen, ``floor(rate x gap)``
+  per failed attempt from its last progress time and its step rate, added;
+* **lower bound** (``≥``): for some failed attempt that cannot be timed: no step rate,
+  no time of its last step or failure, or a hang (its fault time *is* its last
+  progress: how many unshown steps it made before it stopped is not measurable).
+
+Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -20,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from trainguard.model.accounting import LostBound, LostWork, Unshown, lost_work, unshown_steps
 from trainguard.model.plan import ActionKind
 from trainguard.model.records import AttemptRecord, IncidentRecord
 
@@ -99,4 +117,15 @@ def incident_segments(
     return segments
 
 
-__all__ = ["Segment", "furthest_reached", "incident_segments", "lost_restored_at", "lost_steps"]
+__all__ = [
+    "LostBound",
+    "LostWork",
+    "Segment",
+    "Unshown",
+    "furthest_reached",
+    "incident_segments",
+    "lost_restored_at",
+    "lost_steps",
+    "lost_work",
+    "unshown_steps",
+]

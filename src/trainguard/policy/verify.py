@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from trainguard.model.accounting import VerifyMethod
 from trainguard.model.findings import Culprit, Domain, Finding, Severity
 
 # Jobs log every N steps (HF ``logging_steps``, Lightning ``log_every_n_steps``):
@@ -62,11 +63,34 @@ RESUME_FIXES = (
     "`trainguard.integrations.lightning.TrainguardCallback` to report the step"
 )
 
+# What a job whose output names no step is told: how to show the step. Not how to pass
+# a checkpoint: that fixes nothing here, and the job may take no such argument (0534).
+PROGRESS_FIXES = (
+    "show the training step: `trainguard run --progress-pattern REGEX`, call "
+    "`trainguard.train.report_progress(step)`, or add "
+    "`trainguard.integrations.huggingface.TrainguardCallback` / "
+    "`trainguard.integrations.lightning.TrainguardCallback`"
+)
+# A job that resumed by itself from an older state of its own (a Lightning script's
+# ckpt_path="last", get_last_checkpoint in another directory): it takes no --resume-arg;
+# what it lacks is trainguard seeing the checkpoints it loads (0534).
+OWN_RESUME_FIX = (
+    "the job resumes by itself from its own checkpoints (no `--resume-arg` needed): "
+    "give `--checkpoint-dir` the directory it loads them from (an output directory is "
+    "searched one or two levels down), so the checkpoint it resumes from is the one offered"
+)
+
 # Said once per job, by run and serve alike (issue 13).
 NO_STEP_SIGNAL_WARNING = (
     "no progress signal: the job's output names no training step, so a restart "
-    "can only be verified by liveness (output), not by the restored step; " + RESUME_FIXES
+    "can only be verified by liveness (output), not by the restored step; " + PROGRESS_FIXES
 )
+
+
+# A framework may print for tens of seconds before its first step (a launcher banner,
+# transformers loading): the warning is never said sooner than this after the first
+# output, whatever the verification window (decision 0534).
+NO_STEP_START_WINDOW = 60.0
 
 
 def no_step_signal_warning(
@@ -76,15 +100,40 @@ def no_step_signal_warning(
     first_output_at: float | None,
     now: float,
     window_seconds: float,
+    first_alive_at: float | None = None,
+    start_window_seconds: float = NO_STEP_START_WINDOW,
+    verified_by_liveness: bool = False,
 ) -> str | None:
-    """The warning when the first attempt has produced output for a verification window
-    and not one step (a restart of it can only be verified by liveness); else None.
-    The caller says it once per job."""
-    if attempt != 0 or step_signal or first_output_at is None:
+    """The warning that a restart of this job can only be verified by liveness, or None.
+    The caller says it once per job, and withdraws it once a step is seen
+    (:func:`no_step_signal_withdrawal`).
+
+    Said when the premise is shown, never on a start that is merely slow (0534):
+
+    * a restart of the job was just verified by liveness and it never showed a step; or
+    * the first attempt has shown liveness (a bar, an epoch, a loss: not a banner or a
+      warning, ``first_alive_at``) for a verification window, no step at all, and its
+      output began at least ``start_window_seconds`` ago.
+    """
+    if step_signal:
         return None
-    if now < first_output_at + window_seconds:
+    if verified_by_liveness:
+        return NO_STEP_SIGNAL_WARNING
+    if attempt != 0 or first_output_at is None or first_alive_at is None:
+        return None
+    if now < first_alive_at + window_seconds:
+        return None
+    if now < first_output_at + max(window_seconds, start_window_seconds):
         return None
     return NO_STEP_SIGNAL_WARNING
+
+
+def no_step_signal_withdrawal(step: int, attempt: int) -> str:
+    """The note that withdraws :data:`NO_STEP_SIGNAL_WARNING`: its premise is disproved."""
+    return (
+        f"withdrawn: the earlier no-step-signal warning (the job reports steps: step {step} "
+        f"seen in attempt {attempt}); nothing to change"
+    )
 
 
 def first_progress_note(step: int, attempt: int) -> str:
@@ -321,6 +370,7 @@ def verify_restart(o: RestartObservation, rules: VerifyRules = VerifyRules()) ->
             resumed_below=below,
             resumed_from=resumed_from,
             from_memory=memory,
+            details={"method": VerifyMethod.COMPLETED.value, "resumed_from": resumed_from},
         )
     window = rules.window_seconds
     if o.first_step is None or o.first_at is None:
@@ -347,6 +397,13 @@ def verify_restart(o: RestartObservation, rules: VerifyRules = VerifyRules()) ->
             resumed_from=resumed_from,
             by_liveness=True,
             from_memory=memory,
+            details={
+                "method": VerifyMethod.LIVENESS.value,
+                "liveness": o.alive_evidence or "alive",
+                "seconds": round(o.alive_until - o.alive_from, 3),
+                "saved_steps": sorted(o.saved_steps),
+                "rate_unchecked": "no step signal",
+            },
         )
     last_step = o.last_step if o.last_step is not None else o.first_step
     last_at = o.last_at if o.last_at is not None else o.first_at
@@ -396,6 +453,7 @@ def verify_restart(o: RestartObservation, rules: VerifyRules = VerifyRules()) ->
     if below:
         parts.append(f"resumed below the offered checkpoint ({where}, offered {o.restored_step})")
     details: dict[str, Any] = {
+        "method": VerifyMethod.STEPS.value,
         "first_step": o.first_step,
         "last_step": last_step,
         "rate": None if o.rate is None else round(o.rate, 4),
@@ -515,6 +573,9 @@ class Accounting:
     resumed_on_its_own: bool  # the job restored a state of its own, not what was offered
     warning: str | None  # resumed below the offered checkpoint: what to tell the user
     note: str | None
+    # The job restored the offered checkpoint, which counts no steps (an epoch count,
+    # 0531): its path stays the incident's, its step is where the job resumed.
+    keeps_path: bool = False
 
 
 def account(
@@ -558,6 +619,20 @@ def account(
     if real is None or not (v.resumed_below or offered_step is None):
         lost = None if failed_step is None else max(0, failed_step - (offered_step or 0))
         return Accounting(offered_step, lost, False, None, None)
+    if offered_step is None and offered_path is not None and real > (0 if exact else 1):
+        # A checkpoint that counts epochs was offered (no step to compare with): the job
+        # restored it, and its first step says at which step that was.
+        lost = None if failed_step is None else max(0, failed_step - real)
+        name = offered_path.rstrip("/").rsplit("/", 1)[-1]
+        return Accounting(
+            real,
+            lost,
+            True,
+            None,
+            f"the job restored {name} and resumed at step {real}"
+            + (f": {lost} step(s) lost" if lost is not None else ""),
+            keeps_path=True,
+        )
     over = real <= (0 if exact else 1)
     restored = None if over else real
     lost = None if failed_step is None else max(0, failed_step - (restored or 0))
@@ -566,7 +641,7 @@ def account(
         warning = (
             f"resumed below the offered checkpoint: offered "
             f"{offered_path or 'a checkpoint'} (step {offered_step}), the job restarted at "
-            f"step {real}; " + RESUME_FIXES
+            f"step {real}; " + (RESUME_FIXES if over else OWN_RESUME_FIX)
         )
     note = (
         "the job started over from step 0"
@@ -580,6 +655,9 @@ __all__ = [
     "DEFAULT_MAX_RANKS",
     "DEFAULT_STEP_WINDOW",
     "NO_STEP_SIGNAL_WARNING",
+    "NO_STEP_START_WINDOW",
+    "OWN_RESUME_FIX",
+    "PROGRESS_FIXES",
     "RATE_CLOCKS",
     "RATE_FIX",
     "RESUME_FIXES",
@@ -588,12 +666,14 @@ __all__ = [
     "StepClock",
     "Verdict",
     "Verification",
+    "VerifyMethod",
     "VerifyRules",
     "account",
     "expected_ranks",
     "failed_finding",
     "first_progress_note",
     "no_step_signal_warning",
+    "no_step_signal_withdrawal",
     "rank_limit",
     "rate_unchecked",
     "step_window",

@@ -7,6 +7,11 @@ How the figures are computed (also in ``docs/store.md``):
 * **lost work, steps**: the incident's ``lost_steps`` (``failed_step`` minus the
   restored ``checkpoint_step``; when a restart failed too, each failed attempt's
   reached step minus the next restore, summed: policy/lost.py, 0370).
+* **lost work, bound** (decision 0530, model/accounting.py ``lost_work``): the count above
+  starts at the last step each failed attempt showed; ``lost_work.steps`` adds the
+  steps made after it, ``floor(rate x (failed_at - last step's time))``, and says what
+  the figure is: ``exact``, ``estimate`` (``≈``) or ``lower_bound`` (``≥``: a hang, or
+  no rate or time to estimate with); ``counted_steps`` is the count itself.
 * **lost work, seconds**: lost steps divided by the pre-failure step rate, the
   failed attempt's (last step - first step) / (time of last step - time of first
   step); when that attempt has no measurable rate, the newest earlier attempt
@@ -25,10 +30,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainguard.model.accounting import (
+    RestorePoint,
+    VerifyMethod,
+    incident_lost_work,
+    step_rate_before,
+)
 from trainguard.model.actors import actor_name
 from trainguard.model.devices import Device
 from trainguard.model.findings import Domain, IncidentKind
-from trainguard.model.records import AttemptRecord, AttemptState, IncidentRecord, iso_utc
+from trainguard.model.records import (
+    AttemptState,
+    AuditKind,
+    IncidentRecord,
+    iso_utc,
+)
 from trainguard.model.text import visible
 from trainguard.store.core import NotFound, Store
 from trainguard.store.fleet import FleetStore
@@ -85,18 +101,6 @@ def _device_json(d: Device, store: Store | None = None) -> dict[str, Any]:
     return out
 
 
-def _step_rate(failed: AttemptRecord | None, attempts: list[AttemptRecord]) -> float | None:
-    if failed is not None and failed.step_rate is not None:
-        return failed.step_rate
-    number = failed.number if failed is not None else None
-    for att in sorted(attempts, key=lambda a: a.number, reverse=True):
-        if number is not None and att.number >= number:
-            continue
-        if att.step_rate is not None:
-            return att.step_rate
-    return None
-
-
 def build_report(store: Store, incident_id: int) -> dict[str, Any]:
     """The post-incident record as a JSON-able dict (``trainguard report ID --json``).
 
@@ -145,19 +149,19 @@ def build_report(store: Store, incident_id: int) -> dict[str, Any]:
 
     # Each failure of the incident, with its own figures: the failed attempt and every
     # restart of it that failed too (the header speaks of the incident as a whole).
-    failures = [
-        {
-            "attempt": a.number,
-            "at": iso_utc(a.ended_at),
-            "step": a.last_step,
-            "reason": a.reason,
-        }
+    failed_attempts = [
+        a
         for a in sorted(attempts, key=lambda a: a.number)
         if a.number == inc.attempt
         or (a in restarts and a.number != recovery_number and a.state is AttemptState.FAILED)
     ]
-    rate = _step_rate(failed, attempts)
-    lost_seconds = round(inc.lost_steps / rate, 3) if inc.lost_steps is not None and rate else None
+    failures = [
+        {"attempt": a.number, "at": iso_utc(a.ended_at), "step": a.last_step, "reason": a.reason}
+        for a in failed_attempts
+    ]
+    rate = step_rate_before(failed, attempts)
+    lost = incident_lost_work(inc, attempts, [a.number for a in failed_attempts], rate)
+    lost_seconds = round(lost.steps / rate, 3) if lost.steps is not None and rate else None
     origin = inc.fault_at if inc.fault_at is not None else inc.detected_at
     culprit = inc.culprit.to_dict()
     return {
@@ -179,15 +183,15 @@ def build_report(store: Store, incident_id: int) -> dict[str, Any]:
             "culprit": culprit,
             "health_changes": quarantined,
         },
-        "checkpoint": (
-            None
-            if inc.checkpoint_step is None and inc.checkpoint_path is None
-            else {"path": inc.checkpoint_path, "step": inc.checkpoint_step}
-        ),
+        "checkpoint": _restored(inc),
+        "resumed_step": inc.resumed_step,
+        "set_aside": _set_aside(store, inc),
+        "verification": _verification(inc),
+        "warnings": list(inc.warnings),
         "failed_step": inc.failed_step,
         "failures": failures,
         "lost_work": {
-            "steps": inc.lost_steps,
+            **lost.to_json(),
             "seconds": lost_seconds,
             "step_rate": None if rate is None else round(rate, 4),
         },
@@ -211,6 +215,97 @@ def build_report(store: Store, incident_id: int) -> dict[str, Any]:
         "plan_generation": inc.plan_generation,
         "repair": inc.repair or default_repair(inc),
         "waits": _waits(store, inc.id),
+    }
+
+
+def _restored(inc: IncidentRecord) -> dict[str, Any] | None:
+    """What the incident's restart restored, said as the restart said it (0531): null
+    when nothing was; an epoch-counted checkpoint with its epoch (the restart's ledger)."""
+    if inc.checkpoint_step is None and inc.checkpoint_path is None:
+        return None
+    epoch = None
+    for a in inc.actions:
+        if a.get("type") == "restart" and a.get("checkpoint") == inc.checkpoint_path:
+            got = a.get("checkpoint_epoch")
+            epoch = got if isinstance(got, int) else epoch
+    return RestorePoint(inc.checkpoint_path, inc.checkpoint_step, epoch).to_json()
+
+
+def _set_aside(store: Store, inc: IncidentRecord) -> list[dict[str, Any]]:
+    """The checkpoints the restore passed over (newer than the one restored, found
+    damaged): which, why, and where each went (``moved_to`` null: left in place)."""
+    moved: dict[str, dict[str, Any]] = {}
+    for e in store.audit.list_audit(kind=AuditKind.RESULT, incident_id=inc.id):
+        for m in e.data.get("moved") or ():
+            if isinstance(m, dict) and isinstance(m.get("path"), str):
+                moved[m["path"]] = m
+    out: list[dict[str, Any]] = []
+    for c in (inc.plan or {}).get("skipped_checkpoints") or ():
+        if not isinstance(c, dict) or c.get("valid") or not isinstance(c.get("path"), str):
+            continue
+        m = moved.pop(c["path"], {})
+        out.append(
+            {
+                "path": c["path"],
+                "step": c.get("step"),
+                "reason": c.get("reason") or m.get("reason"),
+                "moved_to": m.get("moved_to"),
+                "error": m.get("error"),
+            }
+        )
+    # Moved under an earlier generation of the plan: still part of the story.
+    for path, m in moved.items():
+        out.append(
+            {
+                "path": path,
+                "step": None,
+                "reason": m.get("reason"),
+                "moved_to": m.get("moved_to"),
+                "error": m.get("error"),
+            }
+        )
+    return out
+
+
+# report --json's verification verdict for each way a restart is verified (0532).
+_VERDICTS = {
+    VerifyMethod.STEPS.value: "step_verified",
+    VerifyMethod.LIVENESS.value: "liveness_only",
+    VerifyMethod.COMPLETED.value: "completed",
+}
+
+
+def _verification(inc: IncidentRecord) -> dict[str, Any]:
+    """How the incident's restart was verified, from its ``verified:`` timeline entry
+    (its details are the verdict's figures). ``verdict`` null: not verified."""
+    verified = [t for t in inc.timeline if t.what.startswith("verified: ")]
+    if not verified:
+        return {"verdict": None, "said": None, "rate_checked": False, "rate_unchecked": None}
+    entry = max(verified, key=lambda t: t.at)
+    d = entry.details or {}
+    method = d.get("method")
+    if method not in _VERDICTS:  # recorded before verdicts named their method
+        method = (
+            VerifyMethod.LIVENESS.value
+            if "liveness" in entry.what
+            else VerifyMethod.STEPS.value
+            if "first_step" in d
+            else VerifyMethod.COMPLETED.value
+        )
+    unchecked = d.get("rate_unchecked")
+    steps = method == VerifyMethod.STEPS.value
+    if steps and unchecked is None and "rate not checked" in entry.what:
+        unchecked = "not recorded"
+    return {
+        "verdict": _VERDICTS[method],
+        "said": entry.what.removeprefix("verified: "),
+        "at": iso_utc(entry.at),
+        "rate_checked": method == VerifyMethod.STEPS.value and unchecked is None,
+        "rate_unchecked": None if method == VerifyMethod.COMPLETED.value else unchecked,
+        "first_step": d.get("first_step"),
+        "last_step": d.get("last_step"),
+        "rate": d.get("rate"),
+        "baseline_rate": d.get("baseline_rate"),
     }
 
 
@@ -352,7 +447,14 @@ def _header(r: dict[str, Any]) -> list[str]:
         f"(job total {r['job_restarts']}){recovered}"
     )
     lw = r["lost_work"]
-    lost = "unknown" if lw["steps"] is None else f"{lw['steps']} step(s)"
+    lost = "unknown" if lw["steps"] is None else f"{lw.get('said', lw['steps'])} step(s)"
+    if lw.get("bound") == "estimate":
+        lost += (
+            f" ({lw['counted_steps']} counted from the last step seen, the rest estimated "
+            "from its time and the step rate)"
+        )
+    elif lw.get("bound") == "lower_bound":
+        lost += " (counted from the last step seen; the steps after it could not be timed)"
     if lw["seconds"] is not None:
         lost += f", about {lw['seconds']:.1f} s at {lw['step_rate']:g} steps/s"
     out.append(f"  lost work: {lost}")
@@ -362,6 +464,56 @@ def _header(r: dict[str, Any]) -> list[str]:
         f"{_seconds_text(t['time_to_act_s'])}, to verified recovery: "
         f"{_seconds_text(t['time_to_recovery_s'])} (from {t['measured_from']})"
     )
+    return out
+
+
+_VERDICT_WORDS = {
+    "step_verified": "on steps",
+    "liveness_only": "by liveness only (the job shows no step)",
+    "completed": "the job completed inside the window",
+}
+
+
+def _restart_story(r: dict[str, Any]) -> list[str]:
+    """What the restart restored, what it passed over and why, how it was verified,
+    and what the job was warned of: the JSON's fields, in words."""
+    if not r["restart_count"] and r.get("checkpoint") is None:
+        return []
+    ck = r.get("checkpoint")
+    said = ck.get("said") if ck else None
+    if ck and said is None:  # a report from an older server
+        said = RestorePoint(ck.get("path"), ck.get("step"), ck.get("epoch")).said
+    restored = f"  restored: {said or 'from the beginning'}"
+    if ck and ck.get("path") and ck.get("step") is not None:
+        restored += f" ({ck['path']})"
+    if r.get("resumed_step") is not None:
+        restored += f"; first step trained after it: {r['resumed_step']}"
+    out = [restored]
+    for c in r.get("set_aside") or ():
+        step = f" (step {c['step']})" if c.get("step") is not None else ""
+        where = (
+            f"; moved to {c['moved_to']}"
+            if c.get("moved_to")
+            else f"; not moved: {c['error']}"
+            if c.get("error")
+            else "; left in place"
+        )
+        out.append(
+            f"  passed over, so the work after the restored step was lost: {c['path']}{step}: "
+            f"{c.get('reason') or 'invalid'}{where}"
+        )
+    v = r.get("verification") or {}
+    if v.get("verdict"):
+        rate = (
+            "; rate checked"
+            if v.get("rate_checked")
+            else f"; rate not checked: {v['rate_unchecked']}"
+            if v.get("rate_unchecked") and v["verdict"] == "step_verified"
+            else ""
+        )
+        out.append(f"  verified {_VERDICT_WORDS[v['verdict']]}: {v['said']}{rate}")
+    for w in r.get("warnings") or ():
+        out.append(f"  warning: {w}")
     return out
 
 
@@ -397,6 +549,12 @@ def format_report(report: dict[str, Any], *, evidence: bool = False) -> str:
     for line in _header(r):
         add(line)
     add("")
+    restart = _restart_story(r)
+    if restart:
+        add("Restart")
+        for line in restart:
+            add(line)
+        add("")
     add("Timeline")
     for at, what in _timeline(r):
         add(f"  {at}  {what}")

@@ -56,6 +56,7 @@ from trainguard.train._fsio import (
     write_small_durable,
 )
 from trainguard.train._split import split
+from trainguard.train.errors import CheckpointWriteError
 from trainguard.train.progress import emit
 from trainguard.train.retention import (
     SUPERSEDED_PREFIX,
@@ -75,10 +76,6 @@ LAYOUT = "trainguard.train/1"
 # A state is cut into parts of at least this size (see trainguard.train._split).
 PART_BYTES = 128 << 20
 META_KEY = "__trainguard__"
-
-
-class CheckpointWriteError(RuntimeError):
-    """A checkpoint save failed; no valid-looking checkpoint was produced by it."""
 
 
 @dataclass(frozen=True)

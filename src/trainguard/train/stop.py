@@ -29,6 +29,7 @@ from trainguard.model.planned_stop import (
     stop_signal_for,
     stop_timeout_for,
 )
+from trainguard.train.errors import CheckpointWriteError
 
 log = logging.getLogger("trainguard.train")
 
@@ -110,7 +111,6 @@ def planned_stop(manager: Any, step: int, state: Any, epoch: int | None) -> str 
     rank 0 prints the stop line and sends the ``planned_stop`` event. Returns the
     checkpoint's path, or None when the save failed (the line says so: the next job
     then resumes from the newest earlier checkpoint)."""
-    from trainguard.train.manager import CheckpointWriteError
     from trainguard.train.progress import emit
 
     stop: StopOnSignal | None = manager._stop

@@ -22,7 +22,7 @@ from trainguard.model.health import HealthState
 from trainguard.model.plan import ActionKind, Quarantine, Restart, Stop, WaitForCapacity
 from trainguard.model.records import AuditKind, IncidentRecord, IncidentState, JobState
 from trainguard.policy.attempt_sync import AttemptStep, BackToActing, EndAttempt, OpenIncident
-from trainguard.policy.checkpoint_choice import planned_restore, restore_point
+from trainguard.policy.checkpoint_choice import RestorePoint, planned_restore, restore_point
 from trainguard.policy.health_sync import SyncOp, SyncStep
 from trainguard.policy.lost import lost_steps
 from trainguard.schedulers.base import NodePhase, SchedulerError
@@ -33,6 +33,18 @@ def action_subject(action: Mapping[str, Any], inc: IncidentRecord) -> str:
     if action.get("type") == ActionKind.QUARANTINE:
         return f"{action.get('resource_kind')}:{action.get('resource_id')}"
     return f"job:{inc.job_id}"
+
+
+def planned_point(ckpt: object) -> RestorePoint:
+    """The restore a plan's restart action names (its ``checkpoint`` record), as the
+    restart will say it (policy.checkpoint_choice, 0531)."""
+    if not isinstance(ckpt, Mapping) or not ckpt.get("path"):
+        return RestorePoint(None, None)
+    try:
+        return planned_restore(CheckpointInfo.from_dict(ckpt))
+    except ValueError:
+        step = ckpt.get("step")
+        return RestorePoint(str(ckpt["path"]), step if isinstance(step, int) else None)
 
 
 def describe_action(action: Mapping[str, Any], inc: IncidentRecord, *, why: bool = True) -> str:
@@ -48,10 +60,7 @@ def describe_action(action: Mapping[str, Any], inc: IncidentRecord, *, why: bool
             return f"{what} (incident {inc.id}: {inc.kind.value})"
         return f"{what}: {reason}"
     if kind == ActionKind.RESTART:
-        ckpt = action.get("checkpoint") or {}
-        return f"restart job {inc.job_id}" + (
-            f" from step {ckpt.get('step')}" if ckpt else " from the beginning"
-        )
+        return f"restart job {inc.job_id} {planned_point(action.get('checkpoint')).said}"
     if kind == ActionKind.STOP:
         return f"stop job {inc.job_id}: {action.get('reason')}"
     return f"{kind} for job {inc.job_id}: {action.get('reason', '')}"
@@ -452,6 +461,8 @@ class ActionRunner(Part):
                 event_step=event_step(inc.as_attribution().findings),
             )
         resume, ckpt_step = restore.path, restore.step
+        said = restore.said
+        epoch = restore.epoch
 
         def effects() -> None:
             # Every failed attempt of the incident loses its own work (0370).
@@ -478,12 +489,9 @@ class ActionRunner(Part):
                     "devices": list(act.devices),
                     "checkpoint": resume,
                     "checkpoint_step": ckpt_step,
-                    "summary": f"attempt {new_attempt}"
-                    + (
-                        f" from step {ckpt_step}"
-                        if ckpt_step is not None
-                        else " from the beginning"
-                    ),
+                    # A checkpoint that counts epochs: restored at an epoch, no step.
+                    **({"checkpoint_epoch": epoch} if epoch is not None else {}),
+                    "summary": f"attempt {new_attempt} {said}",
                 },
                 now,
             )

@@ -21,7 +21,7 @@ from trainguard.model.plan import (
     action_from_dict,
 )
 from trainguard.model.records import AttemptState, DeviceRecord, IncidentState
-from trainguard.policy.verify import DEFAULT_MAX_RANKS
+from trainguard.policy.verify import DEFAULT_MAX_RANKS, NO_STEP_START_WINDOW
 
 ACTOR = "trainguard-serve"
 _LIVE = (IncidentState.OPEN, IncidentState.ACTING, IncidentState.VERIFYING)
@@ -53,6 +53,9 @@ class ControlConfig:
     # Who this controller is in words a person reads where it answers for nobody: an
     # approval nobody answered in time is denied as "NAME (no answer in N s)" (0425).
     name: str = "trainguard serve"
+    # The first attempt is not warned of having no step signal sooner than this after
+    # its first output (policy.verify.no_step_signal_warning, 0534).
+    no_step_start_window: float = NO_STEP_START_WINDOW
 
 
 @dataclass
@@ -148,6 +151,7 @@ class _OutputState:
     # when the last was read (one line is a start, not a running job), as run counts.
     lines: int = 0
     last_at: float | None = None
+    alive_at: float | None = None  # when its first liveness reading was read
 
 
 _VERIFIABLE = (

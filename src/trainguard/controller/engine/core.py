@@ -179,10 +179,24 @@ class EngineCore:
         return resolve_mode(modes, fj.job_id, fj.partition, self.config.default_mode)
 
     def checkpoints(
-        self, job: JobRecord, event_step: int | None = None
+        self, job: JobRecord, now: float, event_step: int | None = None
     ) -> tuple[CheckpointInfo, ...]:
         """The job's checkpoints, newest first, down to the one a restart restores
-        (before ``event_step``, a training-health event's, when there was one)."""
+        (before ``event_step``, a training-health event's, when there was one). When the
+        job's directory is an output directory whose checkpoints sit below it, the
+        directory chosen is said once, in the job's audit (0534)."""
+        if job.checkpoint_dir:
+            from trainguard.checkpoints import locate
+
+            where = locate(job.checkpoint_dir)
+            if where.said:
+                subject = f"job:{job.id}"
+                said = {e.message for e in self.store.audit.list_audit(subject=subject)}
+                if where.said not in said:
+                    self.store.audit.append_audit(
+                        now, self.identity, AuditKind.NOTE, subject, where.said,
+                        {"checkpoint_dir": where.path}, job_id=job.id,
+                    )  # fmt: skip
         return select_checkpoints(job.checkpoint_dir, "full", event_step)
 
     def failures(self, job_id: str, before_incident: int) -> list[PriorFailure]:
@@ -218,9 +232,11 @@ class EngineCore:
     @staticmethod
     def valid_checkpoints(root: str | None) -> list[tuple[int | None, float]]:
         """Valid checkpoints in ``root`` (quick check): ``(step, mtime)``."""
+        from trainguard.checkpoints import checkpoint_root, scan
+
+        root = checkpoint_root(root)  # an output directory: where its checkpoints are (0534)
         if not root or not os.path.isdir(root):
             return []
-        from trainguard.checkpoints import scan
 
         try:
             found = scan(root, "quick")
@@ -240,12 +256,36 @@ class EngineCore:
         return failed.last_step if failed.last_step > inc.failed_step else None
 
     def job_warnings(self, job_id: str) -> list[str]:
-        """The warnings said about a job (audit notes with a ``warning``), oldest first."""
+        """The warnings said about a job (audit notes with a ``warning``), oldest first,
+        less those withdrawn since (a note with ``withdrawn``: its premise disproved)."""
+        notes = self.store.audit.list_audit(kind=AuditKind.NOTE, subject=f"job:{job_id}")
+        withdrawn = {str(e.data["withdrawn"]) for e in notes if "withdrawn" in e.data}
         return [
             str(e.data["warning"])
-            for e in self.store.audit.list_audit(kind=AuditKind.NOTE, subject=f"job:{job_id}")
-            if isinstance(e.data.get("warning"), str)
+            for e in notes
+            if isinstance(e.data.get("warning"), str) and e.data["warning"] not in withdrawn
         ]
+
+    def warn_job(self, job_id: str, text: str, now: float) -> bool:
+        """Say ``text`` as a warning about the job, once (a note in the job's audit that
+        its incidents carry); False when it stands already."""
+        if text in self.job_warnings(job_id):
+            return False
+        self.store.audit.append_audit(
+            now, self.identity, AuditKind.NOTE, f"job:{job_id}", f"warning: {text}",
+            {"warning": text},
+        )  # fmt: skip
+        return True
+
+    def withdraw_job_warning(self, job_id: str, text: str, why: str, now: float) -> bool:
+        """Withdraw a standing warning whose premise ``why`` disproves; False when it
+        does not stand."""
+        if text not in self.job_warnings(job_id):
+            return False
+        self.store.audit.append_audit(
+            now, self.identity, AuditKind.NOTE, f"job:{job_id}", why, {"withdrawn": text}
+        )
+        return True
 
     def hold_back(
         self,

@@ -47,11 +47,16 @@ from trainguard.model.files import open_regular
 from trainguard.model.findings import Attribution, Culprit, Domain, Finding, Severity
 from trainguard.model.health import HealthState
 from trainguard.model.plan import DeviceStatus
-from trainguard.model.records import AttemptRecord, AuditKind, JobRecord
+from trainguard.model.records import AttemptRecord, JobRecord
 from trainguard.model.replica import read_replica_line
 from trainguard.policy.decide import evidence_resources
 from trainguard.policy.evidence import Route, route_finding
-from trainguard.policy.verify import no_step_signal_warning, rank_limit
+from trainguard.policy.verify import (
+    NO_STEP_SIGNAL_WARNING,
+    no_step_signal_warning,
+    no_step_signal_withdrawal,
+    rank_limit,
+)
 from trainguard.schedulers.base import JobPhase, NodePhase, Observation, ObservedJob, ObservedNode
 from trainguard.signals.output import is_annotation, is_train_message, split_lines
 
@@ -82,6 +87,7 @@ class EvidenceFollower(Part):
         super().__init__(core)
         self.outputs: dict[tuple[str, int], _OutputState] = {}
         self._warned_no_step: set[str] = set()  # jobs told they have no progress signal
+        self._no_step_withdrawn: set[str] = set()  # ... and shown wrong by a step since
         # Findings up to this id were read by an earlier pass (None: none yet); each pass
         # reads what is new once (PassContext.findings) for running attempts and idle cards.
         self._finding_cursor: int | None = None
@@ -208,6 +214,8 @@ class EvidenceFollower(Part):
             self.store.jobs.note_ranks_reported(job_id, att.number, {r for r in ranks if r < limit})
         if job_lines and state.first_at is None:
             state.first_at = now
+        if alive_lines and state.alive_at is None:
+            state.alive_at = now
         if alive_lines:
             # Liveness of a job with no step signal is what the progress reader calls
             # a sign of life, not any line: a framework's start-up banner is not a
@@ -215,9 +223,13 @@ class EvidenceFollower(Part):
             # before its first checkpoint showed where it resumed.
             state.lines += alive_lines
             state.last_at = now
+        if job_id in self._warned_no_step:
+            seen = steps[0] if steps else self.store.jobs.get_attempt(job_id, att.number).first_step
+            if seen is not None:
+                self._withdraw_no_step_signal(job_id, seen, att.number, now)
         if not steps:
             if job_lines and att.first_step is None:
-                self._warn_no_step_signal(job_id, att, state.first_at, now)
+                self._warn_no_step_signal(job_id, att, state, now)
             return
         if att.first_step is None:
             self.store.jobs.update_attempt_progress(job_id, att.number, steps[0], at=now)
@@ -248,12 +260,13 @@ class EvidenceFollower(Part):
         )
 
     def _warn_no_step_signal(
-        self, job_id: str, att: AttemptRecord, first_at: float | None, now: float
+        self, job_id: str, att: AttemptRecord, state: _OutputState, now: float
     ) -> None:
-        """The first attempt has produced output for a verification window and not one
-        step (policy.verify.no_step_signal_warning, the rule run uses): said once per
-        job, as a note in the job's audit that its incidents carry as a warning."""
-        if job_id in self._warned_no_step:
+        """The first attempt has shown liveness for a verification window and not one
+        step, well after its output began (policy.verify.no_step_signal_warning, the rule
+        run uses): said once per job, as a note in the job's audit that its incidents
+        carry as a warning, until a step withdraws it."""
+        if job_id in self._warned_no_step or job_id in self._no_step_withdrawn:
             return
         fj = self.core.fleet_job_or_none(job_id)
         if fj is None:
@@ -261,7 +274,9 @@ class EvidenceFollower(Part):
         text = no_step_signal_warning(
             attempt=att.number,
             step_signal=False,
-            first_output_at=first_at,
+            first_output_at=state.first_at,
+            first_alive_at=state.alive_at,
+            start_window_seconds=self.config.no_step_start_window,
             now=now,
             window_seconds=self.core.policy(
                 fj, self.store.jobs.get_job(job_id)
@@ -270,12 +285,21 @@ class EvidenceFollower(Part):
         if text is None:
             return
         self._warned_no_step.add(job_id)
-        if text in self.core.job_warnings(job_id):
-            return  # said before this controller started
-        self.store.audit.append_audit(
-            now, self.identity, AuditKind.NOTE, f"job:{job_id}", f"warning: {text}",
-            {"warning": text},
-        )  # fmt: skip
+        self.core.warn_job(job_id, text, now)
+
+    def note_warned_no_step(self, job_id: str) -> None:
+        """The job was told it shows no step (a restart verified by liveness): a step
+        seen from now on withdraws it, as it withdraws the follower's own warning."""
+        self._warned_no_step.add(job_id)
+        self._no_step_withdrawn.discard(job_id)
+
+    def _withdraw_no_step_signal(self, job_id: str, step: int, attempt: int, now: float) -> None:
+        """A step was seen: the warning that the job shows none is withdrawn (0534)."""
+        self._warned_no_step.discard(job_id)
+        self._no_step_withdrawn.add(job_id)
+        self.core.withdraw_job_warning(
+            job_id, NO_STEP_SIGNAL_WARNING, no_step_signal_withdrawal(step, attempt), now
+        )
 
     def output_tail(self, path: str | None) -> list[str]:
         """The last lines of a job's output (its own header left out)."""

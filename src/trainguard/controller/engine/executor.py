@@ -15,6 +15,7 @@ from trainguard.controller.engine.attempts import AttemptSync
 from trainguard.controller.engine.context import PassContext
 from trainguard.controller.engine.core import EngineCore, Part
 from trainguard.controller.engine.snapshot import SnapshotBuilder
+from trainguard.model.accounting import incident_lost_work, step_rate_before
 from trainguard.model.fleet import ActionRecord, ActionState, ApprovalState, FleetJob
 from trainguard.model.plan import Quarantine, Restart, Stop, WaitForCapacity
 from trainguard.model.records import (
@@ -27,7 +28,7 @@ from trainguard.model.records import (
 from trainguard.model.statemachine import IllegalTransition
 from trainguard.policy.approvals import no_answer_actor
 from trainguard.policy.step import Step, StepKind
-from trainguard.policy.verify import first_progress_note
+from trainguard.policy.verify import first_progress_note, no_step_signal_warning
 
 
 class Executor(Part):
@@ -292,15 +293,28 @@ class Executor(Part):
                     checkpoint_step=acc.restored_step,
                     lost_steps=acc.lost_steps,
                     warning=acc.warning,
-                    clear=("checkpoint_path",)
+                    clear=(() if acc.keeps_path else ("checkpoint_path",))
                     + (("checkpoint_step",) if acc.restored_step is None else ()),
                     note=acc.note,
                     actor=self.identity,
                 )
                 if acc.warning:
                     self._tell_resume_fix(inc, acc.warning, now)
+            if st.verification.by_liveness:
+                # The premise shown: this restart could only be verified by liveness (0534).
+                said = no_step_signal_warning(
+                    attempt=number, step_signal=False, first_output_at=None, now=now,
+                    window_seconds=0.0, verified_by_liveness=True,
+                )  # fmt: skip
+                if said is not None:
+                    self.core.warn_job(inc.job_id, said, now)
+                    # A step seen later still withdraws it (the evidence follower's set).
+                    self.planner.evidence.note_warned_no_step(inc.job_id)
             for w in self.core.job_warnings(inc.job_id):  # what the job was told, as in run
                 self.store.incidents.update_incident(inc.id, at=now, warning=w, actor=self.identity)
+            lost = self._lost_work_note(inc.id, number)
+            if lost is not None:
+                self.store.incidents.update_incident(inc.id, at=now, note=lost, actor=self.identity)
             self.store.incidents.update_incident(
                 inc.id,
                 at=now,
@@ -312,6 +326,23 @@ class Executor(Part):
             )
         ctx.report.recovered.append(inc.id)
         self.crash.hit("verify.after_recovered")
+
+    def _lost_work_note(self, incident_id: int, recovery: int) -> str | None:
+        """The incident's lost work as the report says it (model.accounting, 0530): the
+        same value in the timeline, the audit and ``report``."""
+        inc = self.store.incidents.get_incident(incident_id)
+        attempts = self.store.jobs.list_attempts(inc.job_id)
+        failed = [
+            a.number
+            for a in attempts
+            if a.number == inc.attempt
+            or (inc.attempt < a.number < recovery and a.state is AttemptState.FAILED)
+        ]
+        first = next((a for a in attempts if a.number == inc.attempt), None)
+        lost = incident_lost_work(inc, attempts, failed, step_rate_before(first, attempts))
+        if lost.steps is None:
+            return None
+        return f"lost work: {lost.said} step(s) ({lost.bound.value.replace('_', ' ')})"
 
     def _tell_resume_fix(self, inc: IncidentRecord, warning: str, now: float) -> None:
         """The job resumed below the offered checkpoint: the user is told how to pass it,

@@ -113,7 +113,7 @@ class SnapshotBuilder(Part):
             attribution=attribution,
             devices=devices,
             assigned=failed_rec.device_uuids if failed_rec else (),
-            checkpoints=self.core.checkpoints(job, event_step(attribution.findings)),
+            checkpoints=self.core.checkpoints(job, now, event_step(attribution.findings)),
             history=tuple(history),
             isolated=isolated,
             env=self._launch_env(inc, failed_attempt),
