@@ -46,6 +46,7 @@ from trainguard.diagnose.matcher import ALL_RULES, Prefilter, PrefilterCache, ge
 from trainguard.diagnose.nvlink import decode_xid74, sxid_info
 from trainguard.diagnose.prefix import Prefix, split_prefix
 from trainguard.diagnose.rules import RULES, TRACEBACK_HEADER, Rule
+from trainguard.diagnose.templates import TemplateCache, template_key
 from trainguard.diagnose.xid import (
     RECOVERY_ACTIONS,
     is_nvlink5_nonfatal,
@@ -85,6 +86,10 @@ _JOB_RES = (
     re.compile(r"\bin step (?P<job>\d+)\."),
     re.compile(r"\bSLURM_JOB_ID=(?P<job>\d+)"),
 )
+_JOB_RES_LITERALS = tuple(
+    zip(_JOB_RES, ("StepId=", "ob", "in step ", "SLURM_JOB_ID="), strict=True)
+)
+_RANK_RES_LITERALS = tuple(zip(_RANK_RES, ("ank", "task"), strict=True))
 _SRUN_HOST_RE = re.compile(r"srun: error: (?P<host>[\w.-]+): tasks? ")
 _SLURM_NODE_RE = re.compile(r"(?:Node failure on|Nodes?) (?P<host>[\w.\[\],-]+)")
 _SIGNAL_RE = re.compile(r"Signal (?P<num>\d+) \((?P<name>SIG[A-Z]+)\)")
@@ -145,21 +150,41 @@ _SIGNAL_NAMES = {
 
 # --- signature normalisation -------------------------------------------------------------
 
+# (regex, replacement, a literal every match contains: "" = always run)
 _NORM_SUBS = (
-    (re.compile(r"GPU-[0-9a-fA-F-]{8,}"), "<uuid>"),
-    (_PCI_RE, "<pci>"),
-    (re.compile(r"0x[0-9a-fA-F]+"), "<hex>"),
-    (re.compile(r"\b[0-9a-fA-F]{8,}\b"), "<hex>"),
-    (re.compile(r"\d+(?:\.\d+)?"), "<n>"),
-    (re.compile(r"\s+"), " "),
+    (re.compile(r"GPU-[0-9a-fA-F-]{8,}"), "<uuid>", "GPU-"),
+    (_PCI_RE, "<pci>", ":"),
+    (re.compile(r"0x[0-9a-fA-F]+"), "<hex>", "0x"),
+    (re.compile(r"\b[0-9a-fA-F]{8,}\b"), "<hex>", ""),
+    (re.compile(r"\d+(?:\.\d+)?"), "<n>", ""),
+    (re.compile(r"\s+"), " ", ""),
 )
+
+
+# Digits folded so that everything the substitutions read of a digit stays what it was:
+# 0 stays 0 (the "0x" of a hex number), 1-7 become 1 (still in the PCI function's
+# [0-7]), 8 and 9 become 8. Two bodies that fold alike normalise alike (every digit ends
+# as "<n>" or inside "<uuid>"/"<pci>"/"<hex>"), so the fold is the key of the
+# normalisation cache: a message repeated with other numbers is normalised once.
+_FOLD_DIGITS = str.maketrans("0123456789", "0111111188")
+_NORMALIZED: TemplateCache[str] = TemplateCache()
 
 
 def normalize_message(body: str) -> str:
     """The message with numbers, addresses, ids and pids stripped, for "same failure" tests."""
+    key = body.translate(_FOLD_DIGITS)
+    done = _NORMALIZED.get("", key)
+    if done is None:
+        done = _normalize(key)
+        _NORMALIZED.put("", key, done)
+    return done
+
+
+def _normalize(body: str) -> str:
     text = body.strip()
-    for rx, repl in _NORM_SUBS:
-        text = rx.sub(repl, text)
+    for rx, repl, literal in _NORM_SUBS:
+        if literal in text:
+            text = rx.sub(repl, text)
     return text[:240]
 
 
@@ -372,18 +397,19 @@ def _refine(rule: Rule, text: str, f: _Fields, details: dict[str, object]) -> No
 
 def _common_fields(text: str, prefix: Prefix, f: _Fields) -> None:
     """Host, rank, job and PCI id wherever the line names them."""
-    m = _SLURM_RE.search(text)
+    # Each regex runs only when a literal every match of it contains is in the line.
+    m = _SLURM_RE.search(text) if "*** " in text else None
     if m:
         f.job = f.job or m.group("job")
         f.host = f.host or m.group("host")
     if f.job is None:
-        for rx in _JOB_RES:
-            m = rx.search(text)
+        for rx, literal in _JOB_RES_LITERALS:
+            m = rx.search(text) if literal in text else None
             if m:
                 f.job = m.group("job")
                 break
     if f.host is None:
-        m = _SRUN_HOST_RE.search(text)
+        m = _SRUN_HOST_RE.search(text) if "srun: error: " in text else None
         if m:
             f.host = m.group("host")
         elif f.kind == "node_failure":
@@ -395,8 +421,8 @@ def _common_fields(text: str, prefix: Prefix, f: _Fields) -> None:
     if f.rank is None:
         f.rank = prefix.rank
     if f.rank is None:
-        for rx in _RANK_RES:
-            m = rx.search(prefix.body)
+        for rx, literal in _RANK_RES_LITERALS:
+            m = rx.search(prefix.body) if literal in prefix.body else None
             if m:
                 f.rank = int(m.group("rank"))
                 break
@@ -408,7 +434,38 @@ def _common_fields(text: str, prefix: Prefix, f: _Fields) -> None:
             f.pci = _norm_pci(m.group("pci"))
 
 
+_TEMPLATES: TemplateCache[LineMatch] = TemplateCache()
+
+
 def _build(rule: Rule, text: str, prefix: Prefix, lineno: int | None) -> LineMatch:
+    """The match of a line the rule matched; a repeat of a message template is built once
+    (diagnose/templates.py): only its text, line number and timestamp are its own."""
+    key = template_key(text, prefix.timestamp)
+    done = _TEMPLATES.get(rule.name, key)
+    if done is None:
+        done = _build_new(rule, text, prefix, lineno)
+        _TEMPLATES.put(rule.name, key, done)
+    # Built field by field: dataclasses.replace costs several times as much. Each match
+    # gets its own details (callers may extend them).
+    return LineMatch(
+        done.kind,
+        done.domain,
+        done.severity,
+        done.action,
+        text,
+        done.signature,
+        done.xid,
+        done.pci_bus_id,
+        done.rank,
+        done.host,
+        done.job_id,
+        lineno,
+        prefix.timestamp,
+        dict(done.details),
+    )
+
+
+def _build_new(rule: Rule, text: str, prefix: Prefix, lineno: int | None) -> LineMatch:
     f = _Fields(rule.kind, rule.domain, rule.severity, rule.action.value)
     details: dict[str, object] = {"rule": rule.name}
     _refine(rule, text, f, details)

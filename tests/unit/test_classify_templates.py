@@ -1,0 +1,112 @@
+"""A message template is classified once however often it repeats (decision 0516), and
+the results are exactly those of classifying every line afresh: on the corpus, on lines
+that differ only in their timestamps or numbers, and on a generated log."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from trainguard.diagnose import signatures
+from trainguard.diagnose.signatures import Classifier, classify_line, normalize_message
+from trainguard.diagnose.templates import TemplateCache, template_key
+
+CORPUS = Path(__file__).resolve().parents[1] / "corpus"
+
+
+def _corpus_lines() -> list[str]:
+    lines = [e["text"] for e in yaml.safe_load((CORPUS / "signatures.yaml").read_text())]
+    held = yaml.safe_load((CORPUS / "heldout.yaml").read_text())
+    for group in held.values() if isinstance(held, dict) else []:
+        if isinstance(group, list):
+            lines += [e["text"] for e in group if isinstance(e, dict) and "text" in e]
+    lines += [
+        ln
+        for ln in (CORPUS / "noise.txt").read_text().splitlines()
+        if ln and not ln.startswith("# ")
+    ]
+    return lines
+
+
+def _fields(m):
+    return None if m is None else (m.__dict__ | {"details": m.details})
+
+
+@pytest.fixture
+def no_templates(monkeypatch):
+    """Classification with the caches holding nothing: every line built afresh."""
+
+    def cold() -> None:
+        monkeypatch.setattr(signatures, "_TEMPLATES", TemplateCache(limit=0))
+        monkeypatch.setattr(signatures, "_NORMALIZED", TemplateCache(limit=0))
+
+    return cold
+
+
+STAMPS = (
+    "[{a}.{b:06d}] ",
+    "[Sat Nov 29 12:{a2:02d}:{b2:02d} 2025] ",
+    "2025-11-29T12:{a2:02d}:{b2:02d}.{b:06d}+00:00 ",
+    "Nov 29 12:{a2:02d}:{b2:02d} node7 kernel: ",
+)
+
+
+def _stamped(line: str, rng: random.Random) -> list[str]:
+    out = []
+    for stamp in STAMPS:
+        a, b = rng.randrange(1, 99999), rng.randrange(10**6)
+        out.append(stamp.format(a=a, b=b, a2=a % 60, b2=b % 60) + line)
+    return out
+
+
+def test_repeats_classify_exactly_as_fresh_lines(no_templates):
+    rng = random.Random(7)
+    lines = []
+    for line in _corpus_lines():
+        lines.append(line)
+        lines += _stamped(line, rng) * 2
+        lines.append(
+            f"[W1129 12:00:{rng.randrange(60):02d}.{rng.randrange(10**6):06d} x.cpp:1] {line}"
+        )
+    warm = [_fields(classify_line(ln)) for ln in lines]
+    warm_again = [_fields(classify_line(ln)) for ln in lines]
+    no_templates()
+    cold = [_fields(classify_line(ln)) for ln in lines]
+    assert warm == cold == warm_again
+    assert sum(m is not None for m in cold) > 300
+
+
+def test_a_stream_classifies_alike_with_and_without_templates(no_templates):
+    rng = random.Random(3)
+    corpus = _corpus_lines()
+    text = "\n".join(rng.choice(_stamped(rng.choice(corpus), rng)) for _ in range(4000)) + "\n"
+    warm = [_fields(m) for m in Classifier().feed_all([text])]
+    no_templates()
+    cold = [_fields(m) for m in Classifier().feed_all([text])]
+    assert warm == cold and len(warm) > 1000
+
+
+def test_the_template_key_cuts_only_timestamps():
+    a = "[  12.000001] pcieport 0000:00:03.1: AER: Corrected error received: 0000:c1:00.0"
+    b = "[  99.123456] pcieport 0000:00:03.1: AER: Corrected error received: 0000:c1:00.0"
+    c = "[9999.123456] pcieport 0000:00:03.1: AER: Corrected error received: 0000:c2:00.0"
+    key = template_key
+    assert key(a, "12.000001") == key(b, "99.123456") != key(c, "9999.123456")
+    g1 = "[W1129 12:00:01.123456 socket.cpp:558] [c10d] The client socket has failed"
+    g2 = "[W1130 07:59:59.000001 socket.cpp:558] [c10d] The client socket has failed"
+    assert key(g1, None) == key(g2, None)
+
+
+text_st = st.lists(
+    st.sampled_from([*"0123456789abcdefABCDEF:.-x \t", "GPU-", "PCI:", "0x", "GPU"]), max_size=40
+).map("".join)
+
+
+@given(text_st)
+def test_normalisation_of_folded_digits_is_the_normalisation(body: str):
+    assert normalize_message(body) == signatures._normalize(body)
