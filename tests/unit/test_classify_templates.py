@@ -12,7 +12,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trainguard.diagnose import signatures
+from trainguard.diagnose import signatures, templates
 from trainguard.diagnose.signatures import Classifier, classify_line, normalize_message
 from trainguard.diagnose.templates import TemplateCache, template_key
 
@@ -43,7 +43,7 @@ def no_templates(monkeypatch):
 
     def cold() -> None:
         monkeypatch.setattr(signatures, "_TEMPLATES", TemplateCache(limit=0))
-        monkeypatch.setattr(signatures, "_NORMALIZED", TemplateCache(limit=0))
+        monkeypatch.setattr(templates, "_NORMALIZED", TemplateCache(limit=0))
 
     return cold
 
@@ -109,4 +109,4 @@ text_st = st.lists(
 
 @given(text_st)
 def test_normalisation_of_folded_digits_is_the_normalisation(body: str):
-    assert normalize_message(body) == signatures._normalize(body)
+    assert normalize_message(body) == templates._normalize(body)

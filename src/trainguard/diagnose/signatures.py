@@ -46,7 +46,8 @@ from trainguard.diagnose.matcher import ALL_RULES, Prefilter, PrefilterCache, ge
 from trainguard.diagnose.nvlink import decode_xid74, sxid_info
 from trainguard.diagnose.prefix import Prefix, split_prefix
 from trainguard.diagnose.rules import RULES, TRACEBACK_HEADER, Rule
-from trainguard.diagnose.templates import TemplateCache, template_key
+from trainguard.diagnose.templates import PCI_RE as _PCI_RE
+from trainguard.diagnose.templates import TemplateCache, normalize_message, template_key
 from trainguard.diagnose.xid import (
     RECOVERY_ACTIONS,
     is_nvlink5_nonfatal,
@@ -69,10 +70,6 @@ _XID_RE = re.compile(
     r"(?P<msg>.*)"
 )
 _SXID_RE = re.compile(r"\bSXid \((?:PCI:)?(?P<pci>[0-9a-fA-F:.]+)\): (?P<sxid>\d+)")
-_PCI_RE = re.compile(
-    r"(?<![0-9a-fA-F:])(?:PCI:)?(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)"
-    r"(?![0-9a-fA-F]|:[0-9a-fA-F])"
-)
 _RANK_RES = (
     re.compile(r"(?<![\w])(?:global[ _])?[Rr]ank[ \t]*[:=]?[ \t]*(?P<rank>\d+)"),
     re.compile(r"\btasks? (?P<rank>\d+)\b"),
@@ -147,45 +144,6 @@ _SIGNAL_NAMES = {
     1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 7: "SIGBUS", 9: "SIGKILL",
     11: "SIGSEGV", 15: "SIGTERM",
 }  # fmt: skip
-
-# --- signature normalisation -------------------------------------------------------------
-
-# (regex, replacement, a literal every match contains: "" = always run)
-_NORM_SUBS = (
-    (re.compile(r"GPU-[0-9a-fA-F-]{8,}"), "<uuid>", "GPU-"),
-    (_PCI_RE, "<pci>", ":"),
-    (re.compile(r"0x[0-9a-fA-F]+"), "<hex>", "0x"),
-    (re.compile(r"\b[0-9a-fA-F]{8,}\b"), "<hex>", ""),
-    (re.compile(r"\d+(?:\.\d+)?"), "<n>", ""),
-    (re.compile(r"\s+"), " ", ""),
-)
-
-
-# Digits folded so that everything the substitutions read of a digit stays what it was:
-# 0 stays 0 (the "0x" of a hex number), 1-7 become 1 (still in the PCI function's
-# [0-7]), 8 and 9 become 8. Two bodies that fold alike normalise alike (every digit ends
-# as "<n>" or inside "<uuid>"/"<pci>"/"<hex>"), so the fold is the key of the
-# normalisation cache: a message repeated with other numbers is normalised once.
-_FOLD_DIGITS = str.maketrans("0123456789", "0111111188")
-_NORMALIZED: TemplateCache[str] = TemplateCache()
-
-
-def normalize_message(body: str) -> str:
-    """The message with numbers, addresses, ids and pids stripped, for "same failure" tests."""
-    key = body.translate(_FOLD_DIGITS)
-    done = _NORMALIZED.get("", key)
-    if done is None:
-        done = _normalize(key)
-        _NORMALIZED.put("", key, done)
-    return done
-
-
-def _normalize(body: str) -> str:
-    text = body.strip()
-    for rx, repl, literal in _NORM_SUBS:
-        if literal in text:
-            text = rx.sub(repl, text)
-    return text[:240]
 
 
 @dataclass

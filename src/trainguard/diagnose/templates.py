@@ -14,6 +14,10 @@ except for the text, the line number and the timestamp, which the caller puts ba
 (decision 0516). Everything else (PCI ids, ranks, counters, XID numbers) stays in the
 key: a different number is a different template, never a wrong field.
 
+:func:`normalize_message` (the message part of a line's ``signature``: numbers, ids and
+addresses stripped) is cached the same way, by the body with its digits folded: a
+message repeated with other numbers is normalised once.
+
 Pure: no I/O, no clock.
 """
 
@@ -27,6 +31,13 @@ _GLOG_RE = re.compile(r"\[[IWEF]\d{4} \d\d:\d\d:\d\d(?:\.\d+)?(?= )")
 MAX_TEMPLATES = 4096
 
 V = TypeVar("V")
+
+# A PCI bus id as lines write it (``0000:c1:00.0``, ``PCI:0000:c1:00``), not inside a
+# longer hex run or a longer colon-separated id.
+PCI_RE = re.compile(
+    r"(?<![0-9a-fA-F:])(?:PCI:)?(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)"
+    r"(?![0-9a-fA-F]|:[0-9a-fA-F])"
+)
 
 
 def template_key(text: str, timestamp: str | None) -> str:
@@ -64,4 +75,44 @@ class TemplateCache(Generic[V]):
         self._items[(rule, key)] = value
 
 
-__all__ = ["MAX_TEMPLATES", "TemplateCache", "template_key"]
+# --- the signature's normalised message ---------------------------------------------------
+
+# (regex, replacement, a literal every match contains: "" = always run)
+_NORM_SUBS = (
+    (re.compile(r"GPU-[0-9a-fA-F-]{8,}"), "<uuid>", "GPU-"),
+    (PCI_RE, "<pci>", ":"),
+    (re.compile(r"0x[0-9a-fA-F]+"), "<hex>", "0x"),
+    (re.compile(r"\b[0-9a-fA-F]{8,}\b"), "<hex>", ""),
+    (re.compile(r"\d+(?:\.\d+)?"), "<n>", ""),
+    (re.compile(r"\s+"), " ", ""),
+)
+
+
+# Digits folded so that everything the substitutions read of a digit stays what it was:
+# 0 stays 0 (the "0x" of a hex number), 1-7 become 1 (still in the PCI function's
+# [0-7]), 8 and 9 become 8. Two bodies that fold alike normalise alike (every digit ends
+# as "<n>" or inside "<uuid>"/"<pci>"/"<hex>"), so the fold is the key of the
+# normalisation cache: a message repeated with other numbers is normalised once.
+_FOLD_DIGITS = str.maketrans("0123456789", "0111111188")
+_NORMALIZED: TemplateCache[str] = TemplateCache()
+
+
+def normalize_message(body: str) -> str:
+    """The message with numbers, addresses, ids and pids stripped, for "same failure" tests."""
+    key = body.translate(_FOLD_DIGITS)
+    done = _NORMALIZED.get("", key)
+    if done is None:
+        done = _normalize(key)
+        _NORMALIZED.put("", key, done)
+    return done
+
+
+def _normalize(body: str) -> str:
+    text = body.strip()
+    for rx, repl, literal in _NORM_SUBS:
+        if literal in text:
+            text = rx.sub(repl, text)
+    return text[:240]
+
+
+__all__ = ["MAX_TEMPLATES", "PCI_RE", "TemplateCache", "normalize_message", "template_key"]
