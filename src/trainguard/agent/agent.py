@@ -44,6 +44,8 @@ from trainguard.agent.client import Refused, Rejected, ServerClient, Unreachable
 from trainguard.agent.dcgm import DcgmRules, by_device, gpu_figures, parse_text
 from trainguard.agent.follow import ResumableFollower, load_position, save_position
 from trainguard.diagnose.kernel_finding import KernelLineReader
+from trainguard.diagnose.metrics import GpuSample, canonical_values
+from trainguard.diagnose.trends import sample_events
 from trainguard.model.devices import Device
 from trainguard.model.findings import Finding
 from trainguard.signals import inventory as inv
@@ -129,7 +131,8 @@ class Agent:
         self._wake = threading.Event()
         self._kernel_q: queue.Queue[KernelLine] = queue.Queue(maxsize=100_000)
         self._follower: ResumableFollower | None = None
-        self._kernel_reader = KernelLineReader()  # the rate rules of this node's log (0515)
+        self._kernel_reader = KernelLineReader()  # the rate rules of this node (0515)
+        self._trend_samples: dict[str, GpuSample] = {}  # the last metrics of each GPU
         self._system_follower: Any = None
         self._klog_state = self.dir / "kernel-log-position.json"
         self._metrics_state = self.dir / "metrics-state.json"
@@ -272,12 +275,33 @@ class Agent:
         self._gpus = gpu_figures(values)
         self.stats.metric_polls += 1
         saved = DcgmRules.from_state(self.rules.to_state(), o.temp_threshold_c)
-        found = self.rules.evaluate(values, self.devices, o.host, self.clock())
+        now = self.clock()
+        found = self.rules.evaluate(values, self.devices, o.host, now)
+        found += self._metric_trends(values, now)
         if not self._buffer(found):
             self.rules = saved  # not recorded: evaluate the same change again next poll
             return 0
         self._save_rules()
         return len(found)
+
+    def _metric_trends(
+        self, values: dict[str, dict[str, float]], at: float
+    ) -> list[tuple[str, Finding]]:
+        """Counter rises (single-bit ECC, retired pages, correctable remapped rows, PCIe
+        replays, NVLink errors) counted into the node's rate rules; a trend they complete
+        is a finding (0515)."""
+        pci = {d.uuid: d.pci_bus_id for d in self.devices}
+        events = []
+        for uuid, vals in sorted(values.items()):
+            cur = GpuSample(at, uuid, self.opt.host, uuid, pci.get(uuid), canonical_values(vals))
+            prev = self._trend_samples.get(uuid)
+            if prev is not None:
+                events += sample_events(prev, cur)
+            self._trend_samples[uuid] = cur
+        return [
+            (f"{self.opt.host}:trend:{f.details['rule']}:{f.details['resource']}:{f.at!r}", f)
+            for f in self._kernel_reader.trends.add_all(events)
+        ]
 
     def _watch(self) -> None:
         next_metrics = 0.0
