@@ -17,8 +17,9 @@ command against whole command:
 * for reference, a line-by-line Python loop over ``classify_line`` on the first
   500,000 lines (in process).
 
-``--baseline-src DIR`` times another tree's trainguard (e.g. ``/work/main/src``, the code
-before a change) in the same run, on the same files; ``--only LOG`` benches one log.
+``--baseline-src DIR`` times another tree's trainguard (e.g. a checkout of main's
+``src/``: the code before a change) in the same run, on the same files; ``--only LOG``
+benches one log.
 Each command runs ``--repeat`` times (default 3; the slow portable fallback
 ``--portable-repeat``, default 1) and the best wall time counts; the first run
 of ``trainguard classify`` fills its Hyperscan database cache.
