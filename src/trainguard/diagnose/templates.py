@@ -15,8 +15,9 @@ except for the text, the line number and the timestamp, which the caller puts ba
 key: a different number is a different template, never a wrong field.
 
 :func:`normalize_message` (the message part of a line's ``signature``: numbers, ids and
-addresses stripped) is cached the same way, by the body with its digits folded: a
-message repeated with other numbers is normalised once.
+addresses stripped) is cached the same way, by the body with its digits folded (and where
+a "0x" or a "." before 8/9 sits): a message repeated with other numbers is normalised
+once.
 
 Pure: no I/O, no clock.
 """
@@ -24,6 +25,7 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 import re
+from collections.abc import Hashable
 from typing import Generic, TypeVar
 
 # torch/c10 glog stamp at the start of a message: [W1129 12:00:01.123456 socket.cpp:558]
@@ -43,7 +45,7 @@ PCI_RE = re.compile(
 def template_key(text: str, timestamp: str | None) -> str:
     """``text`` without its collector timestamp and its glog stamp (module docstring)."""
     key = text.replace(timestamp, "\x00", 1) if timestamp else text
-    if "[" in key:
+    if "[I" in key or "[W" in key or "[E" in key or "[F" in key:
         key = _GLOG_RE.sub("[\x00", key, count=1)
     return key
 
@@ -55,11 +57,11 @@ class TemplateCache(Generic[V]):
 
     def __init__(self, limit: int = MAX_TEMPLATES) -> None:
         self.limit = limit
-        self._items: dict[tuple[str, str], V] = {}
+        self._items: dict[tuple[str, Hashable], V] = {}
         self.hits = 0
         self.misses = 0
 
-    def get(self, rule: str, key: str) -> V | None:
+    def get(self, rule: str, key: Hashable) -> V | None:
         value = self._items.get((rule, key))
         if value is None:
             self.misses += 1
@@ -67,7 +69,7 @@ class TemplateCache(Generic[V]):
             self.hits += 1
         return value
 
-    def put(self, rule: str, key: str, value: V) -> None:
+    def put(self, rule: str, key: Hashable, value: V) -> None:
         if self.limit <= 0:
             return  # a cache of nothing (the tests compare against it)
         if len(self._items) >= self.limit:
@@ -88,21 +90,33 @@ _NORM_SUBS = (
 )
 
 
-# Digits folded so that everything the substitutions read of a digit stays what it was:
-# 0 stays 0 (the "0x" of a hex number), 1-7 become 1 (still in the PCI function's
-# [0-7]), 8 and 9 become 8. Two bodies that fold alike normalise alike (every digit ends
-# as "<n>" or inside "<uuid>"/"<pci>"/"<hex>"), so the fold is the key of the
-# normalisation cache: a message repeated with other numbers is normalised once.
-_FOLD_DIGITS = str.maketrans("0123456789", "0111111188")
+# The key of the normalisation cache: the body with every digit folded to 1, plus where
+# the two things the substitutions read of a digit's value sit: a "0x" (a hex number
+# starts) and a "." before 8 or 9 (outside a PCI function's [0-7]). Two bodies with one
+# key differ only in digits that every substitution reads alike (each ends as "<n>" or
+# inside "<uuid>"/"<pci>"/"<hex>"), so they normalise alike: a message repeated with
+# other numbers is normalised once.
+_FOLD_DIGITS = str.maketrans("0123456789", "1111111111")
+_DOT_89 = re.compile(r"\.[89]")
 _NORMALIZED: TemplateCache[str] = TemplateCache()
+
+
+def _fold(body: str) -> tuple[str, tuple[int, ...], tuple[int, ...]]:
+    hexes: list[int] = []
+    at = body.find("0x")
+    while at != -1:
+        hexes.append(at)
+        at = body.find("0x", at + 2)
+    dots = tuple(m.start() for m in _DOT_89.finditer(body)) if "." in body else ()
+    return body.translate(_FOLD_DIGITS), tuple(hexes), dots
 
 
 def normalize_message(body: str) -> str:
     """The message with numbers, addresses, ids and pids stripped, for "same failure" tests."""
-    key = body.translate(_FOLD_DIGITS)
+    key = _fold(body)
     done = _NORMALIZED.get("", key)
     if done is None:
-        done = _normalize(key)
+        done = _normalize(body)
         _NORMALIZED.put("", key, done)
     return done
 
