@@ -121,3 +121,30 @@ def test_bodies_that_fold_alike_normalise_alike(body: str, rnd: random.Random):
         assert templates._normalize(body) == templates._normalize(other)
     assert normalize_message(body) == templates._normalize(body)
     assert normalize_message(other) == templates._normalize(other)
+
+
+def test_the_nic_port_is_found_as_by_the_word_boundary_regexes():
+    """_port_of skips regexes by literal and checks the word start in Python: the same
+    port as the plain word-boundary regexes it replaces, on random token soups."""
+    import re
+
+    plain = (
+        re.compile(r"\b(?P<port>mlx\d_\d+:? port \d+|mlx\d_\d+:\d+)"),
+        re.compile(r"\b[Mm]odule (?P<port>\d+)\b"),
+        re.compile(r"\b(?P<port>Port:? \d+)"),
+        re.compile(r"\b(?P<port>(?:ib|ibp|en[ops]|eth|bond)\w*)(?=:? )"),
+    )
+
+    def reference(text: str) -> str | None:
+        for i, rx in enumerate(plain):
+            m = rx.search(text)
+            if m:
+                return f"module {m.group('port')}" if i == 1 else m.group("port")
+        return None
+
+    rng = random.Random(5)
+    toks = "ib ib0 ibp enp1s0 eno eth bond0 x _ : Port port Module mlx5_0 é 0 1 - beth lib"
+    toks = [*toks.split(), " ", "Port: 1", "port 2", "mlx5_0:1", "Module 3"]
+    for _ in range(20000):
+        text = "".join(rng.choice(toks) for _ in range(rng.randrange(1, 12)))
+        assert signatures._port_of(text) == reference(text), text

@@ -123,20 +123,29 @@ _NNODES_RE = re.compile(r"--nnodes[= ](?P<n>\S+)")
 _EXC_LINE_RE = re.compile(
     r"(?P<name>(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)|\bException): (?P<msg>.*)$"
 )
-_PORT_RES = (
-    re.compile(r"\b(?P<port>mlx\d_\d+:? port \d+|mlx\d_\d+:\d+)"),
-    re.compile(r"\b[Mm]odule (?P<port>\d+)\b"),
-    re.compile(r"\b(?P<port>Port:? \d+)"),
-    re.compile(r"\b(?P<port>(?:ib|ibp|en[ops]|eth|bond)\w*)(?=:? )"),
+_PORT_RES = (  # (regex, a literal each of its matches contains)
+    (re.compile(r"\b(?P<port>mlx\d_\d+:? port \d+|mlx\d_\d+:\d+)"), "mlx"),
+    (re.compile(r"\b[Mm]odule (?P<port>\d+)\b"), "odule "),
+    (re.compile(r"\b(?P<port>Port:? \d+)"), "Port"),
 )
+# An interface name at a word's start (``ib0``, ``enp1s0f0``, ``eth2``, ``bond0``). Without
+# a leading \b the regex engine skips to the first letters at C speed; the word start is
+# checked on each match (a match inside a word consumes only word characters, so it never
+# hides one that starts a word).
+_IFACE_RE = re.compile(r"(?P<port>(?:ib|ibp|en[ops]|eth|bond)\w*)(?=:? )")
+_WORD_CHAR_RE = re.compile(r"\w")
 
 
 def _port_of(text: str) -> str | None:
     """The NIC port a network line names: ``mlx5_0 port 1``, ``module 0``, ``enp1s0f0``."""
-    for i, rx in enumerate(_PORT_RES):
-        m = rx.search(text)
+    for i, (rx, literal) in enumerate(_PORT_RES):
+        m = rx.search(text) if literal in text else None
         if m:
             return f"module {m.group('port')}" if i == 1 else m.group("port")
+    for m in _IFACE_RE.finditer(text):
+        at = m.start()
+        if at == 0 or not _WORD_CHAR_RE.match(text, at - 1):
+            return m.group("port")
     return None
 
 
