@@ -104,3 +104,37 @@ def test_host_simulated_uuids_are_unique_per_host() -> None:
         [d.pci_bus_id for d in a] == [d.pci_bus_id for d in b] == ["0000:10:00.0", "0000:11:00.0"]
     )
     assert host_simulated(2, "n1") == a
+
+
+def test_a_climbing_single_bit_ecc_count_is_one_trend_finding(tmp_path) -> None:
+    """DCGM's SBE counter rising poll after poll is counted into the node's rate rule
+    (decision 0515): one trend finding naming the card, asking for a drain at the job's
+    next checkpoint; the agent buffers it with a stable id."""
+    from trainguard.agent.agent import Agent, AgentOptions
+
+    metrics = tmp_path / "metrics.prom"
+    clock = [T0]
+    agent = Agent(
+        AgentOptions(
+            server="http://127.0.0.1:9",
+            token="t",
+            host="n1",
+            buffer_dir=tmp_path / "agent",
+            metrics_file=str(metrics),
+            devices=2,
+            use_system_kernel_log=False,
+            clock=lambda: clock[0],
+        )
+    )
+    u0 = agent.devices[0].uuid
+    found = 0
+    for i in range(5):  # one more single-bit error every ten minutes
+        metrics.write_text(f'DCGM_FI_DEV_ECC_SBE_VOL_TOTAL{{gpu="0",UUID="{u0}"}} {i}\n')
+        found += agent.poll_metrics()
+        clock[0] += 600
+    assert found == 1
+    (entry,) = agent.buffer.peek()
+    f = entry.record["finding"]
+    assert f["kind"] == "trend" and f["culprit"]["device_uuid"] == u0
+    assert f["details"]["rule"] == "ecc_creeping" and f["details"]["count"] == 3
+    assert f["details"]["action"] == "drain_at_checkpoint"

@@ -99,27 +99,32 @@ def _record(name: str, m: Any) -> dict[str, Any]:
     }
 
 
+# One encoder for every record (json.dumps builds a new one per call when given default=).
+_ENCODE = json.JSONEncoder(default=str).encode
+
+
 def _emit(out: Any, name: str, matches: list[Any], as_json: bool) -> None:
+    if as_json:
+        if matches:
+            out.write("".join(_ENCODE(_record(name, m)) + "\n" for m in matches))
+        return
     for m in matches:
-        if as_json:
-            out.write(json.dumps(_record(name, m), default=str) + "\n")
-        else:
-            where = f"{name}:{m.lineno}"
-            extra = " ".join(
-                f"{k}={v}"
-                for k, v in (
-                    ("xid", m.xid),
-                    ("pci", m.pci_bus_id),
-                    ("rank", m.rank),
-                    ("host", m.host),
-                    ("job", m.job_id),
-                )
-                if v is not None
+        where = f"{name}:{m.lineno}"
+        extra = " ".join(
+            f"{k}={v}"
+            for k, v in (
+                ("xid", m.xid),
+                ("pci", m.pci_bus_id),
+                ("rank", m.rank),
+                ("host", m.host),
+                ("job", m.job_id),
             )
-            # Every field may come from the log line: each is made visible (control
-            # characters escaped, tabs included, so the columns stay columns).
-            fields = (where, m.kind, m.severity.value, m.domain.value, m.action, extra)
-            out.write("\t".join(visible(f) for f in fields) + f"\t{visible(m.text.strip())}\n")
+            if v is not None
+        )
+        # Every field may come from the log line: each is made visible (control
+        # characters escaped, tabs included, so the columns stay columns).
+        fields = (where, m.kind, m.severity.value, m.domain.value, m.action, extra)
+        out.write("\t".join(visible(f) for f in fields) + f"\t{visible(m.text.strip())}\n")
 
 
 def classify_stream(stream: BinaryIO, name: str, engine: str, as_json: bool, out: Any) -> int:

@@ -43,7 +43,9 @@ from trainguard.agent.buffer import DiskBuffer, Entry
 from trainguard.agent.client import Refused, Rejected, ServerClient, Unreachable
 from trainguard.agent.dcgm import DcgmRules, by_device, gpu_figures, parse_text
 from trainguard.agent.follow import ResumableFollower, load_position, save_position
-from trainguard.diagnose.kernel_finding import kernel_finding
+from trainguard.diagnose.kernel_finding import KernelLineReader
+from trainguard.diagnose.metrics import GpuSample, canonical_values
+from trainguard.diagnose.trends import sample_events
 from trainguard.model.devices import Device
 from trainguard.model.findings import Finding
 from trainguard.signals import inventory as inv
@@ -129,6 +131,8 @@ class Agent:
         self._wake = threading.Event()
         self._kernel_q: queue.Queue[KernelLine] = queue.Queue(maxsize=100_000)
         self._follower: ResumableFollower | None = None
+        self._kernel_reader = KernelLineReader()  # the rate rules of this node (0515)
+        self._trend_samples: dict[str, GpuSample] = {}  # the last metrics of each GPU
         self._system_follower: Any = None
         self._klog_state = self.dir / "kernel-log-position.json"
         self._metrics_state = self.dir / "metrics-state.json"
@@ -213,9 +217,9 @@ class Agent:
             )
         return ok
 
-    def _kernel_finding(self, text: str, at: float) -> Finding | None:
-        found = kernel_finding(text, at, self.devices, self.opt.host)
-        return None if found is None else found[0]
+    def _kernel_findings(self, text: str, at: float) -> list[Finding]:
+        """The line's findings; benign lines only count into the rate rules (0515)."""
+        return [f for f, _host in self._kernel_reader.read(text, at, self.devices, self.opt.host)]
 
     def poll_kernel_log(self) -> int:
         """Read new kernel-log lines; buffer their findings, then save the position."""
@@ -224,9 +228,11 @@ class Agent:
         if self._follower is not None:
             lines = self._follower.poll()
             for line in lines:
-                f = self._kernel_finding(line.text, now)
-                if f is not None:
-                    found.append((f"{self.opt.host}:klog:{line.key}", f))
+                for i, f in enumerate(self._kernel_findings(line.text, now)):
+                    # A line's own finding keeps the line's key; a trend it completes is
+                    # a second record of the same line.
+                    suffix = f":{i}" if i else ""
+                    found.append((f"{self.opt.host}:klog:{line.key}{suffix}", f))
             if lines:
                 if not self._buffer(found):
                     return 0  # keep the position: these lines are read again next time
@@ -239,8 +245,7 @@ class Agent:
                 kl = self._kernel_q.get_nowait()
             except queue.Empty:
                 break
-            f = self._kernel_finding(kl.text, kl.at)
-            if f is not None:
+            for f in self._kernel_findings(kl.text, kl.at):
                 found.append((f"{self.opt.host}:klog:{uuidlib.uuid4().hex}", f))
         self._buffer(found)
         return len(found)
@@ -270,12 +275,33 @@ class Agent:
         self._gpus = gpu_figures(values)
         self.stats.metric_polls += 1
         saved = DcgmRules.from_state(self.rules.to_state(), o.temp_threshold_c)
-        found = self.rules.evaluate(values, self.devices, o.host, self.clock())
+        now = self.clock()
+        found = self.rules.evaluate(values, self.devices, o.host, now)
+        found += self._metric_trends(values, now)
         if not self._buffer(found):
             self.rules = saved  # not recorded: evaluate the same change again next poll
             return 0
         self._save_rules()
         return len(found)
+
+    def _metric_trends(
+        self, values: dict[str, dict[str, float]], at: float
+    ) -> list[tuple[str, Finding]]:
+        """Counter rises (single-bit ECC, retired pages, correctable remapped rows, PCIe
+        replays, NVLink errors) counted into the node's rate rules; a trend they complete
+        is a finding (0515)."""
+        pci = {d.uuid: d.pci_bus_id for d in self.devices}
+        events = []
+        for uuid, vals in sorted(values.items()):
+            cur = GpuSample(at, uuid, self.opt.host, uuid, pci.get(uuid), canonical_values(vals))
+            prev = self._trend_samples.get(uuid)
+            if prev is not None:
+                events += sample_events(prev, cur)
+            self._trend_samples[uuid] = cur
+        return [
+            (f"{self.opt.host}:trend:{f.details['rule']}:{f.details['resource']}:{f.at!r}", f)
+            for f in self._kernel_reader.trends.add_all(events)
+        ]
 
     def _watch(self) -> None:
         next_metrics = 0.0

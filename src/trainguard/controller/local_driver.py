@@ -67,12 +67,14 @@ from trainguard.controller.runtime import DriverRuntime
 from trainguard.controller.service import ControlPlane
 from trainguard.controller.sources import (
     Evidence,
+    FindingEvidence,
     ProgressEvidence,
     QueueSource,
-    kernel_line_evidence,
+    kernel_line_evidences,
 )
 from trainguard.diagnose.detectors import ProgressLineParser
 from trainguard.diagnose.health_watch import report_metrics
+from trainguard.diagnose.kernel_finding import KernelLineReader
 from trainguard.model.devices import Device
 from trainguard.model.files import make_private_dirs
 from trainguard.model.plan import Mode
@@ -146,6 +148,7 @@ class LocalDriver:
         self.say = say or (lambda m: print(m, file=sys.stderr, flush=True))
         # This mode's evidence sources (controller/sources.py): lines and datagrams the
         # follower and listener threads push; each push wakes a pass at once.
+        self._kernel_reader = KernelLineReader()
         self.kernel = QueueSource("kernel log", self._kernel_evidence, on_push=self._wake)
         self.progress = QueueSource("progress socket", self._progress_evidence,
                                     on_push=self._wake)  # fmt: skip
@@ -442,8 +445,8 @@ class LocalDriver:
         self.say(f"trainguard: lost the lease on {o.state} while taking over: {exc}")
         return RunResult("", EXIT_STOPPED, JobState.STOPPED, str(exc))
 
-    def _kernel_evidence(self, line: KernelLine) -> Evidence | None:
-        return kernel_line_evidence(line, self.devices)
+    def _kernel_evidence(self, line: KernelLine) -> list[FindingEvidence]:
+        return kernel_line_evidences(self._kernel_reader, line, self.devices)
 
     def _progress_evidence(self, ev: ProgressReceived) -> Evidence | None:
         if ev.event.event != "progress":

@@ -61,6 +61,7 @@ from trainguard.controller.engine.executor import Executor
 from trainguard.controller.engine.health import HealthEnforcer
 from trainguard.controller.engine.snapshot import SnapshotBuilder
 from trainguard.controller.engine.traits import SchedulerTraits
+from trainguard.controller.engine.trends import CheckpointDrains
 from trainguard.controller.lease import LeaderElector
 from trainguard.controller.repair import deliver_due
 from trainguard.model.fleet import EffectiveMode, FleetJob
@@ -97,6 +98,7 @@ class Reconciler:
         self.evidence = EvidenceFollower(core)
         applier = ActionRunner(core)  # the one applier of every step's scheduler call
         self.health = HealthEnforcer(core, applier)
+        self.drains = CheckpointDrains(core)
         self.attempts = AttemptSync(core, self.evidence, applier)
         self.planner = SnapshotBuilder(core, self.evidence)
         self.executor = Executor(core, self.planner, self.attempts, applier)
@@ -199,6 +201,8 @@ class Reconciler:
             phase("jobs")
             self.health.quarantine_idle_cards(ctx)
             phase("idle")
+            self.drains.run(ctx)  # trend-named cards, at their job's next checkpoint (0517)
+            phase("drains")
             if report.opened:
                 ctx = ctx.observed(self.scheduler.observe())
             live = self.core.live_incidents()

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from trainguard.diagnose.kernel_finding import kernel_finding
+from trainguard.diagnose.kernel_finding import KernelLineReader, kernel_finding
 from trainguard.model.devices import Device
 from trainguard.model.findings import Finding
 from trainguard.model.records import RankReport
@@ -138,7 +138,7 @@ class QueueSource:
     def __init__(
         self,
         name: str,
-        convert: Callable[[Any], Evidence | None],
+        convert: Callable[[Any], Evidence | Sequence[Evidence] | None],
         *,
         on_push: Callable[[], None] | None = None,
         interval: float | None = None,
@@ -165,7 +165,9 @@ class QueueSource:
             except queue.Empty:
                 return out
             ev = self.convert(item)
-            if ev is not None:
+            if isinstance(ev, Sequence):
+                out.extend(ev)  # a line that yields several findings (its own and a trend)
+            elif ev is not None:
                 out.append(ev)
 
     def close(self) -> None:
@@ -178,6 +180,17 @@ def kernel_line_evidence(
     """One kernel-log line as evidence (the one rule: diagnose/kernel_finding.py)."""
     found = kernel_finding(line.text, line.at, inventory, node)
     return None if found is None else FindingEvidence(*found)
+
+
+def kernel_line_evidences(
+    reader: KernelLineReader,
+    line: KernelLine,
+    inventory: Sequence[Device] = (),
+    node: str | None = None,
+) -> list[FindingEvidence]:
+    """One kernel-log line of a follower as evidence: lines benign alone are counted into
+    the reader's rate rules, and a trend they complete is evidence (decision 0515)."""
+    return [FindingEvidence(*found) for found in reader.read(line.text, line.at, inventory, node)]
 
 
 class KernelLogFiles:
@@ -201,6 +214,7 @@ class KernelLogFiles:
         self.clock = clock
         self._followers: dict[str, FileFollower] = {}
         self._lines: list[tuple[str, KernelLine]] = []
+        self._reader = KernelLineReader()  # one set of rate-rule windows for every node
 
     def _sink(self, node: str) -> Callable[[Any], None]:
         def sink(line: Any) -> None:
@@ -221,9 +235,7 @@ class KernelLogFiles:
         lines, self._lines = self._lines, []
         out: list[Evidence] = []
         for node, line in lines:
-            ev = kernel_line_evidence(line, nodes.get(node, ()), node)
-            if ev is not None:
-                out.append(ev)
+            out.extend(kernel_line_evidences(self._reader, line, nodes.get(node, ()), node))
         return out
 
     def close(self) -> None:
@@ -313,5 +325,6 @@ __all__ = [
     "Recorder",
     "SourceSet",
     "kernel_line_evidence",
+    "kernel_line_evidences",
     "record",
 ]

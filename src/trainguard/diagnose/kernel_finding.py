@@ -17,6 +17,12 @@ The host rule:
 * a card resolved by uuid keeps its PCI bus id in ``details``, not the culprit: every
   node of a cluster has the same PCI topology, and attribution matches uuid *or* bus
   id, so the bus id would name the same slot on the job's other nodes.
+
+:class:`KernelLineReader` is what a follower of one log uses: a line that is benign on
+its own (a corrected AER error, an EDAC CE) is counted into the per-device rate rules
+of :mod:`trainguard.diagnose.trends` instead of becoming a finding, an ECC XID is both
+a finding and a count, and a rule that reaches its threshold adds one ``trend``
+finding naming the device (decision 0515).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from collections.abc import Sequence
 
 from trainguard.diagnose.detectors import line_finding
 from trainguard.diagnose.signatures import classify_line
+from trainguard.diagnose.trends import TrendConfig, TrendCounter, benign_alone, line_events
 from trainguard.model.devices import Device
 from trainguard.model.findings import Domain, Finding
 
@@ -68,4 +75,24 @@ def own_host(
     return f, host
 
 
-__all__ = ["SOURCE", "kernel_finding", "own_host"]
+class KernelLineReader:
+    """Kernel-log lines of one follower as findings, benign lines counted (module doc)."""
+
+    def __init__(self, config: TrendConfig | None = None) -> None:
+        self.trends = TrendCounter(config)
+
+    def read(
+        self, text: str, at: float, inventory: Sequence[Device] = (), node: str | None = None
+    ) -> list[tuple[Finding, str | None]]:
+        """The findings one line yields (its own, unless benign alone; a trend it completes)."""
+        found = kernel_finding(text, at, inventory, node)
+        if found is None:
+            return []
+        f, host = found
+        out = [] if benign_alone(f) is not None else [found]
+        for trend in self.trends.add_all(line_events(f, host)):
+            out.append((trend, host))
+        return out
+
+
+__all__ = ["SOURCE", "KernelLineReader", "kernel_finding", "own_host"]

@@ -12,7 +12,8 @@ Canonical name <- DCGM exporter field / ``nvidia-smi -q`` entry:
   Double Bit Total); ``ecc_sbe_aggregate``, ``ecc_dbe_aggregate`` likewise
 * ``row_remap_pending``, ``row_remap_failure`` <- ``DCGM_FI_DEV_ROW_REMAP_{PENDING,FAILURE}``
   / Remapped Rows: Pending, Remapping Failure Occurred
-* ``retired_pending`` <- ``DCGM_FI_DEV_RETIRED_PENDING`` / Pending Page Blacklist
+* ``retired_pending`` <- ``DCGM_FI_DEV_RETIRED_PENDING`` / Pending Page Blacklist;
+  ``retired_sbe``, ``retired_dbe`` <- ``DCGM_FI_DEV_RETIRED_{SBE,DBE}`` (pages retired)
 * ``pcie_replay`` <- ``DCGM_FI_DEV_PCIE_REPLAY_COUNTER``
 * ``thermal_violation_us``, ``power_violation_us`` <- ``DCGM_FI_DEV_{THERMAL,POWER}_VIOLATION``
 * ``thermal_slowdown`` <- clocks event reasons bits 0x20/0x40 / HW, SW Thermal Slowdown
@@ -32,7 +33,7 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +71,8 @@ _DCGM: dict[str, str] = {
     "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": "remapped_rows_uncorrectable",
     "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": "remapped_rows_correctable",
     "DCGM_FI_DEV_RETIRED_PENDING": "retired_pending",
+    "DCGM_FI_DEV_RETIRED_SBE": "retired_sbe",
+    "DCGM_FI_DEV_RETIRED_DBE": "retired_dbe",
     "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": "pcie_replay",
     "DCGM_FI_DEV_THERMAL_VIOLATION": "thermal_violation_us",
     "DCGM_FI_DEV_POWER_VIOLATION": "power_violation_us",
@@ -103,6 +106,21 @@ def _derive(values: dict[str, float]) -> None:
     reasons = values.get("clocks_event_reasons")
     if reasons is not None and "thermal_slowdown" not in values:
         values["thermal_slowdown"] = 1.0 if int(reasons) & _THERMAL_BITS else 0.0
+
+
+def canonical_values(values: Mapping[str, float]) -> dict[str, float]:
+    """One GPU's DCGM field values (``DCGM_FI_DEV_...`` -> value) under the canonical
+    names, NVLink counters summed, as :func:`parse_prometheus` gives them."""
+    out: dict[str, float] = {}
+    for name, value in values.items():
+        canon = _DCGM.get(name) or (
+            _DCGM.get(name[: -len("_total")]) if name.endswith("_total") else None
+        )
+        if canon is None or math.isnan(value):
+            continue
+        out[canon] = out.get(canon, 0.0) + value if canon.startswith("nvlink_") else value
+    _derive(out)
+    return out
 
 
 def parse_prometheus(text: str, at: float, host: str | None = None) -> list[GpuSample]:

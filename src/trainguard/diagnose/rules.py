@@ -78,8 +78,14 @@ _ZERO_AFTER = re.compile(
 
 def negated(text: str, start: int, end: int) -> bool:
     """Whether the match ``text[start:end]`` is a zero or negated count, not an event."""
-    if start and _ZERO_BEFORE.search(text, max(0, start - 80), start):
-        return True
+    if start:
+        # The regex only when a word it needs is there: most matches have none before them.
+        lo = max(0, start - 80)
+        before = text[lo:start].lower()
+        if ("0" in before or "no" in before or "zero" in before or "without" in before) and (
+            _ZERO_BEFORE.search(text, lo, start)
+        ):
+            return True
     return _ZERO_AFTER.match(text, end) is not None
 
 

@@ -46,6 +46,8 @@ from trainguard.diagnose.matcher import ALL_RULES, Prefilter, PrefilterCache, ge
 from trainguard.diagnose.nvlink import decode_xid74, sxid_info
 from trainguard.diagnose.prefix import Prefix, split_prefix
 from trainguard.diagnose.rules import RULES, TRACEBACK_HEADER, Rule
+from trainguard.diagnose.templates import PCI_RE as _PCI_RE
+from trainguard.diagnose.templates import TemplateCache, normalize_message, template_key
 from trainguard.diagnose.xid import (
     RECOVERY_ACTIONS,
     is_nvlink5_nonfatal,
@@ -68,10 +70,6 @@ _XID_RE = re.compile(
     r"(?P<msg>.*)"
 )
 _SXID_RE = re.compile(r"\bSXid \((?:PCI:)?(?P<pci>[0-9a-fA-F:.]+)\): (?P<sxid>\d+)")
-_PCI_RE = re.compile(
-    r"(?<![0-9a-fA-F:])(?:PCI:)?(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)"
-    r"(?![0-9a-fA-F]|:[0-9a-fA-F])"
-)
 _RANK_RES = (
     re.compile(r"(?<![\w])(?:global[ _])?[Rr]ank[ \t]*[:=]?[ \t]*(?P<rank>\d+)"),
     re.compile(r"\btasks? (?P<rank>\d+)\b"),
@@ -85,6 +83,10 @@ _JOB_RES = (
     re.compile(r"\bin step (?P<job>\d+)\."),
     re.compile(r"\bSLURM_JOB_ID=(?P<job>\d+)"),
 )
+_JOB_RES_LITERALS = tuple(
+    zip(_JOB_RES, ("StepId=", "ob", "in step ", "SLURM_JOB_ID="), strict=True)
+)
+_RANK_RES_LITERALS = tuple(zip(_RANK_RES, ("ank", "task"), strict=True))
 _SRUN_HOST_RE = re.compile(r"srun: error: (?P<host>[\w.-]+): tasks? ")
 _SLURM_NODE_RE = re.compile(r"(?:Node failure on|Nodes?) (?P<host>[\w.\[\],-]+)")
 _SIGNAL_RE = re.compile(r"Signal (?P<num>\d+) \((?P<name>SIG[A-Z]+)\)")
@@ -121,20 +123,29 @@ _NNODES_RE = re.compile(r"--nnodes[= ](?P<n>\S+)")
 _EXC_LINE_RE = re.compile(
     r"(?P<name>(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)|\bException): (?P<msg>.*)$"
 )
-_PORT_RES = (
-    re.compile(r"\b(?P<port>mlx\d_\d+:? port \d+|mlx\d_\d+:\d+)"),
-    re.compile(r"\b[Mm]odule (?P<port>\d+)\b"),
-    re.compile(r"\b(?P<port>Port:? \d+)"),
-    re.compile(r"\b(?P<port>(?:ib|ibp|en[ops]|eth|bond)\w*)(?=:? )"),
+_PORT_RES = (  # (regex, a literal each of its matches contains)
+    (re.compile(r"\b(?P<port>mlx\d_\d+:? port \d+|mlx\d_\d+:\d+)"), "mlx"),
+    (re.compile(r"\b[Mm]odule (?P<port>\d+)\b"), "odule "),
+    (re.compile(r"\b(?P<port>Port:? \d+)"), "Port"),
 )
+# An interface name at a word's start (``ib0``, ``enp1s0f0``, ``eth2``, ``bond0``). Without
+# a leading \b the regex engine skips to the first letters at C speed; the word start is
+# checked on each match (a match inside a word consumes only word characters, so it never
+# hides one that starts a word).
+_IFACE_RE = re.compile(r"(?P<port>(?:ib|ibp|en[ops]|eth|bond)\w*)(?=:? )")
+_WORD_CHAR_RE = re.compile(r"\w")
 
 
 def _port_of(text: str) -> str | None:
     """The NIC port a network line names: ``mlx5_0 port 1``, ``module 0``, ``enp1s0f0``."""
-    for i, rx in enumerate(_PORT_RES):
-        m = rx.search(text)
+    for i, (rx, literal) in enumerate(_PORT_RES):
+        m = rx.search(text) if literal in text else None
         if m:
             return f"module {m.group('port')}" if i == 1 else m.group("port")
+    for m in _IFACE_RE.finditer(text):
+        at = m.start()
+        if at == 0 or not _WORD_CHAR_RE.match(text, at - 1):
+            return m.group("port")
     return None
 
 
@@ -142,25 +153,6 @@ _SIGNAL_NAMES = {
     1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 7: "SIGBUS", 9: "SIGKILL",
     11: "SIGSEGV", 15: "SIGTERM",
 }  # fmt: skip
-
-# --- signature normalisation -------------------------------------------------------------
-
-_NORM_SUBS = (
-    (re.compile(r"GPU-[0-9a-fA-F-]{8,}"), "<uuid>"),
-    (_PCI_RE, "<pci>"),
-    (re.compile(r"0x[0-9a-fA-F]+"), "<hex>"),
-    (re.compile(r"\b[0-9a-fA-F]{8,}\b"), "<hex>"),
-    (re.compile(r"\d+(?:\.\d+)?"), "<n>"),
-    (re.compile(r"\s+"), " "),
-)
-
-
-def normalize_message(body: str) -> str:
-    """The message with numbers, addresses, ids and pids stripped, for "same failure" tests."""
-    text = body.strip()
-    for rx, repl in _NORM_SUBS:
-        text = rx.sub(repl, text)
-    return text[:240]
 
 
 @dataclass
@@ -372,18 +364,19 @@ def _refine(rule: Rule, text: str, f: _Fields, details: dict[str, object]) -> No
 
 def _common_fields(text: str, prefix: Prefix, f: _Fields) -> None:
     """Host, rank, job and PCI id wherever the line names them."""
-    m = _SLURM_RE.search(text)
+    # Each regex runs only when a literal every match of it contains is in the line.
+    m = _SLURM_RE.search(text) if "*** " in text else None
     if m:
         f.job = f.job or m.group("job")
         f.host = f.host or m.group("host")
     if f.job is None:
-        for rx in _JOB_RES:
-            m = rx.search(text)
+        for rx, literal in _JOB_RES_LITERALS:
+            m = rx.search(text) if literal in text else None
             if m:
                 f.job = m.group("job")
                 break
     if f.host is None:
-        m = _SRUN_HOST_RE.search(text)
+        m = _SRUN_HOST_RE.search(text) if "srun: error: " in text else None
         if m:
             f.host = m.group("host")
         elif f.kind == "node_failure":
@@ -395,8 +388,8 @@ def _common_fields(text: str, prefix: Prefix, f: _Fields) -> None:
     if f.rank is None:
         f.rank = prefix.rank
     if f.rank is None:
-        for rx in _RANK_RES:
-            m = rx.search(prefix.body)
+        for rx, literal in _RANK_RES_LITERALS:
+            m = rx.search(prefix.body) if literal in prefix.body else None
             if m:
                 f.rank = int(m.group("rank"))
                 break
@@ -408,7 +401,38 @@ def _common_fields(text: str, prefix: Prefix, f: _Fields) -> None:
             f.pci = _norm_pci(m.group("pci"))
 
 
+_TEMPLATES: TemplateCache[LineMatch] = TemplateCache()
+
+
 def _build(rule: Rule, text: str, prefix: Prefix, lineno: int | None) -> LineMatch:
+    """The match of a line the rule matched; a repeat of a message template is built once
+    (diagnose/templates.py): only its text, line number and timestamp are its own."""
+    key = template_key(text, prefix.timestamp)
+    done = _TEMPLATES.get(rule.name, key)
+    if done is None:
+        done = _build_new(rule, text, prefix, lineno)
+        _TEMPLATES.put(rule.name, key, done)
+    # Built field by field: dataclasses.replace costs several times as much. Each match
+    # gets its own details (callers may extend them).
+    return LineMatch(
+        done.kind,
+        done.domain,
+        done.severity,
+        done.action,
+        text,
+        done.signature,
+        done.xid,
+        done.pci_bus_id,
+        done.rank,
+        done.host,
+        done.job_id,
+        lineno,
+        prefix.timestamp,
+        dict(done.details),
+    )
+
+
+def _build_new(rule: Rule, text: str, prefix: Prefix, lineno: int | None) -> LineMatch:
     f = _Fields(rule.kind, rule.domain, rule.severity, rule.action.value)
     details: dict[str, object] = {"rule": rule.name}
     _refine(rule, text, f, details)

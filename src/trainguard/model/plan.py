@@ -66,6 +66,13 @@ class RecoveryPolicy:
     # jobs failed the same way, or its last M ended without a newer checkpoint.
     series_same_failure_jobs: int = 3
     series_no_checkpoint_jobs: int = 3
+    # Trends, not lines (decision 0515): events that are benign one at a time (a corrected
+    # AER error, a c10d connect retry, an ECC page retirement) count per device within a
+    # sliding window; reaching the threshold names the device. ECC events are rarer and
+    # graver than correctable link errors: their own, lower threshold.
+    trend_window_seconds: float = 3600.0
+    trend_threshold: int = 20
+    ecc_trend_threshold: int = 3
 
     def __post_init__(self) -> None:
         if self.placement not in PLACEMENTS:

@@ -355,6 +355,35 @@ class PolicyDocument:
         minimum=1,
         decision="0502",
     )
+    trend_window_seconds: float | None = _setting(
+        "trend_window_seconds",
+        "float",
+        "the sliding window of the per-device rate rules (corrected AER, NVLink and ECC "
+        "events, c10d connect retries)",
+        unit="s",
+        minimum=0,
+        exclusive=True,
+        decision="0515",
+    )
+    trend_threshold: int | None = _setting(
+        "trend_threshold",
+        "int",
+        "correctable PCIe/AER, NVLink, host-memory or c10d-retry events of one device or "
+        "host within the window that raise a trend finding",
+        unit="events",
+        minimum=1,
+        decision="0515",
+    )
+    ecc_trend_threshold: int | None = _setting(
+        "ecc_trend_threshold",
+        "int",
+        "ECC events of one GPU within the window (XID 63/64/92, retired or remapped pages, "
+        "single-bit ECC errors) that raise a creeping-ECC finding and drain the card at the "
+        "job's next checkpoint",
+        unit="events",
+        minimum=1,
+        decision="0515",
+    )
 
     def settings(self) -> Iterator[tuple[Setting, Any]]:
         """Each setting with this document's value (``None``: unset)."""
