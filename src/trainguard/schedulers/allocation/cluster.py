@@ -6,11 +6,14 @@ by that node's agent (agent.py) over the authenticated connection of wire.py. Th
 job it runs is the user's torchrun job on ``want`` of the nodes; the others are hot
 spares (a parked warm standby each).
 
-* ``observe``: the job RUNNING while every node of its attempt is; FAILED once a node
-  of it is lost (its agent's connection closed, or silent for ``agent_timeout``) or a
-  rank died on one (after the settle window, as ``run`` waits for late evidence);
+* ``observe``: the job RUNNING while every node of its attempt is; FAILED once a rank
+  died on one of them (after the settle window, as ``run`` waits for late evidence);
   COMPLETED when every node's launcher exited 0 with its output drained. A lost node
-  is DOWN; a node out of the job's use is DRAINED (for this job).
+  (its agent's connection closed, or silent for ``agent_timeout``) is DOWN at once, and
+  the driver records a fatal node finding, which fails the attempt through the engine's
+  evidence rule (attributed to that node, which is then drained); ``LOST_GRACE`` later the
+  job is FAILED by the node's loss alone (nothing acted on the finding). A node out of
+  the job's use is DRAINED (for this job).
 * ``requeue``: a restart *inside* the allocation: the failed attempt's culprit node
   (policy/allocation.py ``failed_nodes``) and the engine's exclusions leave the job's
   use for good; every node of the attempt is stopped at once (in parallel); the next
@@ -46,7 +49,6 @@ from trainguard.model.signature import ATTEMPT_MARKER
 from trainguard.schedulers._keys import KeyBook
 from trainguard.schedulers.allocation.wire import Channel, WireError, accept
 from trainguard.schedulers.base import (
-    GENERIC_TRAITS,
     ActionResult,
     JobPhase,
     JobSpec,
@@ -55,12 +57,14 @@ from trainguard.schedulers.base import (
     ObservedJob,
     ObservedNode,
     SchedulerError,
+    SchedulerTraits,
 )
 from trainguard.signals.kernel_log import KernelLine
 from trainguard.signals.progress import ProgressReceived
 
 AGENT_TIMEOUT = 3.0  # seconds without a heartbeat before a node is lost
 STOP_WAIT = 10.0  # longest a restart waits for a node to confirm its part stopped
+LOST_GRACE = 2.0  # a lost node fails the job by itself after this (module docstring)
 
 
 @dataclass(frozen=True)
@@ -148,7 +152,10 @@ class AllocationCluster:
     """``ClusterScheduler`` over the nodes of one allocation (module docstring)."""
 
     name = "allocation"
-    traits = GENERIC_TRAITS  # restarts only when asked; each attempt's output kept
+    # Restarts only when asked; each attempt's output kept. A lost node comes back to the
+    # cluster unless drained (Slurm returns it to service): evidence against it still
+    # quarantines it, which drains it (decision 0512).
+    traits = SchedulerTraits(down_nodes_return=True)
 
     def __init__(
         self,
@@ -470,10 +477,14 @@ class AllocationCluster:
             return job.orphan, None, None
         if att is None:
             return JobPhase.PENDING, None, None
-        for name in att.nodes:
-            if self._nodes[name].lost is not None:
-                return JobPhase.FAILED, None, name
         now = self.clock()
+        for name in att.nodes:
+            node = self._nodes[name]
+            # The node's fatal finding (the driver records one when it is lost) fails the
+            # attempt first, attributed to the node, as Slurm's node events do for slurm
+            # watch; this is the fallback when nothing acts on that finding.
+            if node.lost is not None and now >= (node.lost_at or 0.0) + LOST_GRACE:
+                return JobPhase.FAILED, None, name
         if att.first_failure:
             at, report = min(att.first_failure.values(), key=lambda v: v[0])
             if now >= at + self.settle or len(att.done) == len(att.nodes):
