@@ -158,3 +158,41 @@ def test_an_xid_leaves_the_node_out_drains_it_and_uses_the_spare(
     wait_until(lambda: _ended(slurm, jid), 180, f"job {jid} to end")
     _assert_finished_on_the_spare(work, "n2", 80)
     assert "DRAIN" in slurm.node("n2")["state_flags"]
+
+
+def test_no_spare_left_continues_on_fewer_nodes_when_min_nodes_allows(
+    slurm: LocalSlurm, tmp_path: Path
+) -> None:
+    work = tmp_path / "job"
+    jid = _submit(
+        slurm, work, nodes=2, spares=0, tg=("--min-nodes=1",),
+        train=("--fail-at-step", "12", "--fault-rank", "1", "--fault-attempt", "0",
+               "--allow-world-size-change"),
+    )  # fmt: skip
+    wait_until(lambda: _ended(slurm, jid), 180, f"job {jid} to end")
+    text = (work / "out.txt").read_text(errors="replace")
+    assert slurm.job(jid)["JobState"] == "COMPLETED", text[-3000:]
+    assert "done steps=60" in text
+    (first, second) = _placements(work)
+    assert first[1] == ("n1", "n2") and second[2] == "smaller" and len(second[1]) == 1
+
+
+def test_no_spare_and_no_smaller_falls_back_to_the_requeue_path_and_says_why(
+    slurm: LocalSlurm, tmp_path: Path
+) -> None:
+    work = tmp_path / "job"
+    jid = _submit(
+        slurm, work, nodes=2, spares=0,
+        train=("--fail-at-step", "12", "--fault-rank", "1", "--fault-attempt", "0"),
+    )  # fmt: skip
+    wait_until(lambda: _ended(slurm, jid), 180, f"job {jid} to end")
+    text = (work / "out.txt").read_text(errors="replace")
+    assert slurm.job(jid)["JobState"] == "FAILED", text[-3000:]  # Slurm's path from here
+    assert "back to Slurm's requeue path" in text and "needs at least 2" in text
+    assert len(_placements(work)) == 1  # never restarted inside the allocation
+    store = _store(work)
+    try:
+        (job,) = store.jobs.list_jobs()
+        assert job.state.value == "stopped" and "requeue path" in (job.reason or "")
+    finally:
+        store.close()
