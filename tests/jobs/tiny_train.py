@@ -40,6 +40,8 @@ Options:
   --memory-snapshots   a memory snapshot after every step (TRAINGUARD_SNAPSHOT_DIR: where)
   --stop-on-signal     planned stops: ask ckpt.stop_requested() after every step (the stop
                        signal, default SIGTERM, then saves that step and ends the job, exit 0)
+  --allow-world-size-change  resume a checkpoint saved by another number of ranks (the
+                       replicated state; a job that continues on fewer nodes)
   --device D           cpu (default) or cuda (the rank's LOCAL_RANK device; deterministic kernels)
   --backend B          process-group backend: gloo (default) or nccl; nccl starts a process
                        group even for one rank, so the NCCL paths run on a one-GPU machine
@@ -244,6 +246,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--memory-snapshots", action="store_true")
     p.add_argument("--stop-on-signal", action="store_true")
+    p.add_argument("--allow-world-size-change", action="store_true")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     p.add_argument("--nan-grad-at-step", type=int, default=None)
@@ -320,7 +323,9 @@ def main(argv: list[str] | None = None) -> int:
         async_save=args.async_save,
         memory_snapshots=args.memory_snapshots,
     ) as ckpt:
-        start = resume(ckpt, state, verify=args.verify).step
+        start = resume(
+            ckpt, state, verify=args.verify, allow_world_size_change=args.allow_world_size_change
+        ).step
         net: nn.Module = job.model
         if distributed:
             net = nn.parallel.DistributedDataParallel(

@@ -189,6 +189,38 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="one trainguard at a time acts on a state database: a run that cannot renew "
         "its lease for S seconds (paused, stuck disk) loses it to the next (default 15)",
     )
+    alloc = p.add_argument_group(
+        "inside a Slurm allocation (srun --ntasks-per-node=1 trainguard run --spares K ...; "
+        "docs/slurm.md)"
+    )
+    alloc.add_argument(
+        "--spares",
+        type=_non_negative_int,
+        metavar="K",
+        help="run as one node of the job's allocation: the first node leads, the command "
+        "(torchrun) runs on all nodes but K, the K others are hot spares; a failure is "
+        "recovered inside the allocation (the bad node left out, a spare in its place)",
+    )
+    alloc.add_argument(
+        "--min-nodes",
+        type=_non_negative_int,
+        metavar="M",
+        help="with --spares: with no spare left, continue on as few as M nodes (default: "
+        "the MIN of --nnodes MIN:MAX, else every node); fewer: back to Slurm's requeue path",
+    )
+    alloc.add_argument(
+        "--drain-via",
+        metavar="URL",
+        help="with --spares: ask this cluster-level trainguard (serve) to drain a bad node "
+        "(token from TRAINGUARD_TOKEN); without it scontrol is used when permitted, else "
+        "the exact scontrol line is recorded",
+    )
+    alloc.add_argument(
+        "--node-address",
+        metavar="ADDR",
+        help="with --spares: the address the other nodes reach this one at (default: its "
+        "host name, resolved)",
+    )
     add_policy_options(p)
     add_breaker_options(p)
     p.add_argument(
@@ -243,6 +275,8 @@ def handle(args: argparse.Namespace) -> int:
             lease_ttl=args.lease_ttl,
             breaker=breaker_config(args),
         )
+        if args.spares is not None:
+            return _in_allocation(args, options)
         controller = LocalDriver(options)
     except PolicyError as exc:
         return error(policy_error(exc), 2)
@@ -254,3 +288,24 @@ def handle(args: argparse.Namespace) -> int:
         return error(str(exc), 2)
     # The controller has already said why on stderr ("trainguard: job stopped: ...").
     return result.exit_code
+
+
+def _in_allocation(args: argparse.Namespace, options: object) -> int:
+    """``--spares``: this node's part of the allocation (controller/alloc_driver.py)."""
+    from trainguard.api.client import report_node_down
+    from trainguard.controller.alloc_driver import AllocOptions, run_in_allocation
+    from trainguard.controller.local_options import RunOptions
+    from trainguard.store import StoreError
+
+    assert isinstance(options, RunOptions)
+    extra = AllocOptions(
+        spares=args.spares,
+        min_nodes=args.min_nodes or None,
+        drain_via=args.drain_via,
+        address=args.node_address,
+        ask_cluster=report_node_down,
+    )
+    try:
+        return run_in_allocation(options, extra)
+    except StoreError as exc:
+        return error(str(exc), 2)

@@ -205,5 +205,35 @@ __all__ = [
     "ApiClient",
     "ApiError",
     "RemoteOperations",
+    "report_node_down",
     "resolve_token",
 ]
+
+
+def report_node_down(server: str, node: str, reason: str) -> str | None:
+    """Ask the cluster-level trainguard (``serve``) to take ``node`` out of service, as
+    its agent on that node would: a fatal node finding on ``POST
+    /v1/agents/NODE/findings`` (token from ``TRAINGUARD_TOKEN``); its engine drains the
+    node through its own scheduler (decision 0512). ``None`` when accepted, else the
+    problem."""
+    import time
+
+    from trainguard.model.findings import Culprit, Domain, Finding, Severity
+
+    finding = Finding(
+        kind="node_down",
+        domain=Domain.NODE,
+        at=time.time(),
+        source="allocation",
+        message=reason[:240],
+        severity=Severity.FATAL,
+        culprit=Culprit(host=node),
+        signature="allocation:node_out",
+    )
+    body = {"id": f"alloc-{node}-{int(finding.at * 1000)}", **finding.to_dict()}
+    try:
+        with ApiClient(server, resolve_token(None), timeout_s=10.0) as client:
+            client.post(f"/v1/agents/{node}/findings", {"findings": [body]})
+    except (ApiError, ValueError) as exc:
+        return str(exc)
+    return None

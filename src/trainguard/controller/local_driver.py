@@ -92,7 +92,7 @@ from trainguard.policy.start import default_need, start_devices
 from trainguard.schedulers.base import JobSpec, SchedulerError
 from trainguard.schedulers.local import JOB_ID_ENV, LocalProcesses
 from trainguard.schedulers.local_cluster import LocalCluster, LocalLaunch
-from trainguard.signals.inventory import InventoryError, load
+from trainguard.signals.inventory import Inventory, InventoryError, load
 from trainguard.signals.kernel_log import KernelLine, open_kernel_log
 from trainguard.signals.progress import ProgressListener, ProgressReceived, short_socket_dir
 from trainguard.store import NotFound, Store
@@ -168,8 +168,8 @@ class LocalDriver:
     def run(self) -> RunResult:
         o = self.opt
         try:
-            inv = load(simulate=o.simulate_devices, inventory_file=o.inventory_file)
-        except (InventoryError, OSError) as exc:
+            inv = self._inventory()
+        except (InventoryError, OSError, ValueError) as exc:
             self.say(f"trainguard: bad inventory: {exc}")
             return RunResult("", 2, JobState.STOPPED, str(exc))
         self.devices = inv.devices
@@ -181,24 +181,7 @@ class LocalDriver:
         self.logs = log_dir(o.state, self.job_id, o.log_dir)
         sock_dir = short_socket_dir()
         listener = ProgressListener(os.path.join(sock_dir, "progress.sock"), self._push)
-        cluster = LocalCluster(
-            root,
-            self.devices,
-            grace=o.grace,
-            clock=self.clock,
-            sink=self._push,
-            launch=LocalLaunch(
-                warm_standby=o.warm_standby,
-                warm_workers=o.warm_workers,
-                progress_url=listener.url,
-                echo=o.echo,
-                kill_grace=o.kill_grace,
-                snapshot_flush_wait=o.snapshot_flush_wait,
-                settle=o.settle,
-                log_dir=self.logs,
-                resume_command=_resume_command(o.resume_arg),
-            ),
-        )
+        cluster = self._cluster(root, listener)
         store = Store.open(o.state, at=self.clock())
         plane = ControlPlane(
             store,
@@ -217,7 +200,7 @@ class LocalDriver:
             # run's crash points; lenient: the variable also names the job's own phases
             crash=CrashPoints(strict=False),
         )
-        kernel, description = open_kernel_log(o.kernel_log, self._push, self.clock)
+        kernel, description = self._kernel_log()
         restore = self._install_signal_handlers()
         try:
             listener.start()
@@ -238,9 +221,7 @@ class LocalDriver:
             store.close()
             shutil.rmtree(sock_dir, ignore_errors=True)
 
-    def _drive(
-        self, plane: ControlPlane, store: Store, o: RunOptions, cluster: LocalCluster
-    ) -> RunResult:
+    def _drive(self, plane: ControlPlane, store: Store, o: RunOptions, cluster: Any) -> RunResult:
         # Take the lease before anything is submitted, at once from a run that provably
         # died (0220, 0385), without a pass: the dead run's jobs are not adopted yet.
         cfg = plane.config
@@ -271,7 +252,7 @@ class LocalDriver:
         if took.job_id is not None:  # its attempts' logs stay in its own directory
             self.job_id = job_id = took.job_id
             self.logs = log_dir(o.state, job_id, o.log_dir)
-            cluster.launch_options = dataclasses.replace(cluster.launch_options, log_dir=self.logs)
+            self._use_logs(cluster)
         make_private_dirs(self.logs)
         try:
             adoption.replay(fence)
@@ -296,7 +277,7 @@ class LocalDriver:
         plane.reconciler.post_steps.append(adoption)
         loop = _RunLoop(self, plane, store, fj.job_id)
         runtime = self._runtime = DriverRuntime(
-            loop, [self.kernel, self.progress], tick=self.tick, clock=self.clock,
+            loop, self._sources(), tick=self.tick, clock=self.clock,
             on_report=loop.after_pass, on_error=self._failed, close_plane=False,
             recorder=plane,
         )  # fmt: skip
@@ -320,6 +301,48 @@ class LocalDriver:
             return self._lease_lost(o, fj.job_id)
         self._tell(store, fj.job_id)
         return RunResult(fj.job_id, code, JobState.STOPPED, reason)
+
+    # --- what a driver of another kind of cluster replaces (alloc_driver.py) ---------
+
+    def _inventory(self) -> Inventory:
+        o = self.opt
+        return load(simulate=o.simulate_devices, inventory_file=o.inventory_file)
+
+    def _cluster(self, root: str, listener: ProgressListener) -> Any:
+        o = self.opt
+        return LocalCluster(
+            root,
+            self.devices,
+            grace=o.grace,
+            clock=self.clock,
+            sink=self._push,
+            launch=LocalLaunch(
+                warm_standby=o.warm_standby,
+                warm_workers=o.warm_workers,
+                progress_url=listener.url,
+                echo=o.echo,
+                kill_grace=o.kill_grace,
+                snapshot_flush_wait=o.snapshot_flush_wait,
+                settle=o.settle,
+                log_dir=self.logs,
+                resume_command=_resume_command(o.resume_arg),
+            ),
+        )
+
+    def _sources(self) -> list[Any]:
+        """The evidence sources the runtime polls before each pass."""
+        return [self.kernel, self.progress]
+
+    def _use_logs(self, cluster: Any) -> None:
+        """An adopted job's attempt logs stay in its own directory (``self.logs``)."""
+        cluster.launch_options = dataclasses.replace(cluster.launch_options, log_dir=self.logs)
+
+    def _kernel_log(self) -> tuple[Any, str]:
+        return open_kernel_log(self.opt.kernel_log, self._push, self.clock)
+
+    def _ended_by_cluster(self, plane: ControlPlane, job_id: str) -> RunResult | None:
+        """How the run ends when its cluster ends the job by itself (``None``: not)."""
+        return None
 
     # --- the loop's events ---------------------------------------------------------
 
@@ -536,6 +559,10 @@ class _RunLoop:
             for error in report.errors:
                 d.say(f"trainguard: reconcile: {error}")
             d._tell(store, self.job_id)
+            ended = d._ended_by_cluster(self.plane, self.job_id) if report.leader else None
+            if ended is not None:
+                d._finish(ended)
+                return
             if not report.leader:
                 d._finish(d._lease_lost(d.opt, self.job_id))
                 return

@@ -433,6 +433,12 @@ class LocalScheduler:
 
     # --- the warm standby (decision 0271) ----------------------------------------------
 
+    def park(self, spec: LaunchSpec) -> None:
+        """Park a standby for an attempt like ``spec`` before any attempt ran here (a hot
+        spare node of an allocation, decision 0511: its first attempt starts warm too)."""
+        if self.warm_standby:
+            self._park_next(spec, attempt_env(spec, self.base_env))
+
     def _park_next(self, spec: LaunchSpec, env: Mapping[str, str]) -> None:
         """Park a standby for the next attempt, in the background (launch must not wait)."""
         if isinstance(standby.warm_command(spec.command, env), str):
