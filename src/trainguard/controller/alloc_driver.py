@@ -45,7 +45,7 @@ from trainguard.controller.sources import (
     Evidence,
     FindingEvidence,
     QueueSource,
-    kernel_line_evidence,
+    kernel_line_evidences,
 )
 from trainguard.model.findings import Culprit, Domain, Finding, Severity
 from trainguard.model.records import JobState
@@ -270,11 +270,11 @@ class AllocationLeader(LocalDriver):
         else:
             super()._push(item)
 
-    def _kernel_evidence(self, item: Any) -> Evidence | None:
+    def _kernel_evidence(self, item: Any) -> list[FindingEvidence]:
         if not isinstance(item, NodeKernelLine):
-            return None
+            return []
         devices = self._devices_of(item.node)
-        return kernel_line_evidence(item.line, devices, item.node)
+        return kernel_line_evidences(self._kernel_reader, item.line, devices, item.node)
 
     def _devices_of(self, node: str) -> tuple[Any, ...]:
         if self.cluster is None:
