@@ -68,7 +68,7 @@ from trainguard.model.snapshot import (
     snapshot_base_for,
     user_dir_name,
 )
-from trainguard.schedulers import standby, zygote
+from trainguard.schedulers import preload, standby, zygote
 from trainguard.signals.output import LogFile, OutputFollower
 from trainguard.signals.process import (
     LauncherWatcher,
@@ -466,6 +466,8 @@ class LocalScheduler:
             park_env["CUDA_VISIBLE_DEVICES"] = ""  # no GPU while parked; the attempt's at wake
             if self._environ_dir is not None:
                 park_env[standby.ZYGOTE_ENVIRON_VAR] = self._environ_dir
+                plan = preload.plan_for(what[1], os.path.abspath(spec.cwd or os.getcwd()))
+                park_env[preload.PRELOAD_VAR] = "\n".join(plan)
             ours, theirs = socket.socketpair()
             try:
                 # Room to show a restarted worker's own command line and environment.

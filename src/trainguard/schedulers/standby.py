@@ -273,12 +273,12 @@ def _wake(how: str, pid: int = 0) -> None:
         os.setpriority(os.PRIO_PROCESS, pid, 0)
 
 
-def _load_zygote() -> Any:
-    """``zygote.py`` beside this file, by path (trainguard may not be importable here)."""
+def _load(name: str) -> Any:
+    """``NAME.py`` beside this file, by path (trainguard may not be importable here)."""
     import importlib.util
 
-    path = os.path.join(os.path.dirname(STANDBY), "zygote.py")
-    spec = importlib.util.spec_from_file_location("_trainguard_zygote", path)
+    path = os.path.join(os.path.dirname(STANDBY), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_trainguard_{name}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up
@@ -306,7 +306,9 @@ def main(argv: list[str]) -> int:
         sock.sendall(REFUSE + f" cannot park at idle priority: {exc}\n".encode())
         return 0
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # nothing here may see a GPU while parked
-    zygote: Any = _load_zygote()
+    zygote: Any = _load("zygote")
+    preload: Any = _load("preload")
+    specs = preload.specs_from_env(os.environ)  # the zygote's imports: the job's script's
     # Our own command line without the room kept for a restarted process's (title_space).
     zygote.impersonate([sys.executable, STANDBY, "--channel", str(fd)])
     import torch  # the point: imported before the restart
@@ -318,7 +320,9 @@ def main(argv: list[str]) -> int:
     zygote_env = dict(os.environ)
     environ_dir = os.environ.get(ZYGOTE_ENVIRON_VAR)
     if environ_dir:
-        forked = zygote.fork_zygote(environ_dir, drop=(sock,))
+        forked = zygote.fork_zygote(
+            environ_dir, drop=(sock,), prepare=lambda: preload.preload(specs)
+        )
         if isinstance(forked, zygote.Job):  # a worker forked by the zygote, not the standby
             zygote.run_job(forked)  # its exceptions end it as they end a cold interpreter
             return 0
@@ -345,7 +349,7 @@ def main(argv: list[str]) -> int:
         if problem is None:
             client.start_reading()
         workers = (
-            f"warm workers: zygote pid {client.pid}" if problem is None
+            f"warm workers: zygote pid {client.pid}{preload.describe(specs)}" if problem is None
             else f"cold workers: {problem}"
         )  # fmt: skip
     os.chdir(request["cwd"])

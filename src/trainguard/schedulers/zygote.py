@@ -310,9 +310,10 @@ def _child(
 class _Zygote:
     """The fork server: start requests, exit reports, reaps; gone when the agent is."""
 
-    def __init__(self, sock: socket.socket, environ_dir: str) -> None:
+    def __init__(self, sock: socket.socket, environ_dir: str, refuse: str | None) -> None:
         self.sock = sock
         self.environ_dir = environ_dir
+        self.refuse = refuse  # why this zygote may not fork, if it may not
         self.pidfds: dict[int, int] = {}  # worker pid -> pidfd, until reaped
         self.reported: set[int] = set()
         self.files: dict[int, str] = {}
@@ -415,6 +416,11 @@ class _Zygote:
         op = request.get("op")
         if op == "reap":
             self._reap(int(request["pid"]))
+        elif op == "start" and self.refuse is not None:
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            _send(self.sock, {"error": self.refuse})
         elif op == "start":
             try:
                 return self._start(request, fds)
@@ -457,34 +463,18 @@ class _Zygote:
         return None
 
 
-# Imported by the zygote before it serves: what nearly every training script pays for
-# after `import torch`. Creating the first optimizer imports torch._dynamo (and sympy:
-# some 800 modules, 2.5 s unloaded, 4-5 s on a loaded machine, measured in 0310); it
-# starts no thread and does not initialise CUDA.
-PRELOAD = ("torch._dynamo",)
-
-
-def preload(modules: Sequence[str]) -> list[str]:
-    """Import ``modules``, best effort; returns those that failed (a job without them)."""
-    import importlib
-
-    failed = []
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except Exception:  # a preload is an optimisation, never a failure
-            failed.append(name)
-    return failed
-
-
 def fork_zygote(
-    environ_dir: str, drop: Sequence[socket.socket] = (), modules: Sequence[str] = PRELOAD
+    environ_dir: str,
+    drop: Sequence[socket.socket] = (),
+    prepare: Callable[[], str | None] = lambda: None,
 ) -> tuple[socket.socket, int] | Job:
     """Fork the zygote. In the caller: ``(channel, zygote pid)``. In a worker the zygote
     forks later: the :class:`Job` to run (the caller must run it with :func:`run_job`).
     ``drop``: the caller's sockets the zygote (and so its workers) must not hold. The
-    zygote imports ``modules`` before it serves (the caller need not wait: a start
-    request waits for them, and they were on every cold worker's critical path too)."""
+    zygote runs ``prepare`` (its imports, ``preload.py``) before it serves (the caller
+    need not wait: a start request waits for them, and they were on every cold worker's
+    critical path too); what it returns, if anything, is why the zygote may not fork,
+    and every start request is then answered with it (the worker starts cold)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
@@ -502,8 +492,7 @@ def fork_zygote(
     # us while it stops its workers; we go when it does.
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
-    preload(modules)
-    return _Zygote(theirs, environ_dir).serve()
+    return _Zygote(theirs, environ_dir, prepare()).serve()
 
 
 def run_job(job: Job) -> None:
