@@ -48,7 +48,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainguard.model.checkpoint import MANIFEST_NAME
-from trainguard.train.snapshot import Slot, read_slots
+from trainguard.model.snapshot import rank_dir_name
+from trainguard.train.snapshot import BUDDY_PREFIX, Slot, read_slots
 
 if TYPE_CHECKING:
     from trainguard.train.snapshot import Snapshots
@@ -190,7 +191,7 @@ class BuddyLink:
         out: dict[int, list[Slot]] = {}
         if self.snaps.check_dir(self.job_dir) is not None:
             return out
-        for d in sorted(self.job_dir.glob("buddy_of_rank_*")):
+        for d in sorted(self.job_dir.glob(f"{BUDDY_PREFIX}rank_*")):
             try:
                 owner = int(d.name.rsplit("_", 1)[1])
             except ValueError:
@@ -311,7 +312,7 @@ class BuddyLink:
                 if slot not in ("slot0", "slot1") or not 0 <= owner < self.world_size:
                     raise ValueError(f"bad buddy header {head!r}")
                 files = [(str(name), _recv_exact(conn, int(size))) for name, size in head["files"]]
-                holder = self.job_dir / f"buddy_of_rank_{owner:05d}"
+                holder = self.job_dir / (BUDDY_PREFIX + rank_dir_name(owner))
                 self.snaps.ensure_dir(holder)
                 install(holder / slot, files)
         except Exception as exc:  # a bad copy is lost, the channel stays up for the next
@@ -379,7 +380,7 @@ class BuddyLink:
             self._conn = None
 
     def remove_held(self) -> None:
-        for d in self.job_dir.glob("buddy_of_rank_*"):
+        for d in self.job_dir.glob(f"{BUDDY_PREFIX}rank_*"):
             shutil.rmtree(d, ignore_errors=True)
 
 

@@ -49,14 +49,16 @@ from trainguard.model.checkpoint import (
     manifest_digest,
 )
 from trainguard.model.resume_request import RESUME_REQUEST_NAME
+from trainguard.model.snapshot import rank_dir_name
 from trainguard.train._dist import DistContext
+from trainguard.train._lookup import Plan, plans, uncovered
 from trainguard.train._oneload import FileRejected, Loaded, load_files, torch_loader
 from trainguard.train._split import join
 from trainguard.train.locate import RESUME_ENV, ResumeError
 from trainguard.train.locate import resume_request as _resume_request
 from trainguard.train.manager import META_KEY, CheckpointManager
 from trainguard.train.progress import emit
-from trainguard.train.snapshot import SLOTS, Snapshots
+from trainguard.train.snapshot import SLOTS, Slot, Snapshots
 from trainguard.train.state import REPLICATED_FILE, TrainState, rank_file
 
 log = logging.getLogger("trainguard.train")
@@ -304,8 +306,11 @@ def resume(
         root, dist, ts, snaps, verify, weights_only, map_location, allow_world_size_change
     )
     if isinstance(target, CheckpointManager) and target.snapshots is not None:
-        # Slots ahead of the restored step belong to a timeline the job left behind.
+        # Slots ahead of the restored step belong to a timeline the job left behind,
+        # wherever on the host they lie; no rank trains on (and sends a buddy copy of
+        # its next step) before every rank has removed them.
         target.snapshots.discard_newer_than(result.step)
+        dist.gather(None)
     return result
 
 
@@ -321,6 +326,7 @@ def _resume(
 ) -> ResumeResult:
     passed: tuple[str, ...] = ()
     skipped: tuple[str, ...] = ()
+    not_memory: str | None = None  # why memory snapshots were on and not used
     while True:
         choice: _Choice
         if dist.rank == 0 or not dist.collectives:
@@ -340,13 +346,14 @@ def _resume(
                 snaps, ts, dist, _disk_step(choice), verify, weights_only, map_location
             )
             snaps = None  # one look: a fallback to older disk checkpoints stays on disk
-            if from_memory is not None:
+            if isinstance(from_memory, ResumeResult):
                 return from_memory
+            not_memory = from_memory
         if choice.path is None:
             for item in choice.skipped if dist.rank == 0 else ():
                 log.warning("trainguard: passed over %s", item)
             _say(f"trainguard: starting fresh (no valid checkpoint in {root})", dist.rank)
-            emit("resumed", 0, metrics={"source": "fresh"})
+            emit("resumed", 0, metrics=_metrics({"source": "fresh"}, not_memory))
             return ResumeResult(source="fresh", path=None, step=0, skipped=choice.skipped)
         path = Path(choice.path)
         attempt = _try(
@@ -390,7 +397,7 @@ def _resume(
         "resumed",
         manifest.step,
         checkpoint=str(path),
-        metrics={"source": source, "epoch": manifest.epoch},
+        metrics=_metrics({"source": source, "epoch": manifest.epoch}, not_memory),
     )
     return ResumeResult(
         source=source,
@@ -404,6 +411,11 @@ def _resume(
         digest_matched=choice.digest_matched,
         hashed_bytes=attempt.hashed,
     )
+
+
+def _metrics(metrics: dict[str, Any], not_memory: str | None) -> dict[str, Any]:
+    """A disk (or fresh) restore's event says why memory snapshots were not used."""
+    return metrics if not_memory is None else {**metrics, "memory_not_used": not_memory}
 
 
 def _try(
@@ -452,40 +464,31 @@ def _from_memory(
     verify: str,
     weights_only: bool,
     map_location: Any,
-) -> ResumeResult | None:
-    """Restore the newest step every rank has a valid memory snapshot of, when it is
-    newer than ``disk_step``; None (and one line saying why) to go on with the disk."""
+) -> ResumeResult | str:
+    """Restore the newest step every shard has a valid memory snapshot of somewhere,
+    when it is newer than ``disk_step``; else why not (said in one line), to go on
+    with the disk.
+
+    Copies are found by the shard they hold, not by where they lie (decision 0505):
+    each rank reports every valid slot its host holds, and :func:`plans` says which
+    rank reads shard ``r``'s copy for new rank ``r`` (itself when its host has one)."""
     try:
-        mine = snaps.slots()
-        held = snaps.buddy.held() if snaps.buddy is not None else {}
+        mine = snaps.on_host()
     except Exception as exc:  # an unreadable slot directory: as good as no snapshot
-        log.warning("trainguard: cannot read memory snapshots in %s: %s", snaps.dir, exc)
-        mine, held = [], {}
-    views = dist.gather(
-        (sorted({s.step for s in mine}), {o: sorted({s.step for s in v}) for o, v in held.items()})
-    )
-    own = [set(v[0]) for v in views]
-
-    def holder(rank: int, step: int) -> int | None:
-        return next((h for h, v in enumerate(views) if step in v[1].get(rank, ())), None)
-
-    everywhere = set().union(*own, *(set(x) for v in views for x in v[1].values()))
-    complete = {
-        s
-        for s in everywhere
-        if all(s in own[r] or holder(r, s) is not None for r in range(len(views)))
-    }
-    newer = sorted((s for s in complete if s > disk_step), reverse=True)
-    held_steps = [set(v[0]) for v in views]
-    common = set(held_steps[0]).intersection(*held_steps[1:]) if held_steps else set()
-    if newer and any(newer[0] not in own[r] for r in range(len(views))):
-        mine = _fetch_from_buddies(snaps, dist, views, newer[0], holder, held)
+        log.warning("trainguard: cannot read memory snapshots in %s: %s", snaps.job_dir, exc)
+        mine = {}
+    seen = [
+        {int(k): set(v) for k, v in view.items()}
+        for view in dist.gather({k: sorted(s.step for s in v) for k, v in mine.items()})
+    ]
     reasons: list[str] = []
-    for step in newer:
-        slot = next((s for s in mine if s.step == step), None)
-        if slot is None:  # a buddy copy that did not arrive: no complete set at this step
-            errors = [e for e in dist.gather(f"rank {dist.rank}: no slot of step {step}") if e]
-            reasons.append(f"step {step}: {errors[0]}")
+    for plan in plans(seen, disk_step):
+        slot = next((s for s in mine.get(dist.rank, []) if s.step == plan.step), None)
+        if plan.moved:
+            slot = _fetch_copies(snaps, dist, plan, mine)
+        if slot is None:  # a copy that did not arrive: no complete set at this step
+            errors = dist.gather(f"rank {dist.rank}: no slot of step {plan.step}")
+            reasons.append(f"step {plan.step}: {errors[0]}")
             continue
         manifest = Manifest.from_json(slot.manifest.decode())
         try:
@@ -496,9 +499,8 @@ def _from_memory(
             attempt = _Attempt(f"cannot load {slot.path}: {type(exc).__name__}: {exc}")
         errors = [e for e in dist.gather(attempt.error) if e]
         if errors:
-            reasons.append(f"step {step}: {errors[0]}")
+            reasons.append(f"step {plan.step}: {errors[0]}")
             continue
-        fetched = [r for r in range(dist.world_size) if step not in own[r]]
         try:
             values = ts.restore(attempt.replicated, attempt.per_rank)
         except (KeyError, RuntimeError, ValueError) as exc:
@@ -506,76 +508,112 @@ def _from_memory(
                 f"restoring the memory snapshot {slot.path} into this job failed (state "
                 f"partly restored; do not train on): {type(exc).__name__}: {exc}"
             ) from exc
-        checked = "files hashed while loading" if verify == "full" else "sizes checked only"
-        disk = f"step {disk_step}" if disk_step >= 0 else "none"
-        via = f"; rank(s) {fetched} from their buddy's copy" if fetched else ""
-        _say(
-            f"trainguard: restored step {step} from memory snapshot ({snaps.job_dir}, "
-            f"all {dist.world_size} rank(s) valid{via}; {checked}; newest disk checkpoint: "
-            f"{disk})",
-            dist.rank,
+        return _restored_from_memory(
+            snaps, dist, plan, slot, manifest, disk_step, verify, values, attempt.hashed, reasons
         )
-        emit(
-            "resumed",
-            step,
-            checkpoint=str(slot.path),
-            metrics={"source": "memory", "epoch": manifest.epoch, "disk_step": disk_step},
-        )
-        return ResumeResult(
-            source="memory",
-            path=str(slot.path),
-            step=step,
-            epoch=manifest.epoch,
-            saved_world_size=manifest.world_size,
-            values=values,
-            skipped=tuple(reasons),
-            manifest_sha256=manifest_digest(slot.manifest),
-            hashed_bytes=attempt.hashed,
-        )
-    if not newer:
-        missing = [r for r, steps in enumerate(own) if not steps]
-        copies = " and no buddy copy" if snaps.buddy is not None else ""
-        if missing and len(missing) < len(own):
-            why = f"rank(s) {missing} have no valid memory snapshot{copies} (host lost?)"
-        elif not any(own):
+    why = _why_not_memory(snaps, dist, seen, disk_step, reasons)
+    _say(f"trainguard: not restoring from memory: {why}; using the disk", dist.rank)
+    return why
+
+
+def _restored_from_memory(
+    snaps: Snapshots,
+    dist: DistContext,
+    plan: Plan,
+    slot: Slot,
+    manifest: Manifest,
+    disk_step: int,
+    verify: str,
+    values: dict[str, Any],
+    hashed: int,
+    reasons: list[str],
+) -> ResumeResult:
+    """Say where every rank's state came from, send the event, build the result."""
+    fetched = list(plan.moved)
+    # Ranks whose copy was on their host but not among their own slots: a rendezvous
+    # renumbered them (or their buddy's copy was on their host).
+    placed = dist.gather(slot.path.parent.name == rank_dir_name(dist.rank))
+    moved_here = [r for r, own in enumerate(placed) if not own and r not in fetched]
+    checked = "files hashed while loading" if verify == "full" else "sizes checked only"
+    disk = f"step {disk_step}" if disk_step >= 0 else "none"
+    via = f"; rank(s) {fetched} from their buddy's copy" if fetched else ""
+    if moved_here:
+        via += f"; rank(s) {moved_here} renumbered: from the copy of their shard on their host"
+    _say(
+        f"trainguard: restored step {plan.step} from memory snapshot ({snaps.job_dir}, "
+        f"all {dist.world_size} rank(s) valid{via}; {checked}; newest disk checkpoint: "
+        f"{disk})",
+        dist.rank,
+    )
+    emit(
+        "resumed",
+        plan.step,
+        checkpoint=str(slot.path),
+        metrics={
+            "source": "memory",
+            "epoch": manifest.epoch,
+            "disk_step": disk_step,
+            "from_other_host": fetched,
+            "renumbered": moved_here,
+        },
+    )
+    return ResumeResult(
+        source="memory",
+        path=str(slot.path),
+        step=plan.step,
+        epoch=manifest.epoch,
+        saved_world_size=manifest.world_size,
+        values=values,
+        skipped=tuple(reasons),
+        manifest_sha256=manifest_digest(slot.manifest),
+        hashed_bytes=hashed,
+    )
+
+
+def _why_not_memory(
+    snaps: Snapshots,
+    dist: DistContext,
+    seen: list[dict[int, set[int]]],
+    disk_step: int,
+    reasons: list[str],
+) -> str:
+    """Why no memory snapshot is restored, in words (the same on every rank)."""
+    if reasons:
+        why = "no complete valid set of memory snapshots: " + "; ".join(reasons)
+    else:
+        missing = uncovered(seen)
+        complete = plans(seen, -1)
+        if missing and len(missing) < len(seen):
+            copies = " and no buddy copy on any host" if snaps.buddy is not None else ""
+            lost = " with their buddy's: two nodes lost together" if copies else ""
+            why = f"rank(s) {missing} have no valid memory snapshot{copies} (host lost{lost}?)"
+        elif missing:
             why = "no memory snapshot"
-        elif common and max(common) <= disk_step:
-            why = f"memory snapshots (step {max(common)}) are not newer than the disk"
+        elif complete:
+            why = f"memory snapshots (step {complete[0].step}) are not newer than the disk"
         else:
             why = "the ranks' memory snapshots have no step in common"
-    else:
-        why = "no complete valid set of memory snapshots: " + "; ".join(reasons)
     refused = [r for rs in dist.gather(list(snaps.refused)) for r in rs]
     if refused:
         shown = "; ".join(refused[:3]) + ("; ..." if len(refused) > 3 else "")
         why = f"{why} ({len(refused)} refused: {shown})"
-    _say(f"trainguard: not restoring from memory: {why}; using the disk", dist.rank)
-    return None
+    return why
 
 
-def _fetch_from_buddies(
-    snaps: Snapshots,
-    dist: DistContext,
-    views: list[Any],
-    step: int,
-    holder: Any,
-    held: dict[int, list[Any]],
-) -> list[Any]:
-    """Ranks without their own slot of ``step`` receive it from the rank holding its
-    buddy copy (over the process group, every rank walking the same plan in rank
-    order) and install it as their own; returns this rank's slots afterwards."""
+def _fetch_copies(
+    snaps: Snapshots, dist: DistContext, plan: Plan, mine: dict[int, list[Slot]]
+) -> Slot | None:
+    """Ranks whose host has no copy of their shard at ``plan.step`` receive it from the
+    rank ``plan`` names (over the process group, every rank walking the same plan in
+    rank order) and install it as their own slot; returns this rank's slot to load."""
     import torch.distributed as tdist
 
     from trainguard.train._buddy import install, read_files
 
-    for rank in range(len(views)):
-        if step in views[rank][0]:
-            continue
-        source = holder(rank, step)
-        if source is None:
-            continue
+    for rank in plan.moved:
+        source = plan.sources[rank]
         if dist.rank == source:
-            copy = next(s for s in held[rank] if s.step == step)
+            copy = next(s for s in mine[rank] if s.step == plan.step)
             tdist.send_object_list([copy.path.name, read_files(copy.path)], dst=rank)
         elif dist.rank == rank:
             box: list[Any] = [None, None]
@@ -587,7 +625,7 @@ def _fetch_from_buddies(
             log.warning(
                 "trainguard: rank %d's memory snapshot of step %d restored from rank %d's copy",
                 rank,
-                step,
+                plan.step,
                 source,
             )
-    return snaps.slots()
+    return next((s for s in snaps.on_host().get(dist.rank, []) if s.step == plan.step), None)

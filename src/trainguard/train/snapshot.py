@@ -94,6 +94,8 @@ log = logging.getLogger("trainguard.train")
 
 SLOTS = ("slot0", "slot1")
 KIND = "memory_snapshot"
+# A buddy copy of rank r's slots is kept as BUDDY_PREFIX + rank_dir_name(r).
+BUDDY_PREFIX = "buddy_of_"
 # Host RAM one rank's snapshots need, in multiples of its state's tensor bytes.
 RAM_FACTOR = 3
 SHM_FACTOR = 2
@@ -297,6 +299,7 @@ class Snapshots:
         self._checked_bytes: int | None = None
         self._next_slot: int | None = None
         self.last_written: int | None = None  # step of the newest slot this process wrote
+        self.resumed_at: int | None = None  # the step resume() restored (or started from)
         # Buddy copies (trainguard.train._buddy.BuddyLink), set by the manager.
         self.buddy: Any = None
 
@@ -340,12 +343,69 @@ class Snapshots:
         self.note_refused(refused)
         return found
 
+    def on_host(self) -> dict[int, list[Slot]]:
+        """Every valid slot this host holds, by the shard it holds (the manifest's
+        rank, decision 0505), newest step first, one per step: this rank's own, those
+        other ranks wrote here (now, or before a rendezvous renumbered them) and the
+        buddy copies held here, in that order of preference. Refusals in ``refused``."""
+        self.refused = []
+        why = self.check_dir(self.job_dir)
+        if why is not None:
+            self.note_refused([why])
+            return {}
+        out: dict[int, dict[int, Slot]] = {}
+        for path in self._host_dirs():
+            try:
+                shard = int(path.name.rsplit("_", 1)[1])
+            except ValueError:
+                continue
+            why = self.check_dir(path)
+            if why is not None:
+                self.note_refused([why])
+                continue
+            refused: list[str] = []
+            for slot in read_slots(path, self.world_size, self.seal, shard, refused):
+                out.setdefault(shard, {}).setdefault(slot.step, slot)
+            self.note_refused(refused)
+        return {s: sorted(v.values(), key=lambda x: -x.step) for s, v in out.items()}
+
     def discard_newer_than(self, step: int) -> None:
-        """Drop slots ahead of ``step`` (a timeline the job just abandoned by resuming)."""
+        """Drop slots ahead of ``step`` (a timeline the job just abandoned by resuming):
+        every slot on this host, whichever rank wrote it, so that a later restore never
+        mixes the two timelines. Every rank of the job must be past its own resume
+        before any trains on (the caller's barrier): a copy of the next step could
+        otherwise arrive before this removes what it takes for the old one."""
         self.wait()
-        for slot in self.slots():
-            if slot.step > step:
-                shutil.rmtree(slot.path, ignore_errors=True)
+        self.resumed_at = step
+        for path in self._host_dirs():
+            for name, got in self._steps(path).items():
+                if got > step:
+                    shutil.rmtree(path / name, ignore_errors=True)
+
+    def _steps(self, path: Path) -> dict[str, int]:
+        """slot name -> step of the slots in ``path`` sealed by this run, by the manifest
+        and its seal alone: for removal, never for loading (a full check would race
+        with the other ranks of this host removing the same slots, and warn)."""
+        if self.check_dir(path) is not None:
+            return {}
+        out: dict[str, int] = {}
+        for name in SLOTS:
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                raw = (path / name / MANIFEST_NAME).read_bytes()
+                if self.seal.verify(raw, (path / name / SEAL_NAME).read_bytes()):
+                    out[name] = Manifest.from_json(raw.decode()).step
+        return out
+
+    def _host_dirs(self) -> list[Path]:
+        """The slot directories of this job on this host: this rank's first, then the
+        other ranks', then the buddy copies."""
+        own = rank_dir_name(self.rank)
+        try:
+            found = sorted(self.job_dir.glob("rank_*"), key=lambda d: (d.name != own, d.name))
+            found += sorted(self.job_dir.glob(f"{BUDDY_PREFIX}rank_*"))
+        except OSError:
+            return []
+        return found
 
     # --- writing --------------------------------------------------------------------
     def take(self, step: int, replicated: dict[str, Any], per_rank: dict[str, Any]) -> int:
@@ -482,6 +542,13 @@ class Snapshots:
         shutil.rmtree(self.dir, ignore_errors=True)
         if self.buddy is not None:
             self.buddy.remove_held()
+        if self.resumed_at is not None:
+            # Slots another rank left here before a rendezvous moved it (decision 0505):
+            # nothing newer than this attempt's start, so no rank of it writes there.
+            for path in self._host_dirs():
+                steps = self._steps(path)
+                if path != self.dir and steps and max(steps.values()) <= self.resumed_at:
+                    shutil.rmtree(path, ignore_errors=True)
         with contextlib.suppress(OSError):
             self.job_dir.rmdir()  # the last rank of this host removes the job directory
 
