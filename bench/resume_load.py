@@ -14,6 +14,8 @@ Each repetition then measures, interleaved so that all see the same load:
   the supervisor's ``TRAINGUARD_RESUME_DIGEST``: no pass before the load;
 - ``two_pass``: ``validate(path, "full")`` then ``resume(verify="quick")``: what
   resume cost before (a hashing pass, then a load pass);
+- ``resume_quick``: ``resume(verify="quick")`` alone (sizes, no sha256): the load
+  path without the hash, which says what the hash costs;
 - ``dcp_load``: ``torch.distributed.checkpoint.load`` into the model's state dict;
 - ``resume_memory``: ``resume(manager, state)`` of a manager with memory snapshots
   whose newest snapshot (in ``--snapshot-dir``, default /dev/shm) is newer than its
@@ -147,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             del os.environ["TRAINGUARD_RESUME_FROM"], os.environ[RESUME_DIGEST_ENV]
 
+    def resume_quick() -> None:
+        r = resume(tg_root, TrainState(model=target, rng=False), verify="quick")
+        assert r.step == 1 and r.hashed_bytes == 0
+
     def two_pass() -> None:
         assert validate(tg_path, "full").valid
         resume(tg_root, TrainState(model=target, rng=False), verify="quick")
@@ -165,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         "resume_full": resume_full,
         "resume_digest": resume_digest,
         "two_pass": two_pass,
+        "resume_quick": resume_quick,
         "dcp_load": dcp_load,
         "resume_memory": resume_memory,
     }
