@@ -15,7 +15,9 @@ nothing:
 * **evidence sources** (controller/sources.py): this machine's kernel log (a line
   becomes a stored finding by the one rule, diagnose/kernel_finding.py, as an agent's
   does) and the progress socket (a datagram becomes the attempt's progress, as
-  ``POST /v1/jobs/ID/progress`` does);
+  ``POST /v1/jobs/ID/progress`` does); the same datagrams feed the slow-rank source
+  (controller/slowdown.py: a straggler becomes a finding, fatal on its card when the
+  cost model says a restart without it pays);
 * **the run's options as a policy**: hang, verification, restart budget and backoff
   become the job's recovery policy document (``run``), stored and audited;
 * **what the user sees**: each audit record of the job, one line on stderr as it is
@@ -65,6 +67,7 @@ from trainguard.controller.local_options import (
 from trainguard.controller.local_start import device_statuses, log_dir, preflight, refuse
 from trainguard.controller.runtime import DriverRuntime
 from trainguard.controller.service import ControlPlane
+from trainguard.controller.slowdown import SlowdownSource
 from trainguard.controller.sources import (
     Evidence,
     FindingEvidence,
@@ -152,6 +155,14 @@ class LocalDriver:
         self.kernel = QueueSource("kernel log", self._kernel_evidence, on_push=self._wake)
         self.progress = QueueSource("progress socket", self._progress_evidence,
                                     on_push=self._wake)  # fmt: skip
+        self.slow = SlowdownSource(
+            lambda: self.job_id,
+            lambda: self.devices,
+            self._reports_of,
+            restarts=self._restart_costs,
+            tell=lambda f: self.say(f"trainguard: {f.kind}: {f.message}"),
+        )
+        self._store: Store | None = None
         self._runtime: DriverRuntime | None = None
         self._interrupted: int | None = None
         self._planned_grace: float | None = None  # a planned stop's wait for the ranks
@@ -276,6 +287,7 @@ class LocalDriver:
         # and records each attempt's process group (0468).
         plane.reconciler.post_steps.append(adoption)
         loop = _RunLoop(self, plane, store, fj.job_id)
+        self._store = store
         runtime = self._runtime = DriverRuntime(
             loop, self._sources(), tick=self.tick, clock=self.clock,
             on_report=loop.after_pass, on_error=self._failed, close_plane=False,
@@ -331,7 +343,7 @@ class LocalDriver:
 
     def _sources(self) -> list[Any]:
         """The evidence sources the runtime polls before each pass."""
-        return [self.kernel, self.progress]
+        return [self.kernel, self.progress, self.slow]
 
     def _use_logs(self, cluster: Any) -> None:
         """An adopted job's attempt logs stay in its own directory (``self.logs``)."""
@@ -352,6 +364,7 @@ class LocalDriver:
         if isinstance(item, KernelLine):
             self.kernel.push(item)
         elif isinstance(item, ProgressReceived):
+            self.slow.push(item)  # before the wake the progress push gives
             self.progress.push(item)
         elif isinstance(item, Interrupt):
             self._interrupted = item.signum
@@ -487,6 +500,20 @@ class LocalDriver:
         return ProgressEvidence(self.job_id, attempt, ev.event.step, at=ev.at,
                                 rank=ev.event.rank, job_time=ev.event.time, view=view,
                                 loss=loss, grad_norm=grad_norm)  # fmt: skip
+
+    def _reports_of(self, attempt: int) -> list[RankReport]:
+        """The device reports the ranks of ``attempt`` sent (kept as they changed)."""
+        return [v for (a, _), v in list(self._views.items()) if a == attempt]
+
+    def _restart_costs(self) -> list[float]:
+        """This job's measured restarts: from the failure to the restarted first step."""
+        if self._store is None or not self.job_id:
+            return []
+        return [
+            i.recovered_at - (i.fault_at or i.detected_at)
+            for i in self._store.incidents.list_incidents(job_id=self.job_id)
+            if i.recovered_at is not None
+        ]
 
     def _tell(self, store: Store, job_id: str | None) -> None:
         for event in store.audit.list_audit(after_id=self._audit_cursor):
