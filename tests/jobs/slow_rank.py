@@ -12,6 +12,8 @@ all-reduce the gradients (gloo) and step the optimizer, then report the step wit
 Environment:
   TG_STEP_S           seconds of work per step (default 0.05)
   TG_SLOW_RANK        the rank whose work takes TG_SLOW_FACTOR times as long (default: none)
+  TG_SLOW_DEVICE      or: the rank whose own CUDA_VISIBLE_DEVICES entry is this (a slow
+                      card: a restart without it is fast again)
   TG_SLOW_FACTOR      default 1.3 (30 % slower)
   TG_SLOW_FROM_STEP   the slowdown starts at this step (default 1)
   TG_EVAL_EVERY       an evaluation phase after every N-th step (0: none)
@@ -57,6 +59,11 @@ def main() -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     step_s = _env("TG_STEP_S", 0.05)
     slow_rank = int(_env("TG_SLOW_RANK", -1))
+    visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v]
+    local = int(os.environ.get("LOCAL_RANK", "0") or 0)
+    own = visible[local] if len(visible) > local else (visible[0] if visible else None)
+    if own is not None and own == os.environ.get("TG_SLOW_DEVICE"):
+        slow_rank = rank
     factor = _env("TG_SLOW_FACTOR", 1.3)
     slow_from = int(_env("TG_SLOW_FROM_STEP", 1))
     eval_every, eval_s = int(_env("TG_EVAL_EVERY", 0)), _env("TG_EVAL_S", 2.0)
