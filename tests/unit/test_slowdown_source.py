@@ -81,3 +81,43 @@ def test_no_card_known_only_alerts() -> None:
     assert f.culprit.device_uuid is None
     assert f.severity is Severity.WARNING and f.details["decision"] == "alert"
     assert "no card is known" in f.details["cost_reason"]
+
+
+def lines(source: SlowdownSource, steps: int, pace: object, *, ranks: int = 1) -> list:
+    """Stock output only: ``[rankN]: step=K`` lines; ``pace(step)`` -> seconds per step."""
+    from trainguard.signals.output import OutputLine
+
+    out, t = [], 1000.0
+    for step in range(1, steps):
+        t += pace(step)  # type: ignore[operator]
+        for rank in range(ranks):
+            text = f"[rank{rank}]: step={step} loss=1.0" if ranks > 1 else f"step={step} loss=1.0"
+            source.push(OutputLine(at=t, attempt=0, stream="stdout", text=text))
+        out += source.poll(t)
+    return out
+
+
+def test_stock_output_alone_gives_the_jobs_throughput_drop() -> None:
+    found = lines(source(), 3000, lambda step: 0.05 if step < 1500 else 0.1)
+    [ev] = found
+    assert ev.finding.kind == "throughput_drop" and ev.finding.severity is Severity.WARNING
+    assert ev.finding.details["ratio"] < 0.7
+
+
+def test_stock_output_of_two_ranks_times_each_rank() -> None:
+    found = lines(source(), 2000, lambda step: 0.05, ranks=2)
+    assert found == []  # a synchronous job's ranks print in step: no straggler
+
+
+def test_a_jobs_own_reports_outrank_its_output() -> None:
+    from trainguard.signals.output import OutputLine
+
+    src = source()
+    ev = ProgressEvent("progress", 1, 1000.0, rank=0, attempt=0, metrics={})
+    src.push(ProgressReceived(at=1000.0, event=ev))
+    src.poll(1000.0)
+    t = 1000.0
+    for step in range(2, 3000):
+        t += 0.05 if step < 1500 else 0.2
+        src.push(OutputLine(at=t, attempt=0, stream="stdout", text=f"step={step} loss=1.0"))
+        assert src.poll(t) == []

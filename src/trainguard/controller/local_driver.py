@@ -97,6 +97,7 @@ from trainguard.schedulers.local import JOB_ID_ENV, LocalProcesses
 from trainguard.schedulers.local_cluster import LocalCluster, LocalLaunch
 from trainguard.signals.inventory import Inventory, InventoryError, load
 from trainguard.signals.kernel_log import KernelLine, open_kernel_log
+from trainguard.signals.output import OutputLine
 from trainguard.signals.progress import ProgressListener, ProgressReceived, short_socket_dir
 from trainguard.store import NotFound, Store
 from trainguard.store.fleet import Fenced, FleetStore
@@ -161,6 +162,7 @@ class LocalDriver:
             self._reports_of,
             restarts=self._restart_costs,
             tell=lambda f: self.say(f"trainguard: {f.kind}: {f.message}"),
+            progress_pattern=options.progress_pattern,
         )
         self._store: Store | None = None
         self._runtime: DriverRuntime | None = None
@@ -371,6 +373,8 @@ class LocalDriver:
             if self._runtime is not None:
                 self._runtime.stop()  # no pass after the user's interrupt
         else:  # the launcher's events (output, exits, a settle window's end): a pass now
+            if isinstance(item, OutputLine):
+                self.slow.push(item)  # timed when the job reports nothing itself
             self._wake()
 
     def _wake(self) -> None:

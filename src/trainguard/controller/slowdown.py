@@ -17,6 +17,13 @@ kernel-log line:
 * a **throughput drop** of the whole job is a warning with its evidence (it names no
   card to take out).
 
+A job that sends no progress datagrams is timed from its output instead (the attempt's
+:class:`~trainguard.signals.output.OutputLine` events): each step line (the one reader,
+diagnose/progress_lines.py) of a rank (its ``[rankN]:`` prefix, a JSON record's
+``rank``; else rank 0) gives that rank's time per step since its previous step line
+(``step_samples``). An attempt's own reports outrank its output (0397): once a datagram
+arrived, its output is not timed.
+
 Explaining evidence (a card's throttle reasons, temperature, power) is attached where
 a metrics reader gives some (``explain``).
 """
@@ -29,9 +36,15 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from trainguard.controller.sources import Evidence, FindingEvidence
-from trainguard.diagnose.detectors import rank_using
+from trainguard.diagnose.detectors import rank_prefix, rank_using
 from trainguard.diagnose.device_map import reported_views
-from trainguard.diagnose.slowdown import SlowdownRules, SlowdownWatch, StepSample
+from trainguard.diagnose.progress_lines import ProgressLineParser
+from trainguard.diagnose.slowdown import (
+    SlowdownRules,
+    SlowdownWatch,
+    StepSample,
+    step_samples,
+)
 from trainguard.diagnose.training import RankPlace
 from trainguard.model.devices import Device
 from trainguard.model.findings import Domain, Finding, Severity
@@ -42,6 +55,7 @@ from trainguard.policy.slow_cost import (
     restart_cost,
     weigh_slowdown,
 )
+from trainguard.signals.output import OutputLine
 
 
 def _number(value: Any) -> float | None:
@@ -55,8 +69,11 @@ def _number(value: Any) -> float | None:
 class _Attempt:
     """One attempt's watch and what the cost model needs of it."""
 
-    def __init__(self, rules: SlowdownRules) -> None:
+    def __init__(self, rules: SlowdownRules, pattern: str | None) -> None:
         self.watch = SlowdownWatch(rules)
+        self.reported = False  # a progress datagram arrived: its output is not timed
+        self.parser = ProgressLineParser(pattern)
+        self.last_line: dict[int, tuple[int, float]] = {}  # rank -> (step, time) printed
         self.step = 0
         self.total_steps: int | None = None
         self.last_save: float | None = None  # wall time of the newest checkpoint saved
@@ -85,6 +102,7 @@ class SlowdownSource:
         until_stop: Callable[[float], float | None] = lambda now: None,
         interval: float | None = 1.0,
         tell: Callable[[Finding], None] | None = None,
+        progress_pattern: str | None = None,
     ) -> None:
         self.interval = interval
         self.job_id = job_id
@@ -95,23 +113,59 @@ class SlowdownSource:
         self.rules = rules or SlowdownRules()
         self.until_stop = until_stop
         self.tell = tell
+        self.progress_pattern = progress_pattern
         self._items: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._attempts: dict[int, _Attempt] = {}
         self.findings: list[Finding] = []  # every one made, for the driver to tell
         self.closed = False
 
     def push(self, item: Any) -> None:
-        """A :class:`~trainguard.signals.progress.ProgressReceived` (any thread)."""
+        """A :class:`~trainguard.signals.progress.ProgressReceived` or an
+        :class:`~trainguard.signals.output.OutputLine` (any thread)."""
         if not self.closed:
             self._items.put(item)
 
+    def _attempt(self, number: int, at: float) -> _Attempt:
+        att = self._attempts.get(number)
+        if att is None:
+            att = self._attempts[number] = _Attempt(self.rules, self.progress_pattern)
+        if att.started is None:
+            att.started = at
+        return att
+
+    def _feed_line(self, line: OutputLine) -> int | None:
+        """A step line of a job that reports nothing itself (module docstring)."""
+        att = self._attempt(line.attempt, line.at)
+        if att.reported:
+            return None
+        reading = att.parser.read(line.text)
+        if reading is None or not reading.is_step or reading.step is None:
+            return None
+        rank = reading.rank if reading.rank is not None else rank_prefix(line.text)
+        rank = rank or 0
+        at = reading.at if reading.at is not None else line.at
+        prev = att.last_line.get(rank)
+        att.last_line[rank] = (reading.step, at)
+        att.step = max(att.step, reading.step)
+        if reading.total:
+            att.total_steps = reading.total
+        if prev is None:
+            return None
+        for sample in step_samples(rank, [prev, (reading.step, at)]):
+            att.watch.add(sample)
+        return line.attempt
+
     def _feed(self, received: Any) -> int | None:
+        if isinstance(received, OutputLine):
+            return self._feed_line(received)
         ev = received.event
         if ev.attempt is None:
             return None
-        att = self._attempts.setdefault(ev.attempt, _Attempt(self.rules))
-        if att.started is None:
-            att.started = received.at
+        att = self._attempt(ev.attempt, received.at)
+        if not att.reported:
+            # The job's own reports from now on; what its output gave so far goes.
+            att.reported = True
+            att.watch = SlowdownWatch(self.rules)
         if ev.event == "checkpoint_saved":
             stall = max(
                 _number(ev.metrics.get("stall_seconds")) or 0.0,

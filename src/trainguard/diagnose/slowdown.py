@@ -119,8 +119,9 @@ class SlowdownWatch:
     # --- judging -----------------------------------------------------------------
 
     def _horizon(self) -> float | None:
-        """The newest time every rank has reported past (``None``: fewer than two)."""
-        if len(self._ranks) < 2:
+        """The newest time every rank has reported past (``None``: none yet). With one
+        rank (a job that reports from rank 0 only) only the throughput is judged."""
+        if not self._ranks:
             return None
         return min(r.last_at for r in self._ranks.values())
 
