@@ -125,3 +125,22 @@ def test_step_samples_from_points_without_durations() -> None:
     got = step_samples(3, [(10, 100.0), (12, 101.0), (13, 101.7)], [None, None, 0.2])
     assert [(s.step, round(s.seconds, 3)) for s in got] == [(12, 0.5), (13, 0.2)]
     assert all(s.rank == 3 for s in got)
+
+
+def test_the_evidence_that_explains_a_slow_card() -> None:
+    from trainguard.diagnose.metrics import GpuSample, parse_prometheus
+    from trainguard.diagnose.slowdown import explaining_metrics
+
+    text = (
+        'DCGM_FI_DEV_GPU_TEMP{gpu="2",UUID="GPU-2",pci_bus_id="00000000:12:00.0"} 91\n'
+        'DCGM_FI_DEV_CLOCKS_EVENT_REASONS{gpu="2",UUID="GPU-2",pci_bus_id="00000000:12:00.0"} 64\n'
+        'DCGM_FI_DEV_ECC_SBE_VOL_TOTAL{gpu="2",UUID="GPU-2",pci_bus_id="00000000:12:00.0"} 3\n'
+        'DCGM_FI_DEV_GPU_TEMP{gpu="1",UUID="GPU-1",pci_bus_id="00000000:11:00.0"} 60\n'
+    )
+    samples = parse_prometheus(text, at=100.0)
+    older = GpuSample(at=50.0, gpu="2", uuid="GPU-2", values={"temp_c": 70.0})
+    got = explaining_metrics([older, *samples], "GPU-2", None)
+    assert got == {"thermal_slowdown": 1.0, "clocks_event_reasons": 64.0, "temp_c": 91.0}
+    by_pci = explaining_metrics(samples, None, "0000:11:00.0")
+    assert by_pci == {"temp_c": 60.0}
+    assert explaining_metrics(samples, "GPU-9", None) == {}

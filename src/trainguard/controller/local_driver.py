@@ -78,6 +78,7 @@ from trainguard.controller.sources import (
 from trainguard.diagnose.detectors import ProgressLineParser
 from trainguard.diagnose.health_watch import report_metrics
 from trainguard.diagnose.kernel_finding import KernelLineReader
+from trainguard.diagnose.slowdown import explaining_metrics
 from trainguard.model.devices import Device
 from trainguard.model.files import make_private_dirs
 from trainguard.model.plan import Mode
@@ -97,6 +98,7 @@ from trainguard.schedulers.local import JOB_ID_ENV, LocalProcesses
 from trainguard.schedulers.local_cluster import LocalCluster, LocalLaunch
 from trainguard.signals.inventory import Inventory, InventoryError, load
 from trainguard.signals.kernel_log import KernelLine, open_kernel_log
+from trainguard.signals.metrics import MetricsError, read_nvidia_smi
 from trainguard.signals.output import OutputLine
 from trainguard.signals.progress import ProgressListener, ProgressReceived, short_socket_dir
 from trainguard.store import NotFound, Store
@@ -163,6 +165,7 @@ class LocalDriver:
             restarts=self._restart_costs,
             tell=lambda f: self.say(f"trainguard: {f.kind}: {f.message}"),
             progress_pattern=options.progress_pattern,
+            explain=self._explain,
         )
         self._store: Store | None = None
         self._runtime: DriverRuntime | None = None
@@ -508,6 +511,18 @@ class LocalDriver:
     def _reports_of(self, attempt: int) -> list[RankReport]:
         """The device reports the ranks of ``attempt`` sent (kept as they changed)."""
         return [v for (a, _), v in list(self._views.items()) if a == attempt]
+
+    def _explain(self, uuid: str) -> dict[str, float]:
+        """What ``nvidia-smi -q`` says now about a slow card that may explain it
+        (throttling, temperature, link replays); nothing for simulated cards."""
+        if self.opt.simulate_devices is not None:
+            return {}
+        device = next((d for d in self.devices if d.uuid == uuid), None)
+        try:
+            samples = read_nvidia_smi(self.clock())
+        except MetricsError:
+            return {}
+        return explaining_metrics(samples, uuid, None if device is None else device.pci_bus_id)
 
     def _restart_costs(self) -> list[float]:
         """This job's measured restarts: from the failure to the restarted first step."""

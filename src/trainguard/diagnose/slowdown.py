@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 from statistics import median
 from typing import Any
 
+from trainguard.diagnose.metrics import GpuSample
 from trainguard.diagnose.training import stragglers, throughput_drop
 from trainguard.model.findings import Finding
 
@@ -241,4 +242,43 @@ def step_samples(
     return out
 
 
-__all__ = ["SlowdownRules", "SlowdownWatch", "StepSample", "step_samples"]
+# What can explain a slow card (diagnose/metrics.py's canonical names): its clocks held
+# down (thermal slowdown, the NVML reasons, violation time), its temperature, link
+# replays and errors.
+EXPLAINING = (
+    "thermal_slowdown",
+    "clocks_event_reasons",
+    "thermal_violation_us",
+    "power_violation_us",
+    "temp_c",
+    "mem_temp_c",
+    "pcie_replay",
+    "nvlink_errors",
+)
+
+
+def explaining_metrics(
+    samples: Sequence[GpuSample], uuid: str | None, pci_bus_id: str | None
+) -> dict[str, float]:
+    """The newest sample of the card (by UUID, else PCI bus id): the values that can
+    explain its slowness (``EXPLAINING``), for a straggler finding's ``explained_by``."""
+    mine = [
+        s
+        for s in samples
+        if (uuid is not None and s.uuid == uuid)
+        or (pci_bus_id is not None and s.pci_bus_id == pci_bus_id)
+    ]
+    if not mine:
+        return {}
+    newest = max(mine, key=lambda s: s.at)
+    return {k: newest.values[k] for k in EXPLAINING if k in newest.values}
+
+
+__all__ = [
+    "EXPLAINING",
+    "SlowdownRules",
+    "SlowdownWatch",
+    "StepSample",
+    "explaining_metrics",
+    "step_samples",
+]
