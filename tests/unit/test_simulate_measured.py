@@ -306,3 +306,49 @@ def test_garbled_lost_steps_give_one_line_errors(tmp_path: Path) -> None:
         with pytest.raises(MeasuredError, match=message) as info:
             load_measured([rec, write(tmp_path, "l.json", doc)])
         assert "\n" not in str(info.value) and "l.json" in str(info.value)
+
+
+SNAPSHOT_DOC = {
+    "schema": "trainguard.snapshot_stall/1",
+    "stall_seconds": 0.5,
+    "slot_write_seconds": 1.0,
+}
+
+
+def straggler_run(sc: Scenario, at: float = 1 * DAY + 600) -> JobResult:
+    fault = {"time": at, "comp": "thermal", "loc": 0, "hard": False}
+    sim = Simulation(sc, trace_from_faults(sc, [fault]), make_policy("trainguard"), seed=1)
+    job = sim.run().jobs[0]
+    assert abs(job.unaccounted_hours) < 1e-6
+    return job
+
+
+def test_straggler_detection_sets_the_straggler_detection_and_restart(tmp_path: Path) -> None:
+    """straggler_detection.json: the slow card is named after the measured delay and the
+    job restarts without it at the measured restart (else the xid's, the same hot-spare
+    restart); a straggler never restores from a memory snapshot."""
+    rec = write(tmp_path, "r.json", recovery_doc(xid={"restart_s": 3.0}))
+    doc = {"schema": "trainguard.straggler_detection/1", "detection_s": 40.0, "restart_s": 9.0}
+    m = load_measured([write(tmp_path, "s.json", doc), rec])
+    assert m.detection_seconds["straggler"] == 40.0
+    assert m.restart_seconds["straggler"] == 9.0
+    fallback = load_measured([rec, write(tmp_path, "s2.json", {**doc, "restart_s": None})])
+    assert fallback.restart_seconds["straggler"] == 3.0
+    assert not load_measured(
+        [rec, write(tmp_path, "s.json", doc), write(tmp_path, "snap.json", SNAPSHOT_DOC)],
+        memory_snapshots=True,
+    ).restores_from_memory("straggler", False)
+    sc = quiet()
+    assumed = straggler_run(sc)
+    job = straggler_run(with_overrides(sc, measured=m))
+    # The scenario's 300 s window of slow steps becomes 40 s; its restart the measured 9 s.
+    assert job.lost_hours["restart"] * 3600 == pytest.approx(9.0)
+    assert job.lost_hours["detection"] < assumed.lost_hours["detection"]
+    assert job.lost_hours["detection"] * 3600 == pytest.approx(40.0 * (1 - 0.5), rel=0.05)
+
+
+def test_a_straggler_file_without_detection_is_refused(tmp_path: Path) -> None:
+    rec = write(tmp_path, "r.json", recovery_doc())
+    bad = write(tmp_path, "s.json", {"schema": "trainguard.straggler_detection/1"})
+    with pytest.raises(MeasuredError, match=r"s\.json: missing field 'detection_s'"):
+        load_measured([rec, bad])

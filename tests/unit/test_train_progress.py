@@ -12,7 +12,7 @@ import pytest
 
 from trainguard.model.progress import ProgressEvent
 from trainguard.train import progress
-from trainguard.train.progress import emit, report_progress, should_stop
+from trainguard.train.progress import emit, report_progress, should_stop, step_work
 
 
 @pytest.fixture(autouse=True)
@@ -20,6 +20,10 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("TRAINGUARD_PROGRESS", "TRAINGUARD_DRY_RUN", "TRAINGUARD_ATTEMPT", "RANK"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(progress, "_reported", False)
+    # Step timing starts over in each test (a report of an earlier test is no step).
+    monkeypatch.setattr(progress, "_last_report", None)
+    monkeypatch.setattr(progress, "_work", 0.0)
+    monkeypatch.setattr(progress, "_work_timed", False)
 
 
 def _listener(path: Path) -> socket.socket:
@@ -182,3 +186,23 @@ def test_progress_reporting_does_not_import_torch() -> None:
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_step_and_work_seconds_per_step_since_the_previous_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "p.jsonl"
+    monkeypatch.setenv("TRAINGUARD_PROGRESS", f"file:{out}")
+    report_progress(10, total_steps=100)
+    with step_work():
+        time.sleep(0.05)
+    time.sleep(0.05)  # waiting for peers: not this rank's work
+    report_progress(12)
+    report_progress(12, loss=1.0)  # the same step again (a logged loss): no duration
+    report_progress(13, step_seconds=0.5)  # the caller's own measure wins
+    events = [json.loads(line) for line in out.read_text().splitlines()]
+    assert events[0]["metrics"] == {"total_steps": 100.0}
+    m = events[1]["metrics"]
+    assert 0.04 <= m["step_seconds"] <= 0.5 and 0.02 <= m["work_seconds"] < m["step_seconds"]
+    assert "step_seconds" not in events[2]["metrics"]
+    assert events[3]["metrics"] == {"step_seconds": 0.5}

@@ -15,7 +15,9 @@ nothing:
 * **evidence sources** (controller/sources.py): this machine's kernel log (a line
   becomes a stored finding by the one rule, diagnose/kernel_finding.py, as an agent's
   does) and the progress socket (a datagram becomes the attempt's progress, as
-  ``POST /v1/jobs/ID/progress`` does);
+  ``POST /v1/jobs/ID/progress`` does); the same datagrams feed the slow-rank source
+  (controller/slowdown.py: a straggler becomes a finding, fatal on its card when the
+  cost model says a restart without it pays);
 * **the run's options as a policy**: hang, verification, restart budget and backoff
   become the job's recovery policy document (``run``), stored and audited;
 * **what the user sees**: each audit record of the job, one line on stderr as it is
@@ -65,6 +67,7 @@ from trainguard.controller.local_options import (
 from trainguard.controller.local_start import device_statuses, log_dir, preflight, refuse
 from trainguard.controller.runtime import DriverRuntime
 from trainguard.controller.service import ControlPlane
+from trainguard.controller.slowdown import SlowdownSource
 from trainguard.controller.sources import (
     Evidence,
     FindingEvidence,
@@ -75,6 +78,7 @@ from trainguard.controller.sources import (
 from trainguard.diagnose.detectors import ProgressLineParser
 from trainguard.diagnose.health_watch import report_metrics
 from trainguard.diagnose.kernel_finding import KernelLineReader
+from trainguard.diagnose.slowdown import explaining_metrics
 from trainguard.model.devices import Device
 from trainguard.model.files import make_private_dirs
 from trainguard.model.plan import Mode
@@ -94,6 +98,8 @@ from trainguard.schedulers.local import JOB_ID_ENV, LocalProcesses
 from trainguard.schedulers.local_cluster import LocalCluster, LocalLaunch
 from trainguard.signals.inventory import Inventory, InventoryError, load
 from trainguard.signals.kernel_log import KernelLine, open_kernel_log
+from trainguard.signals.metrics import MetricsError, read_nvidia_smi
+from trainguard.signals.output import OutputLine
 from trainguard.signals.progress import ProgressListener, ProgressReceived, short_socket_dir
 from trainguard.store import NotFound, Store
 from trainguard.store.fleet import Fenced, FleetStore
@@ -152,6 +158,16 @@ class LocalDriver:
         self.kernel = QueueSource("kernel log", self._kernel_evidence, on_push=self._wake)
         self.progress = QueueSource("progress socket", self._progress_evidence,
                                     on_push=self._wake)  # fmt: skip
+        self.slow = SlowdownSource(
+            lambda: self.job_id,
+            lambda: self.devices,
+            self._reports_of,
+            restarts=self._restart_costs,
+            tell=lambda f: self.say(f"trainguard: {f.kind}: {f.message}"),
+            progress_pattern=options.progress_pattern,
+            explain=self._explain,
+        )
+        self._store: Store | None = None
         self._runtime: DriverRuntime | None = None
         self._interrupted: int | None = None
         self._planned_grace: float | None = None  # a planned stop's wait for the ranks
@@ -276,6 +292,7 @@ class LocalDriver:
         # and records each attempt's process group (0468).
         plane.reconciler.post_steps.append(adoption)
         loop = _RunLoop(self, plane, store, fj.job_id)
+        self._store = store
         runtime = self._runtime = DriverRuntime(
             loop, self._sources(), tick=self.tick, clock=self.clock,
             on_report=loop.after_pass, on_error=self._failed, close_plane=False,
@@ -331,7 +348,7 @@ class LocalDriver:
 
     def _sources(self) -> list[Any]:
         """The evidence sources the runtime polls before each pass."""
-        return [self.kernel, self.progress]
+        return [self.kernel, self.progress, self.slow]
 
     def _use_logs(self, cluster: Any) -> None:
         """An adopted job's attempt logs stay in its own directory (``self.logs``)."""
@@ -352,12 +369,15 @@ class LocalDriver:
         if isinstance(item, KernelLine):
             self.kernel.push(item)
         elif isinstance(item, ProgressReceived):
+            self.slow.push(item)  # before the wake the progress push gives
             self.progress.push(item)
         elif isinstance(item, Interrupt):
             self._interrupted = item.signum
             if self._runtime is not None:
                 self._runtime.stop()  # no pass after the user's interrupt
         else:  # the launcher's events (output, exits, a settle window's end): a pass now
+            if isinstance(item, OutputLine):
+                self.slow.push(item)  # timed when the job reports nothing itself
             self._wake()
 
     def _wake(self) -> None:
@@ -487,6 +507,32 @@ class LocalDriver:
         return ProgressEvidence(self.job_id, attempt, ev.event.step, at=ev.at,
                                 rank=ev.event.rank, job_time=ev.event.time, view=view,
                                 loss=loss, grad_norm=grad_norm)  # fmt: skip
+
+    def _reports_of(self, attempt: int) -> list[RankReport]:
+        """The device reports the ranks of ``attempt`` sent (kept as they changed)."""
+        return [v for (a, _), v in list(self._views.items()) if a == attempt]
+
+    def _explain(self, uuid: str) -> dict[str, float]:
+        """What ``nvidia-smi -q`` says now about a slow card that may explain it
+        (throttling, temperature, link replays); nothing for simulated cards."""
+        if self.opt.simulate_devices is not None:
+            return {}
+        device = next((d for d in self.devices if d.uuid == uuid), None)
+        try:
+            samples = read_nvidia_smi(self.clock())
+        except MetricsError:
+            return {}
+        return explaining_metrics(samples, uuid, None if device is None else device.pci_bus_id)
+
+    def _restart_costs(self) -> list[float]:
+        """This job's measured restarts: from the failure to the restarted first step."""
+        if self._store is None or not self.job_id:
+            return []
+        return [
+            i.recovered_at - (i.fault_at or i.detected_at)
+            for i in self._store.incidents.list_incidents(job_id=self.job_id)
+            if i.recovered_at is not None
+        ]
 
     def _tell(self, store: Store, job_id: str | None) -> None:
         for event in store.audit.list_audit(after_id=self._audit_cursor):

@@ -241,7 +241,13 @@ def attribute(
         # neither support nor evidence: the line is shown once.
         deaths = [f for f in crashes if not _restates(f, first)]
         supporting = [f for f in deaths if f.culprit.rank == culprit.rank] or deaths[:1]
-        kind = IncidentKind.XID if first.xid is not None else IncidentKind.CUDA_ERROR
+        kind = (
+            IncidentKind.XID
+            if first.xid is not None
+            else IncidentKind.SLOW
+            if first.kind == "straggler"
+            else IncidentKind.CUDA_ERROR
+        )
         summary = hardware_reason(first, culprit, supporting[0] if supporting else None)
         return Attribution(
             kind=kind,

@@ -129,14 +129,16 @@ def throughput_drop(
     baseline_s: float = 1800.0,
     threshold: float = 0.7,
     min_samples: int = 3,
+    baseline: float | None = None,
 ) -> list[Finding]:
-    """The job's rate over the last ``recent_s`` against its baseline (the ``baseline_s``
-    before that). Below ``threshold`` × baseline -> a ``throughput_drop`` finding."""
+    """The job's rate over the last ``recent_s`` against its baseline (``baseline``
+    when given, the attempt's own; else the median of the ``baseline_s`` before the
+    recent window). Below ``threshold`` × baseline -> a ``throughput_drop`` finding."""
     recent = [v for t, v in rates if now - recent_s <= t <= now]
     base = [v for t, v in rates if now - recent_s - baseline_s <= t < now - recent_s]
-    if len(recent) < min_samples or len(base) < min_samples:
+    if len(recent) < min_samples or (baseline is None and len(base) < min_samples):
         return []
-    b, r = median(base), median(recent)
+    b, r = (median(base) if baseline is None else baseline), median(recent)
     if b <= 0 or r / b >= threshold:
         return []
     return [

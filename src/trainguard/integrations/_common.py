@@ -33,6 +33,14 @@ def cheap_loss(value: Any) -> float | None:
         return None
 
 
+def total_steps(value: Any) -> dict[str, int]:
+    """``{"total_steps": N}`` for a framework's positive step limit, else nothing (-1 and
+    0 mean "no limit" to both frameworks)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return {"total_steps": value}
+    return {}
+
+
 def require(module: str, package: str, what: str) -> Any:
     """Import ``module`` or raise an ImportError naming the package to install."""
     import importlib

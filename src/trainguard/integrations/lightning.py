@@ -10,8 +10,10 @@
 
 Every rank reports ``trainer.global_step`` (optimizer steps done, so it agrees with
 the ``global_step`` Lightning saves in its checkpoints) after each training batch,
-with the batch's loss when that is a CPU tensor or a number: reading a loss on an
-accelerator would wait for the device. Nothing else.
+with the batch's loss when that is a CPU tensor or a number (reading a loss on an
+accelerator would wait for the device) and ``trainer.max_steps`` as ``total_steps``;
+``report_progress`` adds the time per step since the previous step (``step_seconds``).
+Nothing else.
 
 The class derives from ``lightning.pytorch.Callback`` and, when the separate
 ``pytorch_lightning`` package is installed too, from its ``Callback`` as well, so
@@ -23,7 +25,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from trainguard.integrations._common import cheap_loss, require
+from trainguard.integrations._common import cheap_loss, require, total_steps
 from trainguard.train.progress import report_progress
 
 _WHAT = "trainguard.integrations.lightning.TrainguardCallback"
@@ -53,7 +55,11 @@ class _Reporter:
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        report_progress(int(trainer.global_step), loss=_loss_of(outputs))
+        report_progress(
+            int(trainer.global_step),
+            loss=_loss_of(outputs),
+            **total_steps(getattr(trainer, "max_steps", None)),
+        )
 
 
 TrainguardCallback: type = type(

@@ -45,6 +45,7 @@ class IncidentKind(StrEnum):
     COLLECTIVE_TIMEOUT = "collective_timeout"
     COLLECTIVE_ERROR = "collective_error"
     APP_ERROR = "app_error"
+    SLOW = "slow"  # a card slowing the whole job, taken out by the cost model (0526)
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,15 @@ benchmark figure                   simulator parameter (trainguard policies only
 ``checkpoint_save.json``           disk checkpoint stall = the scenario's
 ``ratios.async_stall_vs_sync``     ``async_write_seconds`` (its full write time) x
                                    the measured stall / sync save ratio.
+``straggler_detection.json``       trace signal ``straggler``: detection delay (a slow
+``detection_s``, ``restart_s``     card named, 0525) and the restart without it (0526:
+                                   the card quarantined, the job restarted on a spare;
+                                   without ``restart_s``, the measured ``xid`` restart,
+                                   the same hot-spare restart). The cost model restarts
+                                   whenever the run left is longer than
+                                   restart ÷ (1 − 1/slowdown): at the scenario's job
+                                   lengths, always. A straggler never restores from a
+                                   memory snapshot here (as sdc): conservative.
 =================================  ===================================================
 
 Any missing, garbled or out-of-range field raises :class:`MeasuredError` with a
@@ -74,6 +83,9 @@ SIGNAL_TO_KIND = {"crash": "crash", "xid": "xid", "hang": "hang"}
 RECOVERY_SCHEMA = "trainguard.recovery_latency/1"
 SNAPSHOT_SCHEMA = "trainguard.snapshot_stall/1"
 LOST_SCHEMA = "trainguard.lost_steps/1"
+STRAGGLER_SCHEMA = "trainguard.straggler_detection/1"
+# Trace signals no memory snapshot restores in the simulation (module docstring).
+NEVER_FROM_MEMORY = frozenset({"sdc", "straggler"})
 # lost_steps.json fault -> the simulator's fault class (see fault_class).
 LOST_FAULT_TO_CLASS = {
     "crash": "crash",
@@ -126,7 +138,11 @@ class Measured:
 
     def restores_from_memory(self, signal: str, node_down: bool) -> bool:
         """Whether a fault of this signal restores the newest memory snapshot."""
-        if not self.memory_snapshots or signal not in self.restart_seconds:
+        if (
+            not self.memory_snapshots
+            or signal not in self.restart_seconds
+            or signal in NEVER_FROM_MEMORY
+        ):
             return False  # straggler and sdc never do; nor a kind without figures
         return fault_class(signal, node_down) not in self.memory_not_restored
 
@@ -200,9 +216,11 @@ def _kind_of(data: dict[str, Any], source: str) -> str:
         return "checkpoint_save"
     if data.get("schema") == LOST_SCHEMA:
         return "lost_steps"
+    if data.get("schema") == STRAGGLER_SCHEMA:
+        return "straggler_detection"
     raise MeasuredError(
-        f"{source}: not a recovery_latency, snapshot_stall, checkpoint_save or lost_steps "
-        "result "
+        f"{source}: not a recovery_latency, snapshot_stall, checkpoint_save, lost_steps "
+        "or straggler_detection result "
         f"(schema {data.get('schema')!r})"
     )
 
@@ -214,6 +232,7 @@ def load_measured(paths: list[str | Path], memory_snapshots: bool = False) -> Me
     out = Measured(memory_snapshots=memory_snapshots)
     seen: set[str] = set()
     lost_docs: list[tuple[dict[str, Any], str]] = []
+    straggler_docs: list[tuple[dict[str, Any], str]] = []
     for raw in paths:
         path = Path(raw)
         data = _read(path)
@@ -226,6 +245,8 @@ def load_measured(paths: list[str | Path], memory_snapshots: bool = False) -> Me
             out = _snapshot(out, data, src)
         elif kind == "lost_steps":
             lost_docs.append((data, src))
+        elif kind == "straggler_detection":
+            straggler_docs.append((data, src))
         else:
             ratio = _number(data, "ratios.async_stall_vs_sync", src)
             assert ratio is not None
@@ -243,7 +264,33 @@ def load_measured(paths: list[str | Path], memory_snapshots: bool = False) -> Me
     # the order on the command line.
     for data, src in lost_docs:
         out = _lost_steps(out, data, src)
+    # After the recovery figures: a straggler's restart falls back to the xid's.
+    for data, src in straggler_docs:
+        out = _straggler(out, data, src)
     return out
+
+
+def _straggler(out: Measured, data: dict[str, Any], src: str) -> Measured:
+    """straggler_detection.json: how long a slow card takes to be named, and the restart
+    without it (module docstring)."""
+    det = _number(data, "detection_s", src)
+    assert det is not None
+    rst = _number(data, "restart_s", src, optional=True)
+    how = src
+    if rst is None:
+        rst = out.restart_seconds.get("xid")
+        how = f"{src} (none measured: the xid restart)"
+    figures = [*out.figures, Figure("straggler: detection (s)", det, src)]
+    restart = dict(out.restart_seconds)
+    if rst is not None:
+        restart["straggler"] = rst
+        figures.append(Figure("straggler: restart without the card (s)", rst, how))
+    return replace(
+        out,
+        detection_seconds={**out.detection_seconds, "straggler": det},
+        restart_seconds=restart,
+        figures=tuple(figures),
+    )
 
 
 def _recovery(out: Measured, data: dict[str, Any], src: str) -> Measured:

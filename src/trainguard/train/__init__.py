@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from trainguard.train.locate import ResumeError, resume_path
-from trainguard.train.progress import report_progress, should_stop
+from trainguard.train.progress import report_progress, should_stop, step_work
 
 if TYPE_CHECKING:
     from trainguard.train.manager import CheckpointManager, CheckpointWriteError, SaveResult
@@ -48,6 +48,7 @@ __all__ = [
     "resume",
     "resume_path",
     "should_stop",
+    "step_work",
 ]
 
 _LAZY = {

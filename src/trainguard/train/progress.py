@@ -14,6 +14,13 @@ Where reports go is ``TRAINGUARD_PROGRESS`` (decision 0003):
 Every event is a :class:`trainguard.model.progress.ProgressEvent` carrying the
 rank (``RANK``), the attempt (``TRAINGUARD_ATTEMPT``) and the pid.
 
+Step times (docs/diagnosis.md, "Stragglers"): each ``progress`` event carries
+``metrics["step_seconds"]``, the wall time per step since this process's previous
+report (or what the caller passes), and ``metrics["work_seconds"]`` when the step's
+own work was timed with :func:`step_work` — the rank's time without waiting for its
+peers, which is what tells a slow rank from its peers in a synchronous job (every
+rank's wall time per step is the same there: they all wait for the slowest).
+
 Dry run (``TRAINGUARD_DRY_RUN=1``, used by preflight checks): the first
 ``report_progress()`` sends its event and then raises ``SystemExit(0)``, so an
 unmodified training script stops cleanly after one step (``finally`` blocks and
@@ -25,6 +32,7 @@ This module does not import torch: jobs of any framework may use it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -111,6 +119,11 @@ class _Transport:
 _lock = threading.Lock()
 _transport: _Transport | None = None
 _reported = False
+# Step timing: the monotonic time and step of the previous report, and the work
+# time step_work() accumulated since it.
+_last_report: tuple[float, int] | None = None
+_work = 0.0
+_work_timed = False
 
 
 def _get_transport() -> _Transport:
@@ -188,8 +201,47 @@ def _as_float(value: Any) -> float | None:
         return None
 
 
+class step_work:
+    """Time the part of a step that is this rank's own work (no collective in it: the
+    forward pass under DDP, forward and backward before an explicit all-reduce). The
+    next :func:`report_progress` sends the time per step as ``work_seconds``."""
+
+    def __enter__(self) -> step_work:
+        self._t0 = time.monotonic()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        global _work, _work_timed
+        _work += time.monotonic() - self._t0
+        _work_timed = True
+
+
+def _step_times(step: int, metrics: dict[str, Any]) -> None:
+    """Add ``step_seconds`` (unless given) and ``work_seconds`` (when timed), per step
+    since the previous report of this process."""
+    global _last_report, _work, _work_timed
+    now = time.monotonic()
+    last = _last_report
+    if last is not None and step == last[1]:
+        return  # the same step again (a logged loss): not a step made
+    _last_report = (now, step)
+    work, timed = _work, _work_timed
+    _work, _work_timed = 0.0, False
+    # The first report, or a step back (a resume): the timing starts over from here.
+    steps = step - last[1] if last is not None else 0
+    if steps <= 0 or last is None:
+        return
+    metrics.setdefault("step_seconds", (now - last[0]) / steps)
+    if timed:
+        metrics.setdefault("work_seconds", work / steps)
+
+
 def report_progress(step: int, loss: Any = None, **metrics: Any) -> None:
     """Report that ``step`` completed, with its loss and any metrics.
+
+    ``step_seconds`` and ``work_seconds`` are measured unless given (module
+    docstring); ``total_steps`` (the step the job ends at) lets trainguard weigh a
+    slow rank against the run left (docs/run.md, "Slow ranks").
 
     Never blocks on a listener and never raises, except ``SystemExit(0)`` after the
     first report in dry-run mode (see the module docstring).
@@ -199,6 +251,8 @@ def report_progress(step: int, loss: Any = None, **metrics: Any) -> None:
     for k, v in metrics.items():
         f = _as_float(v)
         clean[k] = f if f is not None and math.isfinite(f) else (v if f is None else str(f))
+    with contextlib.suppress(TypeError, ValueError):  # a step that is no number
+        _step_times(int(step), clean)
     emit("progress", step, loss=_as_float(loss), metrics=clean)
     _reported = True
     if dry_run():
