@@ -63,6 +63,7 @@ class ApiContext:
     max_body: int = DEFAULT_MAX_BODY
     progress_dropped: dict[str, int] = field(default_factory=dict)
     loop_status: dict[str, Any] | None = None  # the loop process's last pass (0095)
+    loop_kind: str = "thread"  # where the reconcile loop runs; serve sets it (0095)
     rank_limits: RankLimits | None = None  # the ranks each job may report from (0405)
     # Controller health (/healthz, decision 0407): a reconcile pass must complete at
     # least every ``pass_deadline_s`` (the lease's ttl); ``None``: no controller here.

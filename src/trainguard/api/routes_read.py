@@ -90,8 +90,12 @@ def status(
             leader = bool(control.is_leader())
             lease = control.leader()
             last = control.last_pass()
-            if ctx.loop_status is not None:  # the loop runs in its own process (0095)
-                last_view: dict[str, Any] | None = _pass_view(ctx.loop_status)
+            if ctx.loop_kind == "process":  # the loop runs in its own process (0095)
+                # None until the child reports its first pass: this process's own
+                # controller never runs a pass, so its ``last_pass`` would be stale.
+                last_view: dict[str, Any] | None = (
+                    None if ctx.loop_status is None else _pass_view(ctx.loop_status)
+                )
             elif last is None:
                 last_view = None
             else:
@@ -109,7 +113,7 @@ def status(
                     }
                 )
             details = {
-                "loop": "process" if ctx.loop_status is not None else "thread",
+                "loop": ctx.loop_kind,
                 "identity": control.identity,
                 "lease": None if lease is None else lease.to_json(),
                 "scheduler": getattr(control.scheduler, "name", None),

@@ -263,6 +263,7 @@ def serve(options: ServeOptions, say: Callable[[str], None] = print) -> int:
     ctx.start()
     loop: ReconcileLoop | None = None
     child: Any = None
+    ctx.loop_kind = options.loop
     if control is not None and options.loop == "thread":
         loop = ReconcileLoop(ctx, options.reconcile_interval).start()
     elif control is not None:
