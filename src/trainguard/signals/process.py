@@ -36,6 +36,7 @@ import contextlib
 import fcntl
 import os
 import selectors
+import signal
 import struct
 import subprocess
 import threading
@@ -275,6 +276,24 @@ def _int(value: str | None) -> int | None:
         return None
 
 
+def likely_first(
+    exits: list[tuple[int, int | None, int | None]], parents: dict[int, int | None]
+) -> list[tuple[int, int | None, int | None]]:
+    """``(pid, exit code, signal)`` of processes seen dead together, the likely first
+    death first: a parent of another one of them (its death can end its child, not the
+    reverse), then a death by a signal other than SIGTERM (sent from outside; SIGTERM is
+    a launcher ending the others) before an exit with a code (often a reaction to a lost
+    peer); otherwise in the order given."""
+    dead = {pid for pid, _, _ in exits}
+    return sorted(
+        exits,
+        key=lambda e: (
+            not any(parents.get(p) == e[0] for p in dead if p != e[0]),
+            e[2] is None or e[2] == signal.SIGTERM,
+        ),
+    )
+
+
 @dataclass(frozen=True)
 class AttemptProcessExit:
     """A :class:`ProcessExit` tagged with the attempt it belongs to."""
@@ -340,6 +359,8 @@ class RankWatcher:
         self._fds: dict[int, int] = {}  # pid -> pidfd
         self._spawn_count: dict[int, int] = {}  # parent -> spawn children numbered so far
         self._spawn_pids: set[int] = set()  # ranks found as spawn children
+        # pid -> its parent when found: a child whose parent dies is reparented.
+        self._parents: dict[int, int | None] = {}
         self.thread = threading.Thread(target=self._run, name=f"ranks-{attempt}", daemon=True)
 
     def start(self) -> RankWatcher:
@@ -409,6 +430,7 @@ class RankWatcher:
         except OSError:
             return
         cvd = env.get("CUDA_VISIBLE_DEVICES")
+        self._parents[pid] = _ppid(pid)
         with self._lock:
             self.ranks[pid] = (rank, local)
             if cvd is not None:
@@ -442,6 +464,39 @@ class RankWatcher:
             # Rank 0 of its node: global rank node x processes per node (one node: 0).
             self._watch(ppid, (node or 0) * (len(locals_) + 1), 0, env)
 
+    def _report(self, at: float, pids: list[int]) -> None:
+        """Report the ranks found dead in one wake-up, the likely first death first.
+
+        Deaths seen together happened between two looks, in an order the pidfds do not
+        keep: a rank that is the parent of another one seen dead with it goes first
+        (its death can end its child, not the reverse), then a death by a signal (sent
+        from outside) before an exit with a code (often the reaction to a lost peer).
+        Each gets ``at`` plus a microsecond per place, so the order is the record's."""
+        exits: list[tuple[int, int | None, int | None]] = []
+        for pid in pids:
+            code, sig = exit_status(pid, self._fds[pid])
+            self._selector.unregister(self._fds[pid])
+            os.close(self._fds.pop(pid))
+            exits.append((pid, code, sig))
+        for place, (pid, code, sig) in enumerate(likely_first(exits, self._parents)):
+            rank, local = self.ranks.get(pid, (None, None))
+            if pid in self._spawn_pids and code == 0:
+                continue  # a clean spawn child exit: the launcher's exit says it
+            self.sink(
+                AttemptProcessExit(
+                    attempt=self.attempt,
+                    exit=ProcessExit(
+                        at=at + place * 1e-6,
+                        source="rank",
+                        pid=pid,
+                        rank=rank,
+                        local_rank=local,
+                        exit_code=code,
+                        signal=sig,
+                    ),
+                )
+            )
+
     def _run(self) -> None:
         next_scan = 0.0
         try:
@@ -454,29 +509,9 @@ class RankWatcher:
                 if not self._fds:
                     self._stop.wait(max(0.0, next_scan - time.monotonic()))
                     continue
-                for key, _ in self._selector.select(timeout=max(0.0, next_scan - now)):
-                    pid = int(key.data)
-                    at = self.clock()
-                    code, sig = exit_status(pid, self._fds[pid])
-                    self._selector.unregister(key.fd)
-                    os.close(self._fds.pop(pid))
-                    rank, local = self.ranks.get(pid, (None, None))
-                    if pid in self._spawn_pids and code == 0:
-                        continue  # a clean spawn child exit: the launcher's exit says it
-                    self.sink(
-                        AttemptProcessExit(
-                            attempt=self.attempt,
-                            exit=ProcessExit(
-                                at=at,
-                                source="rank",
-                                pid=pid,
-                                rank=rank,
-                                local_rank=local,
-                                exit_code=code,
-                                signal=sig,
-                            ),
-                        )
-                    )
+                ready = self._selector.select(timeout=max(0.0, next_scan - now))
+                if ready:
+                    self._report(self.clock(), [int(key.data) for key, _ in ready])
         finally:
             for fd in self._fds.values():
                 with contextlib.suppress(OSError):
@@ -493,6 +528,7 @@ __all__ = [
     "descendants",
     "exit_status",
     "is_spawn_child",
+    "likely_first",
     "pidfd_exit_status",
     "rank_zero_launcher",
     "read_cmdline",
