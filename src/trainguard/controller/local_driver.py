@@ -292,6 +292,9 @@ class LocalDriver:
         # and records each attempt's process group (0468).
         plane.reconciler.post_steps.append(adoption)
         loop = _RunLoop(self, plane, store, fj.job_id)
+        # The token taken above, not the one the first pass reports: a run paused before
+        # its first pass ended must not take back a lease its successor released (0220).
+        loop.token = taken.token
         self._store = store
         runtime = self._runtime = DriverRuntime(
             loop, self._sources(), tick=self.tick, clock=self.clock,
