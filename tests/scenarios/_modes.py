@@ -411,9 +411,11 @@ def crash_run_mode(tmp: Path, point: str, then: str | None = None) -> CrashWorld
         sys.executable,
         str(JOB),
         "--steps",
-        # With a take-over to kill too, the restarted attempt must still be running when
-        # the first run dies after verifying it (a loaded machine finishes 16 steps first).
-        "40" if then is not None else "16",
+        # The restarted attempt must still be running when the first run dies after
+        # verifying it: a job that completed meanwhile is closed as completed, and the
+        # next run starts the command as a new job (a loaded machine finishes 16 steps
+        # first). With a take-over to kill too, it must outlive that one as well.
+        "40" if then is not None else "30",
         "--interval",
         "0.05",
         "--fail-attempts",
