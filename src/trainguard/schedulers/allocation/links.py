@@ -209,7 +209,7 @@ class AgentLinks:
     def _ended(self, chan: Channel, node: AgentNode | None, why: str) -> None:
         self._by_chan.pop(chan, None)
         if node is not None and not self.closing.is_set() and node.chan is chan:
-            self.lose(node, why)
+            self.lose(node, chan.broken or why)
 
     def _watch(self) -> None:
         while not self.closing.wait(WATCH_EVERY):

@@ -84,6 +84,7 @@ class Channel:
         self._backlog = bytearray()  # what the outbox could not send yet
         self._backlog_since = 0.0
         self.closed = False
+        self.broken: str | None = None  # why this side gave the connection up, if it did
 
     def send(self, body: dict[str, Any]) -> None:
         raw = _canonical(body)
@@ -220,6 +221,7 @@ class Outbox:
         chan._backlog.clear()
         with self._lock:
             self._waiting.discard(chan)
+        chan.broken = why  # whoever sees the connection end first says why
         # Closing wakes the channel's reader; the callback runs off this thread so that
         # it may take the cluster's locks without ever waiting on a channel's.
         chan.closed = True
