@@ -151,8 +151,7 @@ class AgentLinks:
             with contextlib.suppress(OSError):
                 sock.close()
             return None
-        sock.settimeout(None)  # reads only when readable; the outbox never waits
-        return chan
+        return chan  # its socket blocking: read only when readable, written by the outbox
 
     def _read(self, chan: Channel, joining: dict[Channel, float]) -> bool:
         """What arrived on ``chan``; ``False`` when the connection is over."""

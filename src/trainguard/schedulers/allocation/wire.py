@@ -156,15 +156,18 @@ def accept(
     nonce = secrets.token_hex(16).encode()
     sock.settimeout(timeout)
     sock.sendall(nonce + b"\n")
+    if outbox is not None:
+        sock.settimeout(None)  # the outbox's sends need a blocking socket (its docstring)
     return Channel(sock, secret, nonce, "l", outbox)
 
 
 class Outbox:
     """The leader's writes to every agent, none of which ever blocks its caller.
 
-    ``put`` sends what the socket takes at once (``MSG_DONTWAIT``, so the socket stays
-    blocking for its reader thread) and keeps the rest as the channel's backlog, in
-    order; one writer thread sends backlogs as their sockets drain. A channel whose
+    ``put`` sends what the socket takes at once (``MSG_DONTWAIT``: the socket stays in
+    blocking mode, without a Python timeout, which would wait for room before sending)
+    and keeps the rest as the channel's backlog, in order; one writer thread sends
+    backlogs as their sockets drain. A channel whose
     backlog exceeds ``max_backlog`` bytes, or has not drained for ``stall`` s, belongs
     to an agent that stopped reading: it is closed and ``on_stuck(chan, why)`` told
     (the cluster loses that node). So a heartbeat or a ``stop`` to 1,024 agents costs
