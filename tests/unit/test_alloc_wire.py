@@ -1,6 +1,7 @@
 """The leader <-> node-agent protocol (schedulers/allocation/wire.py, decision 0510):
 real sockets; a peer without the job's secret, a replayed or a tampered message is
-refused; the rendezvous file is private."""
+refused; the rendezvous file is private; the leader's outbox never blocks and keeps the
+order (decision 0536)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import json
 import os
 import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from trainguard.schedulers.allocation.wire import (
     Channel,
+    Outbox,
     Rendezvous,
     WireError,
     accept,
@@ -84,3 +87,23 @@ def test_the_rendezvous_file_is_private_and_a_readable_one_is_not_trusted(tmp_pa
     assert Rendezvous.read(d) == Rendezvous("127.0.0.1", 4242, b"k" * 32, "n1")
     os.chmod(path, 0o644)
     assert Rendezvous.read(d) is None
+
+
+def test_the_leaders_outbox_never_blocks_and_keeps_the_order() -> None:
+    secret = new_secret()
+    stuck: list[str] = []
+    outbox = Outbox(lambda _chan, why: stuck.append(why), stall=10.0)
+    agent, leader = _pair(secret, secret)
+    leader.outbox = outbox
+    leader.sock.settimeout(None)  # as accept() leaves it when given the outbox
+    began = time.monotonic()
+    for i in range(40):  # 4 MB while nobody reads: far more than the socket buffers
+        leader.send({"t": "blob", "i": i, "x": "y" * 100_000})
+    assert time.monotonic() - began < 2.0 and leader._backlog  # queued, not waited for
+    got = [agent.recv() for _ in range(40)]  # every one authenticated, in sequence
+    assert [m["i"] for m in got if m is not None] == list(range(40))
+    outbox.flush(5.0)
+    assert not leader._backlog and stuck == []
+    outbox.close()
+    agent.close()
+    leader.close()

@@ -35,9 +35,10 @@ def next_placement(
     if want < 1 or min_nodes < 1 or min_nodes > want:
         raise ValueError(f"need 1 <= min_nodes ({min_nodes}) <= want ({want})")
     bad = set(out)
+    was = set(current)  # once: a set per element made this quadratic at 1,024 nodes
     usable = [n for n in dict.fromkeys(order) if n not in bad]
-    keep = [n for n in usable if n in set(current)]
-    spares = [n for n in usable if n not in set(current)]
+    keep = [n for n in usable if n in was]
+    spares = [n for n in usable if n not in was]
     chosen_set = set(keep[:want]) | set(spares[: max(0, want - len(keep))])
     chosen = tuple(n for n in usable if n in chosen_set)
     left = len(usable) - len(chosen)
@@ -59,13 +60,13 @@ def next_placement(
             f"(--min-nodes {min_nodes}); lost {lost_words}",
             left,
         )
-    if current and set(chosen) == set(current):
+    if current and set(chosen) == was:
         return Placement(
             PlacementKind.SAME, chosen, "every node of the last attempt is usable", left
         )
     if not current:
         return Placement(PlacementKind.SAME, chosen, f"first attempt on {want} node(s)", left)
-    added = [n for n in chosen if n not in set(current)]
+    added = [n for n in chosen if n not in was]
     return Placement(
         PlacementKind.SPARE,
         chosen,

@@ -17,8 +17,10 @@ memory-snapshot flush):
 It reports what only this node can see: the attempt's output lines, its ranks' and its
 launcher's exits, the progress datagrams of its ranks (its own progress socket), its
 kernel log's lines, and a heartbeat every ``HEARTBEAT`` seconds. It decides nothing.
-When the leader goes away without ``bye``, the agent ends its attempt and exits with
-:data:`EXIT_LEADER_LOST` (the job then takes Slurm's requeue path).
+When the leader goes away without ``bye`` (its connection closed, or not a word from it,
+not even its heartbeat, for :data:`LEADER_TIMEOUT` s: a frozen leader, decision 0536),
+the agent ends its attempt and exits with :data:`EXIT_LEADER_LOST` (75, EX_TEMPFAIL: the
+job then takes Slurm's requeue path).
 """
 
 from __future__ import annotations
@@ -37,7 +39,13 @@ from typing import Any
 
 from trainguard.model.devices import Device
 from trainguard.model.files import make_private_dirs
-from trainguard.schedulers.allocation.wire import Channel, Rendezvous, WireError, connect
+from trainguard.schedulers.allocation.wire import (
+    LEADER_TIMEOUT,
+    Channel,
+    Rendezvous,
+    WireError,
+    connect,
+)
 from trainguard.schedulers.local import LaunchSpec, LocalAttempt, LocalScheduler
 from trainguard.signals.inventory import load, parse_inventory
 from trainguard.signals.kernel_log import FileFollower, KernelLine
@@ -89,6 +97,7 @@ class NodeAgent:
         connect_timeout: float = 120.0,
         newer_than: float = 0.0,
         clock: Callable[[], float] = time.time,
+        leader_timeout: float = LEADER_TIMEOUT,
     ) -> None:
         self.node = node
         self.address = address
@@ -98,6 +107,8 @@ class NodeAgent:
         self.connect_timeout = connect_timeout
         self.newer_than = newer_than
         self.clock = clock
+        self.leader_timeout = leader_timeout
+        self._heard = time.monotonic()  # when the leader last said anything
         self.chan: Channel | None = None
         self.launcher = LocalScheduler(
             self._event,
@@ -251,6 +262,18 @@ class NodeAgent:
                 launch = self.attempt
             self._send({"t": "hb", "a": launch.spec.attempt if launch is not None else None})
 
+    def _watch_leader(self, chan: Channel) -> None:
+        """Give up on a leader that said nothing for ``leader_timeout`` s (it heartbeats
+        every second): closing the connection ends :meth:`run`'s loop, which stops this
+        node's part. A frozen leader keeps its socket open, so only silence tells."""
+        while not self._done.is_set():
+            silent = time.monotonic() - self._heard
+            if silent >= self.leader_timeout:
+                self._say(f"no word from the leader for {silent:.1f} s: giving up")
+                chan.close()
+                return
+            self._done.wait(self.leader_timeout - silent)
+
     def run(self) -> int:
         """Serve the leader until ``bye`` (its exit status) or until it goes away."""
         found = Rendezvous.wait(self.rendezvous_dir, self.connect_timeout, self.newer_than)
@@ -277,13 +300,19 @@ class NodeAgent:
             self.kernel.start()
         beat = threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True)
         beat.start()
+        self._heard = time.monotonic()
+        threading.Thread(
+            target=self._watch_leader, args=(self.chan,), name="leader-watch", daemon=True
+        ).start()
         try:
             while True:
                 try:
                     msg = self.chan.recv()
                 except WireError as exc:
-                    self._say(f"leader connection: {exc}")
+                    if not self.chan.closed:  # else the watch gave up, and said why
+                        self._say(f"leader connection: {exc}")
                     break
+                self._heard = time.monotonic()
                 if msg is None or not self._handle(msg):
                     break
         finally:
@@ -307,4 +336,11 @@ class NodeAgent:
         print(f"trainguard: node {self.node}: {text}", file=sys.stderr, flush=True)
 
 
-__all__ = ["EXIT_LEADER_LOST", "HEARTBEAT", "AgentOptions", "NodeAgent", "node_devices"]
+__all__ = [
+    "EXIT_LEADER_LOST",
+    "HEARTBEAT",
+    "LEADER_TIMEOUT",
+    "AgentOptions",
+    "NodeAgent",
+    "node_devices",
+]

@@ -28,12 +28,13 @@ spares (a parked warm standby each).
 Each attempt's output, every node's lines in the order the leader received them, is
 one log file (``<log_dir>/attempt-N.log``), which the engine follows as it follows
 ``run``'s. Idempotency keys and fencing tokens as the other adapters (``_keys.py``).
+The connections themselves (accepting, reading, silence, non-blocking sends, the
+leader's heartbeat) are links.py's; this module is what the agents' messages mean.
 """
 
 from __future__ import annotations
 
 import contextlib
-import socket
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -47,7 +48,7 @@ from trainguard.model.files import make_private_dirs
 from trainguard.model.progress import ProgressEvent
 from trainguard.model.signature import ATTEMPT_MARKER
 from trainguard.schedulers._keys import KeyBook
-from trainguard.schedulers.allocation.wire import Channel, WireError, accept
+from trainguard.schedulers.allocation.links import AgentLinks, AgentNode
 from trainguard.schedulers.base import (
     ActionResult,
     JobPhase,
@@ -101,19 +102,6 @@ class AgentEvent:
 
     node: str
     kind: str
-
-
-@dataclass
-class _Node:
-    name: str
-    chan: Channel | None = None
-    address: str = ""
-    devices: tuple[Device, ...] = ()
-    last_seen: float = 0.0
-    lost: str | None = None  # why, once lost (never back for this job)
-    lost_at: float | None = None
-    stopped: threading.Event = field(default_factory=threading.Event)
-    note: str | None = None  # how its part of the current attempt started
 
 
 @dataclass
@@ -185,7 +173,6 @@ class AllocationCluster:
         self.agent_timeout = agent_timeout
         self.drain_request = drain_request or (lambda node, reason: {"drain": "none"})
         self.run_env = dict(run_env or {})  # every attempt's (the run's snapshot id)
-        self._nodes = {n: _Node(n) for n in self.order}
         self._out: dict[str, str] = {}  # node -> why it is out of this job's use
         self._drains: dict[str, Mapping[str, Any]] = {}  # node -> how its drain went
         self._jobs: dict[str, _Job] = {}
@@ -195,97 +182,42 @@ class AllocationCluster:
         # holds up the messages that say they did.
         self._lock = threading.RLock()
         self._state = threading.RLock()
-        self._server: socket.socket | None = None
-        self._closing = threading.Event()
+        self.links = AgentLinks(
+            self.order,
+            secret,
+            state=self._state,
+            clock=clock,
+            agent_timeout=agent_timeout,
+            on_join=lambda node: self._sink(AgentEvent(node.name, "hello")),
+            on_message=self._on_message,
+            on_lost=self._lost,
+        )
+        self._nodes = self.links.nodes
         self.fallback: str | None = None  # why the job goes back to Slurm's requeue path
         self.exit_code = 1  # every node's exit status at shutdown (the driver sets it)
         self.port = 0
         self.placements: list[tuple[int, Placement]] = []
 
-    # --- the agents' connections ----------------------------------------------------
+    # --- the agents' connections (links.py) ---------------------------------------------
 
     def listen(self, host: str = "0.0.0.0", port: int = 0) -> int:
         """Accept the agents' connections (in a thread); the port."""
-        srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        srv.bind((host, port))
-        srv.listen(max(16, len(self.order)))
-        self._server = srv
-        self.port = srv.getsockname()[1]
-        threading.Thread(target=self._accept_loop, name="alloc-accept", daemon=True).start()
-        threading.Thread(target=self._watch, name="alloc-watch", daemon=True).start()
+        self.port = self.links.listen(host, port)
         return self.port
 
-    def _accept_loop(self) -> None:
-        srv = self._server
-        assert srv is not None
-        while not self._closing.is_set():
-            try:
-                sock, _addr = srv.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
+    def wait_for_agents(self, timeout: float) -> list[str]:
+        """Wait until every node's agent joined (or ``timeout``); the nodes missing
+        then are lost (never used by this job)."""
+        return self.links.wait_for_agents(timeout)
 
-    def _serve(self, sock: socket.socket) -> None:
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            chan = accept(sock, self.secret)
-            hello = chan.recv()
-            sock.settimeout(None)
-        except (OSError, WireError):
-            with contextlib.suppress(OSError):
-                sock.close()
-            return
-        name = str(hello.get("node")) if hello and hello.get("t") == "hello" else ""
+    def _lost(self, node: AgentNode, why: str) -> None:
         with self._state:
-            node = self._nodes.get(name)
-            if node is None or node.lost is not None:
-                chan.close()  # not a node of this allocation, or one this job gave up
-                return
-            if node.chan is not None:
-                node.chan.close()
-            node.chan = chan
-            assert hello is not None
-            node.address = str(hello.get("address") or "")
-            node.devices = tuple(Device.from_dict(d) for d in hello.get("devices") or ())
-            node.last_seen = self.clock()
-        self._sink(AgentEvent(name, "hello"))
-        why = "its agent's connection closed"
-        try:
-            while True:
-                msg = chan.recv()
-                if msg is None:
-                    break
-                self._on_message(node, msg)
-        except WireError as exc:
-            why = f"its agent's connection failed: {exc}"
-        if not self._closing.is_set() and node.chan is chan:
-            self._lose(node, why)
-
-    def _watch(self) -> None:
-        while not self._closing.wait(0.2):
-            now = self.clock()
-            for node in list(self._nodes.values()):
-                silent = now - node.last_seen
-                if node.chan is not None and node.lost is None and silent > self.agent_timeout:
-                    self._lose(node, f"its agent was silent for {now - node.last_seen:.1f} s")
-
-    def _lose(self, node: _Node, why: str) -> None:
-        with self._state:
-            if node.lost is not None:
-                return
-            node.lost, node.lost_at = why, self.clock()
-            node.stopped.set()
             self._out.setdefault(node.name, f"lost: {why}")
-            chan, node.chan = node.chan, None
-        if chan is not None:
-            chan.close()
         self._sink(NodeLost(node.name, node.lost_at or 0.0, why))
 
-    def _on_message(self, node: _Node, msg: Mapping[str, Any]) -> None:
+    def _on_message(self, node: AgentNode, msg: Mapping[str, Any]) -> None:
         kind = msg.get("t")
         now = self.clock()
-        node.last_seen = now
         if kind == "hb":
             return
         if kind == "progress":
@@ -324,20 +256,6 @@ class AllocationCluster:
             elif kind == "started" and att is not None and msg.get("a") == att.number:
                 node.note = str(msg.get("note") or msg.get("error") or "") or None
         self._sink(AgentEvent(node.name, str(kind)))
-
-    def wait_for_agents(self, timeout: float) -> list[str]:
-        """Wait until every node's agent joined (or ``timeout``); the nodes missing
-        then are lost (never used by this job)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with self._state:
-                if all(n.chan is not None or n.lost for n in self._nodes.values()):
-                    break
-            time.sleep(0.05)
-        missing = [n for n in self._nodes.values() if n.chan is None and n.lost is None]
-        for node in missing:
-            self._lose(node, f"its agent did not join within {timeout:g} s")
-        return [n.name for n in missing]
 
     # --- the job's log ---------------------------------------------------------------
 
@@ -403,10 +321,12 @@ class AllocationCluster:
                     "cwd": job.spec.cwd,
                 },
             )
-        # The spares park a warm standby for the attempt they may join.
+        # The spares park a warm standby for the attempt they may join. (The sets once:
+        # asked per node, this loop was quadratic in the allocation's size.)
+        skip = set(nodes) | self._unusable(job)
         for name in self.order:
             node = self._nodes[name]
-            if name in nodes or name in self._unusable(job):
+            if name in skip:
                 continue
             cmd = self.decide.command(
                 job.spec.command,
@@ -428,14 +348,8 @@ class AllocationCluster:
                 },
             )
 
-    def _tell(self, node: _Node, body: dict[str, Any]) -> None:
-        chan = node.chan
-        if chan is None:
-            return
-        try:
-            chan.send(body)
-        except WireError as exc:
-            self._lose(node, f"its agent cannot be reached: {exc}")
+    def _tell(self, node: AgentNode, body: dict[str, Any]) -> None:
+        self.links.tell(node, body)
 
     def _stop_attempt(self, att: _Attempt, *, fast: bool) -> None:
         """Every node of the attempt ends its part, in parallel; wait until each says so."""
@@ -747,20 +661,7 @@ class AllocationCluster:
         """Tell every agent the job is over (``code``, else :attr:`exit_code`: their exit
         status), stop listening."""
         code = self.exit_code if code is None else code
-        self._closing.set()
-        with self._state:
-            nodes = [n for n in self._nodes.values() if n.chan is not None]
-        for node in nodes:
-            with contextlib.suppress(WireError):
-                if node.chan is not None:
-                    node.chan.send({"t": "bye", "code": code})
-        time.sleep(0.1)  # let the byes leave before the connections close
-        for node in nodes:
-            if node.chan is not None:
-                node.chan.close()
-        if self._server is not None:
-            with contextlib.suppress(OSError):
-                self._server.close()
+        self.links.close({"t": "bye", "code": code})
 
 
 __all__ = ["AgentEvent", "AllocationCluster", "NodeKernelLine", "NodeLost"]

@@ -12,6 +12,12 @@ So a process without the secret can neither join nor command a node, and a recor
 message cannot be replayed into another connection or out of order. The secret and
 the leader's address are in a file only the job's user can read (``Rendezvous``).
 Bodies carry a ``t`` (type); unknown types are ignored by the receiver.
+
+Liveness both ways (decision 0536): an agent sends ``hb`` every 0.5 s (agent.py), the
+leader every :data:`LEADER_HEARTBEAT` s; an agent that hears nothing from its leader for
+:data:`LEADER_TIMEOUT` s gives up. The leader's writes go through an :class:`Outbox`:
+they never block, so one agent that stopped reading cannot hold up the heartbeats or
+the commands to the others; it is given up when its backlog stays unread.
 """
 
 from __future__ import annotations
@@ -22,9 +28,11 @@ import hmac
 import json
 import os
 import secrets
+import select
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +41,9 @@ from trainguard.model.files import make_private_dirs
 
 MAX_LINE = 1 << 20  # one message; an output line is cut long before this
 RENDEZVOUS_FILE = "leader.json"
+LEADER_HEARTBEAT = 1.0  # seconds between the leader's heartbeats to each agent
+LEADER_TIMEOUT = 5.0  # an agent that hears nothing from its leader this long gives up
+MAX_BACKLOG = 8 << 20  # bytes an agent may leave unread before it is given up
 
 
 class WireError(Exception):
@@ -52,17 +63,28 @@ class Channel:
     """One authenticated connection; ``send`` is safe from several threads, ``recv``
     is called by one reader thread."""
 
-    def __init__(self, sock: socket.socket, secret: bytes, nonce: bytes, side: str) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        secret: bytes,
+        nonce: bytes,
+        side: str,
+        outbox: Outbox | None = None,
+    ) -> None:
         self.sock = sock
         self.secret = secret
         self.nonce = nonce
         self.side = side
         self.peer_side = "l" if side == "a" else "a"
+        self.outbox = outbox  # the leader's: sends never block (class docstring there)
         self._send_seq = 0
         self._recv_seq = 0
         self._send_lock = threading.Lock()
         self._buf = b""
+        self._backlog = bytearray()  # what the outbox could not send yet
+        self._backlog_since = 0.0
         self.closed = False
+        self.broken: str | None = None  # why this side gave the connection up, if it did
 
     def send(self, body: dict[str, Any]) -> None:
         raw = _canonical(body)
@@ -75,6 +97,9 @@ class Channel:
                 {"b": body, "s": seq, "h": _mac(self.secret, self.nonce, self.side, seq, raw)},
                 separators=(",", ":"),
             ).encode()
+            if self.outbox is not None:
+                self.outbox.put(self, line + b"\n")
+                return
             try:
                 self.sock.sendall(line + b"\n")
             except OSError as exc:
@@ -123,13 +148,133 @@ def _read_line(sock: socket.socket, chan: Channel) -> bytes | None:
     return line
 
 
-def accept(sock: socket.socket, secret: bytes, timeout: float = 10.0) -> Channel:
+def accept(
+    sock: socket.socket, secret: bytes, timeout: float = 10.0, outbox: Outbox | None = None
+) -> Channel:
     """The leader's side of a new connection: send the nonce; the caller reads the
     agent's ``hello`` (the first authenticated message) next."""
     nonce = secrets.token_hex(16).encode()
     sock.settimeout(timeout)
     sock.sendall(nonce + b"\n")
-    return Channel(sock, secret, nonce, "l")
+    if outbox is not None:
+        sock.settimeout(None)  # the outbox's sends need a blocking socket (its docstring)
+    return Channel(sock, secret, nonce, "l", outbox)
+
+
+class Outbox:
+    """The leader's writes to every agent, none of which ever blocks its caller.
+
+    ``put`` sends what the socket takes at once (``MSG_DONTWAIT``: the socket stays in
+    blocking mode, without a Python timeout, which would wait for room before sending)
+    and keeps the rest as the channel's backlog, in order; one writer thread sends
+    backlogs as their sockets drain. A channel whose
+    backlog exceeds ``max_backlog`` bytes, or has not drained for ``stall`` s, belongs
+    to an agent that stopped reading: it is closed and ``on_stuck(chan, why)`` told
+    (the cluster loses that node). So a heartbeat or a ``stop`` to 1,024 agents costs
+    one non-blocking write each, whatever any one of them does.
+    """
+
+    def __init__(
+        self,
+        on_stuck: Callable[[Channel, str], None],
+        *,
+        stall: float,
+        max_backlog: int = MAX_BACKLOG,
+    ) -> None:
+        self.on_stuck = on_stuck
+        self.stall = stall
+        self.max_backlog = max_backlog
+        self._waiting: set[Channel] = set()  # channels with a backlog
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="alloc-outbox", daemon=True)
+        self._thread.start()
+
+    def put(self, chan: Channel, data: bytes) -> None:
+        """Queue ``data`` on ``chan`` (its send lock held: the caller is ``send``)."""
+        if chan._backlog:  # behind earlier bytes: order is kept
+            chan._backlog += data
+            if len(chan._backlog) > self.max_backlog:
+                self._give_up(chan, f"its agent left {len(chan._backlog)} bytes unread")
+                raise WireError("the agent does not read")
+            return
+        sent = _send_now(chan, data)
+        if sent < len(data):
+            chan._backlog += data[sent:]
+            chan._backlog_since = time.monotonic()
+            with self._lock:
+                self._waiting.add(chan)
+            self._wake.set()
+
+    def flush(self, timeout: float) -> None:
+        """Wait (up to ``timeout``) until every backlog is sent."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._waiting:
+                    return
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        self._closed.set()
+        self._wake.set()
+
+    def _give_up(self, chan: Channel, why: str) -> None:
+        chan._backlog.clear()
+        with self._lock:
+            self._waiting.discard(chan)
+        chan.broken = why  # whoever sees the connection end first says why
+        # Closing wakes the channel's reader; the callback runs off this thread so that
+        # it may take the cluster's locks without ever waiting on a channel's.
+        chan.closed = True
+        with contextlib.suppress(OSError):
+            chan.sock.shutdown(socket.SHUT_RDWR)
+        threading.Thread(target=self.on_stuck, args=(chan, why), daemon=True).start()
+
+    def _run(self) -> None:
+        while not self._closed.is_set():
+            with self._lock:
+                waiting = list(self._waiting)
+            if not waiting:
+                self._wake.wait(1.0)
+                self._wake.clear()
+                continue
+            poller = select.poll()
+            by_fd: dict[int, Channel] = {}
+            for chan in waiting:
+                with contextlib.suppress(OSError, ValueError):
+                    by_fd[chan.sock.fileno()] = chan
+                    poller.register(chan.sock, select.POLLOUT)
+            ready = {fd for fd, _ev in poller.poll(100)}
+            now = time.monotonic()
+            for fd, chan in by_fd.items():
+                with chan._send_lock:
+                    if fd in ready and chan._backlog and not chan.closed:
+                        try:
+                            del chan._backlog[: _send_now(chan, bytes(chan._backlog))]
+                            chan._backlog_since = now
+                        except WireError:
+                            chan._backlog.clear()
+                    if not chan._backlog or chan.closed:
+                        with self._lock:
+                            self._waiting.discard(chan)
+                    elif now - chan._backlog_since > self.stall:
+                        self._give_up(
+                            chan,
+                            f"its agent read nothing for {now - chan._backlog_since:.1f} s",
+                        )
+
+
+def _send_now(chan: Channel, data: bytes) -> int:
+    """What the socket takes of ``data`` without waiting."""
+    try:
+        return chan.sock.send(data, socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return 0
+    except OSError as exc:
+        chan.closed = True
+        raise WireError(f"send failed: {exc}") from exc
 
 
 def connect(address: str, port: int, secret: bytes, timeout: float = 10.0) -> Channel:
@@ -212,4 +357,14 @@ def new_secret() -> bytes:
     return secrets.token_bytes(32)
 
 
-__all__ = ["Channel", "Rendezvous", "WireError", "accept", "connect", "new_secret"]
+__all__ = [
+    "LEADER_HEARTBEAT",
+    "LEADER_TIMEOUT",
+    "Channel",
+    "Outbox",
+    "Rendezvous",
+    "WireError",
+    "accept",
+    "connect",
+    "new_secret",
+]
