@@ -31,12 +31,16 @@ def pytest_collection_modifyitems(
     * the end-to-end jobs (tests/e2e: real torchrun, three interpreters with torch each,
       real frameworks) are CPU-bound; two or more at once on a 2-core machine stretch
       every step and restart several times over, until a hang detector sees a hang that
-      is not there. They run one at a time, beside the lighter tests.
+      is not there. They run one at a time, beside the lighter tests (an e2e test
+      marked ``e2e_light`` has no such job and runs with the others).
     """
     e2e = Path(__file__).resolve().parent / "e2e"
     for item in items:
         if "slurm_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("slurm"))
-        elif e2e in Path(str(item.path)).resolve().parents:
+        elif (
+            e2e in Path(str(item.path)).resolve().parents
+            and item.get_closest_marker("e2e_light") is None
+        ):
             item.add_marker(pytest.mark.xdist_group("e2e"))
     return (yield)

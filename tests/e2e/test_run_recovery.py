@@ -3,7 +3,8 @@
 Each test starts ``trainguard run --devices 4 --need 2`` on tests/jobs/tiny_train.py
 (through recorded_train.py, so every rank records the environment it was given),
 injects one fault the way it happens on a machine, and asserts the final state
-through the public CLI: incidents, devices, audit.
+through the public CLI: incidents, devices, audit. An interrupt stops the job and
+leaves none of torchrun's processes behind.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from pathlib import Path
 
 import pytest
 from _run_e2e import RunCase, devices_of
+
+from trainguard.schedulers.local import job_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 
@@ -48,9 +51,10 @@ def test_killed_rank_is_restarted_from_the_newest_checkpoint_and_completes(case:
     assert inc["lost_steps"] == failed - restored
     assert inc["detected_at"] and inc["acted_at"] and inc["recovered_at"]
     # The restarted ranks were told where to resume from, on the same healthy devices.
-    r0 = case.record(1, 0)
-    assert r0["env"]["TRAINGUARD_RESUME_FROM"].endswith(f"step_{restored:08d}")
-    assert r0["env"]["CUDA_VISIBLE_DEVICES"] == "0,1"
+    for rank in (0, 1):
+        env = case.record(1, rank)["env"]
+        assert env["TRAINGUARD_RESUME_FROM"].endswith(f"step_{restored:08d}")
+        assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
     assert case.record(0, 0)["env"]["TRAINGUARD_RESUME_FROM"] is None
     assert all(d["state"] == "healthy" for d in case.devices().values())
     job, attempts = case.job()
@@ -64,6 +68,9 @@ def test_killed_rank_is_restarted_from_the_newest_checkpoint_and_completes(case:
     assert parse_iso_utc(inc["detected_at"]) - killed_at < 2.0
     kinds = _kinds(case.audit())
     assert "decision" in kinds and "intent" in kinds and "result" in kinds
+    # What the user read: the engine's audit, one line a record, as it happened.
+    out = case.output()
+    assert f"incident {inc['id']} verifying -> recovered" in out, out[-3000:]
 
 
 def test_xid_quarantines_the_device_and_the_next_attempt_never_gets_it(case: RunCase) -> None:
@@ -274,3 +281,18 @@ def test_observe_mode_records_the_plan_and_restarts_nothing(case: RunCase) -> No
     audit = case.audit()
     assert any(a["kind"] == "decision" for a in audit)
     assert not any(a["kind"] == "intent" and "attempt 1" in a["message"] for a in audit)
+
+
+def test_an_interrupt_stops_the_job_and_leaves_no_process(case: RunCase) -> None:
+    case.start(["--steps", "24", "--save-every", "4", "--step-sleep", "0.1", "--pg-timeout", "20"])
+    case.wait_step(3)
+    assert case.proc is not None
+    case.proc.send_signal(signal.SIGINT)
+    assert case.finish() == 130, case.output()[-3000:]
+    job, attempts = case.job()
+    assert job.state.value == "stopped" and "interrupted by SIGINT" in (job.reason or "")
+    assert [a.state.value for a in attempts] == ["stopped"]
+    deadline = time.monotonic() + 10
+    while job_processes(job.id) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert job_processes(job.id) == []

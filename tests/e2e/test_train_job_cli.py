@@ -17,7 +17,8 @@ import pytest
 from trainguard.checkpoints import scan
 from trainguard.model.progress import ProgressEvent
 
-pytestmark = pytest.mark.slow
+# One process per job, no torchrun: run beside the other tests (conftest.py).
+pytestmark = [pytest.mark.slow, pytest.mark.e2e_light]
 
 JOB = Path(__file__).resolve().parents[1] / "jobs" / "tiny_train.py"
 
