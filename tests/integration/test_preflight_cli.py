@@ -1,5 +1,10 @@
-"""`trainguard preflight` as a real process on this machine: every check, every injected
-fault, tools on PATH, JSON output, exit status."""
+"""`trainguard preflight` on this machine: every check, every injected fault, tools on
+PATH, JSON output, exit status.
+
+Most cases call ``cli.main`` in this process (tests/integration/_cli_inproc.py), with the
+environment (PATH, CUDA_VISIBLE_DEVICES, the fault variable) set for the call: preflight
+reads all of it at run time, and a fresh interpreter would import torch again for every
+call. The injected-fault case runs as a real process, so the entry point stays covered."""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _cli_inproc import run_main
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "nvidia-smi"
@@ -20,8 +26,12 @@ FAST = ["--skip", "compute", "--skip", "memory"]
 
 
 def _run(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 240
+    *args: str, env: dict[str, str] | None = None, timeout: float = 240, real_process: bool = False
 ) -> subprocess.CompletedProcess[str]:
+    if not real_process:
+        return run_main(
+            ["preflight", *args], env={"TRAINGUARD_PREFLIGHT_FAULTS": None, **(env or {})}
+        )
     full = dict(os.environ)
     full.pop("TRAINGUARD_PREFLIGHT_FAULTS", None)
     full.update(env or {})
@@ -79,7 +89,7 @@ def test_injected_wrong_matmul_fails_that_device_only(empty_log: str, tmp_path: 
     report = tmp_path / "report.json"
     faults = {"TRAINGUARD_PREFLIGHT_FAULTS": "matmul@1"}
     proc = _run("--devices", "2", "--json", "--kernel-log", empty_log, "--skip", "memory",
-                "--report", str(report), env=faults)  # fmt: skip
+                "--report", str(report), env=faults, real_process=True)  # fmt: skip
     assert proc.returncode == 1
     data = _json(proc)
     assert data["passed"] is False and data["injected_faults"] == ["matmul@1"]
