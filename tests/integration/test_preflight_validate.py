@@ -1,6 +1,10 @@
 """`trainguard validate` on a real SQLite store through the control plane: pass -> healthy
 with the measurements recorded, each injected fault -> back to repair, retirement only
-through an approval, and no way back to service from repair except validation."""
+through an approval, and no way back to service from repair except validation.
+
+The commands run in this process through ``cli.main`` (tests/integration/_cli_inproc.py),
+with the fault variable set for the call only: each fresh interpreter would import torch
+again. The passing validation runs as a real process, so the entry point stays covered."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _cli_inproc import run_main
 
 from trainguard.model.devices import Device
 from trainguard.model.fleet import ApprovalState
@@ -29,7 +34,11 @@ QUICK = ["--level", "quick", "--skip", "dcgm"]
 NO_COMPUTE = [*QUICK, "--skip", "compute"]
 
 
-def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _cli(
+    *args: str, env: dict[str, str] | None = None, real_process: bool = False
+) -> subprocess.CompletedProcess[str]:
+    if not real_process:
+        return run_main(args, env={"TRAINGUARD_PREFLIGHT_FAULTS": None, **(env or {})})
     full = dict(os.environ)
     full.pop("TRAINGUARD_PREFLIGHT_FAULTS", None)
     full.update(env or {})
@@ -70,7 +79,7 @@ def _state(w: dict[str, Any], uuid: str) -> HealthState:
 @pytest.mark.slow
 def test_pass_returns_the_device_with_its_measurements(world: dict[str, Any]) -> None:
     uuid = world["devs"][1].uuid
-    proc = _validate(world, "1", *QUICK, "--json", "--accept-partial")  # CPU stand-in here
+    proc = _validate(world, "1", *QUICK, "--json", "--accept-partial", real_process=True)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert (out["previous_state"], out["state"], out["passed"]) == ("quarantined", "healthy", True)
