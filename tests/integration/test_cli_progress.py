@@ -4,18 +4,22 @@ Real processes: under a pseudo-terminal (the ``pty`` module; rich sees a termina
 bar is drawn on stderr for ``simulate``, ``checkpoints --verify full`` on a large
 checkpoint, ``preflight`` and ``validate``; on pipes, and with ``--json`` on the
 terminal, none of it appears.
+
+The pipe case calls ``cli.main`` in this process with stdout and stderr captured as
+pipes would be (tests/integration/_cli_inproc.py: not terminals): what is drawn depends
+on the streams, not on the process, and each fresh interpreter imported torch again
+for ``preflight`` and ``validate``. Both terminal cases stay real processes.
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from _cli_inproc import run_main
 from _pty import cli_on_pty
 
 from trainguard.model.health import HealthState
@@ -35,16 +39,7 @@ QUICK = ("--level", "quick", "--skip", "compute", "--skip", "memory", "--skip", 
 
 
 def on_pipes(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    env.pop("TRAINGUARD_NO_PROGRESS", None)
-    return subprocess.run(
-        [sys.executable, "-m", "trainguard.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=cwd,
-        env=env,
-    )
+    return run_main(args, cwd=cwd, env={"TRAINGUARD_NO_PROGRESS": None})
 
 
 def assert_no_progress(text: str, name: str) -> None:
