@@ -1,7 +1,12 @@
-"""``trainguard checkpoints`` as a user runs it (a real subprocess) on damaged checkpoint trees.
+"""``trainguard checkpoints`` as a user runs it on damaged checkpoint trees.
 
 For every kind of damage the newest checkpoint is reported invalid with the right
 reason and ``--latest`` falls back to the previous valid one.
+
+The command runs in this process through ``cli.main`` (tests/integration/_cli_inproc.py;
+its output and exit status are what the tests read, and each fresh interpreter cost a
+start-up of its own); the human table case runs it as a real subprocess, so the entry
+point stays covered.
 """
 
 from __future__ import annotations
@@ -15,13 +20,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from _cli_inproc import run_main
 
 torch = pytest.importorskip("torch")
 
 from trainguard.model.checkpoint import MANIFEST_NAME, Manifest, ManifestFile  # noqa: E402
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, real_process: bool = False) -> subprocess.CompletedProcess[str]:
+    if not real_process:
+        return run_main(["checkpoints", *args])
     return subprocess.run(
         [sys.executable, "-m", "trainguard.cli", "checkpoints", *args],
         capture_output=True,
@@ -168,7 +176,7 @@ def test_human_table_and_quick_mode(tmp_path: Path) -> None:
     for step in (100, 200):
         trainguard_checkpoint(tmp_path, step)
     flip(tmp_path / "step_00000200" / "rank_0.pt")
-    table = cli(str(tmp_path))
+    table = cli(str(tmp_path), real_process=True)
     assert table.returncode == 0
     lines = table.stdout.splitlines()
     assert lines[1].split("\t")[:3] == ["valid", "step", "format"]
@@ -176,7 +184,7 @@ def test_human_table_and_quick_mode(tmp_path: Path) -> None:
     assert lines[2].endswith("file rank_0.pt: sha256 mismatch")
     assert lines[3].startswith("yes\t100\ttrainguard")
     # Quick mode reads sizes only: the flipped byte is not seen (documented trade-off).
-    quick = cli(str(tmp_path), "--latest", "--verify", "quick")
+    quick = cli(str(tmp_path), "--latest", "--verify", "quick", real_process=True)
     assert quick.stdout.strip().endswith("step_00000200")
 
 
