@@ -1,5 +1,10 @@
-"""`trainguard run --preflight quick` as a real process: a device that fails the gate is
-quarantined with its measurements and never given to the job."""
+"""`trainguard run --preflight quick`: a device that fails the gate is quarantined with
+its measurements and never given to the job.
+
+``run`` is called in this process through ``cli.main`` (tests/integration/_cli_inproc.py;
+the job it starts is still a real process): a fresh interpreter per call imported torch
+again for the preflight. The lease case stays a real process: there the preflight's own
+length (torch's start-up included) against a short lease is the point."""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _cli_inproc import run_main
 
 from trainguard.model.health import HealthState
 from trainguard.model.records import AuditKind
@@ -24,18 +30,23 @@ JOB = (
 )
 
 
-def _run(tmp: Path, *args: str, faults: str = "") -> tuple[subprocess.CompletedProcess[str], Any]:
-    env = dict(os.environ)
-    env["TRAINGUARD_PREFLIGHT_FAULTS"] = faults
+def _run(
+    tmp: Path, *args: str, faults: str = "", real_process: bool = False
+) -> tuple[subprocess.CompletedProcess[str], Any]:
     log = tmp / "kern.log"
     log.touch()
     seen = tmp / "devices.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "trainguard.cli", "run", "--state", str(tmp / "state.db"),
-         "--kernel-log", str(log), "--devices", "2", "--quiet", *args, "--",
-         sys.executable, "-c", JOB, str(seen)],
-        capture_output=True, text=True, env=env, timeout=180, check=False,
-    )  # fmt: skip
+    argv = ["run", "--state", str(tmp / "state.db"), "--kernel-log", str(log), "--devices",
+            "2", "--quiet", *args, "--", sys.executable, "-c", JOB, str(seen)]  # fmt: skip
+    if real_process:
+        env = dict(os.environ)
+        env["TRAINGUARD_PREFLIGHT_FAULTS"] = faults
+        proc = subprocess.run(
+            [sys.executable, "-m", "trainguard.cli", *argv],
+            capture_output=True, text=True, env=env, timeout=180, check=False,
+        )  # fmt: skip
+    else:
+        proc = run_main(argv, env={"TRAINGUARD_PREFLIGHT_FAULTS": faults})
     assigned = json.loads(seen.read_text()) if seen.exists() and seen.read_text() else None
     return proc, assigned
 
@@ -88,7 +99,7 @@ def test_all_pass_and_without_preflight_nothing_is_checked(tmp_path: Path) -> No
 def test_a_preflight_longer_than_the_lease_keeps_it(tmp_path: Path) -> None:
     """The lease is renewed while the preflight runs (controller.lease.LeaseKeeper), not
     only by passes: a preflight of several lease TTLs still starts the job (issue 30)."""
-    proc, assigned = _run(tmp_path, "--preflight", "quick", "--lease-ttl", "3")
+    proc, assigned = _run(tmp_path, "--preflight", "quick", "--lease-ttl", "3", real_process=True)
     assert proc.returncode == 0, proc.stderr
     assert "lost the lease" not in proc.stderr
     assert "all passed" in proc.stderr and len(assigned) == 2
