@@ -1,4 +1,8 @@
-"""``trainguard simulate --measured``: the committed benchmark results in the CLI and on Llama 3."""
+"""``trainguard simulate --measured``: the committed benchmark results in the CLI and on Llama 3.
+
+The usage errors call ``cli.main`` in this process (tests/integration/_cli_inproc.py: the
+message and exit status are the point, not a fresh interpreter per case); the report
+cases run as a real process."""
 
 from __future__ import annotations
 
@@ -7,6 +11,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+from _cli_inproc import run_main
 
 from trainguard._commands.run import register
 from trainguard.simulate import load_scenario, simulate
@@ -20,7 +26,9 @@ SNAPSHOT = RESULTS / "snapshot_stall.json"
 LOST = RESULTS / "lost_steps.json"
 
 
-def tg(*args: str) -> subprocess.CompletedProcess[str]:
+def tg(*args: str, real_process: bool = True) -> subprocess.CompletedProcess[str]:
+    if not real_process:
+        return run_main(["simulate", *args])
     return subprocess.run(
         [sys.executable, "-m", "trainguard.cli", "simulate", *args],
         capture_output=True,
@@ -56,7 +64,7 @@ def test_cli_bad_measured_input_is_one_line_exit_2(tmp_path: Path) -> None:
         (["--memory-snapshots"], "--memory-snapshots needs --measured"),
     ]
     for args, message in cases:
-        out = tg("--scenario", "small", *args)
+        out = tg("--scenario", "small", *args, real_process=False)
         assert out.returncode == 2, (args, out.stderr)
         assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
         assert "Traceback" not in out.stderr
