@@ -42,7 +42,11 @@ from trainguard.store import Store  # noqa: E402
 T0 = 1_764_400_000.0
 OP = "operator-token-0123456789"
 AGENT = "agent-token-any-012345678"
-EXAMPLES_PER_OPERATION = 6  # per operation and mode (valid, invalid)
+# Per operation and mode (valid, invalid). Every operation is still exercised in both
+# modes; 4 rather than 6 sends two thirds of the requests and still clears the totals
+# asserted below with a wide margin (measured: 418 answers for 54 operations, 145 of them
+# 2xx, 97 of them 422).
+EXAMPLES_PER_OPERATION = 4
 TIME_LIMIT_S = 90.0  # measured 16-25 s (about 600 requests) on the 2 shared cores
 
 
