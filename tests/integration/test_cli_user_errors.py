@@ -13,9 +13,10 @@ Each run must end with exactly one line on stderr, starting ``trainguard``, with
 no "Traceback" and not the last-resort "unexpected ..." message of ``cli.main``
 (that is a safety net, not the way a user error is reported).
 
-Every command meets the binary file as a real process (``python -m trainguard.cli``), so
-the entry point and each command's exit are covered; the other cases (usage errors, the
-missing path, the directory) call ``cli.main`` in this process (tests/integration/
+In every command family (``devices``, ``devices history``, ... are one) a command meets
+the binary file as a real process (``python -m trainguard.cli``), so the entry point and
+the family's exit are covered; the other cases (usage errors, the other paths, the other
+commands of the family) call ``cli.main`` in this process (tests/integration/
 _cli_inproc.py): the message and exit status are the same, without a fresh interpreter
 per case (about 200 of them).
 """
@@ -98,6 +99,17 @@ def _argv_with(
     return argv
 
 
+def _takes_a_path(command: tuple[str, ...]) -> bool:
+    return _argv_with(LEAVES[command], command, lambda dest: "x") != list(command)
+
+
+# Per family, the first command that takes a file: the one run as a real process.
+REAL_PROCESS: set[tuple[str, ...]] = set()
+for _command in COMMANDS:
+    if _takes_a_path(_command) and not any(c[0] == _command[0] for c in REAL_PROCESS):
+        REAL_PROCESS.add(_command)
+
+
 def run_cli(
     argv: list[str], cwd: Path, *, in_process: bool = True
 ) -> subprocess.CompletedProcess[str]:
@@ -145,6 +157,7 @@ def test_the_parser_has_commands() -> None:
     # Guard the enumeration itself: a broken walk would make every test below vacuous.
     assert len(COMMANDS) >= 18
     assert ("slurm", "watch") in LEAVES and ("devices", "release") in LEAVES
+    assert len(REAL_PROCESS) == len({c[0] for c in COMMANDS})  # every family, once
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
@@ -185,7 +198,7 @@ def test_bad_files_are_one_line_errors(
     argv = _argv_with(parser, command, bad_inputs[kind])
     if argv == list(command):
         pytest.skip(f"trainguard {' '.join(command)} takes no file or positional argument")
-    proc = run_cli(argv, tmp_path, in_process=kind != "binary")
+    proc = run_cli(argv, tmp_path, in_process=kind != "binary" or command not in REAL_PROCESS)
     if proc.returncode == 0:
         # Allowed only for a read command that says plainly there is nothing at that path
         # ("no incidents recorded (no state database at PATH)", "no checkpoints found in DIR").
