@@ -110,11 +110,12 @@ def test_each_bomb_is_refused_fast_within_its_budget() -> None:
 
 
 def test_build_cannot_copy_a_state_into_a_callable_or_a_tuple() -> None:
-    # A 100k-entry state dict in the stream, then BUILD on a fresh `dict` callable (a
+    # A 20k-entry state dict in the stream, then BUILD on a fresh `dict` callable (a
     # GLOBAL each) or on a fresh tuple() result, 2,000 times: a copy per 20 bytes. (The
-    # refusal comes at the first BUILD; 2,000 copies of a 100k-entry dict would still be
-    # gigabytes. 20,000 only made the pre-scan of the stream ten times longer.)
-    state = b"}(" + b"".join(b"X\x06\x00\x00\x00k%05dN" % i for i in range(100_000)) + b"u"
+    # refusal comes at the first BUILD; 2,000 copies of a 20k-entry dict would still be
+    # gigabytes, far over the stream's budget. 100k entries and 20,000 BUILDs only made
+    # the pre-scan of the stream longer.)
+    state = b"}(" + b"".join(b"X\x06\x00\x00\x00k%05dN" % i for i in range(20_000)) + b"u"
     targets = {
         "callable": b"cbuiltins\ndict\n",
         "tuple": b"cbuiltins\ntuple\n)\x85R",
