@@ -1,6 +1,6 @@
 """SIGKILL a real process at every named point of a save: never a valid-looking half checkpoint.
 
-A first checkpoint (step 1) exists; a subprocess saves step 2 and kills itself at
+A first checkpoint (step 1) exists; a child process saves step 2 and kills itself at
 one phase (``TRAINGUARD_TEST_CRASH_AT``). Afterwards the catalog, in both modes,
 must report valid only checkpoints that hold exactly their step's state, and the
 newest valid one must be step 1 (crash before the rename) or a complete step 2.
@@ -13,6 +13,8 @@ import os
 import signal
 import subprocess
 import sys
+import time
+import traceback
 from pathlib import Path
 from types import ModuleType
 
@@ -65,11 +67,40 @@ def _assert_holds_its_step(path: Path, step: int) -> None:
 
 
 def _crash_save(root: Path, step: int, phase: str, *extra: str) -> int:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_")}
-    env["TRAINGUARD_TEST_CRASH_AT"] = phase
-    cmd = [sys.executable, str(JOBS / "save_once.py"), str(root), str(step)]
-    cmd += ["--size-mb", str(SIZE_MB), *extra]
-    return subprocess.run(cmd, env=env, timeout=120, capture_output=True).returncode
+    """save_once in a child forked from this process, which has torch imported already
+    (a new interpreter per crash point spent most of this file's time importing it):
+    a real process, killed by its crash point. Its exit code as ``subprocess`` gives it.
+
+    An async save runs in a new interpreter still: in a child forked from pytest (its
+    threads and their locks left behind at the fork) the background writer hung."""
+    if "--async-save" in extra:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_")}
+        env["TRAINGUARD_TEST_CRASH_AT"] = phase
+        cmd = [sys.executable, str(JOBS / "save_once.py"), str(root), str(step)]
+        cmd += ["--size-mb", str(SIZE_MB), *extra]
+        return subprocess.run(cmd, env=env, timeout=120, capture_output=True).returncode
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 1
+        try:
+            for name in [k for k in os.environ if k.startswith("TRAINGUARD_")]:
+                del os.environ[name]
+            os.environ["TRAINGUARD_TEST_CRASH_AT"] = phase
+            code = save_once.main([str(root), str(step), "--size-mb", str(SIZE_MB), *extra])
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 120
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise AssertionError(f"the save at {phase!r} neither finished nor crashed in 120 s")
+        time.sleep(0.01)
 
 
 def _check_world(root: Path, phase: str) -> None:
@@ -117,7 +148,7 @@ def test_sigkill_during_async_save(tmp_path: Path, phase: str) -> None:
 
 @pytest.mark.slow
 def test_uninjected_save_once_completes(tmp_path: Path) -> None:
-    """Control: the same subprocess without a crash point produces step 2."""
+    """Control: the same child process without a crash point produces step 2."""
     _save(tmp_path, 1, save_once.make_state(1, SIZE_MB))
     assert _crash_save(tmp_path, 2, "") == 0
     assert [i.step for i in scan(tmp_path) if i.valid] == [2, 1]
