@@ -209,15 +209,29 @@ def test_plain_values_come_back(tmp_path: Path) -> None:
     assert result.values == {"config": {"lr": 0.1, "tag": "x"}}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
-def test_new_process_resume_is_bitwise_identical(tmp_path: Path, async_save: bool) -> None:
-    """The real thing: separate processes, the job killed by an injected failure."""
+def _new_process_base() -> tuple[list[str], dict[str, str]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_")}
     script = str(JOBS / "tiny_train.py")
-    base = [sys.executable, script, "--steps", str(TOTAL), "--seed", "5"]
-    straight = tmp_path / "straight.txt"
+    return [sys.executable, script, "--steps", str(TOTAL), "--seed", "5"], env
+
+
+@pytest.fixture(scope="module")
+def straight_losses(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The uninterrupted run's losses, in a process of its own: the same for both save
+    modes (no checkpoint directory, no saves), so it runs once for the two."""
+    base, env = _new_process_base()
+    straight = tmp_path_factory.mktemp("straight") / "straight.txt"
     subprocess.run([*base, "--losses-out", str(straight)], env=env, check=True, timeout=120)
+    return straight.read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+def test_new_process_resume_is_bitwise_identical(
+    tmp_path: Path, async_save: bool, straight_losses: str
+) -> None:
+    """The real thing: separate processes, the job killed by an injected failure."""
+    base, env = _new_process_base()
     ck = tmp_path / "ck"
     resumed = tmp_path / "resumed.txt"
     extra = ["--async-save"] if async_save else []
@@ -245,4 +259,4 @@ def test_new_process_resume_is_bitwise_identical(tmp_path: Path, async_save: boo
     )
     assert again.returncode == 0, again.stderr
     assert "resumed from" in again.stderr and "step 8" in again.stderr
-    assert resumed.read_text() == straight.read_text()
+    assert resumed.read_text() == straight_losses
