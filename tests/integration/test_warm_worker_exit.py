@@ -142,30 +142,6 @@ print("attempt", os.environ["TRAINGUARD_ATTEMPT"], "ends", flush=True)
 """
 
 
-@pytest.mark.timeout(300)
-def test_a_warm_scripts_globals_are_freed_by_finalisation_as_a_cold_ones_are(
-    tmp_path: Path,
-) -> None:
-    job = tmp_path / "job.py"
-    job.write_text(PROBE_JOB)
-    sched = LocalScheduler(lambda ev: None, stdout=sys.stdout.buffer, stderr=sys.stderr.buffer,
-                           warm_standby=True, warm_workers=True)  # fmt: skip
-    cmd = (sys.executable, "-m", "torch.distributed.run", "--standalone",
-           "--nproc-per-node", "1", str(job))  # fmt: skip
-    try:
-        for attempt in range(2):
-            log = tmp_path / f"attempt-{attempt}.log"
-            att = sched.launch(LaunchSpec(cmd, attempt, (), None, str(log), job_id="probe"))
-            assert att.proc.wait(180) == 0, log.read_text()
-            att.wait_closed(5.0)
-            text = log.read_text()
-            assert ("warm workers: zygote pid" in (att.start_note or "")) == (attempt == 1)
-            assert f"attempt {attempt} ends" in text, text
-            assert "probe freed while finalizing: True\n" in text, text
-    finally:
-        sched.close()
-
-
 # A child the script forks that ends through the script's own frames (sys.exit) is not
 # the worker: the worker, still training, must not be taken for ended.
 FORKING_JOB = """
@@ -180,26 +156,47 @@ if os.environ["TRAINGUARD_ATTEMPT"] != "0":
 
 
 @pytest.mark.timeout(300)
-def test_a_child_the_script_forks_does_not_end_the_worker(tmp_path: Path) -> None:
-    job = tmp_path / "job.py"
-    job.write_text(FORKING_JOB)
+def test_a_warm_scripts_globals_are_freed_and_a_child_it_forks_does_not_end_it(
+    tmp_path: Path,
+) -> None:
+    """Two behaviours, one scheduler (one cold attempt for both, not one each): attempts
+    0 (cold) and 1 (warm) run the probe, whose globals must be freed by finalisation in
+    both; attempt 2 (warm again) runs the forking job, whose worker must not be taken
+    for ended when its child exits."""
+    probe, forking = tmp_path / "probe.py", tmp_path / "forking.py"
+    probe.write_text(PROBE_JOB)
+    forking.write_text(FORKING_JOB)
     sched = LocalScheduler(lambda ev: None, stdout=sys.stdout.buffer, stderr=sys.stderr.buffer,
                            warm_standby=True, warm_workers=True)  # fmt: skip
-    cmd = (sys.executable, "-m", "torch.distributed.run", "--standalone",
-           "--nproc-per-node", "1", str(job))  # fmt: skip
+
+    def cmd(job: Path) -> tuple[str, ...]:
+        return (sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", "1", str(job))  # fmt: skip
+
     try:
+        # The probe: a warm script's globals are freed by finalisation, as a cold one's.
         for attempt in range(2):
             log = tmp_path / f"attempt-{attempt}.log"
-            # Well shorter than the worker's sleep after its child ended (5 s): were the
-            # child's end taken for the worker's, the worker would be ended before it
-            # printed. Finalising may outlast it on a loaded host; the test allows that.
-            extra = {"TRAINGUARD_WARM_EXIT_GRACE": "2"}
-            att = sched.launch(
-                LaunchSpec(cmd, attempt, (), None, str(log), job_id="fork", extra_env=extra)
-            )
+            att = sched.launch(LaunchSpec(cmd(probe), attempt, (), None, str(log), job_id="wx2"))
             assert att.proc.wait(180) == 0, log.read_text()
             att.wait_closed(5.0)
-        text = (tmp_path / "attempt-1.log").read_text()
+            text = log.read_text()
+            assert ("warm workers: zygote pid" in (att.start_note or "")) == (attempt == 1)
+            assert f"attempt {attempt} ends" in text, text
+            assert "probe freed while finalizing: True\n" in text, text
+
+        # A child the script forks does not end the worker.
+        log = tmp_path / "attempt-2.log"
+        # Well shorter than the worker's sleep after its child ended (5 s): were the
+        # child's end taken for the worker's, the worker would be ended before it
+        # printed. Finalising may outlast it on a loaded host; the test allows that.
+        extra = {"TRAINGUARD_WARM_EXIT_GRACE": "2"}
+        att = sched.launch(
+            LaunchSpec(cmd(forking), 2, (), None, str(log), job_id="wx2", extra_env=extra)
+        )
+        assert att.proc.wait(180) == 0, log.read_text()
+        att.wait_closed(5.0)
+        text = log.read_text()
         assert "warm workers: zygote pid" in text, text
         # The worker trained on after its child ended; on a loaded host, finalising its
         # interpreter may outlast the grace, but it is never ended before it printed.
