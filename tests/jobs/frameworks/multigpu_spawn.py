@@ -6,10 +6,8 @@ argument, so no rank has ``RANK``/``LOCAL_RANK`` in its environment. Nothing
 trainguard-specific. The changes from the tutorial are the ones a CPU user makes
 (gloo and ``--world_size`` when there is no GPU, ``MASTER_PORT`` from the
 environment when the fixed one is taken), ``BATCH_SLEEP`` (test pacing) and
-``TG_TEST_KILL_*`` (the test's fault: in attempt ``i`` (``TRAINGUARD_ATTEMPT``) the
-``i``-th rank of ``TG_TEST_KILL_RANK``, a comma-separated list, SIGKILLs itself once at
-the ``i``-th epoch of ``TG_TEST_KILL_EPOCH`` (likewise a list, or one epoch for all),
-writing its pid and the time it did to ``TG_TEST_KILL_MARK.i``).
+``TG_TEST_KILL_*`` (the test's fault: rank ``TG_TEST_KILL_RANK`` SIGKILLs itself at
+epoch ``TG_TEST_KILL_EPOCH`` once, writing the time it did to ``TG_TEST_KILL_MARK``).
 """
 
 import os
@@ -90,17 +88,11 @@ class Trainer:
 
 def _test_fault(rank, epoch):
     mark = os.environ.get("TG_TEST_KILL_MARK")
-    if not mark:
+    if not mark or os.path.exists(mark):
         return
-    # Attempt i (TRAINGUARD_ATTEMPT) kills the i-th rank of the comma-separated list at
-    # the i-th epoch of TG_TEST_KILL_EPOCH (or its only one).
-    ranks = [int(r) for r in os.environ["TG_TEST_KILL_RANK"].split(",")]
-    epochs = [int(e) for e in os.environ["TG_TEST_KILL_EPOCH"].split(",")]
-    attempt = int(os.environ.get("TRAINGUARD_ATTEMPT", "0") or 0)
-    if attempt >= len(ranks) or epoch != epochs[min(attempt, len(epochs) - 1)]:
-        return
-    mark = f"{mark}.{attempt}"
-    if rank == ranks[attempt] and not os.path.exists(mark):
+    if rank == int(os.environ["TG_TEST_KILL_RANK"]) and epoch == int(
+        os.environ["TG_TEST_KILL_EPOCH"]
+    ):
         with open(mark, "w") as fh:
             fh.write(f"{os.getpid()} {time.time()}")
         os.kill(os.getpid(), signal.SIGKILL)
