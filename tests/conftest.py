@@ -32,7 +32,8 @@ def pytest_collection_modifyitems(
       real frameworks) are CPU-bound; two or more at once on a 2-core machine stretch
       every step and restart several times over, until a hang detector sees a hang that
       is not there. They run one at a time, beside the lighter tests (an e2e test
-      marked ``e2e_light`` has no such job and runs with the others).
+      marked ``e2e_parallel`` has no hang detector or slow-rank watch to fool and runs
+      with the others).
     """
     e2e = Path(__file__).resolve().parent / "e2e"
     for item in items:
@@ -40,7 +41,7 @@ def pytest_collection_modifyitems(
             item.add_marker(pytest.mark.xdist_group("slurm"))
         elif (
             e2e in Path(str(item.path)).resolve().parents
-            and item.get_closest_marker("e2e_light") is None
+            and item.get_closest_marker("e2e_parallel") is None
         ):
             item.add_marker(pytest.mark.xdist_group("e2e"))
     return (yield)

@@ -17,8 +17,8 @@ import pytest
 from trainguard.checkpoints import scan
 from trainguard.model.progress import ProgressEvent
 
-# One process per job, no torchrun: run beside the other tests (conftest.py).
-pytestmark = [pytest.mark.slow, pytest.mark.e2e_light]
+# One process per job, nothing timed: run beside the other tests (conftest.py).
+pytestmark = [pytest.mark.slow, pytest.mark.e2e_parallel]
 
 JOB = Path(__file__).resolve().parents[1] / "jobs" / "tiny_train.py"
 

@@ -22,7 +22,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+# torchrun directly, no trainguard watch judging elapsed time (a generous --pg-timeout):
+# these run beside the other tests, not in the one-at-a-time e2e group (conftest.py).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.e2e_parallel]
 
 JOB = Path(__file__).resolve().parents[1] / "jobs" / "tiny_train.py"
 STEPS = 12

@@ -21,7 +21,9 @@ import pytest
 from trainguard.checkpoints import scan
 from trainguard.model.progress import ProgressEvent
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+# torchrun directly, no trainguard watch judging elapsed time (a generous --pg-timeout):
+# these run beside the other tests, not in the one-at-a-time e2e group (conftest.py).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240), pytest.mark.e2e_parallel]
 
 JOB = Path(__file__).resolve().parents[1] / "jobs" / "tiny_train.py"
 STEPS = 10
