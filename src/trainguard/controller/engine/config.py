@@ -41,7 +41,10 @@ class ControlConfig:
     delivery: DeliveryConfig = field(default_factory=DeliveryConfig)
     correlation_window: float = DEFAULT_CORRELATION_WINDOW
     validation_failures_to_retire: int = 2
-    tail_lines: int = 200
+    # The output lines a failed attempt is judged from (of its last 256 KiB). Wide: on a
+    # multi-node job the root cause comes first, and the other nodes' launchers, stopped
+    # after it, can print a hundred lines of their own traceback each (0537).
+    tail_lines: int = 1000
     progress_pattern: str | None = None
     deliver: bool = True  # POST due webhooks at the end of each pass
     # The health sync compares only what changed; everything again this often (0122).
