@@ -43,6 +43,10 @@ def test_no_new_checkpoint_in_m_jobs_stops_the_series() -> None:
     assert verdict is not None and verdict.rule == "no_checkpoint"
     assert verdict.jobs == ("2", "3") and "step 40" in verdict.reason
     assert futile_series(ends[:2], same_failure_jobs=9, no_checkpoint_jobs=2, start_step=30) is None
+    never = futile_series([_fail("1"), _fail("2", "sig:b")], same_failure_jobs=9,
+                          no_checkpoint_jobs=2)  # fmt: skip
+    assert never is not None
+    assert never.reason == "no valid checkpoint in the last 2 job(s) of the series"
 
 
 def test_a_completed_series_is_never_futile() -> None:

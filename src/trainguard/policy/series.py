@@ -75,10 +75,14 @@ def futile_series(
         floor = -1 if before is None else before
         newest = max((-1 if e.checkpoint_step is None else e.checkpoint_step) for e in window)
         if newest <= floor:
-            since = "no valid checkpoint" if before is None else f"step {before}"
+            found = (
+                "no valid checkpoint"
+                if before is None
+                else f"no newer valid checkpoint than step {before}"
+            )
             return Futility(
                 "no_checkpoint",
-                f"no newer valid checkpoint than {since} in the last {m} job(s) of the series",
+                f"{found} in the last {m} job(s) of the series",
                 tuple(e.ref for e in window),
             )
     return None
