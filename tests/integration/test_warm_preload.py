@@ -8,6 +8,7 @@ The "framework" is a package on ``PYTHONPATH`` that records which process import
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -54,12 +55,22 @@ def _wait(what: Any, timeout: float, why: str) -> Any:
     raise AssertionError(why)
 
 
+def _zygotes(job_id: str, not_: tuple[int, ...]) -> list[int]:
+    found = []
+    for p in job_processes(job_id):
+        with contextlib.suppress(OSError):
+            if p not in not_ and Path(f"/proc/{p}/comm").read_bytes().strip() == b"tg-zygote":
+                found.append(p)
+    return found
+
+
 def _zygote(job_id: str, not_: tuple[int, ...] = ()) -> int:
-    [pid] = _wait(
-        lambda: [p for p in job_processes(job_id) if p not in not_
-                 and Path(f"/proc/{p}/comm").read_bytes().strip() == b"tg-zygote"],
-        90, "no zygote was forked by the standby",
-    )  # fmt: skip
+    # One zygote: a child it has just forked bears its name until it renames itself.
+    def single() -> list[int] | None:
+        found = _zygotes(job_id, not_)
+        return found if len(found) == 1 else None
+
+    [pid] = _wait(single, 90, "no single zygote was forked by the standby")
     return int(pid)
 
 
