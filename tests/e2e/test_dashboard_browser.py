@@ -41,9 +41,6 @@ FLAGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-# The jobs here are one light process each (no torchrun, no hang timing): the tests run
-# beside the others, not in the one-at-a-time e2e group (conftest.py).
-pytestmark = pytest.mark.e2e_parallel
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 JOB = """\
 import time

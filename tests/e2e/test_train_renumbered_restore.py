@@ -22,9 +22,7 @@ from pathlib import Path
 
 import pytest
 
-# torchrun directly, no trainguard watch judging elapsed time (a generous --pg-timeout):
-# these run beside the other tests, not in the one-at-a-time e2e group (conftest.py).
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.e2e_parallel]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 JOB = Path(__file__).resolve().parents[1] / "jobs" / "tiny_train.py"
 STEPS = 12
