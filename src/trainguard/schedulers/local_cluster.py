@@ -33,7 +33,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -223,23 +223,13 @@ class LocalCluster:
             for job in self._jobs.values():
                 launch = job.launch
                 if (
-                    launch is None
-                    or job.attempt != ev.attempt
-                    or job.rank_failure is not None
-                    or ev.exit.pid not in launch.ranks.rank_pids().values()
+                    launch is not None
+                    and job.attempt == ev.attempt
+                    and job.rank_failure is None
+                    and job.dying is None
+                    and ev.exit.pid in launch.ranks.rank_pids().values()
                 ):
-                    continue
-                if job.dying is None:
                     job.dying = ev.exit
-                elif (
-                    launch.ranks.parent_of(job.dying.pid or -1) == ev.exit.pid
-                    and ev.exit.at <= job.dying.at + self.launch_options.settle
-                ):
-                    # The held death's parent rank died within the settle window (a
-                    # launcher that is rank 0, as Lightning's): its death ends its child,
-                    # not the reverse, though a loaded host may show the child's first.
-                    # The report stays due when the first death's window ends.
-                    job.dying = replace(ev.exit, at=job.dying.at)
 
     def _wake_when_reportable(self, ev: AttemptProcessExit) -> None:
         """Tell the owner when the settle window of a rank death ends (0399)."""

@@ -384,11 +384,6 @@ class RankWatcher:
         with self._lock:
             return {lr: pid for pid, (_, lr) in self.ranks.items() if lr is not None}
 
-    def parent_of(self, pid: int) -> int | None:
-        """The parent a rank had when it was found (None: not known)."""
-        with self._lock:
-            return self._parents.get(pid)
-
     def _scan(self) -> None:
         is_rank: dict[int, bool] = {}
         spawned: dict[int, list[tuple[int, int]]] = {}  # parent -> [(start time, pid)]
