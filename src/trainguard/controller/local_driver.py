@@ -291,10 +291,7 @@ class LocalDriver:
         # From the next pass on, the engine resumes the adopted attempt once it judged it
         # and records each attempt's process group (0468).
         plane.reconciler.post_steps.append(adoption)
-        loop = _RunLoop(self, plane, store, fj.job_id)
-        # The token taken above, not the one the first pass reports: a run paused before
-        # its first pass ended must not take back a lease its successor released (0220).
-        loop.token = taken.token
+        loop = _RunLoop(self, plane, store, fj.job_id, taken.token)
         self._store = store
         runtime = self._runtime = DriverRuntime(
             loop, self._sources(), tick=self.tick, clock=self.clock,
@@ -576,12 +573,16 @@ class _RunLoop:
         plane: ControlPlane,
         store: Store,
         job_id: str,
+        token: int,
     ) -> None:
         self.driver = driver
         self.plane = plane
         self.store = store
         self.job_id = job_id
-        self.token: int | None = None
+        # The token the run took at start-up, not the one its first pass reports: a run
+        # paused before that pass ended must not take back a lease its successor
+        # released (0220).
+        self.token: int | None = token
         self.closing = 0  # passes run after the job ended, to close its incidents
         self.lost = False
 
